@@ -1,0 +1,135 @@
+//! Content blocks: the parts a [`Message`](crate::Message) is made of.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::ids::CallId;
+
+/// One part of a message's content. Serialized with a `type` tag in the spec's kebab-case
+/// vocabulary (`text`, `reasoning`, `image`, `tool-call`, `tool-result`).
+///
+/// The union is open: a block of a type this crate does not know deserializes as
+/// [`ContentBlock::Other`] and serializes back unchanged.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum ContentBlock {
+    /// Visible text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// Model thinking, distinct from visible text.
+    Reasoning {
+        /// The reasoning text.
+        text: String,
+        /// Adapter-specific extra fields (signatures and the like), kept losslessly.
+        #[serde(flatten)]
+        extra: Map<String, Value>,
+    },
+    /// An image; the spine treats its fields as opaque.
+    Image {
+        /// The image fields (`mimeType`, `data`, `url`, …), kept losslessly.
+        #[serde(flatten)]
+        fields: Map<String, Value>,
+    },
+    /// A tool call as the model produced it.
+    ToolCall {
+        /// The call id (may repeat across steps).
+        id: CallId,
+        /// The tool name.
+        name: String,
+        /// The raw JSON **string** exactly as the model produced it.
+        arguments: String,
+    },
+    /// The result of a tool call.
+    ToolResult {
+        /// The call this result answers.
+        #[serde(rename = "toolCallId")]
+        tool_call_id: CallId,
+        /// The result content.
+        content: Vec<ContentBlock>,
+        /// Whether the call failed.
+        #[serde(rename = "isError", default, skip_serializing_if = "Option::is_none")]
+        is_error: Option<bool>,
+    },
+    /// A block type this crate does not know, kept as raw JSON (including its `type`).
+    #[serde(untagged)]
+    Other(Map<String, Value>),
+}
+
+impl ContentBlock {
+    /// A text block.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self::Text { text: text.into() }
+    }
+
+    /// A reasoning block without extra fields.
+    pub fn reasoning(text: impl Into<String>) -> Self {
+        Self::Reasoning {
+            text: text.into(),
+            extra: Map::new(),
+        }
+    }
+
+    /// A tool-call block.
+    pub fn tool_call(id: impl Into<CallId>, name: impl Into<String>, arguments: impl Into<String>) -> Self {
+        Self::ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    /// The visible text of a `text` block, if it is one.
+    pub fn as_text(&self) -> Option<&str> {
+        match self {
+            Self::Text { text } => Some(text),
+            _ => None,
+        }
+    }
+}
+
+/// Concatenates the visible text of every `text` block, in order, with no separator.
+pub fn visible_text(blocks: &[ContentBlock]) -> String {
+    blocks.iter().filter_map(ContentBlock::as_text).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn blocks_use_spec_tags() {
+        let call = ContentBlock::tool_call("c1", "read", "{\"a\":1}");
+        assert_eq!(
+            serde_json::to_value(&call).unwrap(),
+            json!({"type": "tool-call", "id": "c1", "name": "read", "arguments": "{\"a\":1}"})
+        );
+        let result = ContentBlock::ToolResult {
+            tool_call_id: "c1".into(),
+            content: vec![ContentBlock::text("ok")],
+            is_error: Some(true),
+        };
+        assert_eq!(
+            serde_json::to_value(&result).unwrap(),
+            json!({"type": "tool-result", "toolCallId": "c1", "content": [{"type": "text", "text": "ok"}], "isError": true})
+        );
+    }
+
+    #[test]
+    fn unknown_block_round_trips() {
+        let raw = json!({"type": "audio", "data": "xyz", "n": 1});
+        let block: ContentBlock = serde_json::from_value(raw.clone()).unwrap();
+        assert!(matches!(block, ContentBlock::Other(_)));
+        assert_eq!(serde_json::to_value(&block).unwrap(), raw);
+    }
+
+    #[test]
+    fn reasoning_keeps_extra_fields() {
+        let raw = json!({"type": "reasoning", "text": "hm", "signature": "s"});
+        let block: ContentBlock = serde_json::from_value(raw.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&block).unwrap(), raw);
+    }
+}

@@ -1,0 +1,747 @@
+//! The session event log's envelope and event vocabulary (spec §4.1, §4.3).
+//!
+//! A [`SessionEvent`] serializes as `{type, seq, time, data}` plus, on the three surface types
+//! only, `surfaceOp` and `sourceEventSeqs`, plus `ignorable: true` when set. Known types
+//! deserialize into typed [`EventData`] variants; every other type is kept losslessly as
+//! [`EventData::Other`].
+
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+
+use crate::ids::CallId;
+use crate::message::Message;
+use crate::model::{StreamChunk, TokenUsage, ToolSchema};
+use crate::turn::TurnEndReason;
+
+/// The event types whose payloads form the model-facing surface.
+pub const SURFACE_TYPES: [&str; 3] = ["user/message", "assistant/message", "tool/result"];
+
+/// Which inbox list a splice addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InboxTarget {
+    /// Queued prompts, one per turn.
+    NextTurn,
+    /// Steering and injected context for the nearest step boundary.
+    NextStep,
+}
+
+/// How a surface event changes the surface.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SurfaceOp {
+    /// Appends to the surface (serialized as the string `"append"`).
+    Append,
+    /// Replaces surface nodes `start..end` (compaction-style; serialized as
+    /// `{"op": "replace", "start", "end"}`).
+    Replace {
+        /// First replaced seq.
+        start: u64,
+        /// End of the replaced range.
+        end: u64,
+    },
+}
+
+impl Serialize for SurfaceOp {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Append => s.serialize_str("append"),
+            Self::Replace { start, end } => {
+                serde_json::json!({"op": "replace", "start": start, "end": end}).serialize(s)
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SurfaceOp {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = Value::deserialize(d)?;
+        match &v {
+            Value::String(s) if s == "append" => Ok(Self::Append),
+            Value::Object(m) if m.get("op").and_then(Value::as_str) == Some("replace") => {
+                let num = |k: &str| {
+                    m.get(k).and_then(Value::as_u64).ok_or_else(|| {
+                        D::Error::custom(format!("surfaceOp.replace needs a non-negative integer `{k}`"))
+                    })
+                };
+                Ok(Self::Replace {
+                    start: num("start")?,
+                    end: num("end")?,
+                })
+            }
+            _ => Err(D::Error::custom(format!("invalid surfaceOp {v}"))),
+        }
+    }
+}
+
+/// Surface metadata carried only by surface events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SurfaceMeta {
+    /// How the event changes the surface. `None` only in logs read from disk that violate the
+    /// append contract; the validator rejects it.
+    pub surface_op: Option<SurfaceOp>,
+    /// For `assistant/message`: the seqs of the chunks that built it (explicit empty = known
+    /// empty stream).
+    pub source_event_seqs: Option<Vec<u64>>,
+}
+
+impl SurfaceMeta {
+    /// `surfaceOp: append` with no source seqs.
+    pub fn append() -> Self {
+        Self {
+            surface_op: Some(SurfaceOp::Append),
+            source_event_seqs: None,
+        }
+    }
+}
+
+/// Why a `request/header` was written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RequestHeaderReason {
+    /// First request of a fresh agent.
+    Initial,
+    /// First request of a resumed agent.
+    Resume,
+    /// The configuration changed.
+    Change,
+}
+
+/// The model call configuration a request header records.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallConfig {
+    /// Provider route.
+    pub provider: String,
+    /// Model route.
+    pub model: String,
+    /// Reasoning effort id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<String>,
+    /// Sampling temperature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// Output-token cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// Stop sequences.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Vec<String>>,
+}
+
+/// What a model request is built from besides its messages.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EpochHeader {
+    /// The call configuration.
+    pub config: CallConfig,
+    /// Which config fields the adapter supplied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter_defaults: Option<Value>,
+    /// The system text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    /// The tool schemas; absent when the request has no tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<ToolSchema>>,
+}
+
+/// Error facts logged beside a failed `tool/result`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolResultError {
+    /// Error name.
+    pub name: String,
+    /// Error code (`UNKNOWN_TOOL`, `INVALID_ARGS`, …).
+    pub code: String,
+}
+
+/// Whether a splice was a user-visible cancellation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SpliceOutcome {
+    /// Removed work was cancelled (the spec spells it `canceled`).
+    Canceled,
+}
+
+/// `agent/inbox/spliced`: one normalised inbox mutation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InboxSplice {
+    /// The list changed.
+    pub target: InboxTarget,
+    /// Index of the first removed or inserted item.
+    pub start: u64,
+    /// How many items were removed (absent for pure inserts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed_count: Option<u64>,
+    /// Inserted messages.
+    pub inserted: Vec<Message>,
+    /// `canceled` for user-visible removals; absent for claims and inserts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<SpliceOutcome>,
+}
+
+impl InboxSplice {
+    /// Whether this splice is a claim: it removed items and is not a cancellation.
+    pub fn is_claim(&self) -> bool {
+        self.removed_count.is_some_and(|n| n > 0) && self.outcome.is_none()
+    }
+
+    /// Whether this splice is a cancellation.
+    pub fn is_cancellation(&self) -> bool {
+        self.outcome == Some(SpliceOutcome::Canceled)
+    }
+}
+
+/// The typed payload of one session event. Serialized as the envelope's `type` and `data`.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum EventData {
+    /// `turn/start {turn}`.
+    TurnStart {
+        /// Turn number (1, 2, 3, … per session, continuing after a seed).
+        turn: u64,
+    },
+    /// `turn/end {turn, reason}`.
+    TurnEnd {
+        /// Turn number.
+        turn: u64,
+        /// Why it ended.
+        reason: TurnEndReason,
+    },
+    /// `step/start {turn, step}`.
+    StepStart {
+        /// Turn number.
+        turn: u64,
+        /// Step number (1, 2, 3, … per turn).
+        step: u64,
+    },
+    /// `step/end {turn, step}`.
+    StepEnd {
+        /// Turn number.
+        turn: u64,
+        /// Step number.
+        step: u64,
+    },
+    /// `user/message` (surface): the message itself is the payload.
+    UserMessage(Message),
+    /// `assistant/chunk {turn, step, chunk}`.
+    AssistantChunk {
+        /// Turn number.
+        turn: u64,
+        /// Step number.
+        step: u64,
+        /// The raw chunk.
+        chunk: StreamChunk,
+    },
+    /// `assistant/message {turn, step, message, usage?, interrupted?}` (surface).
+    AssistantMessage {
+        /// Turn number.
+        turn: u64,
+        /// Step number.
+        step: u64,
+        /// The assistant message (possibly with empty content).
+        message: Message,
+        /// Token usage.
+        usage: Option<TokenUsage>,
+        /// `true` when this is the safe prefix of a cancelled stream.
+        interrupted: bool,
+    },
+    /// `tool/call {turn, step, callId, name, arguments}`.
+    ToolCall {
+        /// Turn number.
+        turn: u64,
+        /// Step number.
+        step: u64,
+        /// The call id.
+        call_id: CallId,
+        /// Tool name.
+        name: String,
+        /// Raw argument string.
+        arguments: String,
+    },
+    /// `tool/result {turn, step, message, error?, meta?}` (surface).
+    ToolResult {
+        /// Turn number.
+        turn: u64,
+        /// Step number.
+        step: u64,
+        /// The tool-result message.
+        message: Message,
+        /// Error facts for a failed call.
+        error: Option<ToolResultError>,
+        /// Tool-specific metadata.
+        meta: Option<Value>,
+    },
+    /// `request/header {header, reason}`.
+    RequestHeader {
+        /// What the request is built from.
+        header: EpochHeader,
+        /// Why it was written.
+        reason: RequestHeaderReason,
+    },
+    /// `request/context {provider, model, contextWindow?}`.
+    RequestContext {
+        /// Provider route.
+        provider: String,
+        /// Model route.
+        model: String,
+        /// The model's context window.
+        context_window: Option<u64>,
+    },
+    /// `session/end-seed {}`: the first event after a seed.
+    EndSeed,
+    /// `agent/inbox/spliced`.
+    InboxSpliced(InboxSplice),
+    /// `sandbox/mode {mode, source?}`.
+    SandboxMode {
+        /// The mode (`read-only`, `workspace-write`, `danger-full-access`).
+        mode: String,
+        /// `delegation` when written by delegated-policy capture.
+        source: Option<String>,
+    },
+    /// `approval/policy {policy, source?}`.
+    ApprovalPolicy {
+        /// The policy (`ask` or `never`).
+        policy: String,
+        /// `delegation` when written by delegated-policy capture.
+        source: Option<String>,
+    },
+    /// Any other type (plugin-owned log-only events such as `subagent/descriptor`), kept
+    /// losslessly.
+    Other {
+        /// The event type.
+        kind: String,
+        /// The raw payload.
+        data: Value,
+    },
+}
+
+// Private payload mirrors used for (de)serialization of the known struct-like variants.
+mod wire {
+    use super::*;
+
+    #[derive(Serialize, Deserialize)]
+    pub struct Turn {
+        pub turn: u64,
+    }
+    #[derive(Serialize, Deserialize)]
+    pub struct TurnEnd {
+        pub turn: u64,
+        pub reason: TurnEndReason,
+    }
+    #[derive(Serialize, Deserialize)]
+    pub struct Step {
+        pub turn: u64,
+        pub step: u64,
+    }
+    #[derive(Serialize, Deserialize)]
+    pub struct Chunk {
+        pub turn: u64,
+        pub step: u64,
+        pub chunk: StreamChunk,
+    }
+    #[derive(Serialize, Deserialize)]
+    pub struct AssistantMessage {
+        pub turn: u64,
+        pub step: u64,
+        pub message: Message,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub usage: Option<TokenUsage>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub interrupted: Option<bool>,
+    }
+    #[derive(Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ToolCall {
+        pub turn: u64,
+        pub step: u64,
+        pub call_id: CallId,
+        pub name: String,
+        pub arguments: String,
+    }
+    #[derive(Serialize, Deserialize)]
+    pub struct ToolResult {
+        pub turn: u64,
+        pub step: u64,
+        pub message: Message,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub error: Option<ToolResultError>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub meta: Option<Value>,
+    }
+    #[derive(Serialize, Deserialize)]
+    pub struct RequestHeader {
+        pub header: EpochHeader,
+        pub reason: RequestHeaderReason,
+    }
+    #[derive(Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct RequestContext {
+        pub provider: String,
+        pub model: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub context_window: Option<u64>,
+    }
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Empty {}
+    #[derive(Serialize, Deserialize)]
+    pub struct Sandbox {
+        pub mode: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub source: Option<String>,
+    }
+    #[derive(Serialize, Deserialize)]
+    pub struct Approval {
+        pub policy: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub source: Option<String>,
+    }
+}
+
+impl EventData {
+    /// The event's `type` string.
+    pub fn type_name(&self) -> &str {
+        match self {
+            Self::TurnStart { .. } => "turn/start",
+            Self::TurnEnd { .. } => "turn/end",
+            Self::StepStart { .. } => "step/start",
+            Self::StepEnd { .. } => "step/end",
+            Self::UserMessage(_) => "user/message",
+            Self::AssistantChunk { .. } => "assistant/chunk",
+            Self::AssistantMessage { .. } => "assistant/message",
+            Self::ToolCall { .. } => "tool/call",
+            Self::ToolResult { .. } => "tool/result",
+            Self::RequestHeader { .. } => "request/header",
+            Self::RequestContext { .. } => "request/context",
+            Self::EndSeed => "session/end-seed",
+            Self::InboxSpliced(_) => "agent/inbox/spliced",
+            Self::SandboxMode { .. } => "sandbox/mode",
+            Self::ApprovalPolicy { .. } => "approval/policy",
+            Self::Other { kind, .. } => kind,
+        }
+    }
+
+    /// Whether this is one of the three surface types.
+    pub fn is_surface(&self) -> bool {
+        SURFACE_TYPES.contains(&self.type_name())
+    }
+
+    /// A log-only plugin event of type `kind` with payload `data`.
+    pub fn other(kind: impl Into<String>, data: Value) -> Self {
+        Self::Other {
+            kind: kind.into(),
+            data,
+        }
+    }
+
+    /// The payload as JSON (the envelope's `data`).
+    pub fn to_data(&self) -> Value {
+        fn v<T: Serialize>(t: T) -> Value {
+            serde_json::to_value(t).expect("event payloads contain only JSON-representable values")
+        }
+        match self.clone() {
+            Self::TurnStart { turn } => v(wire::Turn { turn }),
+            Self::TurnEnd { turn, reason } => v(wire::TurnEnd { turn, reason }),
+            Self::StepStart { turn, step } | Self::StepEnd { turn, step } => v(wire::Step { turn, step }),
+            Self::UserMessage(m) => v(m),
+            Self::AssistantChunk { turn, step, chunk } => v(wire::Chunk { turn, step, chunk }),
+            Self::AssistantMessage {
+                turn,
+                step,
+                message,
+                usage,
+                interrupted,
+            } => v(wire::AssistantMessage {
+                turn,
+                step,
+                message,
+                usage,
+                interrupted: interrupted.then_some(true),
+            }),
+            Self::ToolCall {
+                turn,
+                step,
+                call_id,
+                name,
+                arguments,
+            } => v(wire::ToolCall {
+                turn,
+                step,
+                call_id,
+                name,
+                arguments,
+            }),
+            Self::ToolResult {
+                turn,
+                step,
+                message,
+                error,
+                meta,
+            } => v(wire::ToolResult {
+                turn,
+                step,
+                message,
+                error,
+                meta,
+            }),
+            Self::RequestHeader { header, reason } => v(wire::RequestHeader { header, reason }),
+            Self::RequestContext {
+                provider,
+                model,
+                context_window,
+            } => v(wire::RequestContext {
+                provider,
+                model,
+                context_window,
+            }),
+            Self::EndSeed => v(wire::Empty {}),
+            Self::InboxSpliced(s) => v(s),
+            Self::SandboxMode { mode, source } => v(wire::Sandbox { mode, source }),
+            Self::ApprovalPolicy { policy, source } => v(wire::Approval { policy, source }),
+            Self::Other { data, .. } => data,
+        }
+    }
+
+    /// Builds the typed payload for `kind` from its JSON `data`. Unknown kinds become
+    /// [`EventData::Other`]; a known kind whose data does not match its payload shape is an error.
+    pub fn from_parts(kind: &str, data: Value) -> Result<Self, serde_json::Error> {
+        use serde_json::from_value as f;
+        Ok(match kind {
+            "turn/start" => Self::TurnStart {
+                turn: f::<wire::Turn>(data)?.turn,
+            },
+            "turn/end" => {
+                let w: wire::TurnEnd = f(data)?;
+                Self::TurnEnd {
+                    turn: w.turn,
+                    reason: w.reason,
+                }
+            }
+            "step/start" => {
+                let w: wire::Step = f(data)?;
+                Self::StepStart {
+                    turn: w.turn,
+                    step: w.step,
+                }
+            }
+            "step/end" => {
+                let w: wire::Step = f(data)?;
+                Self::StepEnd {
+                    turn: w.turn,
+                    step: w.step,
+                }
+            }
+            "user/message" => Self::UserMessage(f(data)?),
+            "assistant/chunk" => {
+                let w: wire::Chunk = f(data)?;
+                Self::AssistantChunk {
+                    turn: w.turn,
+                    step: w.step,
+                    chunk: w.chunk,
+                }
+            }
+            "assistant/message" => {
+                let w: wire::AssistantMessage = f(data)?;
+                Self::AssistantMessage {
+                    turn: w.turn,
+                    step: w.step,
+                    message: w.message,
+                    usage: w.usage,
+                    interrupted: w.interrupted == Some(true),
+                }
+            }
+            "tool/call" => {
+                let w: wire::ToolCall = f(data)?;
+                Self::ToolCall {
+                    turn: w.turn,
+                    step: w.step,
+                    call_id: w.call_id,
+                    name: w.name,
+                    arguments: w.arguments,
+                }
+            }
+            "tool/result" => {
+                let w: wire::ToolResult = f(data)?;
+                Self::ToolResult {
+                    turn: w.turn,
+                    step: w.step,
+                    message: w.message,
+                    error: w.error,
+                    meta: w.meta,
+                }
+            }
+            "request/header" => {
+                let w: wire::RequestHeader = f(data)?;
+                Self::RequestHeader {
+                    header: w.header,
+                    reason: w.reason,
+                }
+            }
+            "request/context" => {
+                let w: wire::RequestContext = f(data)?;
+                Self::RequestContext {
+                    provider: w.provider,
+                    model: w.model,
+                    context_window: w.context_window,
+                }
+            }
+            "session/end-seed" => {
+                f::<wire::Empty>(data)?;
+                Self::EndSeed
+            }
+            "agent/inbox/spliced" => Self::InboxSpliced(f(data)?),
+            "sandbox/mode" => {
+                let w: wire::Sandbox = f(data)?;
+                Self::SandboxMode {
+                    mode: w.mode,
+                    source: w.source,
+                }
+            }
+            "approval/policy" => {
+                let w: wire::Approval = f(data)?;
+                Self::ApprovalPolicy {
+                    policy: w.policy,
+                    source: w.source,
+                }
+            }
+            other => Self::Other {
+                kind: other.to_owned(),
+                data,
+            },
+        })
+    }
+
+    /// The `(turn, step)` this event is scoped to, for step-scoped types.
+    pub fn step_scope(&self) -> Option<(u64, u64)> {
+        match self {
+            Self::StepStart { turn, step }
+            | Self::StepEnd { turn, step }
+            | Self::AssistantChunk { turn, step, .. }
+            | Self::AssistantMessage { turn, step, .. }
+            | Self::ToolCall { turn, step, .. }
+            | Self::ToolResult { turn, step, .. } => Some((*turn, *step)),
+            _ => None,
+        }
+    }
+}
+
+/// One accepted entry of a session log. Immutable once accepted; `seq == index` from 0.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionEvent {
+    /// Position in the log (equals the index).
+    pub seq: u64,
+    /// Epoch milliseconds.
+    pub time: u64,
+    /// The typed payload.
+    pub data: EventData,
+    /// Surface metadata (surface types only).
+    pub surface: Option<SurfaceMeta>,
+    /// Whether a reader that does not recognise the type may skip it.
+    pub ignorable: bool,
+}
+
+impl SessionEvent {
+    /// The event's `type`.
+    pub fn type_name(&self) -> &str {
+        self.data.type_name()
+    }
+}
+
+#[derive(Serialize)]
+struct WireOut<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    seq: u64,
+    time: u64,
+    data: Value,
+    #[serde(rename = "surfaceOp", skip_serializing_if = "Option::is_none")]
+    surface_op: Option<&'a SurfaceOp>,
+    #[serde(rename = "sourceEventSeqs", skip_serializing_if = "Option::is_none")]
+    source_event_seqs: Option<&'a Vec<u64>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ignorable: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct WireIn {
+    #[serde(rename = "type")]
+    kind: String,
+    seq: u64,
+    time: u64,
+    data: Value,
+    #[serde(rename = "surfaceOp", default)]
+    surface_op: Option<SurfaceOp>,
+    #[serde(rename = "sourceEventSeqs", default)]
+    source_event_seqs: Option<Vec<u64>>,
+    #[serde(default)]
+    ignorable: Option<bool>,
+}
+
+impl Serialize for SessionEvent {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let surface = self.surface.as_ref();
+        WireOut {
+            kind: self.type_name(),
+            seq: self.seq,
+            time: self.time,
+            data: self.data.to_data(),
+            surface_op: surface.and_then(|m| m.surface_op.as_ref()),
+            source_event_seqs: surface.and_then(|m| m.source_event_seqs.as_ref()),
+            ignorable: self.ignorable.then_some(true),
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for SessionEvent {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let w = WireIn::deserialize(d)?;
+        let data = EventData::from_parts(&w.kind, w.data)
+            .map_err(|e| D::Error::custom(format!("invalid `{}` payload: {e}", w.kind)))?;
+        let surface = if w.surface_op.is_some() || w.source_event_seqs.is_some() {
+            Some(SurfaceMeta {
+                surface_op: w.surface_op,
+                source_event_seqs: w.source_event_seqs,
+            })
+        } else {
+            None
+        };
+        Ok(Self {
+            seq: w.seq,
+            time: w.time,
+            data,
+            surface,
+            ignorable: w.ignorable == Some(true),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn envelope_round_trips() {
+        for raw in [
+            json!({"type": "turn/start", "seq": 0, "time": 5, "data": {"turn": 1}}),
+            json!({"type": "session/end-seed", "seq": 3, "time": 5, "data": {}}),
+            json!({"type": "user/message", "seq": 1, "time": 5, "data": {"id": "m", "role": "user", "content": [{"type": "text", "text": "hi"}], "source": {"kind": "user"}}, "surfaceOp": "append"}),
+            json!({"type": "subagent/descriptor", "seq": 2, "time": 5, "data": {"version": 2, "mode": "one-shot"}}),
+            json!({"type": "x/unknown", "seq": 4, "time": 5, "data": [1, "a"], "ignorable": true}),
+            json!({"type": "agent/inbox/spliced", "seq": 0, "time": 1, "data": {"target": "next-turn", "start": 0, "removedCount": 1, "inserted": [], "outcome": "canceled"}}),
+        ] {
+            let ev: SessionEvent = serde_json::from_value(raw.clone()).unwrap();
+            assert_eq!(serde_json::to_value(&ev).unwrap(), raw);
+        }
+    }
+
+    #[test]
+    fn malformed_known_payload_is_an_error() {
+        let raw = json!({"type": "turn/start", "seq": 0, "time": 5, "data": {"turn": "one"}});
+        let err = serde_json::from_value::<SessionEvent>(raw).unwrap_err();
+        assert!(err.to_string().contains("invalid `turn/start` payload"), "{err}");
+    }
+}

@@ -1,0 +1,547 @@
+//! The append-only session log (spec §4.2, §4.7).
+//!
+//! A [`Session`] owns its header and its event list. Appends are validated against the append
+//! contract before anything changes; once the session is *published* (entered into a store),
+//! each append is first offered to every [`SessionObserver::check`] (any veto leaves the log
+//! unchanged), then committed, then announced to [`SessionObserver::committed`] (failures there
+//! are contained and logged, never undo the commit).
+
+use std::sync::Arc;
+use std::thread::ThreadId;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use parking_lot::{Mutex, RwLock};
+use serde_json::Value;
+
+use crate::event::{EventData, SessionEvent, SurfaceMeta};
+use crate::header::SessionHeader;
+use crate::ids::SessionId;
+use crate::message::MessageSource;
+
+/// Why an append or a seed was refused. Nothing changes when one is returned.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LogError {
+    /// A seed event's `seq` is not its index.
+    #[error("seed event at index {index} has seq {seq}; seqs must be contiguous from 0")]
+    SeedSeq {
+        /// Index in the seed.
+        index: usize,
+        /// The seq it carried.
+        seq: u64,
+    },
+    /// A seed event is not lossless JSON.
+    #[error("seed event at index {index} is not losslessly JSON-serializable: {reason}")]
+    SeedNotLossless {
+        /// Index in the seed.
+        index: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A seed event is otherwise invalid (surface markers, provenance).
+    #[error("seed event at index {index} is invalid: {reason}")]
+    SeedInvalid {
+        /// Index in the seed.
+        index: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The candidate is not lossless JSON.
+    #[error("session append of `{kind}` is not losslessly JSON-serializable: {reason}")]
+    NotLossless {
+        /// Event type.
+        kind: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Surface markers are missing or misplaced, or provenance is missing.
+    #[error("session append of `{kind}` is invalid: {reason}")]
+    Invalid {
+        /// Event type.
+        kind: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An append was attempted from inside an observer of another append.
+    #[error("session append cannot reenter while another append is being published")]
+    Reentrant,
+    /// A pre-commit observer vetoed the append.
+    #[error("session append of `{kind}` was vetoed: {reason}")]
+    Vetoed {
+        /// Event type.
+        kind: String,
+        /// The observer's reason.
+        reason: String,
+    },
+}
+
+/// Watches a published session's appends.
+///
+/// Observers run synchronously on the appending thread, in registration order, while the
+/// session's append lock is held: they must not block and must not append to the same session
+/// (such an append fails with [`LogError::Reentrant`]); observers that must write should defer.
+pub trait SessionObserver: Send + Sync + 'static {
+    /// Pre-commit check. `Err(reason)` vetoes the append; the log and every observer's state stay
+    /// unchanged. Default: accept.
+    fn check(&self, session: &Session, candidate: &SessionEvent) -> Result<(), String> {
+        let _ = (session, candidate);
+        Ok(())
+    }
+
+    /// Post-commit notification. A panic here is contained and logged.
+    fn committed(&self, session: &Session, event: &Arc<SessionEvent>) {
+        let _ = (session, event);
+    }
+}
+
+/// An immutable snapshot of a log: it never grows after being handed out.
+pub type EventSnapshot = Arc<Vec<Arc<SessionEvent>>>;
+
+struct Inner {
+    events: EventSnapshot,
+}
+
+/// One session: its header and its append-only event log.
+///
+/// Shared as `Arc<Session>`. All methods take `&self` and are safe to call concurrently:
+/// appends are serialized by an internal lock held only for validation, commit and the
+/// synchronous observer calls (never across an `.await`).
+pub struct Session {
+    header: SessionHeader,
+    first_live_seq: u64,
+    inner: Mutex<Inner>,
+    append_lock: Mutex<()>,
+    publishing: Mutex<Option<ThreadId>>,
+    observers: RwLock<Option<Vec<Arc<dyn SessionObserver>>>>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.header.id)
+            .field("len", &self.len())
+            .field("published", &self.is_published())
+            .finish()
+    }
+}
+
+/// Current wall-clock time in epoch milliseconds.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Session {
+    /// Builds an unpublished session. With a seed (even an empty one), every seed event is
+    /// validated like an append, copied, and followed by `session/end-seed` unless the seed
+    /// already ends with one; `first_live_seq` is the seed length. Without a seed, the log is
+    /// empty and has no marker.
+    pub fn new(header: SessionHeader, seed: Option<Vec<SessionEvent>>) -> Result<Self, LogError> {
+        let (events, first_live_seq) = match seed {
+            None => (Vec::new(), 0),
+            Some(seed) => {
+                for (index, ev) in seed.iter().enumerate() {
+                    validate_seed_event(index, ev)?;
+                }
+                let len = seed.len() as u64;
+                let ends_with_marker = matches!(seed.last(), Some(e) if matches!(e.data, EventData::EndSeed));
+                let mut events: Vec<Arc<SessionEvent>> = seed.into_iter().map(Arc::new).collect();
+                if !ends_with_marker {
+                    events.push(Arc::new(SessionEvent {
+                        seq: len,
+                        time: now_ms(),
+                        data: EventData::EndSeed,
+                        surface: None,
+                        ignorable: false,
+                    }));
+                }
+                (events, len)
+            }
+        };
+        Ok(Self {
+            header,
+            first_live_seq,
+            inner: Mutex::new(Inner {
+                events: Arc::new(events),
+            }),
+            append_lock: Mutex::new(()),
+            publishing: Mutex::new(None),
+            observers: RwLock::new(None),
+        })
+    }
+
+    /// The session id.
+    pub fn id(&self) -> &SessionId {
+        &self.header.id
+    }
+
+    /// The immutable header.
+    pub fn header(&self) -> &SessionHeader {
+        &self.header
+    }
+
+    /// The seq of the first event not copied from the seed (the seed length; 0 without a seed).
+    pub fn first_live_seq(&self) -> u64 {
+        self.first_live_seq
+    }
+
+    /// An immutable snapshot of the log.
+    pub fn events(&self) -> EventSnapshot {
+        self.inner.lock().events.clone()
+    }
+
+    /// The number of events.
+    pub fn len(&self) -> usize {
+        self.inner.lock().events.len()
+    }
+
+    /// Whether the log is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the session has been published (entered into a store).
+    pub fn is_published(&self) -> bool {
+        self.observers.read().is_some()
+    }
+
+    /// Publishes the session: from now on every append is checked by and announced to
+    /// `observers`. Calling it again replaces the observer list.
+    pub fn publish(&self, observers: Vec<Arc<dyn SessionObserver>>) {
+        *self.observers.write() = Some(observers);
+    }
+
+    /// Adds one observer to a published session (no-op before publication).
+    pub fn add_observer(&self, observer: Arc<dyn SessionObserver>) {
+        if let Some(list) = self.observers.write().as_mut() {
+            list.push(observer);
+        }
+    }
+
+    /// Appends an event at the current time. See [`Session::append_at`].
+    pub fn append(
+        &self,
+        data: EventData,
+        surface: Option<SurfaceMeta>,
+    ) -> Result<Arc<SessionEvent>, LogError> {
+        self.append_at(data, surface, now_ms())
+    }
+
+    /// Appends an event with an explicit timestamp. The seq is assigned here (`== len`). On any
+    /// error nothing changes.
+    pub fn append_at(
+        &self,
+        data: EventData,
+        surface: Option<SurfaceMeta>,
+        time: u64,
+    ) -> Result<Arc<SessionEvent>, LogError> {
+        let me = std::thread::current().id();
+        if *self.publishing.lock() == Some(me) {
+            return Err(LogError::Reentrant);
+        }
+        let _guard = self.append_lock.lock();
+        let kind = data.type_name().to_owned();
+        validate_candidate(&data, surface.as_ref()).map_err(|e| match e {
+            CandidateError::Lossless(reason) => LogError::NotLossless {
+                kind: kind.clone(),
+                reason,
+            },
+            CandidateError::Invalid(reason) => LogError::Invalid {
+                kind: kind.clone(),
+                reason,
+            },
+        })?;
+        let seq = self.inner.lock().events.len() as u64;
+        let event = Arc::new(SessionEvent {
+            seq,
+            time,
+            data,
+            surface,
+            ignorable: false,
+        });
+        let observers = self.observers.read().clone();
+        if let Some(observers) = &observers {
+            *self.publishing.lock() = Some(me);
+            let verdict = observers.iter().try_for_each(|o| o.check(self, &event));
+            if let Err(reason) = verdict {
+                *self.publishing.lock() = None;
+                return Err(LogError::Vetoed { kind, reason });
+            }
+        }
+        {
+            let mut inner = self.inner.lock();
+            Arc::make_mut(&mut inner.events).push(event.clone());
+        }
+        if let Some(observers) = &observers {
+            for o in observers {
+                let result =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| o.committed(self, &event)));
+                if result.is_err() {
+                    tracing::warn!(session = %self.id(), seq, "session observer panicked; the append stands");
+                }
+            }
+            *self.publishing.lock() = None;
+        }
+        Ok(event)
+    }
+}
+
+enum CandidateError {
+    Lossless(String),
+    Invalid(String),
+}
+
+/// Checks that a JSON value is lossless: no negative zero anywhere.
+pub fn check_lossless_json(value: &Value) -> Result<(), String> {
+    fn walk(v: &Value, path: &mut String) -> Result<(), String> {
+        match v {
+            Value::Number(n) => {
+                if let Some(f) = n.as_f64()
+                    && n.is_f64()
+                    && (f == 0.0 && f.is_sign_negative() || !f.is_finite())
+                {
+                    return Err(format!(
+                        "{} at `{}` is not lossless",
+                        n,
+                        if path.is_empty() { "$" } else { path }
+                    ));
+                }
+                Ok(())
+            }
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    let len = path.len();
+                    path.push_str(&format!("[{i}]"));
+                    walk(item, path)?;
+                    path.truncate(len);
+                }
+                Ok(())
+            }
+            Value::Object(map) => {
+                for (k, item) in map {
+                    let len = path.len();
+                    path.push('.');
+                    path.push_str(k);
+                    walk(item, path)?;
+                    path.truncate(len);
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+    walk(value, &mut String::new())
+}
+
+fn validate_candidate(data: &EventData, surface: Option<&SurfaceMeta>) -> Result<(), CandidateError> {
+    // Typed floats that serde_json would silently turn into `null`.
+    if let EventData::RequestHeader { header, .. } = data
+        && let Some(t) = header.config.temperature
+        && (!t.is_finite() || (t == 0.0 && t.is_sign_negative()))
+    {
+        return Err(CandidateError::Lossless(format!(
+            "temperature {t} is not lossless"
+        )));
+    }
+    check_lossless_json(&data.to_data()).map_err(CandidateError::Lossless)?;
+    match (data.is_surface(), surface) {
+        (true, None) | (true, Some(SurfaceMeta { surface_op: None, .. })) => {
+            return Err(CandidateError::Invalid(
+                "surface events must declare surfaceOp".into(),
+            ));
+        }
+        (false, Some(_)) => {
+            return Err(CandidateError::Invalid(
+                "only surface events may carry surfaceOp or sourceEventSeqs".into(),
+            ));
+        }
+        _ => {}
+    }
+    if let Some(SurfaceMeta {
+        source_event_seqs: Some(_),
+        ..
+    }) = surface
+        && !matches!(data, EventData::AssistantMessage { .. })
+    {
+        return Err(CandidateError::Invalid(
+            "only assistant/message may carry sourceEventSeqs".into(),
+        ));
+    }
+    match data {
+        EventData::AssistantMessage { message, .. } => match &message.source {
+            MessageSource::Model { provider, model, .. } if !provider.is_empty() && !model.is_empty() => {}
+            _ => {
+                return Err(CandidateError::Invalid(
+                    "assistant messages must carry model provenance with provider and model".into(),
+                ));
+            }
+        },
+        EventData::RequestHeader { header, .. }
+            if header.config.provider.is_empty() || header.config.model.is_empty() =>
+        {
+            return Err(CandidateError::Invalid(
+                "request headers must name provider and model".into(),
+            ));
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn validate_seed_event(index: usize, ev: &SessionEvent) -> Result<(), LogError> {
+    if ev.seq != index as u64 {
+        return Err(LogError::SeedSeq { index, seq: ev.seq });
+    }
+    validate_candidate(&ev.data, ev.surface.as_ref()).map_err(|e| match e {
+        CandidateError::Lossless(reason) => LogError::SeedNotLossless { index, reason },
+        CandidateError::Invalid(reason) => LogError::SeedInvalid { index, reason },
+    })
+}
+
+/// Validates a whole log as a seed would be validated (seq contiguity, losslessness, surface
+/// markers, provenance). Used by stores when loading and by tools that check logs.
+pub fn validate_log(events: &[SessionEvent]) -> Result<(), LogError> {
+    events
+        .iter()
+        .enumerate()
+        .try_for_each(|(i, e)| validate_seed_event(i, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::header::SessionMeta;
+    use crate::message::Message;
+
+    fn header(id: &str) -> SessionHeader {
+        SessionMeta::default().into_header(id.into(), 1).unwrap()
+    }
+
+    fn ev(seq: u64, data: EventData) -> SessionEvent {
+        SessionEvent {
+            seq,
+            time: 1,
+            data,
+            surface: None,
+            ignorable: false,
+        }
+    }
+
+    /// spec: SPN-59
+    #[test]
+    fn spn_59_empty_seed_marks_end_seed_at_zero_and_fresh_has_none() {
+        let s = Session::new(header("a"), Some(vec![])).unwrap();
+        assert_eq!(s.len(), 1);
+        assert!(matches!(s.events()[0].data, EventData::EndSeed));
+        assert_eq!(s.first_live_seq(), 0);
+        let fresh = Session::new(header("b"), None).unwrap();
+        assert!(fresh.is_empty());
+        // Reopening a log that already ends with the marker adds no second one.
+        let log: Vec<SessionEvent> = s.events().iter().map(|e| (**e).clone()).collect();
+        let reopened = Session::new(header("a"), Some(log)).unwrap();
+        assert_eq!(reopened.len(), 1);
+    }
+
+    /// spec: SPN-58 (the seed part: verbatim copy, one end-seed, `firstLiveSeq`)
+    #[test]
+    fn spn_58_seed_is_kept_verbatim_with_one_marker() {
+        let seed = vec![
+            ev(0, EventData::TurnStart { turn: 1 }),
+            ev(
+                1,
+                EventData::TurnEnd {
+                    turn: 1,
+                    reason: crate::TurnEndReason::Completed,
+                },
+            ),
+        ];
+        let s = Session::new(header("a"), Some(seed.clone())).unwrap();
+        let events = s.events();
+        assert_eq!(events.len(), 3);
+        assert_eq!(*events[0], seed[0]);
+        assert_eq!(*events[1], seed[1]);
+        assert!(matches!(events[2].data, EventData::EndSeed));
+        assert_eq!(events[2].seq, 2);
+        assert_eq!(s.first_live_seq(), 2);
+    }
+
+    /// spec: SPN-60
+    #[test]
+    fn spn_60_seed_must_be_contiguous_lossless_and_surface_valid() {
+        let err = Session::new(header("a"), Some(vec![ev(1, EventData::TurnStart { turn: 1 })])).unwrap_err();
+        assert_eq!(err, LogError::SeedSeq { index: 0, seq: 1 });
+        let bad = ev(0, EventData::other("x/y", serde_json::json!({"z": -0.0})));
+        let err = Session::new(header("a"), Some(vec![bad])).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("seed event at index 0 is not losslessly JSON-serializable"),
+            "{err}"
+        );
+        let no_marker = ev(0, EventData::UserMessage(Message::user_text("hi")));
+        let err = Session::new(header("a"), Some(vec![no_marker])).unwrap_err();
+        assert!(matches!(err, LogError::SeedInvalid { index: 0, .. }));
+    }
+
+    #[test]
+    fn append_assigns_seq_and_snapshots_never_grow() {
+        let s = Session::new(header("a"), None).unwrap();
+        let snap = s.events();
+        let e = s.append(EventData::TurnStart { turn: 1 }, None).unwrap();
+        assert_eq!(e.seq, 0);
+        assert!(snap.is_empty());
+        assert_eq!(s.len(), 1);
+        let err = s
+            .append(EventData::UserMessage(Message::user_text("x")), None)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "session append of `user/message` is invalid: surface events must declare surfaceOp"
+        );
+        let err = s
+            .append(EventData::TurnStart { turn: 2 }, Some(SurfaceMeta::append()))
+            .unwrap_err();
+        assert!(matches!(err, LogError::Invalid { .. }));
+        assert_eq!(s.len(), 1);
+    }
+
+    struct Veto;
+    impl SessionObserver for Veto {
+        fn check(&self, _: &Session, c: &SessionEvent) -> Result<(), String> {
+            if c.type_name() == "turn/end" {
+                Err("no".into())
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    struct Reenter(Mutex<Option<LogError>>);
+    impl SessionObserver for Reenter {
+        fn committed(&self, s: &Session, _: &Arc<SessionEvent>) {
+            *self.0.lock() = s.append(EventData::TurnStart { turn: 9 }, None).err();
+        }
+    }
+
+    #[test]
+    fn published_appends_are_checked_and_reentrancy_is_rejected() {
+        let s = Session::new(header("a"), None).unwrap();
+        let re = Arc::new(Reenter(Mutex::new(None)));
+        s.publish(vec![Arc::new(Veto), re.clone()]);
+        s.append(EventData::TurnStart { turn: 1 }, None).unwrap();
+        assert_eq!(*re.0.lock(), Some(LogError::Reentrant));
+        assert_eq!(s.len(), 1);
+        let err = s
+            .append(
+                EventData::TurnEnd {
+                    turn: 1,
+                    reason: crate::TurnEndReason::Completed,
+                },
+                None,
+            )
+            .unwrap_err();
+        assert_eq!(err.to_string(), "session append of `turn/end` was vetoed: no");
+        assert_eq!(s.len(), 1);
+    }
+}
