@@ -12,7 +12,24 @@
 //! types losslessly.
 #![warn(missing_docs)]
 
+pub mod agent;
+pub mod bus;
 pub mod content;
+pub mod error;
+pub mod hooks;
+pub mod jobs;
+pub mod prompt;
+pub mod registration;
+pub mod runtime;
+pub mod store;
+pub mod tools;
+// -- pure functions over logs (module owners: see git log) --
+pub mod fold;
+pub mod history;
+pub mod policy;
+pub mod prefix;
+pub mod stream_grammar;
+// -- end pure functions --
 pub mod event;
 pub mod header;
 pub mod ids;
@@ -22,7 +39,16 @@ pub mod session;
 pub mod signal;
 pub mod turn;
 
+pub use agent::{Agent, AgentHandle, AgentOptions, AgentRef, AgentStatus, CancelOptions, Disposer, InboxSnapshot};
+pub use bus::{BoxError, Carried, EventBus};
 pub use content::ContentBlock;
+pub use error::AgentError;
+pub use hooks::{AgentEvent, PreStep, PreStepDecision, PreStepInterceptor, TurnStoppingHook};
+pub use jobs::Jobs;
+pub use registration::{Registration, Scope, ScopeInactive};
+pub use runtime::{AgentRuntime, CreateAgentOptions, Ctx, ResumeAgentOptions, Services};
+pub use store::{SessionPersistence, SessionStore};
+pub use tools::{ToolDefinition, Tools};
 pub use event::{EventData, InboxSplice, InboxTarget, SessionEvent, SurfaceMeta, SurfaceOp};
 pub use header::{HeaderError, Origin, SessionHeader, SessionMeta};
 pub use ids::{CallId, MessageId, SessionId};
@@ -33,3 +59,9 @@ pub use model::{
 pub use session::{LogError, Session, SessionObserver};
 pub use signal::{CancelCause, Signal};
 pub use turn::TurnEndReason;
+// -- pure functions over logs: re-exports --
+pub use fold::{AsEvent, ConsumedWork, fold_consumed_work};
+pub use history::derive_messages;
+pub use policy::{ApprovalPolicy, SandboxMode, approval_override, sandbox_override};
+pub use prefix::{balanced_completed_turn_prefix, next_turn_number};
+pub use stream_grammar::{GrammarError, StreamGrammar, validate_stream};

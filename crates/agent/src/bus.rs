@@ -1,0 +1,245 @@
+//! A scoped, synchronous event bus with contained listeners.
+//!
+//! Listeners are registered globally or for one agent's scope and called **synchronously, in
+//! registration order**, on the emitting thread. Every call is contained: a listener that returns
+//! an error or panics is logged with `tracing::warn!` and never prevents the next listener from
+//! running. Scoped listeners hear only events whose [carrier](Carried::carrier) is their agent.
+//! Registration returns a [`Registration`] guard that removes the listener when dropped.
+//!
+//! Listeners that need async work should spawn it (on a task tracker they own) rather than block.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::RwLock;
+
+use crate::ids::SessionId;
+use crate::registration::Registration;
+
+/// A boxed error returned by listeners and hooks.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// An event that may be keyed to one agent (its *carrier*).
+pub trait Carried {
+    /// The agent this event is dispatched for, or `None` for unscoped events.
+    fn carrier(&self) -> Option<&SessionId>;
+}
+
+type Listener<E> = Arc<dyn Fn(&E) -> Result<(), BoxError> + Send + Sync>;
+
+struct Entry<E> {
+    id: u64,
+    scope: Option<SessionId>,
+    listener: Listener<E>,
+}
+
+struct Inner<E> {
+    next: AtomicU64,
+    entries: RwLock<Arc<Vec<Entry<E>>>>,
+}
+
+/// A listener failed during a strict emission ([`EventBus::try_emit`]).
+#[derive(Debug, thiserror::Error)]
+#[error("event listener failed: {message}")]
+pub struct ListenerFailed {
+    /// The listener's error text (or `<unrenderable thrown value>` for a panic without a string
+    /// payload).
+    pub message: String,
+}
+
+/// A multi-listener event bus for events of type `E`. Cheap to clone (shared).
+pub struct EventBus<E> {
+    inner: Arc<Inner<E>>,
+}
+
+impl<E> Clone for EventBus<E> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<E: 'static> Default for EventBus<E> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Renders a panic payload for logs: its string, or `<unrenderable thrown value>`.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "<unrenderable thrown value>".to_owned()
+    }
+}
+
+impl<E: 'static> EventBus<E> {
+    /// An empty bus.
+    pub fn new() -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                next: AtomicU64::new(0),
+                entries: RwLock::new(Arc::new(Vec::new())),
+            }),
+        }
+    }
+
+    /// Registers a listener for every event (unscoped).
+    pub fn on(&self, listener: impl Fn(&E) -> Result<(), BoxError> + Send + Sync + 'static) -> Registration {
+        self.add(None, Arc::new(listener))
+    }
+
+    /// Registers a listener that hears only events carried by agent `scope`.
+    pub fn on_scoped(
+        &self,
+        scope: SessionId,
+        listener: impl Fn(&E) -> Result<(), BoxError> + Send + Sync + 'static,
+    ) -> Registration {
+        self.add(Some(scope), Arc::new(listener))
+    }
+
+    fn add(&self, scope: Option<SessionId>, listener: Listener<E>) -> Registration {
+        let id = self.inner.next.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut entries = self.inner.entries.write();
+            let mut next: Vec<Entry<E>> = entries
+                .iter()
+                .map(|e| Entry {
+                    id: e.id,
+                    scope: e.scope.clone(),
+                    listener: e.listener.clone(),
+                })
+                .collect();
+            next.push(Entry { id, scope, listener });
+            *entries = Arc::new(next);
+        }
+        let weak = Arc::downgrade(&self.inner);
+        Registration::new(move || {
+            if let Some(inner) = weak.upgrade() {
+                let mut entries = inner.entries.write();
+                let next: Vec<Entry<E>> = entries
+                    .iter()
+                    .filter(|e| e.id != id)
+                    .map(|e| Entry {
+                        id: e.id,
+                        scope: e.scope.clone(),
+                        listener: e.listener.clone(),
+                    })
+                    .collect();
+                *entries = Arc::new(next);
+            }
+        })
+    }
+
+    /// The number of registered listeners (for tests asserting registries end empty).
+    pub fn listener_count(&self) -> usize {
+        self.inner.entries.read().len()
+    }
+
+    fn matching(&self, carrier: Option<&SessionId>) -> Vec<Listener<E>> {
+        let entries = self.inner.entries.read().clone();
+        entries
+            .iter()
+            .filter(|e| e.scope.is_none() || e.scope.as_ref() == carrier)
+            .map(|e| e.listener.clone())
+            .collect()
+    }
+
+    fn call(listener: &Listener<E>, event: &E) -> Result<(), String> {
+        match catch_unwind(AssertUnwindSafe(|| listener(event))) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(payload) => Err(panic_message(&*payload)),
+        }
+    }
+
+    /// Delivers `event` to every matching listener in registration order; each failure is
+    /// contained and logged. The listener set is snapshotted first: listeners added or removed
+    /// during delivery take effect from the next emission.
+    pub fn emit_for(&self, carrier: Option<&SessionId>, event: &E) {
+        for l in self.matching(carrier) {
+            if let Err(message) = Self::call(&l, event) {
+                tracing::warn!(%message, "event listener failed; delivery continues");
+            }
+        }
+    }
+
+    /// Delivers `event` in registration order and stops at the first failure, returning it
+    /// (for events whose listeners may veto, such as provider registration).
+    pub fn try_emit_for(&self, carrier: Option<&SessionId>, event: &E) -> Result<(), ListenerFailed> {
+        for l in self.matching(carrier) {
+            Self::call(&l, event).map_err(|message| ListenerFailed { message })?;
+        }
+        Ok(())
+    }
+}
+
+impl<E: Carried + 'static> EventBus<E> {
+    /// Delivers `event` to global listeners and to listeners scoped to its carrier. Contained.
+    pub fn emit(&self, event: &E) {
+        self.emit_for(event.carrier(), event);
+    }
+
+    /// Like [`EventBus::emit`] but stops at, and returns, the first failure.
+    pub fn try_emit(&self, event: &E) -> Result<(), ListenerFailed> {
+        self.try_emit_for(event.carrier(), event)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parking_lot::Mutex;
+
+    struct Ev(Option<SessionId>, u32);
+    impl Carried for Ev {
+        fn carrier(&self) -> Option<&SessionId> {
+            self.0.as_ref()
+        }
+    }
+
+    #[test]
+    fn delivery_is_ordered_scoped_and_contained() {
+        let bus = EventBus::<Ev>::new();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s1 = seen.clone();
+        let _a = bus.on(move |e| {
+            s1.lock().push(("global", e.1));
+            Ok(())
+        });
+        let _b = bus.on(|_| panic!("boom"));
+        let _c = bus.on(|_| Err("nope".into()));
+        let s2 = seen.clone();
+        let _d = bus.on_scoped("x".into(), move |e| {
+            s2.lock().push(("x", e.1));
+            Ok(())
+        });
+        bus.emit(&Ev(Some("x".into()), 1));
+        bus.emit(&Ev(Some("y".into()), 2));
+        bus.emit(&Ev(None, 3));
+        assert_eq!(*seen.lock(), vec![("global", 1), ("x", 1), ("global", 2), ("global", 3)]);
+        let err = bus.try_emit(&Ev(None, 4)).unwrap_err();
+        assert_eq!(err.message, "boom");
+    }
+
+    #[test]
+    fn dropping_a_guard_removes_the_listener() {
+        let bus = EventBus::<Ev>::new();
+        let g = bus.on(|_| Ok(()));
+        assert_eq!(bus.listener_count(), 1);
+        drop(g);
+        assert_eq!(bus.listener_count(), 0);
+    }
+
+    #[test]
+    fn unrenderable_panics_are_named() {
+        let bus = EventBus::<Ev>::new();
+        let _g = bus.on(|_| std::panic::panic_any(42u8));
+        assert_eq!(bus.try_emit(&Ev(None, 1)).unwrap_err().message, "<unrenderable thrown value>");
+    }
+}

@@ -1,0 +1,72 @@
+//! Prompt assembly contracts (spec §12): ordered sections and runtime contexts.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::ids::SessionId;
+
+/// The global section name of the deployment persona (order 0). A scoped section with this name
+/// replaces it for one agent.
+pub const PERSONA_SECTION: &str = "deployment:persona";
+
+/// The plugin name of runtime-context snapshot messages.
+pub const PROMPT_PLUGIN: &str = "system-prompt";
+
+/// One named, ordered piece of system text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PromptSection {
+    /// Name; a scoped section shadows a global one of the same name for its agent.
+    pub name: String,
+    /// Sort key (ascending; ties by registration order). Bands: -100 identity, 0 persona,
+    /// 100–199 tool guidance.
+    pub order: i32,
+    /// The text; persona text may contain `{{var}}` groups interpolated strictly.
+    pub text: String,
+}
+
+/// Renders a runtime context's text for one agent; `None` contributes nothing this time.
+pub type ContextRenderer = Arc<dyn Fn(&SessionId) -> Option<String> + Send + Sync>;
+
+/// One named, ordered contribution to the runtime-context snapshot (separate from system text).
+#[derive(Clone)]
+pub struct RuntimeContext {
+    /// Name (appears in the snapshot's sections).
+    pub name: String,
+    /// Sort key (the subagent delegation statement uses 120; policy services 110 and 115).
+    pub order: i32,
+    /// Renders the text at each pre-step.
+    pub render: ContextRenderer,
+}
+
+impl fmt::Debug for RuntimeContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RuntimeContext")
+            .field("name", &self.name)
+            .field("order", &self.order)
+            .finish()
+    }
+}
+
+impl RuntimeContext {
+    /// A context that always renders the same text.
+    pub fn fixed(name: impl Into<String>, order: i32, text: impl Into<String>) -> Self {
+        let text: String = text.into();
+        Self {
+            name: name.into(),
+            order,
+            render: Arc::new(move |_| Some(text.clone())),
+        }
+    }
+}
+
+/// The prompt registry: global or scoped sections and runtime contexts.
+///
+/// Registrations return guards; a scoped section shadows the global section of the same name for
+/// that agent only. Rendering (ordering, persona interpolation, snapshots) is the runtime's job.
+pub trait Prompt: Send + Sync + 'static {
+    /// Registers a system-text section.
+    fn section(&self, scope: Option<&SessionId>, section: PromptSection) -> crate::Registration;
+
+    /// Registers a runtime-context contribution.
+    fn runtime_context(&self, scope: Option<&SessionId>, context: RuntimeContext) -> crate::Registration;
+}

@@ -1,0 +1,189 @@
+//! Registration guards and scopes.
+//!
+//! Every registration (event listener, tool, restriction, guard, prompt section, provider, …)
+//! returns a [`Registration`]: dropping or [disposing](Registration::dispose) it undoes the
+//! registration, exactly once. A [`Scope`] owns the guards adopted into it and drops them in
+//! reverse order when it is disposed; registering through a disposed scope fails with
+//! [`ScopeInactive`].
+
+use std::fmt;
+
+use parking_lot::Mutex;
+
+use crate::ids::SessionId;
+
+type Undo = Box<dyn FnOnce() + Send + Sync>;
+
+/// A guard that undoes one registration when dropped or disposed.
+///
+/// The undo runs at most once. Undo closures must be cheap and must not block; they run on the
+/// dropping thread.
+#[must_use = "dropping a Registration undoes it immediately"]
+pub struct Registration {
+    undo: Option<Undo>,
+}
+
+impl fmt::Debug for Registration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registration").field("active", &self.undo.is_some()).finish()
+    }
+}
+
+impl Registration {
+    /// A guard that runs `undo` when dropped.
+    pub fn new(undo: impl FnOnce() + Send + Sync + 'static) -> Self {
+        Self {
+            undo: Some(Box::new(undo)),
+        }
+    }
+
+    /// A guard with nothing to undo.
+    pub fn noop() -> Self {
+        Self { undo: None }
+    }
+
+    /// Undoes the registration now (same as dropping).
+    pub fn dispose(mut self) {
+        self.run();
+    }
+
+    /// Combines several guards into one; they are undone in reverse order.
+    pub fn all(guards: Vec<Registration>) -> Self {
+        Self::new(move || drop_in_reverse(guards))
+    }
+
+    fn run(&mut self) {
+        if let Some(undo) = self.undo.take() {
+            undo();
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.run();
+    }
+}
+
+fn drop_in_reverse(mut guards: Vec<Registration>) {
+    while let Some(g) = guards.pop() {
+        drop(g);
+    }
+}
+
+/// Registering through a disposed scope.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("scope of agent \"{0}\" is inactive: it was disposed")]
+pub struct ScopeInactive(pub SessionId);
+
+/// The registration layer owned by one agent.
+///
+/// A scope is keyed by its agent's id and may name a parent scope (a subagent child's scope is
+/// flat: it has none). It owns every guard [adopted](Scope::adopt) into it and drops them in
+/// reverse order on [`Scope::dispose`]. After disposal, adopting fails with [`ScopeInactive`] and
+/// the offered guard is dropped (undone) at once, so nothing registered through a dead scope
+/// survives.
+pub struct Scope {
+    key: SessionId,
+    parent: Option<SessionId>,
+    guards: Mutex<Option<Vec<Registration>>>,
+}
+
+impl fmt::Debug for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scope")
+            .field("key", &self.key)
+            .field("parent", &self.parent)
+            .field("active", &self.is_active())
+            .finish()
+    }
+}
+
+impl Scope {
+    /// A fresh, active scope for agent `key`, optionally parented to another scope key.
+    pub fn new(key: SessionId, parent: Option<SessionId>) -> Self {
+        Self {
+            key,
+            parent,
+            guards: Mutex::new(Some(Vec::new())),
+        }
+    }
+
+    /// The agent this scope belongs to.
+    pub fn key(&self) -> &SessionId {
+        &self.key
+    }
+
+    /// The parent scope key, if any.
+    pub fn parent(&self) -> Option<&SessionId> {
+        self.parent.as_ref()
+    }
+
+    /// Whether the scope is still active.
+    pub fn is_active(&self) -> bool {
+        self.guards.lock().is_some()
+    }
+
+    /// Fails with [`ScopeInactive`] once disposed.
+    pub fn ensure_active(&self) -> Result<(), ScopeInactive> {
+        if self.is_active() {
+            Ok(())
+        } else {
+            Err(ScopeInactive(self.key.clone()))
+        }
+    }
+
+    /// Hands `guard` to the scope, which keeps it until disposal. On a disposed scope the guard is
+    /// undone immediately and [`ScopeInactive`] is returned.
+    pub fn adopt(&self, guard: Registration) -> Result<(), ScopeInactive> {
+        let mut slot = self.guards.lock();
+        match slot.as_mut() {
+            Some(list) => {
+                list.push(guard);
+                Ok(())
+            }
+            None => {
+                drop(slot);
+                drop(guard);
+                Err(ScopeInactive(self.key.clone()))
+            }
+        }
+    }
+
+    /// Disposes the scope: undoes every adopted guard in reverse order. Idempotent.
+    pub fn dispose(&self) {
+        let guards = self.guards.lock().take();
+        if let Some(guards) = guards {
+            drop_in_reverse(guards);
+        }
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        self.dispose();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn guards_undo_once_and_scopes_unwind_in_reverse() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let scope = Scope::new("a".into(), None);
+        for i in 0..3 {
+            let log = log.clone();
+            scope.adopt(Registration::new(move || log.lock().push(i))).unwrap();
+        }
+        scope.dispose();
+        scope.dispose();
+        assert_eq!(*log.lock(), vec![2, 1, 0]);
+        let log2 = log.clone();
+        let err = scope.adopt(Registration::new(move || log2.lock().push(9))).unwrap_err();
+        assert_eq!(err.to_string(), "scope of agent \"a\" is inactive: it was disposed");
+        assert_eq!(*log.lock(), vec![2, 1, 0, 9]);
+    }
+}

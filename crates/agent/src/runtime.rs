@@ -1,0 +1,356 @@
+//! The agent registry and creation transaction contract (spec §9), and [`Ctx`], the service
+//! context through which agents and their scopes register things.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+
+use crate::agent::{AgentHandle, AgentOptions, AgentRef};
+use crate::bus::{BoxError, EventBus};
+use crate::error::AgentError;
+use crate::event::SessionEvent;
+use crate::header::SessionMeta;
+use crate::hooks::{AgentEvent, PreStepInterceptor, TurnStoppingHook};
+use crate::ids::SessionId;
+use crate::jobs::Jobs;
+use crate::model::ModelAdapter;
+use crate::prompt::Prompt;
+use crate::registration::{Registration, Scope};
+use crate::signal::Signal;
+use crate::store::{SessionPersistence, SessionStore};
+use crate::tools::Tools;
+
+/// A synchronous commit run after setup succeeded and before publication.
+pub type Commit = Box<dyn FnOnce() -> Result<(), BoxError> + Send>;
+
+/// The setup window: composes the unpublished agent (registrations through its [`Ctx`], appends
+/// to its session), never drives it. Raced against the creation token.
+pub type Setup = Box<dyn FnOnce(Ctx) -> BoxFuture<'static, Result<Option<Commit>, BoxError>> + Send>;
+
+/// What to create.
+pub struct CreateAgentOptions {
+    /// The new agent's (and session's) id.
+    pub session_id: SessionId,
+    /// Header metadata.
+    pub meta: SessionMeta,
+    /// Seed events (fork, replay).
+    pub seed: Option<Vec<SessionEvent>>,
+    /// Agent options.
+    pub agent_options: AgentOptions,
+    /// Creation-only cancellation: cancelling it after `create` returned has no effect.
+    pub signal: Option<Signal>,
+    /// The setup window.
+    pub setup: Option<Setup>,
+    /// The creating agent: disposing it disposes the created agent.
+    pub owner: Option<AgentRef>,
+}
+
+impl fmt::Debug for CreateAgentOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CreateAgentOptions")
+            .field("session_id", &self.session_id)
+            .field("meta", &self.meta)
+            .field("seed_len", &self.seed.as_ref().map(Vec::len))
+            .field("agent_options", &self.agent_options)
+            .finish()
+    }
+}
+
+impl CreateAgentOptions {
+    /// Options for a fresh agent with default everything.
+    pub fn new(session_id: SessionId) -> Self {
+        Self {
+            session_id,
+            meta: SessionMeta::default(),
+            seed: None,
+            agent_options: AgentOptions::default(),
+            signal: None,
+            setup: None,
+            owner: None,
+        }
+    }
+}
+
+/// What to resume.
+pub struct ResumeAgentOptions {
+    /// The persisted session to resume.
+    pub session_id: SessionId,
+    /// Agent options for the resumed instance.
+    pub agent_options: AgentOptions,
+    /// Creation-only cancellation.
+    pub signal: Option<Signal>,
+    /// The setup window.
+    pub setup: Option<Setup>,
+    /// The creating agent.
+    pub owner: Option<AgentRef>,
+}
+
+/// The agent registry.
+///
+/// # Contract
+/// * [`create`](AgentRuntime::create) is a transaction: prepare the session, validate options,
+///   fuse the creation token (caller signal, owner disposal, runtime teardown), construct,
+///   await `setup` raced against the token, run `commit`, then publish in order (enter session,
+///   enter agent, `session/created`, `agent/created`, `agent/session-start`). Any failure or
+///   cancellation before the handle is returned rolls everything back: nothing stays
+///   registered and the id is immediately reusable.
+/// * [`resume`](AgentRuntime::resume) loads persisted state (repairing an open turn) and runs
+///   the same transaction.
+/// * [`get`](AgentRuntime::get) returns only live agents.
+#[async_trait]
+pub trait AgentRuntime: Send + Sync + 'static {
+    /// Creates and publishes an agent.
+    async fn create(&self, options: CreateAgentOptions) -> Result<AgentHandle, AgentError>;
+
+    /// Resumes a persisted session as a live agent.
+    async fn resume(&self, options: ResumeAgentOptions) -> Result<AgentHandle, AgentError>;
+
+    /// The live agent with this id.
+    fn get(&self, id: &SessionId) -> Option<AgentRef>;
+
+    /// Live agents in creation order.
+    fn list(&self) -> Vec<AgentRef>;
+
+    /// The global service context.
+    fn ctx(&self) -> Ctx;
+
+    /// The context scoped to a live agent.
+    fn agent_ctx(&self, id: &SessionId) -> Option<Ctx>;
+}
+
+/// The services a host exposes, shared by every context.
+#[derive(Clone)]
+pub struct Services {
+    /// The agent registry.
+    pub agents: Arc<dyn AgentRuntime>,
+    /// The live session store.
+    pub sessions: Arc<dyn SessionStore>,
+    /// Durable persistence, when configured.
+    pub persistence: Option<Arc<dyn SessionPersistence>>,
+    /// The tool registry.
+    pub tools: Arc<dyn Tools>,
+    /// The prompt registry.
+    pub prompt: Arc<dyn Prompt>,
+    /// The background job registry, when configured.
+    pub jobs: Option<Arc<dyn Jobs>>,
+    /// Model adapters by provider name.
+    pub models: Arc<dyn ModelRegistry>,
+    /// Agent-level notifications.
+    pub agent_events: EventBus<AgentEvent>,
+    /// Pre-step interceptors.
+    pub pre_step: HookList<dyn PreStepInterceptor>,
+    /// Turn-stopping hooks.
+    pub turn_stopping: HookList<dyn TurnStoppingHook>,
+}
+
+/// Looks up model adapters by provider name.
+pub trait ModelRegistry: Send + Sync + 'static {
+    /// The adapter serving `provider`.
+    fn adapter(&self, provider: &str) -> Option<Arc<dyn ModelAdapter>>;
+}
+
+/// An ordered list of hooks, each global or scoped to one agent. Cheap to clone (shared).
+pub struct HookList<T: ?Sized> {
+    inner: EventBusList<T>,
+}
+
+type EventBusList<T> = Arc<parking_lot::RwLock<Vec<(u64, Option<SessionId>, Arc<T>)>>>;
+
+impl<T: ?Sized> Clone for HookList<T> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<T: ?Sized> Default for HookList<T> {
+    fn default() -> Self {
+        Self {
+            inner: Arc::default(),
+        }
+    }
+}
+
+impl<T: ?Sized + Send + Sync + 'static> HookList<T> {
+    /// Adds a hook (global when `scope` is `None`). Dropping the guard removes it.
+    pub fn add(&self, scope: Option<SessionId>, hook: Arc<T>) -> Registration {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.write().push((id, scope, hook));
+        let weak = Arc::downgrade(&self.inner);
+        Registration::new(move || {
+            if let Some(list) = weak.upgrade() {
+                list.write().retain(|(i, _, _)| *i != id);
+            }
+        })
+    }
+
+    /// The hooks that apply to `agent`: global ones and those scoped to it, in registration
+    /// order.
+    pub fn for_agent(&self, agent: &SessionId) -> Vec<Arc<T>> {
+        self.inner
+            .read()
+            .iter()
+            .filter(|(_, s, _)| s.as_ref().is_none_or(|s| s == agent))
+            .map(|(_, _, h)| h.clone())
+            .collect()
+    }
+
+    /// The number of hooks (for tests asserting registries end empty).
+    pub fn len(&self) -> usize {
+        self.inner.read().len()
+    }
+
+    /// Whether there are no hooks.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A service context: the host's services plus an optional agent scope.
+///
+/// Registrations made through a scoped `Ctx` are visible only to that agent and are **adopted
+/// by its scope**: they are undone, in reverse order, when the agent is disposed. Through a
+/// disposed scope every registration fails with [`AgentError::Inactive`] and registers nothing.
+/// The unscoped (global) context returns the guards to the caller instead.
+#[derive(Clone)]
+pub struct Ctx {
+    /// The host's services.
+    pub services: Services,
+    scope: Option<Arc<Scope>>,
+    agent: Option<AgentRef>,
+}
+
+impl fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ctx").field("scope", &self.scope).finish()
+    }
+}
+
+impl Ctx {
+    /// The global context.
+    pub fn global(services: Services) -> Self {
+        Self {
+            services,
+            scope: None,
+            agent: None,
+        }
+    }
+
+    /// The context of one agent.
+    pub fn scoped(services: Services, agent: AgentRef) -> Self {
+        Self {
+            services,
+            scope: Some(agent.scope().clone()),
+            agent: Some(agent),
+        }
+    }
+
+    /// The agent this context is scoped to.
+    pub fn agent(&self) -> Option<&AgentRef> {
+        self.agent.as_ref()
+    }
+
+    /// The scope key, when scoped.
+    pub fn scope_key(&self) -> Option<&SessionId> {
+        self.scope.as_ref().map(|s| s.key())
+    }
+
+    /// Keeps `guard` for the scope's lifetime (scoped), or returns it (global).
+    pub fn own(&self, guard: Registration) -> Result<Option<Registration>, AgentError> {
+        match &self.scope {
+            Some(scope) => {
+                scope.adopt(guard)?;
+                Ok(None)
+            }
+            None => Ok(Some(guard)),
+        }
+    }
+
+    fn check_active(&self) -> Result<(), AgentError> {
+        if let Some(scope) = &self.scope {
+            scope.ensure_active()?;
+        }
+        Ok(())
+    }
+
+    /// Registers a tool in this context's layer.
+    pub fn register_tool(&self, def: crate::tools::ToolDefinition) -> Result<Option<Registration>, AgentError> {
+        self.check_active()?;
+        let guard = self
+            .services
+            .tools
+            .register(self.scope_key(), def)
+            .map_err(|e| AgentError::Other(Box::new(e)))?;
+        self.own(guard)
+    }
+
+    /// Adds a tool restriction for this (scoped) context.
+    pub fn restrict_tools(&self, filter: crate::tools::ToolRestriction) -> Result<Option<Registration>, AgentError> {
+        self.check_active()?;
+        let guard = self
+            .services
+            .tools
+            .restrict(self.scope_key(), filter)
+            .map_err(|e| AgentError::Other(Box::new(e)))?;
+        self.own(guard)
+    }
+
+    /// Adds a tool guard for this context.
+    pub fn guard_tools(&self, guard: crate::tools::ToolGuard) -> Result<Option<Registration>, AgentError> {
+        self.check_active()?;
+        let g = self.services.tools.guard(self.scope_key(), guard);
+        self.own(g)
+    }
+
+    /// Adds a tool-result observer for this context.
+    pub fn on_tool_result(&self, observer: crate::tools::ToolResultObserver) -> Result<Option<Registration>, AgentError> {
+        self.check_active()?;
+        let g = self.services.tools.on_result(self.scope_key(), observer);
+        self.own(g)
+    }
+
+    /// Registers a prompt section in this context's layer.
+    pub fn prompt_section(&self, section: crate::prompt::PromptSection) -> Result<Option<Registration>, AgentError> {
+        self.check_active()?;
+        let g = self.services.prompt.section(self.scope_key(), section);
+        self.own(g)
+    }
+
+    /// Registers a runtime context in this context's layer.
+    pub fn runtime_context(&self, context: crate::prompt::RuntimeContext) -> Result<Option<Registration>, AgentError> {
+        self.check_active()?;
+        let g = self.services.prompt.runtime_context(self.scope_key(), context);
+        self.own(g)
+    }
+
+    /// Adds a pre-step interceptor (scoped: hears only this agent).
+    pub fn on_pre_step(&self, hook: Arc<dyn PreStepInterceptor>) -> Result<Option<Registration>, AgentError> {
+        self.check_active()?;
+        let g = self.services.pre_step.add(self.scope_key().cloned(), hook);
+        self.own(g)
+    }
+
+    /// Adds a turn-stopping hook (scoped: hears only this agent).
+    pub fn on_turn_stopping(&self, hook: Arc<dyn TurnStoppingHook>) -> Result<Option<Registration>, AgentError> {
+        self.check_active()?;
+        let g = self.services.turn_stopping.add(self.scope_key().cloned(), hook);
+        self.own(g)
+    }
+
+    /// Listens to agent events (scoped: only this agent's).
+    pub fn on_agent_event(
+        &self,
+        listener: impl Fn(&AgentEvent) -> Result<(), BoxError> + Send + Sync + 'static,
+    ) -> Result<Option<Registration>, AgentError> {
+        self.check_active()?;
+        let g = match self.scope_key() {
+            Some(key) => self.services.agent_events.on_scoped(key.clone(), listener),
+            None => self.services.agent_events.on(listener),
+        };
+        self.own(g)
+    }
+}

@@ -1,0 +1,416 @@
+//! Tool contracts (spec §11): definitions, the execution context, results, scoped
+//! restrictions, guards and the layered registry trait.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use serde_json::Value;
+
+use crate::content::ContentBlock;
+use crate::ids::{CallId, SessionId};
+use crate::message::Message;
+use crate::model::ToolSchema;
+use crate::registration::Registration;
+use crate::signal::Signal;
+
+/// The reserved name of the Code Mode transport; it can never be registered or restricted.
+pub const RESERVED_TOOL_NAME: &str = "run_code";
+
+/// Well-known tool error codes.
+pub mod codes {
+    /// The tool is unknown to (or restricted away from) the calling agent.
+    pub const UNKNOWN_TOOL: &str = "UNKNOWN_TOOL";
+    /// The arguments failed the tool's own validation; the model may retry in the same turn.
+    pub const INVALID_ARGS: &str = "INVALID_ARGS";
+    /// A policy, approval or guard denied the call.
+    pub const DENIED: &str = "DENIED";
+    /// The call was cancelled or never started because the step was cancelled.
+    pub const CANCELLED: &str = "CANCELLED";
+    /// The body failed.
+    pub const FAILED: &str = "FAILED";
+}
+
+/// A tool body failure. `code` is one of [`codes`] or a tool-specific code.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ToolError {
+    /// Machine-readable code.
+    pub code: String,
+    /// Model-visible message.
+    pub message: String,
+}
+
+impl ToolError {
+    /// An error with a code and message.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+
+    /// An argument-validation failure (`INVALID_ARGS`).
+    pub fn invalid_args(message: impl Into<String>) -> Self {
+        Self::new(codes::INVALID_ARGS, message)
+    }
+
+    /// A generic body failure (`FAILED`).
+    pub fn failed(message: impl Into<String>) -> Self {
+        Self::new(codes::FAILED, message)
+    }
+}
+
+/// A successful tool body's output.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ToolOutput {
+    /// Model-visible content.
+    pub content: Vec<ContentBlock>,
+    /// The structured value (lossless JSON).
+    pub value: Option<Value>,
+    /// Tool-specific metadata logged with the result.
+    pub meta: Option<Value>,
+}
+
+impl ToolOutput {
+    /// A text-only output.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self {
+            content: vec![ContentBlock::text(text)],
+            value: None,
+            meta: None,
+        }
+    }
+}
+
+/// The unique identity of one trip through the execution pipeline. Call ids may repeat across
+/// steps; execution ids never repeat within a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ExecutionId(pub u64);
+
+impl ExecutionId {
+    /// Mints a fresh process-unique id.
+    pub fn next() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Self(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// One execution as policies, guards and result observers see it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolExecution {
+    /// Unique execution identity.
+    pub id: ExecutionId,
+    /// The calling agent.
+    pub agent: SessionId,
+    /// The model's call id.
+    pub call_id: CallId,
+    /// The tool name.
+    pub name: String,
+    /// Immutable parsed arguments (a JSON string when the raw text was not JSON).
+    pub arguments: Value,
+}
+
+/// The body's view of its execution.
+///
+/// Cloning shares the same execution state. `conclude_turn` marks this execution's **successful**
+/// result as terminal for the turn.
+#[derive(Clone)]
+pub struct ToolContext {
+    /// The execution.
+    pub execution: Arc<ToolExecution>,
+    /// The step's cancellation; bodies must observe it.
+    pub signal: Signal,
+    concluded: Arc<AtomicBool>,
+    deferred: Arc<Mutex<Vec<Message>>>,
+}
+
+impl fmt::Debug for ToolContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolContext").field("execution", &self.execution).finish()
+    }
+}
+
+impl ToolContext {
+    /// A context for `execution` under `signal`.
+    pub fn new(execution: Arc<ToolExecution>, signal: Signal) -> Self {
+        Self {
+            execution,
+            signal,
+            concluded: Arc::default(),
+            deferred: Arc::default(),
+        }
+    }
+
+    /// The calling agent.
+    pub fn agent(&self) -> &SessionId {
+        &self.execution.agent
+    }
+
+    /// Marks this execution's successful result as ending the turn (no follow-up request).
+    pub fn conclude_turn(&self) {
+        self.concluded.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`conclude_turn`](Self::conclude_turn) was called.
+    pub fn concludes_turn(&self) -> bool {
+        self.concluded.load(Ordering::SeqCst)
+    }
+
+    /// Defers a model-facing context message to after the step's results.
+    pub fn defer_context(&self, message: Message) {
+        self.deferred.lock().push(message);
+    }
+
+    /// Takes the deferred context messages.
+    pub fn take_deferred(&self) -> Vec<Message> {
+        std::mem::take(&mut *self.deferred.lock())
+    }
+}
+
+/// A tool body.
+///
+/// # Contract
+/// `execute` receives immutable arguments and must observe `ctx.signal`: once it is cancelled
+/// the body should return promptly (any result is then recorded as cancelled). Bodies run on the
+/// runtime's tasks; they must not block a runtime thread.
+#[async_trait]
+pub trait ToolHandler: Send + Sync + 'static {
+    /// Runs the tool.
+    async fn execute(&self, arguments: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError>;
+}
+
+/// A tool definition.
+#[derive(Clone)]
+pub struct ToolDefinition {
+    /// Unique name within a layer.
+    pub name: String,
+    /// Model-facing description.
+    pub description: String,
+    /// JSON Schema of the arguments (object schema).
+    pub parameters: Value,
+    /// Whether calls may run in the parallel pool (otherwise exclusive barriers).
+    pub concurrency_safe: bool,
+    /// The body.
+    pub handler: Arc<dyn ToolHandler>,
+}
+
+impl fmt::Debug for ToolDefinition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolDefinition")
+            .field("name", &self.name)
+            .field("concurrency_safe", &self.concurrency_safe)
+            .finish()
+    }
+}
+
+impl ToolDefinition {
+    /// The model-facing schema.
+    pub fn schema(&self) -> ToolSchema {
+        ToolSchema {
+            name: self.name.clone(),
+            description: self.description.clone(),
+            parameters: self.parameters.clone(),
+        }
+    }
+}
+
+/// Error facts of a failed result.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolResultError {
+    /// Model-visible message.
+    pub message: String,
+    /// Code (`UNKNOWN_TOOL`, `INVALID_ARGS`, …).
+    pub code: String,
+}
+
+/// The authoritative, immutable final outcome of one execution.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolResult {
+    /// Whether the call failed.
+    pub is_error: bool,
+    /// Model-visible content.
+    pub content: Vec<ContentBlock>,
+    /// The structured value (success only).
+    pub value: Option<Value>,
+    /// Error facts (failure only).
+    pub error: Option<ToolResultError>,
+    /// Metadata logged with the result.
+    pub meta: Option<Value>,
+    /// Whether this successful result ends the turn.
+    pub concludes_turn: bool,
+}
+
+impl ToolResult {
+    /// A failed result whose content is `message` as text.
+    pub fn failure(code: impl Into<String>, message: impl Into<String>) -> Self {
+        let message = message.into();
+        Self {
+            is_error: true,
+            content: vec![ContentBlock::text(message.clone())],
+            value: None,
+            error: Some(ToolResultError {
+                message,
+                code: code.into(),
+            }),
+            meta: None,
+            concludes_turn: false,
+        }
+    }
+
+    /// A successful result from a body's output.
+    pub fn success(output: ToolOutput, concludes_turn: bool) -> Self {
+        Self {
+            is_error: false,
+            content: output.content,
+            value: output.value,
+            error: None,
+            meta: output.meta,
+            concludes_turn,
+        }
+    }
+}
+
+/// A scoped capability filter (spec §11.3). At least one of `allow`/`deny` must be set.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ToolRestriction {
+    /// Keep only these inherited names.
+    pub allow: Option<Vec<String>>,
+    /// Remove these inherited names.
+    pub deny: Option<Vec<String>>,
+}
+
+/// A registry refusal with the loud texts of spec §11.3.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ToolRegistryError {
+    /// `restrict` without a scope.
+    #[error("tool restriction requires a scoped context")]
+    Unscoped,
+    /// `restrict({})`.
+    #[error("tool restriction is empty: name at least one tool in allow or deny")]
+    EmptyRestriction,
+    /// Names that are not inherited.
+    #[error("unknown global tool {names}; known global tools: {known}")]
+    UnknownNames {
+        /// The offending names, quoted and comma-separated.
+        names: String,
+        /// The known inherited names, comma-separated, or `(none)`.
+        known: String,
+    },
+    /// Naming the scope's own registration.
+    #[error("tool \"{0}\" is registered by this scope; a restriction filters only inherited tools")]
+    OwnName(String),
+    /// `run_code` is reserved.
+    #[error("tool name \"run_code\" is reserved")]
+    Reserved,
+    /// A second tool with the same name in one layer.
+    #[error("tool \"{0}\" is already registered in this layer")]
+    Duplicate(String),
+    /// The scope is disposed.
+    #[error("scope of agent \"{0}\" is inactive")]
+    Inactive(SessionId),
+}
+
+/// A monotonic guard: returns `Some(reason)` to deny a call, `None` to abstain.
+pub type ToolGuard = Arc<dyn Fn(&ToolExecution) -> Option<String> + Send + Sync>;
+
+/// The `tools/pre-execute` decision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PreExecuteDecision {
+    /// Run the call.
+    Allow,
+    /// Refuse it with a reason.
+    Deny(String),
+    /// Ask an approval service (denied when none is present).
+    Ask,
+}
+
+/// The `tools/post-execute` decision.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PostExecuteDecision {
+    /// Keep the outcome, optionally replacing its content or value.
+    Accept {
+        /// Replacement content.
+        content: Option<Vec<ContentBlock>>,
+        /// Replacement value.
+        value: Option<Value>,
+    },
+    /// Turn the outcome into an error whose content is the feedback.
+    Block(String),
+}
+
+/// A `tools/pre-execute` policy link: sees the decision so far and returns the next.
+pub type PreExecutePolicy = Arc<dyn Fn(&ToolExecution, PreExecuteDecision) -> PreExecuteDecision + Send + Sync>;
+
+/// A `tools/post-execute` policy link.
+pub type PostExecutePolicy = Arc<dyn Fn(&ToolExecution, &ToolResult) -> Option<PostExecuteDecision> + Send + Sync>;
+
+/// A `tools/result` observer: receives the frozen final outcome; cannot change it.
+pub type ToolResultObserver = Arc<dyn Fn(&ToolExecution, &ToolResult) + Send + Sync>;
+
+/// One call to execute, as the model produced it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCallRequest {
+    /// The model's call id.
+    pub call_id: CallId,
+    /// The tool name.
+    pub name: String,
+    /// The raw argument string (empty means `{}`; non-JSON is passed on as a JSON string).
+    pub arguments: String,
+}
+
+/// The layered tool registry (global → scope-chain ancestors → the agent's own layer).
+///
+/// # Contract
+/// * Every registration returns a [`Registration`]; dropping it removes the entry.
+/// * Scoped entries are visible only to that scope (and, for restrictions, its nested scopes).
+/// * [`execute`](Tools::execute) runs the whole pipeline of spec §11.5 and **always** returns a
+///   result (failures are error results, never `Err`); it fires every result observer exactly
+///   once with the frozen outcome before returning. Cancelling `signal` cancels the body.
+#[async_trait]
+pub trait Tools: Send + Sync + 'static {
+    /// Registers `def` in the global layer (`scope = None`) or in a scope's own layer.
+    fn register(&self, scope: Option<&SessionId>, def: ToolDefinition) -> Result<Registration, ToolRegistryError>;
+
+    /// Adds a scoped restriction (loud errors of spec §11.3).
+    fn restrict(&self, scope: Option<&SessionId>, filter: ToolRestriction) -> Result<Registration, ToolRegistryError>;
+
+    /// Adds a guard (global, or for one scope's calls).
+    fn guard(&self, scope: Option<&SessionId>, guard: ToolGuard) -> Registration;
+
+    /// Adds a pre-execute policy link.
+    fn pre_execute(&self, scope: Option<&SessionId>, policy: PreExecutePolicy) -> Registration;
+
+    /// Adds a post-execute policy link.
+    fn post_execute(&self, scope: Option<&SessionId>, policy: PostExecutePolicy) -> Registration;
+
+    /// Adds a result observer.
+    fn on_result(&self, scope: Option<&SessionId>, observer: ToolResultObserver) -> Registration;
+
+    /// Declares `scope`'s parent scope (for inherited layers). Undone by dropping the guard.
+    fn set_scope_parent(&self, scope: &SessionId, parent: &SessionId) -> Registration;
+
+    /// The definition `scope` sees under `name` (restricted-away reads as absent).
+    fn get(&self, name: &str, scope: Option<&SessionId>) -> Option<ToolDefinition>;
+
+    /// Model-facing schemas visible to `scope`, ordered by name.
+    fn schemas(&self, scope: Option<&SessionId>) -> Vec<ToolSchema>;
+
+    /// Runs one call through the pipeline for agent `scope`.
+    async fn execute(&self, scope: &SessionId, call: ToolCallRequest, ctx_signal: Signal) -> ExecutedTool;
+}
+
+/// What [`Tools::execute`] returns: the execution identity and its authoritative result, plus
+/// deferred context messages.
+#[derive(Clone, Debug)]
+pub struct ExecutedTool {
+    /// The execution.
+    pub execution: Arc<ToolExecution>,
+    /// The frozen result.
+    pub result: ToolResult,
+    /// Context messages the body deferred.
+    pub deferred: Vec<Message>,
+}
