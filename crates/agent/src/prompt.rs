@@ -69,4 +69,11 @@ pub trait Prompt: Send + Sync + 'static {
 
     /// Registers a runtime-context contribution.
     fn runtime_context(&self, scope: Option<&SessionId>, context: RuntimeContext) -> crate::Registration;
+
+    /// The sections `agent` sees (its own shadow global ones by name), sorted by ascending
+    /// `order`, ties by registration order. `None` means the global view.
+    fn sections(&self, agent: Option<&SessionId>) -> Vec<PromptSection>;
+
+    /// The runtime contexts `agent` sees, sorted like [`Prompt::sections`].
+    fn runtime_contexts(&self, agent: Option<&SessionId>) -> Vec<RuntimeContext>;
 }
