@@ -1,0 +1,882 @@
+//! [`JobRegistry`]: the process-local implementation of [`agent::Jobs`].
+
+use std::collections::HashMap;
+use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use agent::bus::{EventBus, panic_message};
+use agent::ids::SessionId;
+use agent::jobs::{
+    DEFAULT_JOB_LIMIT, JobError, JobHooks, JobId, JobInfo, JobOutcome, JobRead, JobSpec, JobStatus, Jobs,
+};
+use agent::registration::Registration;
+use agent::signal::Signal;
+use async_trait::async_trait;
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared, join_all};
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::model_text;
+use super::notice::JobNotice;
+
+/// Decides whether an owner is still a live agent (wired by the host to its agent registry).
+pub type OwnerProbe = Arc<dyn Fn(&SessionId) -> bool + Send + Sync>;
+
+type CancelHook = Arc<dyn Fn(Option<String>) + Send + Sync>;
+
+/// Configuration of a [`JobRegistry`].
+#[derive(Clone)]
+pub struct JobRegistryConfig {
+    /// Per-owner limit of `running` plus `stopping` jobs (starts still in their starter count
+    /// too). Default [`DEFAULT_JOB_LIMIT`]; `0` refuses every start.
+    pub limit: usize,
+    /// When `true`, [`start`](Jobs::start) fails with [`JobError::NoController`] unless a
+    /// controller [attached](JobRegistry::attach_controller) globally or for the owner serves
+    /// it. Default `false`: every owner is served.
+    pub require_controller: bool,
+    /// When set, an owner the probe reports as not live is refused with
+    /// [`JobError::OwnerDisposed`] before the starter runs. Owners being
+    /// [disposed](Jobs::dispose_owner) are refused regardless.
+    pub owner_probe: Option<OwnerProbe>,
+    /// The bus completion notices are emitted on; a fresh bus when `None`.
+    pub notices: Option<EventBus<JobNotice>>,
+}
+
+impl Default for JobRegistryConfig {
+    fn default() -> Self {
+        Self {
+            limit: DEFAULT_JOB_LIMIT,
+            require_controller: false,
+            owner_probe: None,
+            notices: None,
+        }
+    }
+}
+
+impl fmt::Debug for JobRegistryConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobRegistryConfig")
+            .field("limit", &self.limit)
+            .field("require_controller", &self.require_controller)
+            .field("owner_probe", &self.owner_probe.is_some())
+            .finish()
+    }
+}
+
+/// A non-consuming view of one job (a fresh value per call, never live state).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobSnapshot {
+    /// Id (`<kind>-<n>`).
+    pub id: JobId,
+    /// Kind.
+    pub kind: String,
+    /// Label.
+    pub label: String,
+    /// The owning agent.
+    pub owner: SessionId,
+    /// Status.
+    pub status: JobStatus,
+    /// The producer's detail, once settled with one.
+    pub detail: Option<String>,
+    /// Whether a kill, a terminal read or wait, or a teardown has reported (or committed to
+    /// report) the terminal state; completion notices are suppressed when set.
+    pub reported: bool,
+}
+
+impl JobSnapshot {
+    /// The listing projection.
+    pub fn info(&self) -> JobInfo {
+        JobInfo {
+            id: self.id.clone(),
+            kind: self.kind.clone(),
+            label: self.label.clone(),
+            status: self.status,
+        }
+    }
+
+    /// `[status: …]` for this job.
+    pub fn status_line(&self) -> String {
+        model_text::status_line(self.status, self.detail.as_deref())
+    }
+}
+
+/// What [`JobRegistry::read_job`] returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobReadout {
+    /// The job after the read (terminal reads mark it reported).
+    pub snapshot: JobSnapshot,
+    /// Empty while the job is live; its final output (or empty) once settled. Idempotent.
+    pub output: String,
+}
+
+/// What [`JobRegistry::kill_job`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KillOutcome {
+    /// Cancellation was requested; the job is `stopping` (or settled meanwhile).
+    Requested(JobSnapshot),
+    /// The job had already settled; nothing was cancelled.
+    AlreadyFinished(JobSnapshot),
+}
+
+impl KillOutcome {
+    /// The job after the kill.
+    pub fn snapshot(&self) -> &JobSnapshot {
+        match self {
+            Self::Requested(s) | Self::AlreadyFinished(s) => s,
+        }
+    }
+}
+
+/// Bookkeeping counts, for tests asserting that the registry ends empty.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JobCounts {
+    /// Job records held (live and settled-but-not-dropped).
+    pub jobs: usize,
+    /// Records `running` or `stopping`.
+    pub active: usize,
+    /// Starts whose starter is running (reserved, not yet registered).
+    pub pending_starts: usize,
+    /// Tasks awaiting a job's `done` (the registry's task tracker).
+    pub tasks: usize,
+    /// Reads currently waiting for a settlement.
+    pub waiters: usize,
+}
+
+impl JobCounts {
+    /// Whether nothing at all is held.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// The process-local background job registry.
+///
+/// # Contract
+/// * **Atomic start.** [`start`](Jobs::start) runs a preflight — a tokio runtime is present, the
+///   registry is not shut down, a controller serves the owner (when
+///   [required](JobRegistryConfig::require_controller)), the owner is not being disposed (and the
+///   [probe](JobRegistryConfig::owner_probe) reports it live), the owner is under its limit —
+///   and reserves a capacity slot before it calls the starter exactly once. The registration that
+///   follows cannot fail. A refused preflight never calls the starter and allocates no id; a
+///   starter that panics releases its reservation and the panic propagates to the caller.
+/// * **Ids** are `<kind>-<n>` with a counter per kind starting at 1, never reused.
+/// * **Owner fence.** Every read, wait, kill and listing names the owner; another owner's job
+///   reads as [`JobError::NotFound`], exactly like an unknown id.
+/// * **First-wins settlement.** One task per job (tracked by the registry's
+///   [`TaskTracker`]) awaits `done`; the first terminal outcome — the producer's, or a teardown
+///   force-failure — is recorded, later ones are ignored. A `done` that panics settles `failed`.
+/// * **Kill** calls `cancel(reason)` and only then marks the job `stopping` and reported.
+/// * **Notices.** An unreported settlement emits one [`JobNotice`] on [`notices`](Self::notices)
+///   (carrier = owner) after waiters are released. Kills, terminal reads and waits, and teardown
+///   mark a job reported and so suppress the notice.
+/// * **Teardown.** [`dispose_owner`](Jobs::dispose_owner) cancels every job of the owner with the
+///   reason [`OWNER_DISPOSED_REASON`](model_text::OWNER_DISPOSED_REASON), awaits `done` (and the
+///   job's task), then drops the owner's records; [`shutdown`](Self::shutdown) does the same for
+///   every owner. A `cancel` that panics during teardown force-fails the record and aborts its
+///   task. A producer that never settles `done` after `cancel` stalls teardown (its contract).
+///
+/// Dropping the registry without [`shutdown`](Self::shutdown) cancels live jobs without awaiting
+/// them and logs a warning.
+pub struct JobRegistry {
+    inner: Arc<Inner>,
+}
+
+/// Shared state. `state` protects every record, the per-kind counters, owner reservations and
+/// controllers; it is never held across an `.await` nor while producer code (starter, `cancel`,
+/// probe) or notice listeners run.
+struct Inner {
+    limit: usize,
+    require_controller: bool,
+    owner_probe: Option<OwnerProbe>,
+    state: Mutex<State>,
+    tracker: TaskTracker,
+    notices: EventBus<JobNotice>,
+    /// Bumped whenever a reservation resolves (committed or abandoned), for drains to wait on.
+    reservations: watch::Sender<u64>,
+}
+
+#[derive(Default)]
+struct State {
+    closed: bool,
+    next_seq: u64,
+    counters: HashMap<String, u64>,
+    jobs: HashMap<JobId, Record>,
+    owners: HashMap<SessionId, OwnerState>,
+    controllers: HashMap<Option<SessionId>, usize>,
+    pending: usize,
+    waiters: usize,
+}
+
+#[derive(Default)]
+struct OwnerState {
+    pending: usize,
+    disposing: usize,
+}
+
+impl OwnerState {
+    fn is_idle(&self) -> bool {
+        self.pending == 0 && self.disposing == 0
+    }
+}
+
+struct Record {
+    seq: u64,
+    id: JobId,
+    kind: String,
+    label: String,
+    owner: SessionId,
+    status: JobStatus,
+    detail: Option<String>,
+    output: Option<String>,
+    reported: bool,
+    waiters: usize,
+    teardown_cancelled: bool,
+    cancel: CancelHook,
+    /// Latch: cancelled once the record is terminal.
+    settled: CancellationToken,
+    abort: AbortHandle,
+    /// Resolves once the job's task has ended.
+    finished: Shared<BoxFuture<'static, ()>>,
+}
+
+impl Record {
+    fn snapshot(&self) -> JobSnapshot {
+        JobSnapshot {
+            id: self.id.clone(),
+            kind: self.kind.clone(),
+            label: self.label.clone(),
+            owner: self.owner.clone(),
+            status: self.status,
+            detail: self.detail.clone(),
+            reported: self.reported,
+        }
+    }
+
+    fn is_active(&self) -> bool {
+        !self.status.is_terminal()
+    }
+}
+
+impl State {
+    fn serves(&self, owner: &SessionId) -> bool {
+        self.controllers.contains_key(&None) || self.controllers.contains_key(&Some(owner.clone()))
+    }
+
+    fn release_reservation(&mut self, owner: &SessionId) {
+        self.pending = self.pending.saturating_sub(1);
+        if let Some(o) = self.owners.get_mut(owner) {
+            o.pending = o.pending.saturating_sub(1);
+            if o.is_idle() {
+                self.owners.remove(owner);
+            }
+        }
+    }
+
+    fn owned_mut(&mut self, owner: &SessionId, id: &JobId) -> Result<&mut Record, JobError> {
+        match self.jobs.get_mut(id) {
+            Some(rec) if rec.owner == *owner => Ok(rec),
+            _ => Err(JobError::NotFound(id.clone())),
+        }
+    }
+}
+
+impl Default for JobRegistry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for JobRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobRegistry")
+            .field("limit", &self.inner.limit)
+            .field("counts", &self.counts())
+            .finish()
+    }
+}
+
+impl JobRegistry {
+    /// A registry with the default configuration.
+    pub fn new() -> Self {
+        Self::with_config(JobRegistryConfig::default())
+    }
+
+    /// A registry with `config`.
+    pub fn with_config(config: JobRegistryConfig) -> Self {
+        let (reservations, _) = watch::channel(0);
+        Self {
+            inner: Arc::new(Inner {
+                limit: config.limit,
+                require_controller: config.require_controller,
+                owner_probe: config.owner_probe,
+                state: Mutex::new(State::default()),
+                tracker: TaskTracker::new(),
+                notices: config.notices.unwrap_or_default(),
+                reservations,
+            }),
+        }
+    }
+
+    /// The per-owner limit.
+    pub fn limit(&self) -> usize {
+        self.inner.limit
+    }
+
+    /// The bus completion notices are emitted on (carrier = the job's owner).
+    pub fn notices(&self) -> &EventBus<JobNotice> {
+        &self.inner.notices
+    }
+
+    /// Declares a job controller serving every owner (`scope = None`) or one owner. Only
+    /// consulted when [`JobRegistryConfig::require_controller`] is set. Dropping the guard
+    /// detaches it.
+    pub fn attach_controller(&self, scope: Option<SessionId>) -> Registration {
+        *self.inner.state.lock().controllers.entry(scope.clone()).or_default() += 1;
+        let weak = Arc::downgrade(&self.inner);
+        Registration::new(move || {
+            if let Some(inner) = weak.upgrade() {
+                let mut state = inner.state.lock();
+                if let Some(n) = state.controllers.get_mut(&scope) {
+                    *n -= 1;
+                    if *n == 0 {
+                        state.controllers.remove(&scope);
+                    }
+                }
+            }
+        })
+    }
+
+    /// Bookkeeping counts.
+    pub fn counts(&self) -> JobCounts {
+        let state = self.inner.state.lock();
+        JobCounts {
+            jobs: state.jobs.len(),
+            active: state.jobs.values().filter(|r| r.is_active()).count(),
+            pending_starts: state.pending,
+            tasks: self.inner.tracker.len(),
+            waiters: state.waiters,
+        }
+    }
+
+    /// Starts a job (see the type-level contract). Same as [`Jobs::start`].
+    pub fn start_job(&self, spec: JobSpec) -> Result<JobId, JobError> {
+        let JobSpec {
+            kind,
+            label,
+            owner,
+            starter,
+        } = spec;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("job registry: start outside a tokio runtime refused");
+            return Err(JobError::NoController);
+        };
+        if let Some(probe) = &self.inner.owner_probe {
+            let live = catch_unwind(AssertUnwindSafe(|| probe(&owner))).unwrap_or_else(|payload| {
+                tracing::warn!(message = %panic_message(&*payload), "job registry: owner probe panicked");
+                false
+            });
+            if !live {
+                return Err(JobError::OwnerDisposed);
+            }
+        }
+        let reservation = Inner::reserve(&self.inner, &owner)?;
+        let hooks = starter();
+        Ok(reservation.commit(kind, label, hooks, &runtime))
+    }
+
+    /// `owner`'s jobs in start order.
+    pub fn snapshots(&self, owner: &SessionId) -> Vec<JobSnapshot> {
+        let state = self.inner.state.lock();
+        let mut owned: Vec<&Record> = state.jobs.values().filter(|r| r.owner == *owner).collect();
+        owned.sort_by_key(|r| r.seq);
+        owned.into_iter().map(Record::snapshot).collect()
+    }
+
+    /// A non-consuming snapshot of `owner`'s job `id` (marks nothing reported).
+    pub fn get(&self, owner: &SessionId, id: &JobId) -> Result<JobSnapshot, JobError> {
+        let mut state = self.inner.state.lock();
+        Ok(state.owned_mut(owner, id)?.snapshot())
+    }
+
+    /// Reads `owner`'s job `id` without waiting. A terminal read marks the job reported and is
+    /// idempotent.
+    pub fn read_job(&self, owner: &SessionId, id: &JobId) -> Result<JobReadout, JobError> {
+        let mut state = self.inner.state.lock();
+        let rec = state.owned_mut(owner, id)?;
+        let output = if rec.status.is_terminal() {
+            rec.reported = true;
+            rec.output.clone().unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(JobReadout {
+            snapshot: rec.snapshot(),
+            output,
+        })
+    }
+
+    /// Waits until `owner`'s job `id` settles, `timeout` passes (`Ok(false)`), or `signal` is
+    /// cancelled ([`JobError::Cancelled`]). Returns `Ok(true)` once settled (at once for a settled
+    /// job). A settlement that finds a waiter marks the job reported; cancelling or timing out
+    /// stops only this wait, never the job. Cancel-safe: dropping the future unregisters the
+    /// waiter.
+    pub async fn wait_settled(
+        &self,
+        owner: &SessionId,
+        id: &JobId,
+        timeout: Option<Duration>,
+        signal: &Signal,
+    ) -> Result<bool, JobError> {
+        let latch = {
+            let mut state = self.inner.state.lock();
+            let rec = state.owned_mut(owner, id)?;
+            if rec.status.is_terminal() {
+                return Ok(true);
+            }
+            rec.waiters += 1;
+            let latch = rec.settled.clone();
+            state.waiters += 1;
+            latch
+        };
+        let guard = WaiterGuard {
+            inner: &self.inner,
+            id,
+        };
+        let settled = async {
+            match timeout {
+                Some(limit) => tokio::time::timeout(limit, latch.cancelled()).await.is_ok(),
+                None => {
+                    latch.cancelled().await;
+                    true
+                }
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = settled => {}
+            _ = signal.cancelled() => {}
+        }
+        drop(guard);
+        let mut state = self.inner.state.lock();
+        let rec = state.owned_mut(owner, id)?;
+        if rec.status.is_terminal() {
+            Ok(true)
+        } else if signal.is_cancelled() {
+            Err(JobError::Cancelled(id.clone()))
+        } else {
+            Ok(false)
+        }
+    }
+
+    /// Kills `owner`'s job `id`: calls its `cancel(reason)`, then marks it `stopping` and
+    /// reported. A settled job is only marked reported ([`KillOutcome::AlreadyFinished`]).
+    ///
+    /// # Panics
+    /// A panicking `cancel` hook propagates its panic; the job's state is left unchanged.
+    pub fn kill_job(
+        &self,
+        owner: &SessionId,
+        id: &JobId,
+        reason: Option<String>,
+    ) -> Result<KillOutcome, JobError> {
+        let (cancel, was_reported) = {
+            let mut state = self.inner.state.lock();
+            let rec = state.owned_mut(owner, id)?;
+            if rec.status.is_terminal() {
+                rec.reported = true;
+                return Ok(KillOutcome::AlreadyFinished(rec.snapshot()));
+            }
+            // Claimed before `cancel` runs so a settlement it triggers stays quiet.
+            let was = std::mem::replace(&mut rec.reported, true);
+            (rec.cancel.clone(), was)
+        };
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| cancel(reason))) {
+            let mut state = self.inner.state.lock();
+            if let Ok(rec) = state.owned_mut(owner, id)
+                && !rec.status.is_terminal()
+            {
+                rec.reported = was_reported;
+            }
+            drop(state);
+            resume_unwind(payload);
+        }
+        let mut state = self.inner.state.lock();
+        let rec = state.owned_mut(owner, id)?;
+        if rec.status == JobStatus::Running {
+            rec.status = JobStatus::Stopping;
+        }
+        Ok(KillOutcome::Requested(rec.snapshot()))
+    }
+
+    /// Cancels and awaits every job of every owner, drops every record, and closes the registry:
+    /// later starts fail with [`JobError::NoController`]. Idempotent.
+    pub async fn shutdown(&self) {
+        self.inner.state.lock().closed = true;
+        self.inner.drain(None, model_text::SHUTDOWN_REASON).await;
+        self.inner.tracker.close();
+        self.inner.tracker.wait().await;
+    }
+
+    /// Cancels and awaits every job of `owner`, then drops its records. Same as
+    /// [`Jobs::dispose_owner`]. While it runs, starts for `owner` fail with
+    /// [`JobError::OwnerDisposed`]; once it returns the owner may start jobs again (a resumed
+    /// agent reuses its session id), unless the owner probe says otherwise.
+    pub async fn dispose_owner_jobs(&self, owner: &SessionId) {
+        self.inner.state.lock().owners.entry(owner.clone()).or_default().disposing += 1;
+        let _fence = DisposingGuard {
+            inner: &self.inner,
+            owner,
+        };
+        self.inner.drain(Some(owner), model_text::OWNER_DISPOSED_REASON).await;
+    }
+}
+
+impl Inner {
+    fn reserve(this: &Arc<Self>, owner: &SessionId) -> Result<Reservation, JobError> {
+        let mut state = this.state.lock();
+        if state.closed {
+            return Err(JobError::NoController);
+        }
+        if this.require_controller && !state.serves(owner) {
+            return Err(JobError::NoController);
+        }
+        let pending = match state.owners.get(owner) {
+            Some(o) if o.disposing > 0 => return Err(JobError::OwnerDisposed),
+            Some(o) => o.pending,
+            None => 0,
+        };
+        let active = state.jobs.values().filter(|r| r.owner == *owner && r.is_active()).count();
+        if active + pending >= this.limit {
+            return Err(JobError::LimitReached(this.limit));
+        }
+        state.owners.entry(owner.clone()).or_default().pending += 1;
+        state.pending += 1;
+        Ok(Reservation {
+            inner: this.clone(),
+            owner: owner.clone(),
+            live: true,
+        })
+    }
+
+    fn bump_reservations(&self) {
+        self.reservations.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Records the first terminal outcome of `id`, releases its waiters, then emits its notice
+    /// unless reported.
+    fn settle(&self, id: &JobId, outcome: JobOutcome) {
+        let notice = {
+            let mut state = self.state.lock();
+            let closed = state.closed;
+            let Some(rec) = state.jobs.get_mut(id) else {
+                return;
+            };
+            if rec.status.is_terminal() {
+                return;
+            }
+            let outcome = normalize(outcome);
+            rec.status = outcome.status;
+            rec.detail = outcome.detail;
+            rec.output = outcome.output;
+            if rec.waiters > 0 {
+                rec.reported = true;
+            }
+            rec.settled.cancel();
+            (!rec.reported && !closed).then(|| JobNotice::new(rec.snapshot()))
+        };
+        if let Some(notice) = notice {
+            self.notices.emit(&notice);
+        }
+    }
+
+    /// Cancels (once) and awaits every job of `owner` (or of everyone), until no start for it is
+    /// pending and every record is settled with its task ended; then drops those records.
+    async fn drain(&self, owner: Option<&SessionId>, reason: &str) {
+        let belongs = |r: &Record| owner.is_none_or(|o| r.owner == *o);
+        loop {
+            let (cancels, finished, reservations) = {
+                let mut state = self.state.lock();
+                let pending = match owner {
+                    Some(o) => state.owners.get(o).map_or(0, |s| s.pending),
+                    None => state.pending,
+                };
+                let quiet = state
+                    .jobs
+                    .values()
+                    .filter(|r| belongs(r))
+                    .all(|r| r.status.is_terminal() && r.finished.peek().is_some());
+                if pending == 0 && quiet {
+                    state.jobs.retain(|_, r| !belongs(r));
+                    return;
+                }
+                let mut cancels = Vec::new();
+                let mut finished = Vec::new();
+                for rec in state.jobs.values_mut().filter(|r| belongs(r)) {
+                    if rec.is_active() {
+                        // Nobody is left to read a notice for work torn down with its owner.
+                        rec.reported = true;
+                        if !rec.teardown_cancelled {
+                            rec.teardown_cancelled = true;
+                            cancels.push((rec.id.clone(), rec.cancel.clone()));
+                        }
+                    }
+                    finished.push(rec.finished.clone());
+                }
+                let reservations = (pending > 0).then(|| self.reservations.subscribe());
+                (cancels, finished, reservations)
+            };
+            for (id, cancel) in cancels {
+                self.teardown_cancel(&id, &cancel, reason);
+            }
+            join_all(finished).await;
+            if let Some(mut rx) = reservations {
+                // Resolves at once if a reservation resolved since the snapshot above.
+                let _ = rx.changed().await;
+            }
+        }
+    }
+
+    fn teardown_cancel(&self, id: &JobId, cancel: &CancelHook, reason: &str) {
+        match catch_unwind(AssertUnwindSafe(|| cancel(Some(reason.to_owned())))) {
+            Ok(()) => {
+                let mut state = self.state.lock();
+                if let Some(rec) = state.jobs.get_mut(id)
+                    && rec.status == JobStatus::Running
+                {
+                    rec.status = JobStatus::Stopping;
+                }
+            }
+            Err(payload) => {
+                let message = panic_message(&*payload);
+                tracing::warn!(job = %id, %message, "job cancel panicked during teardown; record forced failed, work may be orphaned");
+                self.settle(
+                    id,
+                    JobOutcome {
+                        status: JobStatus::Failed,
+                        output: None,
+                        detail: Some(model_text::teardown_cancel_panicked(&message)),
+                    },
+                );
+                if let Some(rec) = self.state.lock().jobs.get(id) {
+                    rec.abort.abort();
+                }
+            }
+        }
+    }
+}
+
+fn normalize(outcome: JobOutcome) -> JobOutcome {
+    if outcome.status.is_terminal() {
+        outcome
+    } else {
+        tracing::warn!(status = %outcome.status, "job done resolved with a non-terminal status");
+        JobOutcome {
+            status: JobStatus::Failed,
+            output: None,
+            detail: Some(model_text::non_terminal_outcome(outcome.status)),
+        }
+    }
+}
+
+/// A capacity slot held while a starter runs. Dropped without [`commit`](Self::commit) (the
+/// starter panicked), it releases the slot.
+struct Reservation {
+    inner: Arc<Inner>,
+    owner: SessionId,
+    live: bool,
+}
+
+impl Reservation {
+    fn commit(
+        mut self,
+        kind: String,
+        label: String,
+        hooks: JobHooks,
+        runtime: &tokio::runtime::Handle,
+    ) -> JobId {
+        let JobHooks { cancel, done } = hooks;
+        let inner = self.inner.clone();
+        let id = {
+            let mut state = inner.state.lock();
+            let n = state.counters.entry(kind.clone()).or_insert(0);
+            *n += 1;
+            let id = JobId(format!("{kind}-{n}"));
+            let seq = state.next_seq;
+            state.next_seq += 1;
+            // A start that raced a teardown is torn down by it; nobody will read its notice.
+            let torn_down = state.closed || state.owners.get(&self.owner).is_some_and(|o| o.disposing > 0);
+            let weak: Weak<Inner> = Arc::downgrade(&inner);
+            let task_id = id.clone();
+            let task = inner.tracker.spawn_on(
+                async move {
+                    let outcome = match AssertUnwindSafe(done).catch_unwind().await {
+                        Ok(outcome) => outcome,
+                        Err(payload) => {
+                            let message = panic_message(&*payload);
+                            tracing::warn!(job = %task_id, %message, "job done future panicked");
+                            JobOutcome {
+                                status: JobStatus::Failed,
+                                output: None,
+                                detail: Some(model_text::done_panicked(&message)),
+                            }
+                        }
+                    };
+                    if let Some(inner) = weak.upgrade() {
+                        inner.settle(&task_id, outcome);
+                    }
+                },
+                runtime,
+            );
+            let abort = task.abort_handle();
+            let finished = async move {
+                let _ = task.await;
+            }
+            .boxed()
+            .shared();
+            state.jobs.insert(
+                id.clone(),
+                Record {
+                    seq,
+                    id: id.clone(),
+                    kind,
+                    label,
+                    owner: self.owner.clone(),
+                    status: JobStatus::Running,
+                    detail: None,
+                    output: None,
+                    reported: torn_down,
+                    waiters: 0,
+                    teardown_cancelled: false,
+                    cancel: Arc::from(cancel),
+                    settled: CancellationToken::new(),
+                    abort,
+                    finished,
+                },
+            );
+            state.release_reservation(&self.owner);
+            id
+        };
+        self.live = false;
+        inner.bump_reservations();
+        id
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.live {
+            self.inner.state.lock().release_reservation(&self.owner);
+            self.inner.bump_reservations();
+        }
+    }
+}
+
+/// Unregisters one waiter of a job, on every exit of the wait.
+struct WaiterGuard<'a> {
+    inner: &'a Inner,
+    id: &'a JobId,
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        let mut state = self.inner.state.lock();
+        state.waiters = state.waiters.saturating_sub(1);
+        if let Some(rec) = state.jobs.get_mut(self.id) {
+            rec.waiters = rec.waiters.saturating_sub(1);
+        }
+    }
+}
+
+/// Lifts one owner's disposal fence, on every exit of the disposal.
+struct DisposingGuard<'a> {
+    inner: &'a Inner,
+    owner: &'a SessionId,
+}
+
+impl Drop for DisposingGuard<'_> {
+    fn drop(&mut self) {
+        let mut state = self.inner.state.lock();
+        if let Some(o) = state.owners.get_mut(self.owner) {
+            o.disposing = o.disposing.saturating_sub(1);
+            if o.is_idle() {
+                state.owners.remove(self.owner);
+            }
+        }
+    }
+}
+
+impl Drop for JobRegistry {
+    fn drop(&mut self) {
+        let cancels: Vec<(JobId, CancelHook)> = {
+            let mut state = self.inner.state.lock();
+            if std::mem::replace(&mut state.closed, true) {
+                return;
+            }
+            state
+                .jobs
+                .values_mut()
+                .filter(|r| r.is_active() && !r.teardown_cancelled)
+                .map(|r| {
+                    r.reported = true;
+                    r.teardown_cancelled = true;
+                    (r.id.clone(), r.cancel.clone())
+                })
+                .collect()
+        };
+        if cancels.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            jobs = cancels.len(),
+            "job registry dropped without shutdown; cancelling live jobs without awaiting them"
+        );
+        for (id, cancel) in cancels {
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| {
+                cancel(Some(model_text::SHUTDOWN_REASON.to_owned()))
+            })) {
+                tracing::warn!(job = %id, message = %panic_message(&*payload), "job cancel panicked during drop");
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Jobs for JobRegistry {
+    fn start(&self, spec: JobSpec) -> Result<JobId, JobError> {
+        self.start_job(spec)
+    }
+
+    fn list(&self, owner: &SessionId) -> Vec<JobInfo> {
+        self.snapshots(owner).iter().map(JobSnapshot::info).collect()
+    }
+
+    fn kill(&self, owner: &SessionId, id: &JobId, reason: Option<String>) -> Result<(), JobError> {
+        self.kill_job(owner, id, reason).map(|_| ())
+    }
+
+    async fn read(&self, owner: &SessionId, id: &JobId, wait: bool, signal: &Signal) -> Result<JobRead, JobError> {
+        if wait {
+            self.wait_settled(owner, id, None, signal).await?;
+        }
+        let read = self.read_job(owner, id)?;
+        let status = read.snapshot.status;
+        Ok(JobRead {
+            status,
+            outcome: status.is_terminal().then(|| JobOutcome {
+                status,
+                output: Some(read.output).filter(|o| !o.is_empty()),
+                detail: read.snapshot.detail,
+            }),
+        })
+    }
+
+    async fn dispose_owner(&self, owner: &SessionId) {
+        self.dispose_owner_jobs(owner).await;
+    }
+}
