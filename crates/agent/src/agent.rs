@@ -188,7 +188,9 @@ pub struct AgentHandle {
 
 impl fmt::Debug for AgentHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AgentHandle").field("id", self.agent.id()).finish()
+        f.debug_struct("AgentHandle")
+            .field("id", self.agent.id())
+            .finish()
     }
 }
 

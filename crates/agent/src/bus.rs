@@ -222,7 +222,10 @@ mod tests {
         bus.emit(&Ev(Some("x".into()), 1));
         bus.emit(&Ev(Some("y".into()), 2));
         bus.emit(&Ev(None, 3));
-        assert_eq!(*seen.lock(), vec![("global", 1), ("x", 1), ("global", 2), ("global", 3)]);
+        assert_eq!(
+            *seen.lock(),
+            vec![("global", 1), ("x", 1), ("global", 2), ("global", 3)]
+        );
         let err = bus.try_emit(&Ev(None, 4)).unwrap_err();
         assert_eq!(err.message, "boom");
     }
@@ -240,6 +243,9 @@ mod tests {
     fn unrenderable_panics_are_named() {
         let bus = EventBus::<Ev>::new();
         let _g = bus.on(|_| std::panic::panic_any(42u8));
-        assert_eq!(bus.try_emit(&Ev(None, 1)).unwrap_err().message, "<unrenderable thrown value>");
+        assert_eq!(
+            bus.try_emit(&Ev(None, 1)).unwrap_err().message,
+            "<unrenderable thrown value>"
+        );
     }
 }

@@ -90,6 +90,12 @@ impl ContentBlock {
     }
 }
 
+/// Deserializes a present JSON value (including `null`) as `Some`, so `Some(Value::Null)`
+/// round-trips; use with `#[serde(default)]` so an absent key stays `None`.
+pub fn present_value<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    <serde_json::Value as serde::Deserialize>::deserialize(d).map(Some)
+}
+
 /// Concatenates the visible text of every `text` block, in order, with no separator.
 pub fn visible_text(blocks: &[ContentBlock]) -> String {
     blocks.iter().filter_map(ContentBlock::as_text).collect()

@@ -136,7 +136,11 @@ pub struct EpochHeader {
     /// The call configuration.
     pub config: CallConfig,
     /// Which config fields the adapter supplied.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::content::present_value",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub adapter_defaults: Option<Value>,
     /// The system text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -182,9 +186,9 @@ pub struct InboxSplice {
 }
 
 impl InboxSplice {
-    /// Whether this splice is a claim: it removed items and is not a cancellation.
+    /// Whether this splice is a claim: it declares `removedCount` and is not a cancellation.
     pub fn is_claim(&self) -> bool {
-        self.removed_count.is_some_and(|n| n > 0) && self.outcome.is_none()
+        self.removed_count.is_some() && self.outcome.is_none()
     }
 
     /// Whether this splice is a cancellation.
@@ -367,7 +371,11 @@ mod wire {
         pub message: Message,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub error: Option<ToolResultError>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(
+            default,
+            deserialize_with = "crate::content::present_value",
+            skip_serializing_if = "Option::is_none"
+        )]
         pub meta: Option<Value>,
     }
     #[derive(Serialize, Deserialize)]
@@ -736,6 +744,13 @@ mod tests {
             let ev: SessionEvent = serde_json::from_value(raw.clone()).unwrap();
             assert_eq!(serde_json::to_value(&ev).unwrap(), raw);
         }
+    }
+
+    #[test]
+    fn present_null_values_survive_a_round_trip() {
+        let raw = json!({"type": "tool/result", "seq": 0, "time": 1, "data": {"turn": 1, "step": 1, "message": {"id": "m", "role": "user", "content": [], "source": {"kind": "tool", "callId": "c"}}, "meta": null}, "surfaceOp": "append"});
+        let ev: SessionEvent = serde_json::from_value(raw.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&ev).unwrap(), raw);
     }
 
     #[test]

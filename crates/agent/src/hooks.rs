@@ -135,7 +135,11 @@ pub struct PreStep<'a> {
 #[async_trait]
 pub trait PreStepInterceptor: Send + Sync + 'static {
     /// Inspects or replaces the proposed decision.
-    async fn pre_step(&self, step: PreStep<'_>, proposed: PreStepDecision) -> Result<PreStepDecision, BoxError>;
+    async fn pre_step(
+        &self,
+        step: PreStep<'_>,
+        proposed: PreStepDecision,
+    ) -> Result<PreStepDecision, BoxError>;
 }
 
 /// A serial `agent/turn-stopping` listener: called when a turn is about to close with an empty

@@ -158,7 +158,13 @@ pub trait Jobs: Send + Sync + 'static {
     fn kill(&self, owner: &SessionId, id: &JobId, reason: Option<String>) -> Result<(), JobError>;
 
     /// Reads `owner`'s job; with `wait`, first waits for settlement (raced against `signal`).
-    async fn read(&self, owner: &SessionId, id: &JobId, wait: bool, signal: &Signal) -> Result<JobRead, JobError>;
+    async fn read(
+        &self,
+        owner: &SessionId,
+        id: &JobId,
+        wait: bool,
+        signal: &Signal,
+    ) -> Result<JobRead, JobError>;
 
     /// Cancels and awaits every job of `owner`.
     async fn dispose_owner(&self, owner: &SessionId);

@@ -39,25 +39,27 @@ pub mod session;
 pub mod signal;
 pub mod turn;
 
-pub use agent::{Agent, AgentHandle, AgentOptions, AgentRef, AgentStatus, CancelOptions, Disposer, InboxSnapshot};
+pub use agent::{
+    Agent, AgentHandle, AgentOptions, AgentRef, AgentStatus, CancelOptions, Disposer, InboxSnapshot,
+};
 pub use bus::{BoxError, Carried, EventBus};
 pub use content::ContentBlock;
 pub use error::AgentError;
-pub use hooks::{AgentEvent, PreStep, PreStepDecision, PreStepInterceptor, TurnStoppingHook};
-pub use jobs::Jobs;
-pub use registration::{Registration, Scope, ScopeInactive};
-pub use runtime::{AgentRuntime, CreateAgentOptions, Ctx, ResumeAgentOptions, Services};
-pub use store::{SessionPersistence, SessionStore};
-pub use tools::{ToolDefinition, Tools};
 pub use event::{EventData, InboxSplice, InboxTarget, SessionEvent, SurfaceMeta, SurfaceOp};
 pub use header::{HeaderError, Origin, SessionHeader, SessionMeta};
+pub use hooks::{AgentEvent, PreStep, PreStepDecision, PreStepInterceptor, TurnStoppingHook};
 pub use ids::{CallId, MessageId, SessionId};
+pub use jobs::Jobs;
 pub use message::{Message, MessageSource, PluginForm, Role};
 pub use model::{
     FinishReason, GenerateOptions, LlmFailure, ModelAdapter, ModelStream, StreamChunk, TokenUsage, ToolSchema,
 };
+pub use registration::{Registration, Scope, ScopeInactive};
+pub use runtime::{AgentRuntime, CreateAgentOptions, Ctx, ResumeAgentOptions, Services};
 pub use session::{LogError, Session, SessionObserver};
 pub use signal::{CancelCause, Signal};
+pub use store::{SessionPersistence, SessionStore};
+pub use tools::{ToolDefinition, Tools};
 pub use turn::TurnEndReason;
 // -- pure functions over logs: re-exports --
 pub use fold::{AsEvent, ConsumedWork, fold_consumed_work};

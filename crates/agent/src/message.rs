@@ -111,7 +111,12 @@ pub enum MessageSource {
         /// The model that produced the message.
         model: String,
         /// Adapter-private lossless JSON needed to replay the message.
-        #[serde(rename = "replayState", default, skip_serializing_if = "Option::is_none")]
+        #[serde(
+            rename = "replayState",
+            default,
+            deserialize_with = "crate::content::present_value",
+            skip_serializing_if = "Option::is_none"
+        )]
         replay_state: Option<Value>,
     },
     /// A tool-result message.

@@ -194,7 +194,11 @@ pub enum StreamChunk {
         /// Why the stream ended.
         reason: FinishReason,
         /// Adapter-private replay state.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(
+            default,
+            deserialize_with = "crate::content::present_value",
+            skip_serializing_if = "Option::is_none"
+        )]
         replay_state: Option<Value>,
     },
 }

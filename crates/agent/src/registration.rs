@@ -25,7 +25,9 @@ pub struct Registration {
 
 impl fmt::Debug for Registration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Registration").field("active", &self.undo.is_some()).finish()
+        f.debug_struct("Registration")
+            .field("active", &self.undo.is_some())
+            .finish()
     }
 }
 
@@ -176,14 +178,21 @@ mod tests {
         let scope = Scope::new("a".into(), None);
         for i in 0..3 {
             let log = log.clone();
-            scope.adopt(Registration::new(move || log.lock().push(i))).unwrap();
+            scope
+                .adopt(Registration::new(move || log.lock().push(i)))
+                .unwrap();
         }
         scope.dispose();
         scope.dispose();
         assert_eq!(*log.lock(), vec![2, 1, 0]);
         let log2 = log.clone();
-        let err = scope.adopt(Registration::new(move || log2.lock().push(9))).unwrap_err();
-        assert_eq!(err.to_string(), "scope of agent \"a\" is inactive: it was disposed");
+        let err = scope
+            .adopt(Registration::new(move || log2.lock().push(9)))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "scope of agent \"a\" is inactive: it was disposed"
+        );
         assert_eq!(*log.lock(), vec![2, 1, 0, 9]);
     }
 }

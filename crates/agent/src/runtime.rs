@@ -278,7 +278,10 @@ impl Ctx {
     }
 
     /// Registers a tool in this context's layer.
-    pub fn register_tool(&self, def: crate::tools::ToolDefinition) -> Result<Option<Registration>, AgentError> {
+    pub fn register_tool(
+        &self,
+        def: crate::tools::ToolDefinition,
+    ) -> Result<Option<Registration>, AgentError> {
         self.check_active()?;
         let guard = self
             .services
@@ -289,7 +292,10 @@ impl Ctx {
     }
 
     /// Adds a tool restriction for this (scoped) context.
-    pub fn restrict_tools(&self, filter: crate::tools::ToolRestriction) -> Result<Option<Registration>, AgentError> {
+    pub fn restrict_tools(
+        &self,
+        filter: crate::tools::ToolRestriction,
+    ) -> Result<Option<Registration>, AgentError> {
         self.check_active()?;
         let guard = self
             .services
@@ -307,21 +313,30 @@ impl Ctx {
     }
 
     /// Adds a tool-result observer for this context.
-    pub fn on_tool_result(&self, observer: crate::tools::ToolResultObserver) -> Result<Option<Registration>, AgentError> {
+    pub fn on_tool_result(
+        &self,
+        observer: crate::tools::ToolResultObserver,
+    ) -> Result<Option<Registration>, AgentError> {
         self.check_active()?;
         let g = self.services.tools.on_result(self.scope_key(), observer);
         self.own(g)
     }
 
     /// Registers a prompt section in this context's layer.
-    pub fn prompt_section(&self, section: crate::prompt::PromptSection) -> Result<Option<Registration>, AgentError> {
+    pub fn prompt_section(
+        &self,
+        section: crate::prompt::PromptSection,
+    ) -> Result<Option<Registration>, AgentError> {
         self.check_active()?;
         let g = self.services.prompt.section(self.scope_key(), section);
         self.own(g)
     }
 
     /// Registers a runtime context in this context's layer.
-    pub fn runtime_context(&self, context: crate::prompt::RuntimeContext) -> Result<Option<Registration>, AgentError> {
+    pub fn runtime_context(
+        &self,
+        context: crate::prompt::RuntimeContext,
+    ) -> Result<Option<Registration>, AgentError> {
         self.check_active()?;
         let g = self.services.prompt.runtime_context(self.scope_key(), context);
         self.own(g)
@@ -335,7 +350,10 @@ impl Ctx {
     }
 
     /// Adds a turn-stopping hook (scoped: hears only this agent).
-    pub fn on_turn_stopping(&self, hook: Arc<dyn TurnStoppingHook>) -> Result<Option<Registration>, AgentError> {
+    pub fn on_turn_stopping(
+        &self,
+        hook: Arc<dyn TurnStoppingHook>,
+    ) -> Result<Option<Registration>, AgentError> {
         self.check_active()?;
         let g = self.services.turn_stopping.add(self.scope_key().cloned(), hook);
         self.own(g)

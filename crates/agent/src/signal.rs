@@ -28,11 +28,16 @@ pub enum CancelCause {
     Disposed,
     /// Imported logs whose cause is unknown.
     Legacy,
-    /// Any other cause, with a free-form reason. Serialized as `{"kind": "other", "reason": …}`.
+    /// A caller-supplied cause with a free-form reason. Serialized as
+    /// `{"kind": "other", "reason": …}`.
     Other {
         /// A description of the cause.
         reason: String,
     },
+    /// A cause kind this crate does not know (from a foreign log), kept as raw JSON including
+    /// its `kind`.
+    #[serde(untagged)]
+    Unknown(serde_json::Map<String, serde_json::Value>),
 }
 
 impl fmt::Display for CancelCause {
@@ -44,6 +49,7 @@ impl fmt::Display for CancelCause {
             Self::Disposed => f.write_str("disposed"),
             Self::Legacy => f.write_str("legacy"),
             Self::Other { reason } => f.write_str(reason),
+            Self::Unknown(map) => f.write_str(map.get("kind").and_then(|k| k.as_str()).unwrap_or("unknown")),
         }
     }
 }
@@ -155,6 +161,14 @@ impl Signal {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn unknown_causes_round_trip() {
+        let raw = json!({"kind": "timeout", "after": 5});
+        let cause: CancelCause = serde_json::from_value(raw.clone()).unwrap();
+        assert_eq!(cause.to_string(), "timeout");
+        assert_eq!(serde_json::to_value(&cause).unwrap(), raw);
+    }
 
     #[test]
     fn first_cause_wins() {

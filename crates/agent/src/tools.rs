@@ -129,7 +129,9 @@ pub struct ToolContext {
 
 impl fmt::Debug for ToolContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ToolContext").field("execution", &self.execution).finish()
+        f.debug_struct("ToolContext")
+            .field("execution", &self.execution)
+            .finish()
     }
 }
 
@@ -343,10 +345,12 @@ pub enum PostExecuteDecision {
 }
 
 /// A `tools/pre-execute` policy link: sees the decision so far and returns the next.
-pub type PreExecutePolicy = Arc<dyn Fn(&ToolExecution, PreExecuteDecision) -> PreExecuteDecision + Send + Sync>;
+pub type PreExecutePolicy =
+    Arc<dyn Fn(&ToolExecution, PreExecuteDecision) -> PreExecuteDecision + Send + Sync>;
 
 /// A `tools/post-execute` policy link.
-pub type PostExecutePolicy = Arc<dyn Fn(&ToolExecution, &ToolResult) -> Option<PostExecuteDecision> + Send + Sync>;
+pub type PostExecutePolicy =
+    Arc<dyn Fn(&ToolExecution, &ToolResult) -> Option<PostExecuteDecision> + Send + Sync>;
 
 /// A `tools/result` observer: receives the frozen final outcome; cannot change it.
 pub type ToolResultObserver = Arc<dyn Fn(&ToolExecution, &ToolResult) + Send + Sync>;
@@ -373,10 +377,18 @@ pub struct ToolCallRequest {
 #[async_trait]
 pub trait Tools: Send + Sync + 'static {
     /// Registers `def` in the global layer (`scope = None`) or in a scope's own layer.
-    fn register(&self, scope: Option<&SessionId>, def: ToolDefinition) -> Result<Registration, ToolRegistryError>;
+    fn register(
+        &self,
+        scope: Option<&SessionId>,
+        def: ToolDefinition,
+    ) -> Result<Registration, ToolRegistryError>;
 
     /// Adds a scoped restriction (loud errors of spec §11.3).
-    fn restrict(&self, scope: Option<&SessionId>, filter: ToolRestriction) -> Result<Registration, ToolRegistryError>;
+    fn restrict(
+        &self,
+        scope: Option<&SessionId>,
+        filter: ToolRestriction,
+    ) -> Result<Registration, ToolRegistryError>;
 
     /// Adds a guard (global, or for one scope's calls).
     fn guard(&self, scope: Option<&SessionId>, guard: ToolGuard) -> Registration;
