@@ -1,0 +1,307 @@
+//! The execution pipeline of spec §11.5 (see the [module docs](super#execution-pipeline)).
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use futures::FutureExt;
+use serde_json::Value;
+
+use agent::bus::panic_message;
+use agent::tools::{
+    ExecutedTool, ExecutionId, PostExecuteDecision, PostExecutePolicy, PreExecuteDecision, PreExecutePolicy,
+    ToolCallRequest, ToolContext, ToolExecution, ToolGuard, ToolResult, ToolResultError,
+};
+use agent::{ContentBlock, Message, SessionId, Signal};
+
+use super::approval::ApprovalOutcome;
+use super::{ToolRegistry, codes, model_text};
+
+/// Parses a model's raw argument string: empty (or blank) → `{}`; valid JSON → that value;
+/// anything else → the raw text as a JSON string, so the tool's own validation rejects it.
+pub(super) fn parse_arguments(raw: &str) -> Value {
+    if raw.trim().is_empty() {
+        return Value::Object(serde_json::Map::new());
+    }
+    serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_owned()))
+}
+
+/// The execution record of a call, with a freshly minted identity.
+pub(super) fn new_execution(agent: &SessionId, call: ToolCallRequest) -> Arc<ToolExecution> {
+    Arc::new(ToolExecution {
+        id: ExecutionId::next(),
+        agent: agent.clone(),
+        arguments: parse_arguments(&call.arguments),
+        call_id: call.call_id,
+        name: call.name,
+    })
+}
+
+/// A failed result: model content `Error: <message>`, error facts `{message, code}`.
+pub(super) fn error_result(code: &str, message: impl Into<String>) -> ToolResult {
+    let message = message.into();
+    ToolResult {
+        is_error: true,
+        content: vec![ContentBlock::text(model_text::error_content(&message))],
+        value: None,
+        error: Some(ToolResultError {
+            message,
+            code: code.to_owned(),
+        }),
+        meta: None,
+        concludes_turn: false,
+    }
+}
+
+fn aborted_before_dispatch() -> ToolResult {
+    error_result(
+        codes::ABORTED_BEFORE_DISPATCH,
+        model_text::ABORTED_BEFORE_DISPATCH,
+    )
+}
+
+fn cancellation(body_invoked: bool) -> ToolResult {
+    if body_invoked {
+        error_result(codes::CANCELLED, model_text::ABORTED)
+    } else {
+        aborted_before_dispatch()
+    }
+}
+
+/// What the stages before post-execute produced.
+enum Staged {
+    /// Goes through post-execute (denials, unknown tools, body outcomes).
+    Post { result: ToolResult, body_invoked: bool },
+    /// Already final (pre-dispatch cancellation, pipeline failures): skips post-execute.
+    Final(ToolResult),
+}
+
+/// The outcome of the post-execute chain.
+enum PostOutcome {
+    /// The outcome was kept (possibly with replaced content or value): deferred contexts survive.
+    Kept(ToolResult),
+    /// The outcome was blocked or a policy failed: deferred contexts are discarded.
+    Replaced(ToolResult),
+}
+
+impl ToolRegistry {
+    /// Runs one call through the whole pipeline and notifies the result observers.
+    pub(super) async fn run(&self, agent: &SessionId, call: ToolCallRequest, signal: Signal) -> ExecutedTool {
+        let execution = new_execution(agent, call);
+        let ctx = ToolContext::new(execution.clone(), signal);
+        let (result, deferred) = self.settle(&ctx).await;
+        self.notify(&execution, &result);
+        ExecutedTool {
+            execution,
+            result,
+            deferred,
+        }
+    }
+
+    /// Stages 1–5: everything up to the final outcome.
+    async fn settle(&self, ctx: &ToolContext) -> (ToolResult, Vec<Message>) {
+        let (result, body_invoked) = match self.prepare_and_dispatch(ctx).await {
+            Staged::Final(result) => return (result, Vec::new()),
+            Staged::Post { result, body_invoked } => (result, body_invoked),
+        };
+        let policies = self.inner.state.lock().post_for(&ctx.execution.agent);
+        match post_execute(&ctx.execution, result, &policies) {
+            PostOutcome::Replaced(result) => (result, Vec::new()),
+            PostOutcome::Kept(result) => {
+                let deferred = ctx.take_deferred();
+                let result = if ctx.signal.is_cancelled() && !result.is_error {
+                    cancellation(body_invoked)
+                } else {
+                    result
+                };
+                (result, deferred)
+            }
+        }
+    }
+
+    /// Stages 1–4: cancellation check, pre-execute (with approval), guards, body.
+    async fn prepare_and_dispatch(&self, ctx: &ToolContext) -> Staged {
+        let exec = &*ctx.execution;
+        let signal = &ctx.signal;
+        if signal.is_cancelled() {
+            return Staged::Final(aborted_before_dispatch());
+        }
+        let policies = self.inner.state.lock().pre_for(&exec.agent);
+        let decision = match pre_execute(exec, &policies) {
+            Ok(decision) => decision,
+            Err(detail) => {
+                return Staged::Final(error_result(
+                    codes::FAILED,
+                    model_text::pre_execute_failed(&detail),
+                ));
+            }
+        };
+        let denial = match decision {
+            PreExecuteDecision::Allow => None,
+            PreExecuteDecision::Deny(reason) => Some(reason),
+            PreExecuteDecision::Ask => match self.ask(exec, signal).await {
+                Ok(denial) => denial,
+                Err(()) => {
+                    return Staged::Post {
+                        result: aborted_before_dispatch(),
+                        body_invoked: false,
+                    };
+                }
+            },
+        };
+        let denial = denial.or_else(|| {
+            let guards = self.inner.state.lock().guards_for(&exec.agent);
+            guard_reason(exec, &guards)
+        });
+        if let Some(reason) = denial {
+            return Staged::Post {
+                result: error_result(codes::DENIED, reason),
+                body_invoked: false,
+            };
+        }
+        if signal.is_cancelled() {
+            return Staged::Post {
+                result: aborted_before_dispatch(),
+                body_invoked: false,
+            };
+        }
+        let definition = self.inner.state.lock().resolve(&exec.name, Some(&exec.agent));
+        let Some(definition) = definition else {
+            return Staged::Post {
+                result: error_result(codes::UNKNOWN_TOOL, model_text::unknown_tool(&exec.name)),
+                body_invoked: false,
+            };
+        };
+        let body =
+            AssertUnwindSafe(definition.handler.execute(exec.arguments.clone(), ctx.clone())).catch_unwind();
+        let result = match signal.run(body).await {
+            Err(_cause) => cancellation(true),
+            Ok(Err(panic)) => error_result(
+                codes::FAILED,
+                model_text::body_panicked(&exec.name, &panic_message(&*panic)),
+            ),
+            Ok(Ok(Err(error))) => error_result(&error.code, error.message),
+            Ok(Ok(Ok(output))) if signal.is_cancelled() => {
+                drop(output);
+                cancellation(true)
+            }
+            Ok(Ok(Ok(output))) => ToolResult::success(output, ctx.concludes_turn()),
+        };
+        Staged::Post {
+            result,
+            body_invoked: true,
+        }
+    }
+
+    /// Resolves an `Ask`: `Ok(None)` to run, `Ok(Some(reason))` to deny, `Err(())` when the
+    /// call's signal was cancelled while waiting.
+    async fn ask(&self, exec: &ToolExecution, signal: &Signal) -> Result<Option<String>, ()> {
+        let approval = self.inner.state.lock().approval();
+        let Some(approval) = approval else {
+            return Ok(Some(model_text::approval_unconfigured(&exec.name)));
+        };
+        let request = AssertUnwindSafe(approval.request(exec, signal)).catch_unwind();
+        let outcome = match signal.run(request).await {
+            Err(_cause) => return Err(()),
+            Ok(Err(panic)) => {
+                return Ok(Some(model_text::approval_failed(
+                    &exec.name,
+                    &panic_message(&*panic),
+                )));
+            }
+            Ok(Ok(outcome)) => outcome,
+        };
+        Ok(match outcome {
+            ApprovalOutcome::AllowedOnce => None,
+            ApprovalOutcome::Rejected => Some(model_text::approval_rejected(&exec.name)),
+            ApprovalOutcome::Cancelled => Some(model_text::approval_cancelled(&exec.name)),
+            ApprovalOutcome::Unavailable => Some(model_text::approval_unavailable(&exec.name)),
+        })
+    }
+
+    /// Stage 6: every observer receives the frozen final outcome; failures are contained.
+    fn notify(&self, exec: &ToolExecution, result: &ToolResult) {
+        let observers = self.inner.state.lock().observers_for(&exec.agent);
+        for observer in observers {
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| observer(exec, result))) {
+                tracing::warn!(
+                    tool = %exec.name,
+                    call_id = %exec.call_id,
+                    message = %panic_message(&*panic),
+                    "tools/result observer failed; delivery continues"
+                );
+            }
+        }
+    }
+}
+
+/// Folds the pre-execute chain from `Allow` in registration order. `Err` carries a panic text.
+fn pre_execute(exec: &ToolExecution, policies: &[PreExecutePolicy]) -> Result<PreExecuteDecision, String> {
+    let mut decision = PreExecuteDecision::Allow;
+    for policy in policies {
+        let current = decision.clone();
+        decision =
+            catch_unwind(AssertUnwindSafe(|| policy(exec, current))).map_err(|p| panic_message(&*p))?;
+    }
+    Ok(decision)
+}
+
+/// The first guard reason, if any guard denies. A panicking guard denies (fails closed).
+fn guard_reason(exec: &ToolExecution, guards: &[ToolGuard]) -> Option<String> {
+    guards
+        .iter()
+        .find_map(|guard| match catch_unwind(AssertUnwindSafe(|| guard(exec))) {
+            Ok(reason) => reason,
+            Err(panic) => Some(model_text::guard_failed(&panic_message(&*panic))),
+        })
+}
+
+/// Runs the post-execute chain; each policy sees the outcome so far.
+fn post_execute(exec: &ToolExecution, mut result: ToolResult, policies: &[PostExecutePolicy]) -> PostOutcome {
+    for policy in policies {
+        let decision = match catch_unwind(AssertUnwindSafe(|| policy(exec, &result))) {
+            Ok(decision) => decision,
+            Err(panic) => {
+                return PostOutcome::Replaced(error_result(
+                    codes::FAILED,
+                    model_text::post_execute_failed(&panic_message(&*panic)),
+                ));
+            }
+        };
+        match decision {
+            None => {}
+            Some(PostExecuteDecision::Accept { content, value }) => {
+                if value.is_some() && result.is_error {
+                    return PostOutcome::Replaced(error_result(
+                        codes::FAILED,
+                        model_text::POST_VALUE_ON_FAILURE,
+                    ));
+                }
+                if let Some(content) = content {
+                    result.content = content;
+                }
+                if value.is_some() {
+                    result.value = value;
+                }
+            }
+            Some(PostExecuteDecision::Block(feedback)) => {
+                let message = if feedback.is_empty() {
+                    model_text::BLOCKED_WITHOUT_FEEDBACK.to_owned()
+                } else {
+                    feedback
+                };
+                return PostOutcome::Replaced(ToolResult {
+                    is_error: true,
+                    content: vec![ContentBlock::text(message.clone())],
+                    value: None,
+                    error: Some(ToolResultError {
+                        message,
+                        code: codes::DENIED.to_owned(),
+                    }),
+                    meta: None,
+                    concludes_turn: false,
+                });
+            }
+        }
+    }
+    PostOutcome::Kept(result)
+}

@@ -1,0 +1,315 @@
+//! Scheduling one step's calls (spec §11.6).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use agent::tools::{ExecutedTool, PreExecuteDecision, ToolOutput, codes};
+use agent::{CancelCause, Signal, Tools};
+
+use super::super::{model_text, run_step_calls};
+use super::{Log, ToolRegistry, call, code, sid, text, tool_with};
+
+/// A tool that logs `start:<call>` / `end:<call>` around a sleep of `{"ms": n}` and tracks the
+/// highest number of bodies running at once.
+fn sleeper(
+    name: &str,
+    safe: bool,
+    log: &Log,
+    running: &Arc<AtomicUsize>,
+    peak: &Arc<AtomicUsize>,
+) -> agent::ToolDefinition {
+    let (log, running, peak) = (log.clone(), running.clone(), peak.clone());
+    tool_with(name, safe, move |args, ctx| {
+        let (log, running, peak) = (log.clone(), running.clone(), peak.clone());
+        Box::pin(async move {
+            let id = ctx.execution.call_id.to_string();
+            let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(0);
+            log.push(format!("start:{id}"));
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            peak.fetch_max(now, Ordering::SeqCst);
+            struct Leave(Arc<AtomicUsize>);
+            impl Drop for Leave {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+            let _leave = Leave(running);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            log.push(format!("end:{id}"));
+            Ok(ToolOutput::text(format!("done:{id}")))
+        })
+    })
+}
+
+struct Fixture {
+    reg: ToolRegistry,
+    log: Log,
+    peak: Arc<AtomicUsize>,
+    _guards: Vec<agent::Registration>,
+}
+
+/// A registry with a parallel-safe `safe` tool, an exclusive `excl` tool, and an observer that
+/// logs `result:<call>`.
+fn fixture() -> Fixture {
+    let reg = ToolRegistry::new();
+    let log = Log::default();
+    let running = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let observer_log = log.clone();
+    let guards = vec![
+        reg.register(None, sleeper("safe", true, &log, &running, &peak))
+            .unwrap(),
+        reg.register(None, sleeper("excl", false, &log, &running, &peak))
+            .unwrap(),
+        reg.on_result(
+            None,
+            Arc::new(move |exec, _| observer_log.push(format!("result:{}", exec.call_id))),
+        ),
+    ];
+    Fixture {
+        reg,
+        log,
+        peak,
+        _guards: guards,
+    }
+}
+
+fn ids(results: &[ExecutedTool]) -> Vec<String> {
+    results.iter().map(|r| r.execution.call_id.to_string()).collect()
+}
+
+/// An exclusive call is a barrier: it starts only after every earlier call's whole pipeline
+/// (observers included) completed, and the next call starts only after its own observers ran.
+#[tokio::test(start_paused = true)]
+async fn exclusive_calls_are_barriers() {
+    let f = fixture();
+    let calls = vec![
+        call("s1", "safe", r#"{"ms": 30}"#),
+        call("s2", "safe", r#"{"ms": 10}"#),
+        call("x", "excl", r#"{"ms": 5}"#),
+        call("s3", "safe", r#"{"ms": 1}"#),
+        call("s4", "safe", r#"{"ms": 1}"#),
+    ];
+    let results = run_step_calls(&f.reg, &sid("a"), calls, &Signal::new(), 4).await;
+    assert_eq!(ids(&results), ["s1", "s2", "x", "s3", "s4"]);
+    assert!(results.iter().all(|r| !r.result.is_error));
+    let log = &f.log;
+    // The two safe calls overlap.
+    assert!(log.index("start:s2") < log.index("end:s1"));
+    // The barrier waits for both, observers included.
+    assert!(log.index("result:s1") < log.index("start:x"));
+    assert!(log.index("result:s2") < log.index("start:x"));
+    // And nothing after it starts before its observers ran.
+    assert!(log.index("result:x") < log.index("start:s3"));
+    assert!(log.index("result:x") < log.index("start:s4"));
+}
+
+/// Consecutive safe calls run in a bounded pool, start in model order, and their results come
+/// back in model order whatever order they finish in.
+#[tokio::test(start_paused = true)]
+async fn parallel_calls_use_a_bounded_pool_and_keep_model_order() {
+    let f = fixture();
+    let pre_order = Log::default();
+    let _pre = {
+        let pre_order = pre_order.clone();
+        f.reg.pre_execute(
+            None,
+            Arc::new(move |exec, d| {
+                pre_order.push(exec.call_id.to_string());
+                d
+            }),
+        )
+    };
+    let durations = [50, 10, 40, 20, 30];
+    let calls: Vec<_> = durations
+        .iter()
+        .enumerate()
+        .map(|(i, ms)| call(&format!("c{i}"), "safe", &format!(r#"{{"ms": {ms}}}"#)))
+        .collect();
+    let started = tokio::time::Instant::now();
+    let results = run_step_calls(&f.reg, &sid("a"), calls, &Signal::new(), 2).await;
+    assert_eq!(ids(&results), ["c0", "c1", "c2", "c3", "c4"]);
+    assert_eq!(
+        results.iter().map(text).collect::<Vec<_>>(),
+        ["done:c0", "done:c1", "done:c2", "done:c3", "done:c4"]
+    );
+    assert_eq!(f.peak.load(Ordering::SeqCst), 2);
+    // Pre-execute runs in model order; bodies start in model order.
+    assert_eq!(pre_order.entries(), ["c0", "c1", "c2", "c3", "c4"]);
+    let starts: Vec<String> = f
+        .log
+        .entries()
+        .into_iter()
+        .filter(|e| e.starts_with("start:"))
+        .collect();
+    assert_eq!(
+        starts,
+        ["start:c0", "start:c1", "start:c2", "start:c3", "start:c4"]
+    );
+    let ends: Vec<String> = f
+        .log
+        .entries()
+        .into_iter()
+        .filter(|e| e.starts_with("end:"))
+        .collect();
+    assert_ne!(ends, ["end:c0", "end:c1", "end:c2", "end:c3", "end:c4"]);
+    // Paused clock: the pool, not a serial run (150 ms), decides the makespan.
+    assert!(started.elapsed() < Duration::from_millis(150));
+
+    // A pool of one is serial.
+    let f = fixture();
+    let calls = vec![
+        call("a", "safe", r#"{"ms": 5}"#),
+        call("b", "safe", r#"{"ms": 5}"#),
+    ];
+    let results = run_step_calls(&f.reg, &sid("a"), calls, &Signal::new(), 0).await;
+    assert_eq!(ids(&results), ["a", "b"]);
+    assert_eq!(f.peak.load(Ordering::SeqCst), 1);
+}
+
+/// Cancellation mid-pool: started calls drain as cancelled, unstarted ones get synthetic
+/// `CANCELLED` results without entering the pipeline (no observer hears them).
+#[tokio::test(start_paused = true)]
+async fn cancellation_drains_started_calls_and_fails_unstarted_ones() {
+    let f = fixture();
+    let calls: Vec<_> = (0..4)
+        .map(|i| call(&format!("c{i}"), "safe", r#"{"ms": 100}"#))
+        .collect();
+    let signal = Signal::new();
+    let agent = sid("a");
+    let (results, ()) = tokio::join!(run_step_calls(&f.reg, &agent, calls, &signal, 2), async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        signal.cancel(CancelCause::User);
+    });
+    assert_eq!(ids(&results), ["c0", "c1", "c2", "c3"]);
+    for started in &results[..2] {
+        assert_eq!(code(started), codes::CANCELLED);
+        assert_eq!(text(started), "Error: tool call aborted");
+    }
+    for unstarted in &results[2..] {
+        assert_eq!(code(unstarted), codes::CANCELLED);
+        assert_eq!(
+            text(unstarted),
+            "Error: tool call not started: the step was cancelled"
+        );
+        assert_eq!(
+            unstarted.result.error.as_ref().unwrap().message,
+            model_text::NOT_STARTED
+        );
+    }
+    let observed: Vec<String> = f
+        .log
+        .entries()
+        .into_iter()
+        .filter(|e| e.starts_with("result:"))
+        .collect();
+    assert_eq!(observed, ["result:c0", "result:c1"]);
+    assert!(!f.log.entries().iter().any(|e| e.starts_with("end:")));
+}
+
+/// Cancellation during an exclusive call: it drains as cancelled and nothing after it starts.
+#[tokio::test(start_paused = true)]
+async fn cancellation_during_an_exclusive_call_stops_the_step() {
+    let f = fixture();
+    let calls = vec![
+        call("x1", "excl", r#"{"ms": 100}"#),
+        call("x2", "excl", r#"{"ms": 1}"#),
+        call("s", "safe", r#"{"ms": 1}"#),
+    ];
+    let signal = Signal::new();
+    let agent = sid("a");
+    let (results, ()) = tokio::join!(run_step_calls(&f.reg, &agent, calls, &signal, 4), async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        signal.cancel(CancelCause::User);
+    });
+    assert_eq!(ids(&results), ["x1", "x2", "s"]);
+    assert_eq!(text(&results[0]), "Error: tool call aborted");
+    assert_eq!(
+        text(&results[1]),
+        "Error: tool call not started: the step was cancelled"
+    );
+    assert_eq!(
+        text(&results[2]),
+        "Error: tool call not started: the step was cancelled"
+    );
+    assert_eq!(f.log.entries(), ["start:x1", "result:x1"]);
+
+    // A step cancelled before it began starts nothing.
+    let f = fixture();
+    let calls = vec![call("a", "safe", "{}"), call("b", "excl", "{}")];
+    let results = run_step_calls(
+        &f.reg,
+        &sid("a"),
+        calls,
+        &Signal::cancelled_with(CancelCause::User),
+        4,
+    )
+    .await;
+    assert!(results.iter().all(|r| code(r) == codes::CANCELLED));
+    assert!(f.log.entries().is_empty());
+}
+
+/// Unknown and restricted tools are exclusive (fail closed) and resolve as `UNKNOWN_TOOL` in
+/// place; a call that registers a tool is seen by the calls after it.
+#[tokio::test(start_paused = true)]
+async fn unknown_tools_resolve_in_place_and_registrations_affect_later_calls() {
+    let f = fixture();
+    let slot: Arc<parking_lot::Mutex<Vec<agent::Registration>>> = Arc::default();
+    let reg = f.reg.clone();
+    let s = slot.clone();
+    let _installer = f
+        .reg
+        .register(
+            None,
+            tool_with("install", false, move |_, _| {
+                s.lock().push(reg.register(None, super::tool("late")).unwrap());
+                Box::pin(async { Ok(ToolOutput::text("installed")) })
+            }),
+        )
+        .unwrap();
+    let _deny = f.reg.pre_execute(
+        None,
+        Arc::new(|exec, d| {
+            if exec.name == "forbidden" {
+                PreExecuteDecision::Deny("not here".into())
+            } else {
+                d
+            }
+        }),
+    );
+    let calls = vec![
+        call("u", "ghost", "{}"),
+        call("l1", "late", "{}"),
+        call("i", "install", "{}"),
+        call("l2", "late", "{}"),
+        call("f", "forbidden", "{}"),
+    ];
+    let results = run_step_calls(&f.reg, &sid("a"), calls, &Signal::new(), 4).await;
+    assert_eq!(
+        results.iter().map(text).collect::<Vec<_>>(),
+        [
+            "Error: unknown tool \"ghost\"",
+            "Error: unknown tool \"late\"",
+            "installed",
+            "ran:late",
+            "Error: not here",
+        ]
+    );
+    assert_eq!(code(&results[0]), codes::UNKNOWN_TOOL);
+}
+
+/// The scheduler's future is `Send` (the driver may run it on any worker).
+#[test]
+fn run_step_calls_is_send() {
+    fn assert_send<T: Send>(_: &T) {}
+    let reg = ToolRegistry::new();
+    let agent = sid("a");
+    let signal = Signal::new();
+    let tools: &dyn Tools = &reg;
+    let fut = run_step_calls(tools, &agent, Vec::new(), &signal, 1);
+    assert_send(&fut);
+    drop(fut);
+}
