@@ -31,7 +31,8 @@ pub const JOB_KILL_DESCRIPTION: &str = "Ask a running background job to stop, by
      killed once its work has actually stopped.";
 
 /// Description of the `job_id` parameter (`job_output`, `job_kill`).
-pub const JOB_ID_PARAM: &str = "The job id returned by the tool that started the background work (for example `subagent-1`).";
+pub const JOB_ID_PARAM: &str =
+    "The job id returned by the tool that started the background work (for example `subagent-1`).";
 
 /// Description of `job_output`'s `wait` parameter.
 pub const WAIT_PARAM: &str = "Block until the job reaches a terminal status or the wait bound passes. A wait that runs \
@@ -100,7 +101,13 @@ pub fn kill_already_finished(id: &str, status: JobStatus, detail: Option<&str>) 
 }
 
 /// The completion notice delivered to a job's owner.
-pub fn completion_notice(id: &str, kind: &str, label: &str, status: JobStatus, detail: Option<&str>) -> String {
+pub fn completion_notice(
+    id: &str,
+    kind: &str,
+    label: &str,
+    status: JobStatus,
+    detail: Option<&str>,
+) -> String {
     format!(
         "background job {id} ({kind}: {label}) finished {}. Read its output with job_output.",
         status_line(status, detail)
@@ -114,7 +121,10 @@ pub fn notice_summary(kind: &str, label: &str, status: JobStatus, detail: Option
 
 /// A `job_id` argument that is not a non-empty string.
 pub fn invalid_job_id(got: &Value) -> String {
-    format!("invalid job_id: expected a non-empty string, got {}", render_json(got))
+    format!(
+        "invalid job_id: expected a non-empty string, got {}",
+        render_json(got)
+    )
 }
 
 /// A `wait` argument that is not a boolean.

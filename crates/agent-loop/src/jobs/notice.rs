@@ -45,7 +45,12 @@ impl JobNotice {
 
     /// The one-line summary (`<kind> <label> [status: …]`).
     pub fn summary(&self) -> String {
-        model_text::notice_summary(&self.job.kind, &self.job.label, self.job.status, self.job.detail.as_deref())
+        model_text::notice_summary(
+            &self.job.kind,
+            &self.job.label,
+            self.job.status,
+            self.job.detail.as_deref(),
+        )
     }
 
     /// The notice as a user-role plugin message (`plugin: tool-jobs`, form `notice`), with a

@@ -146,6 +146,8 @@ pub struct JobCounts {
     pub tasks: usize,
     /// Reads currently waiting for a settlement.
     pub waiters: usize,
+    /// Owners whose disposal is in progress.
+    pub disposing_owners: usize,
 }
 
 impl JobCounts {
@@ -337,7 +339,13 @@ impl JobRegistry {
     /// consulted when [`JobRegistryConfig::require_controller`] is set. Dropping the guard
     /// detaches it.
     pub fn attach_controller(&self, scope: Option<SessionId>) -> Registration {
-        *self.inner.state.lock().controllers.entry(scope.clone()).or_default() += 1;
+        *self
+            .inner
+            .state
+            .lock()
+            .controllers
+            .entry(scope.clone())
+            .or_default() += 1;
         let weak = Arc::downgrade(&self.inner);
         Registration::new(move || {
             if let Some(inner) = weak.upgrade() {
@@ -361,6 +369,7 @@ impl JobRegistry {
             pending_starts: state.pending,
             tasks: self.inner.tracker.len(),
             waiters: state.waiters,
+            disposing_owners: state.owners.values().filter(|o| o.disposing > 0).count(),
         }
     }
 
@@ -528,12 +537,28 @@ impl JobRegistry {
     /// [`JobError::OwnerDisposed`]; once it returns the owner may start jobs again (a resumed
     /// agent reuses its session id), unless the owner probe says otherwise.
     pub async fn dispose_owner_jobs(&self, owner: &SessionId) {
-        self.inner.state.lock().owners.entry(owner.clone()).or_default().disposing += 1;
+        self.inner
+            .state
+            .lock()
+            .owners
+            .entry(owner.clone())
+            .or_default()
+            .disposing += 1;
         let _fence = DisposingGuard {
             inner: &self.inner,
             owner,
         };
-        self.inner.drain(Some(owner), model_text::OWNER_DISPOSED_REASON).await;
+        self.inner
+            .drain(Some(owner), model_text::OWNER_DISPOSED_REASON)
+            .await;
+    }
+}
+
+#[cfg(test)]
+impl JobRegistry {
+    /// Settles `id` as its task would (for first-wins tests).
+    pub(crate) fn settle_for_test(&self, id: &JobId, outcome: JobOutcome) {
+        self.inner.settle(id, outcome);
     }
 }
 
@@ -551,7 +576,11 @@ impl Inner {
             Some(o) => o.pending,
             None => 0,
         };
-        let active = state.jobs.values().filter(|r| r.owner == *owner && r.is_active()).count();
+        let active = state
+            .jobs
+            .values()
+            .filter(|r| r.owner == *owner && r.is_active())
+            .count();
         if active + pending >= this.limit {
             return Err(JobError::LimitReached(this.limit));
         }
@@ -860,7 +889,13 @@ impl Jobs for JobRegistry {
         self.kill_job(owner, id, reason).map(|_| ())
     }
 
-    async fn read(&self, owner: &SessionId, id: &JobId, wait: bool, signal: &Signal) -> Result<JobRead, JobError> {
+    async fn read(
+        &self,
+        owner: &SessionId,
+        id: &JobId,
+        wait: bool,
+        signal: &Signal,
+    ) -> Result<JobRead, JobError> {
         if wait {
             self.wait_settled(owner, id, None, signal).await?;
         }

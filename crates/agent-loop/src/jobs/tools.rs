@@ -108,7 +108,11 @@ impl ToolHandler for JobOutput {
                 .map_err(job_error)?;
         }
         let read = self.registry.read_job(owner, &id).map_err(job_error)?;
-        let text = model_text::read_result(&read.output, read.snapshot.status, read.snapshot.detail.as_deref());
+        let text = model_text::read_result(
+            &read.output,
+            read.snapshot.status,
+            read.snapshot.detail.as_deref(),
+        );
         Ok(ToolOutput {
             value: Some(json!({"text": read.output, "job": public_job(&read.snapshot)})),
             ..ToolOutput::text(text)
