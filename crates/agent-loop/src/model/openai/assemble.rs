@@ -1,0 +1,274 @@
+//! Mapping chat-completion stream events onto the spine's chunk grammar.
+//!
+//! | OpenAI stream | our chunks |
+//! |---|---|
+//! | first `delta.content` | `block-start {text}` then `text-delta` (later ones: `text-delta`) |
+//! | `delta.reasoning_content` / `delta.reasoning` | a `reasoning` block, likewise |
+//! | `delta.tool_calls[i]` (keyed by `index`) | one `tool-call` block per index: `block-start`, then `tool-call-delta {id, name?, argumentsDelta}` |
+//! | `usage` | one `usage` (`prompt_tokens`, `completion_tokens`, cached and reasoning details) |
+//! | `finish_reason` | remembered; at `[DONE]` (or the end of the body) every open block is closed in index order with its assembled block, then `usage`, then `finish` |
+//! | `{"error": …}` event | `finish {error}` (open blocks allowed) |
+//!
+//! Finish reasons: `stop` → `stop` (`tool-calls` when calls were streamed; an `error` with code
+//! `EMPTY_RESPONSE` when nothing was), `tool_calls`/`function_call` → `tool-calls`, `length` →
+//! `max-tokens`, `content_filter` → `error` with code `CONTENT_FILTERED`, anything else is
+//! treated like `stop`. A body that ends before any finish reason or `[DONE]` is an `error`
+//! with code `STREAM_INTERRUPTED`.
+
+use std::collections::BTreeMap;
+
+use agent::model::BlockType;
+use agent::{CallId, ContentBlock, FinishReason, LlmFailure, StreamChunk, TokenUsage};
+use serde_json::Value;
+
+use super::cap;
+
+#[derive(Debug)]
+struct ToolSlot {
+    index: u32,
+    id: CallId,
+    name: String,
+    arguments: String,
+}
+
+/// Assembles one streamed response.
+#[derive(Debug, Default)]
+pub(crate) struct Assembler {
+    next_index: u32,
+    text: Option<(u32, String)>,
+    reasoning: Option<(u32, String)>,
+    /// Tool calls by the provider's `index`.
+    tools: BTreeMap<u64, ToolSlot>,
+    finish_reason: Option<String>,
+    usage: Option<TokenUsage>,
+    /// The provider's request id, attached to failures.
+    pub(crate) request_id: Option<String>,
+}
+
+impl Assembler {
+    /// Handles one SSE `data` payload (other than `[DONE]`). `Err` is a failure the stream
+    /// must end with (as `finish {error}`).
+    pub(crate) fn on_data(&mut self, data: &str) -> Result<Vec<StreamChunk>, LlmFailure> {
+        let event: Value = serde_json::from_str(data).map_err(|e| {
+            self.failure(
+                "BAD_RESPONSE",
+                format!("the provider sent an event that is not JSON: {e}"),
+            )
+        })?;
+        if let Some(error) = event.get("error").filter(|e| !e.is_null()) {
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .map_or_else(|| error.to_string(), str::to_owned);
+            let code = error
+                .get("code")
+                .and_then(Value::as_str)
+                .or_else(|| error.get("type").and_then(Value::as_str))
+                .map_or_else(|| "PROVIDER_ERROR".to_owned(), |c| c.to_ascii_uppercase());
+            return Err(self.failure(&code, message));
+        }
+        if let Some(usage) = event.get("usage").filter(|u| u.is_object()) {
+            self.usage = Some(parse_usage(usage));
+        }
+        let mut out = Vec::new();
+        let Some(choice) = event.get("choices").and_then(Value::as_array).and_then(|c| {
+            c.iter()
+                .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
+        }) else {
+            return Ok(out);
+        };
+        if let Some(delta) = choice.get("delta") {
+            let reasoning = delta
+                .get("reasoning_content")
+                .or_else(|| delta.get("reasoning"))
+                .and_then(Value::as_str);
+            if let Some(text) = reasoning.filter(|t| !t.is_empty()) {
+                let index = self.open(BlockType::Reasoning, &mut out);
+                out.push(StreamChunk::ReasoningDelta {
+                    index,
+                    text: text.to_owned(),
+                });
+                if let Some((_, acc)) = &mut self.reasoning {
+                    acc.push_str(text);
+                }
+            }
+            if let Some(text) = delta
+                .get("content")
+                .and_then(Value::as_str)
+                .filter(|t| !t.is_empty())
+            {
+                let index = self.open(BlockType::Text, &mut out);
+                out.push(StreamChunk::TextDelta {
+                    index,
+                    text: text.to_owned(),
+                });
+                if let Some((_, acc)) = &mut self.text {
+                    acc.push_str(text);
+                }
+            }
+            if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
+                for (position, call) in calls.iter().enumerate() {
+                    self.on_tool_delta(call, position as u64, &mut out);
+                }
+            }
+        }
+        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+            self.finish_reason = Some(reason.to_owned());
+        }
+        Ok(out)
+    }
+
+    fn on_tool_delta(&mut self, call: &Value, position: u64, out: &mut Vec<StreamChunk>) {
+        let key = call.get("index").and_then(Value::as_u64).unwrap_or(position);
+        let function = call.get("function");
+        let name = function
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty());
+        let arguments = function
+            .and_then(|f| f.get("arguments"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if !self.tools.contains_key(&key) {
+            let index = self.next_index;
+            self.next_index += 1;
+            let id = call
+                .get("id")
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map_or_else(|| CallId::new(format!("call_{key}")), CallId::from);
+            out.push(StreamChunk::BlockStart {
+                index,
+                block_type: BlockType::ToolCall,
+            });
+            self.tools.insert(
+                key,
+                ToolSlot {
+                    index,
+                    id,
+                    name: String::new(),
+                    arguments: String::new(),
+                },
+            );
+        }
+        let slot = self.tools.get_mut(&key).expect("inserted above");
+        if let Some(name) = name {
+            slot.name.push_str(name);
+        }
+        slot.arguments.push_str(arguments);
+        if name.is_some() || !arguments.is_empty() {
+            out.push(StreamChunk::ToolCallDelta {
+                index: slot.index,
+                id: slot.id.clone(),
+                name: name.map(|_| slot.name.clone()),
+                arguments_delta: arguments.to_owned(),
+            });
+        }
+    }
+
+    /// Opens the text or reasoning block on first use; returns its index.
+    fn open(&mut self, block_type: BlockType, out: &mut Vec<StreamChunk>) -> u32 {
+        let slot = match block_type {
+            BlockType::Reasoning => &mut self.reasoning,
+            _ => &mut self.text,
+        };
+        if let Some((index, _)) = slot {
+            return *index;
+        }
+        let index = self.next_index;
+        self.next_index += 1;
+        *slot = Some((index, String::new()));
+        out.push(StreamChunk::BlockStart { index, block_type });
+        index
+    }
+
+    /// Ends the response: closes every open block (index order), then `usage` and `finish`.
+    /// `done` says whether the provider's `[DONE]` marker arrived.
+    pub(crate) fn finish(&mut self, done: bool) -> Vec<StreamChunk> {
+        let Some(reason) = self
+            .finish_reason
+            .clone()
+            .or_else(|| done.then(|| "stop".to_owned()))
+        else {
+            return vec![self.fail_chunk(
+                "STREAM_INTERRUPTED",
+                "the response stream ended before the model finished",
+            )];
+        };
+        let has_blocks = self.text.is_some() || self.reasoning.is_some() || !self.tools.is_empty();
+        let reason = match reason.as_str() {
+            "length" => FinishReason::MaxTokens,
+            "content_filter" => FinishReason::Error {
+                failure: self.failure(
+                    "CONTENT_FILTERED",
+                    "the provider's content filter stopped the response",
+                ),
+            },
+            _ if !self.tools.is_empty() => FinishReason::ToolCalls,
+            "tool_calls" | "function_call" => FinishReason::ToolCalls,
+            _ if !has_blocks => FinishReason::Error {
+                failure: self.failure("EMPTY_RESPONSE", "the model returned an empty response"),
+            },
+            _ => FinishReason::Stop,
+        };
+        let mut ends: Vec<(u32, ContentBlock)> = Vec::new();
+        if let Some((index, text)) = self.text.take() {
+            ends.push((index, ContentBlock::text(text)));
+        }
+        if let Some((index, text)) = self.reasoning.take() {
+            ends.push((index, ContentBlock::reasoning(text)));
+        }
+        for slot in std::mem::take(&mut self.tools).into_values() {
+            ends.push((
+                slot.index,
+                ContentBlock::ToolCall {
+                    id: slot.id,
+                    name: slot.name,
+                    arguments: slot.arguments,
+                },
+            ));
+        }
+        ends.sort_by_key(|(index, _)| *index);
+        let mut out: Vec<StreamChunk> = ends
+            .into_iter()
+            .map(|(index, block)| StreamChunk::BlockEnd { index, block })
+            .collect();
+        if let Some(usage) = self.usage.take() {
+            out.push(StreamChunk::Usage { usage });
+        }
+        out.push(StreamChunk::Finish {
+            reason,
+            replay_state: None,
+        });
+        out
+    }
+
+    /// A failure carrying this response's request id.
+    pub(crate) fn failure(&self, code: &str, message: impl Into<String>) -> LlmFailure {
+        let mut failure = LlmFailure::new(code, cap(message.into()));
+        failure.request_id = self.request_id.clone();
+        failure
+    }
+
+    /// A terminal `finish {error}` chunk.
+    pub(crate) fn fail_chunk(&self, code: &str, message: impl Into<String>) -> StreamChunk {
+        StreamChunk::Finish {
+            reason: FinishReason::Error {
+                failure: self.failure(code, message),
+            },
+            replay_state: None,
+        }
+    }
+}
+
+fn parse_usage(usage: &Value) -> TokenUsage {
+    let n = |v: Option<&Value>| v.and_then(Value::as_u64);
+    TokenUsage {
+        input_tokens: n(usage.get("prompt_tokens")).unwrap_or(0),
+        output_tokens: n(usage.get("completion_tokens")).unwrap_or(0),
+        cache_read_tokens: n(usage.pointer("/prompt_tokens_details/cached_tokens"))
+            .or_else(|| n(usage.get("prompt_cache_hit_tokens"))),
+        cache_write_tokens: None,
+        reasoning_tokens: n(usage.pointer("/completion_tokens_details/reasoning_tokens")),
+    }
+}

@@ -1,0 +1,466 @@
+//! [`OpenAiCompatible`]: streaming chat completions with tool calls over server-sent events.
+
+mod assemble;
+mod request;
+mod sse;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use agent::{FinishReason, GenerateOptions, LlmFailure, ModelAdapter, ModelStream, Signal, StreamChunk};
+use futures::stream::{self, BoxStream};
+use futures::{StreamExt as _, TryStreamExt as _};
+use reqwest::header::{HeaderMap, HeaderValue};
+use serde_json::Value;
+
+use self::assemble::Assembler;
+use self::sse::SseDecoder;
+use super::aborted_failure;
+
+/// Failure messages are capped at this many UTF-8 bytes (on a char boundary).
+const MESSAGE_CAP: usize = 1024;
+/// At most this much of an error response body is read.
+const ERROR_BODY_CAP: usize = 16 * 1024;
+
+/// Connection settings of an [`OpenAiCompatible`] adapter.
+#[derive(Clone)]
+pub struct OpenAiConfig {
+    /// The API base URL, up to and including the version segment (for example
+    /// `https://api.openai.com/v1` or `http://127.0.0.1:8080/v1`); `/chat/completions` is
+    /// appended.
+    pub base_url: String,
+    /// The bearer token; `None` for servers that need none. Never logged or put in errors.
+    pub api_key: Option<String>,
+    /// The model to ask for when a request names none (an empty `GenerateOptions::model`).
+    pub model: String,
+    /// Connection timeout; `None` leaves the HTTP client's default (none).
+    pub connect_timeout: Option<Duration>,
+}
+
+impl OpenAiConfig {
+    /// Settings for `base_url` with `api_key` and default `model`.
+    pub fn new(base_url: impl Into<String>, api_key: Option<String>, model: impl Into<String>) -> Self {
+        Self {
+            base_url: base_url.into(),
+            api_key,
+            model: model.into(),
+            connect_timeout: None,
+        }
+    }
+}
+
+impl fmt::Debug for OpenAiConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAiConfig")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("model", &self.model)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
+}
+
+/// A [`ModelAdapter`] for any server that speaks OpenAI's streaming chat-completions API.
+///
+/// Each call POSTs one `stream: true` request to `<base_url>/chat/completions` and maps the
+/// server-sent events onto the spine's chunk grammar (see the `assemble` module table for the
+/// exact mapping). The model sent is the request's `model`, or the configured one when the
+/// request's is empty.
+///
+/// # Failures
+/// Every failure ends the stream in-band with `finish {error {failure}}` (never an `Err` item):
+///
+/// | cause | `code` | other fields |
+/// |---|---|---|
+/// | HTTP 429 | `RATE_LIMITED` | `status`, `providerRetryAfterMs`, `requestId` |
+/// | HTTP 400 / 401 / 403 | `BAD_REQUEST` / `AUTHENTICATION` / `PERMISSION_DENIED` | `status`, `requestId` |
+/// | HTTP 404 / 408 / 413 | `NOT_FOUND` / `TIMEOUT` / `REQUEST_TOO_LARGE` | `status`, `requestId` |
+/// | HTTP 500, 502, 503, 504, 529 | `SERVER_ERROR`, `BAD_GATEWAY`, `UNAVAILABLE`, `TIMEOUT`, `OVERLOADED` | `status`, `providerRetryAfterMs`, `requestId` |
+/// | any other non-2xx | `HTTP_<status>` | `status`, `providerRetryAfterMs`, `requestId` |
+/// | connection failure / timeout | `CONNECTION_FAILED` / `TIMEOUT` | — |
+/// | read error mid-stream | `STREAM_ERROR` | `requestId` |
+/// | an `{"error": …}` event | the provider's code (upper-cased) or `PROVIDER_ERROR` | `requestId` |
+///
+/// `message` is the provider's error message when it sent one (capped at 1024 bytes), else the
+/// status line. `providerRetryAfterMs` comes from `retry-after-ms`, else `retry-after` (seconds
+/// or an HTTP date); `requestId` from `x-request-id`.
+///
+/// # Cancellation and ownership
+/// Every await (connecting, reading the error body, each read of the event stream) is raced
+/// against `request.signal`; once it is cancelled the stream ends at once with
+/// `finish {aborted {failure: {code: ABORTED, message: <cause>}}}` and the connection is
+/// dropped. Dropping the stream drops the connection too; no task is spawned. The adapter is
+/// cheap to clone (the HTTP client's connection pool is shared) and safe to call concurrently.
+#[derive(Clone, Debug)]
+pub struct OpenAiCompatible {
+    config: Arc<OpenAiConfig>,
+    url: Arc<str>,
+    client: reqwest::Client,
+}
+
+impl OpenAiCompatible {
+    /// An adapter for `config`. Fails only when the HTTP client cannot be built (for example
+    /// TLS initialisation), with code `CONFIG`.
+    pub fn new(config: OpenAiConfig) -> Result<Self, LlmFailure> {
+        let mut builder = reqwest::Client::builder();
+        if let Some(t) = config.connect_timeout {
+            builder = builder.connect_timeout(t);
+        }
+        let client = builder
+            .build()
+            .map_err(|e| LlmFailure::new("CONFIG", cap(error_chain(&e))))?;
+        let url = format!("{}/chat/completions", config.base_url.trim_end_matches('/'));
+        Ok(Self {
+            config: Arc::new(config),
+            url: url.into(),
+            client,
+        })
+    }
+
+    /// The adapter's settings.
+    pub fn config(&self) -> &OpenAiConfig {
+        &self.config
+    }
+}
+
+impl ModelAdapter for OpenAiCompatible {
+    fn stream(&self, request: Arc<GenerateOptions>) -> ModelStream {
+        let model = if request.model.is_empty() {
+            self.config.model.as_str()
+        } else {
+            request.model.as_str()
+        };
+        let body = request::build_body(&request, model);
+        let mut http = self.client.post(&*self.url).json(&body);
+        if let Some(key) = &self.config.api_key {
+            http = http.bearer_auth(key);
+        }
+        let call = Call {
+            phase: Phase::Start(Some(Box::new(http))),
+            signal: request.signal.clone(),
+            queue: VecDeque::new(),
+            asm: Assembler::default(),
+            decoder: SseDecoder::default(),
+        };
+        stream::unfold(call, |mut call| async move {
+            loop {
+                if let Some(chunk) = call.queue.pop_front() {
+                    return Some((Ok(chunk), call));
+                }
+                if matches!(call.phase, Phase::Done) {
+                    return None;
+                }
+                call.advance().await;
+            }
+        })
+        .boxed()
+    }
+}
+
+enum Phase {
+    /// Not sent yet.
+    Start(Option<Box<reqwest::RequestBuilder>>),
+    /// Reading the event stream.
+    Streaming(BoxStream<'static, Result<Vec<u8>, reqwest::Error>>),
+    /// The final `finish` is queued.
+    Done,
+}
+
+/// One model call in progress.
+struct Call {
+    phase: Phase,
+    signal: Signal,
+    /// Chunks ready to be yielded.
+    queue: VecDeque<StreamChunk>,
+    asm: Assembler,
+    decoder: SseDecoder,
+}
+
+impl Call {
+    /// Does one unit of work: sends the request or processes one read of the body.
+    async fn advance(&mut self) {
+        match &mut self.phase {
+            Phase::Start(builder) => {
+                let Some(builder) = builder.take() else {
+                    return self.end(self.asm.fail_chunk("UNKNOWN", "request already sent"));
+                };
+                let response = match race(&self.signal, builder.send()).await {
+                    None => return self.abort(),
+                    Some(Ok(r)) => r,
+                    Some(Err(e)) => return self.end(transport_failure(&e)),
+                };
+                self.asm.request_id = header_str(response.headers(), "x-request-id");
+                if !response.status().is_success() {
+                    let status = response.status();
+                    let headers = response.headers().clone();
+                    let body = match race(&self.signal, read_capped(response)).await {
+                        None => return self.abort(),
+                        Some(body) => body,
+                    };
+                    let failure = http_failure(status.as_u16(), status.canonical_reason(), &headers, &body);
+                    return self.end(StreamChunk::Finish {
+                        reason: FinishReason::Error { failure },
+                        replay_state: None,
+                    });
+                }
+                let body = response.bytes_stream().map_ok(|b| b.to_vec()).boxed();
+                self.phase = Phase::Streaming(body);
+            }
+            Phase::Streaming(body) => {
+                let next = match race(&self.signal, body.next()).await {
+                    None => return self.abort(),
+                    Some(next) => next,
+                };
+                match next {
+                    Some(Ok(bytes)) => {
+                        for data in self.decoder.feed(&bytes) {
+                            if self.on_event(&data) {
+                                return;
+                            }
+                        }
+                    }
+                    Some(Err(e)) => {
+                        let chunk = self.asm.fail_chunk(
+                            "STREAM_ERROR",
+                            format!("reading the response stream failed: {}", error_chain(&e)),
+                        );
+                        self.end(chunk);
+                    }
+                    None => {
+                        if let Some(data) = self.decoder.finish()
+                            && self.on_event(&data)
+                        {
+                            return;
+                        }
+                        let chunks = self.asm.finish(false);
+                        self.queue.extend(chunks);
+                        self.phase = Phase::Done;
+                    }
+                }
+            }
+            Phase::Done => {}
+        }
+    }
+
+    /// Handles one event's data; returns whether the stream ended.
+    fn on_event(&mut self, data: &str) -> bool {
+        if data.trim() == "[DONE]" {
+            let chunks = self.asm.finish(true);
+            self.queue.extend(chunks);
+            self.phase = Phase::Done;
+            return true;
+        }
+        match self.asm.on_data(data) {
+            Ok(chunks) => {
+                self.queue.extend(chunks);
+                false
+            }
+            Err(failure) => {
+                self.end(StreamChunk::Finish {
+                    reason: FinishReason::Error { failure },
+                    replay_state: None,
+                });
+                true
+            }
+        }
+    }
+
+    fn end(&mut self, finish: StreamChunk) {
+        self.queue.push_back(finish);
+        self.phase = Phase::Done;
+    }
+
+    fn abort(&mut self) {
+        self.end(StreamChunk::Finish {
+            reason: FinishReason::Aborted {
+                failure: aborted_failure(&self.signal),
+            },
+            replay_state: None,
+        });
+    }
+}
+
+/// Runs `fut` unless `signal` is (or becomes) cancelled first, in which case `None`.
+async fn race<F: Future>(signal: &Signal, fut: F) -> Option<F::Output> {
+    tokio::select! {
+        biased;
+        () = signal.cancelled() => None,
+        out = fut => Some(out),
+    }
+}
+
+/// Reads at most [`ERROR_BODY_CAP`] bytes of a response body (errors end the read).
+async fn read_capped(response: reqwest::Response) -> Vec<u8> {
+    let mut body = Vec::new();
+    let mut stream = response.bytes_stream();
+    while let Some(Ok(bytes)) = stream.next().await {
+        body.extend_from_slice(&bytes);
+        if body.len() >= ERROR_BODY_CAP {
+            body.truncate(ERROR_BODY_CAP);
+            break;
+        }
+    }
+    body
+}
+
+fn header_str(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v: &HeaderValue| v.to_str().ok())
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+/// The retry-after hint in milliseconds: `retry-after-ms`, else `retry-after` as (possibly
+/// fractional) seconds or an HTTP date.
+fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
+    if let Some(ms) = header_str(headers, "retry-after-ms").and_then(|s| s.parse::<f64>().ok())
+        && ms.is_finite()
+        && ms >= 0.0
+    {
+        return Some(ms.round() as u64);
+    }
+    let value = header_str(headers, "retry-after")?;
+    if let Ok(secs) = value.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| (secs * 1000.0).round() as u64);
+    }
+    let at = httpdate::parse_http_date(&value).ok()?;
+    Some(
+        at.duration_since(SystemTime::now())
+            .map_or(0, |d| d.as_millis() as u64),
+    )
+}
+
+/// The failure for a non-2xx response.
+fn http_failure(status: u16, reason: Option<&str>, headers: &HeaderMap, body: &[u8]) -> LlmFailure {
+    let code = match status {
+        400 => "BAD_REQUEST".to_owned(),
+        401 => "AUTHENTICATION".to_owned(),
+        403 => "PERMISSION_DENIED".to_owned(),
+        404 => "NOT_FOUND".to_owned(),
+        408 | 504 => "TIMEOUT".to_owned(),
+        413 => "REQUEST_TOO_LARGE".to_owned(),
+        429 => "RATE_LIMITED".to_owned(),
+        500 => "SERVER_ERROR".to_owned(),
+        502 => "BAD_GATEWAY".to_owned(),
+        503 => "UNAVAILABLE".to_owned(),
+        529 => "OVERLOADED".to_owned(),
+        other => format!("HTTP_{other}"),
+    };
+    let provider_message = serde_json::from_slice::<Value>(body).ok().and_then(|v| {
+        v.pointer("/error/message")
+            .or_else(|| v.get("message"))
+            .or_else(|| v.get("error").filter(|e| e.is_string()))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    });
+    let message = provider_message.unwrap_or_else(|| {
+        let text = String::from_utf8_lossy(body);
+        let text = text.trim();
+        let line = format!("HTTP {status} {}", reason.unwrap_or(""));
+        if text.is_empty() {
+            line.trim_end().to_owned()
+        } else {
+            format!("{}: {text}", line.trim_end())
+        }
+    });
+    LlmFailure {
+        message: cap(message),
+        code,
+        status: Some(status),
+        provider_retry_after_ms: retry_after_ms(headers),
+        request_id: header_str(headers, "x-request-id"),
+    }
+}
+
+/// The `finish {error}` chunk for a failure to send the request.
+fn transport_failure(e: &reqwest::Error) -> StreamChunk {
+    let code = if e.is_timeout() {
+        "TIMEOUT"
+    } else if e.is_connect() {
+        "CONNECTION_FAILED"
+    } else {
+        "NETWORK_ERROR"
+    };
+    StreamChunk::Finish {
+        reason: FinishReason::Error {
+            failure: LlmFailure::new(code, cap(error_chain(e))),
+        },
+        replay_state: None,
+    }
+}
+
+/// An error and its sources, joined with `: `.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.contains(&s_text) {
+            text.push_str(": ");
+            text.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// Caps a message at [`MESSAGE_CAP`] bytes on a char boundary.
+pub(crate) fn cap(mut message: String) -> String {
+    if message.len() > MESSAGE_CAP {
+        let mut end = MESSAGE_CAP;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_forms() {
+        let mut h = HeaderMap::new();
+        h.insert("retry-after", HeaderValue::from_static("2"));
+        assert_eq!(retry_after_ms(&h), Some(2000));
+        h.insert("retry-after", HeaderValue::from_static("1.5"));
+        assert_eq!(retry_after_ms(&h), Some(1500));
+        h.insert("retry-after-ms", HeaderValue::from_static("250"));
+        assert_eq!(retry_after_ms(&h), Some(250));
+        let mut h = HeaderMap::new();
+        h.insert(
+            "retry-after",
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
+        assert_eq!(retry_after_ms(&h), Some(0));
+        h.insert("retry-after", HeaderValue::from_static("soon"));
+        assert_eq!(retry_after_ms(&h), None);
+    }
+
+    #[test]
+    fn cap_respects_char_boundaries() {
+        let s = "é".repeat(MESSAGE_CAP);
+        let capped = cap(s);
+        assert!(capped.len() <= MESSAGE_CAP);
+        assert!(capped.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn http_failure_uses_provider_message() {
+        let f = http_failure(
+            400,
+            Some("Bad Request"),
+            &HeaderMap::new(),
+            br#"{"error": {"message": "bad tools", "type": "invalid_request_error"}}"#,
+        );
+        assert_eq!(
+            (f.code.as_str(), f.message.as_str(), f.status),
+            ("BAD_REQUEST", "bad tools", Some(400))
+        );
+    }
+}

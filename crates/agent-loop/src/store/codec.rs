@@ -1,0 +1,150 @@
+//! The JSON-lines format: encoding lines and parsing a whole log with torn-tail detection.
+//!
+//! A log file is the header's JSON on line 1, then one event's JSON per line, every line ending
+//! in `\n`. A write that was interrupted can only damage the **end** of the file, so:
+//!
+//! * a last line that does not parse (whether or not it ends in `\n`) is a torn write and is
+//!   dropped;
+//! * a last line that parses but lacks its `\n` is complete (a JSON object's proper prefix never
+//!   parses) and is kept; the writer adds the missing `\n` before appending;
+//! * any other line that does not parse is corruption, reported with its 1-based line number.
+
+use std::path::Path;
+
+use agent::{SessionEvent, SessionHeader, SessionId};
+
+use super::error::StoreError;
+
+/// Encodes one value as a JSON line (with its trailing `\n`).
+pub(crate) fn encode_line<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
+    let mut line = serde_json::to_vec(value)?;
+    line.push(b'\n');
+    Ok(line)
+}
+
+/// A parsed log.
+#[derive(Debug)]
+pub(crate) struct ParsedLog {
+    pub header: SessionHeader,
+    pub events: Vec<SessionEvent>,
+    /// Byte length of the intact prefix (the file minus a torn last line).
+    pub good_len: u64,
+    /// Whether a torn last line was dropped.
+    pub torn: bool,
+    /// Whether the last kept line lacks its trailing `\n`.
+    pub needs_newline: bool,
+}
+
+/// Splits `bytes` into lines: `(start, end_without_newline, terminated)`.
+fn lines(bytes: &[u8]) -> Vec<(usize, usize, bool)> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < bytes.len() {
+        match bytes[start..].iter().position(|b| *b == b'\n') {
+            Some(n) => {
+                out.push((start, start + n, true));
+                start += n + 1;
+            }
+            None => {
+                out.push((start, bytes.len(), false));
+                start = bytes.len();
+            }
+        }
+    }
+    out
+}
+
+fn corrupt(path: &Path, line: usize, reason: impl Into<String>) -> StoreError {
+    StoreError::Corrupt {
+        path: path.to_path_buf(),
+        line: line as u64,
+        reason: reason.into(),
+    }
+}
+
+/// Parses the header line.
+pub(crate) fn parse_header(path: &Path, id: &SessionId, line: &[u8]) -> Result<SessionHeader, StoreError> {
+    let header: SessionHeader =
+        serde_json::from_slice(line).map_err(|e| corrupt(path, 1, format!("invalid header: {e}")))?;
+    header
+        .validate()
+        .map_err(|e| corrupt(path, 1, format!("invalid header: {e}")))?;
+    if &header.id != id {
+        return Err(corrupt(
+            path,
+            1,
+            format!(
+                "header names session `{}`, the file is named for `{id}`",
+                header.id
+            ),
+        ));
+    }
+    Ok(header)
+}
+
+/// Parses a whole log file. See the module documentation for the torn-tail rules. Events are
+/// validated with [`agent::session::validate_log`].
+pub(crate) fn parse_log(path: &Path, id: &SessionId, bytes: &[u8]) -> Result<ParsedLog, StoreError> {
+    let lines = lines(bytes);
+    let Some(&(h_start, h_end, h_terminated)) = lines.first() else {
+        return Err(corrupt(path, 1, "empty file: the header was never written"));
+    };
+    let header = match parse_header(path, id, &bytes[h_start..h_end]) {
+        Ok(h) => h,
+        Err(e) if lines.len() == 1 && !h_terminated => {
+            return Err(corrupt(
+                path,
+                1,
+                format!("incomplete header (interrupted write): {e}"),
+            ));
+        }
+        Err(e) => return Err(e),
+    };
+    let mut events = Vec::with_capacity(lines.len().saturating_sub(1));
+    let mut good_len = if h_terminated { h_end + 1 } else { h_end } as u64;
+    let mut needs_newline = !h_terminated;
+    let mut torn = false;
+    let last = lines.len() - 1;
+    for (i, &(start, end, terminated)) in lines.iter().enumerate().skip(1) {
+        match serde_json::from_slice::<SessionEvent>(&bytes[start..end]) {
+            Ok(event) => {
+                events.push(event);
+                good_len = if terminated { end + 1 } else { end } as u64;
+                needs_newline = !terminated;
+            }
+            Err(e) if i == last => {
+                tracing::warn!(
+                    path = %path.display(),
+                    line = i + 1,
+                    error = %e,
+                    "dropping the torn last line of a session log (an interrupted write)"
+                );
+                torn = true;
+            }
+            Err(e) => return Err(corrupt(path, i + 1, format!("invalid event: {e}"))),
+        }
+    }
+    agent::session::validate_log(&events).map_err(|source| StoreError::InvalidLog {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(ParsedLog {
+        header,
+        events,
+        good_len,
+        torn,
+        needs_newline,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_split_with_termination() {
+        assert_eq!(lines(b""), vec![]);
+        assert_eq!(lines(b"a\nbc"), vec![(0, 1, true), (2, 4, false)]);
+        assert_eq!(lines(b"a\n\n"), vec![(0, 1, true), (2, 2, true)]);
+    }
+}

@@ -1,0 +1,459 @@
+//! Session stores: round trips, catalog, crash repair and corruption reporting.
+
+mod common;
+
+use std::fs;
+use std::sync::Arc;
+
+use agent::{EventData, SessionEvent, SessionHeader, SessionId, TurnEndReason};
+use agent_loop::store::{JsonlStore, LoadedSession, MemoryStore, SessionSummary, StoreError};
+use common::{LogBuilder, header, header_at, sample_log};
+
+/// The operations both stores share, so every scenario runs against both.
+trait Store {
+    async fn save_header(&self, header: &SessionHeader) -> Result<(), StoreError>;
+    async fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), StoreError>;
+    async fn flush(&self, id: &SessionId) -> Result<(), StoreError>;
+    async fn list(&self) -> Result<Vec<SessionSummary>, StoreError>;
+    async fn inspect(&self, id: &SessionId) -> Result<SessionHeader, StoreError>;
+    async fn load(&self, id: &SessionId) -> Result<LoadedSession, StoreError>;
+    async fn remove(&self, id: &SessionId) -> Result<(), StoreError>;
+}
+
+macro_rules! delegate {
+    ($t:ty) => {
+        impl Store for $t {
+            async fn save_header(&self, header: &SessionHeader) -> Result<(), StoreError> {
+                <$t>::save_header(self, header).await
+            }
+            async fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), StoreError> {
+                <$t>::append(self, id, event).await
+            }
+            async fn flush(&self, id: &SessionId) -> Result<(), StoreError> {
+                <$t>::flush(self, id).await
+            }
+            async fn list(&self) -> Result<Vec<SessionSummary>, StoreError> {
+                <$t>::list(self).await
+            }
+            async fn inspect(&self, id: &SessionId) -> Result<SessionHeader, StoreError> {
+                <$t>::inspect(self, id).await
+            }
+            async fn load(&self, id: &SessionId) -> Result<LoadedSession, StoreError> {
+                <$t>::load(self, id).await
+            }
+            async fn remove(&self, id: &SessionId) -> Result<(), StoreError> {
+                <$t>::remove(self, id).await
+            }
+        }
+    };
+}
+delegate!(MemoryStore);
+delegate!(JsonlStore);
+
+async fn write_log(store: &impl Store, id: &str, events: &[SessionEvent]) {
+    let id = SessionId::from(id);
+    store.save_header(&header(id.as_str())).await.unwrap();
+    for ev in events {
+        store.append(&id, ev).await.unwrap();
+    }
+    store.flush(&id).await.unwrap();
+}
+
+async fn round_trip(store: impl Store) -> Vec<SessionEvent> {
+    let events = sample_log("s1");
+    write_log(&store, "s1", &events).await;
+    let loaded = store.load(&"s1".into()).await.unwrap();
+    assert_eq!(loaded.header, header("s1"));
+    assert_eq!(loaded.events, events);
+    assert!(!loaded.repaired);
+    events
+}
+
+async fn catalog(store: impl Store) {
+    assert!(store.list().await.unwrap().is_empty());
+    store.save_header(&header_at("b", 20)).await.unwrap();
+    store.save_header(&header_at("a", 20)).await.unwrap();
+    store.save_header(&header_at("z", 10)).await.unwrap();
+    let ids: Vec<String> = store
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| {
+            assert_eq!(s.id, s.header.id);
+            s.id.to_string()
+        })
+        .collect();
+    assert_eq!(ids, ["z", "a", "b"]);
+    assert_eq!(store.inspect(&"a".into()).await.unwrap(), header_at("a", 20));
+    // Re-saving an identical header is a no-op; a different one is a duplicate.
+    store.save_header(&header_at("a", 20)).await.unwrap();
+    let err = store.save_header(&header_at("a", 21)).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Duplicate(ref id) if id.as_str() == "a"),
+        "{err}"
+    );
+    store.remove(&"a".into()).await.unwrap();
+    assert_eq!(store.list().await.unwrap().len(), 2);
+    for err in [
+        store.inspect(&"a".into()).await.unwrap_err(),
+        store.load(&"a".into()).await.unwrap_err(),
+        store.remove(&"a".into()).await.unwrap_err(),
+        store.flush(&"a".into()).await.unwrap_err(),
+    ] {
+        assert!(
+            matches!(err, StoreError::NotFound(ref id) if id.as_str() == "a"),
+            "{err}"
+        );
+    }
+}
+
+async fn append_checks_seq(store: impl Store) {
+    let events = sample_log("s");
+    let id = SessionId::from("s");
+    let err = store.append(&id, &events[0]).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound(_)), "{err}");
+    store.save_header(&header("s")).await.unwrap();
+    let err = store.append(&id, &events[1]).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::SeqMismatch {
+                expected: 0,
+                got: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    store.append(&id, &events[0]).await.unwrap();
+    let err = store.append(&id, &events[0]).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::SeqMismatch {
+                expected: 1,
+                got: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(store.load(&id).await.unwrap().events, events[..1]);
+}
+
+#[tokio::test]
+async fn memory_round_trip() {
+    round_trip(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn jsonl_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = round_trip(JsonlStore::new(dir.path().join("sessions"))).await;
+    // A fresh store (a restarted process) reads the same log.
+    let fresh = JsonlStore::new(dir.path().join("sessions"));
+    assert_eq!(fresh.load(&"s1".into()).await.unwrap().events, events);
+}
+
+#[tokio::test]
+async fn memory_catalog() {
+    catalog(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn jsonl_catalog() {
+    let dir = tempfile::tempdir().unwrap();
+    catalog(JsonlStore::new(dir.path())).await;
+}
+
+#[tokio::test]
+async fn memory_append_checks_seq() {
+    append_checks_seq(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn jsonl_append_checks_seq() {
+    let dir = tempfile::tempdir().unwrap();
+    append_checks_seq(JsonlStore::new(dir.path())).await;
+}
+
+#[tokio::test]
+async fn memory_counts_flushes() {
+    let store = MemoryStore::new();
+    write_log(&store, "s", &sample_log("s")).await;
+    assert_eq!(store.flush_count(&"s".into()), 1);
+}
+
+#[tokio::test]
+async fn jsonl_file_layout_is_header_then_one_event_per_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = JsonlStore::new(dir.path());
+    let events = sample_log("s");
+    write_log(&store, "s", &events).await;
+    let text = fs::read_to_string(dir.path().join("s.jsonl")).unwrap();
+    assert!(text.ends_with('\n'));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1 + events.len());
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(lines[0]).unwrap(),
+        serde_json::to_value(header("s")).unwrap()
+    );
+    for (line, ev) in lines[1..].iter().zip(&events) {
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(line).unwrap(),
+            serde_json::to_value(ev).unwrap()
+        );
+    }
+}
+
+#[tokio::test]
+async fn jsonl_rejects_ids_that_are_not_file_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = JsonlStore::new(dir.path());
+    for bad in ["", ".", "..", "a/b", "a\\b"] {
+        let err = store.inspect(&bad.into()).await.unwrap_err();
+        assert!(matches!(err, StoreError::InvalidId(_)), "{bad:?}: {err}");
+    }
+}
+
+/// Writes a valid log, then appends `tail` raw bytes to it.
+async fn log_with_tail(dir: &std::path::Path, tail: &[u8]) -> (Vec<SessionEvent>, Vec<u8>) {
+    let events = sample_log("s");
+    write_log(&JsonlStore::new(dir), "s", &events).await;
+    let path = dir.join("s.jsonl");
+    let mut bytes = fs::read(&path).unwrap();
+    bytes.extend_from_slice(tail);
+    fs::write(&path, &bytes).unwrap();
+    (events, bytes)
+}
+
+#[tokio::test]
+async fn torn_last_line_is_dropped_and_truncated_before_the_next_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let (events, bytes) = log_with_tail(dir.path(), br#"{"type":"turn/start","seq":12,"ti"#).await;
+    let path = dir.path().join("s.jsonl");
+    let store = JsonlStore::new(dir.path());
+    let loaded = store.load(&"s".into()).await.unwrap();
+    assert!(loaded.repaired);
+    assert_eq!(loaded.events, events);
+    assert_eq!(fs::read(&path).unwrap(), bytes, "load never rewrites");
+
+    // Appending continues after the intact prefix: the torn bytes are cut first.
+    let mut more = LogBuilder::new("s");
+    for ev in &events {
+        more.push(ev.data.clone());
+    }
+    more.push(EventData::TurnStart { turn: 2 });
+    let next = more.events().pop().unwrap();
+    store.append(&"s".into(), &next).await.unwrap();
+    store.flush(&"s".into()).await.unwrap();
+    let reloaded = JsonlStore::new(dir.path()).load(&"s".into()).await.unwrap();
+    assert!(!reloaded.repaired);
+    assert_eq!(reloaded.events.len(), events.len() + 1);
+    assert_eq!(reloaded.events.last(), Some(&next));
+}
+
+#[tokio::test]
+async fn invalid_complete_last_line_is_dropped_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let (events, _) = log_with_tail(dir.path(), b"\0\0\0garbage\n").await;
+    let loaded = JsonlStore::new(dir.path()).load(&"s".into()).await.unwrap();
+    assert!(loaded.repaired);
+    assert_eq!(loaded.events, events);
+}
+
+#[tokio::test]
+async fn last_line_missing_only_its_newline_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = sample_log("s");
+    write_log(&JsonlStore::new(dir.path()), "s", &events).await;
+    let path = dir.path().join("s.jsonl");
+    let mut bytes = fs::read(&path).unwrap();
+    bytes.pop();
+    fs::write(&path, &bytes).unwrap();
+    let store = JsonlStore::new(dir.path());
+    let loaded = store.load(&"s".into()).await.unwrap();
+    assert!(!loaded.repaired);
+    assert_eq!(loaded.events, events);
+    // The writer restores the newline before appending.
+    let mut more = LogBuilder::new("s");
+    for ev in &events {
+        more.push(ev.data.clone());
+    }
+    more.push(EventData::TurnStart { turn: 2 });
+    store
+        .append(&"s".into(), &more.events()[events.len()])
+        .await
+        .unwrap();
+    let reloaded = JsonlStore::new(dir.path()).load(&"s".into()).await.unwrap();
+    assert_eq!(reloaded.events, more.events());
+}
+
+#[tokio::test]
+async fn garbage_in_the_middle_names_file_and_line_and_rewrites_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = sample_log("s");
+    write_log(&JsonlStore::new(dir.path()), "s", &events).await;
+    let path = dir.path().join("s.jsonl");
+    let text = fs::read_to_string(&path).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    lines[4] = "{not json".into(); // line 5 = the event with seq 3
+    let damaged = lines.join("\n") + "\n";
+    fs::write(&path, &damaged).unwrap();
+
+    let store = JsonlStore::new(dir.path());
+    let err = store.load(&"s".into()).await.unwrap_err();
+    match &err {
+        StoreError::Corrupt { path: p, line, .. } => {
+            assert_eq!(p, &path);
+            assert_eq!(*line, 5);
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    let shown = err.to_string();
+    assert!(shown.contains("s.jsonl") && shown.contains("line 5"), "{shown}");
+
+    // Appending is refused too, and nothing touches the file.
+    let mut more = LogBuilder::new("s");
+    for ev in &events {
+        more.push(ev.data.clone());
+    }
+    more.push(EventData::TurnStart { turn: 2 });
+    let err = store
+        .append(&"s".into(), &more.events()[events.len()])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { line: 5, .. }), "{err}");
+    assert_eq!(fs::read_to_string(&path).unwrap(), damaged);
+}
+
+#[tokio::test]
+async fn invalid_header_and_invalid_sequence_are_typed_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = sample_log("s");
+    write_log(&JsonlStore::new(dir.path()), "s", &events).await;
+    let path = dir.path().join("s.jsonl");
+    let text = fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+
+    // Two events swapped: every line parses, but seq != index.
+    let mut swapped = lines.clone();
+    swapped.swap(2, 3);
+    fs::write(&path, swapped.join("\n") + "\n").unwrap();
+    let err = JsonlStore::new(dir.path()).load(&"s".into()).await.unwrap_err();
+    assert!(matches!(err, StoreError::InvalidLog { .. }), "{err}");
+
+    // A header naming another session.
+    let mut other = lines.clone();
+    let h = serde_json::to_string(&header("t")).unwrap();
+    other[0] = &h;
+    fs::write(&path, other.join("\n") + "\n").unwrap();
+    let store = JsonlStore::new(dir.path());
+    let err = store.load(&"s".into()).await.unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { line: 1, .. }), "{err}");
+    let err = store.inspect(&"s".into()).await.unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { line: 1, .. }), "{err}");
+    // The catalog skips it instead of failing.
+    assert!(store.list().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn torn_header_is_replaced_by_save_header() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("s.jsonl"), br#"{"version":0,"id":"s","crea"#).unwrap();
+    let store = JsonlStore::new(dir.path());
+    let err = store.load(&"s".into()).await.unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { line: 1, .. }), "{err}");
+    store.save_header(&header("s")).await.unwrap();
+    let loaded = store.load(&"s".into()).await.unwrap();
+    assert_eq!(loaded.header, header("s"));
+    assert!(loaded.events.is_empty());
+}
+
+#[tokio::test]
+async fn concurrent_flushes_share_one_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(JsonlStore::new(dir.path()));
+    let events = sample_log("s");
+    let id = SessionId::from("s");
+    store.save_header(&header("s")).await.unwrap();
+    for ev in &events {
+        store.append(&id, ev).await.unwrap();
+    }
+    assert_eq!(store.sync_count(&id), Some(0), "appends never sync");
+    let flushes = (0..32).map(|_| store.flush(&id));
+    for result in futures::future::join_all(flushes).await {
+        result.unwrap();
+    }
+    assert_eq!(store.sync_count(&id), Some(1));
+    // Nothing new: no sync at all.
+    store.flush(&id).await.unwrap();
+    assert_eq!(store.sync_count(&id), Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appends_and_flushes_across_sessions_stay_ordered() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(JsonlStore::new(dir.path()));
+    let mut tasks = Vec::new();
+    for s in 0..8 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let name = format!("s{s}");
+            let id = SessionId::from(name.as_str());
+            let events = sample_log(&name);
+            store.save_header(&header(&name)).await.unwrap();
+            for (i, ev) in events.iter().enumerate() {
+                store.append(&id, ev).await.unwrap();
+                if i % 3 == 0 {
+                    store.flush(&id).await.unwrap();
+                }
+            }
+            store.flush(&id).await.unwrap();
+            (id, events)
+        }));
+    }
+    for task in tasks {
+        let (id, events) = task.await.unwrap();
+        let loaded = JsonlStore::new(dir.path()).load(&id).await.unwrap();
+        assert_eq!(loaded.events, events);
+    }
+}
+
+#[tokio::test]
+async fn close_releases_the_handle_and_the_next_append_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = JsonlStore::new(dir.path());
+    let events = sample_log("s");
+    let id = SessionId::from("s");
+    store.save_header(&header("s")).await.unwrap();
+    for ev in &events[..5] {
+        store.append(&id, ev).await.unwrap();
+    }
+    store.close(&id).await.unwrap();
+    assert_eq!(store.sync_count(&id), None);
+    for ev in &events[5..] {
+        store.append(&id, ev).await.unwrap();
+    }
+    assert_eq!(store.load(&id).await.unwrap().events, events);
+}
+
+#[tokio::test]
+async fn turn_end_reason_interrupted_round_trips_through_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = JsonlStore::new(dir.path());
+    let mut events = LogBuilder::new("s");
+    events.push(EventData::TurnStart { turn: 1 });
+    let mut events = events.events();
+    assert!(agent_loop::repair_open_turn(&mut events));
+    write_log(&store, "s", &events).await;
+    let loaded = store.load(&"s".into()).await.unwrap();
+    assert!(matches!(
+        loaded.events[1].data,
+        EventData::TurnEnd {
+            turn: 1,
+            reason: TurnEndReason::Interrupted
+        }
+    ));
+}
