@@ -39,7 +39,7 @@
 //! Failures reach the model as `Error: <message>` (see [`model_text`]).
 //!
 //! # Locking
-//! One mutex protects the registry's [`State`](state::State) (layers, hooks, parent edges,
+//! One mutex protects the registry's state (layers, hooks, parent edges,
 //! approval services). It is held only for short synchronous sections; user code (tool bodies,
 //! policies, guards, observers) always runs after the lock is released, and values removed by a
 //! registration guard are dropped after unlocking, so a guard dropped from inside user code cannot
