@@ -119,4 +119,30 @@ mod tests {
         );
         assert_eq!(body_panicked("t", "boom"), "tool \"t\" failed: boom");
     }
+
+    /// Every model-visible text as the model sees it (failures with their `Error: ` prefix).
+    #[test]
+    fn model_texts_snapshot() {
+        let texts = [
+            unknown_tool("<name>"),
+            ABORTED_BEFORE_DISPATCH.to_owned(),
+            ABORTED.to_owned(),
+            NOT_STARTED.to_owned(),
+            approval_unconfigured("<name>"),
+            approval_unavailable("<name>"),
+            approval_rejected("<name>"),
+            approval_cancelled("<name>"),
+            approval_failed("<name>", "<detail>"),
+            guard_failed("<detail>"),
+            pre_execute_failed("<detail>"),
+            post_execute_failed("<detail>"),
+            POST_VALUE_ON_FAILURE.to_owned(),
+            body_panicked("<name>", "<detail>"),
+        ];
+        let mut out: Vec<String> = texts.iter().map(|t| error_content(t)).collect();
+        out.push(format!(
+            "(post-execute block without feedback) {BLOCKED_WITHOUT_FEEDBACK}"
+        ));
+        insta::assert_snapshot!("tool_pipeline_texts", out.join("\n"));
+    }
 }
