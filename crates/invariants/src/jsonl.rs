@@ -1,0 +1,326 @@
+//! The offline reader: JSON-lines session logs (line 1 the header, every further line one event)
+//! replayed from readers, files and directory trees.
+//!
+//! Every defect of the input is a typed [`Violation`], never a panic: unreadable files (`IO`),
+//! lines that are not JSON or not an event (`PARSE`), a cut-short last line (`TORN`), a missing or
+//! invalid header (`HEADER`). Only the directory or file the caller named being unreadable is an
+//! `Err`.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader};
+use std::path::{Path, PathBuf};
+
+use agent::{SessionEvent, SessionHeader, SessionId};
+use serde_json::Value;
+
+use crate::replay::{Report, SessionReplay, header_violations};
+use crate::rule::RuleId;
+use crate::violation::Violation;
+
+/// The file or directory the caller named could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read {}", path.display())]
+pub struct ReadError {
+    /// What could not be read.
+    pub path: PathBuf,
+    /// Why.
+    #[source]
+    pub source: io::Error,
+}
+
+impl ReadError {
+    fn new(path: &Path, source: io::Error) -> Self {
+        Self {
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+/// The outcome of replaying every log under a directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DirReport {
+    /// How many `*.jsonl` files were found (readable or not).
+    pub logs: usize,
+    /// How many events were replayed across all logs.
+    pub events: u64,
+    /// Every violation, log by log in path order.
+    pub violations: Vec<Violation>,
+}
+
+impl DirReport {
+    /// Whether no log broke any rule.
+    pub fn is_clean(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// The violations of one rule.
+    pub fn of_rule(&self, rule: RuleId) -> impl Iterator<Item = &Violation> {
+        self.violations.iter().filter(move |v| v.rule == rule)
+    }
+
+    pub(crate) fn add(&mut self, report: Report) {
+        self.logs += 1;
+        self.events += report.events;
+        self.violations.extend(report.violations);
+    }
+}
+
+/// One physical line of a log.
+pub(crate) struct Line<'a> {
+    /// 1-based line number.
+    pub(crate) number: u64,
+    /// The bytes, without the newline.
+    pub(crate) bytes: &'a [u8],
+    /// Whether the line ended with a newline (a final line without one may be torn).
+    pub(crate) terminated: bool,
+}
+
+/// Reads `reader` line by line, calling `f` for each; stops early when `f` returns `false`.
+pub(crate) fn for_each_line<R: BufRead>(
+    mut reader: R,
+    mut f: impl FnMut(Line<'_>) -> bool,
+) -> io::Result<()> {
+    let mut buf = Vec::new();
+    let mut number = 0;
+    loop {
+        buf.clear();
+        if reader.read_until(b'\n', &mut buf)? == 0 {
+            return Ok(());
+        }
+        number += 1;
+        let terminated = buf.last() == Some(&b'\n');
+        let bytes = if terminated {
+            &buf[..buf.len() - 1]
+        } else {
+            &buf[..]
+        };
+        if !f(Line {
+            number,
+            bytes,
+            terminated,
+        }) {
+            return Ok(());
+        }
+    }
+}
+
+/// Why a line is not an event, as a finding.
+fn unreadable(line: &Line<'_>, err: &serde_json::Error) -> (RuleId, String) {
+    if line.bytes.iter().all(u8::is_ascii_whitespace) {
+        return (
+            RuleId::PARSE,
+            "one session event per line, got a blank line".to_owned(),
+        );
+    }
+    match serde_json::from_slice::<Value>(line.bytes) {
+        Ok(_) => (
+            RuleId::PARSE,
+            format!("a session event, got JSON of another shape ({err})"),
+        ),
+        Err(_) if !line.terminated => (
+            RuleId::TORN,
+            format!("a complete last line, got a cut-short one ({err}); stores drop it on load"),
+        ),
+        Err(_) => (
+            RuleId::PARSE,
+            format!("a JSON session event, got text that is not JSON ({err})"),
+        ),
+    }
+}
+
+/// A replayed log plus the header it was read with.
+pub(crate) struct ReadLog {
+    pub(crate) report: Report,
+    pub(crate) header: Option<SessionHeader>,
+}
+
+/// The replay of one log from a reader. `fallback` names the session when the header cannot be
+/// read.
+pub(crate) fn read_log<R: BufRead>(fallback: &SessionId, reader: R) -> io::Result<ReadLog> {
+    let mut violations: Vec<Violation> = Vec::new();
+    let mut header: Option<SessionHeader> = None;
+    let mut replay: Option<SessionReplay> = None;
+    for_each_line(reader, |line| {
+        let replay = match &mut replay {
+            Some(r) => r,
+            None => {
+                let (r, pending_event) = start(fallback, &line, &mut header, &mut violations);
+                let r = replay.insert(r);
+                if let Some(ev) = pending_event {
+                    violations.extend(r.push(&ev).into_iter().map(|v| v.on_line(line.number)));
+                }
+                return true;
+            }
+        };
+        match serde_json::from_slice::<SessionEvent>(line.bytes) {
+            Ok(ev) => violations.extend(replay.push(&ev).into_iter().map(|v| v.on_line(line.number))),
+            Err(err) => {
+                let (rule, expected) = unreadable(&line, &err);
+                violations
+                    .push(Violation::at(replay.session().clone(), None, rule, expected).on_line(line.number));
+                replay.skip_unreadable();
+            }
+        }
+        true
+    })?;
+    let replay = replay.unwrap_or_else(|| {
+        violations.push(Violation::at(
+            fallback.clone(),
+            None,
+            RuleId::HEADER,
+            "a header line, but the log is empty",
+        ));
+        SessionReplay::new(fallback.clone())
+    });
+    let session = replay.session().clone();
+    let finish = replay.finish();
+    violations.extend(finish.violations);
+    Ok(ReadLog {
+        report: Report {
+            session,
+            events: finish.events,
+            violations,
+            open_turn: finish.open_turn,
+        },
+        header,
+    })
+}
+
+/// Reads line 1. Returns the replay to continue with and, when line 1 turned out to be an event
+/// (the header is missing), that event.
+fn start(
+    fallback: &SessionId,
+    line: &Line<'_>,
+    header: &mut Option<SessionHeader>,
+    violations: &mut Vec<Violation>,
+) -> (SessionReplay, Option<SessionEvent>) {
+    let fail = |violations: &mut Vec<Violation>, rule, expected: String| {
+        violations.push(Violation::at(fallback.clone(), None, rule, expected).on_line(line.number));
+    };
+    let value = match serde_json::from_slice::<Value>(line.bytes) {
+        Ok(v) => v,
+        Err(err) => {
+            let rule = if line.terminated {
+                RuleId::PARSE
+            } else {
+                RuleId::TORN
+            };
+            fail(
+                violations,
+                rule,
+                format!("a JSON session header on line 1 ({err})"),
+            );
+            return (SessionReplay::new(fallback.clone()), None);
+        }
+    };
+    match serde_json::from_value::<SessionHeader>(value.clone()) {
+        Ok(h) => {
+            violations.extend(header_violations(&h).into_iter().map(|v| v.on_line(line.number)));
+            let replay = SessionReplay::with_header(&h);
+            *header = Some(h);
+            (replay, None)
+        }
+        Err(err) => match serde_json::from_value::<SessionEvent>(value) {
+            Ok(ev) => {
+                fail(
+                    violations,
+                    RuleId::HEADER,
+                    "a session header on line 1, found an event (the header is missing)".to_owned(),
+                );
+                (SessionReplay::new(fallback.clone()), Some(ev))
+            }
+            Err(_) => {
+                fail(
+                    violations,
+                    RuleId::HEADER,
+                    format!("a session header on line 1 ({err})"),
+                );
+                (SessionReplay::new(fallback.clone()), None)
+            }
+        },
+    }
+}
+
+/// Replays one JSON-lines log from `reader`. `fallback` names the session when its header cannot
+/// be read. Only a read failure of `reader` itself is an `Err`.
+pub fn replay_jsonl_reader<R: BufRead>(fallback: &SessionId, reader: R) -> io::Result<Report> {
+    read_log(fallback, reader).map(|r| r.report)
+}
+
+/// The session id a log file stands for when its header is unreadable: its file stem.
+pub(crate) fn stem_id(path: &Path) -> SessionId {
+    SessionId::new(
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    )
+}
+
+/// Replays one JSON-lines log file.
+pub fn replay_jsonl_file(path: &Path) -> Result<Report, ReadError> {
+    let file = File::open(path).map_err(|e| ReadError::new(path, e))?;
+    replay_jsonl_reader(&stem_id(path), BufReader::new(file)).map_err(|e| ReadError::new(path, e))
+}
+
+/// Every `*.jsonl` file under `dir`, recursively, in path order. Symbolic links to directories
+/// are not followed. Unreadable subdirectories become `IO` violations; only `dir` itself being
+/// unreadable is an `Err`.
+pub(crate) fn find_logs(dir: &Path, problems: &mut Vec<Violation>) -> Result<Vec<PathBuf>, ReadError> {
+    let mut logs = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(current) = stack.pop() {
+        let entries = match std::fs::read_dir(&current) {
+            Ok(entries) => entries,
+            Err(e) if current == dir => return Err(ReadError::new(dir, e)),
+            Err(e) => {
+                problems.push(io_violation(&current, &e));
+                continue;
+            }
+        };
+        for entry in entries {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(e) => {
+                    problems.push(io_violation(&current, &e));
+                    continue;
+                }
+            };
+            let path = entry.path();
+            let Ok(kind) = entry.file_type() else { continue };
+            if kind.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "jsonl") && (kind.is_file() || path.is_file()) {
+                logs.push(path);
+            }
+        }
+    }
+    logs.sort();
+    Ok(logs)
+}
+
+pub(crate) fn io_violation(path: &Path, e: &io::Error) -> Violation {
+    Violation::at(
+        stem_id(path),
+        None,
+        RuleId::IO,
+        format!("{} to be readable ({e})", path.display()),
+    )
+}
+
+/// Replays every `*.jsonl` log under `dir` (recursively), each on its own. Cross-session rules
+/// are [`check_store`](crate::check_store)'s.
+pub fn replay_dir(dir: &Path) -> Result<DirReport, ReadError> {
+    let mut report = DirReport::default();
+    let logs = find_logs(dir, &mut report.violations)?;
+    for path in logs {
+        match replay_jsonl_file(&path) {
+            Ok(r) => report.add(r),
+            Err(e) => {
+                report.logs += 1;
+                report.violations.push(io_violation(&path, &e.source));
+            }
+        }
+    }
+    Ok(report)
+}

@@ -1,0 +1,167 @@
+//! Cross-session rules over a whole store directory.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, BufReader};
+use std::path::{Path, PathBuf};
+
+use agent::{Origin, SessionHeader, SessionId};
+use serde_json::Value;
+
+use crate::jsonl::{DirReport, ReadError, find_logs, for_each_line, io_violation, read_log, stem_id};
+use crate::rule::RuleId;
+use crate::violation::Violation;
+
+struct Entry {
+    path: PathBuf,
+    header: SessionHeader,
+}
+
+/// Replays every `*.jsonl` log under `dir` like [`replay_dir`](crate::replay_dir), then checks
+/// the relations between sessions:
+///
+/// * `DUP-SESSION`: no two logs carry the same session id (relations through a duplicated id
+///   are then skipped: the parent would be ambiguous);
+/// * `DEPTH`: a subagent child's `delegationDepth` is its parent's plus one;
+/// * `FORK-SEED`: a child with `seedLength = n` starts with exactly its parent's first `n`
+///   events (compared as JSON values, so key order does not matter); lines unreadable on either
+///   side are skipped (they are already `PARSE` violations) and only the first difference is
+///   reported.
+///
+/// Every relation is lenient about a parent that is not in the store: a store may hold a
+/// subtree of a larger history, so a child naming an absent `parentSession` is not a violation.
+/// The per-log rules include the header-level lineage checks (a subagent child names a parent
+/// and has depth ≥ 1) and the child's own descriptor (`DESCRIPTOR`).
+pub fn check_store(dir: &Path) -> Result<DirReport, ReadError> {
+    let mut report = DirReport::default();
+    let logs = find_logs(dir, &mut report.violations)?;
+    let mut entries: Vec<Entry> = Vec::new();
+    for path in logs {
+        let read = File::open(&path).and_then(|f| read_log(&stem_id(&path), BufReader::new(f)));
+        match read {
+            Ok(read) => {
+                report.add(read.report);
+                if let Some(header) = read.header {
+                    entries.push(Entry { path, header });
+                }
+            }
+            Err(e) => {
+                report.logs += 1;
+                report.violations.push(io_violation(&path, &e));
+            }
+        }
+    }
+
+    let mut by_id: HashMap<&SessionId, Vec<usize>> = HashMap::new();
+    for (i, e) in entries.iter().enumerate() {
+        by_id.entry(&e.header.id).or_default().push(i);
+    }
+    for (id, idx) in &by_id {
+        for &dup in &idx[1..] {
+            report.violations.push(Violation::at(
+                (*id).clone(),
+                None,
+                RuleId::DUPLICATE_SESSION,
+                format!(
+                    "one log per session id, but {} and {} both hold it",
+                    entries[idx[0]].path.display(),
+                    entries[dup].path.display()
+                ),
+            ));
+        }
+    }
+
+    let mut relations = Vec::new();
+    for child in &entries {
+        let Some(parent_id) = &child.header.parent_session else {
+            continue;
+        };
+        let (Some([_]), Some([parent])) = (
+            by_id.get(&child.header.id).map(Vec::as_slice),
+            by_id.get(parent_id).map(Vec::as_slice),
+        ) else {
+            continue;
+        };
+        let parent = &entries[*parent];
+        relations.extend(depth_violation(child, parent));
+        if let Some(n) = child.header.seed_length.filter(|n| *n > 0) {
+            match fork_seed_violation(child, parent, n) {
+                Ok(v) => relations.extend(v),
+                Err((path, e)) => relations.push(io_violation(&path, &e)),
+            }
+        }
+    }
+    report.violations.extend(relations);
+    Ok(report)
+}
+
+fn depth_violation(child: &Entry, parent: &Entry) -> Option<Violation> {
+    if child.header.origin != Some(Origin::Subagent) {
+        return None;
+    }
+    let want = parent.header.depth().saturating_add(1);
+    let got = child.header.depth();
+    (got != want).then(|| {
+        Violation::at(
+            child.header.id.clone(),
+            None,
+            RuleId::DEPTH,
+            format!(
+                "delegationDepth {want} (parent {} is at depth {}), got {got}",
+                parent.header.id,
+                parent.header.depth()
+            ),
+        )
+    })
+}
+
+/// The first `n` event lines of a log as JSON values (`None` for a line that is not JSON).
+fn event_prefix(path: &Path, n: u64) -> io::Result<Vec<Option<Value>>> {
+    let mut out = Vec::new();
+    let file = File::open(path)?;
+    for_each_line(BufReader::new(file), |line| {
+        if line.number == 1 {
+            return true;
+        }
+        out.push(serde_json::from_slice::<Value>(line.bytes).ok());
+        (out.len() as u64) < n
+    })?;
+    Ok(out)
+}
+
+fn fork_seed_violation(
+    child: &Entry,
+    parent: &Entry,
+    n: u64,
+) -> Result<Option<Violation>, (PathBuf, io::Error)> {
+    let mine = event_prefix(&child.path, n).map_err(|e| (child.path.clone(), e))?;
+    let theirs = event_prefix(&parent.path, n).map_err(|e| (parent.path.clone(), e))?;
+    let v = |seq: Option<u64>, expected: String| {
+        Violation::at(child.header.id.clone(), seq, RuleId::FORK_SEED, expected)
+    };
+    for (i, (a, b)) in mine.iter().zip(&theirs).enumerate() {
+        if let (Some(a), Some(b)) = (a, b)
+            && a != b
+        {
+            return Ok(Some(v(
+                Some(i as u64),
+                format!(
+                    "seeded event {i} to equal event {i} of parent {}",
+                    parent.header.id
+                ),
+            )));
+        }
+    }
+    if (theirs.len() as u64) < n {
+        return Ok(Some(v(
+            None,
+            format!(
+                "parent {} to hold at least the {n} seeded events, but it holds {}",
+                parent.header.id,
+                theirs.len()
+            ),
+        )));
+    }
+    // A child shorter than its seed is the per-log `SEED` rule's finding.
+    Ok(None)
+}

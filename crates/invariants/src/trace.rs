@@ -1,0 +1,361 @@
+//! The session-log trace: rules S1–S14 of providers §6.4, plus the envelope rules the session
+//! object enforces on append (seq contiguity and surface markers, spine §4.2) so that logs read
+//! from disk get the same scrutiny.
+//!
+//! Validation is pure: [`CoreTrace::validate`] computes the findings and the transition without
+//! touching the trace; [`CoreTrace::apply`] commits a transition. On the valid path the
+//! transition is exactly the reference's; after a violation it *resynchronises* on what the
+//! offending event claims (a `turn/start 3` opens turn 3), so one defect in a log is reported
+//! once instead of cascading over every later event.
+
+use std::collections::HashSet;
+
+use agent::content::ContentBlock;
+use agent::event::{EventData, SurfaceOp};
+use agent::{CallId, MessageSource, SessionEvent};
+
+use crate::rule::RuleId;
+
+/// The error code of a synthetic not-started tool-result repair (S12's exception).
+pub const TOOL_NOT_STARTED: &str = "TOOL_NOT_STARTED";
+
+/// One finding: the rule and the "expected …" text.
+pub(crate) type Finding = (RuleId, String);
+
+/// Per-session bookkeeping of providers §6.3: `{lastSeq, openTurn, openStep, nextTurn, nextStep,
+/// pendingCalls}`.
+#[derive(Clone, Debug)]
+pub(crate) struct CoreTrace {
+    last_seq: Option<u64>,
+    open_turn: Option<u64>,
+    open_step: Option<u64>,
+    next_turn: u64,
+    next_step: u64,
+    pending_calls: HashSet<CallId>,
+    /// Set after an unreadable line: the next seq gap is expected and not reported.
+    seq_gap_expected: bool,
+}
+
+impl Default for CoreTrace {
+    fn default() -> Self {
+        Self {
+            last_seq: None,
+            open_turn: None,
+            open_step: None,
+            next_turn: 1,
+            next_step: 1,
+            pending_calls: HashSet::new(),
+            seq_gap_expected: false,
+        }
+    }
+}
+
+/// How one accepted event changes the pending-call set.
+#[derive(Clone, Debug)]
+pub(crate) enum CallsDelta {
+    None,
+    Add(CallId),
+    Remove(CallId),
+    Clear,
+}
+
+/// One event's deferred change to a [`CoreTrace`].
+#[derive(Clone, Debug)]
+pub(crate) struct CoreTransition {
+    last_seq: u64,
+    open_turn: Option<u64>,
+    open_step: Option<u64>,
+    next_turn: u64,
+    next_step: u64,
+    calls: CallsDelta,
+}
+
+fn show(v: Option<u64>) -> String {
+    v.map_or_else(|| "none".to_owned(), |n| n.to_string())
+}
+
+impl CoreTrace {
+    /// The open turn, if any.
+    pub(crate) fn open_turn(&self) -> Option<u64> {
+        self.open_turn
+    }
+
+    /// The open step, if any.
+    pub(crate) fn open_step(&self) -> Option<u64> {
+        self.open_step
+    }
+
+    /// The number of calls of the open step still unanswered.
+    pub(crate) fn pending_calls(&self) -> usize {
+        self.pending_calls.len()
+    }
+
+    /// Notes that one log line could not be read: the next seq may skip one value.
+    pub(crate) fn note_unreadable(&mut self) {
+        self.seq_gap_expected = true;
+    }
+
+    fn require_open_step(&self, kind: &str, turn: u64, step: u64, rule: RuleId, out: &mut Vec<Finding>) {
+        if self.open_turn != Some(turn) || self.open_step != Some(step) {
+            out.push((
+                rule,
+                format!(
+                    "{kind} to name the open turn {}/step {}, got turn {turn}/step {step}",
+                    show(self.open_turn),
+                    show(self.open_step)
+                ),
+            ));
+        }
+    }
+
+    /// Validates `ev` against the committed trace without changing it.
+    pub(crate) fn validate(&self, ev: &SessionEvent, out: &mut Vec<Finding>) -> CoreTransition {
+        let seq = ev.seq;
+        match self.last_seq {
+            Some(last) if seq <= last => out.push((
+                RuleId::S1,
+                format!("seq to strictly increase past {last}, got {seq}"),
+            )),
+            last => {
+                let want = last.map_or(0, |l| l.saturating_add(1));
+                if seq != want && !self.seq_gap_expected {
+                    out.push((
+                        RuleId::SEQ,
+                        format!("seq {want} (seqs are contiguous from 0), got {seq}"),
+                    ));
+                }
+            }
+        }
+        check_surface(ev, out);
+
+        let mut t = CoreTransition {
+            // Trusting the event's seq (rather than the maximum seen) keeps one renumbered
+            // event from flagging every later one.
+            last_seq: seq,
+            open_turn: self.open_turn,
+            open_step: self.open_step,
+            next_turn: self.next_turn,
+            next_step: self.next_step,
+            calls: CallsDelta::None,
+        };
+        let kind = ev.type_name();
+        match &ev.data {
+            EventData::TurnStart { turn } => {
+                let turn = *turn;
+                if let Some(open) = self.open_turn {
+                    out.push((
+                        RuleId::S2,
+                        format!("no open turn at turn/start {turn}, but turn {open} is still open"),
+                    ));
+                }
+                if turn != self.next_turn {
+                    out.push((
+                        RuleId::S3,
+                        format!("turn/start {}, got turn/start {turn}", self.next_turn),
+                    ));
+                }
+                t.open_turn = Some(turn);
+                t.open_step = None;
+                t.next_turn = turn;
+                t.next_step = 1;
+                t.calls = CallsDelta::Clear;
+            }
+            EventData::TurnEnd { turn, .. } => {
+                let turn = *turn;
+                if self.open_turn != Some(turn) {
+                    out.push((
+                        RuleId::S4,
+                        format!(
+                            "turn/end to name the open turn {}, got turn {turn}",
+                            show(self.open_turn)
+                        ),
+                    ));
+                }
+                if let Some(step) = self.open_step {
+                    out.push((
+                        RuleId::S5,
+                        format!("no open step at turn/end {turn}, but step {step} is still open"),
+                    ));
+                }
+                t.open_turn = None;
+                t.open_step = None;
+                // Valid path: the open turn equals `next_turn`, so this is `next_turn + 1`.
+                t.next_turn = if self.open_turn == Some(turn) {
+                    self.next_turn.saturating_add(1)
+                } else {
+                    turn.saturating_add(1).max(self.next_turn)
+                };
+                t.calls = CallsDelta::Clear;
+            }
+            EventData::StepStart { turn, step } => {
+                let (turn, step) = (*turn, *step);
+                if self.open_turn != Some(turn) {
+                    out.push((
+                        RuleId::S6,
+                        format!(
+                            "step/start in the open turn {}, got turn {turn}",
+                            show(self.open_turn)
+                        ),
+                    ));
+                }
+                if let Some(open) = self.open_step {
+                    out.push((
+                        RuleId::S7,
+                        format!("no open step at step/start {step}, but step {open} is still open"),
+                    ));
+                }
+                // Step numbering is per turn: against the wrong turn (S6) it has no meaning.
+                if self.open_turn == Some(turn) && step != self.next_step {
+                    out.push((
+                        RuleId::S8,
+                        format!("step/start {} in turn {turn}, got step {step}", self.next_step),
+                    ));
+                }
+                t.open_turn = Some(turn);
+                t.open_step = Some(step);
+                t.next_step = step;
+                t.calls = CallsDelta::Clear;
+            }
+            EventData::StepEnd { turn, step } => {
+                self.require_open_step(kind, *turn, *step, RuleId::S9, out);
+                t.open_step = None;
+                t.next_step = step.saturating_add(1);
+                t.calls = CallsDelta::Clear;
+            }
+            EventData::AssistantChunk { turn, step, .. } | EventData::AssistantMessage { turn, step, .. } => {
+                self.require_open_step(kind, *turn, *step, RuleId::S10, out);
+            }
+            EventData::ToolCall {
+                turn, step, call_id, ..
+            } => {
+                self.require_open_step(kind, *turn, *step, RuleId::S11, out);
+                t.calls = CallsDelta::Add(call_id.clone());
+            }
+            EventData::ToolResult {
+                turn,
+                step,
+                message,
+                error,
+                ..
+            } => {
+                let replacing = matches!(
+                    ev.surface.as_ref().and_then(|s| s.surface_op.as_ref()),
+                    Some(SurfaceOp::Replace { .. })
+                );
+                if replacing {
+                    if self.open_turn.is_none() {
+                        out.push((
+                            RuleId::S13,
+                            "an open turn around a tool/result surface replacement".to_owned(),
+                        ));
+                    }
+                } else {
+                    self.require_open_step(kind, *turn, *step, RuleId::S12, out);
+                    let not_started = matches!(
+                        message.content.first(),
+                        Some(ContentBlock::ToolResult {
+                            is_error: Some(true),
+                            ..
+                        })
+                    ) && error.as_ref().is_some_and(|e| e.code == TOOL_NOT_STARTED);
+                    match answered_call(message) {
+                        Some(call) => {
+                            if !not_started && !self.pending_calls.contains(&call) {
+                                out.push((
+                                    RuleId::S12,
+                                    format!(
+                                        "a tool/call {call} earlier in this step before its tool/result \
+                                         (or a {TOOL_NOT_STARTED} repair)"
+                                    ),
+                                ));
+                            }
+                            t.calls = CallsDelta::Remove(call);
+                        }
+                        None if !not_started => out.push((
+                            RuleId::S12,
+                            "a tool/result message naming the call it answers".to_owned(),
+                        )),
+                        None => {}
+                    }
+                }
+            }
+            EventData::RequestHeader { .. } | EventData::RequestContext { .. } => {
+                self.require_open_turn(kind, out);
+            }
+            EventData::Other { kind, .. } if kind == "todo/write" => {
+                self.require_open_turn(kind, out);
+            }
+            // S15: user messages, the end-seed marker and every plugin-owned event are
+            // unconstrained here.
+            _ => {}
+        }
+        t
+    }
+
+    fn require_open_turn(&self, kind: &str, out: &mut Vec<Finding>) {
+        if self.open_turn.is_none() {
+            out.push((
+                RuleId::S14,
+                format!("an open turn around {kind} (core execution events are turn-enclosed)"),
+            ));
+        }
+    }
+
+    /// Commits a transition computed by [`CoreTrace::validate`] against this same state.
+    pub(crate) fn apply(&mut self, t: CoreTransition) {
+        self.last_seq = Some(t.last_seq);
+        self.open_turn = t.open_turn;
+        self.open_step = t.open_step;
+        self.next_turn = t.next_turn;
+        self.next_step = t.next_step;
+        self.seq_gap_expected = false;
+        match t.calls {
+            CallsDelta::None => {}
+            CallsDelta::Add(c) => {
+                self.pending_calls.insert(c);
+            }
+            CallsDelta::Remove(c) => {
+                self.pending_calls.remove(&c);
+            }
+            CallsDelta::Clear => self.pending_calls.clear(),
+        }
+    }
+}
+
+/// The call a tool-result message answers: its source's `callId`, else its first tool-result
+/// block's `toolCallId`.
+fn answered_call(message: &agent::Message) -> Option<CallId> {
+    if let MessageSource::Tool { call_id, .. } = &message.source {
+        return Some(call_id.clone());
+    }
+    message.content.iter().find_map(|b| match b {
+        ContentBlock::ToolResult { tool_call_id, .. } => Some(tool_call_id.clone()),
+        _ => None,
+    })
+}
+
+/// Spine §4.2 (3): surface events declare `surfaceOp`; other events carry no surface metadata;
+/// only `assistant/message` carries `sourceEventSeqs`.
+fn check_surface(ev: &SessionEvent, out: &mut Vec<Finding>) {
+    let kind = ev.type_name();
+    match (ev.data.is_surface(), &ev.surface) {
+        (true, None) | (true, Some(agent::SurfaceMeta { surface_op: None, .. })) => out.push((
+            RuleId::SURFACE,
+            format!("surface event {kind} to declare surfaceOp"),
+        )),
+        (false, Some(_)) => out.push((
+            RuleId::SURFACE,
+            format!("no surfaceOp or sourceEventSeqs on non-surface event {kind}"),
+        )),
+        _ => {}
+    }
+    if ev.surface.as_ref().is_some_and(|s| s.source_event_seqs.is_some())
+        && ev.data.is_surface()
+        && !matches!(ev.data, EventData::AssistantMessage { .. })
+    {
+        out.push((
+            RuleId::SURFACE,
+            format!("sourceEventSeqs only on assistant/message, found on {kind}"),
+        ));
+    }
+}

@@ -1,0 +1,324 @@
+//! The offline reader: JSON-lines files and directories, malformed input, header-driven rules.
+
+mod common;
+
+use std::path::Path;
+
+use agent::SessionId;
+use common::*;
+use invariants::synthetic::{self, LogBuilder, SyntheticLog, child_header};
+use invariants::{Report, Violation, replay_dir, replay_jsonl_file, replay_jsonl_reader, replay_log};
+
+fn rules(violations: &[Violation]) -> Vec<&'static str> {
+    violations.iter().map(|v| v.rule.as_str()).collect()
+}
+
+fn read(text: &str) -> Report {
+    replay_jsonl_reader(&SessionId::new("fallback"), text.as_bytes()).expect("in-memory reads do not fail")
+}
+
+fn lines(log: &SyntheticLog) -> Vec<String> {
+    log.to_jsonl().lines().map(str::to_owned).collect()
+}
+
+fn join(lines: &[String]) -> String {
+    let mut s = lines.join("\n");
+    s.push('\n');
+    s
+}
+
+/// The line (1-based, header = 1) of the first event of `kind` at or after event `from`.
+fn line_of(log: &SyntheticLog, kind: &str, from: usize) -> usize {
+    log.events[from..]
+        .iter()
+        .position(|e| e.type_name() == kind)
+        .map(|i| i + from + 2)
+        .expect("event present")
+}
+
+fn write(dir: &Path, name: &str, text: &str) {
+    let path = dir.join(name);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+/// A subagent child of `parent` with one own turn carrying its descriptor.
+fn spawn_child(id: &str, parent: &SyntheticLog) -> SyntheticLog {
+    let mut b = LogBuilder::new(child_header(id, &parent.header, 0));
+    b.turn(2, 1, Some("spawn"));
+    b.build()
+}
+
+#[test]
+fn a_valid_file_replays_clean() {
+    let dir = scratch("valid-file");
+    let log = synthetic::valid_log("main", 3, 2, 2);
+    write(&dir, "main.jsonl", &log.to_jsonl());
+    let report = replay_jsonl_file(&dir.join("main.jsonl")).unwrap();
+    assert_eq!(report.session.as_str(), "main");
+    assert_eq!(report.events, log.events.len() as u64);
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    assert_eq!(report.open_turn, None);
+}
+
+/// Removing a `turn/end` from a valid log yields a violation naming the session and the seq.
+#[test]
+fn removing_a_turn_end_is_a_violation_at_its_place() {
+    let log = synthetic::valid_log("cut", 3, 1, 0);
+    let mut l = lines(&log);
+    let at = line_of(&log, "turn/end", 0);
+    l.remove(at - 1);
+    let report = read(&join(&l));
+    // The next event's seq skips one (SEQ), and the next turn/start finds turn 1 still open (S2).
+    let next_seq = (at - 2) as u64 + 1;
+    let v = &report.violations;
+    assert_eq!(rules(v), ["SEQ", "S2", "S3"], "{v:#?}");
+    assert!(v.iter().all(|v| v.session.as_str() == "cut"));
+    assert_eq!(v[0].seq, Some(next_seq));
+    assert_eq!(v[0].line, Some(at as u64));
+    assert_eq!(v[1].seq, Some(next_seq));
+    assert!(
+        v[1].to_string()
+            .starts_with(&format!("[S2] session \"cut\" seq {next_seq} (line {at})"))
+    );
+}
+
+/// Removing the final `turn/end` leaves the log inside an open turn, which the spec allows
+/// (crash repair closes it on resume): reported as state, not as a violation.
+#[test]
+fn an_open_turn_at_the_end_of_the_log_is_allowed() {
+    let log = synthetic::valid_log("open", 2, 1, 0);
+    let mut l = lines(&log);
+    l.pop();
+    let report = read(&join(&l));
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    assert_eq!(report.open_turn, Some(2));
+}
+
+/// Duplicating a child's descriptor yields a violation naming the session and the seq.
+#[test]
+fn duplicating_a_descriptor_is_a_violation_at_the_copy() {
+    let parent = synthetic::valid_log("p", 1, 1, 0);
+    let child = spawn_child("child", &parent);
+    assert!(read(&child.to_jsonl()).is_clean());
+    // Append a second descriptor inside the turn, right after the first.
+    let mut b = LogBuilder::new(child.header.clone());
+    b.event(turn_start(1), None)
+        .descriptor("spawn")
+        .descriptor("spawn");
+    let report = read(&b.build().to_jsonl());
+    assert_eq!(rules(&report.violations), ["DESCRIPTOR"]);
+    let v = &report.violations[0];
+    assert_eq!((v.session.as_str(), v.seq, v.line), ("child", Some(2), Some(4)));
+    assert!(v.expected.contains("seq 1 already is one"), "{v}");
+    // The same through a textual duplication of the line (the copy also repeats the seq).
+    let mut l = lines(&child);
+    let at = line_of(&child, invariants::DESCRIPTOR_TYPE, 0);
+    l.insert(at, l[at - 1].clone());
+    let report = read(&join(&l));
+    assert_eq!(rules(&report.violations), ["S1", "DESCRIPTOR"]);
+    assert!(report.violations.iter().all(|v| v.seq == Some((at - 2) as u64)));
+}
+
+/// Renumbering one seq yields a violation naming the session and the seq written.
+#[test]
+fn renumbering_a_seq_is_a_violation() {
+    let log = synthetic::valid_log("renum", 2, 1, 0);
+    let mut events = log.events.clone();
+    events[4].seq = 40;
+    let mut text = serde_json::to_string(&log.header).unwrap() + "\n";
+    for e in &events {
+        text.push_str(&serde_json::to_string(e).unwrap());
+        text.push('\n');
+    }
+    let report = read(&text);
+    let v = &report.violations;
+    assert_eq!(rules(v), ["SEQ", "S1"], "{v:#?}");
+    assert_eq!(
+        (v[0].session.as_str(), v[0].seq, v[0].line),
+        ("renum", Some(40), Some(6))
+    );
+    assert_eq!(v[1].seq, Some(5));
+    assert!(
+        v[0].to_string()
+            .contains("expected seq 4 (seqs are contiguous from 0), got 40")
+    );
+}
+
+#[test]
+fn malformed_lines_are_typed_violations() {
+    let log = synthetic::valid_log("bad", 1, 1, 0);
+    let l = lines(&log);
+    let n = l.len();
+
+    let mut not_json = l.clone();
+    not_json.insert(2, "this is not json".into());
+    let r = read(&join(&not_json));
+    assert_eq!(
+        rules(&r.violations),
+        ["PARSE"],
+        "the unreadable line's seq gap is not reported twice"
+    );
+    assert_eq!(r.violations[0].line, Some(3));
+
+    let mut shape = l.clone();
+    shape[2] = r#"{"type":"turn/start","seq":1,"time":1,"data":{"turn":"one"}}"#.into();
+    let r = read(&join(&shape));
+    assert_eq!(rules(&r.violations)[0], "PARSE");
+    assert!(
+        r.violations[0].expected.contains("another shape"),
+        "{}",
+        r.violations[0]
+    );
+
+    let mut blank = l.clone();
+    blank.insert(1, String::new());
+    let r = read(&join(&blank));
+    assert_eq!(rules(&r.violations), ["PARSE"]);
+    assert!(r.violations[0].expected.contains("blank line"));
+
+    let mut torn = join(&l);
+    torn.truncate(torn.len() - 10);
+    let r = read(&torn);
+    assert_eq!(rules(&r.violations), ["TORN"]);
+    assert_eq!(r.violations[0].line, Some(n as u64));
+
+    let mut bytes = join(&l).into_bytes();
+    bytes.splice(0..0, [0xff, 0xfe, b'\n']);
+    let r = replay_jsonl_reader(&"bytes".into(), &bytes[..]).unwrap();
+    // Line 1 is not JSON (the header is lost), and the real header on line 2 is no event.
+    assert_eq!(rules(&r.violations), ["PARSE", "PARSE"], "{:#?}", r.violations);
+    assert_eq!(r.session.as_str(), "bytes");
+    let mut bytes = join(&l).into_bytes();
+    let second = bytes.iter().position(|b| *b == b'\n').unwrap() + 1;
+    bytes.splice(second..second, [0xc3, 0x28, b'\n']);
+    let r = replay_jsonl_reader(&"bytes".into(), &bytes[..]).unwrap();
+    assert_eq!(rules(&r.violations), ["PARSE"], "{:#?}", r.violations);
+    assert_eq!(r.violations[0].line, Some(2));
+}
+
+#[test]
+fn header_problems_are_typed_violations() {
+    let r = read("");
+    assert_eq!(rules(&r.violations), ["HEADER"]);
+    assert_eq!(r.session.as_str(), "fallback");
+
+    // Missing header: line 1 is already an event, which is still replayed.
+    let log = synthetic::valid_log("nohdr", 1, 1, 0);
+    let l = lines(&log);
+    let r = read(&join(&l[1..]));
+    assert_eq!(rules(&r.violations), ["HEADER"]);
+    assert_eq!(r.events, log.events.len() as u64);
+
+    let r = read("{\"not\": \"a header\"}\n");
+    assert_eq!(rules(&r.violations), ["HEADER"]);
+
+    let mut h = synthetic::header("rel");
+    h.cwd = Some("relative/dir".into());
+    let r = read(&(serde_json::to_string(&h).unwrap() + "\n"));
+    assert_eq!(rules(&r.violations), ["HEADER"]);
+    assert_eq!(r.session.as_str(), "rel");
+
+    let mut orphan = synthetic::header("orphan");
+    orphan.origin = Some(agent::Origin::Subagent);
+    let r = read(&(serde_json::to_string(&orphan).unwrap() + "\n"));
+    assert_eq!(rules(&r.violations), ["LINEAGE", "DEPTH"]);
+}
+
+/// A fork child's seed ends with `turn/end` and is followed by `session/end-seed`.
+#[test]
+fn seeded_layout_is_checked() {
+    let parent = synthetic::valid_log("p", 2, 1, 0);
+    let n = parent.events.len();
+    let mut b = LogBuilder::seeded(child_header("fork", &parent.header, n as u64), &parent.events);
+    b.turn(1, 0, Some("fork"));
+    let fork = b.build();
+    assert!(replay_log(Some(&fork.header), &fork.events).is_clean());
+
+    // A seed cut inside a turn.
+    let mut bad = fork.clone();
+    bad.header.seed_length = Some(n as u64 - 1);
+    let v = replay_log(Some(&bad.header), &bad.events).violations;
+    assert_eq!(rules(&v), ["SEED", "SEED"], "{v:#?}");
+    assert_eq!(v[0].seq, Some(n as u64 - 2));
+    assert_eq!(v[1].seq, Some(n as u64 - 1));
+
+    // A log shorter than its seed.
+    let short = &fork.events[..n - 3];
+    let v = replay_log(Some(&fork.header), short).violations;
+    assert_eq!(rules(&v), ["SEED"]);
+    assert_eq!(v[0].seq, None);
+}
+
+/// A subagent child's own descriptor comes once, before its first step; a seeded ancestor's
+/// descriptor does not count.
+#[test]
+fn descriptor_rules() {
+    let parent = synthetic::valid_log("p", 1, 1, 0);
+    let child = spawn_child("c", &parent);
+    // The child is itself forked: its seed carries its descriptor, the fork adds its own.
+    let n = child.events.len();
+    let mut b = LogBuilder::seeded(child_header("gc", &child.header, n as u64), &child.events);
+    b.turn(1, 0, Some("fork"));
+    let grandchild = b.build();
+    assert!(replay_log(Some(&grandchild.header), &grandchild.events).is_clean());
+
+    // Without its own descriptor the grandchild's first own step is flagged.
+    let mut b = LogBuilder::seeded(grandchild.header.clone(), &child.events);
+    b.turn(1, 0, None);
+    let missing = b.build();
+    let v = replay_log(Some(&missing.header), &missing.events).violations;
+    assert_eq!(rules(&v), ["DESCRIPTOR"]);
+    assert_eq!(v[0].seq, Some(n as u64 + 2), "the first own step/start");
+
+    // A descriptor after the first step.
+    let mut b = LogBuilder::new(child.header.clone());
+    b.turn(1, 0, None).descriptor("spawn");
+    let late = b.build();
+    let v = replay_log(Some(&late.header), &late.events).violations;
+    assert_eq!(rules(&v), ["DESCRIPTOR", "DESCRIPTOR"]);
+
+    // A child that never reached a model request may lack one (it was cancelled early).
+    let mut b = LogBuilder::new(child.header.clone());
+    b.event(turn_start(1), None).event(
+        agent::event::EventData::TurnEnd {
+            turn: 1,
+            reason: agent::TurnEndReason::Aborted {
+                reason: agent::CancelCause::Parent,
+            },
+        },
+        None,
+    );
+    let early = b.build();
+    assert!(replay_log(Some(&early.header), &early.events).is_clean());
+
+    // A top-level session never needs one.
+    assert!(replay_log(Some(&parent.header), &parent.events).is_clean());
+}
+
+#[test]
+fn directories_are_walked_recursively() {
+    let dir = scratch("walk");
+    let a = synthetic::valid_log("a", 2, 1, 1);
+    let b = synthetic::valid_log("b", 1, 2, 0);
+    write(&dir, "a.jsonl", &a.to_jsonl());
+    write(&dir, "nested/deeper/b.jsonl", &b.to_jsonl());
+    write(&dir, "nested/notes.txt", "not a log");
+    let mut broken = b.to_jsonl();
+    broken.push_str("garbage\n");
+    write(
+        &dir,
+        "nested/c.jsonl",
+        &broken.replace("\"id\":\"b\"", "\"id\":\"c\""),
+    );
+    let report = replay_dir(&dir).unwrap();
+    assert_eq!(report.logs, 3);
+    // The unreadable line counts as a log position.
+    assert_eq!(report.events, (a.events.len() + 2 * b.events.len() + 1) as u64);
+    assert_eq!(rules(&report.violations), ["PARSE"]);
+    assert_eq!(report.violations[0].session.as_str(), "c");
+
+    let err = replay_dir(&dir.join("missing")).unwrap_err();
+    assert!(err.to_string().starts_with("cannot read "), "{err}");
+    assert!(replay_jsonl_file(&dir.join("missing.jsonl")).is_err());
+}
