@@ -1,0 +1,237 @@
+//! Assembling streamed chunks into the blocks of one assistant message (spec §13.2, §13.3).
+
+use serde_json::Value;
+
+use agent::model::BlockType;
+use agent::{CallId, ContentBlock, FinishReason, StreamChunk, TokenUsage};
+
+/// One block as seen so far.
+struct Partial {
+    index: u32,
+    kind: Option<BlockType>,
+    text: String,
+    call_id: Option<CallId>,
+    name: Option<String>,
+    arguments: String,
+    /// Set by `block-end`: authoritative, and freezes the partial.
+    block: Option<ContentBlock>,
+}
+
+impl Partial {
+    fn new(index: u32, kind: Option<BlockType>) -> Self {
+        Self {
+            index,
+            kind,
+            text: String::new(),
+            call_id: None,
+            name: None,
+            arguments: String::new(),
+            block: None,
+        }
+    }
+
+    /// The block this partial stands for; `None` for an unclosed block of a type that cannot
+    /// be assembled from deltas.
+    fn assemble(&self) -> Option<ContentBlock> {
+        if let Some(block) = &self.block {
+            return Some(block.clone());
+        }
+        match self.kind? {
+            BlockType::Text => Some(ContentBlock::text(self.text.clone())),
+            BlockType::Reasoning => Some(ContentBlock::reasoning(self.text.clone())),
+            BlockType::ToolCall => Some(ContentBlock::ToolCall {
+                id: self
+                    .call_id
+                    .clone()
+                    .unwrap_or_else(|| CallId::new(format!("call-{}", self.index))),
+                name: self.name.clone().unwrap_or_default(),
+                arguments: self.arguments.clone(),
+            }),
+            BlockType::Image | BlockType::ToolResult => None,
+        }
+    }
+
+    fn is_text_like(&self) -> bool {
+        let kind = match &self.block {
+            Some(block) => BlockType::of(block),
+            None => self.kind,
+        };
+        matches!(kind, Some(BlockType::Text | BlockType::Reasoning))
+    }
+}
+
+/// Incrementally assembles one model stream.
+///
+/// Tolerant of adapters that skip `block-start`/`block-end`: a delta for an unknown index opens
+/// a block of the delta's type. Deltas for a closed block are ignored, and the first
+/// `block-end` of a block wins. An index may be reused after its block closed.
+#[derive(Default)]
+pub(crate) struct BlockAssembler {
+    partials: Vec<Partial>,
+    usage: Option<TokenUsage>,
+    finish: Option<FinishReason>,
+    replay_state: Option<Value>,
+}
+
+impl BlockAssembler {
+    /// The open partial with this index, if any.
+    fn open(&mut self, index: u32) -> Option<&mut Partial> {
+        self.partials
+            .iter_mut()
+            .rev()
+            .find(|p| p.index == index && p.block.is_none())
+    }
+
+    /// The open partial with this index, opened with `kind` when there is none.
+    fn ensure(&mut self, index: u32, kind: BlockType) -> &mut Partial {
+        if self.open(index).is_none() {
+            self.partials.push(Partial::new(index, Some(kind)));
+        }
+        self.open(index).expect("an open partial with this index was just ensured")
+    }
+
+    /// Feeds one chunk, in stream order.
+    pub(crate) fn push(&mut self, chunk: &StreamChunk) {
+        match chunk {
+            StreamChunk::BlockStart { index, block_type } => {
+                if self.open(*index).is_none() {
+                    self.partials.push(Partial::new(*index, Some(*block_type)));
+                }
+            }
+            StreamChunk::TextDelta { index, text } => self.ensure(*index, BlockType::Text).text.push_str(text),
+            StreamChunk::ReasoningDelta { index, text } => {
+                self.ensure(*index, BlockType::Reasoning).text.push_str(text);
+            }
+            StreamChunk::ToolCallDelta {
+                index,
+                id,
+                name,
+                arguments_delta,
+            } => {
+                let partial = self.ensure(*index, BlockType::ToolCall);
+                partial.call_id = Some(id.clone());
+                if let Some(name) = name {
+                    partial.name = Some(name.clone());
+                }
+                partial.arguments.push_str(arguments_delta);
+            }
+            StreamChunk::BlockEnd { index, block } => match self.open(*index) {
+                Some(partial) => partial.block = Some(block.clone()),
+                None => {
+                    let mut partial = Partial::new(*index, BlockType::of(block));
+                    partial.block = Some(block.clone());
+                    self.partials.push(partial);
+                }
+            },
+            StreamChunk::Usage { usage } => self.usage = Some(usage.clone()),
+            StreamChunk::Finish { reason, replay_state } => {
+                self.finish = Some(reason.clone());
+                self.replay_state = replay_state.clone();
+            }
+        }
+    }
+
+    /// The finish reason; `stop` when the stream ended without one.
+    pub(crate) fn finish(&self) -> FinishReason {
+        self.finish.clone().unwrap_or(FinishReason::Stop)
+    }
+
+    /// Usage, when a `usage` chunk arrived.
+    pub(crate) fn usage(&self) -> Option<TokenUsage> {
+        self.usage.clone()
+    }
+
+    /// Adapter-private replay state from the `finish` chunk.
+    pub(crate) fn replay_state(&self) -> Option<Value> {
+        self.replay_state.clone()
+    }
+
+    /// Every block in stream order; a `max-tokens` finish drops every tool call (a truncated call
+    /// is unsafe to dispatch).
+    pub(crate) fn blocks(&self) -> Vec<ContentBlock> {
+        let truncated = matches!(self.finish(), FinishReason::MaxTokens);
+        self.partials
+            .iter()
+            .filter_map(Partial::assemble)
+            .filter(|b| !(truncated && matches!(b, ContentBlock::ToolCall { .. })))
+            .collect()
+    }
+
+    /// The prefix an interrupted stream can finalise: closed and open text/reasoning blocks
+    /// with non-blank content, in stream order. Tool calls (complete or not) are dropped: they
+    /// were never dispatched.
+    pub(crate) fn interrupted_blocks(&self) -> Vec<ContentBlock> {
+        self.partials
+            .iter()
+            .filter(|p| p.is_text_like())
+            .filter_map(Partial::assemble)
+            .filter(|b| match b {
+                ContentBlock::Text { text } | ContentBlock::Reasoning { text, .. } => !text.trim().is_empty(),
+                _ => false,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::chunks;
+
+    #[test]
+    fn assembles_closed_blocks_and_drops_calls_on_max_tokens() {
+        let mut a = BlockAssembler::default();
+        for c in chunks::text_and_tool_call("hi", "c1", "read", serde_json::json!({})) {
+            a.push(&c);
+        }
+        assert_eq!(a.blocks().len(), 2);
+        let mut a = BlockAssembler::default();
+        for c in chunks::max_tokens_tool_call("c1", "read", "{\"pa") {
+            a.push(&c);
+        }
+        assert!(a.blocks().is_empty());
+        assert_eq!(a.finish(), FinishReason::MaxTokens);
+        assert!(a.usage().is_some());
+    }
+
+    #[test]
+    fn interrupted_prefix_keeps_text_and_drops_half_calls() {
+        let mut a = BlockAssembler::default();
+        let stream = [
+            StreamChunk::BlockStart {
+                index: 0,
+                block_type: BlockType::Text,
+            },
+            StreamChunk::TextDelta {
+                index: 0,
+                text: "reading".into(),
+            },
+            StreamChunk::BlockEnd {
+                index: 0,
+                block: ContentBlock::text("reading"),
+            },
+            StreamChunk::BlockStart {
+                index: 1,
+                block_type: BlockType::ToolCall,
+            },
+            StreamChunk::ToolCallDelta {
+                index: 1,
+                id: "c1".into(),
+                name: Some("read".into()),
+                arguments_delta: "{\"pa".into(),
+            },
+            StreamChunk::BlockStart {
+                index: 2,
+                block_type: BlockType::Reasoning,
+            },
+            StreamChunk::ReasoningDelta {
+                index: 2,
+                text: "  ".into(),
+            },
+        ];
+        for c in &stream {
+            a.push(c);
+        }
+        assert_eq!(a.interrupted_blocks(), vec![ContentBlock::text("reading")]);
+    }
+}

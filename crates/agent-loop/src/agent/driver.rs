@@ -1,0 +1,569 @@
+//! The turn/step driver (spec §8.6).
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures::{FutureExt, StreamExt};
+
+use agent::bus::panic_message;
+use agent::event::{CallConfig, EpochHeader, RequestHeaderReason, ToolResultError};
+use agent::model::ToolSchema;
+use agent::tools::ToolCallRequest;
+use agent::{
+    AgentError, ContentBlock, EventData, FinishReason, GenerateOptions, InboxTarget, LlmFailure, Message,
+    MessageSource, PreStep, PreStepDecision, Signal, StreamChunk, SurfaceMeta, TurnEndReason,
+};
+
+use super::LoopAgent;
+use super::assemble::BlockAssembler;
+use crate::prompt::{self, PromptVariables, RetainedSnapshot};
+
+/// A turn whose synchronous prefix ran: `turn/start` is logged and the first batch claimed.
+pub(crate) struct OpenTurn {
+    pub(crate) turn: u64,
+    pub(crate) signal: Signal,
+    pub(crate) claimed: Result<Vec<Message>, TurnFailure>,
+}
+
+/// Why a turn stopped early.
+#[derive(Debug)]
+pub(crate) enum TurnFailure {
+    /// The turn's signal was cancelled.
+    Cancelled,
+    /// Anything else, as structured failure facts.
+    Failed(LlmFailure),
+}
+
+impl TurnFailure {
+    pub(crate) fn from_error(err: &(dyn std::error::Error + 'static)) -> Self {
+        Self::Failed(failure_of(err))
+    }
+}
+
+/// The structured failure of a non-model error: its error chain text under `UNKNOWN`.
+pub(crate) fn failure_of(err: &(dyn std::error::Error + 'static)) -> LlmFailure {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    LlmFailure::unknown(text)
+}
+
+impl From<AgentError> for TurnFailure {
+    fn from(err: AgentError) -> Self {
+        Self::from_error(&err)
+    }
+}
+
+impl From<agent::LogError> for TurnFailure {
+    fn from(err: agent::LogError) -> Self {
+        Self::from_error(&err)
+    }
+}
+
+fn check(signal: &Signal) -> Result<(), TurnFailure> {
+    if signal.is_cancelled() {
+        Err(TurnFailure::Cancelled)
+    } else {
+        Ok(())
+    }
+}
+
+fn panicked(what: &str, payload: &(dyn std::any::Any + Send)) -> TurnFailure {
+    TurnFailure::Failed(LlmFailure::unknown(format!("{what} panicked: {}", panic_message(payload))))
+}
+
+/// What a step is built from, fixed at its pre-step.
+pub(crate) struct AssembledPrompt {
+    system: Option<String>,
+    tools: Option<Vec<ToolSchema>>,
+}
+
+enum PreStepOutcome {
+    Rejected,
+    Enter(Vec<Message>, AssembledPrompt),
+}
+
+/// Per-turn bookkeeping.
+struct TurnState {
+    /// The turn's ending so far (`None`: the last step asked to continue).
+    end: Option<TurnEndReason>,
+    /// The number of the last opened step.
+    step: u64,
+}
+
+/// The error facts logged beside a failed `tool/result`.
+fn result_error_name(code: &str) -> &'static str {
+    match code {
+        agent::tools::codes::CANCELLED | crate::tools::codes::ABORTED_BEFORE_DISPATCH => "AbortError",
+        _ => "ToolError",
+    }
+}
+
+impl LoopAgent {
+    /// Runs one opened turn to its `turn/end`. Returns whether it ended normally (so the driver
+    /// may continue with pending work).
+    pub(crate) async fn run_turn(&self, open: OpenTurn) -> bool {
+        let OpenTurn { turn, signal, claimed } = open;
+        let mut ts = TurnState { end: None, step: 0 };
+        let body = AssertUnwindSafe(self.turn_body(turn, &signal, claimed, &mut ts))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|p| Err(panicked("the agent loop", &*p)));
+        let (reason, normal) = match body {
+            Ok(normal) => (ts.end.unwrap_or(TurnEndReason::Completed), normal),
+            Err(_) if signal.is_cancelled() => (
+                TurnEndReason::Aborted {
+                    reason: signal.cause().unwrap_or(agent::CancelCause::Disposed),
+                },
+                false,
+            ),
+            Err(TurnFailure::Cancelled) => (
+                TurnEndReason::Aborted {
+                    reason: agent::CancelCause::Disposed,
+                },
+                false,
+            ),
+            Err(TurnFailure::Failed(failure)) => {
+                self.report_error(failure.clone());
+                (TurnEndReason::Error { error: failure }, false)
+            }
+        };
+        if let Err(err) = self.session.append(EventData::TurnEnd { turn, reason }, None) {
+            self.report_error(failure_of(&err));
+            return false;
+        }
+        normal
+    }
+
+    /// The step loop of one turn. `Ok(true)`: the turn closed normally; `Ok(false)`: it closed
+    /// and the driver must stop (blocked, or an empty first batch); `Err`: aborted or failed.
+    async fn turn_body(
+        &self,
+        turn: u64,
+        signal: &Signal,
+        claimed: Result<Vec<Message>, TurnFailure>,
+        ts: &mut TurnState,
+    ) -> Result<bool, TurnFailure> {
+        let mut first = Some(claimed?);
+        let mut target = InboxTarget::NextTurn;
+        loop {
+            check(signal)?;
+            let step = ts.step + 1;
+            let claimed = match first.take() {
+                Some(batch) => batch,
+                None => self.inbox.claim(target, turn)?,
+            };
+            let (messages, prompt) = match self.pre_step(turn, step, claimed, signal).await? {
+                PreStepOutcome::Rejected => {
+                    ts.end = Some(TurnEndReason::Blocked);
+                    return Ok(false);
+                }
+                PreStepOutcome::Enter(messages, prompt) => (messages, prompt),
+            };
+            if ts.end.is_some() && messages.is_empty() {
+                break;
+            }
+            if ts.step == 0 && messages.is_empty() {
+                ts.end = Some(TurnEndReason::Completed);
+                return Ok(false);
+            }
+            check(signal)?;
+            self.session.append(EventData::StepStart { turn, step }, None)?;
+            ts.step = step;
+            let ran = AssertUnwindSafe(async {
+                for message in messages {
+                    self.session
+                        .append(EventData::UserMessage(message), Some(SurfaceMeta::append()))?;
+                }
+                self.step(turn, step, &prompt, signal).await
+            })
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|p| Err(panicked("a model step", &*p)));
+            let closed = self.session.append(EventData::StepEnd { turn, step }, None);
+            let step_end = ran?;
+            closed?;
+            if ts.end != Some(TurnEndReason::MaxTokens) {
+                ts.end = step_end;
+            }
+            check(signal)?;
+            if ts.end.is_some() && self.inbox.next_step_is_empty() {
+                self.turn_stopping(turn, signal).await?;
+                check(signal)?;
+            }
+            if ts.end.is_some() && self.inbox.next_step_is_empty() {
+                break;
+            }
+            target = InboxTarget::NextStep;
+        }
+        Ok(true)
+    }
+
+    /// Serial `agent/turn-stopping` hooks (they may steer).
+    async fn turn_stopping(&self, turn: u64, signal: &Signal) -> Result<(), TurnFailure> {
+        let hooks = self.services.turn_stopping.for_agent(&self.id);
+        if hooks.is_empty() {
+            return Ok(());
+        }
+        let me = self.agent_ref();
+        for hook in hooks {
+            let call = AssertUnwindSafe(hook.turn_stopping(&me, turn, signal)).catch_unwind();
+            match signal.run(call).await {
+                Err(_) => return Err(TurnFailure::Cancelled),
+                Ok(Err(p)) => return Err(panicked("an agent/turn-stopping hook", &*p)),
+                Ok(Ok(Err(e))) => return Err(TurnFailure::from_error(&*e)),
+                Ok(Ok(Ok(()))) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Pre-step: prompt assembly, the runtime-context snapshot, the interceptor chain.
+    async fn pre_step(
+        &self,
+        turn: u64,
+        step: u64,
+        claimed: Vec<Message>,
+        signal: &Signal,
+    ) -> Result<PreStepOutcome, TurnFailure> {
+        let (prompt, contexts) = self.assemble_prompt()?;
+        check(signal)?;
+        let mut messages = claimed;
+        messages.extend(prompt::snapshot_message(&contexts, &self.retained_snapshot()));
+        let mut decision = PreStepDecision::Enter(messages);
+        let hooks = self.services.pre_step.for_agent(&self.id);
+        if !hooks.is_empty() {
+            let me = self.agent_ref();
+            for hook in hooks {
+                let view = PreStep {
+                    agent: &me,
+                    turn,
+                    step,
+                    signal,
+                };
+                let call = AssertUnwindSafe(hook.pre_step(view, decision)).catch_unwind();
+                decision = match signal.run(call).await {
+                    Err(_) => return Err(TurnFailure::Cancelled),
+                    Ok(Err(p)) => return Err(panicked("an agent/pre-step interceptor", &*p)),
+                    Ok(Ok(Err(e))) => return Err(TurnFailure::from_error(&*e)),
+                    Ok(Ok(Ok(d))) => d,
+                };
+            }
+        }
+        check(signal)?;
+        Ok(match decision {
+            PreStepDecision::Reject => PreStepOutcome::Rejected,
+            PreStepDecision::Enter(messages) => PreStepOutcome::Enter(messages, prompt),
+        })
+    }
+
+    /// Renders the system text, collects tool schemas and renders the runtime contexts.
+    fn assemble_prompt(&self) -> Result<(AssembledPrompt, Vec<agent::message::SnapshotSection>), TurnFailure> {
+        let registry = &self.services.prompt;
+        let vars = PromptVariables {
+            model: self.options.model.clone(),
+            cwd: self
+                .session
+                .header()
+                .cwd
+                .as_ref()
+                .map(|p| p.display().to_string()),
+            provider: self.options.provider.clone(),
+        };
+        let system = prompt::render_system(&registry.sections(Some(&self.id)), &vars)
+            .map_err(|e| TurnFailure::Failed(LlmFailure::unknown(e.to_string())))?;
+        let tools = self.services.tools.schemas(Some(&self.id));
+        let contexts = prompt::render_contexts(&registry.runtime_contexts(Some(&self.id)), &self.id);
+        Ok((
+            AssembledPrompt {
+                system,
+                tools: (!tools.is_empty()).then_some(tools),
+            },
+            contexts,
+        ))
+    }
+
+    /// The last runtime-context snapshot the log holds (scanned incrementally).
+    fn retained_snapshot(&self) -> RetainedSnapshot {
+        let events = self.session.events();
+        let mut st = self.state.lock();
+        let (scanned, retained) = &mut st.snapshot_scan;
+        for event in events.iter().skip(*scanned) {
+            if let EventData::UserMessage(m) = &event.data
+                && prompt::is_snapshot_message(m)
+            {
+                *retained = RetainedSnapshot::Last(prompt::snapshot_message_text(m));
+            }
+        }
+        *scanned = events.len();
+        retained.clone()
+    }
+
+    /// Logs `request/header` (initial or resume first, change when it differs) and
+    /// `request/context` when the route changed.
+    fn log_request(&self, header: &EpochHeader) -> Result<(), TurnFailure> {
+        let events = self.session.events();
+        let baseline = events.iter().rev().find_map(|e| match &e.data {
+            EventData::RequestHeader { header, .. } => Some(header),
+            _ => None,
+        });
+        let logged = std::mem::replace(&mut self.state.lock().request_header_logged, true);
+        let reason = if !logged {
+            Some(if self.resumed || baseline.is_some() {
+                RequestHeaderReason::Resume
+            } else {
+                RequestHeaderReason::Initial
+            })
+        } else if baseline != Some(header) {
+            Some(RequestHeaderReason::Change)
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            let appended = self.session.append(
+                EventData::RequestHeader {
+                    header: header.clone(),
+                    reason,
+                },
+                None,
+            );
+            if appended.is_err() && !logged {
+                self.state.lock().request_header_logged = false;
+            }
+            appended?;
+        }
+        let previous = events.iter().rev().find_map(|e| match &e.data {
+            EventData::RequestContext {
+                provider,
+                model,
+                context_window,
+            } => Some((provider, model, context_window)),
+            _ => None,
+        });
+        let changed = previous.is_none_or(|(p, m, w)| {
+            *p != header.config.provider || *m != header.config.model || w.is_some()
+        });
+        if changed {
+            self.session.append(
+                EventData::RequestContext {
+                    provider: header.config.provider.clone(),
+                    model: header.config.model.clone(),
+                    context_window: None,
+                },
+                None,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// One step: request, stream, assistant message, tool calls. Returns the step outcome
+    /// (`None`: tool calls ran and none concluded the turn).
+    async fn step(
+        &self,
+        turn: u64,
+        step: u64,
+        prompt: &AssembledPrompt,
+        signal: &Signal,
+    ) -> Result<Option<TurnEndReason>, TurnFailure> {
+        let (provider, model) = match (&self.options.provider, &self.options.model) {
+            (Some(p), Some(m)) if !p.is_empty() && !m.is_empty() => (p.clone(), m.clone()),
+            _ => {
+                return Err(TurnFailure::Failed(LlmFailure::unknown(format!(
+                    "agent \"{}\" has no provider/model: set AgentOptions.provider and AgentOptions.model",
+                    self.id
+                ))));
+            }
+        };
+        let header = EpochHeader {
+            config: CallConfig {
+                provider: provider.clone(),
+                model: model.clone(),
+                max_tokens: self.options.max_tokens,
+                ..CallConfig::default()
+            },
+            adapter_defaults: None,
+            system: prompt.system.clone(),
+            tools: prompt.tools.clone(),
+        };
+        self.log_request(&header)?;
+        check(signal)?;
+        let adapter = self.services.models.adapter(&provider).ok_or_else(|| {
+            TurnFailure::Failed(LlmFailure::new(
+                "NO_ADAPTER",
+                format!("no model adapter is registered for provider \"{provider}\""),
+            ))
+        })?;
+        let request = Arc::new(GenerateOptions {
+            messages: agent::derive_messages(self.session.events().iter()),
+            system: header.system.clone(),
+            tools: header.tools.clone(),
+            max_tokens: header.config.max_tokens,
+            signal: signal.clone(),
+            session_id: Some(self.id.clone()),
+            loop_built: true,
+            ..GenerateOptions::new(provider.clone(), model.clone(), Vec::new())
+        });
+
+        let mut asm = BlockAssembler::default();
+        let mut seqs: Vec<u64> = Vec::new();
+        let mut stream = adapter.stream(request);
+        let mut log_chunk = |asm: &mut BlockAssembler, chunk: StreamChunk| -> Result<(), TurnFailure> {
+            asm.push(&chunk);
+            let event = self
+                .session
+                .append(EventData::AssistantChunk { turn, step, chunk }, None)?;
+            seqs.push(event.seq);
+            Ok(())
+        };
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = signal.cancelled() => break,
+                next = stream.next() => next,
+            };
+            match next {
+                None => break,
+                Some(Ok(chunk)) => {
+                    let finish = matches!(chunk, StreamChunk::Finish { .. });
+                    log_chunk(&mut asm, chunk)?;
+                    if finish {
+                        break;
+                    }
+                }
+                Some(Err(failure)) => {
+                    // An adapter throw becomes a terminal finish.
+                    let reason = if signal.is_cancelled() || failure.code == "ABORTED" {
+                        FinishReason::Aborted { failure }
+                    } else {
+                        FinishReason::Error { failure }
+                    };
+                    log_chunk(
+                        &mut asm,
+                        StreamChunk::Finish {
+                            reason,
+                            replay_state: None,
+                        },
+                    )?;
+                    break;
+                }
+            }
+        }
+        drop(stream);
+
+        if signal.is_cancelled() {
+            let content = asm.interrupted_blocks();
+            if !content.is_empty() {
+                self.session.append(
+                    EventData::AssistantMessage {
+                        turn,
+                        step,
+                        message: Message::assistant(content, provider, model),
+                        usage: asm.usage(),
+                        interrupted: true,
+                    },
+                    Some(SurfaceMeta {
+                        surface_op: Some(agent::SurfaceOp::Append),
+                        source_event_seqs: Some(seqs),
+                    }),
+                )?;
+            }
+            return Err(TurnFailure::Cancelled);
+        }
+        let finish = asm.finish();
+        if let FinishReason::Error { failure } | FinishReason::Aborted { failure } = finish {
+            return Err(TurnFailure::Failed(failure));
+        }
+        let mut message = Message::assistant(asm.blocks(), provider, model);
+        if let (Some(state), MessageSource::Model { replay_state, .. }) = (asm.replay_state(), &mut message.source) {
+            *replay_state = Some(state);
+        }
+        let calls: Vec<ToolCallRequest> = message
+            .content
+            .iter()
+            .filter_map(|b| match b {
+                ContentBlock::ToolCall { id, name, arguments } => Some(ToolCallRequest {
+                    call_id: id.clone(),
+                    name: name.clone(),
+                    arguments: arguments.clone(),
+                }),
+                _ => None,
+            })
+            .collect();
+        self.session.append(
+            EventData::AssistantMessage {
+                turn,
+                step,
+                message,
+                usage: asm.usage(),
+                interrupted: false,
+            },
+            Some(SurfaceMeta {
+                surface_op: Some(agent::SurfaceOp::Append),
+                source_event_seqs: Some(seqs),
+            }),
+        )?;
+        if finish == FinishReason::MaxTokens {
+            return Ok(Some(TurnEndReason::MaxTokens));
+        }
+        if calls.is_empty() {
+            return Ok(Some(TurnEndReason::Completed));
+        }
+        self.run_tools(turn, step, calls, signal).await
+    }
+
+    /// Logs and executes one step's tool calls; results are logged in model order.
+    async fn run_tools(
+        &self,
+        turn: u64,
+        step: u64,
+        calls: Vec<ToolCallRequest>,
+        signal: &Signal,
+    ) -> Result<Option<TurnEndReason>, TurnFailure> {
+        for call in &calls {
+            self.session.append(
+                EventData::ToolCall {
+                    turn,
+                    step,
+                    call_id: call.call_id.clone(),
+                    name: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                },
+                None,
+            )?;
+        }
+        let executed =
+            crate::tools::run_step_calls(&*self.services.tools, &self.id, calls, signal, self.config.tool_pool).await;
+        let mut concluded = false;
+        let mut deferred = Vec::new();
+        for done in executed {
+            let result = done.result;
+            concluded |= !result.is_error && result.concludes_turn;
+            deferred.extend(done.deferred);
+            self.session.append(
+                EventData::ToolResult {
+                    turn,
+                    step,
+                    message: Message::tool_result(done.execution.call_id.clone(), result.content, result.is_error),
+                    error: result.error.map(|e| ToolResultError {
+                        name: result_error_name(&e.code).to_owned(),
+                        code: e.code,
+                    }),
+                    meta: result.meta,
+                },
+                Some(SurfaceMeta::append()),
+            )?;
+        }
+        for message in deferred {
+            self.inbox.append(InboxTarget::NextStep, message)?;
+        }
+        Ok((concluded).then_some(TurnEndReason::Completed))
+    }
+}
+

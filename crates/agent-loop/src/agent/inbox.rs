@@ -1,0 +1,248 @@
+//! The agent inbox (spec §8.2): two pending lists projected from durable
+//! `agent/inbox/spliced` events.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use parking_lot::{Mutex, ReentrantMutex};
+
+use agent::event::SpliceOutcome;
+use agent::{
+    AgentError, AgentEvent, EventBus, EventData, InboxSnapshot, InboxSplice, InboxTarget, Message,
+    MessageId, Session, SessionId,
+};
+
+/// The in-memory projection.
+#[derive(Default)]
+struct Lists {
+    next_turn: Vec<Message>,
+    next_step: Vec<Message>,
+}
+
+impl Lists {
+    fn list(&self, target: InboxTarget) -> &Vec<Message> {
+        match target {
+            InboxTarget::NextTurn => &self.next_turn,
+            InboxTarget::NextStep => &self.next_step,
+        }
+    }
+
+    fn list_mut(&mut self, target: InboxTarget) -> &mut Vec<Message> {
+        match target {
+            InboxTarget::NextTurn => &mut self.next_turn,
+            InboxTarget::NextStep => &mut self.next_step,
+        }
+    }
+
+    /// Checks a normalised splice against the current lists: coordinates in range and no
+    /// pending id twice across both lists afterwards.
+    fn validate(&self, splice: &InboxSplice) -> Result<(), AgentError> {
+        let list = self.list(splice.target);
+        let start = usize::try_from(splice.start).unwrap_or(usize::MAX);
+        let removed = usize::try_from(splice.removed_count.unwrap_or(0)).unwrap_or(usize::MAX);
+        if start > list.len() || removed > list.len() - start {
+            return Err(AgentError::Other("invalid inbox splice: coordinates out of range".into()));
+        }
+        let other = match splice.target {
+            InboxTarget::NextTurn => &self.next_step,
+            InboxTarget::NextStep => &self.next_turn,
+        };
+        let mut ids: HashSet<&MessageId> = HashSet::new();
+        let kept = list[..start].iter().chain(&list[start + removed..]);
+        for message in kept.chain(&splice.inserted).chain(other) {
+            if !ids.insert(&message.id) {
+                return Err(AgentError::DuplicateMessage(message.id.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a validated splice; returns the removed messages.
+    fn apply(&mut self, splice: &InboxSplice) -> Vec<Message> {
+        let start = splice.start as usize;
+        let removed = splice.removed_count.unwrap_or(0) as usize;
+        let list = self.list_mut(splice.target);
+        list.splice(start..start + removed, splice.inserted.iter().cloned())
+            .collect()
+    }
+}
+
+/// The inbox of one agent.
+///
+/// Every mutation is validated, logged as one normalised `agent/inbox/spliced` event, and only
+/// then applied to the projection, so synchronous session observers see the pre-splice lists.
+/// Notifications (`InboxInserted`, `InboxDiscarded`, `InboxClaimed`) are emitted after the
+/// projection changed, with only the re-entrant operation lock held.
+///
+/// # Locking
+/// * `op` serialises a whole mutation (validate → append → apply). It is re-entrant so that a
+///   session observer mutating the same inbox from inside the append fails cleanly (the session
+///   rejects the re-entrant append) instead of deadlocking. Session observers must not mutate
+///   the inbox from *another* thread while an append is being published (the reference's
+///   "observers that must write should defer" rule).
+/// * `lists` protects the projection; it is held only for short reads and the apply.
+pub(crate) struct Inbox {
+    agent: SessionId,
+    session: Arc<Session>,
+    events: EventBus<AgentEvent>,
+    op: ReentrantMutex<()>,
+    lists: Mutex<Lists>,
+}
+
+impl Inbox {
+    /// Builds the projection by replaying the session's splices from `header.seedLength`
+    /// onward (a fork child never inherits its parent's pending work).
+    pub(crate) fn new(session: Arc<Session>, events: EventBus<AgentEvent>) -> Result<Self, AgentError> {
+        let mut lists = Lists::default();
+        let from = session.header().seed_length.unwrap_or(0) as usize;
+        for event in session.events().iter().skip(from) {
+            if let EventData::InboxSpliced(splice) = &event.data {
+                lists.validate(splice).map_err(|e| {
+                    AgentError::Other(format!("invalid persisted inbox splice at session seq {}: {e}", event.seq).into())
+                })?;
+                lists.apply(splice);
+            }
+        }
+        Ok(Self {
+            agent: session.id().clone(),
+            session,
+            events,
+            op: ReentrantMutex::new(()),
+            lists: Mutex::new(lists),
+        })
+    }
+
+    /// A copy of both lists.
+    pub(crate) fn snapshot(&self) -> InboxSnapshot {
+        let lists = self.lists.lock();
+        InboxSnapshot {
+            next_turn: lists.next_turn.clone(),
+            next_step: lists.next_step.clone(),
+        }
+    }
+
+    /// Whether either list holds work.
+    pub(crate) fn has_pending(&self) -> bool {
+        let lists = self.lists.lock();
+        !lists.next_turn.is_empty() || !lists.next_step.is_empty()
+    }
+
+    /// Whether `next-step` is empty.
+    pub(crate) fn next_step_is_empty(&self) -> bool {
+        self.lists.lock().next_step.is_empty()
+    }
+
+    /// Appends `message` to `target` (durable insert).
+    pub(crate) fn append(&self, target: InboxTarget, message: Message) -> Result<(), AgentError> {
+        let _op = self.op.lock();
+        let len = self.lists.lock().list(target).len();
+        self.mutate(target, len, 0, vec![message], false).map(drop)
+    }
+
+    /// Durably cancels all pending work: `next-step` first, then `next-turn`. An empty clear logs
+    /// nothing. Returns the cancelled messages.
+    pub(crate) fn clear(&self) -> Result<Vec<Message>, AgentError> {
+        let _op = self.op.lock();
+        let (steps, turns) = {
+            let lists = self.lists.lock();
+            (lists.next_step.len(), lists.next_turn.len())
+        };
+        let mut removed = self.mutate(InboxTarget::NextStep, 0, steps, Vec::new(), true)?;
+        removed.extend(self.mutate(InboxTarget::NextTurn, 0, turns, Vec::new(), true)?);
+        Ok(removed)
+    }
+
+    /// Removes a pending message from either list as a durable cancellation.
+    pub(crate) fn remove(&self, id: &MessageId) -> Result<bool, AgentError> {
+        let _op = self.op.lock();
+        let Some((target, index)) = self.locate(id) else {
+            return Ok(false);
+        };
+        self.mutate(target, index, 1, Vec::new(), true)?;
+        Ok(true)
+    }
+
+    /// Replaces a pending message in place (a durable cancellation that inserts the
+    /// replacement).
+    pub(crate) fn replace(&self, id: &MessageId, message: Message) -> Result<bool, AgentError> {
+        let _op = self.op.lock();
+        let Some((target, index)) = self.locate(id) else {
+            return Ok(false);
+        };
+        self.mutate(target, index, 1, vec![message], true)?;
+        Ok(true)
+    }
+
+    /// Claims the batch for one step: every `next-step` item plus, for `next-turn`, the first
+    /// queued prompt, as pure-deletion splices; then one `InboxClaimed` per message.
+    pub(crate) fn claim(&self, target: InboxTarget, turn: u64) -> Result<Vec<Message>, AgentError> {
+        let claimed = {
+            let _op = self.op.lock();
+            let steps = self.lists.lock().next_step.len();
+            let mut claimed = self.mutate(InboxTarget::NextStep, 0, steps, Vec::new(), false)?;
+            if target == InboxTarget::NextTurn {
+                claimed.extend(self.mutate(InboxTarget::NextTurn, 0, 1, Vec::new(), false)?);
+            }
+            claimed
+        };
+        for message in &claimed {
+            self.events.emit(&AgentEvent::InboxClaimed {
+                agent: self.agent.clone(),
+                message: message.id.clone(),
+                turn,
+            });
+        }
+        Ok(claimed)
+    }
+
+    fn locate(&self, id: &MessageId) -> Option<(InboxTarget, usize)> {
+        let lists = self.lists.lock();
+        [InboxTarget::NextTurn, InboxTarget::NextStep]
+            .into_iter()
+            .find_map(|t| lists.list(t).iter().position(|m| &m.id == id).map(|i| (t, i)))
+    }
+
+    /// One normalised mutation; the caller holds `op`. Returns the removed messages.
+    fn mutate(
+        &self,
+        target: InboxTarget,
+        start: usize,
+        delete: usize,
+        inserted: Vec<Message>,
+        cancel: bool,
+    ) -> Result<Vec<Message>, AgentError> {
+        let splice = {
+            let lists = self.lists.lock();
+            let len = lists.list(target).len();
+            let start = start.min(len);
+            let delete = delete.min(len - start);
+            if delete == 0 && inserted.is_empty() {
+                return Ok(Vec::new());
+            }
+            let splice = InboxSplice {
+                target,
+                start: start as u64,
+                removed_count: (delete > 0).then_some(delete as u64),
+                inserted,
+                outcome: (cancel && delete > 0).then_some(SpliceOutcome::Canceled),
+            };
+            lists.validate(&splice)?;
+            splice
+        };
+        self.session.append(EventData::InboxSpliced(splice.clone()), None)?;
+        let removed = self.lists.lock().apply(&splice);
+        if cancel && !removed.is_empty() {
+            self.events.emit(&AgentEvent::InboxDiscarded {
+                agent: self.agent.clone(),
+                messages: removed.iter().map(|m| m.id.clone()).collect(),
+            });
+        }
+        for message in &splice.inserted {
+            self.events.emit(&AgentEvent::InboxInserted {
+                agent: self.agent.clone(),
+                message: message.id.clone(),
+            });
+        }
+        Ok(removed)
+    }
+}

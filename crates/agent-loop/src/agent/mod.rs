@@ -1,0 +1,453 @@
+//! [`LoopAgent`]: the reference [`agent::Agent`] — inbox, delivery and wake rules, cancellation,
+//! status and the turn/step driver (spec §8).
+//!
+//! # Phases
+//! The agent is `Idle` or `Running` (maintenance tasks are not part of this runtime, so the
+//! public status is the phase). `Running` carries the active activity's [`Signal`] and the
+//! *wake latch*: a waking send that arrives after that signal was cancelled (for any cause but
+//! `disposed`) is redirected to `next-turn` and latched; when the aborted driver converges it
+//! replays the latch — as a fresh turn in the same driver, so the status stays `running` — if
+//! work is still pending. `cancel` without `keep_inbox` drops the latch with the inbox.
+//!
+//! # Driver start
+//! A wake delivered to an idle agent runs the driver's synchronous prefix on the caller's
+//! thread: the phase becomes `Running` (emitting `AgentEvent::Status`), `turn/start` is
+//! appended and the first batch is claimed. The rest of the drain runs as one task on the
+//! agent's [`TaskTracker`]; its first suspension is prompt assembly.
+//!
+//! # Locking
+//! * `state` (phase, last turn number, request-header bookkeeping) is held for short
+//!   synchronous sections only, never across an `.await`, and never while events are emitted or
+//!   the session is appended to.
+//! * `status` is a re-entrant lock held while one `AgentEvent::Status` is emitted, so status
+//!   events are delivered in order and never twice with the same value, while a listener on the
+//!   same thread may still call back into the agent.
+//! * The inbox has its own locks (see [`inbox`]).
+
+mod assemble;
+mod driver;
+mod inbox;
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use parking_lot::{Mutex, ReentrantMutex};
+use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
+
+use agent::{
+    Agent, AgentError, AgentEvent, AgentOptions, AgentRef, AgentStatus, CancelCause, CancelOptions, EventData,
+    InboxSnapshot, InboxTarget, Message, MessageId, Scope, Services, Session, SessionId, Signal,
+};
+
+use crate::prompt::RetainedSnapshot;
+use driver::OpenTurn;
+use inbox::Inbox;
+
+/// Tunables of the loop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoopConfig {
+    /// How many concurrency-safe tool calls of one step may run at once (at least 1).
+    pub tool_pool: usize,
+}
+
+impl Default for LoopConfig {
+    fn default() -> Self {
+        Self { tool_pool: 8 }
+    }
+}
+
+enum Phase {
+    Idle,
+    Running { signal: Signal, wake_requested: bool },
+}
+
+struct State {
+    phase: Phase,
+    /// The number of the last `turn/start` in the log.
+    last_turn: u64,
+    /// Whether the publication gate is open (before it, wakes are deferred).
+    unlocked: bool,
+    /// A wake that arrived while the gate was closed.
+    deferred_wake: bool,
+    /// Whether this instance already logged its initial/resume request header.
+    request_header_logged: bool,
+    /// Incremental scan of the log for the last runtime-context snapshot: (events scanned,
+    /// what was found).
+    snapshot_scan: (usize, RetainedSnapshot),
+}
+
+/// The reference agent loop. Created and published by [`Runtime`](crate::runtime::Runtime);
+/// shared as [`AgentRef`].
+///
+/// Besides the [`Agent`] contract it offers [`replace_pending`](Self::replace_pending). A
+/// `LoopAgent` built directly with [`LoopAgent::new`] starts *gated*: deliveries are logged but
+/// the driver only starts once [`activate`](Self::activate) is called (the runtime calls it
+/// after publication).
+pub struct LoopAgent {
+    me: Weak<LoopAgent>,
+    id: SessionId,
+    options: AgentOptions,
+    session: Arc<Session>,
+    scope: Arc<Scope>,
+    services: Services,
+    config: LoopConfig,
+    resumed: bool,
+    inbox: Inbox,
+    state: Mutex<State>,
+    busy: watch::Sender<bool>,
+    status: ReentrantMutex<Cell<AgentStatus>>,
+    tasks: TaskTracker,
+    disposed: AtomicBool,
+}
+
+impl std::fmt::Debug for LoopAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoopAgent")
+            .field("id", &self.id)
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+impl LoopAgent {
+    /// Builds an agent over `session` (unpublished or published) with its registration `scope`.
+    /// The inbox is replayed from the header's `seedLength`; turn numbering continues after the
+    /// last `turn/start` in the log. `resumed` makes the first request header `resume`.
+    pub fn new(
+        services: Services,
+        session: Arc<Session>,
+        options: AgentOptions,
+        scope: Arc<Scope>,
+        config: LoopConfig,
+        resumed: bool,
+    ) -> Result<Arc<Self>, AgentError> {
+        options.validate()?;
+        let inbox = Inbox::new(session.clone(), services.agent_events.clone())?;
+        let last_turn = agent::next_turn_number(session.events().iter()) - 1;
+        let (busy, _) = watch::channel(false);
+        Ok(Arc::new_cyclic(|me| Self {
+            me: me.clone(),
+            id: session.id().clone(),
+            options,
+            session,
+            scope,
+            services,
+            config,
+            resumed,
+            inbox,
+            state: Mutex::new(State {
+                phase: Phase::Idle,
+                last_turn,
+                unlocked: false,
+                deferred_wake: false,
+                request_header_logged: false,
+                snapshot_scan: (0, RetainedSnapshot::Never),
+            }),
+            busy,
+            status: ReentrantMutex::new(Cell::new(AgentStatus::Idle)),
+            tasks: TaskTracker::new(),
+            disposed: AtomicBool::new(false),
+        }))
+    }
+
+    /// Opens the publication gate: from now on wakes start the driver. A wake that arrived
+    /// while the gate was closed is delivered now if its work is still pending.
+    pub fn activate(&self) {
+        let deferred = {
+            let mut st = self.state.lock();
+            st.unlocked = true;
+            std::mem::take(&mut st.deferred_wake)
+        };
+        if deferred && self.inbox.has_pending() {
+            self.wake_driver(false);
+        }
+    }
+
+    /// Replaces a pending message (in either list) as a durable cancellation that inserts the
+    /// replacement. Returns whether `id` was pending.
+    pub fn replace_pending(&self, id: &MessageId, message: Message) -> Result<bool, AgentError> {
+        self.inbox.replace(id, message)
+    }
+
+    /// The loop's tunables.
+    pub fn config(&self) -> &LoopConfig {
+        &self.config
+    }
+
+    /// The tracker of the tasks this agent spawned (its driver).
+    pub(crate) fn tasks(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
+    /// Marks the agent as being disposed: it takes no new work from now on.
+    pub(crate) fn begin_disposal(&self) {
+        self.disposed.store(true, Ordering::SeqCst);
+    }
+
+    fn arc(&self) -> Arc<LoopAgent> {
+        self.me
+            .upgrade()
+            .expect("a LoopAgent method runs while the agent is alive, so its Arc exists")
+    }
+
+    fn agent_ref(&self) -> AgentRef {
+        self.arc()
+    }
+
+    /// Emits the current public status if it differs from the last one emitted.
+    fn emit_status(&self) {
+        let last = self.status.lock();
+        let current = self.status();
+        if last.get() == current {
+            return;
+        }
+        last.set(current);
+        self.services.agent_events.emit(&AgentEvent::Status {
+            agent: self.id.clone(),
+            status: current,
+        });
+    }
+
+    /// Delivers a wake (spec §8.3 rule 1–2).
+    fn wake_driver(&self, after_abort: bool) {
+        let start = {
+            let mut st = self.state.lock();
+            if !st.unlocked {
+                st.deferred_wake = true;
+                return;
+            }
+            match &mut st.phase {
+                Phase::Running { signal, wake_requested } => {
+                    if after_abort && signal.cause() != Some(CancelCause::Disposed) {
+                        *wake_requested = true;
+                    }
+                    false
+                }
+                Phase::Idle => {
+                    st.phase = Phase::Running {
+                        signal: Signal::new(),
+                        wake_requested: false,
+                    };
+                    self.busy.send_replace(true);
+                    true
+                }
+            }
+        };
+        if start {
+            self.emit_status();
+            self.start_driver();
+        }
+    }
+
+    /// Runs the synchronous prefix of a fresh driver and spawns the rest.
+    fn start_driver(&self) {
+        if let Some(open) = self.open_turn().or_else(|| self.next_open_after_exit()) {
+            let me = self.arc();
+            self.tasks.spawn(async move { me.drive(open).await });
+        }
+    }
+
+    /// The driver has no turn in flight: replay a latched wake (fresh signal, still running) or
+    /// become idle. Returns whether it replays.
+    fn converge(&self) -> bool {
+        let replay = {
+            let mut st = self.state.lock();
+            let latched = matches!(
+                st.phase,
+                Phase::Running {
+                    wake_requested: true,
+                    ..
+                }
+            );
+            let replay = latched && !self.disposed.load(Ordering::SeqCst) && self.inbox.has_pending();
+            if replay {
+                st.phase = Phase::Running {
+                    signal: Signal::new(),
+                    wake_requested: false,
+                };
+            } else {
+                st.phase = Phase::Idle;
+                self.busy.send_replace(false);
+            }
+            replay
+        };
+        if !replay {
+            self.emit_status();
+        }
+        replay
+    }
+
+    /// The synchronous opening of a turn: abort check, `turn/start`, first claim.
+    fn open_turn(&self) -> Option<OpenTurn> {
+        let (signal, turn) = {
+            let st = self.state.lock();
+            let Phase::Running { signal, .. } = &st.phase else {
+                return None;
+            };
+            (signal.clone(), st.last_turn + 1)
+        };
+        if signal.is_cancelled() {
+            return None;
+        }
+        if let Err(err) = self.session.append(EventData::TurnStart { turn }, None) {
+            self.report_error(driver::failure_of(&err));
+            return None;
+        }
+        self.state.lock().last_turn = turn;
+        let claimed = self
+            .inbox
+            .claim(InboxTarget::NextTurn, turn)
+            .map_err(|e| driver::TurnFailure::from_error(&e));
+        Some(OpenTurn { turn, signal, claimed })
+    }
+
+    /// After a turn: with pending work and an uncancelled activity, start the next turn with a
+    /// fresh signal; otherwise converge.
+    fn after_turn(&self, normal: bool) -> Option<OpenTurn> {
+        if normal {
+            let fresh = {
+                let mut st = self.state.lock();
+                match &mut st.phase {
+                    Phase::Running { signal, wake_requested }
+                        if !signal.is_cancelled() && self.inbox.has_pending() =>
+                    {
+                        *signal = Signal::new();
+                        *wake_requested = false;
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            if fresh && let Some(open) = self.open_turn() {
+                return Some(open);
+            }
+        }
+        self.next_open_after_exit()
+    }
+
+    /// Converges (replaying a latched wake while one is pending) until a turn opens or the
+    /// agent is idle.
+    fn next_open_after_exit(&self) -> Option<OpenTurn> {
+        loop {
+            if !self.converge() {
+                return None;
+            }
+            if let Some(open) = self.open_turn() {
+                return Some(open);
+            }
+        }
+    }
+
+    /// The drain: runs turns until the agent converges to idle.
+    async fn drive(self: Arc<Self>, first: OpenTurn) {
+        let mut open = first;
+        loop {
+            let normal = self.run_turn(open).await;
+            match self.after_turn(normal) {
+                Some(next) => open = next,
+                None => return,
+            }
+        }
+    }
+
+    fn report_error(&self, failure: agent::LlmFailure) {
+        self.services.agent_events.emit(&AgentEvent::Error {
+            agent: self.id.clone(),
+            failure,
+        });
+    }
+}
+
+impl Agent for LoopAgent {
+    fn id(&self) -> &SessionId {
+        &self.id
+    }
+
+    fn options(&self) -> &AgentOptions {
+        &self.options
+    }
+
+    fn session(&self) -> &Arc<Session> {
+        &self.session
+    }
+
+    fn scope(&self) -> &Arc<Scope> {
+        &self.scope
+    }
+
+    fn send(&self, message: Message, target: InboxTarget, wake: bool) -> Result<MessageId, AgentError> {
+        if !self.is_live() {
+            return Err(AgentError::Disposed(self.id.clone()));
+        }
+        if wake && tokio::runtime::Handle::try_current().is_err() {
+            return Err(AgentError::Other(
+                "waking an agent requires a tokio runtime on the calling thread".into(),
+            ));
+        }
+        // Captured before the insertion, so a re-entrant cancel from a splice observer cannot
+        // reclassify it.
+        let after_abort = wake
+            && matches!(&self.state.lock().phase, Phase::Running { signal, .. } if signal.is_cancelled());
+        let target = if after_abort { InboxTarget::NextTurn } else { target };
+        let id = message.id.clone();
+        self.inbox.append(target, message)?;
+        if wake {
+            self.wake_driver(after_abort);
+        }
+        Ok(id)
+    }
+
+    fn remove_pending(&self, id: &MessageId) -> Result<bool, AgentError> {
+        self.inbox.remove(id)
+    }
+
+    fn inbox(&self) -> InboxSnapshot {
+        self.inbox.snapshot()
+    }
+
+    fn cancel(&self, cause: CancelCause, options: CancelOptions) {
+        if !options.keep_inbox {
+            if let Err(err) = self.inbox.clear() {
+                tracing::warn!(agent = %self.id, %err, "cancel could not durably clear the inbox");
+            }
+            let mut st = self.state.lock();
+            st.deferred_wake = false;
+            if let Phase::Running { wake_requested, .. } = &mut st.phase {
+                *wake_requested = false;
+            }
+        }
+        let signal = match &self.state.lock().phase {
+            Phase::Running { signal, .. } => Some(signal.clone()),
+            Phase::Idle => None,
+        };
+        if let Some(signal) = signal {
+            signal.cancel(cause);
+        }
+    }
+
+    fn status(&self) -> AgentStatus {
+        match self.state.lock().phase {
+            Phase::Idle => AgentStatus::Idle,
+            Phase::Running { .. } => AgentStatus::Running,
+        }
+    }
+
+    fn when_idle(&self) -> BoxFuture<'static, ()> {
+        let mut rx = self.busy.subscribe();
+        async move {
+            let _ = rx.wait_for(|busy| !*busy).await;
+        }
+        .boxed()
+    }
+
+    fn is_live(&self) -> bool {
+        !self.disposed.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,495 @@
+//! Prompt assembly (spec §12): the [`PromptRegistry`] behind [`agent::prompt::Prompt`], strict
+//! persona interpolation, system-text rendering and runtime-context snapshots.
+//!
+//! * **Sections** are concatenated by ascending `order`, ties by registration order, empty
+//!   sections dropped, joined by a blank line ([`render_system`]). A scoped section shadows the
+//!   global section of the same name for its agent only.
+//! * **Persona**: the section named [`PERSONA_SECTION`] (global or scoped) is a template whose
+//!   complete `{{name}}` groups are interpolated strictly against [`PromptVariables`] (`model`,
+//!   `cwd`, `provider`): a malformed group, an unknown name or a variable without a value is a
+//!   [`PromptError`]. A lone `{{` with no later `}}` is literal prose; substituted values are not
+//!   scanned again. Other sections are used verbatim.
+//! * **Runtime contexts** render, in order, into one snapshot ([`render_contexts`]); the driver
+//!   turns a changed snapshot into a `user/message` with source `plugin` named
+//!   [`PROMPT_PLUGIN`] and form `snapshot` ([`snapshot_message`]).
+//!
+//! # Locking
+//! One mutex protects the registry's entry lists. It is held only to push, remove or copy
+//! entries; context renderers run after it is released.
+
+pub mod model_text;
+
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+
+use agent::message::SnapshotSection;
+use agent::prompt::{PERSONA_SECTION, PROMPT_PLUGIN, Prompt, PromptSection, RuntimeContext};
+use agent::{ContentBlock, Message, MessageSource, PluginForm, Registration, SessionId};
+
+struct Entry<T> {
+    id: u64,
+    scope: Option<SessionId>,
+    item: T,
+}
+
+#[derive(Default)]
+struct State {
+    next: u64,
+    sections: Vec<Entry<PromptSection>>,
+    contexts: Vec<Entry<RuntimeContext>>,
+}
+
+impl State {
+    fn next_id(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+}
+
+/// The layered prompt registry: global and per-agent sections and runtime contexts.
+///
+/// Cheap to clone (shared). Registration guards hold the registry weakly. Within one layer a
+/// later registration of the same name shadows an earlier one until it is removed (the
+/// [`Prompt`] contract has no error path); across layers the agent's own entry shadows the
+/// global one.
+#[derive(Clone, Default)]
+pub struct PromptRegistry {
+    state: Arc<Mutex<State>>,
+}
+
+impl std::fmt::Debug for PromptRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.state.lock();
+        f.debug_struct("PromptRegistry")
+            .field("sections", &state.sections.len())
+            .field("contexts", &state.contexts.len())
+            .finish()
+    }
+}
+
+/// Resolves one layered view: per name, the agent's own entry (latest registration) over the
+/// global one (latest registration); then sorted by `(order, registration)`.
+fn resolve<T: Clone>(
+    entries: &[Entry<T>],
+    agent: Option<&SessionId>,
+    name: impl Fn(&T) -> &str,
+    order: impl Fn(&T) -> i32,
+) -> Vec<T> {
+    let mut chosen: Vec<&Entry<T>> = Vec::new();
+    for entry in entries {
+        let visible = match &entry.scope {
+            None => true,
+            Some(scope) => Some(scope) == agent,
+        };
+        if !visible {
+            continue;
+        }
+        match chosen.iter().position(|c| name(&c.item) == name(&entry.item)) {
+            Some(i) => {
+                // A scoped entry beats a global one; within a layer the later one wins.
+                let current_scoped = chosen[i].scope.is_some();
+                if entry.scope.is_some() || !current_scoped {
+                    chosen[i] = entry;
+                }
+            }
+            None => chosen.push(entry),
+        }
+    }
+    chosen.sort_by_key(|e| (order(&e.item), e.id));
+    chosen.into_iter().map(|e| e.item.clone()).collect()
+}
+
+impl PromptRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The number of live registrations (sections and contexts, all layers).
+    pub fn len(&self) -> usize {
+        let state = self.state.lock();
+        state.sections.len() + state.contexts.len()
+    }
+
+    /// The number of agent-scoped registrations (all agents).
+    pub fn scoped_len(&self) -> usize {
+        let state = self.state.lock();
+        state.sections.iter().filter(|e| e.scope.is_some()).count()
+            + state.contexts.iter().filter(|e| e.scope.is_some()).count()
+    }
+
+    /// Whether nothing is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn guard(&self, id: u64) -> Registration {
+        let weak: Weak<Mutex<State>> = Arc::downgrade(&self.state);
+        Registration::new(move || {
+            if let Some(state) = weak.upgrade() {
+                let removed = {
+                    let mut state = state.lock();
+                    let s: Vec<_> = extract(&mut state.sections, id);
+                    let c: Vec<_> = extract(&mut state.contexts, id);
+                    (s, c)
+                };
+                drop(removed);
+            }
+        })
+    }
+}
+
+fn extract<T>(entries: &mut Vec<Entry<T>>, id: u64) -> Vec<Entry<T>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < entries.len() {
+        if entries[i].id == id {
+            out.push(entries.remove(i));
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+impl Prompt for PromptRegistry {
+    fn section(&self, scope: Option<&SessionId>, section: PromptSection) -> Registration {
+        let id = {
+            let mut state = self.state.lock();
+            let id = state.next_id();
+            state.sections.push(Entry {
+                id,
+                scope: scope.cloned(),
+                item: section,
+            });
+            id
+        };
+        self.guard(id)
+    }
+
+    fn runtime_context(&self, scope: Option<&SessionId>, context: RuntimeContext) -> Registration {
+        let id = {
+            let mut state = self.state.lock();
+            let id = state.next_id();
+            state.contexts.push(Entry {
+                id,
+                scope: scope.cloned(),
+                item: context,
+            });
+            id
+        };
+        self.guard(id)
+    }
+
+    fn sections(&self, agent: Option<&SessionId>) -> Vec<PromptSection> {
+        let state = self.state.lock();
+        resolve(&state.sections, agent, |s| &s.name, |s| s.order)
+    }
+
+    fn runtime_contexts(&self, agent: Option<&SessionId>) -> Vec<RuntimeContext> {
+        let state = self.state.lock();
+        resolve(&state.contexts, agent, |c| &c.name, |c| c.order)
+    }
+}
+
+/// The variables a persona template may reference. Every name is registered; a `None` value
+/// makes a reference to it an error.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PromptVariables {
+    /// The agent's model route (`AgentOptions.model`).
+    pub model: Option<String>,
+    /// The session's working directory (`header.cwd`).
+    pub cwd: Option<String>,
+    /// The agent's provider route (`AgentOptions.provider`).
+    pub provider: Option<String>,
+}
+
+impl PromptVariables {
+    const NAMES: [&'static str; 3] = ["model", "cwd", "provider"];
+
+    fn get(&self, name: &str) -> Option<Option<&str>> {
+        match name {
+            "model" => Some(self.model.as_deref()),
+            "cwd" => Some(self.cwd.as_deref()),
+            "provider" => Some(self.provider.as_deref()),
+            _ => None,
+        }
+    }
+}
+
+/// A persona template failed strict interpolation. The message names the section.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PromptError {
+    /// A `{{…}}` group that is not a simple `{{name}}` reference.
+    #[error(
+        "malformed prompt variable reference \"{reference}\" in section \"{section}\" (references are complete {{{{name}}}} groups with names matching [a-z][a-z0-9_]*)"
+    )]
+    Malformed {
+        /// The offending text.
+        reference: String,
+        /// The section.
+        section: String,
+    },
+    /// A reference to a name that is not a registered variable.
+    #[error("unknown prompt variable \"{{{{{name}}}}}\" in section \"{section}\"; registered variables: {known}")]
+    Unknown {
+        /// The name.
+        name: String,
+        /// The section.
+        section: String,
+        /// The registered names, comma-separated.
+        known: String,
+    },
+    /// A reference to a registered variable that has no value for this agent.
+    #[error("prompt variable \"{{{{{name}}}}}\" has no value for this assembly (section \"{section}\")")]
+    NoValue {
+        /// The name.
+        name: String,
+        /// The section.
+        section: String,
+    },
+}
+
+fn valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some('a'..='z')) && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
+}
+
+/// Interpolates the complete `{{name}}` groups of `text` strictly against `vars`. `section`
+/// names the input in errors.
+pub fn interpolate(text: &str, vars: &PromptVariables, section: &str) -> Result<String, PromptError> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find("{{") {
+        let after = &rest[open + 2..];
+        // A complete group is `{{` + no braces + `}}`.
+        let group_end = after
+            .find(|c| c == '{' || c == '}')
+            .filter(|&i| after[i..].starts_with("}}"));
+        match group_end {
+            Some(end) => {
+                let name = &after[..end];
+                if !valid_name(name) {
+                    return Err(PromptError::Malformed {
+                        reference: format!("{{{{{name}}}}}"),
+                        section: section.to_owned(),
+                    });
+                }
+                let value = vars.get(name).ok_or_else(|| PromptError::Unknown {
+                    name: name.to_owned(),
+                    section: section.to_owned(),
+                    known: PromptVariables::NAMES.join(", "),
+                })?;
+                let value = value.ok_or_else(|| PromptError::NoValue {
+                    name: name.to_owned(),
+                    section: section.to_owned(),
+                })?;
+                out.push_str(&rest[..open]);
+                out.push_str(value);
+                rest = &after[end + 2..];
+            }
+            None if after.contains("}}") => {
+                let snippet: String = rest[open..].chars().take(16).collect();
+                return Err(PromptError::Malformed {
+                    reference: snippet,
+                    section: section.to_owned(),
+                });
+            }
+            None => {
+                out.push_str(&rest[..open + 2]);
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Renders the system text: sections in the given (already sorted) order, the persona section
+/// interpolated, empty texts dropped, joined by a blank line. `None` when nothing remains.
+pub fn render_system(sections: &[PromptSection], vars: &PromptVariables) -> Result<Option<String>, PromptError> {
+    let mut parts = Vec::with_capacity(sections.len());
+    for section in sections {
+        let text = if section.name == PERSONA_SECTION {
+            interpolate(&section.text, vars, &section.name)?
+        } else {
+            section.text.clone()
+        };
+        if !text.is_empty() {
+            parts.push(text);
+        }
+    }
+    Ok((!parts.is_empty()).then(|| parts.join("\n\n")))
+}
+
+/// Renders the runtime contexts `agent` sees (already sorted) into snapshot sections; contexts
+/// that render to nothing or to empty text contribute nothing.
+pub fn render_contexts(contexts: &[RuntimeContext], agent: &SessionId) -> Vec<SnapshotSection> {
+    contexts
+        .iter()
+        .filter_map(|c| {
+            let text = (c.render)(agent)?;
+            (!text.is_empty()).then(|| SnapshotSection {
+                name: c.name.clone(),
+                text,
+            })
+        })
+        .collect()
+}
+
+/// The snapshot text for rendered sections: the header plus the texts joined by blank lines, or
+/// the empty string when there is none.
+pub fn snapshot_body(sections: &[SnapshotSection]) -> String {
+    if sections.is_empty() {
+        return String::new();
+    }
+    let body = sections.iter().map(|s| s.text.as_str()).collect::<Vec<_>>().join("\n\n");
+    model_text::snapshot_text(&body)
+}
+
+/// What the log says about the last snapshot the model saw.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum RetainedSnapshot {
+    /// No snapshot message was ever written.
+    #[default]
+    Never,
+    /// The text of the last snapshot message (`None` when it was not a single text block).
+    Last(Option<String>),
+}
+
+/// Whether `message` is a runtime-context snapshot written by the prompt service.
+pub fn is_snapshot_message(message: &Message) -> bool {
+    matches!(&message.source, MessageSource::Plugin { plugin, .. } if plugin == PROMPT_PLUGIN)
+}
+
+/// The text a retained snapshot message carries, when it is one text block.
+pub fn snapshot_message_text(message: &Message) -> Option<String> {
+    match message.content.as_slice() {
+        [ContentBlock::Text { text }] => Some(text.clone()),
+        _ => None,
+    }
+}
+
+/// The snapshot message to enter, if the current contexts differ from what the model last saw:
+/// `None` when nothing ever was and nothing is active, or when the text is unchanged. With no
+/// active context after an earlier snapshot, the message is the cleared notice (no form).
+pub fn snapshot_message(current: &[SnapshotSection], retained: &RetainedSnapshot) -> Option<Message> {
+    if current.is_empty() && *retained == RetainedSnapshot::Never {
+        return None;
+    }
+    let text = if current.is_empty() {
+        model_text::SNAPSHOT_CLEARED.to_owned()
+    } else {
+        snapshot_body(current)
+    };
+    if let RetainedSnapshot::Last(Some(last)) = retained
+        && *last == text
+    {
+        return None;
+    }
+    let form = (!current.is_empty()).then(|| PluginForm::Snapshot {
+        sections: current.to_vec(),
+    });
+    Some(Message::user(
+        vec![ContentBlock::text(text)],
+        MessageSource::Plugin {
+            plugin: PROMPT_PLUGIN.to_owned(),
+            form,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars() -> PromptVariables {
+        PromptVariables {
+            model: Some("m1".into()),
+            cwd: None,
+            provider: Some("p".into()),
+        }
+    }
+
+    #[test]
+    fn interpolation_is_strict() {
+        assert_eq!(interpolate("on {{model}} via {{provider}}", &vars(), "s").unwrap(), "on m1 via p");
+        assert_eq!(interpolate("a {{ lone", &vars(), "s").unwrap(), "a {{ lone");
+        let err = interpolate("in {{cwd}}", &vars(), "deployment:persona").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "prompt variable \"{{cwd}}\" has no value for this assembly (section \"deployment:persona\")"
+        );
+        let err = interpolate("{{nope}}", &vars(), "s").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown prompt variable \"{{nope}}\" in section \"s\"; registered variables: model, cwd, provider"
+        );
+        assert!(matches!(
+            interpolate("{{Bad}}", &vars(), "s").unwrap_err(),
+            PromptError::Malformed { .. }
+        ));
+        assert!(matches!(
+            interpolate("{{a{b}} x}}", &vars(), "s").unwrap_err(),
+            PromptError::Malformed { .. }
+        ));
+        // Substituted values are not scanned again.
+        let v = PromptVariables {
+            model: Some("{{cwd}}".into()),
+            ..vars()
+        };
+        assert_eq!(interpolate("{{model}}", &v, "s").unwrap(), "{{cwd}}");
+    }
+
+    #[test]
+    fn scoped_sections_shadow_global_ones_and_sort_by_order() {
+        let reg = PromptRegistry::new();
+        let sec = |name: &str, order, text: &str| PromptSection {
+            name: name.into(),
+            order,
+            text: text.into(),
+        };
+        let a: SessionId = "a".into();
+        let _g1 = reg.section(None, sec(PERSONA_SECTION, 0, "global {{model}}"));
+        let _g2 = reg.section(None, sec("tools", 100, "use tools"));
+        let _g3 = reg.section(None, sec("id", -100, "identity"));
+        let scoped = reg.section(Some(&a), sec(PERSONA_SECTION, 0, "child"));
+        let render = |agent: Option<&SessionId>| render_system(&reg.sections(agent), &vars()).unwrap();
+        assert_eq!(render(Some(&a)).unwrap(), "identity\n\nchild\n\nuse tools");
+        assert_eq!(render(None).unwrap(), "identity\n\nglobal m1\n\nuse tools");
+        assert_eq!(render(Some(&"b".into())).unwrap(), "identity\n\nglobal m1\n\nuse tools");
+        drop(scoped);
+        assert_eq!(render(Some(&a)).unwrap(), "identity\n\nglobal m1\n\nuse tools");
+        assert_eq!(reg.len(), 3);
+    }
+
+    #[test]
+    fn snapshots_are_written_only_when_changed() {
+        let a: SessionId = "a".into();
+        let reg = PromptRegistry::new();
+        assert_eq!(snapshot_message(&[], &RetainedSnapshot::Never), None);
+        let guard = reg.runtime_context(None, RuntimeContext::fixed("policy", 110, "Mode: read-only."));
+        let current = render_contexts(&reg.runtime_contexts(Some(&a)), &a);
+        let msg = snapshot_message(&current, &RetainedSnapshot::Never).unwrap();
+        assert!(is_snapshot_message(&msg));
+        let text = snapshot_message_text(&msg).unwrap();
+        assert_eq!(text, model_text::snapshot_text("Mode: read-only."));
+        assert_eq!(snapshot_message(&current, &RetainedSnapshot::Last(Some(text.clone()))), None);
+        drop(guard);
+        let cleared = snapshot_message(&[], &RetainedSnapshot::Last(Some(text))).unwrap();
+        assert_eq!(cleared.text(), model_text::SNAPSHOT_CLEARED);
+        assert_eq!(
+            cleared.source,
+            MessageSource::Plugin {
+                plugin: PROMPT_PLUGIN.into(),
+                form: None
+            }
+        );
+        assert_eq!(
+            snapshot_message(&[], &RetainedSnapshot::Last(Some(model_text::SNAPSHOT_CLEARED.into()))),
+            None
+        );
+    }
+}

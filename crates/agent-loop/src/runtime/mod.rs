@@ -1,0 +1,886 @@
+//! The agent registry (spec §9): [`Runtime`] implements [`agent::AgentRuntime`] — the creation
+//! transaction with rollback, owner links, the memoized quiescence transaction behind
+//! [`AgentHandle::dispose`], resume, lookup and shutdown — and [`RuntimeBuilder`] assembles the
+//! [`Services`] it runs on.
+//!
+//! # Creation (spec §9.1)
+//! 1. prepare the unpublished session (header and seed validated; a live id is a duplicate);
+//! 2. validate the agent options, require a live owner, reject a pre-cancelled signal;
+//! 3. construct the [`LoopAgent`] and its flat scope, recording the owner link;
+//! 4. run `setup(ctx)` raced against the creation token — the caller's signal, the owner's
+//!    disposal and runtime shutdown — then `commit()`;
+//! 5. publish in order: enter the session, enter the agent, `session/created`,
+//!    [`AgentEvent::Created`], [`AgentEvent::SessionStart`]; liveness is re-checked after each
+//!    edge; finally the agent's driver gate opens.
+//!
+//! Any failure or cancellation (including dropping the `create` future) before the handle is
+//! returned rolls back: the scope unwinds, announced entries are paired with their disposal
+//! notifications, nothing stays registered and the id is immediately reusable.
+//!
+//! # Disposal (spec §9.4)
+//! One memoized teardown per agent, shared by its handle, its owner's disposal and
+//! [`Runtime::shutdown`]: mark disposing (new work is refused) → `cancel(disposed)` → dispose
+//! owned agents and the agent's background jobs while awaiting `when_idle` and the agent's
+//! tasks → dispose the scope → unregister ([`AgentEvent::Disposed`]) → remove the session
+//! (`session/disposed`) → drop the owner link. The teardown runs as a task of the runtime, so
+//! it progresses even when no caller polls it.
+//!
+//! # Locking
+//! `registry` (the live entries in creation order) is held for short synchronous sections;
+//! events are emitted and futures awaited with no lock held.
+
+mod models;
+mod store;
+
+use std::sync::{Arc, OnceLock, Weak};
+
+use async_trait::async_trait;
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, future};
+use parking_lot::Mutex;
+use tokio_util::task::TaskTracker;
+
+use agent::hooks::SessionStartSource;
+use agent::prompt::Prompt;
+use agent::runtime::{HookList, ModelRegistry};
+use agent::{
+    Agent, AgentError, AgentEvent, AgentHandle, AgentRef, AgentRuntime, CancelCause, CancelOptions,
+    CreateAgentOptions, Ctx, Disposer, EventBus, Jobs, Registration, ResumeAgentOptions, Scope,
+    ScopeInactive, Services, Session, SessionId, SessionObserver, SessionPersistence, SessionStore, Signal,
+    Tools,
+};
+
+pub use models::ModelMap;
+pub use store::{MemorySessionStore, SessionStoreEvent};
+
+use crate::agent::{LoopAgent, LoopConfig};
+use crate::prompt::PromptRegistry;
+use crate::tools::ToolRegistry;
+
+/// The cause reported when the runtime is shut down (or gone) during a creation.
+const INACTIVE: &str = "agent loop is not active";
+
+fn inactive(id: &SessionId) -> AgentError {
+    AgentError::CreationAborted {
+        id: id.clone(),
+        cause: CancelCause::Other {
+            reason: INACTIVE.to_owned(),
+        },
+    }
+}
+
+/// One registered agent.
+struct AgentEntry {
+    agent: Arc<LoopAgent>,
+    runtime: Weak<RuntimeInner>,
+    /// The store entry; dropping it removes the session.
+    session_guard: Mutex<Option<Registration>>,
+    owner: Option<Weak<AgentEntry>>,
+    /// Published agents this one created.
+    children: Mutex<Vec<Weak<AgentEntry>>>,
+    /// Cancelled when the teardown begins (aborts pending creations it owns).
+    disposing: Signal,
+    /// Whether `AgentEvent::Created` was emitted (so `Disposed` pairs with it).
+    announced: std::sync::atomic::AtomicBool,
+    teardown: OnceLock<Shared<BoxFuture<'static, ()>>>,
+}
+
+impl AgentEntry {
+    /// Starts (or joins) the memoized teardown.
+    fn dispose(self: &Arc<Self>) -> BoxFuture<'static, ()> {
+        let shared = self
+            .teardown
+            .get_or_init(|| {
+                // Synchronous part first: no new work from now on.
+                self.disposing.cancel(CancelCause::Disposed);
+                self.agent.begin_disposal();
+                let fut = teardown(self.clone()).boxed().shared();
+                if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                    match self.runtime.upgrade() {
+                        Some(rt) => drop(rt.tasks.spawn_on(fut.clone(), &handle)),
+                        None => drop(handle.spawn(fut.clone())),
+                    }
+                }
+                fut
+            })
+            .clone();
+        shared.boxed()
+    }
+
+    fn is_agent(&self, agent: &AgentRef) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.agent), Arc::as_ptr(agent))
+    }
+}
+
+/// The quiescence transaction of one agent (see the module docs).
+async fn teardown(entry: Arc<AgentEntry>) {
+    let agent = entry.agent.clone();
+    agent.cancel(CancelCause::Disposed, CancelOptions::default());
+    let children: Vec<Arc<AgentEntry>> = entry.children.lock().drain(..).filter_map(|w| w.upgrade()).collect();
+    let jobs = entry.runtime.upgrade().and_then(|rt| rt.services.jobs.clone());
+    let id = agent.id().clone();
+    let jobs_done = async move {
+        if let Some(jobs) = jobs {
+            jobs.dispose_owner(&id).await;
+        }
+    };
+    future::join3(
+        future::join_all(children.iter().map(|c| c.dispose())),
+        jobs_done,
+        agent.when_idle(),
+    )
+    .await;
+    agent.tasks().close();
+    agent.tasks().wait().await;
+    agent.scope().dispose();
+    if let Some(rt) = entry.runtime.upgrade() {
+        rt.registry.lock().retain(|e| !Arc::ptr_eq(e, &entry));
+    }
+    if entry.announced.load(std::sync::atomic::Ordering::SeqCst)
+        && let Some(rt) = entry.runtime.upgrade()
+    {
+        rt.services.agent_events.emit(&AgentEvent::Disposed {
+            agent: agent.id().clone(),
+        });
+    }
+    let guard = entry.session_guard.lock().take();
+    drop(guard);
+    if let Some(owner) = entry.owner.as_ref().and_then(Weak::upgrade) {
+        owner.children.lock().retain(|w| w.upgrade().is_some_and(|e| !Arc::ptr_eq(&e, &entry)));
+    }
+}
+
+struct EntryDisposer(Arc<AgentEntry>);
+
+impl Disposer for EntryDisposer {
+    fn dispose(&self) -> BoxFuture<'static, ()> {
+        self.0.dispose()
+    }
+}
+
+struct RuntimeInner {
+    services: Services,
+    sessions: MemorySessionStore,
+    prompt: PromptRegistry,
+    tool_registry: Option<ToolRegistry>,
+    config: LoopConfig,
+    registry: Mutex<Vec<Arc<AgentEntry>>>,
+    shutdown: Signal,
+    tasks: TaskTracker,
+    /// Registrations the builder made (the deployment persona), kept for the runtime's life.
+    _guards: Vec<Registration>,
+}
+
+/// The reference agent registry. Cheap to clone (shared).
+///
+/// Dropping every clone without [`shutdown`](Runtime::shutdown) leaves live agents to their
+/// handles; call `shutdown` for an orderly teardown.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<RuntimeInner>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("agents", &self.inner.registry.lock().len())
+            .field("sessions", &self.inner.sessions.len())
+            .finish()
+    }
+}
+
+/// The `agents` service handed to contexts: a weak link back to the runtime (so services never
+/// keep the runtime alive) plus the other services, so a context can still be built after the
+/// runtime is gone.
+#[derive(Clone)]
+struct RuntimeLink {
+    runtime: Weak<RuntimeInner>,
+    sessions: Arc<dyn SessionStore>,
+    persistence: Option<Arc<dyn SessionPersistence>>,
+    tools: Arc<dyn Tools>,
+    prompt: Arc<dyn Prompt>,
+    jobs: Option<Arc<dyn Jobs>>,
+    models: Arc<dyn ModelRegistry>,
+    agent_events: EventBus<AgentEvent>,
+    pre_step: HookList<dyn agent::PreStepInterceptor>,
+    turn_stopping: HookList<dyn agent::TurnStoppingHook>,
+}
+
+impl RuntimeLink {
+    fn get(&self) -> Option<Runtime> {
+        self.runtime.upgrade().map(|inner| Runtime { inner })
+    }
+
+    fn services(&self) -> Services {
+        Services {
+            agents: Arc::new(self.clone()),
+            sessions: self.sessions.clone(),
+            persistence: self.persistence.clone(),
+            tools: self.tools.clone(),
+            prompt: self.prompt.clone(),
+            jobs: self.jobs.clone(),
+            models: self.models.clone(),
+            agent_events: self.agent_events.clone(),
+            pre_step: self.pre_step.clone(),
+            turn_stopping: self.turn_stopping.clone(),
+        }
+    }
+}
+
+#[async_trait]
+impl AgentRuntime for RuntimeLink {
+    async fn create(&self, options: CreateAgentOptions) -> Result<AgentHandle, AgentError> {
+        match self.get() {
+            Some(rt) => rt.create(options).await,
+            None => Err(inactive(&options.session_id)),
+        }
+    }
+
+    async fn resume(&self, options: ResumeAgentOptions) -> Result<AgentHandle, AgentError> {
+        match self.get() {
+            Some(rt) => rt.resume(options).await,
+            None => Err(inactive(&options.session_id)),
+        }
+    }
+
+    fn get(&self, id: &SessionId) -> Option<AgentRef> {
+        AgentRuntime::get(&self.get()?, id)
+    }
+
+    fn list(&self) -> Vec<AgentRef> {
+        self.get().map(|rt| AgentRuntime::list(&rt)).unwrap_or_default()
+    }
+
+    fn ctx(&self) -> Ctx {
+        Ctx::global(self.services())
+    }
+
+    fn agent_ctx(&self, id: &SessionId) -> Option<Ctx> {
+        self.get()?.agent_ctx(id)
+    }
+}
+
+/// Assembles a [`Runtime`] and its [`Services`].
+pub struct RuntimeBuilder {
+    models: Option<Arc<dyn ModelRegistry>>,
+    model_map: ModelMap,
+    tools: Option<Arc<dyn Tools>>,
+    prompt: PromptRegistry,
+    persistence: Option<Arc<dyn SessionPersistence>>,
+    jobs: Option<Arc<dyn Jobs>>,
+    observers: Vec<Arc<dyn SessionObserver>>,
+    persona: Option<String>,
+    config: LoopConfig,
+}
+
+impl std::fmt::Debug for RuntimeBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeBuilder").field("config", &self.config).finish()
+    }
+}
+
+impl Default for RuntimeBuilder {
+    fn default() -> Self {
+        Self {
+            models: None,
+            model_map: ModelMap::new(),
+            tools: None,
+            prompt: PromptRegistry::new(),
+            persistence: None,
+            jobs: None,
+            observers: Vec::new(),
+            persona: None,
+            config: LoopConfig::default(),
+        }
+    }
+}
+
+impl RuntimeBuilder {
+    /// A builder with an empty model map, a fresh [`ToolRegistry`] and [`PromptRegistry`], no
+    /// persistence and no jobs.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Serves `provider` with `adapter` (in the builder's [`ModelMap`]).
+    pub fn model(self, provider: impl Into<String>, adapter: Arc<dyn agent::ModelAdapter>) -> Self {
+        self.model_map.insert(provider, adapter);
+        self
+    }
+
+    /// Uses a custom model registry instead of the builder's [`ModelMap`].
+    pub fn models(mut self, models: Arc<dyn ModelRegistry>) -> Self {
+        self.models = Some(models);
+        self
+    }
+
+    /// Uses a custom tool registry instead of a fresh [`ToolRegistry`].
+    pub fn tools(mut self, tools: Arc<dyn Tools>) -> Self {
+        self.tools = Some(tools);
+        self
+    }
+
+    /// Uses this prompt registry.
+    pub fn prompt(mut self, prompt: PromptRegistry) -> Self {
+        self.prompt = prompt;
+        self
+    }
+
+    /// Registers the global deployment persona (section `deployment:persona`, order 0).
+    pub fn persona(mut self, text: impl Into<String>) -> Self {
+        self.persona = Some(text.into());
+        self
+    }
+
+    /// Durable persistence for sessions (required by [`AgentRuntime::resume`]).
+    pub fn persistence(mut self, persistence: Arc<dyn SessionPersistence>) -> Self {
+        self.persistence = Some(persistence);
+        self
+    }
+
+    /// The background job registry.
+    pub fn jobs(mut self, jobs: Arc<dyn Jobs>) -> Self {
+        self.jobs = Some(jobs);
+        self
+    }
+
+    /// An observer installed into every session the runtime publishes (an invariant checker).
+    pub fn session_observer(mut self, observer: Arc<dyn SessionObserver>) -> Self {
+        self.observers.push(observer);
+        self
+    }
+
+    /// Loop tunables.
+    pub fn config(mut self, config: LoopConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Builds the runtime.
+    pub fn build(self) -> Runtime {
+        let sessions = MemorySessionStore::new(self.persistence.clone());
+        for observer in self.observers {
+            sessions.add_observer(observer);
+        }
+        let (tools, tool_registry): (Arc<dyn Tools>, Option<ToolRegistry>) = match self.tools {
+            Some(tools) => (tools, None),
+            None => {
+                let registry = ToolRegistry::new();
+                (Arc::new(registry.clone()), Some(registry))
+            }
+        };
+        let models = self.models.unwrap_or_else(|| Arc::new(self.model_map.clone()));
+        let mut guards = Vec::new();
+        if let Some(persona) = self.persona {
+            guards.push(self.prompt.section(
+                None,
+                agent::prompt::PromptSection {
+                    name: agent::prompt::PERSONA_SECTION.to_owned(),
+                    order: 0,
+                    text: persona,
+                },
+            ));
+        }
+        let prompt = self.prompt;
+        let persistence = self.persistence;
+        let jobs = self.jobs;
+        let config = self.config;
+        let inner = Arc::new_cyclic(|weak: &Weak<RuntimeInner>| RuntimeInner {
+            services: RuntimeLink {
+                runtime: weak.clone(),
+                sessions: Arc::new(sessions.clone()),
+                persistence,
+                tools,
+                prompt: Arc::new(prompt.clone()),
+                jobs,
+                models,
+                agent_events: EventBus::new(),
+                pre_step: HookList::default(),
+                turn_stopping: HookList::default(),
+            }
+            .services(),
+            sessions,
+            prompt,
+            tool_registry,
+            config,
+            registry: Mutex::new(Vec::new()),
+            shutdown: Signal::new(),
+            tasks: TaskTracker::new(),
+            _guards: guards,
+        });
+        Runtime { inner }
+    }
+}
+
+/// What the shared part of the creation transaction needs.
+struct Plan {
+    session: Arc<Session>,
+    options: agent::AgentOptions,
+    signal: Option<Signal>,
+    setup: Option<agent::runtime::Setup>,
+    owner: Option<AgentRef>,
+    /// Events of the session already durable (resume).
+    persisted: Option<usize>,
+    source: SessionStartSource,
+}
+
+/// How far a creation got, for its rollback.
+enum Stage {
+    /// Constructed, unpublished.
+    Armed { agent: Arc<LoopAgent>, scope: Arc<Scope> },
+    /// Entered into the store and the registry.
+    Published(Arc<AgentEntry>),
+    /// Nothing to undo.
+    Done,
+}
+
+/// Undoes a creation that did not return its handle (also when the `create` future is
+/// dropped).
+struct Rollback {
+    stage: Stage,
+}
+
+impl Rollback {
+    fn set(&mut self, stage: Stage) {
+        self.stage = stage;
+    }
+
+    async fn run(&mut self) {
+        match std::mem::replace(&mut self.stage, Stage::Done) {
+            Stage::Armed { agent, scope } => {
+                agent.begin_disposal();
+                scope.dispose();
+            }
+            Stage::Published(entry) => entry.dispose().await,
+            Stage::Done => {}
+        }
+    }
+}
+
+impl Drop for Rollback {
+    fn drop(&mut self) {
+        match std::mem::replace(&mut self.stage, Stage::Done) {
+            Stage::Armed { agent, scope } => {
+                agent.begin_disposal();
+                scope.dispose();
+            }
+            // The memoized teardown runs as a runtime task.
+            Stage::Published(entry) => drop(entry.dispose()),
+            Stage::Done => {}
+        }
+    }
+}
+
+enum Race<T> {
+    Done(T),
+    Caller(CancelCause),
+    Owner,
+    Shutdown,
+}
+
+impl Runtime {
+    /// A builder.
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::new()
+    }
+
+    /// The services every context shares.
+    pub fn services(&self) -> &Services {
+        &self.inner.services
+    }
+
+    /// The live session store.
+    pub fn sessions(&self) -> &MemorySessionStore {
+        &self.inner.sessions
+    }
+
+    /// The prompt registry.
+    pub fn prompt(&self) -> &PromptRegistry {
+        &self.inner.prompt
+    }
+
+    /// The tool registry, when the runtime built its own.
+    pub fn tool_registry(&self) -> Option<&ToolRegistry> {
+        self.inner.tool_registry.as_ref()
+    }
+
+    /// The live agent with this id, as its concrete type.
+    pub fn loop_agent(&self, id: &SessionId) -> Option<Arc<LoopAgent>> {
+        self.entry(id).map(|e| e.agent.clone())
+    }
+
+    fn entry(&self, id: &SessionId) -> Option<Arc<AgentEntry>> {
+        self.inner
+            .registry
+            .lock()
+            .iter()
+            .find(|e| e.agent.id() == id && e.agent.is_live())
+            .cloned()
+    }
+
+    /// Whether the runtime still accepts creations.
+    pub fn is_active(&self) -> bool {
+        !self.inner.shutdown.is_cancelled()
+    }
+
+    /// Shuts the runtime down: pending creations abort ("agent loop is not active"), every
+    /// registered agent is disposed (the same memoized teardown as its handle), and the
+    /// runtime's tasks are awaited. Idempotent.
+    pub async fn shutdown(&self) {
+        self.inner.shutdown.cancel(CancelCause::Other {
+            reason: INACTIVE.to_owned(),
+        });
+        let entries: Vec<Arc<AgentEntry>> = self.inner.registry.lock().iter().rev().cloned().collect();
+        future::join_all(entries.iter().map(|e| e.dispose())).await;
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+    }
+
+    /// The number of runtime tasks (disposals) still running.
+    pub fn task_count(&self) -> usize {
+        self.inner.tasks.len()
+    }
+
+    /// Races `fut` against the creation token: the caller's signal, the owner's disposal and
+    /// runtime shutdown.
+    async fn race<T>(
+        &self,
+        fut: impl Future<Output = T>,
+        signal: Option<&Signal>,
+        owner: Option<&Arc<AgentEntry>>,
+    ) -> Race<T> {
+        let caller = async {
+            match signal {
+                Some(s) => {
+                    s.cancelled().await;
+                    s.cause().unwrap_or(CancelCause::User)
+                }
+                None => future::pending().await,
+            }
+        };
+        let owner = async {
+            match owner {
+                Some(o) => o.disposing.cancelled().await,
+                None => future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            cause = caller => Race::Caller(cause),
+            () = owner => Race::Owner,
+            () = self.inner.shutdown.cancelled() => Race::Shutdown,
+            out = fut => Race::Done(out),
+        }
+    }
+
+    /// The liveness checks re-run after every publication edge.
+    fn recheck(
+        &self,
+        id: &SessionId,
+        signal: Option<&Signal>,
+        owner: Option<&Arc<AgentEntry>>,
+    ) -> Result<(), AgentError> {
+        if let Some(s) = signal
+            && s.is_cancelled()
+        {
+            return Err(AgentError::CreationAborted {
+                id: id.clone(),
+                cause: s.cause().unwrap_or(CancelCause::User),
+            });
+        }
+        if owner.is_some_and(|o| o.disposing.is_cancelled()) {
+            return Err(AgentError::OwnerDisposed(id.clone()));
+        }
+        if self.inner.shutdown.is_cancelled() {
+            return Err(inactive(id));
+        }
+        Ok(())
+    }
+
+    fn owner_entry(&self, owner: Option<&AgentRef>) -> Result<Option<Arc<AgentEntry>>, AgentError> {
+        let Some(owner) = owner else { return Ok(None) };
+        let found = self
+            .inner
+            .registry
+            .lock()
+            .iter()
+            .find(|e| e.is_agent(owner))
+            .cloned();
+        match found {
+            Some(e) if !e.disposing.is_cancelled() => Ok(Some(e)),
+            _ => Err(AgentError::Inactive(ScopeInactive(owner.id().clone()))),
+        }
+    }
+
+    /// The shared transaction after session preparation.
+    async fn transact(&self, plan: Plan) -> Result<AgentHandle, AgentError> {
+        let Plan {
+            session,
+            options,
+            signal,
+            setup,
+            owner,
+            persisted,
+            source,
+        } = plan;
+        let id = session.id().clone();
+        options.validate()?;
+        let owner = self.owner_entry(owner.as_ref())?;
+        if let Some(s) = &signal
+            && s.is_cancelled()
+        {
+            return Err(AgentError::CreationAborted {
+                id,
+                cause: s.cause().unwrap_or(CancelCause::User),
+            });
+        }
+        if self.inner.shutdown.is_cancelled() {
+            return Err(inactive(&id));
+        }
+        let scope = Arc::new(Scope::new(id.clone(), None));
+        let agent = LoopAgent::new(
+            self.inner.services.clone(),
+            session.clone(),
+            options,
+            scope.clone(),
+            self.inner.config.clone(),
+            source == SessionStartSource::Resume,
+        )?;
+        let mut rollback = Rollback {
+            stage: Stage::Armed {
+                agent: agent.clone(),
+                scope,
+            },
+        };
+        let result = self
+            .publish(&mut rollback, agent, session, signal, setup, owner, persisted, source)
+            .await;
+        match result {
+            Ok(handle) => Ok(handle),
+            Err(err) => {
+                rollback.run().await;
+                Err(err)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn publish(
+        &self,
+        rollback: &mut Rollback,
+        agent: Arc<LoopAgent>,
+        session: Arc<Session>,
+        signal: Option<Signal>,
+        setup: Option<agent::runtime::Setup>,
+        owner: Option<Arc<AgentEntry>>,
+        persisted: Option<usize>,
+        source: SessionStartSource,
+    ) -> Result<AgentHandle, AgentError> {
+        let id = agent.id().clone();
+        if let Some(setup) = setup {
+            let ctx = Ctx::scoped(self.inner.services.clone(), agent.clone());
+            let composed = std::panic::AssertUnwindSafe(setup(ctx)).catch_unwind();
+            match self.race(composed, signal.as_ref(), owner.as_ref()).await {
+                Race::Done(Ok(Ok(commit))) => {
+                    if let Some(commit) = commit {
+                        commit().map_err(|source| AgentError::Setup {
+                            id: id.clone(),
+                            source,
+                        })?;
+                    }
+                }
+                Race::Done(Ok(Err(source))) => return Err(AgentError::Setup { id, source }),
+                Race::Done(Err(panic)) => {
+                    return Err(AgentError::Setup {
+                        id,
+                        source: agent::bus::panic_message(&*panic).into(),
+                    });
+                }
+                Race::Caller(cause) => return Err(AgentError::CreationAborted { id, cause }),
+                Race::Owner => return Err(AgentError::OwnerDisposed(id)),
+                Race::Shutdown => return Err(inactive(&id)),
+            }
+        }
+        self.recheck(&id, signal.as_ref(), owner.as_ref())?;
+
+        // Publication: enter the session, then the agent.
+        let session_guard = self.inner.sessions.enter_persisted(session.clone(), persisted)?;
+        let entry = {
+            let mut registry = self.inner.registry.lock();
+            if registry.iter().any(|e| e.agent.id() == &id) {
+                drop(registry);
+                drop(session_guard);
+                return Err(AgentError::Duplicate(id));
+            }
+            let entry = Arc::new(AgentEntry {
+                agent: agent.clone(),
+                runtime: Arc::downgrade(&self.inner),
+                session_guard: Mutex::new(Some(session_guard)),
+                owner: owner.as_ref().map(Arc::downgrade),
+                children: Mutex::new(Vec::new()),
+                disposing: Signal::new(),
+                announced: std::sync::atomic::AtomicBool::new(false),
+                teardown: OnceLock::new(),
+            });
+            registry.push(entry.clone());
+            entry
+        };
+        if let Some(owner) = &owner {
+            owner.children.lock().push(Arc::downgrade(&entry));
+        }
+        rollback.set(Stage::Published(entry.clone()));
+
+        self.inner
+            .sessions
+            .announce(&session)
+            .map_err(|e| AgentError::Other(Box::new(e)))?;
+        self.recheck(&id, signal.as_ref(), owner.as_ref())?;
+        entry.announced.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.inner
+            .services
+            .agent_events
+            .emit(&AgentEvent::Created { agent: id.clone() });
+        self.recheck(&id, signal.as_ref(), owner.as_ref())?;
+        self.inner.services.agent_events.emit(&AgentEvent::SessionStart {
+            agent: id.clone(),
+            source,
+        });
+        self.recheck(&id, signal.as_ref(), owner.as_ref())?;
+        if entry.disposing.is_cancelled() {
+            return Err(AgentError::Disposed(id));
+        }
+        rollback.set(Stage::Done);
+        agent.activate();
+        Ok(AgentHandle::new(agent, Arc::new(EntryDisposer(entry))))
+    }
+}
+
+#[async_trait]
+impl AgentRuntime for Runtime {
+    async fn create(&self, options: CreateAgentOptions) -> Result<AgentHandle, AgentError> {
+        let CreateAgentOptions {
+            session_id,
+            meta,
+            seed,
+            agent_options,
+            signal,
+            setup,
+            owner,
+        } = options;
+        if self.inner.shutdown.is_cancelled() {
+            return Err(inactive(&session_id));
+        }
+        let session = self.inner.sessions.prepare(session_id, seed, meta)?;
+        self.transact(Plan {
+            session,
+            options: agent_options,
+            signal,
+            setup,
+            owner,
+            persisted: None,
+            source: SessionStartSource::Startup,
+        })
+        .await
+    }
+
+    async fn resume(&self, options: ResumeAgentOptions) -> Result<AgentHandle, AgentError> {
+        let ResumeAgentOptions {
+            session_id,
+            agent_options,
+            signal,
+            setup,
+            owner,
+        } = options;
+        if self.inner.shutdown.is_cancelled() {
+            return Err(inactive(&session_id));
+        }
+        let persistence = self
+            .inner
+            .services
+            .persistence
+            .clone()
+            .ok_or_else(|| AgentError::Persistence("session persistence is not configured".to_owned()))?;
+        if self.inner.sessions.get(&session_id).is_some()
+            || self.inner.registry.lock().iter().any(|e| e.agent.id() == &session_id)
+        {
+            return Err(AgentError::Duplicate(session_id));
+        }
+        if let Some(s) = &signal
+            && s.is_cancelled()
+        {
+            return Err(AgentError::CreationAborted {
+                id: session_id,
+                cause: s.cause().unwrap_or(CancelCause::User),
+            });
+        }
+        let owner_entry = self.owner_entry(owner.as_ref())?;
+        let loaded = match self
+            .race(persistence.load(&session_id), signal.as_ref(), owner_entry.as_ref())
+            .await
+        {
+            Race::Done(loaded) => loaded?,
+            Race::Caller(cause) => return Err(AgentError::CreationAborted { id: session_id, cause }),
+            Race::Owner => return Err(AgentError::OwnerDisposed(session_id)),
+            Race::Shutdown => return Err(inactive(&session_id)),
+        };
+        let persisted = loaded.events.len();
+        let mut events = loaded.events;
+        crate::store::repair_open_turn(&mut events);
+        let session = Arc::new(Session::new(loaded.header, Some(events))?);
+        self.transact(Plan {
+            session,
+            options: agent_options,
+            signal,
+            setup,
+            owner,
+            persisted: Some(persisted),
+            source: SessionStartSource::Resume,
+        })
+        .await
+    }
+
+    fn get(&self, id: &SessionId) -> Option<AgentRef> {
+        self.entry(id).map(|e| e.agent.clone() as AgentRef)
+    }
+
+    fn list(&self) -> Vec<AgentRef> {
+        self.inner
+            .registry
+            .lock()
+            .iter()
+            .filter(|e| e.agent.is_live())
+            .map(|e| e.agent.clone() as AgentRef)
+            .collect()
+    }
+
+    fn ctx(&self) -> Ctx {
+        Ctx::global(self.inner.services.clone())
+    }
+
+    fn agent_ctx(&self, id: &SessionId) -> Option<Ctx> {
+        let agent = AgentRuntime::get(self, id)?;
+        Some(Ctx::scoped(self.inner.services.clone(), agent))
+    }
+}
+
+/// Asserts that `runtime` is quiescent: no registered agent (live or disposing), no live
+/// session, no hook or listener left on the shared lists and buses, no agent-scoped prompt or
+/// tool registration, and no runtime task still running. Global deployment registrations (the
+/// persona, global tools) may remain. For tests; panics with a description otherwise.
+pub fn assert_quiescent(runtime: &Runtime) {
+    let inner = &runtime.inner;
+    let agents: Vec<String> = inner.registry.lock().iter().map(|e| e.agent.id().to_string()).collect();
+    assert!(agents.is_empty(), "agents still registered: {agents:?}");
+    let sessions: Vec<String> = inner.sessions.list().iter().map(|s| s.id().to_string()).collect();
+    assert!(sessions.is_empty(), "sessions still live: {sessions:?}");
+    let s = &inner.services;
+    assert_eq!(s.pre_step.len(), 0, "pre-step interceptors left");
+    assert_eq!(s.turn_stopping.len(), 0, "turn-stopping hooks left");
+    assert_eq!(s.agent_events.listener_count(), 0, "agent event listeners left");
+    assert_eq!(inner.sessions.events().listener_count(), 0, "session store listeners left");
+    assert_eq!(inner.prompt.scoped_len(), 0, "agent-scoped prompt registrations left");
+    if let Some(tools) = &inner.tool_registry {
+        assert_eq!(tools.counts().scope_layers, 0, "agent-scoped tool layers left: {tools:?}");
+    }
+    assert_eq!(inner.tasks.len(), 0, "runtime tasks still running");
+}

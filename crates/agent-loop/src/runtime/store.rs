@@ -1,0 +1,257 @@
+//! [`MemorySessionStore`]: the live session store (spec §6).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use parking_lot::{Mutex, RwLock};
+
+use agent::bus::ListenerFailed;
+use agent::session::now_ms;
+use agent::{
+    AgentError, Carried, EventBus, Registration, Session, SessionEvent, SessionId, SessionMeta,
+    SessionObserver, SessionPersistence, SessionStore,
+};
+
+/// A notification about the live store's entries.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum SessionStoreEvent {
+    /// `session/created`: an entered session was announced. Listeners replay `session.events()`
+    /// to see appends made before publication.
+    Created(Arc<Session>),
+    /// `session/disposed`: an announced session left the store.
+    Disposed(SessionId),
+}
+
+impl Carried for SessionStoreEvent {
+    fn carrier(&self) -> Option<&SessionId> {
+        Some(match self {
+            Self::Created(s) => s.id(),
+            Self::Disposed(id) => id,
+        })
+    }
+}
+
+struct Entry {
+    key: u64,
+    session: Arc<Session>,
+    announced: bool,
+}
+
+#[derive(Default)]
+struct State {
+    next: u64,
+    entries: Vec<Entry>,
+}
+
+/// Appends every committed event to durable persistence (post-commit; a failure is logged).
+struct PersistObserver {
+    persistence: Arc<dyn SessionPersistence>,
+}
+
+impl SessionObserver for PersistObserver {
+    fn committed(&self, session: &Session, event: &Arc<SessionEvent>) {
+        if let Err(err) = self.persistence.append(session.id(), event) {
+            tracing::warn!(session = %session.id(), seq = event.seq, %err, "persisting a session event failed");
+        }
+    }
+}
+
+struct Inner {
+    state: Mutex<State>,
+    observers: RwLock<Vec<Arc<dyn SessionObserver>>>,
+    persistence: Option<Arc<dyn SessionPersistence>>,
+    events: EventBus<SessionStoreEvent>,
+}
+
+/// The in-memory live session store.
+///
+/// * [`prepare`](SessionStore::prepare) validates the header and seed and rejects an id that is
+///   live in the store; it does not reserve the id (the final [`enter`](SessionStore::enter)
+///   arbitrates concurrent preparations).
+/// * `enter` publishes the session with the store's observers (durable persistence first, when
+///   configured, then every [`add_observer`](Self::add_observer) observer) and inserts it. The
+///   returned guard removes the entry and, for announced sessions, emits
+///   [`SessionStoreEvent::Disposed`] exactly once.
+/// * [`announce`](Self::announce) emits [`SessionStoreEvent::Created`]; a failing listener
+///   vetoes (the runtime then rolls the creation back).
+///
+/// Cheap to clone (shared). One mutex protects the entry list; it is never held while
+/// listeners or observers run.
+#[derive(Clone)]
+pub struct MemorySessionStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for MemorySessionStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemorySessionStore").field("live", &self.len()).finish()
+    }
+}
+
+impl Default for MemorySessionStore {
+    fn default() -> Self {
+        Self::new(None)
+    }
+}
+
+impl MemorySessionStore {
+    /// A store, optionally backed by durable persistence.
+    pub fn new(persistence: Option<Arc<dyn SessionPersistence>>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State::default()),
+                observers: RwLock::new(Vec::new()),
+                persistence,
+                events: EventBus::new(),
+            }),
+        }
+    }
+
+    /// Adds an observer installed into every session entered from now on (for example an
+    /// invariant checker).
+    pub fn add_observer(&self, observer: Arc<dyn SessionObserver>) {
+        self.inner.observers.write().push(observer);
+    }
+
+    /// The store's notifications (`session/created`, `session/disposed`).
+    pub fn events(&self) -> &EventBus<SessionStoreEvent> {
+        &self.inner.events
+    }
+
+    /// The number of live sessions.
+    pub fn len(&self) -> usize {
+        self.inner.state.lock().entries.len()
+    }
+
+    /// Whether no session is live.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Like [`SessionStore::enter`], for a session whose first `persisted` events are already
+    /// durable (a resumed session): only the header of a new session is created and only the
+    /// later events are written.
+    pub fn enter_persisted(&self, session: Arc<Session>, persisted: Option<usize>) -> Result<Registration, AgentError> {
+        let key = {
+            let mut state = self.inner.state.lock();
+            if state.entries.iter().any(|e| e.session.id() == session.id()) {
+                return Err(AgentError::Duplicate(session.id().clone()));
+            }
+            state.next += 1;
+            let key = state.next;
+            state.entries.push(Entry {
+                key,
+                session: session.clone(),
+                announced: false,
+            });
+            key
+        };
+        let guard = self.removal_guard(key);
+        let mut observers: Vec<Arc<dyn SessionObserver>> = Vec::new();
+        if let Some(persistence) = &self.inner.persistence {
+            let events = session.events();
+            let from = match persisted {
+                Some(n) => n.min(events.len()),
+                None => {
+                    persistence.create(session.header())?;
+                    0
+                }
+            };
+            for event in &events[from..] {
+                persistence.append(session.id(), event)?;
+            }
+            observers.push(Arc::new(PersistObserver {
+                persistence: persistence.clone(),
+            }));
+        }
+        observers.extend(self.inner.observers.read().iter().cloned());
+        session.publish(observers);
+        Ok(guard)
+    }
+
+    /// Emits `session/created` for an entered session, once. A failing listener is returned
+    /// (the caller rolls back; removal then pairs it with `session/disposed`).
+    pub fn announce(&self, session: &Arc<Session>) -> Result<(), ListenerFailed> {
+        {
+            let mut state = self.inner.state.lock();
+            match state.entries.iter_mut().find(|e| Arc::ptr_eq(&e.session, session)) {
+                Some(e) if !e.announced => e.announced = true,
+                _ => return Ok(()),
+            }
+        }
+        self.inner.events.try_emit(&SessionStoreEvent::Created(session.clone()))
+    }
+
+    fn removal_guard(&self, key: u64) -> Registration {
+        let weak = Arc::downgrade(&self.inner);
+        Registration::new(move || {
+            let Some(inner) = weak.upgrade() else { return };
+            let removed = {
+                let mut state = inner.state.lock();
+                state
+                    .entries
+                    .iter()
+                    .position(|e| e.key == key)
+                    .map(|i| state.entries.remove(i))
+            };
+            if let Some(entry) = removed
+                && entry.announced
+            {
+                inner
+                    .events
+                    .emit(&SessionStoreEvent::Disposed(entry.session.id().clone()));
+            }
+        })
+    }
+}
+
+#[async_trait]
+impl SessionStore for MemorySessionStore {
+    fn prepare(
+        &self,
+        id: SessionId,
+        seed: Option<Vec<SessionEvent>>,
+        meta: SessionMeta,
+    ) -> Result<Arc<Session>, AgentError> {
+        if self.get(&id).is_some() {
+            return Err(AgentError::Duplicate(id));
+        }
+        let header = meta.into_header(id, now_ms())?;
+        Ok(Arc::new(Session::new(header, seed)?))
+    }
+
+    fn enter(&self, session: Arc<Session>) -> Result<Registration, AgentError> {
+        self.enter_persisted(session, None)
+    }
+
+    fn get(&self, id: &SessionId) -> Option<Arc<Session>> {
+        self.inner
+            .state
+            .lock()
+            .entries
+            .iter()
+            .find(|e| e.session.id() == id)
+            .map(|e| e.session.clone())
+    }
+
+    fn list(&self) -> Vec<Arc<Session>> {
+        self.inner
+            .state
+            .lock()
+            .entries
+            .iter()
+            .map(|e| e.session.clone())
+            .collect()
+    }
+
+    async fn flush(&self, id: &SessionId) -> Result<bool, AgentError> {
+        if self.get(id).is_none() {
+            return Err(AgentError::NotFound(id.clone()));
+        }
+        match &self.inner.persistence {
+            Some(p) => p.flush(id).await.map(|()| true),
+            None => Ok(false),
+        }
+    }
+}
