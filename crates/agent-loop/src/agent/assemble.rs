@@ -87,7 +87,8 @@ impl BlockAssembler {
         if self.open(index).is_none() {
             self.partials.push(Partial::new(index, Some(kind)));
         }
-        self.open(index).expect("an open partial with this index was just ensured")
+        self.open(index)
+            .expect("an open partial with this index was just ensured")
     }
 
     /// Feeds one chunk, in stream order.
@@ -98,7 +99,9 @@ impl BlockAssembler {
                     self.partials.push(Partial::new(*index, Some(*block_type)));
                 }
             }
-            StreamChunk::TextDelta { index, text } => self.ensure(*index, BlockType::Text).text.push_str(text),
+            StreamChunk::TextDelta { index, text } => {
+                self.ensure(*index, BlockType::Text).text.push_str(text)
+            }
             StreamChunk::ReasoningDelta { index, text } => {
                 self.ensure(*index, BlockType::Reasoning).text.push_str(text);
             }

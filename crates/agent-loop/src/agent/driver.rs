@@ -76,7 +76,10 @@ fn check(signal: &Signal) -> Result<(), TurnFailure> {
 }
 
 fn panicked(what: &str, payload: &(dyn std::any::Any + Send)) -> TurnFailure {
-    TurnFailure::Failed(LlmFailure::unknown(format!("{what} panicked: {}", panic_message(payload))))
+    TurnFailure::Failed(LlmFailure::unknown(format!(
+        "{what} panicked: {}",
+        panic_message(payload)
+    )))
 }
 
 /// What a step is built from, fixed at its pre-step.
@@ -110,7 +113,11 @@ impl LoopAgent {
     /// Runs one opened turn to its `turn/end`. Returns whether it ended normally (so the driver
     /// may continue with pending work).
     pub(crate) async fn run_turn(&self, open: OpenTurn) -> bool {
-        let OpenTurn { turn, signal, claimed } = open;
+        let OpenTurn {
+            turn,
+            signal,
+            claimed,
+        } = open;
         let mut ts = TurnState { end: None, step: 0 };
         let body = AssertUnwindSafe(self.turn_body(turn, &signal, claimed, &mut ts))
             .catch_unwind()
@@ -265,7 +272,9 @@ impl LoopAgent {
     }
 
     /// Renders the system text, collects tool schemas and renders the runtime contexts.
-    fn assemble_prompt(&self) -> Result<(AssembledPrompt, Vec<agent::message::SnapshotSection>), TurnFailure> {
+    fn assemble_prompt(
+        &self,
+    ) -> Result<(AssembledPrompt, Vec<agent::message::SnapshotSection>), TurnFailure> {
         let registry = &self.services.prompt;
         let vars = PromptVariables {
             model: self.options.model.clone(),
@@ -347,9 +356,8 @@ impl LoopAgent {
             } => Some((provider, model, context_window)),
             _ => None,
         });
-        let changed = previous.is_none_or(|(p, m, w)| {
-            *p != header.config.provider || *m != header.config.model || w.is_some()
-        });
+        let changed = previous
+            .is_none_or(|(p, m, w)| *p != header.config.provider || *m != header.config.model || w.is_some());
         if changed {
             self.session.append(
                 EventData::RequestContext {
@@ -481,7 +489,9 @@ impl LoopAgent {
             return Err(TurnFailure::Failed(failure));
         }
         let mut message = Message::assistant(asm.blocks(), provider, model);
-        if let (Some(state), MessageSource::Model { replay_state, .. }) = (asm.replay_state(), &mut message.source) {
+        if let (Some(state), MessageSource::Model { replay_state, .. }) =
+            (asm.replay_state(), &mut message.source)
+        {
             *replay_state = Some(state);
         }
         let calls: Vec<ToolCallRequest> = message
@@ -538,8 +548,14 @@ impl LoopAgent {
                 None,
             )?;
         }
-        let executed =
-            crate::tools::run_step_calls(&*self.services.tools, &self.id, calls, signal, self.config.tool_pool).await;
+        let executed = crate::tools::run_step_calls(
+            &*self.services.tools,
+            &self.id,
+            calls,
+            signal,
+            self.config.tool_pool,
+        )
+        .await;
         let mut concluded = false;
         let mut deferred = Vec::new();
         for done in executed {
@@ -550,7 +566,11 @@ impl LoopAgent {
                 EventData::ToolResult {
                     turn,
                     step,
-                    message: Message::tool_result(done.execution.call_id.clone(), result.content, result.is_error),
+                    message: Message::tool_result(
+                        done.execution.call_id.clone(),
+                        result.content,
+                        result.is_error,
+                    ),
                     error: result.error.map(|e| ToolResultError {
                         name: result_error_name(&e.code).to_owned(),
                         code: e.code,
@@ -566,4 +586,3 @@ impl LoopAgent {
         Ok((concluded).then_some(TurnEndReason::Completed))
     }
 }
-

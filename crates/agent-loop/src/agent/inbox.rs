@@ -8,8 +8,8 @@ use parking_lot::{Mutex, ReentrantMutex};
 
 use agent::event::SpliceOutcome;
 use agent::{
-    AgentError, AgentEvent, EventBus, EventData, InboxSnapshot, InboxSplice, InboxTarget, Message,
-    MessageId, Session, SessionId,
+    AgentError, AgentEvent, EventBus, EventData, InboxSnapshot, InboxSplice, InboxTarget, Message, MessageId,
+    Session, SessionId,
 };
 
 /// The in-memory projection.
@@ -41,7 +41,9 @@ impl Lists {
         let start = usize::try_from(splice.start).unwrap_or(usize::MAX);
         let removed = usize::try_from(splice.removed_count.unwrap_or(0)).unwrap_or(usize::MAX);
         if start > list.len() || removed > list.len() - start {
-            return Err(AgentError::Other("invalid inbox splice: coordinates out of range".into()));
+            return Err(AgentError::Other(
+                "invalid inbox splice: coordinates out of range".into(),
+            ));
         }
         let other = match splice.target {
             InboxTarget::NextTurn => &self.next_step,
@@ -98,7 +100,9 @@ impl Inbox {
         for event in session.events().iter().skip(from) {
             if let EventData::InboxSpliced(splice) = &event.data {
                 lists.validate(splice).map_err(|e| {
-                    AgentError::Other(format!("invalid persisted inbox splice at session seq {}: {e}", event.seq).into())
+                    AgentError::Other(
+                        format!("invalid persisted inbox splice at session seq {}: {e}", event.seq).into(),
+                    )
                 })?;
                 lists.apply(splice);
             }
@@ -229,7 +233,8 @@ impl Inbox {
             lists.validate(&splice)?;
             splice
         };
-        self.session.append(EventData::InboxSpliced(splice.clone()), None)?;
+        self.session
+            .append(EventData::InboxSpliced(splice.clone()), None)?;
         let removed = self.lists.lock().apply(&splice);
         if cancel && !removed.is_empty() {
             self.events.emit(&AgentEvent::InboxDiscarded {

@@ -39,8 +39,8 @@ use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
 use agent::{
-    Agent, AgentError, AgentEvent, AgentOptions, AgentRef, AgentStatus, CancelCause, CancelOptions, EventData,
-    InboxSnapshot, InboxTarget, Message, MessageId, Scope, Services, Session, SessionId, Signal,
+    Agent, AgentError, AgentEvent, AgentOptions, AgentRef, AgentStatus, CancelCause, CancelOptions,
+    EventData, InboxSnapshot, InboxTarget, Message, MessageId, Scope, Services, Session, SessionId, Signal,
 };
 
 use crate::prompt::RetainedSnapshot;
@@ -221,7 +221,10 @@ impl LoopAgent {
                 return;
             }
             match &mut st.phase {
-                Phase::Running { signal, wake_requested } => {
+                Phase::Running {
+                    signal,
+                    wake_requested,
+                } => {
                     if after_abort && signal.cause() != Some(CancelCause::Disposed) {
                         *wake_requested = true;
                     }
@@ -302,7 +305,11 @@ impl LoopAgent {
             .inbox
             .claim(InboxTarget::NextTurn, turn)
             .map_err(|e| driver::TurnFailure::from_error(&e));
-        Some(OpenTurn { turn, signal, claimed })
+        Some(OpenTurn {
+            turn,
+            signal,
+            claimed,
+        })
     }
 
     /// After a turn: with pending work and an uncancelled activity, start the next turn with a
@@ -312,9 +319,10 @@ impl LoopAgent {
             let fresh = {
                 let mut st = self.state.lock();
                 match &mut st.phase {
-                    Phase::Running { signal, wake_requested }
-                        if !signal.is_cancelled() && self.inbox.has_pending() =>
-                    {
+                    Phase::Running {
+                        signal,
+                        wake_requested,
+                    } if !signal.is_cancelled() && self.inbox.has_pending() => {
                         *signal = Signal::new();
                         *wake_requested = false;
                         true
@@ -392,7 +400,11 @@ impl Agent for LoopAgent {
         // reclassify it.
         let after_abort = wake
             && matches!(&self.state.lock().phase, Phase::Running { signal, .. } if signal.is_cancelled());
-        let target = if after_abort { InboxTarget::NextTurn } else { target };
+        let target = if after_abort {
+            InboxTarget::NextTurn
+        } else {
+            target
+        };
         let id = message.id.clone();
         self.inbox.append(target, message)?;
         if wake {

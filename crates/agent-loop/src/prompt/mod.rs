@@ -233,7 +233,9 @@ pub enum PromptError {
         section: String,
     },
     /// A reference to a name that is not a registered variable.
-    #[error("unknown prompt variable \"{{{{{name}}}}}\" in section \"{section}\"; registered variables: {known}")]
+    #[error(
+        "unknown prompt variable \"{{{{{name}}}}}\" in section \"{section}\"; registered variables: {known}"
+    )]
     Unknown {
         /// The name.
         name: String,
@@ -309,7 +311,10 @@ pub fn interpolate(text: &str, vars: &PromptVariables, section: &str) -> Result<
 
 /// Renders the system text: sections in the given (already sorted) order, the persona section
 /// interpolated, empty texts dropped, joined by a blank line. `None` when nothing remains.
-pub fn render_system(sections: &[PromptSection], vars: &PromptVariables) -> Result<Option<String>, PromptError> {
+pub fn render_system(
+    sections: &[PromptSection],
+    vars: &PromptVariables,
+) -> Result<Option<String>, PromptError> {
     let mut parts = Vec::with_capacity(sections.len());
     for section in sections {
         let text = if section.name == PERSONA_SECTION {
@@ -345,7 +350,11 @@ pub fn snapshot_body(sections: &[SnapshotSection]) -> String {
     if sections.is_empty() {
         return String::new();
     }
-    let body = sections.iter().map(|s| s.text.as_str()).collect::<Vec<_>>().join("\n\n");
+    let body = sections
+        .iter()
+        .map(|s| s.text.as_str())
+        .collect::<Vec<_>>()
+        .join("\n\n");
     model_text::snapshot_text(&body)
 }
 
@@ -415,7 +424,10 @@ mod tests {
 
     #[test]
     fn interpolation_is_strict() {
-        assert_eq!(interpolate("on {{model}} via {{provider}}", &vars(), "s").unwrap(), "on m1 via p");
+        assert_eq!(
+            interpolate("on {{model}} via {{provider}}", &vars(), "s").unwrap(),
+            "on m1 via p"
+        );
         assert_eq!(interpolate("a {{ lone", &vars(), "s").unwrap(), "a {{ lone");
         let err = interpolate("in {{cwd}}", &vars(), "deployment:persona").unwrap_err();
         assert_eq!(
@@ -459,7 +471,10 @@ mod tests {
         let render = |agent: Option<&SessionId>| render_system(&reg.sections(agent), &vars()).unwrap();
         assert_eq!(render(Some(&a)).unwrap(), "identity\n\nchild\n\nuse tools");
         assert_eq!(render(None).unwrap(), "identity\n\nglobal m1\n\nuse tools");
-        assert_eq!(render(Some(&"b".into())).unwrap(), "identity\n\nglobal m1\n\nuse tools");
+        assert_eq!(
+            render(Some(&"b".into())).unwrap(),
+            "identity\n\nglobal m1\n\nuse tools"
+        );
         drop(scoped);
         assert_eq!(render(Some(&a)).unwrap(), "identity\n\nglobal m1\n\nuse tools");
         assert_eq!(reg.len(), 3);
@@ -476,7 +491,10 @@ mod tests {
         assert!(is_snapshot_message(&msg));
         let text = snapshot_message_text(&msg).unwrap();
         assert_eq!(text, model_text::snapshot_text("Mode: read-only."));
-        assert_eq!(snapshot_message(&current, &RetainedSnapshot::Last(Some(text.clone()))), None);
+        assert_eq!(
+            snapshot_message(&current, &RetainedSnapshot::Last(Some(text.clone()))),
+            None
+        );
         drop(guard);
         let cleared = snapshot_message(&[], &RetainedSnapshot::Last(Some(text))).unwrap();
         assert_eq!(cleared.text(), model_text::SNAPSHOT_CLEARED);
@@ -488,7 +506,10 @@ mod tests {
             }
         );
         assert_eq!(
-            snapshot_message(&[], &RetainedSnapshot::Last(Some(model_text::SNAPSHOT_CLEARED.into()))),
+            snapshot_message(
+                &[],
+                &RetainedSnapshot::Last(Some(model_text::SNAPSHOT_CLEARED.into()))
+            ),
             None
         );
     }

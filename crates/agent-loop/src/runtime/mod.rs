@@ -31,6 +31,10 @@
 
 mod models;
 mod store;
+#[cfg(test)]
+pub(crate) mod testkit;
+#[cfg(test)]
+mod tests;
 
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -91,9 +95,11 @@ impl AgentEntry {
         let shared = self
             .teardown
             .get_or_init(|| {
-                // Synchronous part first: no new work from now on.
+                // Synchronous part first: no new work from now on, the active turn aborted
+                // and the inbox cleared (no wake latch under `disposed`).
                 self.disposing.cancel(CancelCause::Disposed);
                 self.agent.begin_disposal();
+                self.agent.cancel(CancelCause::Disposed, CancelOptions::default());
                 let fut = teardown(self.clone()).boxed().shared();
                 if let Ok(handle) = tokio::runtime::Handle::try_current() {
                     match self.runtime.upgrade() {
@@ -115,8 +121,12 @@ impl AgentEntry {
 /// The quiescence transaction of one agent (see the module docs).
 async fn teardown(entry: Arc<AgentEntry>) {
     let agent = entry.agent.clone();
-    agent.cancel(CancelCause::Disposed, CancelOptions::default());
-    let children: Vec<Arc<AgentEntry>> = entry.children.lock().drain(..).filter_map(|w| w.upgrade()).collect();
+    let children: Vec<Arc<AgentEntry>> = entry
+        .children
+        .lock()
+        .drain(..)
+        .filter_map(|w| w.upgrade())
+        .collect();
     let jobs = entry.runtime.upgrade().and_then(|rt| rt.services.jobs.clone());
     let id = agent.id().clone();
     let jobs_done = async move {
@@ -146,7 +156,10 @@ async fn teardown(entry: Arc<AgentEntry>) {
     let guard = entry.session_guard.lock().take();
     drop(guard);
     if let Some(owner) = entry.owner.as_ref().and_then(Weak::upgrade) {
-        owner.children.lock().retain(|w| w.upgrade().is_some_and(|e| !Arc::ptr_eq(&e, &entry)));
+        owner
+            .children
+            .lock()
+            .retain(|w| w.upgrade().is_some_and(|e| !Arc::ptr_eq(&e, &entry)));
     }
 }
 
@@ -275,7 +288,9 @@ pub struct RuntimeBuilder {
 
 impl std::fmt::Debug for RuntimeBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RuntimeBuilder").field("config", &self.config).finish()
+        f.debug_struct("RuntimeBuilder")
+            .field("config", &self.config)
+            .finish()
     }
 }
 
@@ -427,7 +442,10 @@ struct Plan {
 /// How far a creation got, for its rollback.
 enum Stage {
     /// Constructed, unpublished.
-    Armed { agent: Arc<LoopAgent>, scope: Arc<Scope> },
+    Armed {
+        agent: Arc<LoopAgent>,
+        scope: Arc<Scope>,
+    },
     /// Entered into the store and the registry.
     Published(Arc<AgentEntry>),
     /// Nothing to undo.
@@ -653,7 +671,16 @@ impl Runtime {
             },
         };
         let result = self
-            .publish(&mut rollback, agent, session, signal, setup, owner, persisted, source)
+            .publish(
+                &mut rollback,
+                agent,
+                session,
+                signal,
+                setup,
+                owner,
+                persisted,
+                source,
+            )
             .await;
         match result {
             Ok(handle) => Ok(handle),
@@ -801,7 +828,12 @@ impl AgentRuntime for Runtime {
             .clone()
             .ok_or_else(|| AgentError::Persistence("session persistence is not configured".to_owned()))?;
         if self.inner.sessions.get(&session_id).is_some()
-            || self.inner.registry.lock().iter().any(|e| e.agent.id() == &session_id)
+            || self
+                .inner
+                .registry
+                .lock()
+                .iter()
+                .any(|e| e.agent.id() == &session_id)
         {
             return Err(AgentError::Duplicate(session_id));
         }
@@ -815,11 +847,20 @@ impl AgentRuntime for Runtime {
         }
         let owner_entry = self.owner_entry(owner.as_ref())?;
         let loaded = match self
-            .race(persistence.load(&session_id), signal.as_ref(), owner_entry.as_ref())
+            .race(
+                persistence.load(&session_id),
+                signal.as_ref(),
+                owner_entry.as_ref(),
+            )
             .await
         {
             Race::Done(loaded) => loaded?,
-            Race::Caller(cause) => return Err(AgentError::CreationAborted { id: session_id, cause }),
+            Race::Caller(cause) => {
+                return Err(AgentError::CreationAborted {
+                    id: session_id,
+                    cause,
+                });
+            }
             Race::Owner => return Err(AgentError::OwnerDisposed(session_id)),
             Race::Shutdown => return Err(inactive(&session_id)),
         };
@@ -869,7 +910,12 @@ impl AgentRuntime for Runtime {
 /// persona, global tools) may remain. For tests; panics with a description otherwise.
 pub fn assert_quiescent(runtime: &Runtime) {
     let inner = &runtime.inner;
-    let agents: Vec<String> = inner.registry.lock().iter().map(|e| e.agent.id().to_string()).collect();
+    let agents: Vec<String> = inner
+        .registry
+        .lock()
+        .iter()
+        .map(|e| e.agent.id().to_string())
+        .collect();
     assert!(agents.is_empty(), "agents still registered: {agents:?}");
     let sessions: Vec<String> = inner.sessions.list().iter().map(|s| s.id().to_string()).collect();
     assert!(sessions.is_empty(), "sessions still live: {sessions:?}");
@@ -877,10 +923,22 @@ pub fn assert_quiescent(runtime: &Runtime) {
     assert_eq!(s.pre_step.len(), 0, "pre-step interceptors left");
     assert_eq!(s.turn_stopping.len(), 0, "turn-stopping hooks left");
     assert_eq!(s.agent_events.listener_count(), 0, "agent event listeners left");
-    assert_eq!(inner.sessions.events().listener_count(), 0, "session store listeners left");
-    assert_eq!(inner.prompt.scoped_len(), 0, "agent-scoped prompt registrations left");
+    assert_eq!(
+        inner.sessions.events().listener_count(),
+        0,
+        "session store listeners left"
+    );
+    assert_eq!(
+        inner.prompt.scoped_len(),
+        0,
+        "agent-scoped prompt registrations left"
+    );
     if let Some(tools) = &inner.tool_registry {
-        assert_eq!(tools.counts().scope_layers, 0, "agent-scoped tool layers left: {tools:?}");
+        assert_eq!(
+            tools.counts().scope_layers,
+            0,
+            "agent-scoped tool layers left: {tools:?}"
+        );
     }
     assert_eq!(inner.tasks.len(), 0, "runtime tasks still running");
 }

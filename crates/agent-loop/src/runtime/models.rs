@@ -30,7 +30,11 @@ impl ModelMap {
     }
 
     /// Serves `provider` with `adapter`, returning the adapter it replaces.
-    pub fn insert(&self, provider: impl Into<String>, adapter: Arc<dyn ModelAdapter>) -> Option<Arc<dyn ModelAdapter>> {
+    pub fn insert(
+        &self,
+        provider: impl Into<String>,
+        adapter: Arc<dyn ModelAdapter>,
+    ) -> Option<Arc<dyn ModelAdapter>> {
         self.adapters.write().insert(provider.into(), adapter)
     }
 

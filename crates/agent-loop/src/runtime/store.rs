@@ -85,7 +85,9 @@ pub struct MemorySessionStore {
 
 impl std::fmt::Debug for MemorySessionStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemorySessionStore").field("live", &self.len()).finish()
+        f.debug_struct("MemorySessionStore")
+            .field("live", &self.len())
+            .finish()
     }
 }
 
@@ -132,7 +134,11 @@ impl MemorySessionStore {
     /// Like [`SessionStore::enter`], for a session whose first `persisted` events are already
     /// durable (a resumed session): only the header of a new session is created and only the
     /// later events are written.
-    pub fn enter_persisted(&self, session: Arc<Session>, persisted: Option<usize>) -> Result<Registration, AgentError> {
+    pub fn enter_persisted(
+        &self,
+        session: Arc<Session>,
+        persisted: Option<usize>,
+    ) -> Result<Registration, AgentError> {
         let key = {
             let mut state = self.inner.state.lock();
             if state.entries.iter().any(|e| e.session.id() == session.id()) {
@@ -175,12 +181,18 @@ impl MemorySessionStore {
     pub fn announce(&self, session: &Arc<Session>) -> Result<(), ListenerFailed> {
         {
             let mut state = self.inner.state.lock();
-            match state.entries.iter_mut().find(|e| Arc::ptr_eq(&e.session, session)) {
+            match state
+                .entries
+                .iter_mut()
+                .find(|e| Arc::ptr_eq(&e.session, session))
+            {
                 Some(e) if !e.announced => e.announced = true,
                 _ => return Ok(()),
             }
         }
-        self.inner.events.try_emit(&SessionStoreEvent::Created(session.clone()))
+        self.inner
+            .events
+            .try_emit(&SessionStoreEvent::Created(session.clone()))
     }
 
     fn removal_guard(&self, key: u64) -> Registration {

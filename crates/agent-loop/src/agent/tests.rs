@@ -1,0 +1,1481 @@
+//! Tests of the agent: inbox, delivery, cancellation, status and the driver (spec §8).
+//! Each cites the checklist ID it ports (`spec/agent-spine.md` §16).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use futures::FutureExt;
+use parking_lot::Mutex;
+use serde_json::json;
+
+use agent::bus::BoxError;
+use agent::event::{RequestHeaderReason, SpliceOutcome};
+use agent::model::BlockType;
+use agent::tools::ToolOutput;
+use agent::{
+    Agent, AgentError, AgentEvent, AgentOptions, AgentRef, AgentRuntime, AgentStatus, CancelCause,
+    CancelOptions, ContentBlock, CreateAgentOptions, EventData, InboxTarget, LlmFailure, Message, PreStep,
+    PreStepDecision, PreStepInterceptor, SessionMeta, Signal, StreamChunk, TurnEndReason, TurnStoppingHook,
+};
+
+use crate::model::{ScriptEntry, ScriptedModel, chunks};
+use crate::runtime::testkit::*;
+
+fn keep() -> CancelOptions {
+    CancelOptions { keep_inbox: true }
+}
+
+fn aborted(cause: CancelCause) -> TurnEndReason {
+    TurnEndReason::Aborted { reason: cause }
+}
+
+fn splices(agent: &dyn Agent) -> Vec<agent::InboxSplice> {
+    agent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::InboxSpliced(s) => Some(s.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// An interceptor built from a closure over the proposed decision (synchronous body).
+struct PreStepFn<F>(F);
+
+#[async_trait]
+impl<F> PreStepInterceptor for PreStepFn<F>
+where
+    F: Fn(&PreStep<'_>, PreStepDecision) -> Result<PreStepDecision, BoxError> + Send + Sync + 'static,
+{
+    async fn pre_step(
+        &self,
+        step: PreStep<'_>,
+        proposed: PreStepDecision,
+    ) -> Result<PreStepDecision, BoxError> {
+        (self.0)(&step, proposed)
+    }
+}
+
+/// An interceptor that waits for the step's signal, then passes the decision on.
+struct BlockUntilCancelled(Arc<AtomicUsize>);
+
+#[async_trait]
+impl PreStepInterceptor for BlockUntilCancelled {
+    async fn pre_step(
+        &self,
+        step: PreStep<'_>,
+        proposed: PreStepDecision,
+    ) -> Result<PreStepDecision, BoxError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        step.signal.cancelled().await;
+        Ok(proposed)
+    }
+}
+
+/// A turn-stopping hook that steers `text` the first `times` times it is called.
+struct SteerOnStop {
+    text: &'static str,
+    left: AtomicUsize,
+}
+
+#[async_trait]
+impl TurnStoppingHook for SteerOnStop {
+    async fn turn_stopping(&self, agent: &AgentRef, _turn: u64, _signal: &Signal) -> Result<(), BoxError> {
+        if self
+            .left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            agent.steer(user(self.text))?;
+        }
+        Ok(())
+    }
+}
+
+/// spec: SPN-12 — `clear()` logs both lists as durable cancellations (`next-step` first),
+/// replace works across lists, duplicate ids are rejected.
+#[tokio::test(start_paused = true)]
+async fn spn_12_inbox_clear_replace_and_duplicates() {
+    let model = ScriptedModel::default();
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    let queued = user("queued");
+    let injected = user("context");
+    agent.send(queued.clone(), InboxTarget::NextTurn, false).unwrap();
+    agent.inject(injected.clone()).unwrap();
+    // A pending id is rejected in either list.
+    assert!(matches!(
+        agent.send(queued.clone(), InboxTarget::NextStep, false),
+        Err(AgentError::DuplicateMessage(id)) if id == queued.id
+    ));
+    assert!(matches!(
+        agent.inject(injected.clone()),
+        Err(AgentError::DuplicateMessage(_))
+    ));
+    // Replace locates the id across lists (here: next-step) as a cancellation inserting the
+    // replacement.
+    let loop_agent = rt.loop_agent(agent.id()).unwrap();
+    let replacement = user("context v2");
+    assert!(
+        loop_agent
+            .replace_pending(&injected.id, replacement.clone())
+            .unwrap()
+    );
+    assert!(!loop_agent.replace_pending(&injected.id, user("gone")).unwrap());
+    let last = splices(&*agent).pop().unwrap();
+    assert_eq!(last.target, InboxTarget::NextStep);
+    assert_eq!(last.removed_count, Some(1));
+    assert_eq!(last.inserted, vec![replacement.clone()]);
+    assert_eq!(last.outcome, Some(SpliceOutcome::Canceled));
+    assert_eq!(agent.inbox().next_step, vec![replacement]);
+    // Clear: next-step first, then next-turn, each a durable cancellation.
+    let before = splices(&*agent).len();
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    let cleared = &splices(&*agent)[before..];
+    assert_eq!(cleared.len(), 2);
+    assert_eq!(cleared[0].target, InboxTarget::NextStep);
+    assert_eq!(cleared[1].target, InboxTarget::NextTurn);
+    for s in cleared {
+        assert_eq!(s.removed_count, Some(1));
+        assert!(s.inserted.is_empty());
+        assert_eq!(s.outcome, Some(SpliceOutcome::Canceled));
+    }
+    assert!(agent.inbox().is_empty());
+    // An empty clear logs nothing.
+    let before = agent.session().len();
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    assert_eq!(agent.session().len(), before);
+    assert!(model.requests().is_empty());
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-13 — `cancel()` on an idle agent with nothing queued is a no-op; the next prompt
+/// runs.
+#[tokio::test(start_paused = true)]
+async fn spn_13_idle_cancel_is_a_no_op() {
+    let model = ScriptedModel::new([chunks::text("reply")]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    assert!(agent.session().is_empty(), "nothing logged");
+    agent.followup(user("real prompt")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["real prompt"]);
+    assert_eq!(turn_ends(&*agent), [TurnEndReason::Completed]);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-14 — `keepInbox` does not restore work a waking send already claimed; the opened
+/// turn ends `aborted {user}` with no model call.
+#[tokio::test(start_paused = true)]
+async fn spn_14_keep_inbox_does_not_restore_claimed_work() {
+    let model = ScriptedModel::new([chunks::text("wake reply")]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("preserved")).unwrap();
+    agent.cancel(CancelCause::User, keep());
+    assert!(
+        splices(&*agent).iter().all(|s| s.outcome.is_none()),
+        "keep_inbox logs no cancellation"
+    );
+    agent.when_idle().await;
+    assert!(agent.inbox().is_empty());
+    assert!(user_texts(&*agent).is_empty());
+    assert!(model.requests().is_empty());
+    assert_eq!(turn_ends(&*agent), [aborted(CancelCause::User)]);
+    agent.followup(user("wake it")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["wake it"]);
+    assert_eq!(model.requests().len(), 1);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-15 — `keepInbox` parks queued work after an active turn aborts; it runs on the
+/// next wake.
+#[tokio::test(start_paused = true)]
+async fn spn_15_keep_inbox_parks_queued_work_until_the_next_wake() {
+    let model = ScriptedModel::new([
+        ScriptEntry::hang(),
+        chunks::text("preserved reply").into(),
+        chunks::text("wake reply").into(),
+    ]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("active")).unwrap();
+    settle().await;
+    agent.followup(user("preserved")).unwrap();
+    agent.cancel(CancelCause::User, keep());
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["active"]);
+    assert_eq!(agent.inbox().next_turn.len(), 1);
+    assert_eq!(model.requests().len(), 1);
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    agent.followup(user("wake it")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["active", "preserved", "wake it"]);
+    assert_eq!(model.requests().len(), 3);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-16 — a waking send in the abort-to-idle window is latched and replays at
+/// convergence.
+#[tokio::test(start_paused = true)]
+async fn spn_16_wake_in_abort_window_is_latched_and_replayed() {
+    let model = ScriptedModel::new([ScriptEntry::hang(), chunks::text("B reply").into()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("active")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, keep());
+    agent.followup(user("B")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["active", "B"]);
+    assert_eq!(model.requests().len(), 2);
+    assert!(agent.inbox().is_empty());
+    assert_eq!(
+        turn_ends(&*agent),
+        [aborted(CancelCause::User), TurnEndReason::Completed]
+    );
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-16 (steering variant) — a latched steer is redirected to `next-turn`: it cannot
+/// join the aborted turn.
+#[tokio::test(start_paused = true)]
+async fn spn_16_latched_steer_is_redirected_to_next_turn() {
+    let model = ScriptedModel::new([ScriptEntry::hang_slow(), chunks::text("B reply").into()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("A")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, keep());
+    agent.steer(user("B")).unwrap();
+    assert_eq!(agent.inbox().next_turn.len(), 1);
+    assert!(agent.inbox().next_step.is_empty());
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["A", "B"]);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-17 — `cancel()` without `keepInbox` clears a latched wake with the inbox.
+#[tokio::test(start_paused = true)]
+async fn spn_17_cancel_clears_a_latched_wake() {
+    let model = ScriptedModel::new([ScriptEntry::hang(), chunks::text("C reply").into()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("active")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, keep());
+    agent.followup(user("B")).unwrap();
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["active"]);
+    assert!(agent.inbox().is_empty());
+    assert_eq!(model.requests().len(), 1);
+    agent.followup(user("C")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["active", "C"]);
+    assert_eq!(model.requests().len(), 2);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-18 — removing a latched message before convergence suppresses the replay (no
+/// empty turn).
+#[tokio::test(start_paused = true)]
+async fn spn_18_removed_latched_message_suppresses_replay() {
+    let model = ScriptedModel::new([ScriptEntry::hang()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("active")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, keep());
+    let steer = user("steer me");
+    agent.steer(steer.clone()).unwrap();
+    assert!(agent.remove_pending(&steer.id).unwrap());
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["active"]);
+    assert_eq!(model.requests().len(), 1);
+    assert!(agent.inbox().is_empty());
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    assert_eq!(count(&*agent, "turn/start"), 1);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-19 — a wake arriving after disposal began is never latched. In this runtime a
+/// disposing agent refuses new work outright (`AgentError::Disposed`); a direct
+/// `cancel(disposed)` likewise never arms the latch (the wake stays parked, no replay turn).
+#[tokio::test(start_paused = true)]
+async fn spn_19_no_latch_after_disposal_began() {
+    let model = ScriptedModel::new([ScriptEntry::hang_slow(), chunks::text("late reply").into()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("active")).unwrap();
+    settle().await;
+    let disposal = handle.dispose();
+    assert!(matches!(
+        agent.followup(user("late wake")),
+        Err(AgentError::Disposed(_))
+    ));
+    disposal.await;
+    assert_eq!(model.requests().len(), 1);
+    assert_eq!(user_texts(&*agent), ["active"]);
+    assert_eq!(turn_ends(&*agent), [aborted(CancelCause::Disposed)]);
+
+    // The latch rule itself: a `disposed` cause never latches.
+    let model = ScriptedModel::new([ScriptEntry::hang(), chunks::text("never").into()]);
+    let rt2 = runtime(&model);
+    let handle2 = create(&rt2, "b").await;
+    let agent = handle2.agent().clone();
+    agent.followup(user("active")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::Disposed, keep());
+    agent.followup(user("late")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(model.requests().len(), 1);
+    assert_eq!(agent.inbox().next_turn.len(), 1, "parked, not replayed");
+    assert_eq!(count(&*agent, "turn/start"), 1);
+    finish(&rt, []).await;
+    finish(&rt2, [handle2]).await;
+}
+
+/// spec: SPN-20 — cancel right after waking sends closes the synchronously opened turn
+/// without a step.
+#[tokio::test(start_paused = true)]
+async fn spn_20_cancel_after_waking_sends_closes_the_turn_without_a_step() {
+    let model = ScriptedModel::new([chunks::text("should not run")]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("drop me first")).unwrap();
+    agent.followup(user("drop me second")).unwrap();
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    settle().await;
+    assert!(user_texts(&*agent).is_empty());
+    assert_eq!(count(&*agent, "turn/start"), 1);
+    assert_eq!(count(&*agent, "step/start"), 0);
+    assert_eq!(turn_ends(&*agent), [aborted(CancelCause::User)]);
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    assert!(model.requests().is_empty());
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-21 — disposal from the running notification drops queued work before
+/// `turn/start`.
+#[tokio::test(start_paused = true)]
+async fn spn_21_disposal_from_running_notification_drops_work_before_turn_start() {
+    let model = ScriptedModel::new([chunks::text("should not run")]);
+    let rt = runtime(&model);
+    let handle = Arc::new(create(&rt, "a").await);
+    let agent = handle.agent().clone();
+    let disposal = Arc::new(Mutex::new(None));
+    let (h, d) = (handle.clone(), disposal.clone());
+    let guard = rt.services().agent_events.on(move |e| {
+        if let AgentEvent::Status {
+            status: AgentStatus::Running,
+            ..
+        } = e
+        {
+            *d.lock() = Some(h.dispose());
+        }
+        Ok(())
+    });
+    agent.followup(user("drop before claim")).unwrap();
+    let fut = disposal
+        .lock()
+        .take()
+        .expect("the running listener started disposal");
+    fut.await;
+    drop(guard);
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    assert_eq!(count(&*agent, "turn/start"), 0);
+    assert!(user_texts(&*agent).is_empty());
+    assert!(model.requests().is_empty());
+    assert!(agent.inbox().is_empty());
+    drop(handle);
+    finish(&rt, []).await;
+}
+
+/// spec: SPN-22 — cancel mid-stream finalises the streamed text prefix as an interrupted
+/// assistant message citing its chunks; the next request sees it.
+#[tokio::test(start_paused = true)]
+async fn spn_22_cancel_mid_stream_finalises_the_prefix() {
+    let model = ScriptedModel::new([ScriptEntry::hang(), chunks::text("after").into()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    agent.when_idle().await;
+    let events = agent.session().events();
+    let message = events
+        .iter()
+        .find(|e| e.type_name() == "assistant/message")
+        .unwrap();
+    let EventData::AssistantMessage {
+        message: m,
+        interrupted,
+        ..
+    } = &message.data
+    else {
+        unreachable!()
+    };
+    assert_eq!(m.content, vec![ContentBlock::text("partial")]);
+    assert!(interrupted);
+    let chunk_seqs: Vec<u64> = events
+        .iter()
+        .filter(|e| e.type_name() == "assistant/chunk")
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(
+        message.surface.as_ref().unwrap().source_event_seqs.as_ref(),
+        Some(&chunk_seqs)
+    );
+    let t = types(&*agent);
+    let pos = |k: &str| t.iter().position(|x| x == k).unwrap();
+    assert!(pos("assistant/message") < pos("step/end"));
+    assert!(pos("step/end") < pos("turn/end"));
+    agent.followup(user("continue")).unwrap();
+    agent.when_idle().await;
+    let replayed = &model.requests()[1].messages;
+    assert!(
+        replayed
+            .iter()
+            .any(|m| m.role == agent::Role::Assistant && m.text() == "partial")
+    );
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-23 — cancel drops a half-streamed tool call but keeps completed text.
+#[tokio::test(start_paused = true)]
+async fn spn_23_cancel_drops_half_streamed_tool_call() {
+    let model = ScriptedModel::new([ScriptEntry::hang_after(vec![
+        StreamChunk::BlockStart {
+            index: 0,
+            block_type: BlockType::Text,
+        },
+        StreamChunk::TextDelta {
+            index: 0,
+            text: "reading the file".into(),
+        },
+        StreamChunk::BlockEnd {
+            index: 0,
+            block: ContentBlock::text("reading the file"),
+        },
+        StreamChunk::BlockStart {
+            index: 1,
+            block_type: BlockType::ToolCall,
+        },
+        StreamChunk::ToolCallDelta {
+            index: 1,
+            id: "c1".into(),
+            name: Some("read".into()),
+            arguments_delta: "{\"pa".into(),
+        },
+    ])]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    agent.when_idle().await;
+    let messages: Vec<Message> = agent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::AssistantMessage { message, .. } => Some(message.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(messages.len(), 1);
+    assert_eq!(messages[0].content, vec![ContentBlock::text("reading the file")]);
+    assert_eq!(count(&*agent, "tool/call"), 0);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-24 — cancel before any visible content finalises nothing.
+#[tokio::test(start_paused = true)]
+async fn spn_24_cancel_before_visible_content_finalises_nothing() {
+    let model = ScriptedModel::new([ScriptEntry::hang_after(vec![
+        StreamChunk::BlockStart {
+            index: 0,
+            block_type: BlockType::ToolCall,
+        },
+        StreamChunk::ToolCallDelta {
+            index: 0,
+            id: "c1".into(),
+            name: Some("read".into()),
+            arguments_delta: "{\"pa".into(),
+        },
+    ])]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    agent.when_idle().await;
+    assert_eq!(count(&*agent, "assistant/message"), 0);
+    assert_eq!(count(&*agent, "assistant/chunk"), 2);
+    assert_eq!(turn_ends(&*agent), [aborted(CancelCause::User)]);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-25 — the first typed cancel cause wins over later ones (and is the model
+/// request's cancellation reason) and over lifecycle teardown.
+#[tokio::test(start_paused = true)]
+async fn spn_25_first_cancel_cause_wins() {
+    let model = ScriptedModel::new([ScriptEntry::hang(), ScriptEntry::hang()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::Parent, CancelOptions::default());
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    agent.when_idle().await;
+    assert_eq!(model.requests()[0].signal.cause(), Some(CancelCause::Parent));
+    assert_eq!(turn_ends(&*agent), [aborted(CancelCause::Parent)]);
+
+    agent.followup(user("again")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    handle.dispose().await;
+    assert_eq!(
+        turn_ends(&*agent),
+        [aborted(CancelCause::Parent), aborted(CancelCause::User)]
+    );
+    finish(&rt, []).await;
+}
+
+/// spec: SPN-26 — `whenIdle()` resolves immediately when idle and waits for active work until
+/// cancellation.
+#[tokio::test(start_paused = true)]
+async fn spn_26_when_idle_resolves_immediately_or_waits_for_work() {
+    let model = ScriptedModel::new([ScriptEntry::hang()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    assert!(agent.when_idle().now_or_never().is_some());
+    agent.followup(user("go")).unwrap();
+    let mut idle = agent.when_idle();
+    settle().await;
+    assert!((&mut idle).now_or_never().is_none(), "still running");
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    idle.await;
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-27 — one completed turn emits exactly `running` then `idle`.
+#[tokio::test(start_paused = true)]
+async fn spn_27_one_turn_emits_running_then_idle() {
+    let model = ScriptedModel::new([chunks::text("reply")]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    let (seen, guard) = record_events(&rt);
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    drop(guard);
+    let statuses: Vec<AgentStatus> = seen
+        .lock()
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::Status { status, .. } => Some(*status),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(statuses, [AgentStatus::Running, AgentStatus::Idle]);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-28 — `steer()` while idle becomes a woken prompt turn.
+#[tokio::test(start_paused = true)]
+async fn spn_28_idle_steer_becomes_a_prompt_turn() {
+    let model = ScriptedModel::new([chunks::text("reply")]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.steer(user("steered")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["steered"]);
+    assert_eq!(turn_ends(&*agent), [TurnEndReason::Completed]);
+    assert_eq!(model.requests().len(), 1);
+    finish(&rt, [handle]).await;
+}
+
+/// A tool that waits until `gate` is notified.
+fn gated_tool(name: &str, gate: Arc<tokio::sync::Notify>) -> agent::ToolDefinition {
+    tool(name, move |_args, _ctx| {
+        let gate = gate.clone();
+        async move {
+            gate.notified().await;
+            Ok(ToolOutput::text("done waiting"))
+        }
+    })
+}
+
+/// spec: SPN-29 — idle steering starts synchronously; steering sent while running enters at the
+/// next step of the same turn.
+#[tokio::test(start_paused = true)]
+async fn spn_29_idle_steer_starts_synchronously_and_running_steer_joins_the_turn() {
+    let model = ScriptedModel::new([
+        chunks::tool_call("c1", "wait", json!({})),
+        chunks::text("done").into(),
+    ]);
+    let rt = runtime(&model);
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let _tool = rt
+        .services()
+        .tools
+        .register(None, gated_tool("wait", gate.clone()))
+        .unwrap();
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.steer(user("first")).unwrap();
+    // Synchronous start: running, turn opened, first claim logged.
+    assert_eq!(agent.status(), AgentStatus::Running);
+    assert_eq!(
+        types(&*agent),
+        ["agent/inbox/spliced", "turn/start", "agent/inbox/spliced"]
+    );
+    assert!(splices(&*agent)[1].is_claim());
+    settle().await;
+    agent.steer(user("second")).unwrap();
+    gate.notify_one();
+    agent.when_idle().await;
+    assert_eq!(count(&*agent, "turn/start"), 1, "one turn");
+    assert_eq!(count(&*agent, "step/start"), 2);
+    assert_eq!(user_texts(&*agent), ["first", "second"]);
+    drop(_tool);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-30 — steering during tool execution is appended after the second `step/start`
+/// and seen by the second request.
+#[tokio::test(start_paused = true)]
+async fn spn_30_steering_during_tools_enters_the_next_step() {
+    let model = ScriptedModel::new([
+        chunks::tool_call("c1", "wait", json!({})),
+        chunks::text("done").into(),
+    ]);
+    let rt = runtime(&model);
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let tool_guard = rt
+        .services()
+        .tools
+        .register(None, gated_tool("wait", gate.clone()))
+        .unwrap();
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    settle().await;
+    agent.steer(user("steer")).unwrap();
+    gate.notify_one();
+    agent.when_idle().await;
+    let t = types(&*agent);
+    let second_step = t
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| *k == "step/start")
+        .nth(1)
+        .unwrap()
+        .0;
+    let steer_at = agent
+        .session()
+        .events()
+        .iter()
+        .position(|e| matches!(&e.data, EventData::UserMessage(m) if m.text() == "steer"))
+        .unwrap();
+    assert_eq!(steer_at, second_step + 1);
+    let tool_result_at = t.iter().position(|k| k == "tool/result").unwrap();
+    assert!(tool_result_at < second_step);
+    let second = &model.requests()[1];
+    assert_eq!(second.messages.last().unwrap().text(), "steer");
+    assert_eq!(turn_ends(&*agent), [TurnEndReason::Completed]);
+    drop(tool_guard);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-31 — a throwing pre-step interceptor ends the turn without a model call and keeps
+/// later steering pending until a wake.
+#[tokio::test(start_paused = true)]
+async fn spn_31_throwing_pre_step_ends_turn_and_keeps_steering_pending() {
+    let model = ScriptedModel::new([chunks::text("recovered")]);
+    let rt = runtime(&model);
+    let (seen, guard) = record_events(&rt);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let hook = rt.services().pre_step.add(
+        None,
+        Arc::new(PreStepFn(move |step: &PreStep<'_>, proposed| {
+            if c.fetch_add(1, Ordering::SeqCst) == 0 {
+                step.agent.steer(user("later steering"))?;
+                return Err("pre-step exploded".into());
+            }
+            Ok(proposed)
+        })),
+    );
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    assert!(model.requests().is_empty());
+    assert_eq!(count(&*agent, "step/start"), 0);
+    let ends = turn_ends(&*agent);
+    assert!(
+        matches!(&ends[..], [TurnEndReason::Error { error }] if error.code == "UNKNOWN" && error.message == "pre-step exploded")
+    );
+    assert_eq!(agent.inbox().next_step.len(), 1, "steering stays pending");
+    assert_eq!(
+        seen.lock()
+            .iter()
+            .filter(|e| matches!(e, AgentEvent::Error { .. }))
+            .count(),
+        1
+    );
+    agent.followup(user("wake")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["later steering", "wake"]);
+    assert_eq!(model.requests().len(), 1);
+    drop((hook, guard));
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-32 — `agent/turn-stopping` can steer extra steps.
+#[tokio::test(start_paused = true)]
+async fn spn_32_turn_stopping_can_steer_extra_steps() {
+    let model = ScriptedModel::new([chunks::text("one"), chunks::text("two")]);
+    let rt = runtime(&model);
+    let hook = rt.services().turn_stopping.add(
+        None,
+        Arc::new(SteerOnStop {
+            text: "keep going",
+            left: AtomicUsize::new(1),
+        }),
+    );
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(count(&*agent, "turn/start"), 1);
+    assert_eq!(count(&*agent, "step/start"), 2);
+    assert_eq!(model.requests().len(), 2);
+    assert_eq!(user_texts(&*agent), ["go", "keep going"]);
+    assert_eq!(turn_ends(&*agent), [TurnEndReason::Completed]);
+    drop(hook);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-33 — a tool's `concludeTurn()` ends the turn without the follow-up request; its
+/// result is still logged.
+#[tokio::test(start_paused = true)]
+async fn spn_33_concluding_tool_ends_the_turn() {
+    let model = ScriptedModel::new([chunks::tool_call("c1", "finish", json!({}))]);
+    let rt = runtime(&model);
+    let guard = rt
+        .services()
+        .tools
+        .register(
+            None,
+            tool("finish", |_args, ctx| async move {
+                ctx.conclude_turn();
+                Ok(ToolOutput::text("final"))
+            }),
+        )
+        .unwrap();
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(model.requests().len(), 1);
+    assert_eq!(count(&*agent, "tool/call"), 1);
+    assert_eq!(count(&*agent, "tool/result"), 1);
+    assert_eq!(turn_ends(&*agent), [TurnEndReason::Completed]);
+    drop(guard);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-34 — steering that arrives during a concluding tool step still runs another step
+/// in the same turn.
+#[tokio::test(start_paused = true)]
+async fn spn_34_steering_during_concluding_step_runs_another_step() {
+    let model = ScriptedModel::new([
+        chunks::tool_call("c1", "finish", json!({})),
+        chunks::text("after steering").into(),
+    ]);
+    let rt = runtime(&model);
+    let slot: Arc<Mutex<Option<AgentRef>>> = Arc::default();
+    let s = slot.clone();
+    let guard = rt
+        .services()
+        .tools
+        .register(
+            None,
+            tool("finish", move |_args, ctx| {
+                let agent = s.lock().clone();
+                async move {
+                    agent.unwrap().steer(user("late steer")).unwrap();
+                    ctx.conclude_turn();
+                    Ok(ToolOutput::text("final"))
+                }
+            }),
+        )
+        .unwrap();
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    *slot.lock() = Some(agent.clone());
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(model.requests().len(), 2);
+    assert_eq!(count(&*agent, "turn/start"), 1);
+    assert_eq!(count(&*agent, "step/start"), 2);
+    assert_eq!(user_texts(&*agent), ["go", "late steer"]);
+    slot.lock().take();
+    drop(guard);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-35 — a max-tokens final step ends the turn `max-tokens`.
+#[tokio::test(start_paused = true)]
+async fn spn_35_max_tokens_final_step() {
+    let model = ScriptedModel::new([chunks::max_tokens_text("cut")]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(turn_ends(&*agent), [TurnEndReason::MaxTokens]);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-36 — `max-tokens` is sticky within a turn and does not leak into the next turn.
+#[tokio::test(start_paused = true)]
+async fn spn_36_max_tokens_is_sticky_within_a_turn_only() {
+    let model = ScriptedModel::new([
+        chunks::max_tokens_text("cut"),
+        chunks::text("complete").into(),
+        chunks::text("next turn").into(),
+    ]);
+    let rt = runtime(&model);
+    let hook = rt.services().turn_stopping.add(
+        None,
+        Arc::new(SteerOnStop {
+            text: "continue",
+            left: AtomicUsize::new(1),
+        }),
+    );
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(count(&*agent, "step/start"), 2);
+    assert_eq!(turn_ends(&*agent), [TurnEndReason::MaxTokens]);
+    agent.followup(user("again")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(
+        turn_ends(&*agent),
+        [TurnEndReason::MaxTokens, TurnEndReason::Completed]
+    );
+    drop(hook);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-37 — tool calls of a max-tokens-truncated step are not dispatched; empty
+/// completions still record an assistant message.
+#[tokio::test(start_paused = true)]
+async fn spn_37_truncated_calls_are_not_dispatched_and_empty_completions_are_recorded() {
+    let model = ScriptedModel::new([
+        chunks::max_tokens_tool_call("c1", "danger", "{\"pa"),
+        chunks::empty(),
+    ]);
+    let rt = runtime(&model);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    let guard = rt
+        .services()
+        .tools
+        .register(
+            None,
+            tool("danger", move |_a, _c| {
+                r.fetch_add(1, Ordering::SeqCst);
+                async { Ok(ToolOutput::text("ran")) }
+            }),
+        )
+        .unwrap();
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    agent.followup(user("empty please")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    assert_eq!(count(&*agent, "tool/call"), 0);
+    let messages: Vec<_> = agent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::AssistantMessage { message, usage, .. } => {
+                Some((message.content.clone(), usage.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(messages.len(), 2);
+    assert!(
+        messages
+            .iter()
+            .all(|(content, usage)| content.is_empty() && usage.is_some())
+    );
+    assert_eq!(
+        turn_ends(&*agent),
+        [TurnEndReason::MaxTokens, TurnEndReason::Completed]
+    );
+    drop(guard);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-38 — an adapter throw becomes a structured turn error (`UNKNOWN`, message
+/// preserved) and exactly one `agent/error`.
+#[tokio::test(start_paused = true)]
+async fn spn_38_adapter_throw_becomes_structured_turn_error() {
+    let model = ScriptedModel::default(); // exhausted: the call throws
+    let rt = runtime(&model);
+    let (seen, guard) = record_events(&rt);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    let expected = LlmFailure::unknown("script exhausted");
+    assert_eq!(
+        turn_ends(&*agent),
+        [TurnEndReason::Error {
+            error: expected.clone()
+        }]
+    );
+    let errors: Vec<LlmFailure> = seen
+        .lock()
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::Error { failure, .. } => Some(failure.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(errors, [expected]);
+    assert_eq!(count(&*agent, "assistant/message"), 0);
+    drop(guard);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-39 — this runtime has no maintenance tasks (a left-out reference feature); the
+/// same latch governs its one non-turn window, the abort-to-idle convergence: a latched wake
+/// replays at convergence, `cancel` drops it, and removing its message suppresses the replay.
+#[tokio::test(start_paused = true)]
+async fn spn_39_latched_wakes_replay_cancel_drops_remove_suppresses() {
+    let model = ScriptedModel::new([
+        ScriptEntry::hang(),
+        chunks::text("replayed").into(),
+        ScriptEntry::hang(),
+        ScriptEntry::hang(),
+    ]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    // Replay at convergence.
+    agent.followup(user("one")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, keep());
+    agent.followup(user("latched")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["one", "latched"]);
+    // Cancel drops the latch with the inbox.
+    agent.followup(user("two")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, keep());
+    agent.followup(user("dropped")).unwrap();
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["one", "latched", "two"]);
+    // Removing the latched message suppresses the replay.
+    agent.followup(user("three")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, keep());
+    let removed = user("removed");
+    agent.followup(removed.clone()).unwrap();
+    agent.remove_pending(&removed.id).unwrap();
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["one", "latched", "two", "three"]);
+    assert_eq!(count(&*agent, "turn/start"), 4);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-40 — `maxTokens` from agent options seeds the first model request (and invalid
+/// values reject creation before publication).
+#[tokio::test(start_paused = true)]
+async fn spn_40_max_tokens_seeds_the_first_request() {
+    let model = ScriptedModel::new([chunks::text("bounded")]);
+    let rt = runtime(&model);
+    let mut options = CreateAgentOptions::new("a".into());
+    options.agent_options = AgentOptions {
+        max_tokens: Some(256),
+        ..mock_options()
+    };
+    let handle = rt.create(options).await.unwrap();
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(model.requests()[0].max_tokens, Some(256));
+    let header = agent
+        .session()
+        .events()
+        .iter()
+        .find_map(|e| match &e.data {
+            EventData::RequestHeader { header, reason } => Some((header.clone(), *reason)),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(header.0.config.max_tokens, Some(256));
+    assert_eq!(header.1, RequestHeaderReason::Initial);
+    let mut bad = CreateAgentOptions::new("bad".into());
+    bad.agent_options = AgentOptions {
+        max_tokens: Some(0),
+        ..mock_options()
+    };
+    assert!(matches!(rt.create(bad).await, Err(AgentError::InvalidOptions(_))));
+    assert!(AgentRuntime::get(&rt, &"bad".into()).is_none());
+    assert!(agent::SessionStore::get(rt.sessions(), &"bad".into()).is_none());
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-41 — pre-step `reject` closes the claimed turn as `blocked` with no step, no user
+/// message, no model call.
+#[tokio::test(start_paused = true)]
+async fn spn_41_reject_blocks_the_turn() {
+    let model = ScriptedModel::new([chunks::text("never")]);
+    let rt = runtime(&model);
+    let hook = rt.services().pre_step.add(
+        None,
+        Arc::new(PreStepFn(|_: &PreStep<'_>, _| Ok(PreStepDecision::Reject))),
+    );
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("blocked prompt")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(turn_ends(&*agent), [TurnEndReason::Blocked]);
+    assert_eq!(count(&*agent, "step/start"), 0);
+    assert!(user_texts(&*agent).is_empty());
+    assert!(model.requests().is_empty());
+    let work = agent::fold_consumed_work(agent.session().events().iter());
+    assert_eq!(work.end_reason(), Some(&TurnEndReason::Blocked));
+    drop(hook);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-42 — a blocked prompt leaves adjacent queued prompts pending until another wake.
+#[tokio::test(start_paused = true)]
+async fn spn_42_blocked_prompt_leaves_queue_pending() {
+    let model = ScriptedModel::new([chunks::text("B reply"), chunks::text("C reply")]);
+    let rt = runtime(&model);
+    let first = Arc::new(AtomicUsize::new(0));
+    let f = first.clone();
+    let hook = rt.services().pre_step.add(
+        None,
+        Arc::new(PreStepFn(move |_: &PreStep<'_>, proposed| {
+            Ok(if f.fetch_add(1, Ordering::SeqCst) == 0 {
+                PreStepDecision::Reject
+            } else {
+                proposed
+            })
+        })),
+    );
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("A")).unwrap();
+    agent.followup(user("B")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(turn_ends(&*agent), [TurnEndReason::Blocked]);
+    assert_eq!(
+        agent
+            .inbox()
+            .next_turn
+            .iter()
+            .map(Message::text)
+            .collect::<Vec<_>>(),
+        ["B"]
+    );
+    assert!(model.requests().is_empty());
+    agent.followup(user("C")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["B", "C"]);
+    assert_eq!(
+        turn_ends(&*agent),
+        [
+            TurnEndReason::Blocked,
+            TurnEndReason::Completed,
+            TurnEndReason::Completed
+        ]
+    );
+    drop(hook);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-43 — an empty entered batch closes a no-step `completed` turn.
+#[tokio::test(start_paused = true)]
+async fn spn_43_empty_enter_closes_a_no_step_turn() {
+    let model = ScriptedModel::new([chunks::text("never")]);
+    let rt = runtime(&model);
+    let hook = rt.services().pre_step.add(
+        None,
+        Arc::new(PreStepFn(|_: &PreStep<'_>, _| {
+            Ok(PreStepDecision::Enter(Vec::new()))
+        })),
+    );
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("rewritten away")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(turn_ends(&*agent), [TurnEndReason::Completed]);
+    assert_eq!(count(&*agent, "step/start"), 0);
+    assert!(model.requests().is_empty());
+    let work = agent::fold_consumed_work(agent.session().events().iter());
+    assert_eq!(work.end, None, "an emptied claim is not accounting work");
+    drop(hook);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-44 — a forked (seeded) agent continues turn numbering after the seed, and never
+/// inherits the seed's pending inbox work.
+#[tokio::test(start_paused = true)]
+async fn spn_44_seeded_agent_continues_turn_numbers() {
+    let model = ScriptedModel::new([chunks::text("turn one"), chunks::text("turn two")]);
+    let rt = runtime(&model);
+    let parent = create(&rt, "parent").await;
+    parent.agent().followup(user("first")).unwrap();
+    parent.agent().when_idle().await;
+    parent.agent().inject(user("parent pending")).unwrap();
+    let seed: Vec<_> = parent
+        .agent()
+        .session()
+        .events()
+        .iter()
+        .map(|e| (**e).clone())
+        .collect();
+    let mut options = CreateAgentOptions::new("fork".into());
+    options.agent_options = mock_options();
+    options.meta = SessionMeta {
+        seed_length: Some(seed.len() as u64),
+        ..SessionMeta::default()
+    };
+    options.seed = Some(seed.clone());
+    let fork = rt.create(options).await.unwrap();
+    let agent = fork.agent().clone();
+    assert!(agent.inbox().is_empty(), "seeded splices are not replayed");
+    assert_eq!(agent.session().first_live_seq(), seed.len() as u64);
+    agent.followup(user("continue")).unwrap();
+    agent.when_idle().await;
+    let turns: Vec<u64> = agent.session().events()[seed.len()..]
+        .iter()
+        .filter_map(|e| match e.data {
+            EventData::TurnStart { turn } => Some(turn),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(turns, [2]);
+    finish(&rt, [fork, parent]).await;
+}
+
+/// spec: SPN-45 — an in-band `finish {error}` becomes a turn error with the failure verbatim;
+/// `finish {aborted}` without a cancelled signal becomes a turn error coded `ABORTED`.
+#[tokio::test(start_paused = true)]
+async fn spn_45_in_band_finish_failures_become_turn_errors() {
+    let failure = LlmFailure {
+        message: "provider 401".into(),
+        code: "AUTH".into(),
+        status: Some(401),
+        provider_retry_after_ms: Some(2000),
+        request_id: Some("req-1".into()),
+    };
+    let aborted_failure = LlmFailure::new("ABORTED", "model stream aborted");
+    let model = ScriptedModel::new([
+        chunks::error(failure.clone()),
+        chunks::aborted(aborted_failure.clone()),
+    ]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("one")).unwrap();
+    agent.when_idle().await;
+    agent.followup(user("two")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(
+        turn_ends(&*agent),
+        [
+            TurnEndReason::Error { error: failure },
+            TurnEndReason::Error {
+                error: aborted_failure
+            }
+        ]
+    );
+    assert_eq!(count(&*agent, "assistant/message"), 0);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-46 — a model-less agent fails its step with a clear provider/model error.
+#[tokio::test(start_paused = true)]
+async fn spn_46_model_less_agent_fails_clearly() {
+    let model = ScriptedModel::new([chunks::text("never")]);
+    let rt = runtime(&model);
+    let handle = rt.create(CreateAgentOptions::new("a".into())).await.unwrap();
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    let ends = turn_ends(&*agent);
+    let [TurnEndReason::Error { error }] = &ends[..] else {
+        panic!("expected one error turn, got {ends:?}")
+    };
+    assert!(
+        error.message.contains("has no provider/model"),
+        "{}",
+        error.message
+    );
+    assert!(error.message.contains("AgentOptions.provider"));
+    assert!(error.message.contains("AgentOptions.model"));
+    assert_eq!(error.code, "UNKNOWN");
+    assert!(model.requests().is_empty());
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-47 — disposal during a running turn ends it `aborted {disposed}`, balanced,
+/// without an error.
+#[tokio::test(start_paused = true)]
+async fn spn_47_disposal_during_a_turn_aborts_it_balanced() {
+    let model = ScriptedModel::new([ScriptEntry::hang()]);
+    let rt = runtime(&model);
+    let (seen, guard) = record_events(&rt);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    settle().await;
+    handle.dispose().await;
+    assert_eq!(turn_ends(&*agent), [aborted(CancelCause::Disposed)]);
+    assert_eq!(count(&*agent, "step/start"), count(&*agent, "step/end"));
+    assert!(!seen.lock().iter().any(|e| matches!(e, AgentEvent::Error { .. })));
+    assert!(agent::prefix::is_balanced(agent.session().events().iter()));
+    drop(guard);
+    finish(&rt, []).await;
+}
+
+/// spec: SPN-48 — cancel or disposal during pre-step closes a no-step turn and never calls the
+/// model.
+#[tokio::test(start_paused = true)]
+async fn spn_48_cancel_or_disposal_during_pre_step_closes_a_no_step_turn() {
+    for dispose in [false, true] {
+        let model = ScriptedModel::new([chunks::text("never")]);
+        let rt = runtime(&model);
+        let entered = Arc::new(AtomicUsize::new(0));
+        let hook = rt
+            .services()
+            .pre_step
+            .add(None, Arc::new(BlockUntilCancelled(entered.clone())));
+        let handle = create(&rt, "a").await;
+        let agent = handle.agent().clone();
+        agent.followup(user("go")).unwrap();
+        settle().await;
+        assert_eq!(entered.load(Ordering::SeqCst), 1);
+        if dispose {
+            handle.dispose().await;
+        } else {
+            agent.cancel(CancelCause::User, CancelOptions::default());
+            agent.when_idle().await;
+        }
+        let cause = if dispose {
+            CancelCause::Disposed
+        } else {
+            CancelCause::User
+        };
+        assert_eq!(turn_ends(&*agent), [aborted(cause)]);
+        assert_eq!(count(&*agent, "step/start"), 0);
+        assert!(model.requests().is_empty());
+        drop(hook);
+        if dispose {
+            finish(&rt, []).await;
+        } else {
+            finish(&rt, [handle]).await;
+        }
+    }
+}
+
+/// Runtime-context snapshots are entered once per change, after the claimed prompt, with the
+/// prompt plugin source and snapshot form; the system text renders the persona strictly.
+#[tokio::test(start_paused = true)]
+async fn runtime_context_snapshot_and_persona_rendering() {
+    use agent::prompt::{PROMPT_PLUGIN, Prompt, RuntimeContext};
+    let model = ScriptedModel::new([chunks::text("1"), chunks::text("2"), chunks::text("3")]);
+    let rt = builder(&model)
+        .persona("You run on {{model}} via {{provider}}.")
+        .build();
+    let mode = Arc::new(Mutex::new("read-only".to_owned()));
+    let m = mode.clone();
+    let ctx_guard = rt.prompt().runtime_context(
+        None,
+        RuntimeContext {
+            name: "policy".into(),
+            order: 110,
+            render: Arc::new(move |_| Some(format!("Mode: {}.", m.lock()))),
+        },
+    );
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    for text in ["first", "unchanged"] {
+        agent.followup(user(text)).unwrap();
+        agent.when_idle().await;
+    }
+    *mode.lock() = "danger".into();
+    agent.followup(user("changed")).unwrap();
+    agent.when_idle().await;
+    let snapshots: Vec<Message> = agent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::UserMessage(m) if crate::prompt::is_snapshot_message(m) => Some(m.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(snapshots.len(), 2);
+    assert!(snapshots[0].text().ends_with("Mode: read-only."));
+    assert!(snapshots[1].text().ends_with("Mode: danger."));
+    assert!(matches!(
+        &snapshots[0].source,
+        agent::MessageSource::Plugin { plugin, form: Some(agent::PluginForm::Snapshot { sections }) }
+            if plugin == PROMPT_PLUGIN && sections.len() == 1 && sections[0].name == "policy"
+    ));
+    // The snapshot is the last entered message of its step.
+    assert_eq!(
+        model.requests()[0]
+            .messages
+            .iter()
+            .map(Message::text)
+            .last()
+            .unwrap(),
+        snapshots[0].text()
+    );
+    assert_eq!(
+        model.requests()[0].system.as_deref(),
+        Some("You run on mock via mock.")
+    );
+    assert!(model.requests()[0].tools.is_none());
+    assert!(
+        model
+            .requests()
+            .iter()
+            .all(|r| r.loop_built && r.session_id.as_ref() == Some(agent.id()))
+    );
+    assert_eq!(count(&*agent, "request/header"), 1);
+    assert_eq!(count(&*agent, "request/context"), 1);
+    drop(ctx_guard);
+    finish(&rt, [handle]).await;
+}
+
+/// A strict-variable render failure fails one turn (no request) and the loop keeps serving.
+#[tokio::test(start_paused = true)]
+async fn persona_render_failure_is_a_turn_error() {
+    let model = ScriptedModel::new([chunks::text("ok")]);
+    let rt = builder(&model).persona("In {{cwd}}.").build();
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("hi")).unwrap();
+    agent.when_idle().await;
+    assert!(model.requests().is_empty());
+    let ends = turn_ends(&*agent);
+    let [TurnEndReason::Error { error }] = &ends[..] else {
+        panic!("{ends:?}")
+    };
+    assert_eq!(
+        error.message,
+        "prompt variable \"{{cwd}}\" has no value for this assembly (section \"deployment:persona\")"
+    );
+    finish(&rt, [handle]).await;
+
+    let model = ScriptedModel::new([chunks::text("ok")]);
+    let rt = builder(&model).persona("In {{cwd}}.").build();
+    let mut options = CreateAgentOptions::new("b".into());
+    options.agent_options = mock_options();
+    options.meta.cwd = Some("/work/space".into());
+    let handle = rt.create(options).await.unwrap();
+    handle.agent().followup(user("hi")).unwrap();
+    handle.agent().when_idle().await;
+    assert_eq!(model.requests()[0].system.as_deref(), Some("In /work/space."));
+    finish(&rt, [handle]).await;
+}
+
+/// Tool round trip: `tool/call` then `tool/result` in the same step, the result in the next
+/// request.
+#[tokio::test(start_paused = true)]
+async fn tool_round_trip() {
+    let model = ScriptedModel::new([
+        chunks::tool_call("c1", "echo", json!({"x": 1})),
+        chunks::text("done"),
+    ]);
+    let rt = runtime(&model);
+    let guard = rt
+        .services()
+        .tools
+        .register(
+            None,
+            tool("echo", |args, _ctx| async move {
+                Ok(ToolOutput::text(args.to_string()))
+            }),
+        )
+        .unwrap();
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(
+        types(&*agent)
+            .into_iter()
+            .filter(|t| !t.starts_with("agent/") && t != "assistant/chunk")
+            .collect::<Vec<_>>(),
+        [
+            "turn/start",
+            "step/start",
+            "user/message",
+            "request/header",
+            "request/context",
+            "assistant/message",
+            "tool/call",
+            "tool/result",
+            "step/end",
+            "step/start",
+            "assistant/message",
+            "step/end",
+            "turn/end"
+        ]
+    );
+    let second = &model.requests()[1];
+    assert!(second.messages.iter().any(|m| matches!(
+        m.content.as_slice(),
+        [ContentBlock::ToolResult { tool_call_id, is_error: Some(false), .. }] if tool_call_id.as_str() == "c1"
+    )));
+    assert_eq!(second.tools.as_ref().map(|t| t.len()), Some(1));
+    assert_eq!(texts(&second.messages[1].content), Vec::<String>::new());
+    drop(guard);
+    finish(&rt, [handle]).await;
+}

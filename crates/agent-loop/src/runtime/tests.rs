@@ -1,0 +1,632 @@
+//! Tests of the registry: the creation transaction, scopes, owner links, disposal and resume
+//! (spec §7, §9). Each cites the checklist ID it ports (`spec/agent-spine.md` §16).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use futures::FutureExt;
+use parking_lot::Mutex;
+
+use agent::event::RequestHeaderReason;
+use agent::hooks::SessionStartSource;
+use agent::prompt::{PERSONA_SECTION, PromptSection};
+use agent::runtime::Setup;
+use agent::tools::ToolOutput;
+use agent::{
+    AgentError, AgentEvent, AgentRuntime, CancelCause, CreateAgentOptions, EventData, Origin,
+    ResumeAgentOptions, SessionEvent, SessionId, SessionMeta, SessionObserver, SessionStore, Signal,
+    TurnEndReason,
+};
+
+use super::*;
+use crate::model::{ScriptEntry, ScriptedModel, chunks};
+use crate::runtime::testkit::*;
+
+fn options(id: &str) -> CreateAgentOptions {
+    let mut o = CreateAgentOptions::new(id.into());
+    o.agent_options = mock_options();
+    o
+}
+
+fn setup<F, Fut>(f: F) -> Option<Setup>
+where
+    F: FnOnce(Ctx) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Option<agent::runtime::Commit>, agent::BoxError>> + Send + 'static,
+{
+    Some(Box::new(move |ctx| f(ctx).boxed()))
+}
+
+fn nothing_published(rt: &Runtime, id: &str) {
+    let id: SessionId = id.into();
+    assert!(AgentRuntime::get(rt, &id).is_none(), "agent {id} published");
+    assert!(rt.sessions().get(&id).is_none(), "session {id} published");
+}
+
+/// Records store notifications as strings.
+fn record_store(rt: &Runtime, log: Arc<Mutex<Vec<String>>>) -> Registration {
+    rt.sessions().events().on(move |e| {
+        log.lock().push(match e {
+            SessionStoreEvent::Created(s) => format!("session/created:{}", s.id()),
+            SessionStoreEvent::Disposed(id) => format!("session/disposed:{id}"),
+        });
+        Ok(())
+    })
+}
+
+/// Records agent notifications (lifecycle only) as strings.
+fn record_lifecycle(rt: &Runtime, log: Arc<Mutex<Vec<String>>>) -> Registration {
+    rt.services().agent_events.on(move |e| {
+        let entry = match e {
+            AgentEvent::Created { agent } => format!("agent/created:{agent}"),
+            AgentEvent::SessionStart { agent, source } => format!("agent/session-start:{agent}:{source:?}"),
+            AgentEvent::Disposed { agent } => format!("agent/disposed:{agent}"),
+            _ => return Ok(()),
+        };
+        log.lock().push(entry);
+        Ok(())
+    })
+}
+
+/// spec: SPN-49 — a pre-cancelled creation signal rejects with its cause and publishes
+/// nothing.
+#[tokio::test(start_paused = true)]
+async fn spn_49_pre_cancelled_creation_signal_rejects() {
+    let model = ScriptedModel::default();
+    let rt = runtime(&model);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let g1 = record_store(&rt, log.clone());
+    let g2 = record_lifecycle(&rt, log.clone());
+    for cause in [
+        CancelCause::User,
+        CancelCause::Other {
+            reason: "plain cancellation reason".into(),
+        },
+    ] {
+        let mut o = options("pre-aborted");
+        o.signal = Some(Signal::cancelled_with(cause.clone()));
+        let err = rt.create(o).await.unwrap_err();
+        assert!(
+            matches!(&err, AgentError::CreationAborted { id, cause: c } if id.as_str() == "pre-aborted" && *c == cause)
+        );
+        if let CancelCause::Other { .. } = cause {
+            assert_eq!(
+                err.to_string(),
+                "agent \"pre-aborted\" creation aborted: plain cancellation reason"
+            );
+        }
+        nothing_published(&rt, "pre-aborted");
+    }
+    assert!(log.lock().is_empty());
+    drop((g1, g2));
+    finish(&rt, []).await;
+}
+
+/// spec: SPN-50 — the creation signal aborts pending setup but not a returned live handle.
+#[tokio::test(start_paused = true)]
+async fn spn_50_creation_signal_is_creation_only() {
+    let model = ScriptedModel::default();
+    let rt = runtime(&model);
+    let signal = Signal::new();
+    let mut o = options("pending");
+    o.signal = Some(signal.clone());
+    let started = Arc::new(tokio::sync::Notify::new());
+    let s = started.clone();
+    o.setup = setup(move |ctx| async move {
+        ctx.prompt_section(PromptSection {
+            name: PERSONA_SECTION.into(),
+            order: 0,
+            text: "setup persona".into(),
+        })?;
+        s.notify_one();
+        std::future::pending::<()>().await;
+        Ok(None)
+    });
+    let rt2 = rt.clone();
+    let creating = tokio::spawn(async move { rt2.create(o).await });
+    started.notified().await;
+    signal.cancel(CancelCause::Parent);
+    let err = creating.await.unwrap().unwrap_err();
+    assert!(matches!(
+        err,
+        AgentError::CreationAborted {
+            cause: CancelCause::Parent,
+            ..
+        }
+    ));
+    nothing_published(&rt, "pending");
+    assert_eq!(rt.prompt().scoped_len(), 0, "setup registrations unwound");
+
+    let live_signal = Signal::new();
+    let mut o = options("live");
+    o.signal = Some(live_signal.clone());
+    let handle = rt.create(o).await.unwrap();
+    live_signal.cancel(CancelCause::User);
+    settle().await;
+    assert!(AgentRuntime::get(&rt, handle.id()).is_some());
+    assert!(handle.agent().is_live());
+    assert_eq!(handle.agent().status(), agent::AgentStatus::Idle);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-51 — a rejecting setup publishes nothing, unwinds the scope, and frees the id.
+#[tokio::test(start_paused = true)]
+async fn spn_51_rejecting_setup_rolls_back() {
+    let model = ScriptedModel::default();
+    let rt = runtime(&model);
+    let mut o = options("child");
+    o.setup = setup(|ctx| async move {
+        ctx.register_tool(tool("mine", |_a, _c| async { Ok(ToolOutput::text("x")) }))?;
+        ctx.on_agent_event(|_| Ok(()))?;
+        ctx.prompt_section(PromptSection {
+            name: PERSONA_SECTION.into(),
+            order: 0,
+            text: "child".into(),
+        })?;
+        Err("setup failed".into())
+    });
+    let err = rt.create(o).await.unwrap_err();
+    assert_eq!(err.to_string(), "agent \"child\" setup failed: setup failed");
+    nothing_published(&rt, "child");
+    assert_eq!(rt.tool_registry().unwrap().counts().scope_layers, 0);
+    assert_eq!(rt.services().agent_events.listener_count(), 0);
+    assert_eq!(rt.prompt().scoped_len(), 0);
+    // A failing commit rolls back the same way.
+    let mut o = options("child");
+    o.setup = setup(|_ctx| async move {
+        Ok(Some(
+            Box::new(|| Err("commit failed".into())) as agent::runtime::Commit
+        ))
+    });
+    assert!(matches!(rt.create(o).await, Err(AgentError::Setup { .. })));
+    nothing_published(&rt, "child");
+    // The id is immediately reusable.
+    let handle = rt.create(options("child")).await.unwrap();
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-52 — an exotic (non-JSON) seed rejects creation before publication.
+#[tokio::test(start_paused = true)]
+async fn spn_52_exotic_seed_rejects_before_publication() {
+    let model = ScriptedModel::default();
+    let rt = runtime(&model);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let g = record_store(&rt, log.clone());
+    let mut o = options("seeded");
+    o.seed = Some(vec![SessionEvent {
+        seq: 0,
+        time: 1,
+        data: EventData::other("x/exotic", serde_json::json!({"n": -0.0})),
+        surface: None,
+        ignorable: false,
+    }]);
+    let err = rt.create(o).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("seed event at index 0 is not losslessly JSON-serializable"),
+        "{err}"
+    );
+    nothing_published(&rt, "seeded");
+    assert!(log.lock().is_empty());
+    drop(g);
+    finish(&rt, []).await;
+}
+
+/// spec: SPN-53 — setup registrations exist before `session-start` and the first assembly;
+/// publication order is session then agent.
+#[tokio::test(start_paused = true)]
+async fn spn_53_setup_composes_before_publication_in_order() {
+    let model = ScriptedModel::new([chunks::text("ok")]);
+    let rt = builder(&model).persona("You are the deployment.").build();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let g1 = record_store(&rt, log.clone());
+    let g2 = record_lifecycle(&rt, log.clone());
+    let l = log.clone();
+    let prompt = rt.prompt().clone();
+    let g3 = rt.services().agent_events.on(move |e| {
+        if let AgentEvent::SessionStart { agent, .. } = e {
+            let persona = agent::prompt::Prompt::sections(&prompt, Some(agent))
+                .into_iter()
+                .find(|s| s.name == PERSONA_SECTION)
+                .map(|s| s.text);
+            l.lock().push(format!("persona:{}", persona.unwrap_or_default()));
+        }
+        Ok(())
+    });
+    let mut o = options("child");
+    let l = log.clone();
+    let rt2 = rt.clone();
+    o.setup = setup(move |ctx| async move {
+        l.lock().push("setup:start".into());
+        assert!(
+            rt2.sessions().get(&"child".into()).is_none(),
+            "unpublished during setup"
+        );
+        assert!(AgentRuntime::get(&rt2, &"child".into()).is_none());
+        tokio::task::yield_now().await;
+        ctx.prompt_section(PromptSection {
+            name: PERSONA_SECTION.into(),
+            order: 0,
+            text: "You are the child.".into(),
+        })?;
+        let l = l.clone();
+        Ok(Some(Box::new(move || {
+            l.lock().push("setup:commit".into());
+            Ok(())
+        }) as agent::runtime::Commit))
+    });
+    let handle = rt.create(o).await.unwrap();
+    assert_eq!(
+        *log.lock(),
+        [
+            "setup:start",
+            "setup:commit",
+            "session/created:child",
+            "agent/created:child",
+            "agent/session-start:child:Startup",
+            "persona:You are the child.",
+        ]
+    );
+    handle.agent().followup(user("hi")).unwrap();
+    handle.agent().when_idle().await;
+    assert_eq!(model.requests()[0].system.as_deref(), Some("You are the child."));
+    drop((g1, g2, g3));
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-54 — scoped registrations are visible only to their agent and die with it;
+/// registering through a disposed scope fails.
+#[tokio::test(start_paused = true)]
+async fn spn_54_scoped_registrations_are_private_and_die_with_the_agent() {
+    let model = ScriptedModel::default();
+    let rt = builder(&model).persona("deployment").build();
+    let a = create(&rt, "a").await;
+    let b = create(&rt, "b").await;
+    let ctx = rt.agent_ctx(a.id()).unwrap();
+    ctx.register_tool(tool("mine", |_a, _c| async { Ok(ToolOutput::text("x")) }))
+        .unwrap();
+    ctx.prompt_section(PromptSection {
+        name: PERSONA_SECTION.into(),
+        order: 0,
+        text: "scoped".into(),
+    })
+    .unwrap();
+    let heard = Arc::new(AtomicUsize::new(0));
+    let h = heard.clone();
+    ctx.on_agent_event(move |_| {
+        h.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    })
+    .unwrap();
+    let tools = &rt.services().tools;
+    let prompt = rt.prompt();
+    assert!(tools.get("mine", Some(a.id())).is_some());
+    assert!(tools.get("mine", Some(b.id())).is_none());
+    assert!(tools.get("mine", None).is_none());
+    let persona = |id: Option<&SessionId>| {
+        agent::prompt::Prompt::sections(prompt, id)
+            .into_iter()
+            .find(|s| s.name == PERSONA_SECTION)
+            .unwrap()
+            .text
+    };
+    assert_eq!(persona(Some(a.id())), "scoped");
+    assert_eq!(persona(Some(b.id())), "deployment");
+    // Scoped listeners hear only their agent.
+    b.agent().inject(user("for b")).unwrap();
+    assert_eq!(heard.load(Ordering::SeqCst), 0);
+    a.agent().inject(user("for a")).unwrap();
+    assert_eq!(heard.load(Ordering::SeqCst), 1);
+    let a_id = a.id().clone();
+    a.dispose().await;
+    assert!(tools.get("mine", Some(&a_id)).is_none());
+    assert_eq!(persona(Some(&a_id)), "deployment");
+    let err = ctx
+        .register_tool(tool("late", |_a, _c| async { Ok(ToolOutput::text("x")) }))
+        .unwrap_err();
+    assert!(matches!(err, AgentError::Inactive(_)), "{err}");
+    assert!(tools.get("late", Some(&a_id)).is_none());
+    finish(&rt, [b]).await;
+}
+
+/// Records `turn/end` events of one session, for teardown-order assertions.
+struct TurnEndObserver {
+    id: SessionId,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl SessionObserver for TurnEndObserver {
+    fn committed(&self, session: &agent::Session, event: &Arc<SessionEvent>) {
+        if session.id() == &self.id && event.type_name() == "turn/end" {
+            self.log.lock().push(format!("turn/end:{}", self.id));
+        }
+    }
+}
+
+/// spec: SPN-55 — owner disposal aborts a pending setup (publishing nothing) and disposes live
+/// owned agents in order: turn end, unregistration, then session detach.
+#[tokio::test(start_paused = true)]
+async fn spn_55_owner_disposal_aborts_setup_and_disposes_children_in_order() {
+    let model = ScriptedModel::new([ScriptEntry::hang()]);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let rt = builder(&model)
+        .session_observer(Arc::new(TurnEndObserver {
+            id: "child".into(),
+            log: log.clone(),
+        }))
+        .build();
+    let owner = create(&rt, "owner").await;
+
+    // A pending creation owned by `owner`.
+    let mut o = options("pending");
+    o.owner = Some(owner.agent().clone());
+    let started = Arc::new(tokio::sync::Notify::new());
+    let s = started.clone();
+    o.setup = setup(move |_ctx| async move {
+        s.notify_one();
+        std::future::pending::<()>().await;
+        Ok(None)
+    });
+    let rt2 = rt.clone();
+    let pending = tokio::spawn(async move { rt2.create(o).await });
+    started.notified().await;
+
+    // A live owned child in a running turn.
+    let mut o = options("child");
+    o.owner = Some(owner.agent().clone());
+    let child = rt.create(o).await.unwrap();
+    child.agent().followup(user("work")).unwrap();
+    settle().await;
+
+    let g1 = record_store(&rt, log.clone());
+    let g2 = record_lifecycle(&rt, log.clone());
+    owner.dispose().await;
+    let err = pending.await.unwrap().unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "agent \"pending\" setup aborted: owner disposed during setup"
+    );
+    nothing_published(&rt, "pending");
+    nothing_published(&rt, "child");
+    let log = log.lock().clone();
+    let child_events: Vec<&String> = log.iter().filter(|e| e.ends_with(":child")).collect();
+    assert_eq!(
+        child_events,
+        ["turn/end:child", "agent/disposed:child", "session/disposed:child"]
+    );
+    assert_eq!(
+        turn_ends(&**child.agent()),
+        [TurnEndReason::Aborted {
+            reason: CancelCause::Disposed
+        }]
+    );
+    // Creating through a disposed owner fails as an inactive context.
+    let mut o = options("orphan");
+    o.owner = Some(owner.agent().clone());
+    assert!(matches!(rt.create(o).await, Err(AgentError::Inactive(_))));
+    drop((g1, g2));
+    finish(&rt, [child]).await;
+}
+
+/// spec: SPN-56 — concurrent handle disposal and owner disposal share one quiescence boundary;
+/// ids reopen only after quiescence.
+#[tokio::test(start_paused = true)]
+async fn spn_56_concurrent_disposals_share_one_boundary() {
+    let model = ScriptedModel::new([ScriptEntry::hang_slow()]);
+    let rt = runtime(&model);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let g = record_lifecycle(&rt, log.clone());
+    let owner = create(&rt, "owner").await;
+    let mut o = options("child");
+    o.owner = Some(owner.agent().clone());
+    let child = rt.create(o).await.unwrap();
+    child.agent().followup(user("work")).unwrap();
+    settle().await;
+    let by_handle = child.dispose();
+    let by_owner = owner.dispose();
+    let again = child.dispose();
+    // Not quiescent yet (the slow stream notices cancellation late): the id is still taken.
+    assert!(matches!(
+        rt.create(options("child")).await,
+        Err(AgentError::Duplicate(_))
+    ));
+    futures::join!(by_handle, by_owner, again);
+    assert_eq!(
+        log.lock().iter().filter(|e| *e == "agent/disposed:child").count(),
+        1,
+        "one teardown"
+    );
+    assert!(child.agent().when_idle().now_or_never().is_some());
+    // Quiescent: the id reopens.
+    let reopened = rt.create(options("child")).await.unwrap();
+    drop(g);
+    finish(&rt, [reopened]).await;
+}
+
+/// spec: SPN-57 — resume preserves `parentSession`, `cwd`, `seedLength` and `delegationDepth`
+/// from the header, repairs an open turn with `turn/end {interrupted}`, continues turn
+/// numbering and logs the first request header as `resume`.
+#[tokio::test(start_paused = true)]
+async fn spn_57_resume_preserves_header_and_repairs_the_open_turn() {
+    let model = ScriptedModel::new([
+        chunks::text("one").into(),
+        ScriptEntry::hang(),
+        chunks::text("resumed").into(),
+    ]);
+    let persistence = Arc::new(TestPersistence::default());
+    let rt = builder(&model).persistence(persistence.clone()).build();
+    let seed = vec![SessionEvent {
+        seq: 0,
+        time: 1,
+        data: EventData::UserMessage(user("seeded history")),
+        surface: Some(agent::SurfaceMeta::append()),
+        ignorable: false,
+    }];
+    let mut o = options("child");
+    o.seed = Some(seed);
+    o.meta = SessionMeta {
+        cwd: Some("/work/space".into()),
+        parent_session: Some("parent".into()),
+        seed_length: Some(1),
+        origin: Some(Origin::Subagent),
+        delegation_depth: Some(2),
+        ..SessionMeta::default()
+    };
+    let handle = rt.create(o).await.unwrap();
+    let id = handle.id().clone();
+    handle.agent().followup(user("first")).unwrap();
+    handle.agent().when_idle().await;
+    handle.agent().followup(user("second")).unwrap();
+    settle().await;
+    // Simulate a crash in the middle of turn 2: keep only what was durable then.
+    let durable = persistence.events(&id).len();
+    handle.dispose().await;
+    persistence.truncate(&id, durable);
+    let original = persistence.sessions.lock().get(&id).unwrap().0.clone();
+
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let g = record_lifecycle(&rt, log.clone());
+    let resumed = rt
+        .resume(ResumeAgentOptions {
+            session_id: id.clone(),
+            agent_options: mock_options(),
+            signal: None,
+            setup: None,
+            owner: None,
+        })
+        .await
+        .unwrap();
+    let agent = resumed.agent().clone();
+    let header = agent.session().header();
+    assert_eq!(*header, original);
+    assert_eq!(header.parent_session, Some("parent".into()));
+    assert_eq!(header.cwd, Some("/work/space".into()));
+    assert_eq!(header.seed_length, Some(1));
+    assert_eq!(header.delegation_depth, Some(2));
+    assert_eq!(header.origin, Some(Origin::Subagent));
+    assert!(log.lock().contains(&format!(
+        "agent/session-start:{id}:{:?}",
+        SessionStartSource::Resume
+    )));
+    assert_eq!(turn_ends(&*agent).last(), Some(&TurnEndReason::Interrupted));
+    agent.followup(user("third")).unwrap();
+    agent.when_idle().await;
+    let events = agent.session().events();
+    let turns: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match e.data {
+            EventData::TurnStart { turn } => Some(turn),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(turns, [1, 2, 3]);
+    let reasons: Vec<RequestHeaderReason> = events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::RequestHeader { reason, .. } => Some(*reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasons.last(), Some(&RequestHeaderReason::Resume));
+    assert!(agent::prefix::is_balanced(events.iter()));
+    // The persisted log continues without gaps.
+    let stored = persistence.events(&id);
+    assert_eq!(stored.len(), events.len());
+    assert!(stored.iter().enumerate().all(|(i, e)| e.seq == i as u64));
+    // A live id cannot be resumed; without persistence resume is refused.
+    assert!(matches!(
+        rt.resume(ResumeAgentOptions {
+            session_id: id.clone(),
+            agent_options: mock_options(),
+            signal: None,
+            setup: None,
+            owner: None,
+        })
+        .await,
+        Err(AgentError::Duplicate(_))
+    ));
+    drop(g);
+    finish(&rt, [resumed]).await;
+    let bare = runtime(&ScriptedModel::default());
+    let err = bare
+        .resume(ResumeAgentOptions {
+            session_id: "x".into(),
+            agent_options: mock_options(),
+            signal: None,
+            setup: None,
+            owner: None,
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AgentError::Persistence(_)));
+    finish(&bare, []).await;
+}
+
+/// A `session/created` listener failure vetoes and rolls back, pairing `session/disposed`.
+#[tokio::test(start_paused = true)]
+async fn failing_session_created_listener_rolls_back() {
+    let model = ScriptedModel::default();
+    let rt = runtime(&model);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let g1 = record_store(&rt, log.clone());
+    let g2 = rt.sessions().events().on(|e| match e {
+        SessionStoreEvent::Created(_) => Err("veto".into()),
+        _ => Ok(()),
+    });
+    let g3 = record_lifecycle(&rt, log.clone());
+    assert!(rt.create(options("a")).await.is_err());
+    nothing_published(&rt, "a");
+    assert_eq!(*log.lock(), ["session/created:a", "session/disposed:a"]);
+    drop((g1, g2, g3));
+    finish(&rt, []).await;
+}
+
+/// Dropping the `create` future mid-setup rolls back; shutdown aborts pending creations and
+/// disposes every agent.
+#[tokio::test(start_paused = true)]
+async fn dropped_creation_and_shutdown_leave_nothing() {
+    let model = ScriptedModel::new([ScriptEntry::hang()]);
+    let rt = runtime(&model);
+    let mut o = options("dropped");
+    o.setup = setup(|ctx| async move {
+        ctx.on_agent_event(|_| Ok(()))?;
+        std::future::pending::<()>().await;
+        Ok(None)
+    });
+    let fut = rt.create(o);
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(5), fut)
+            .await
+            .is_err()
+    );
+    nothing_published(&rt, "dropped");
+    assert_eq!(rt.services().agent_events.listener_count(), 0);
+
+    let a = create(&rt, "a").await;
+    a.agent().followup(user("busy")).unwrap();
+    settle().await;
+    let mut o = options("pending");
+    o.setup = setup(|_ctx| async move {
+        std::future::pending::<()>().await;
+        Ok(None)
+    });
+    let rt2 = rt.clone();
+    let pending = tokio::spawn(async move { rt2.create(o).await });
+    settle().await;
+    rt.shutdown().await;
+    let err = pending.await.unwrap().unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "agent \"pending\" creation aborted: agent loop is not active"
+    );
+    assert_eq!(
+        turn_ends(&**a.agent()),
+        [TurnEndReason::Aborted {
+            reason: CancelCause::Disposed
+        }]
+    );
+    assert!(matches!(
+        rt.create(options("late")).await,
+        Err(AgentError::CreationAborted { .. })
+    ));
+    finish(&rt, [a]).await;
+}
