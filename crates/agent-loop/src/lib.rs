@@ -21,3 +21,6 @@ pub use store::{
 };
 pub mod tools;
 pub mod jobs;
+pub mod agent;
+pub mod prompt;
+pub mod runtime;
