@@ -17,6 +17,8 @@
 //! | [`composition`] | child composition data and child session metadata (§2.16, §2.14.4) |
 //! | [`model_text`] | every text the seam shows a model (§2.16, §2.14.8, §2.14.10) |
 //! | [`settle`] | `settle_run` and the out-of-process result settlement and run handle (§2.19) |
+//! | [`provider`], [`run`] | the provider contract, the start request and the caller-owned run (§2.4–§2.7) |
+//! | [`service`], [`events`] | `SubagentService`: the provider registry, `start`, lifecycle events (§2.1, §2.2, §2.5, §2.13) |
 //! | [`out_of_process`] | out-of-process configuration checks (§2.19) |
 //!
 //! The crate depends on the spine contracts (`agent`) and never on a runtime. Child-level
@@ -27,6 +29,8 @@
 
 pub mod capabilities;
 pub mod composition;
+// Applying a child composition to a live scope (module owner: the in-process driver helper).
+pub mod compose;
 pub mod depth;
 pub mod descriptor;
 pub mod error;
@@ -37,6 +41,11 @@ pub mod policy;
 pub mod result;
 pub mod schema;
 pub mod settle;
+// -- the service half: provider contract, runs, lifecycle events, the service --
+pub mod events;
+pub mod provider;
+pub mod run;
+pub mod service;
 
 pub use capabilities::{
     Capability, ContinuableCreateRequest, ContinuableCreateSpec, NO_START_CAPABILITIES,

@@ -1,0 +1,55 @@
+//! [`SubagentRun`]: the caller-owned handle of one accepted delegation (spec §2.7).
+
+use std::sync::Arc;
+
+use agent::{AgentRef, SessionId};
+use futures::future::{BoxFuture, Shared};
+
+use crate::error::SharedError;
+use crate::result::SubagentResult;
+
+/// An infrastructure fault the seam cannot represent as a stop reason. Cheap to clone so a
+/// memoized future can hand it to every awaiting caller.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RunFailure(pub SharedError);
+
+impl RunFailure {
+    /// Wraps any error.
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(Arc::new(error))
+    }
+}
+
+/// The memoized result future of a run.
+pub type RunResultFuture = Shared<BoxFuture<'static, Result<SubagentResult, RunFailure>>>;
+
+/// The memoized disposal future of a run.
+pub type RunDisposeFuture = Shared<BoxFuture<'static, Result<(), RunFailure>>>;
+
+/// One accepted delegation.
+///
+/// # Contract
+/// * **Ownership.** The caller owns the run from the moment `start` fulfils and must call
+///   [`dispose`](SubagentRun::dispose) on every path, including after consuming the result.
+///   Implementations that are dropped undisposed dispose in the background and log a warning.
+/// * **`result`** can be awaited any number of times (a [`Shared`] future). It resolves for
+///   every child-level ending (model failures resolve with `error`) and fails only for an
+///   infrastructure fault.
+/// * **`dispose`** is memoized: every call returns the same future. It cancels remaining work
+///   and waits for both result settlement and child-resource quiescence. It fails only for an
+///   independent resource-release failure; a result failure stays on `result`.
+/// * **Cancellation** is the request signal only; there is no `cancel`, `steer` or follow-up.
+pub trait SubagentRun: Send + Sync + 'static {
+    /// The run id (for a local run: the child session id).
+    fn id(&self) -> &SessionId;
+
+    /// The exact child agent, for local runs.
+    fn local_agent(&self) -> Option<AgentRef>;
+
+    /// The result future.
+    fn result(&self) -> RunResultFuture;
+
+    /// The disposal future.
+    fn dispose(&self) -> RunDisposeFuture;
+}

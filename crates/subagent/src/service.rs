@@ -1,0 +1,241 @@
+//! [`SubagentService`]: the provider registry, one-shot `start` and lifecycle events
+//! (spec §2.1, §2.2, §2.5, §2.13).
+
+use std::sync::Arc;
+
+use agent::{EventBus, Registration};
+use parking_lot::RwLock;
+use tokio_util::task::TaskTracker;
+
+use crate::depth::{DepthError, assert_subagent_max_depth};
+use crate::descriptor::{DescriptorSnapshotError, SubagentDescriptor, snapshot_subagent_descriptor};
+use crate::error::SubagentError;
+use crate::events::{SubagentEvent, SubagentRunEndInfo, SubagentRunInfo};
+use crate::provider::{ResolvedSubagentStartRequest, SubagentProvider, SubagentStartRequest};
+use crate::result::StopReason;
+use crate::run::SubagentRun;
+use crate::schema::assert_output_schema;
+
+/// Why `start` rejected. Nothing was published and no lifecycle event was emitted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// A seam error (`NO_PROVIDER`, `UNSUPPORTED_CAPABILITY`, `UNSUPPORTED_SCHEMA`, or the
+    /// provider's own rejection, propagated unchanged).
+    #[error(transparent)]
+    Subagent(#[from] SubagentError),
+    /// `maxDepth` is not a non-negative safe integer.
+    #[error(transparent)]
+    Depth(#[from] DepthError),
+    /// The descriptor could not be snapshotted (for example an unrepresentable label).
+    #[error(transparent)]
+    Descriptor(#[from] DescriptorSnapshotError),
+}
+
+/// Why `register_provider` refused. Nothing stays registered.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegisterError {
+    /// `DUPLICATE_PROVIDER`.
+    #[error(transparent)]
+    Subagent(#[from] SubagentError),
+    /// A `subagent/provider-added` listener failed; the registration was unwound.
+    #[error(transparent)]
+    Listener(#[from] agent::bus::ListenerFailed),
+}
+
+struct Inner {
+    providers: RwLock<Vec<Arc<dyn SubagentProvider>>>,
+    events: EventBus<SubagentEvent>,
+    tasks: TaskTracker,
+}
+
+/// The host's `subagents` service. Cheap to clone (shared).
+///
+/// # Contract
+/// * Providers are registered by unique name and removed by dropping their [`Registration`].
+///   Removal blocks new starts (lookup is per call) but never revokes runs already returned.
+/// * `start` validates in the fixed order of spec §2.5, then calls the provider and returns the
+///   provider's run. Lifecycle events are emitted on [`SubagentService::events`]: `start`
+///   synchronously before `start` returns, `end` when the run's result settles.
+/// * The service owns one task per accepted run that waits for its result to emit `end`;
+///   [`SubagentService::close`] waits for them (they finish once each run is disposed).
+#[derive(Clone)]
+pub struct SubagentService {
+    inner: Arc<Inner>,
+}
+
+impl Default for SubagentService {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for SubagentService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubagentService")
+            .field("providers", &self.list())
+            .finish()
+    }
+}
+
+impl SubagentService {
+    /// An empty service.
+    pub fn new() -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                providers: RwLock::new(Vec::new()),
+                events: EventBus::new(),
+                tasks: TaskTracker::new(),
+            }),
+        }
+    }
+
+    /// The lifecycle event bus (`subagent/provider-added`, `provider-removed`, `start`, `end`).
+    /// Scoped listeners (`on_scoped(parent, …)`) hear only runs delegated by that parent.
+    pub fn events(&self) -> &EventBus<SubagentEvent> {
+        &self.inner.events
+    }
+
+    /// Registers a provider under its name.
+    ///
+    /// Fails with `DUPLICATE_PROVIDER` when the name is taken. After storing the provider,
+    /// `subagent/provider-added` is emitted **uncontained**: if a listener fails, the
+    /// registration is unwound and the listener's error is returned. Dropping the returned guard
+    /// removes the provider and emits `subagent/provider-removed` (contained, unscoped).
+    pub fn register_provider(
+        &self,
+        provider: Arc<dyn SubagentProvider>,
+    ) -> Result<Registration, RegisterError> {
+        let name = provider.name().to_owned();
+        {
+            let mut providers = self.inner.providers.write();
+            if providers.iter().any(|p| p.name() == name) {
+                return Err(SubagentError::duplicate_provider(&name).into());
+            }
+            providers.push(provider.clone());
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let stored = provider.clone();
+        let guard = Registration::new(move || {
+            if let Some(inner) = weak.upgrade() {
+                let removed = {
+                    let mut providers = inner.providers.write();
+                    let before = providers.len();
+                    providers.retain(|p| !Arc::ptr_eq(p, &stored));
+                    providers.len() != before
+                };
+                if removed {
+                    inner
+                        .events
+                        .emit(&SubagentEvent::ProviderRemoved(stored.name().to_owned()));
+                }
+            }
+        });
+        if let Err(failure) = self
+            .inner
+            .events
+            .try_emit(&SubagentEvent::ProviderAdded(provider))
+        {
+            // Unwind through the registration's own removal step, without announcing a removal
+            // of a provider nobody was told about.
+            self.inner.providers.write().retain(|p| p.name() != name);
+            drop(guard);
+            return Err(RegisterError::Listener(failure));
+        }
+        Ok(guard)
+    }
+
+    /// The exact registered provider named `name`.
+    pub fn get_provider(&self, name: &str) -> Option<Arc<dyn SubagentProvider>> {
+        self.inner
+            .providers
+            .read()
+            .iter()
+            .find(|p| p.name() == name)
+            .cloned()
+    }
+
+    /// Registered provider names, in insertion order.
+    pub fn list(&self) -> Vec<String> {
+        self.inner
+            .providers
+            .read()
+            .iter()
+            .map(|p| p.name().to_owned())
+            .collect()
+    }
+
+    /// Validates `request` (spec §2.5 order: provider, capabilities, depth, schema, descriptor),
+    /// starts it on provider `name`, emits `subagent/start` and returns the provider's run.
+    pub async fn start(
+        &self,
+        name: &str,
+        request: SubagentStartRequest,
+    ) -> Result<Box<dyn SubagentRun>, StartError> {
+        let provider = self
+            .get_provider(name)
+            .ok_or_else(|| SubagentError::no_provider(name))?;
+        provider
+            .capabilities()
+            .check(name, request.requested_capabilities())?;
+        let max_depth = assert_subagent_max_depth(request.max_depth.as_ref())?;
+        if let Some(schema) = &request.output_schema {
+            assert_output_schema(schema)?;
+        }
+        let descriptor = SubagentDescriptor::one_shot(name, request.label.clone());
+        let descriptor_event = snapshot_subagent_descriptor(&descriptor)?;
+        let parent = request.parent.id().clone();
+        let resolved = ResolvedSubagentStartRequest {
+            request,
+            max_depth,
+            descriptor,
+            descriptor_event,
+        };
+        let run = provider.start(resolved).await?;
+        let info = SubagentRunInfo {
+            run_id: uuid_like(),
+            provider: name.to_owned(),
+            id: run.id().clone(),
+            local: run.local_agent().is_some(),
+            parent,
+        };
+        let result = run.result();
+        self.inner.events.emit(&SubagentEvent::Start(info.clone()));
+        let inner = self.inner.clone();
+        self.inner.tasks.spawn(async move {
+            let end = match result.await {
+                Ok(r) => SubagentRunEndInfo {
+                    info,
+                    last_assistant_message: r.last_assistant_message().map(<[_]>::to_vec),
+                    stop_reason: r.stop_reason,
+                },
+                Err(_) => SubagentRunEndInfo {
+                    info,
+                    stop_reason: StopReason::Error,
+                    last_assistant_message: None,
+                },
+            };
+            inner.events.emit(&SubagentEvent::End(end));
+        });
+        Ok(run)
+    }
+
+    /// Waits for every `subagent/end` emission still pending (each completes once its run's
+    /// result settles, at the latest when the run is disposed).
+    pub async fn close(&self) {
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+        self.inner.tasks.reopen();
+    }
+
+    /// The number of runs whose `subagent/end` is still pending.
+    pub fn pending_runs(&self) -> usize {
+        self.inner.tasks.len()
+    }
+}
+
+/// A random run id (UUID v4 text form).
+fn uuid_like() -> String {
+    uuid::Uuid::new_v4().to_string()
+}

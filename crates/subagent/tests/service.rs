@@ -1,0 +1,550 @@
+//! The provider registry, `start` validation and lifecycle events (spec §2.2, §2.5, §2.13).
+
+use std::sync::Arc;
+
+use agent::{
+    Agent, AgentError, AgentOptions, AgentRef, AgentStatus, CancelCause, CancelOptions, ContentBlock,
+    InboxSnapshot, InboxTarget, Message, MessageId, Scope, Session, SessionId, SessionMeta, Signal,
+};
+use async_trait::async_trait;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use serde_json::json;
+use subagent::capabilities::SubagentCapabilities;
+use subagent::error::{SubagentError, SubagentErrorCode};
+use subagent::events::SubagentEvent;
+use subagent::provider::{ResolvedSubagentStartRequest, SubagentProvider, SubagentStartRequest};
+use subagent::result::{StopReason, SubagentResult};
+use subagent::run::{RunDisposeFuture, RunFailure, RunResultFuture, SubagentRun};
+use subagent::service::{RegisterError, StartError, SubagentService};
+use tokio::sync::oneshot;
+
+/// A parent agent double: only its identity matters to the service.
+struct Parent {
+    id: SessionId,
+    options: AgentOptions,
+    session: Arc<Session>,
+    scope: Arc<Scope>,
+}
+
+impl Parent {
+    fn agent(id: &str) -> AgentRef {
+        let header = SessionMeta::default().into_header(id.into(), 1).unwrap();
+        Arc::new(Self {
+            id: id.into(),
+            options: AgentOptions::default(),
+            session: Arc::new(Session::new(header, None).unwrap()),
+            scope: Arc::new(Scope::new(id.into(), None)),
+        })
+    }
+}
+
+impl Agent for Parent {
+    fn id(&self) -> &SessionId {
+        &self.id
+    }
+    fn options(&self) -> &AgentOptions {
+        &self.options
+    }
+    fn session(&self) -> &Arc<Session> {
+        &self.session
+    }
+    fn scope(&self) -> &Arc<Scope> {
+        &self.scope
+    }
+    fn send(&self, message: Message, _: InboxTarget, _: bool) -> Result<MessageId, AgentError> {
+        Ok(message.id)
+    }
+    fn remove_pending(&self, _: &MessageId) -> Result<bool, AgentError> {
+        Ok(false)
+    }
+    fn inbox(&self) -> InboxSnapshot {
+        InboxSnapshot::default()
+    }
+    fn cancel(&self, _: CancelCause, _: CancelOptions) {}
+    fn status(&self) -> AgentStatus {
+        AgentStatus::Idle
+    }
+    fn when_idle(&self) -> BoxFuture<'static, ()> {
+        async {}.boxed()
+    }
+    fn is_live(&self) -> bool {
+        true
+    }
+}
+
+type ResultSender = oneshot::Sender<Result<SubagentResult, RunFailure>>;
+
+/// A run whose result is settled by the test.
+struct FakeRun {
+    id: SessionId,
+    result: RunResultFuture,
+    dispose: RunDisposeFuture,
+}
+
+impl SubagentRun for FakeRun {
+    fn id(&self) -> &SessionId {
+        &self.id
+    }
+    fn local_agent(&self) -> Option<AgentRef> {
+        None
+    }
+    fn result(&self) -> RunResultFuture {
+        self.result.clone()
+    }
+    fn dispose(&self) -> RunDisposeFuture {
+        self.dispose.clone()
+    }
+}
+
+fn fake_run(id: &str) -> (FakeRun, ResultSender) {
+    let (tx, rx) = oneshot::channel();
+    let result = async move {
+        rx.await
+            .unwrap_or_else(|_| Ok(SubagentResult::new(vec![], StopReason::Aborted)))
+    }
+    .boxed()
+    .shared();
+    let r2 = result.clone();
+    let dispose = async move {
+        let _ = r2.await;
+        Ok(())
+    }
+    .boxed()
+    .shared();
+    (
+        FakeRun {
+            id: id.into(),
+            result,
+            dispose,
+        },
+        tx,
+    )
+}
+
+#[derive(Default)]
+struct Calls {
+    requests: Vec<ResolvedSubagentStartRequest>,
+    senders: Vec<ResultSender>,
+}
+
+/// A provider whose starts are recorded; it answers with [`FakeRun`]s or a scripted error.
+struct FakeProvider {
+    name: String,
+    caps: SubagentCapabilities,
+    calls: Mutex<Calls>,
+    fail: Option<SubagentError>,
+    gate: Mutex<Option<oneshot::Receiver<()>>>,
+}
+
+impl FakeProvider {
+    fn new(name: &str, caps: SubagentCapabilities) -> Arc<Self> {
+        Arc::new(Self {
+            name: name.into(),
+            caps,
+            calls: Mutex::default(),
+            fail: None,
+            gate: Mutex::new(None),
+        })
+    }
+    fn calls(&self) -> usize {
+        self.calls.lock().requests.len()
+    }
+    fn settle(&self, i: usize, r: Result<SubagentResult, RunFailure>) {
+        let tx = std::mem::replace(&mut self.calls.lock().senders[i], oneshot::channel().0);
+        let _ = tx.send(r);
+    }
+}
+
+#[async_trait]
+impl SubagentProvider for FakeProvider {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn capabilities(&self) -> SubagentCapabilities {
+        self.caps
+    }
+    fn inherits_parent_context(&self) -> bool {
+        false
+    }
+    async fn start(
+        &self,
+        request: ResolvedSubagentStartRequest,
+    ) -> Result<Box<dyn SubagentRun>, SubagentError> {
+        let gate = self.gate.lock().take();
+        if let Some(gate) = gate {
+            let _ = gate.await;
+        }
+        if let Some(e) = &self.fail {
+            return Err(e.clone());
+        }
+        let (run, tx) = fake_run("child-1");
+        let mut calls = self.calls.lock();
+        calls.requests.push(request);
+        calls.senders.push(tx);
+        Ok(Box::new(run))
+    }
+}
+
+fn request(parent: &AgentRef) -> SubagentStartRequest {
+    SubagentStartRequest::new(vec![ContentBlock::text("do it")], parent.clone(), Signal::new())
+}
+
+fn record(service: &SubagentService) -> (Arc<Mutex<Vec<String>>>, agent::Registration) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let guard = service.events().on(move |e| {
+        let line = match e {
+            SubagentEvent::ProviderAdded(p) => format!("provider-added {}", p.name()),
+            SubagentEvent::ProviderRemoved(n) => format!("provider-removed {n}"),
+            SubagentEvent::Start(i) => format!("start {} {} {}", i.provider, i.id, i.parent),
+            SubagentEvent::End(e) => format!("end {} {}", e.info.provider, e.stop_reason.as_str()),
+            _ => "other".into(),
+        };
+        s.lock().push(line);
+        Ok(())
+    });
+    (seen, guard)
+}
+
+/// spec: SVC-1
+#[tokio::test]
+async fn svc_1_register_list_start_and_remove() {
+    let service = SubagentService::new();
+    let (seen, _g) = record(&service);
+    let provider = FakeProvider::new("spawn", SubagentCapabilities::ALL);
+    let guard = service.register_provider(provider.clone()).unwrap();
+    assert_eq!(service.list(), vec!["spawn".to_owned()]);
+    let got = service.get_provider("spawn").unwrap();
+    assert!(Arc::ptr_eq(
+        &got,
+        &(provider.clone() as Arc<dyn SubagentProvider>)
+    ));
+    let parent = Parent::agent("p");
+    let run = service.start("spawn", request(&parent)).await.unwrap();
+    provider.settle(
+        0,
+        Ok(SubagentResult::new(
+            vec![ContentBlock::text("ok")],
+            StopReason::Completed,
+        )),
+    );
+    assert_eq!(run.result().await.unwrap().stop_reason, StopReason::Completed);
+    run.dispose().await.unwrap();
+    assert_eq!(provider.calls(), 1);
+    service.close().await;
+    drop(guard);
+    assert!(service.get_provider("spawn").is_none());
+    let seen = seen.lock().clone();
+    assert_eq!(seen.first().unwrap(), "provider-added spawn");
+    assert_eq!(seen.last().unwrap(), "provider-removed spawn");
+}
+
+/// spec: SVC-2
+#[test]
+fn svc_2_failing_provider_added_listener_unwinds_registration() {
+    let service = SubagentService::new();
+    let _g = service.events().on(|e| match e {
+        SubagentEvent::ProviderAdded(_) => Err("listener refused".into()),
+        _ => Ok(()),
+    });
+    let err = service
+        .register_provider(FakeProvider::new("spawn", SubagentCapabilities::ALL))
+        .unwrap_err();
+    assert!(matches!(err, RegisterError::Listener(_)));
+    assert_eq!(err.to_string(), "event listener failed: listener refused");
+    assert!(service.list().is_empty());
+}
+
+/// spec: SVC-3
+#[tokio::test]
+async fn svc_3_duplicate_provider_and_unknown_name() {
+    let service = SubagentService::new();
+    let _g = service
+        .register_provider(FakeProvider::new("spawn", SubagentCapabilities::ALL))
+        .unwrap();
+    let err = service
+        .register_provider(FakeProvider::new("spawn", SubagentCapabilities::ALL))
+        .unwrap_err();
+    match err {
+        RegisterError::Subagent(e) => assert_eq!(e.code(), SubagentErrorCode::DuplicateProvider),
+        other => panic!("unexpected {other:?}"),
+    }
+    let parent = Parent::agent("p");
+    let Err(StartError::Subagent(e)) = service.start("nope", request(&parent)).await else {
+        panic!("expected NO_PROVIDER");
+    };
+    assert_eq!(e.code(), SubagentErrorCode::NoProvider);
+}
+
+/// spec: SVC-4
+#[tokio::test]
+async fn svc_4_provider_receives_fields_and_descriptor() {
+    let service = SubagentService::new();
+    let provider = FakeProvider::new("spawn", SubagentCapabilities::ALL);
+    let _g = service.register_provider(provider.clone()).unwrap();
+    let parent = Parent::agent("p");
+    let run = service.start("spawn", request(&parent)).await.unwrap();
+    {
+        let calls = provider.calls.lock();
+        let r = &calls.requests[0];
+        assert_eq!(r.request.prompt, vec![ContentBlock::text("do it")]);
+        assert_eq!(
+            r.descriptor.to_payload(),
+            json!({"version": 2, "mode": "one-shot", "provider": "spawn"})
+        );
+        assert_eq!(r.descriptor_event.type_name(), "subagent/descriptor");
+    }
+    let mut labelled = request(&parent);
+    labelled.label = Some("lbl".into());
+    let run2 = service.start("spawn", labelled).await.unwrap();
+    assert_eq!(
+        provider.calls.lock().requests[1].descriptor.to_payload(),
+        json!({"version": 2, "mode": "one-shot", "provider": "spawn", "label": "lbl"})
+    );
+    provider.settle(0, Ok(SubagentResult::new(vec![], StopReason::Completed)));
+    provider.settle(1, Ok(SubagentResult::new(vec![], StopReason::Completed)));
+    run.dispose().await.unwrap();
+    run2.dispose().await.unwrap();
+    service.close().await;
+}
+
+/// spec: SVC-8
+#[tokio::test]
+async fn svc_8_unsupported_capabilities_reject_before_the_provider() {
+    let service = SubagentService::new();
+    let provider = FakeProvider::new("bare", SubagentCapabilities::default());
+    let _g = service.register_provider(provider.clone()).unwrap();
+    let parent = Parent::agent("p");
+    type Setter = Box<dyn Fn(&mut SubagentStartRequest)>;
+    let variants: Vec<Setter> = vec![
+        Box::new(|r| r.output_schema = Some(json!({"type": "object"}))),
+        Box::new(|r| r.max_depth = Some(json!(1))),
+        Box::new(|r| {
+            r.tool_filter = Some(subagent::composition::ToolFilter {
+                allow: Some(vec!["x".into()]),
+                deny: None,
+            })
+        }),
+        Box::new(|r| r.persona = Some(String::new())),
+    ];
+    for set in variants {
+        let mut req = request(&parent);
+        set(&mut req);
+        let Err(StartError::Subagent(e)) = service.start("bare", req).await else {
+            panic!("expected UNSUPPORTED_CAPABILITY");
+        };
+        assert_eq!(e.code(), SubagentErrorCode::UnsupportedCapability);
+    }
+    // Capability checks precede value checks.
+    let mut req = request(&parent);
+    req.max_depth = Some(json!(-1));
+    let Err(StartError::Subagent(e)) = service.start("bare", req).await else {
+        panic!("expected UNSUPPORTED_CAPABILITY");
+    };
+    assert_eq!(e.code(), SubagentErrorCode::UnsupportedCapability);
+    assert_eq!(provider.calls(), 0);
+}
+
+/// spec: SVC-9
+#[tokio::test]
+async fn svc_9_bad_depth_and_schema_reject_before_the_provider() {
+    let service = SubagentService::new();
+    let provider = FakeProvider::new("all", SubagentCapabilities::ALL);
+    let _g = service.register_provider(provider.clone()).unwrap();
+    let parent = Parent::agent("p");
+    let mut req = request(&parent);
+    req.max_depth = Some(json!(-1));
+    let Err(StartError::Depth(e)) = service.start("all", req).await else {
+        panic!("expected a depth error");
+    };
+    assert!(e.to_string().contains("non-negative safe integer"), "{e}");
+    let mut req = request(&parent);
+    req.output_schema = Some(json!({"type": "string"}));
+    let Err(StartError::Subagent(e)) = service.start("all", req).await else {
+        panic!("expected UNSUPPORTED_SCHEMA");
+    };
+    assert_eq!(e.code(), SubagentErrorCode::UnsupportedSchema);
+    assert_eq!(provider.calls(), 0);
+    assert_eq!(
+        subagent::depth::assert_subagent_max_depth::<u64>(None).unwrap(),
+        None
+    );
+}
+
+/// spec: SVC-10
+#[tokio::test]
+async fn svc_10_lifecycle_edges_are_ordered_and_scoped_by_the_parent() {
+    let service = SubagentService::new();
+    let provider = FakeProvider::new("spawn", SubagentCapabilities::ALL);
+    let (gate_tx, gate_rx) = oneshot::channel();
+    *provider.gate.lock() = Some(gate_rx);
+    let _g = service.register_provider(provider.clone()).unwrap();
+    let parent = Parent::agent("p");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let _scoped = service.events().on_scoped("p".into(), move |e| {
+        match e {
+            SubagentEvent::Start(i) => s.lock().push(("start", i.run_id.clone())),
+            SubagentEvent::End(e) => s.lock().push(("end", e.info.run_id.clone())),
+            _ => {}
+        }
+        Ok(())
+    });
+    let other = Arc::new(Mutex::new(0));
+    let o = other.clone();
+    let _other = service.events().on_scoped("someone-else".into(), move |_| {
+        *o.lock() += 1;
+        Ok(())
+    });
+    let svc = service.clone();
+    let parent2 = parent.clone();
+    let pending = tokio::spawn(async move { svc.start("spawn", request(&parent2)).await });
+    tokio::task::yield_now().await;
+    assert!(
+        seen.lock().is_empty(),
+        "no edge while the provider start is pending"
+    );
+    gate_tx.send(()).unwrap();
+    let run = pending.await.unwrap().unwrap();
+    assert_eq!(seen.lock().len(), 1);
+    provider.settle(0, Ok(SubagentResult::new(vec![], StopReason::Completed)));
+    run.dispose().await.unwrap();
+    service.close().await;
+    let seen = seen.lock().clone();
+    assert_eq!(seen.len(), 2);
+    assert_eq!((seen[0].0, seen[1].0), ("start", "end"));
+    assert_eq!(seen[0].1, seen[1].1);
+    assert_eq!(*other.lock(), 0);
+}
+
+/// spec: SVC-11
+#[tokio::test]
+async fn svc_11_identical_children_get_distinct_run_ids() {
+    let service = SubagentService::new();
+    let provider = FakeProvider::new("spawn", SubagentCapabilities::ALL);
+    let _g = service.register_provider(provider.clone()).unwrap();
+    let ids = Arc::new(Mutex::new(Vec::new()));
+    let i = ids.clone();
+    let _l = service.events().on(move |e| {
+        if let SubagentEvent::Start(info) = e {
+            i.lock().push((info.run_id.clone(), info.id.clone()));
+        }
+        Ok(())
+    });
+    let parent = Parent::agent("p");
+    let a = service.start("spawn", request(&parent)).await.unwrap();
+    let b = service.start("spawn", request(&parent)).await.unwrap();
+    let ids = ids.lock().clone();
+    assert_eq!(ids[0].1, ids[1].1);
+    assert_ne!(ids[0].0, ids[1].0);
+    provider.settle(0, Ok(SubagentResult::new(vec![], StopReason::Completed)));
+    provider.settle(1, Ok(SubagentResult::new(vec![], StopReason::Completed)));
+    a.dispose().await.unwrap();
+    b.dispose().await.unwrap();
+    service.close().await;
+}
+
+/// spec: SVC-12
+#[tokio::test]
+async fn svc_12_provider_rejection_propagates_without_edges() {
+    let service = SubagentService::new();
+    let provider = Arc::new(FakeProvider {
+        name: "bad".into(),
+        caps: SubagentCapabilities::ALL,
+        calls: Mutex::default(),
+        fail: Some(SubagentError::persistence_unavailable()),
+        gate: Mutex::new(None),
+    });
+    let _g = service.register_provider(provider).unwrap();
+    let (seen, _r) = record(&service);
+    let parent = Parent::agent("p");
+    let Err(StartError::Subagent(e)) = service.start("bad", request(&parent)).await else {
+        panic!("expected the provider's error");
+    };
+    assert_eq!(e.code(), SubagentErrorCode::PersistenceUnavailable);
+    assert!(seen.lock().is_empty());
+}
+
+/// spec: SVC-13
+#[tokio::test]
+async fn svc_13_end_edge_carries_output_and_reason() {
+    let service = SubagentService::new();
+    let provider = FakeProvider::new("spawn", SubagentCapabilities::ALL);
+    let _g = service.register_provider(provider.clone()).unwrap();
+    let ends = Arc::new(Mutex::new(Vec::new()));
+    let e2 = ends.clone();
+    let _l = service.events().on(move |e| {
+        if let SubagentEvent::End(end) = e {
+            e2.lock().push(end.clone());
+        }
+        Ok(())
+    });
+    let parent = Parent::agent("p");
+    let runs = [
+        service.start("spawn", request(&parent)).await.unwrap(),
+        service.start("spawn", request(&parent)).await.unwrap(),
+        service.start("spawn", request(&parent)).await.unwrap(),
+    ];
+    provider.settle(
+        0,
+        Ok(SubagentResult::new(
+            vec![ContentBlock::text("out")],
+            StopReason::MaxTokens,
+        )),
+    );
+    provider.settle(1, Ok(SubagentResult::new(vec![], StopReason::Completed)));
+    provider.settle(2, Err(RunFailure::new(std::io::Error::other("transport gone"))));
+    for r in &runs {
+        let _ = r.dispose().await;
+    }
+    service.close().await;
+    assert_eq!(runs[2].result().await.unwrap_err().to_string(), "transport gone");
+    let mut ends = ends.lock().clone();
+    ends.sort_by_key(|e| e.stop_reason.as_str().to_owned());
+    let by = |r: StopReason| ends.iter().find(|e| e.stop_reason == r).unwrap().clone();
+    let max = by(StopReason::MaxTokens);
+    assert_eq!(max.info.provider, "spawn");
+    assert_eq!(max.last_assistant_message, Some(vec![ContentBlock::text("out")]));
+    assert_eq!(by(StopReason::Completed).last_assistant_message, None);
+    assert_eq!(by(StopReason::Error).last_assistant_message, None);
+}
+
+/// spec: SVC-14
+#[test]
+fn svc_14_provider_removed_listener_failures_are_contained() {
+    let service = SubagentService::new();
+    let _a = service.events().on(|e| match e {
+        SubagentEvent::ProviderRemoved(_) => Err("sync failure".into()),
+        _ => Ok(()),
+    });
+    let _b = service.events().on(|e| match e {
+        SubagentEvent::ProviderRemoved(_) => std::panic::panic_any(7u32),
+        _ => Ok(()),
+    });
+    let got = Arc::new(Mutex::new(None));
+    let g = got.clone();
+    let _c = service.events().on(move |e| {
+        if let SubagentEvent::ProviderRemoved(n) = e {
+            *g.lock() = Some(n.clone());
+        }
+        Ok(())
+    });
+    let guard = service
+        .register_provider(FakeProvider::new("spawn", SubagentCapabilities::ALL))
+        .unwrap();
+    drop(guard);
+    assert_eq!(got.lock().as_deref(), Some("spawn"));
+    assert!(service.list().is_empty());
+}
+
+/// spec: SVC-15
+#[test]
+fn svc_15_subagent_error_has_name_and_code() {
+    let e = SubagentError::no_provider("x");
+    assert_eq!(e.name(), "SubagentError");
+    assert_eq!(e.code(), SubagentErrorCode::NoProvider);
+    assert_eq!(e.code().as_str(), "NO_PROVIDER");
+    let _ = CancelCause::User;
+}
