@@ -1,0 +1,158 @@
+//! `cargo xtask <command>`: workspace automation.
+//!
+//! * `check-invariants [--logs DIR]` — without `--logs`: run `cargo test --workspace` with
+//!   session-log capture into `target/invariant-traces/` (kept afterwards), then replay every
+//!   captured log. With `--logs DIR`: replay an existing directory without running tests.
+//!   Prints `replayed <N> logs (<E> events): <V> violations` and fails when `V > 0` or `N == 0`.
+//! * `ci` — what `.ci/run` runs.
+//! * `bench` — the criterion benchmarks.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use invariants::{DirReport, check_store};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("check-invariants") => check_invariants(&args[1..]),
+        Some("ci") => ci(),
+        Some("bench") => run(Command::new(cargo()).args(["bench", "--workspace"])),
+        _ => Err(format!(
+            "usage: cargo xtask <check-invariants [--logs DIR] | ci | bench>{}",
+            args.first()
+                .map(|a| format!(" (unknown command {a:?})"))
+                .unwrap_or_default()
+        )),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_owned()
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let status = cmd.status().map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?} failed with {status}"))
+    }
+}
+
+fn check_invariants(args: &[String]) -> Result<(), String> {
+    let dir = match args {
+        [] => {
+            let dir = workspace_root().join("target").join("invariant-traces");
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir).map_err(|e| format!("cannot clear {}: {e}", dir.display()))?;
+            }
+            std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            run(Command::new(cargo())
+                .current_dir(workspace_root())
+                .args(["test", "--workspace"])
+                .env("SUBAGENT_TRACE_DIR", &dir))?;
+            dir
+        }
+        [flag, dir] if flag == "--logs" => PathBuf::from(dir),
+        _ => return Err("usage: cargo xtask check-invariants [--logs DIR]".into()),
+    };
+    let report = replay_tree(&dir)?;
+    println!(
+        "replayed {} logs ({} events): {} violations",
+        report.logs,
+        report.events,
+        report.violations.len()
+    );
+    for v in report.violations.iter().take(50) {
+        eprintln!("  {v}");
+    }
+    if report.violations.len() > 50 {
+        eprintln!("  … and {} more", report.violations.len() - 50);
+    }
+    if !report.violations.is_empty() {
+        return Err("session logs break the invariants".into());
+    }
+    if report.logs == 0 {
+        return Err(format!("no session logs found under {}", dir.display()));
+    }
+    Ok(())
+}
+
+/// Replays every directory that directly holds `*.jsonl` logs as one store (one directory per
+/// test, so session ids may repeat across tests without being duplicates).
+fn replay_tree(root: &Path) -> Result<DirReport, String> {
+    let mut total = DirReport::default();
+    let mut stack = vec![root.to_owned()];
+    while let Some(dir) = stack.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        let mut has_logs = false;
+        for entry in entries {
+            let path = entry
+                .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+                .path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|x| x == "jsonl") {
+                has_logs = true;
+            }
+        }
+        if has_logs {
+            let report = check_store_flat(&dir)?;
+            total.logs += report.logs;
+            total.events += report.events;
+            total.violations.extend(report.violations);
+        }
+    }
+    Ok(total)
+}
+
+/// `check_store` over one leaf directory. Capture writes logs only into leaf directories (one
+/// per test); a directory holding both logs and sub-directories would mix stores, so it is
+/// refused rather than guessed at.
+fn check_store_flat(dir: &Path) -> Result<DirReport, String> {
+    let has_subdirs = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+        .flatten()
+        .any(|e| e.path().is_dir());
+    if has_subdirs {
+        return Err(format!(
+            "{} holds logs and sub-directories; give each store its own leaf directory",
+            dir.display()
+        ));
+    }
+    check_store(dir).map_err(|e| e.to_string())
+}
+
+fn ci() -> Result<(), String> {
+    let root = workspace_root();
+    run(Command::new(cargo())
+        .current_dir(&root)
+        .args(["test", "--workspace"]))?;
+    check_invariants(&[])?;
+    run(Command::new(cargo()).current_dir(&root).args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    run(Command::new(cargo())
+        .current_dir(&root)
+        .args(["fmt", "--all", "--", "--check"]))
+}
