@@ -1,0 +1,296 @@
+//! [`InProcessDriver`]: the one implementation of an in-process one-shot start (spec
+//! `inprocess-providers.md` §3.1–§3.5). Spawn and fork differ only in the seed they pass.
+
+use std::fmt;
+use std::sync::Arc;
+
+use agent::runtime::{Commit, Setup};
+use agent::{
+    AgentError, AgentHandle, ContentBlock, CreateAgentOptions, Ctx, Message, MessageSource, SessionEvent,
+    SessionId, Services, Signal,
+};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use subagent::compose::apply_child_composition;
+use subagent::provider::ResolvedSubagentStartRequest;
+use subagent::run::RunFailure;
+use subagent::{
+    ChildComposition, DelegatedPolicyOverrides, PolicyServices, SubagentError, append_delegated_policy_overrides,
+    assert_subagent_max_depth, capture_delegated_policy_overrides, child_session_meta, delegation_depth_of,
+    resolve_child_agent_options, resolve_child_depth,
+};
+use tokio_util::task::TaskTracker;
+
+use crate::descriptor::DescriptorAppend;
+use crate::error::StartFailure;
+use crate::run::{Drive, LocalRun, RunState};
+use crate::structured::StructuredCapture;
+
+/// What distinguishes one in-process provider's start from another's.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct InProcessRunOptions {
+    /// A creation seed: the parent's balanced completed-turn prefix (`fork`), or `None` for a
+    /// fresh child (`spawn`). An empty seed should be passed as `None` (an empty seed still
+    /// writes a `session/end-seed` marker).
+    pub seed: Option<Vec<SessionEvent>>,
+}
+
+impl InProcessRunOptions {
+    /// A fresh, unseeded child.
+    pub fn fresh() -> Self {
+        Self::default()
+    }
+
+    /// A child seeded with `seed`.
+    pub fn seeded(seed: Vec<SessionEvent>) -> Self {
+        Self { seed: Some(seed) }
+    }
+}
+
+/// The shared in-process driver. Cheap to clone (shared).
+///
+/// Holds the host's [`Services`] (children are created through `services.agents`, owned by the
+/// parent's scope), which optional policy services the host composes (for delegated policy
+/// capture), and the tracker of the per-run result tasks it starts.
+///
+/// # Ownership, drop and cancellation
+/// * The driver owns nothing per run after [`start`](Self::start) fulfils: the returned
+///   [`LocalRun`] owns the child's handle and must be disposed by the caller.
+/// * Result tasks are tracked; [`task_count`](Self::task_count) is zero once every run's result
+///   settled (at the latest when every run was disposed) and [`wait`](Self::wait) awaits them.
+/// * Dropping the driver does not affect accepted runs.
+#[derive(Clone)]
+pub struct InProcessDriver {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    services: Services,
+    policy: PolicyServices,
+    tasks: TaskTracker,
+}
+
+impl fmt::Debug for InProcessDriver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InProcessDriver")
+            .field("policy", &self.inner.policy)
+            .field("tasks", &self.inner.tasks.len())
+            .finish()
+    }
+}
+
+impl InProcessDriver {
+    /// A driver creating children through `services.agents`, with no policy services composed.
+    pub fn new(services: Services) -> Self {
+        Self::with_policy(services, PolicyServices::default())
+    }
+
+    /// A driver for a host that composes the policy services `policy` (a sandbox-policy service
+    /// makes the parent's explicit sandbox override reach the child; an approval service pins
+    /// the child's approval policy to `never`).
+    pub fn with_policy(services: Services, policy: PolicyServices) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                services,
+                policy,
+                tasks: TaskTracker::new(),
+            }),
+        }
+    }
+
+    /// The host services children are created through.
+    pub fn services(&self) -> &Services {
+        &self.inner.services
+    }
+
+    /// The policy services the driver assumes the host composes.
+    pub fn policy_services(&self) -> PolicyServices {
+        self.inner.policy
+    }
+
+    /// The number of result tasks still running.
+    pub fn task_count(&self) -> usize {
+        self.inner.tasks.len()
+    }
+
+    /// Waits until every result task started so far has finished.
+    pub async fn wait(&self) {
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+        self.inner.tasks.reopen();
+    }
+
+    /// Starts one in-process one-shot child (spec §3.2).
+    ///
+    /// Runs synchronously, **at call time** (before the returned future is first polled):
+    /// `maxDepth` validation, the already-cancelled check (`subagent request was aborted before
+    /// child publication`, nothing created), the child-depth resolution, and the capture of the
+    /// parent's delegated policy — so a parent switch made after this call belongs to the
+    /// parent's future. The future then creates the child through `services.agents` with the
+    /// request signal as creation token and the parent as owner, composes it in the setup window
+    /// (policy events after any seed, delegation statement, persona, tool filter, structured
+    /// runtime, descriptor interceptor), and on publication hands the signal over to the live run
+    /// and delivers the prompt.
+    ///
+    /// Fulfilment **is** publication: on `Ok` the child is registered and the caller owns the
+    /// returned [`LocalRun`]; on `Err` nothing was published (the creation transaction rolled
+    /// back and quiesced). Dropping the future before it completes rolls the creation back too.
+    pub fn start(
+        &self,
+        request: ResolvedSubagentStartRequest,
+        options: InProcessRunOptions,
+    ) -> BoxFuture<'static, Result<LocalRun, SubagentError>> {
+        match self.prepare(request, options) {
+            Ok(plan) => {
+                let driver = self.clone();
+                async move { driver.create(plan).await.map_err(SubagentError::from) }.boxed()
+            }
+            Err(failure) => futures::future::ready(Err(failure.into())).boxed(),
+        }
+    }
+
+    /// The synchronous prefix of a start (spec §3.2 steps 1–5).
+    fn prepare(&self, resolved: ResolvedSubagentStartRequest, options: InProcessRunOptions) -> Result<Plan, StartFailure> {
+        let ResolvedSubagentStartRequest {
+            request,
+            max_depth,
+            descriptor: _,
+            descriptor_event,
+        } = resolved;
+        // 1. maxDepth (already validated by the service; re-checked for direct callers).
+        let max_depth = match max_depth {
+            Some(d) => assert_subagent_max_depth(Some(d))?,
+            None => assert_subagent_max_depth(request.max_depth.as_ref())?,
+        };
+        // 2. Already cancelled: nothing is created.
+        if request.signal.is_cancelled() {
+            return Err(StartFailure::AbortedBeforePublication);
+        }
+        // 3. Depth: the persisted header is the floor; runtime options may only deepen it.
+        let parent = request.parent.clone();
+        let parent_depth = delegation_depth_of(
+            parent.session().header().delegation_depth,
+            parent.options().subagent_depth,
+        )?;
+        let child_depth = resolve_child_depth(parent_depth, max_depth)?;
+        // 4. Child id and seed boundary.
+        let child_id = SessionId::new(uuid::Uuid::new_v4().to_string());
+        let seed = options.seed;
+        let boundary = seed.as_ref().map_or(0, Vec::len);
+        // 5. Delegated policy, captured now.
+        let policy = capture_delegated_policy_overrides(parent.session(), self.inner.policy);
+        let structured = request.output_schema.clone().map(StructuredCapture::new);
+        let create = CreateAgentOptions {
+            session_id: child_id,
+            meta: child_session_meta(parent.session().header(), child_depth, boundary as u64),
+            seed,
+            agent_options: resolve_child_agent_options(parent.options(), request.agent_options.as_ref(), child_depth),
+            signal: Some(request.signal.clone()),
+            setup: Some(setup(
+                policy,
+                ChildComposition {
+                    persona: request.persona.clone(),
+                    tool_filter: request.tool_filter.clone(),
+                },
+                structured.clone(),
+                DescriptorAppend::new(descriptor_event),
+            )),
+            owner: Some(parent),
+        };
+        Ok(Plan {
+            create,
+            signal: request.signal,
+            prompt: request.prompt,
+            boundary,
+            structured,
+        })
+    }
+
+    /// The asynchronous part of a start (spec §3.2 steps 6–9).
+    async fn create(&self, plan: Plan) -> Result<LocalRun, StartFailure> {
+        let Plan {
+            create,
+            signal,
+            prompt,
+            boundary,
+            structured,
+        } = plan;
+        // 6. The creation transaction: fulfilment is publication.
+        let handle: AgentHandle = self.inner.services.agents.create(create).await?;
+        // 7. Hand the signal over to the live run: the listener is armed from here on; the
+        //    signal is checked once more (an already-cancelled token fires no listener).
+        let state = RunState::new(handle);
+        if signal.is_cancelled() {
+            state.fire();
+        }
+        // 8.1 Deliver the prompt verbatim unless cancelled; the child's turn opens now.
+        let delivered = if state.is_cancelled() {
+            Ok(false)
+        } else {
+            state
+                .child
+                .followup(Message::user(prompt, MessageSource::User))
+                .map(|_| true)
+                .map_err(RunFailure::new)
+        };
+        // 8.2–9. The result task, then the run.
+        Ok(LocalRun::launch(
+            Drive {
+                state,
+                signal,
+                delivered,
+                boundary,
+                structured,
+            },
+            &self.inner.tasks,
+        ))
+    }
+}
+
+/// The prepared creation of one child.
+struct Plan {
+    create: CreateAgentOptions,
+    signal: Signal,
+    prompt: Vec<ContentBlock>,
+    boundary: usize,
+    structured: Option<Arc<StructuredCapture>>,
+}
+
+/// The setup window (spec §3.2 step 6): composes the unpublished child, never drives it.
+fn setup(
+    policy: DelegatedPolicyOverrides,
+    composition: ChildComposition,
+    structured: Option<Arc<StructuredCapture>>,
+    descriptor: DescriptorAppend,
+) -> Setup {
+    Box::new(move |ctx: Ctx| {
+        async move {
+            compose(&ctx, &policy, &composition, structured.as_ref(), descriptor)?;
+            Ok(None::<Commit>)
+        }
+        .boxed()
+    })
+}
+
+fn compose(
+    ctx: &Ctx,
+    policy: &DelegatedPolicyOverrides,
+    composition: &ChildComposition,
+    structured: Option<&Arc<StructuredCapture>>,
+    descriptor: DescriptorAppend,
+) -> Result<(), AgentError> {
+    let child = ctx
+        .agent()
+        .ok_or_else(|| AgentError::Inactive(agent::ScopeInactive(SessionId::from("<global context>"))))?;
+    // 6.1 Delegated policy, after any seed and its end-seed marker.
+    append_delegated_policy_overrides(child.session(), policy)?;
+    // 6.2 Composition: delegation statement, persona, tool filter.
+    apply_child_composition(ctx, composition)?;
+    // 6.3 Structured runtime.
+    if let Some(structured) = structured {
+        structured.attach(ctx)?;
+    }
+    // 6.4 The descriptor, inside the first turn.
+    drop(ctx.on_pre_step(Arc::new(descriptor))?);
+    Ok(())
+}

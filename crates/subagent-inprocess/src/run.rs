@@ -1,0 +1,250 @@
+//! [`LocalRun`]: the caller-owned run of one published in-process child (spec
+//! `inprocess-providers.md` §3.2 steps 7–9, §3.4, §3.6–§3.8).
+
+use std::fmt;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use agent::{AgentHandle, AgentRef, CancelCause, CancelOptions, SessionId, Signal};
+use futures::FutureExt;
+use subagent::SubagentResult;
+use subagent::run::{RunDisposeFuture, RunFailure, RunResultFuture, SubagentRun};
+use tokio_util::task::TaskTracker;
+
+use crate::result::derive_result;
+use crate::structured::StructuredCapture;
+
+/// A handle-disposal failure: the host's teardown of the child panicked. (The spine's
+/// [`AgentHandle::dispose`] is otherwise infallible.)
+#[derive(Debug, thiserror::Error)]
+#[error("subagent child \"{id}\" handle disposal failed: {message}")]
+pub struct HandleDisposalFailed {
+    /// The child.
+    pub id: SessionId,
+    /// The panic's message.
+    pub message: String,
+}
+
+/// State shared by the run, its result task and its disposal.
+///
+/// `armed` is the request-signal listener: while set, the signal firing runs the cancel action
+/// once. `cancelled` is the driver's cancellation flag (set by that action or by disposal) read
+/// when the result is derived. Both are atomics; no lock is held anywhere.
+pub(crate) struct RunState {
+    pub(crate) id: SessionId,
+    pub(crate) child: AgentRef,
+    handle: AgentHandle,
+    armed: AtomicBool,
+    cancelled: AtomicBool,
+}
+
+impl RunState {
+    pub(crate) fn new(handle: AgentHandle) -> Arc<Self> {
+        Arc::new(Self {
+            id: handle.id().clone(),
+            child: handle.agent().clone(),
+            handle,
+            armed: AtomicBool::new(true),
+            cancelled: AtomicBool::new(false),
+        })
+    }
+
+    /// The request-signal listener's action: at most once, while armed, mark the run cancelled
+    /// and cancel the child with cause `parent` (which clears its inbox and aborts its turn).
+    pub(crate) fn fire(&self) {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            self.cancelled.store(true, Ordering::SeqCst);
+            self.child.cancel(CancelCause::Parent, CancelOptions::default());
+        }
+    }
+
+    /// Removes the listener without running it.
+    fn disarm(&self) {
+        self.armed.store(false, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+}
+
+/// What the result task needs besides the shared state.
+pub(crate) struct Drive {
+    pub(crate) state: Arc<RunState>,
+    pub(crate) signal: Signal,
+    /// Whether the prompt was delivered (`Ok(true)`), skipped because the run was already
+    /// cancelled (`Ok(false)`), or delivery failed (an infrastructure fault).
+    pub(crate) delivered: Result<bool, RunFailure>,
+    pub(crate) boundary: usize,
+    pub(crate) structured: Option<Arc<StructuredCapture>>,
+}
+
+/// The result task: wait for the child to settle (racing the request signal), then derive the
+/// result from its own events. The listener is removed on every path.
+async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
+    let Drive {
+        state,
+        signal,
+        delivered,
+        boundary,
+        structured,
+    } = d;
+    let outcome = async {
+        if delivered? {
+            let idle = state.child.when_idle();
+            tokio::pin!(idle);
+            tokio::select! {
+                biased;
+                () = signal.cancelled() => {
+                    state.fire();
+                    idle.await;
+                }
+                () = &mut idle => {}
+            }
+        }
+        // The token is level-triggered: a cancellation that landed while the child was settling
+        // still runs the (one-shot, armed-only) action before the result is read.
+        if signal.is_cancelled() {
+            state.fire();
+        }
+        let events = state.child.session().events();
+        let own = &events[boundary.min(events.len())..];
+        Ok(derive_result(
+            own,
+            state.is_cancelled(),
+            structured.as_ref().map(|s| s.captured()),
+        ))
+    }
+    .await;
+    state.disarm();
+    outcome
+}
+
+/// The run of one published in-process child: a [`SubagentRun`] whose id is the child's session
+/// id and whose local agent is the exact child.
+///
+/// # Ownership, drop and cancellation
+/// * The caller owns the run from the moment the start fulfils and must call
+///   [`dispose`](SubagentRun::dispose) on every path. The run owns the child's
+///   [`AgentHandle`]; the child is also owned by the parent's scope, so disposing the parent
+///   drains it. Unloading the provider does not revoke the run.
+/// * **Result.** Derived once, by a task started at publication, from the child's own events
+///   (see [`crate::result`]). It resolves for every child-level ending and fails only when the
+///   prompt could not be delivered (an infrastructure fault). Await it any number of times.
+/// * **Cancellation.** The request signal is the only channel: once it fires the child is
+///   cancelled with cause `parent` and the result reports `aborted` (a turn that already
+///   completed stays `completed`). There is no steer, resume or follow-up.
+/// * **Dispose** is memoized: it removes the signal listener, marks the run cancelled, starts the
+///   handle's quiescence transaction (cancel `disposed`, wait for idle, unwind the child's scope,
+///   unregister it and remove its session) and waits for both that and the result, each settled
+///   independently. It fails only when the handle's teardown failed; a result failure stays on
+///   [`result`](SubagentRun::result).
+/// * **Drop** without dispose starts the same disposal in the background and logs a warning.
+pub struct LocalRun {
+    state: Arc<RunState>,
+    result: RunResultFuture,
+    dispose: OnceLock<RunDisposeFuture>,
+}
+
+impl fmt::Debug for LocalRun {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalRun")
+            .field("id", &self.state.id)
+            .field("cancelled", &self.state.is_cancelled())
+            .field("disposed", &self.dispose.get().is_some())
+            .finish()
+    }
+}
+
+impl LocalRun {
+    /// Starts the result task on `tasks` and wraps the run.
+    pub(crate) fn launch(drive_inputs: Drive, tasks: &TaskTracker) -> Self {
+        let state = drive_inputs.state.clone();
+        let join = tasks.spawn(drive(drive_inputs));
+        let result = async move {
+            match join.await {
+                Ok(outcome) => outcome,
+                Err(e) => Err(RunFailure::new(e)),
+            }
+        }
+        .boxed()
+        .shared();
+        Self {
+            state,
+            result,
+            dispose: OnceLock::new(),
+        }
+    }
+
+    /// The child session id.
+    pub fn id(&self) -> &SessionId {
+        &self.state.id
+    }
+
+    /// The exact child agent.
+    pub fn child(&self) -> &AgentRef {
+        &self.state.child
+    }
+
+    /// Whether the run was cancelled (by its request signal or by disposal).
+    pub fn is_cancelled(&self) -> bool {
+        self.state.is_cancelled()
+    }
+
+    fn start_dispose(&self) -> RunDisposeFuture {
+        self.dispose
+            .get_or_init(|| {
+                // Synchronous part: from now on the signal does nothing and the run counts as
+                // cancelled; the handle's teardown starts now.
+                self.state.disarm();
+                self.state.cancelled.store(true, Ordering::SeqCst);
+                let handle = AssertUnwindSafe(self.state.handle.dispose()).catch_unwind();
+                let result = self.result.clone();
+                let id = self.state.id.clone();
+                async move {
+                    let (handle, _result) = futures::join!(handle, result);
+                    handle.map_err(|panic| {
+                        RunFailure::new(HandleDisposalFailed {
+                            id,
+                            message: agent::bus::panic_message(&*panic),
+                        })
+                    })
+                }
+                .boxed()
+                .shared()
+            })
+            .clone()
+    }
+}
+
+impl SubagentRun for LocalRun {
+    fn id(&self) -> &SessionId {
+        &self.state.id
+    }
+
+    fn local_agent(&self) -> Option<AgentRef> {
+        Some(self.state.child.clone())
+    }
+
+    fn result(&self) -> RunResultFuture {
+        self.result.clone()
+    }
+
+    fn dispose(&self) -> RunDisposeFuture {
+        self.start_dispose()
+    }
+}
+
+impl Drop for LocalRun {
+    fn drop(&mut self) {
+        if self.dispose.get().is_some() {
+            return;
+        }
+        tracing::warn!(child = %self.state.id, "subagent run dropped without dispose(); disposing in the background");
+        let fut = self.start_dispose();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(fut);
+        }
+    }
+}
