@@ -1,0 +1,99 @@
+//! The one-shot background route (`acp-and-tools.md` §3.8): a one-shot run owned by a job in
+//! the host's job registry.
+//!
+//! The job is registered synchronously; the registry runs its preflight (owner, controller,
+//! capacity) **before** the starter, so a refused job never reaches the provider. The starter
+//! gives the run its **own** cancellation token — once the job id is returned, the tool call's
+//! token no longer owns the child; only `job_kill` (or owner disposal) cancels it.
+
+use std::sync::Arc;
+
+use agent::jobs::{JobHooks, JobOutcome, JobSpec, Jobs};
+use agent::tools::{ToolError, codes};
+use agent::{CancelCause, SessionId, Signal};
+use futures::FutureExt;
+use subagent::provider::SubagentStartRequest;
+use subagent::run::SubagentRun;
+use subagent::service::StartError;
+use subagent::service::SubagentService;
+use subagent::{RunOutcome, SubagentErrorCode, error_chain, settle_run};
+
+use crate::foreground::seam_error;
+use crate::model_text;
+use crate::value::DelegationValue;
+
+/// The job kind of a one-shot background delegation (ids are `subagent-<n>`).
+pub const JOB_KIND: &str = "subagent";
+
+/// Starts one background delegation as a job owned by `owner`, labelled `label`, and returns
+/// its id. `request.signal` is replaced by the job's own token.
+pub(crate) fn start(
+    jobs: &Arc<dyn Jobs>,
+    subagents: SubagentService,
+    provider: String,
+    label: String,
+    owner: SessionId,
+    mut request: SubagentStartRequest,
+) -> Result<DelegationValue, ToolError> {
+    let spec = JobSpec {
+        kind: JOB_KIND.to_owned(),
+        label,
+        owner,
+        starter: Box::new(move || {
+            let own = Signal::new();
+            request.signal = own.clone();
+            let cancel_token = own.clone();
+            JobHooks {
+                cancel: Box::new(move |reason: Option<String>| {
+                    cancel_token.cancel(CancelCause::Other {
+                        reason: reason.unwrap_or_else(|| model_text::DEFAULT_KILL_REASON.to_owned()),
+                    });
+                }),
+                done: async move {
+                    let started = subagents.start(&provider, request).await;
+                    JobOutcome::from(settle_start(started, &own).await)
+                }
+                .boxed(),
+            }
+        }),
+    };
+    let id = jobs
+        .start(spec)
+        .map_err(|e| ToolError::new(codes::FAILED, e.to_string()))?;
+    Ok(DelegationValue::Background { job_id: id.0 })
+}
+
+/// The job's settlement (never fails; disposal happens before the outcome is reported):
+///
+/// * published → [`settle_run`]: `completed` → completed with the output text, `aborted` →
+///   killed, every other reason → failed with `<reason>` or `<reason>; diagnostic: <d>`, a
+///   rejected result → failed with its error, a failed disposal → `…; dispose failed: <error>`;
+/// * startup rejected after the job's own token was cancelled → killed, unless the rejection
+///   reports that cleaning up the unpublished child failed too (see [`is_cleanup_failure`]);
+/// * any other startup rejection → failed with the error chain as detail.
+pub(crate) async fn settle_start(
+    started: Result<Box<dyn SubagentRun>, StartError>,
+    own: &Signal,
+) -> RunOutcome {
+    match started {
+        Ok(run) => settle_run(run.result(), || run.dispose()).await,
+        Err(error) if own.is_cancelled() && !is_cleanup_failure(&error) => RunOutcome::Killed,
+        Err(error) => RunOutcome::Failed {
+            detail: error_chain(&error),
+        },
+    }
+}
+
+/// Whether a startup rejection says the provider's rollback failed as well (the reference's
+/// aggregate of startup and cleanup failures): its seam code is
+/// [`ActivationTeardownFailed`](SubagentErrorCode::ActivationTeardownFailed) or
+/// [`ActivationSetupReleaseFailed`](SubagentErrorCode::ActivationSetupReleaseFailed). Such a
+/// failure is never reported as a clean kill.
+pub fn is_cleanup_failure(error: &StartError) -> bool {
+    seam_error(error).is_some_and(|e| {
+        matches!(
+            e.code(),
+            SubagentErrorCode::ActivationTeardownFailed | SubagentErrorCode::ActivationSetupReleaseFailed
+        )
+    })
+}

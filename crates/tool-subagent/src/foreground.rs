@@ -1,0 +1,92 @@
+//! The foreground route (`acp-and-tools.md` §3.7): start on the call's token, await the
+//! result, **always** dispose, and turn every non-`completed` ending into an errored result
+//! that still carries the child's diagnostic and partial answer.
+
+use agent::tools::{ToolError, codes};
+use subagent::service::StartError;
+use subagent::service::SubagentService;
+use subagent::{SubagentError, error_chain};
+use subagent::provider::SubagentStartRequest;
+
+use crate::model_text;
+use crate::value::DelegationValue;
+
+/// Runs one foreground delegation on provider `provider`. `request.signal` is the call's
+/// token: it is the provider's cancellation channel during startup and for the published run.
+///
+/// * A start rejection becomes `Error: <message>`; there is nothing to dispose.
+/// * Otherwise the result and the disposal are awaited in that order, each outcome captured
+///   independently; the run is disposed exactly once on every path.
+/// * `completed` → [`DelegationValue::Foreground`] with the full output. Any other stop reason
+///   → the headline, diagnostic and partial text of [`model_text::stop_reason_failure`]. A
+///   rejected result → its error chain.
+/// * Both the result and the disposal failed → one error naming both
+///   ([`model_text::result_and_dispose_failed`]); only the disposal failed (even after
+///   `completed`) → the disposal error.
+/// * `structured` output is never requested and is ignored.
+pub(crate) async fn run(
+    subagents: SubagentService,
+    provider: String,
+    request: SubagentStartRequest,
+) -> Result<DelegationValue, ToolError> {
+    let run = subagents.start(&provider, request).await.map_err(start_failure)?;
+    let result = run.result().await;
+    let disposal = run.dispose().await;
+    let outcome = match result {
+        Ok(result) => match model_text::stop_reason_failure(
+            &result.stop_reason,
+            result.diagnostic.as_deref(),
+            &result.output,
+        ) {
+            Some(failure) => Err(failure),
+            None => serde_json::to_value(&result.output)
+                .ok()
+                .and_then(|v| match v {
+                    serde_json::Value::Array(blocks) => Some(blocks),
+                    _ => None,
+                })
+                .map(|output| DelegationValue::Foreground {
+                    run_id: run.id().to_string(),
+                    output,
+                })
+                .ok_or_else(|| model_text::foreground_task_failed("its output is not representable as JSON")),
+        },
+        Err(failure) => Err(error_chain(&failure)),
+    };
+    match (outcome, disposal) {
+        (Ok(value), Ok(())) => Ok(value),
+        (Err(failure), Ok(())) => Err(ToolError::failed(failure)),
+        (Ok(_), Err(dispose)) => Err(ToolError::failed(error_chain(&dispose))),
+        (Err(failure), Err(dispose)) => Err(ToolError::failed(model_text::result_and_dispose_failed(
+            &failure,
+            &error_chain(&dispose),
+        ))),
+    }
+}
+
+/// A start rejection as a tool error: the message is the error chain, the code the seam's code
+/// when there is one (`NO_PROVIDER`, `UNSUPPORTED_CAPABILITY`, …), else `FAILED`.
+pub(crate) fn start_failure(error: StartError) -> ToolError {
+    let code = seam_code(&error).map_or(codes::FAILED, |c| c.as_str());
+    ToolError::new(code, error_chain(&error))
+}
+
+/// The seam error a start rejection carries: the rejection itself, or the nearest seam error
+/// in its cause chain.
+pub(crate) fn seam_error(error: &StartError) -> Option<&SubagentError> {
+    if let StartError::Subagent(seam) = error {
+        return Some(seam);
+    }
+    let mut current = std::error::Error::source(error);
+    while let Some(e) = current {
+        if let Some(seam) = e.downcast_ref::<SubagentError>() {
+            return Some(seam);
+        }
+        current = e.source();
+    }
+    None
+}
+
+fn seam_code(error: &StartError) -> Option<subagent::SubagentErrorCode> {
+    seam_error(error).map(SubagentError::code)
+}

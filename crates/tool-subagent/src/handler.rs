@@ -1,0 +1,171 @@
+//! The tool body: argument parsing, the calling agent, common request construction
+//! (`acp-and-tools.md` §3.6) and dispatch to a route.
+
+use std::sync::Arc;
+
+use agent::tools::{ToolContext, ToolError, ToolHandler, ToolOutput};
+use agent::{AgentRef, ContentBlock, Services, Signal};
+use async_trait::async_trait;
+use serde_json::Value;
+use subagent::provider::SubagentStartRequest;
+use subagent::SubagentError;
+use subagent::service::SubagentService;
+use tokio_util::task::TaskTracker;
+
+use crate::config::SubagentToolConfig;
+use crate::model_text;
+use crate::route::{Route, resolve_route};
+use crate::{background, foreground};
+
+/// What every call of one instance shares: its configuration, the host's services, the
+/// subagent service and the tracker of foreground runs in flight.
+pub(crate) struct Invocation {
+    pub(crate) config: SubagentToolConfig,
+    pub(crate) services: Services,
+    pub(crate) subagents: SubagentService,
+    /// Foreground runs execute on tracked tasks so that a call whose body is dropped (the
+    /// registry drops a cancelled body) still awaits its result and disposes its run.
+    pub(crate) tracker: TaskTracker,
+}
+
+impl Invocation {
+    /// The start request of one call: `label` = description, `prompt` = one text block,
+    /// `parent` = the calling agent, then only the configured extras — agent options, persona
+    /// and tool filter unchanged, `maxDepth` only when numeric.
+    fn request(&self, args: &DelegationArgs, parent: AgentRef, signal: Signal) -> SubagentStartRequest {
+        let config = &self.config;
+        let mut request = SubagentStartRequest::new(vec![ContentBlock::text(args.prompt.clone())], parent, signal);
+        request.label = Some(args.description.clone());
+        request.agent_options.clone_from(&config.agent_options);
+        request.persona.clone_from(&config.persona);
+        request.tool_filter.clone_from(&config.tool_filter);
+        request.max_depth = config.request_max_depth().map(Value::from);
+        request
+    }
+}
+
+/// The model's arguments.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct DelegationArgs {
+    description: String,
+    prompt: String,
+    run_in_background: Option<bool>,
+}
+
+impl DelegationArgs {
+    fn parse(arguments: &Value) -> Result<Self, ToolError> {
+        let args = arguments
+            .as_object()
+            .ok_or_else(|| ToolError::invalid_args(model_text::ARGUMENTS_NOT_OBJECT))?;
+        let string = |name: &str| match args.get(name) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            _ => Err(ToolError::invalid_args(model_text::string_param_required(name))),
+        };
+        let description = string(model_text::DESCRIPTION_PARAM)?;
+        let prompt = string(model_text::PROMPT_PARAM)?;
+        let run_in_background = match args.get(model_text::RUN_IN_BACKGROUND_PARAM) {
+            None | Some(Value::Null) => None,
+            Some(Value::Bool(b)) => Some(*b),
+            Some(_) => return Err(ToolError::invalid_args(model_text::RUN_IN_BACKGROUND_NOT_BOOLEAN)),
+        };
+        Ok(Self {
+            description,
+            prompt,
+            run_in_background,
+        })
+    }
+}
+
+/// The body of one mounted tool instance.
+pub(crate) struct DelegationTool {
+    pub(crate) invocation: Arc<Invocation>,
+}
+
+#[async_trait]
+impl ToolHandler for DelegationTool {
+    async fn execute(&self, arguments: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+        let args = DelegationArgs::parse(&arguments)?;
+        let inv = &self.invocation;
+        let Some(parent) = inv.services.agents.get(ctx.agent()) else {
+            return Err(ToolError::failed(model_text::CALLING_AGENT_REQUIRED));
+        };
+        let route = resolve_route(
+            inv.config.enable_run_in_background,
+            inv.config.background_mode,
+            args.run_in_background,
+        )
+        .map_err(ToolError::invalid_args)?;
+        let request = inv.request(&args, parent, ctx.signal.clone());
+        let provider = inv.config.provider.clone();
+        let value = match route {
+            Route::Foreground => {
+                let task = inv
+                    .tracker
+                    .spawn(foreground::run(inv.subagents.clone(), provider, request));
+                match task.await {
+                    Ok(outcome) => outcome?,
+                    Err(join) => {
+                        return Err(ToolError::failed(model_text::foreground_task_failed(
+                            &join.to_string(),
+                        )));
+                    }
+                }
+            }
+            Route::OneShotBackground => {
+                let Some(jobs) = &inv.services.jobs else {
+                    return Err(ToolError::failed(model_text::JOBS_UNAVAILABLE));
+                };
+                background::start(
+                    jobs,
+                    inv.subagents.clone(),
+                    provider,
+                    args.description,
+                    ctx.agent().clone(),
+                    request,
+                )?
+            }
+            Route::Continuable => {
+                // The continuable route (§3.9) needs the continuation manager, which this
+                // service does not offer yet: refuse with the seam's own error.
+                let error = SubagentError::continuation_unavailable();
+                return Err(ToolError::new(error.code().as_str(), error.message()));
+            }
+        };
+        Ok(value.into_output())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent::tools::codes;
+    use serde_json::json;
+
+    #[test]
+    fn arguments_are_parsed_strictly() {
+        let ok = DelegationArgs::parse(&json!({"description": "d", "prompt": "p", "run_in_background": null}));
+        assert_eq!(
+            ok.ok(),
+            Some(DelegationArgs {
+                description: "d".into(),
+                prompt: "p".into(),
+                run_in_background: None
+            })
+        );
+        let extra = DelegationArgs::parse(&json!({"description": "d", "prompt": "p", "other": 1}));
+        assert!(extra.is_ok(), "undeclared keys are permitted");
+        for (args, message) in [
+            (json!("text"), model_text::ARGUMENTS_NOT_OBJECT.to_owned()),
+            (json!({"prompt": "p"}), model_text::string_param_required("description")),
+            (json!({"description": "d", "prompt": 3}), model_text::string_param_required("prompt")),
+            (
+                json!({"description": "d", "prompt": "p", "run_in_background": "yes"}),
+                model_text::RUN_IN_BACKGROUND_NOT_BOOLEAN.to_owned(),
+            ),
+        ] {
+            let error = DelegationArgs::parse(&args).expect_err("malformed");
+            assert_eq!(error.code, codes::INVALID_ARGS);
+            assert_eq!(error.message, message);
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! [`SubagentToolPlugin`]: one loaded tool instance and its mount manager
+//! (`acp-and-tools.md` §3.2, §3.3).
+//!
+//! The tool follows its provider's availability: it is registered (mounted) in the host's
+//! **global** tool layer while a provider of the configured name is registered in the subagent
+//! service, and unregistered when that provider is removed. There is no load-order dependency:
+//! the manager subscribes to `subagent/provider-added` and `subagent/provider-removed`
+//! *before* looking for the provider, mounts a provider already present at load, and mounts a
+//! later one when it appears, deriving the wording from that exact provider object.
+//!
+//! The plugin owns every guard it makes (its two listeners, the tool, the guidance section).
+//! [`unload`](SubagentToolPlugin::unload) (or dropping the plugin) drops them all and marks the
+//! plugin unloaded first, so a notification already in delivery can never mount afterwards (no
+//! "zombie mount").
+
+use std::fmt;
+use std::sync::{Arc, Weak};
+
+use agent::bus::BoxError;
+use agent::prompt::PromptSection;
+use agent::tools::ToolDefinition;
+use agent::{Registration, Services};
+use parking_lot::Mutex;
+use subagent::service::SubagentService;
+use subagent::events::SubagentEvent;
+use subagent::provider::SubagentProvider;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{BackgroundMode, MaxDepth, SubagentToolConfig};
+use crate::error::ToolSubagentError;
+use crate::handler::{DelegationTool, Invocation};
+use crate::model_text::{self, BackgroundExposure};
+
+/// The plugin's name.
+pub const PLUGIN_NAME: &str = "tool-subagent";
+
+/// The host services the plugin requires: the tool registry, the subagent service and the
+/// system prompt. The background job registry is optional and looked up per call.
+pub const DEPENDENCIES: [&str; 3] = ["tools", "subagents", "systemPrompt"];
+
+/// One loaded delegation tool instance: one provider, one tool name.
+///
+/// # Ownership and drop
+/// The plugin owns its listeners and, while mounted, the tool's registration and (continuable
+/// mode) its guidance section. Dropping the plugin is [`unload`](Self::unload). Calls already
+/// running keep their runs: a foreground call still disposes its run, a background job belongs
+/// to the job registry. [`shutdown`](Self::shutdown) additionally waits for the foreground runs
+/// in flight.
+pub struct SubagentToolPlugin {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for SubagentToolPlugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SubagentToolPlugin")
+            .field("provider", &self.shared.invocation.config.provider)
+            .field("tool_name", &self.shared.invocation.config.tool_name)
+            .field("mounted", &self.is_mounted())
+            .finish()
+    }
+}
+
+/// State shared by the plugin handle and its listeners.
+struct Shared {
+    invocation: Arc<Invocation>,
+    /// Protects the lifecycle: whether the plugin was unloaded, the mounted guard and the
+    /// listener guards. Never held across an `.await`; guards are dropped after releasing it.
+    slot: Mutex<Slot>,
+}
+
+#[derive(Default)]
+struct Slot {
+    unloaded: bool,
+    mounted: Option<Registration>,
+    listeners: Vec<Registration>,
+}
+
+impl SubagentToolPlugin {
+    /// Loads one instance over `services` and `subagents`.
+    ///
+    /// Validates `config` ([`SubagentToolConfig::validate`]), subscribes to provider events,
+    /// then mounts the provider if it is already registered. A mount failure then fails the
+    /// load (nothing stays registered). When the provider is absent the tool is simply absent
+    /// until it appears (logged at info level); a mount failure at that later point is returned
+    /// from the provider-added notification, which makes the service unwind that provider's
+    /// registration.
+    pub fn load(
+        services: &Services,
+        subagents: &SubagentService,
+        config: SubagentToolConfig,
+    ) -> Result<Self, ToolSubagentError> {
+        config.validate()?;
+        let shared = Arc::new(Shared {
+            invocation: Arc::new(Invocation {
+                config,
+                services: services.clone(),
+                subagents: subagents.clone(),
+                tracker: TaskTracker::new(),
+            }),
+            slot: Mutex::new(Slot::default()),
+        });
+        let plugin = Self { shared };
+        // Subscribe before checking presence, so no registry change is missed.
+        let weak: Weak<Shared> = Arc::downgrade(&plugin.shared);
+        let listener = subagents.events().on(move |event: &SubagentEvent| {
+            let Some(shared) = weak.upgrade() else {
+                return Ok(());
+            };
+            match event {
+                SubagentEvent::ProviderAdded(provider) => {
+                    shared.on_added(provider).map_err(|e| Box::new(e) as BoxError)
+                }
+                SubagentEvent::ProviderRemoved(name) => {
+                    shared.on_removed(name);
+                    Ok(())
+                }
+                _ => Ok(()),
+            }
+        });
+        plugin.shared.slot.lock().listeners.push(listener);
+        let config = &plugin.shared.invocation.config;
+        match subagents.get_provider(&config.provider) {
+            // On failure `plugin` is dropped, which unloads it.
+            Some(provider) => plugin.shared.on_added(&provider)?,
+            None => tracing::info!(
+                "subagent provider \"{}\" not registered yet; the \"{}\" tool will register when it appears",
+                config.provider,
+                config.tool_name
+            ),
+        }
+        Ok(plugin)
+    }
+
+    /// The configuration (validated).
+    pub fn config(&self) -> &SubagentToolConfig {
+        &self.shared.invocation.config
+    }
+
+    /// The model-facing tool name.
+    pub fn tool_name(&self) -> &str {
+        &self.shared.invocation.config.tool_name
+    }
+
+    /// Whether the tool is currently registered.
+    pub fn is_mounted(&self) -> bool {
+        self.shared.slot.lock().mounted.is_some()
+    }
+
+    /// Unmounts the tool and its guidance and stops listening; the plugin never mounts again.
+    /// Idempotent. Providers are untouched.
+    pub fn unload(&self) {
+        let (mounted, listeners) = {
+            let mut slot = self.shared.slot.lock();
+            slot.unloaded = true;
+            (slot.mounted.take(), std::mem::take(&mut slot.listeners))
+        };
+        drop(mounted);
+        drop(listeners);
+    }
+
+    /// Unloads, then waits until every foreground run started through this instance has been
+    /// disposed.
+    pub async fn shutdown(self) {
+        self.unload();
+        let tracker = self.shared.invocation.tracker.clone();
+        tracker.close();
+        tracker.wait().await;
+    }
+
+    /// The number of foreground runs in flight (for tests asserting quiescence).
+    pub fn foreground_runs(&self) -> usize {
+        self.shared.invocation.tracker.len()
+    }
+}
+
+impl Drop for SubagentToolPlugin {
+    fn drop(&mut self) {
+        self.unload();
+    }
+}
+
+impl Shared {
+    /// `subagent/provider-added`: mounts when the name matches, the plugin is loaded and the
+    /// tool is not mounted yet.
+    fn on_added(&self, provider: &Arc<dyn SubagentProvider>) -> Result<(), ToolSubagentError> {
+        if provider.name() != self.invocation.config.provider {
+            return Ok(());
+        }
+        let mut slot = self.slot.lock();
+        if slot.unloaded || slot.mounted.is_some() {
+            return Ok(());
+        }
+        slot.mounted = Some(self.mount(provider.as_ref())?);
+        Ok(())
+    }
+
+    /// `subagent/provider-removed`: unmounts when the name matches.
+    fn on_removed(&self, name: &str) {
+        if name != self.invocation.config.provider {
+            return;
+        }
+        let mounted = self.slot.lock().mounted.take();
+        drop(mounted);
+    }
+
+    /// The mount-time checks, then the registrations: the tool in the global layer and, in
+    /// continuable mode with background enabled, the guidance section.
+    fn mount(&self, provider: &dyn SubagentProvider) -> Result<Registration, ToolSubagentError> {
+        let config = &self.invocation.config;
+        if matches!(config.max_depth, Some(MaxDepth::Cap(_))) && !provider.capabilities().depth_limit {
+            return Err(ToolSubagentError::UnenforceableMaxDepth {
+                provider: provider.name().to_owned(),
+            });
+        }
+        if config.background_mode == BackgroundMode::Continuable && provider.continuable().is_none() {
+            return Err(ToolSubagentError::ContinuableUnsupported {
+                provider: provider.name().to_owned(),
+            });
+        }
+        let exposure = config.exposure();
+        let inherits = provider.inherits_parent_context();
+        let services = &self.invocation.services;
+        let tool = services.tools.register(
+            None,
+            ToolDefinition {
+                name: config.tool_name.clone(),
+                description: model_text::tool_description(inherits, exposure),
+                parameters: model_text::tool_parameters(inherits, exposure),
+                // Children never mutate the parent session; the one parent-owned write (a job
+                // registration) is a synchronous, commutative insert.
+                concurrency_safe: true,
+                handler: Arc::new(DelegationTool {
+                    invocation: self.invocation.clone(),
+                }),
+            },
+        )?;
+        let mut guards = vec![tool];
+        if exposure == BackgroundExposure::Continuable {
+            guards.push(services.prompt.section(
+                None,
+                PromptSection {
+                    name: model_text::guidance_section_name(&config.tool_name),
+                    order: model_text::GUIDANCE_ORDER,
+                    text: model_text::guidance(&config.tool_name),
+                },
+            ));
+        }
+        Ok(Registration::all(guards))
+    }
+}
