@@ -11,8 +11,8 @@ use common::{LogBuilder, header, header_at, sample_log};
 
 /// The operations both stores share, so every scenario runs against both.
 trait Store {
-    async fn save_header(&self, header: &SessionHeader) -> Result<(), StoreError>;
-    async fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), StoreError>;
+    fn create(&self, header: &SessionHeader) -> Result<(), StoreError>;
+    fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), StoreError>;
     async fn flush(&self, id: &SessionId) -> Result<(), StoreError>;
     async fn list(&self) -> Result<Vec<SessionSummary>, StoreError>;
     async fn inspect(&self, id: &SessionId) -> Result<SessionHeader, StoreError>;
@@ -23,11 +23,11 @@ trait Store {
 macro_rules! delegate {
     ($t:ty) => {
         impl Store for $t {
-            async fn save_header(&self, header: &SessionHeader) -> Result<(), StoreError> {
-                <$t>::save_header(self, header).await
+            fn create(&self, header: &SessionHeader) -> Result<(), StoreError> {
+                <$t>::create(self, header)
             }
-            async fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), StoreError> {
-                <$t>::append(self, id, event).await
+            fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), StoreError> {
+                <$t>::append(self, id, event)
             }
             async fn flush(&self, id: &SessionId) -> Result<(), StoreError> {
                 <$t>::flush(self, id).await
@@ -52,9 +52,9 @@ delegate!(JsonlStore);
 
 async fn write_log(store: &impl Store, id: &str, events: &[SessionEvent]) {
     let id = SessionId::from(id);
-    store.save_header(&header(id.as_str())).await.unwrap();
+    store.create(&header(id.as_str())).unwrap();
     for ev in events {
-        store.append(&id, ev).await.unwrap();
+        store.append(&id, ev).unwrap();
     }
     store.flush(&id).await.unwrap();
 }
@@ -71,9 +71,9 @@ async fn round_trip(store: impl Store) -> Vec<SessionEvent> {
 
 async fn catalog(store: impl Store) {
     assert!(store.list().await.unwrap().is_empty());
-    store.save_header(&header_at("b", 20)).await.unwrap();
-    store.save_header(&header_at("a", 20)).await.unwrap();
-    store.save_header(&header_at("z", 10)).await.unwrap();
+    store.create(&header_at("b", 20)).unwrap();
+    store.create(&header_at("a", 20)).unwrap();
+    store.create(&header_at("z", 10)).unwrap();
     let ids: Vec<String> = store
         .list()
         .await
@@ -87,8 +87,8 @@ async fn catalog(store: impl Store) {
     assert_eq!(ids, ["z", "a", "b"]);
     assert_eq!(store.inspect(&"a".into()).await.unwrap(), header_at("a", 20));
     // Re-saving an identical header is a no-op; a different one is a duplicate.
-    store.save_header(&header_at("a", 20)).await.unwrap();
-    let err = store.save_header(&header_at("a", 21)).await.unwrap_err();
+    store.create(&header_at("a", 20)).unwrap();
+    let err = store.create(&header_at("a", 21)).unwrap_err();
     assert!(
         matches!(err, StoreError::Duplicate(ref id) if id.as_str() == "a"),
         "{err}"
@@ -111,10 +111,15 @@ async fn catalog(store: impl Store) {
 async fn append_checks_seq(store: impl Store) {
     let events = sample_log("s");
     let id = SessionId::from("s");
-    let err = store.append(&id, &events[0]).await.unwrap_err();
+    // Appending to an unknown session fails: at once in memory, at the next flush on disk
+    // (the disk store checks the file in the background).
+    let err = match store.append(&id, &events[0]) {
+        Err(e) => e,
+        Ok(()) => store.flush(&id).await.unwrap_err(),
+    };
     assert!(matches!(err, StoreError::NotFound(_)), "{err}");
-    store.save_header(&header("s")).await.unwrap();
-    let err = store.append(&id, &events[1]).await.unwrap_err();
+    store.create(&header("s")).unwrap();
+    let err = store.append(&id, &events[1]).unwrap_err();
     assert!(
         matches!(
             err,
@@ -126,8 +131,8 @@ async fn append_checks_seq(store: impl Store) {
         ),
         "{err}"
     );
-    store.append(&id, &events[0]).await.unwrap();
-    let err = store.append(&id, &events[0]).await.unwrap_err();
+    store.append(&id, &events[0]).unwrap();
+    let err = store.append(&id, &events[0]).unwrap_err();
     assert!(
         matches!(
             err,
@@ -246,7 +251,7 @@ async fn torn_last_line_is_dropped_and_truncated_before_the_next_append() {
     }
     more.push(EventData::TurnStart { turn: 2 });
     let next = more.events().pop().unwrap();
-    store.append(&"s".into(), &next).await.unwrap();
+    store.append(&"s".into(), &next).unwrap();
     store.flush(&"s".into()).await.unwrap();
     let reloaded = JsonlStore::new(dir.path()).load(&"s".into()).await.unwrap();
     assert!(!reloaded.repaired);
@@ -282,10 +287,7 @@ async fn last_line_missing_only_its_newline_is_kept() {
         more.push(ev.data.clone());
     }
     more.push(EventData::TurnStart { turn: 2 });
-    store
-        .append(&"s".into(), &more.events()[events.len()])
-        .await
-        .unwrap();
+    store.append(&"s".into(), &more.events()[events.len()]).unwrap();
     let reloaded = JsonlStore::new(dir.path()).load(&"s".into()).await.unwrap();
     assert_eq!(reloaded.events, more.events());
 }
@@ -314,16 +316,16 @@ async fn garbage_in_the_middle_names_file_and_line_and_rewrites_nothing() {
     let shown = err.to_string();
     assert!(shown.contains("s.jsonl") && shown.contains("line 5"), "{shown}");
 
-    // Appending is refused too, and nothing touches the file.
+    // Appending from a store that never loaded it is refused at the flush, and nothing
+    // touches the file.
+    let fresh = JsonlStore::new(dir.path());
     let mut more = LogBuilder::new("s");
     for ev in &events {
         more.push(ev.data.clone());
     }
     more.push(EventData::TurnStart { turn: 2 });
-    let err = store
-        .append(&"s".into(), &more.events()[events.len()])
-        .await
-        .unwrap_err();
+    fresh.append(&"s".into(), &more.events()[events.len()]).unwrap();
+    let err = fresh.flush(&"s".into()).await.unwrap_err();
     assert!(matches!(err, StoreError::Corrupt { line: 5, .. }), "{err}");
     assert_eq!(fs::read_to_string(&path).unwrap(), damaged);
 }
@@ -359,13 +361,13 @@ async fn invalid_header_and_invalid_sequence_are_typed_errors() {
 }
 
 #[tokio::test]
-async fn torn_header_is_replaced_by_save_header() {
+async fn torn_header_is_replaced_by_create() {
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join("s.jsonl"), br#"{"version":0,"id":"s","crea"#).unwrap();
     let store = JsonlStore::new(dir.path());
     let err = store.load(&"s".into()).await.unwrap_err();
     assert!(matches!(err, StoreError::Corrupt { line: 1, .. }), "{err}");
-    store.save_header(&header("s")).await.unwrap();
+    store.create(&header("s")).unwrap();
     let loaded = store.load(&"s".into()).await.unwrap();
     assert_eq!(loaded.header, header("s"));
     assert!(loaded.events.is_empty());
@@ -377,9 +379,9 @@ async fn concurrent_flushes_share_one_sync() {
     let store = Arc::new(JsonlStore::new(dir.path()));
     let events = sample_log("s");
     let id = SessionId::from("s");
-    store.save_header(&header("s")).await.unwrap();
+    store.create(&header("s")).unwrap();
     for ev in &events {
-        store.append(&id, ev).await.unwrap();
+        store.append(&id, ev).unwrap();
     }
     assert_eq!(store.sync_count(&id), Some(0), "appends never sync");
     let flushes = (0..32).map(|_| store.flush(&id));
@@ -403,9 +405,9 @@ async fn concurrent_appends_and_flushes_across_sessions_stay_ordered() {
             let name = format!("s{s}");
             let id = SessionId::from(name.as_str());
             let events = sample_log(&name);
-            store.save_header(&header(&name)).await.unwrap();
+            store.create(&header(&name)).unwrap();
             for (i, ev) in events.iter().enumerate() {
-                store.append(&id, ev).await.unwrap();
+                store.append(&id, ev).unwrap();
                 if i % 3 == 0 {
                     store.flush(&id).await.unwrap();
                 }
@@ -427,14 +429,14 @@ async fn close_releases_the_handle_and_the_next_append_reopens() {
     let store = JsonlStore::new(dir.path());
     let events = sample_log("s");
     let id = SessionId::from("s");
-    store.save_header(&header("s")).await.unwrap();
+    store.create(&header("s")).unwrap();
     for ev in &events[..5] {
-        store.append(&id, ev).await.unwrap();
+        store.append(&id, ev).unwrap();
     }
     store.close(&id).await.unwrap();
     assert_eq!(store.sync_count(&id), None);
     for ev in &events[5..] {
-        store.append(&id, ev).await.unwrap();
+        store.append(&id, ev).unwrap();
     }
     assert_eq!(store.load(&id).await.unwrap().events, events);
 }
@@ -456,4 +458,158 @@ async fn turn_end_reason_interrupted_round_trips_through_the_store() {
             reason: TurnEndReason::Interrupted
         }
     ));
+}
+
+/// `events` continued by one more event (a fresh `turn/start`).
+fn continued(events: &[SessionEvent], extra: usize) -> Vec<SessionEvent> {
+    let mut b = LogBuilder::new("s");
+    for ev in events {
+        b.push(ev.data.clone());
+    }
+    for i in 0..extra {
+        b.push(EventData::other("test/more", serde_json::json!({"i": i})));
+    }
+    let mut all = b.events();
+    // Keep the original events (and their message ids) verbatim.
+    all.splice(..events.len(), events.iter().cloned());
+    all
+}
+
+#[tokio::test]
+async fn a_fresh_store_continues_an_existing_log_and_checks_the_seq_when_it_opens_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = sample_log("s");
+    write_log(&JsonlStore::new(dir.path()), "s", &events).await;
+    let path = dir.path().join("s.jsonl");
+    let all = continued(&events, 6);
+
+    // Right seq, no load first: accepted, verified when the writer opens the file.
+    let b = JsonlStore::new(dir.path());
+    b.append(&"s".into(), &all[events.len()]).unwrap();
+    b.append(&"s".into(), &all[events.len() + 1]).unwrap();
+    b.flush(&"s".into()).await.unwrap();
+    assert_eq!(b.load(&"s".into()).await.unwrap().events, all[..events.len() + 2]);
+    let before = fs::read(&path).unwrap();
+
+    // A gap: reported by the flush, the file is untouched, the writer stays poisoned.
+    let c = JsonlStore::new(dir.path());
+    c.append(&"s".into(), &all[events.len() + 4]).unwrap();
+    let err = c.flush(&"s".into()).await.unwrap_err();
+    let expected = events.len() as u64 + 2;
+    let got = expected + 2;
+    assert!(
+        matches!(err, StoreError::SeqMismatch { expected: e, got: g, .. } if e == expected && g == got),
+        "{err}"
+    );
+    assert!(c.append(&"s".into(), &all[events.len() + 2]).is_err());
+    assert_eq!(fs::read(&path).unwrap(), before);
+    // Closing clears the poisoned writer.
+    c.close(&"s".into()).await.unwrap_err();
+    c.append(&"s".into(), &all[events.len() + 2]).unwrap();
+    c.flush(&"s".into()).await.unwrap();
+    assert_eq!(c.load(&"s".into()).await.unwrap().events, all[..events.len() + 3]);
+
+    // After a load, the seq is checked at once.
+    let d = JsonlStore::new(dir.path());
+    d.load(&"s".into()).await.unwrap();
+    let err = d.append(&"s".into(), &all[0]).unwrap_err();
+    assert!(matches!(err, StoreError::SeqMismatch { .. }), "{err}");
+    // And re-creating a loaded session with its own header is a no-op (resume).
+    d.create(&header("s")).unwrap();
+    d.append(&"s".into(), &all[events.len() + 3]).unwrap();
+    d.flush(&"s".into()).await.unwrap();
+}
+
+#[tokio::test]
+async fn creating_over_a_different_log_on_disk_fails_at_the_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = sample_log("s");
+    write_log(&JsonlStore::new(dir.path()), "s", &events).await;
+    let path = dir.path().join("s.jsonl");
+    let before = fs::read(&path).unwrap();
+
+    let other = JsonlStore::new(dir.path());
+    other.create(&header_at("s", 99)).unwrap();
+    let err = other.flush(&"s".into()).await.unwrap_err();
+    assert!(matches!(err, StoreError::Duplicate(_)), "{err}");
+
+    // The same header is adopted, but the log is not empty: appending from seq 0 is a gap.
+    let same = JsonlStore::new(dir.path());
+    same.create(&header("s")).unwrap();
+    same.append(&"s".into(), &events[0]).unwrap();
+    let err = same.flush(&"s".into()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::SeqMismatch {
+                expected: 12,
+                got: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(fs::read(&path).unwrap(), before);
+}
+
+#[tokio::test]
+async fn both_stores_serve_as_spine_persistence() {
+    use agent::{AgentError, SessionPersistence};
+    let dir = tempfile::tempdir().unwrap();
+    let stores: Vec<Arc<dyn SessionPersistence>> = vec![
+        Arc::new(MemoryStore::new()),
+        Arc::new(JsonlStore::new(dir.path())),
+    ];
+    for store in stores {
+        let events = sample_log("s");
+        let id = SessionId::from("s");
+        store.create(&header("s")).unwrap();
+        for ev in &events {
+            store.append(&id, ev).unwrap();
+        }
+        store.flush(&id).await.unwrap();
+        assert_eq!(store.list().await.unwrap(), vec![header("s")]);
+        assert_eq!(store.inspect(&id).await.unwrap(), Some(header("s")));
+        assert_eq!(store.inspect(&"nope".into()).await.unwrap(), None);
+        let loaded = store.load(&id).await.unwrap();
+        assert_eq!((loaded.header, loaded.events), (header("s"), events.clone()));
+        assert!(matches!(
+            store.load(&"nope".into()).await,
+            Err(AgentError::NotFound(_))
+        ));
+        assert!(matches!(
+            store.create(&header_at("s", 5)),
+            Err(AgentError::Duplicate(_))
+        ));
+        match store.append(&id, &events[0]) {
+            Err(AgentError::Persistence(msg)) => assert!(msg.contains("expected 12"), "{msg}"),
+            other => panic!("expected a persistence error, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn creating_and_appending_work_outside_a_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = JsonlStore::new(dir.path());
+    let events = sample_log("s");
+    store.create(&header("s")).unwrap();
+    for ev in &events {
+        store.append(&"s".into(), ev).unwrap();
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        store.flush(&"s".into()).await.unwrap();
+        assert_eq!(
+            JsonlStore::new(dir.path())
+                .load(&"s".into())
+                .await
+                .unwrap()
+                .events,
+            events
+        );
+    });
 }

@@ -11,7 +11,7 @@ mod scripted;
 #[cfg(feature = "openai")]
 mod openai;
 
-pub use scripted::{ScriptEntry, ScriptedModel};
+pub use scripted::{HANG_SLOW_DELAY, Responder, ScriptEntry, ScriptedModel};
 
 #[cfg(feature = "openai")]
 pub use openai::{OpenAiCompatible, OpenAiConfig};

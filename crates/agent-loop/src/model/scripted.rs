@@ -123,7 +123,19 @@ impl fmt::Debug for ScriptedModel {
 }
 
 impl ScriptedModel {
-    /// A model that will answer with `entries`, one per call, in order.
+    /// A model that will answer with `entries`, one per call, in order. Chunk lists convert
+    /// with `.into()` when mixed with other entries:
+    ///
+    /// ```
+    /// use agent_loop::model::chunks;
+    /// use agent_loop::{ScriptEntry, ScriptedModel};
+    ///
+    /// let model = ScriptedModel::new([
+    ///     chunks::text_and_tool_call("Reading.", "c1", "read", serde_json::json!({"path": "a"})).into(),
+    ///     ScriptEntry::hang(),
+    /// ]);
+    /// assert_eq!(model.remaining(), 2);
+    /// ```
     pub fn new(entries: impl IntoIterator<Item = impl Into<ScriptEntry>>) -> Self {
         let model = Self::default();
         model

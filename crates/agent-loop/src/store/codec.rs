@@ -9,6 +9,8 @@
 //!   parses) and is kept; the writer adds the missing `\n` before appending;
 //! * any other line that does not parse is corruption, reported with its 1-based line number.
 
+use std::fs::{self, File};
+use std::io::{self, BufRead as _, BufReader};
 use std::path::Path;
 
 use agent::{SessionEvent, SessionHeader, SessionId};
@@ -135,6 +137,44 @@ pub(crate) fn parse_log(path: &Path, id: &SessionId, bytes: &[u8]) -> Result<Par
         torn,
         needs_newline,
     })
+}
+
+/// Reads the first line of `path` and parses it as `id`'s header (blocking).
+pub(crate) fn read_header(path: &Path, id: &SessionId) -> Result<SessionHeader, StoreError> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StoreError::NotFound(id.clone())),
+        Err(e) => return Err(StoreError::io(path, e)),
+    };
+    let mut line = Vec::new();
+    BufReader::new(file)
+        .read_until(b'\n', &mut line)
+        .map_err(|e| StoreError::io(path, e))?;
+    let terminated = line.last() == Some(&b'\n');
+    if terminated {
+        line.pop();
+    }
+    if line.is_empty() && !terminated {
+        return Err(corrupt(path, 1, "empty file: the header was never written"));
+    }
+    parse_header(path, id, &line).map_err(|e| match e {
+        StoreError::Corrupt { path, line, reason } if !terminated => StoreError::Corrupt {
+            path,
+            line,
+            reason: format!("incomplete header (interrupted write): {reason}"),
+        },
+        other => other,
+    })
+}
+
+/// Reads and parses a whole log (blocking).
+pub(crate) fn read_log(path: &Path, id: &SessionId) -> Result<ParsedLog, StoreError> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StoreError::NotFound(id.clone())),
+        Err(e) => return Err(StoreError::io(path, e)),
+    };
+    parse_log(path, id, &bytes)
 }
 
 #[cfg(test)]

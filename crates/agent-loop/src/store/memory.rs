@@ -16,13 +16,14 @@ struct Entry {
 }
 
 /// A store that keeps every session in memory, for tests and for hosts that need no
-/// durability. Same contract as [`JsonlStore`](super::JsonlStore) (header equality on re-save,
-/// `seq` checks on append, catalog order) minus the disk: `flush` only checks that the session
-/// exists and counts the call (see [`MemoryStore::flush_count`]).
+/// durability. Same contract as [`JsonlStore`](super::JsonlStore) (header equality on
+/// re-create, `seq` checks on append, catalog order) minus the disk: every error is reported by
+/// the call that caused it, and `flush` only checks that the session exists and counts the call
+/// (see [`MemoryStore::flush_count`]).
 ///
 /// Shared as `Arc<MemoryStore>`; every method takes `&self`. State sits behind one short
 /// `parking_lot` lock that is never held across an `.await`, so every future completes on its
-/// first poll and cancellation has no effect.
+/// first poll and cancellation has no effect. Needs no async runtime.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     /// Sessions by id.
@@ -37,7 +38,7 @@ impl MemoryStore {
 
     /// Creates session `header.id`. An equal header already stored is a no-op; a different one
     /// is [`StoreError::Duplicate`].
-    pub async fn save_header(&self, header: &SessionHeader) -> Result<(), StoreError> {
+    pub fn create(&self, header: &SessionHeader) -> Result<(), StoreError> {
         header.validate()?;
         let mut sessions = self.sessions.lock();
         match sessions.get(&header.id) {
@@ -58,7 +59,7 @@ impl MemoryStore {
     }
 
     /// Appends a copy of `event`; `event.seq` must equal the number of stored events.
-    pub async fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), StoreError> {
+    pub fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), StoreError> {
         let mut sessions = self.sessions.lock();
         let entry = sessions
             .get_mut(id)

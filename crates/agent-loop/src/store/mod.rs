@@ -1,14 +1,16 @@
 //! Session persistence: [`MemoryStore`] (tests) and [`JsonlStore`] (the embedded default).
 //!
 //! Both stores keep, per session, the immutable [`SessionHeader`] and the append-only list of
-//! [`SessionEvent`]s, and offer the same asynchronous operations, all taking `&self` and
-//! returning `Send` futures (so they can back a shared `Arc<dyn …>` persistence trait):
+//! [`SessionEvent`]s. Both implement [`agent::SessionPersistence`] (errors mapped onto
+//! [`agent::AgentError`]) and offer the same operations inherently, with the richer
+//! [`StoreError`], [`SessionSummary`] and [`LoadedSession`] types. All take `&self`; the async
+//! ones return `Send` futures.
 //!
 //! | operation | contract |
 //! |---|---|
-//! | `save_header(&header)` | creates the session; saving an identical header again is a no-op, a different one is [`StoreError::Duplicate`] |
-//! | `append(&id, &event)` | appends one event; `event.seq` must equal the number of events already stored ([`StoreError::SeqMismatch`] otherwise, nothing stored) |
-//! | `flush(&id)` | durability checkpoint: every event whose `append` completed before the call is durable when it returns; concurrent flushes share one sync (group commit) |
+//! | `create(&header)` (sync) | creates the session; creating it again with an identical header is a no-op (resume), a different one is [`StoreError::Duplicate`] |
+//! | `append(&id, &event)` (sync, buffered) | appends one event; `event.seq` must equal the number of events already stored ([`StoreError::SeqMismatch`] otherwise, nothing stored) |
+//! | `flush(&id)` | durability checkpoint: every event appended before the call is durable when it returns; concurrent flushes share one sync (group commit) |
 //! | `list()` | every stored session's [`SessionSummary`], ordered by `createdAt` then id |
 //! | `inspect(&id)` | the header alone |
 //! | `load(&id)` | the header and every event ([`LoadedSession`]) |
@@ -22,6 +24,7 @@ mod codec;
 mod error;
 mod jsonl;
 mod memory;
+mod persistence;
 mod repair;
 mod writer;
 

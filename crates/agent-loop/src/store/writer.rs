@@ -1,70 +1,121 @@
-//! One open session log: ordered, batched writes and group-committed `fdatasync`.
+//! One session log being written: buffered appends, ordered writes and group-committed
+//! `fdatasync`, with all file I/O off the caller's thread.
 //!
-//! All file I/O of a session runs in at most one blocking task at a time, the *drainer*. It
-//! loops: hand every accepted-but-unwritten line to the OS in one `write`, then — if some flush
-//! asked for durability beyond what is synced — one `fdatasync` covering everything written so
-//! far, until there is nothing left to do. Appends and flushes only touch a short
-//! `parking_lot` section and then wait on a `watch` channel, so:
+//! Callers only touch a short `parking_lot` section: they check and reserve the event's `seq`,
+//! push its encoded line into a buffer, and make sure a *drainer* runs. The drainer is one
+//! blocking task (on tokio's blocking pool) at a time per session. It loops:
 //!
-//! * writes reach the file in `seq` order, and concurrent appends share one `write`;
-//! * concurrent flushes share one sync (group commit): a flush that arrives while a sync is in
-//!   flight waits for it and, if it needs more, for the single next one, which then covers every
-//!   flush that arrived meanwhile.
+//! 1. open the file on first use — create it and write the header line, or open an existing
+//!    log (reading it if needed to learn its length, truncating a torn last line, restoring a
+//!    missing final newline);
+//! 2. hand every buffered line to the OS in one `write`;
+//! 3. if a flush asked for durability beyond what is synced, one `fdatasync` covering everything
+//!    written so far (the first one also syncs the directory entry);
 //!
-//! "Units" count lines: the header is unit 1, the event with seq `n` is unit `n + 2`.
+//! until there is nothing left to do. Hence writes reach the file in `seq` order, concurrent
+//! appends share a `write`, and concurrent flushes share a sync (group commit): a flush arriving
+//! while a sync is in flight waits for it and, if it needs more, for the single next one, which
+//! covers every flush that arrived meanwhile.
+//!
+//! Progress is counted in *tickets*: ticket 1 is opening the file (header or repair included),
+//! each accepted event line is one more. Waiters watch the published progress.
 
-use std::fs::File;
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write as _};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
-use agent::SessionId;
+use agent::{SessionHeader, SessionId};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use super::codec::{ParsedLog, encode_line, parse_header, parse_log, read_log};
 use super::error::StoreError;
+
+/// What a freshly parsed log told us, so the drainer need not read it again.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Known {
+    /// Number of intact events.
+    pub events: u64,
+    /// Byte length of the intact prefix.
+    pub good_len: u64,
+    /// Whether a torn last line must be cut before appending.
+    pub torn: bool,
+    /// Whether the last intact line lacks its `\n`.
+    pub needs_newline: bool,
+}
+
+impl From<&ParsedLog> for Known {
+    fn from(p: &ParsedLog) -> Self {
+        Self {
+            events: p.events.len() as u64,
+            good_len: p.good_len,
+            torn: p.torn,
+            needs_newline: p.needs_newline,
+        }
+    }
+}
+
+/// How the drainer opens the file.
+#[derive(Debug)]
+pub(crate) enum Plan {
+    /// Create a new log holding this header.
+    Create(SessionHeader),
+    /// Open an existing log (`None`: read it first).
+    Existing(Option<Known>),
+}
 
 /// Progress published by the drainer.
 #[derive(Clone, Copy, Debug, Default)]
 struct Progress {
-    /// Units handed to the OS.
     written: u64,
-    /// Units made durable.
     synced: u64,
-    /// The writer failed (the error is in [`WriterState::failed`]).
     failed: bool,
 }
 
-/// State protected by [`SessionFile::state`]: the unwritten buffer and the counters that decide
-/// the drainer's next job.
+/// State protected by [`SessionFile::state`]: seq bookkeeping, the unwritten buffer and the
+/// counters that decide the drainer's next job. Never held across an `.await` or during I/O.
 #[derive(Debug)]
 struct WriterState {
-    /// Units accepted (written or buffered).
+    /// How to open the file; taken by the drainer.
+    plan: Option<Plan>,
+    /// The log length this writer assumes (0 for a new log, the parsed length for a loaded
+    /// one); `None` while unknown (an existing log not read yet). The drainer checks it when it
+    /// opens the file.
+    assumed_len: Option<u64>,
+    /// The seq of the first event this writer accepted.
+    first_accepted: Option<u64>,
+    /// The seq the next append must carry (once anything is known).
+    next_seq: u64,
+    /// Tickets accepted (1 = open, plus one per event line).
     accepted: u64,
     /// Encoded lines accepted but not yet handed to the drainer.
     pending: Vec<u8>,
-    /// Units handed to the OS.
+    /// Tickets handed to the OS.
     written: u64,
-    /// Units made durable.
+    /// Tickets made durable.
     synced: u64,
-    /// The highest unit count some flush asked to make durable.
+    /// The highest ticket some flush asked to make durable.
     sync_wanted: u64,
-    /// Whether a drainer task is running.
+    /// Whether a drainer is running.
     draining: bool,
-    /// Whether the directory entry has been synced (done once, with the first sync).
+    /// Whether the directory entry has been synced.
     dir_synced: bool,
-    /// The first I/O failure; sticky.
+    /// The first failure; sticky.
     failed: Option<StoreError>,
 }
 
-/// An open session log file.
+/// A session log this store writes (or may write) to.
 #[derive(Debug)]
 pub(crate) struct SessionFile {
     id: SessionId,
     path: PathBuf,
     dir: PathBuf,
-    file: File,
+    /// The header, when this instance created the session or has read it.
+    header: Mutex<Option<SessionHeader>>,
+    /// The open file; set once by the drainer.
+    file: OnceLock<File>,
     state: Mutex<WriterState>,
     progress: watch::Sender<Progress>,
     /// `fdatasync`s issued (diagnostics).
@@ -72,32 +123,51 @@ pub(crate) struct SessionFile {
 }
 
 impl SessionFile {
-    /// Wraps an open append-mode `file` that already holds `units` complete lines (header
-    /// included), none known to be durable.
-    pub(crate) fn new(id: SessionId, path: PathBuf, dir: PathBuf, file: File, units: u64) -> Arc<Self> {
-        let (progress, _) = watch::channel(Progress {
-            written: units,
-            synced: 0,
-            failed: false,
-        });
+    /// A writer that will open the log as `plan` says. `next_seq` is the log's length when
+    /// known.
+    pub(crate) fn new(id: SessionId, path: PathBuf, dir: PathBuf, plan: Plan) -> Arc<Self> {
+        let (header, next_seq) = match &plan {
+            Plan::Create(h) => (Some(h.clone()), Some(0)),
+            Plan::Existing(known) => (None, known.map(|k| k.events)),
+        };
         Arc::new(Self {
             id,
             path,
             dir,
-            file,
+            header: Mutex::new(header),
+            file: OnceLock::new(),
             state: Mutex::new(WriterState {
-                accepted: units,
+                plan: Some(plan),
+                assumed_len: next_seq,
+                first_accepted: None,
+                next_seq: next_seq.unwrap_or(0),
+                accepted: 1,
                 pending: Vec::new(),
-                written: units,
+                written: 0,
                 synced: 0,
                 sync_wanted: 0,
                 draining: false,
                 dir_synced: false,
                 failed: None,
             }),
-            progress,
+            progress: watch::channel(Progress::default()).0,
             syncs: AtomicU64::new(0),
         })
+    }
+
+    /// The header, when known to this writer.
+    pub(crate) fn header(&self) -> Option<SessionHeader> {
+        self.header.lock().clone()
+    }
+
+    /// Records the header read by a load.
+    pub(crate) fn set_header(&self, header: SessionHeader) {
+        *self.header.lock() = Some(header);
+    }
+
+    /// Whether the writer is poisoned.
+    pub(crate) fn is_failed(&self) -> bool {
+        self.state.lock().failed.is_some()
     }
 
     /// How many `fdatasync`s this writer has issued.
@@ -105,33 +175,56 @@ impl SessionFile {
         self.syncs.load(Ordering::Relaxed)
     }
 
-    /// Accepts one encoded event line carrying `seq` and waits until it is handed to the OS.
-    ///
-    /// Cancellation: once the first poll has returned, the line is accepted and will be written
-    /// even if the future is dropped.
-    pub(crate) async fn append(self: &Arc<Self>, seq: u64, line: Vec<u8>) -> Result<(), StoreError> {
+    /// Starts writing now (used right after creation so the header reaches the disk soon).
+    pub(crate) fn start(self: &Arc<Self>) {
+        let mut st = self.state.lock();
+        self.kick(&mut st);
+    }
+
+    /// Accepts one encoded event line carrying `seq`, without waiting. Fails at once on a seq
+    /// gap (or a poisoned writer); a gap that only the file can reveal (an existing log not read
+    /// yet) poisons the writer when it is opened and surfaces at the next flush.
+    pub(crate) fn accept(self: &Arc<Self>, seq: u64, line: &[u8]) -> Result<(), StoreError> {
+        let mut st = self.state.lock();
+        if let Some(err) = &st.failed {
+            return Err(err.clone());
+        }
+        let anything_known = st.assumed_len.is_some() || st.first_accepted.is_some();
+        if anything_known && seq != st.next_seq {
+            return Err(StoreError::SeqMismatch {
+                id: self.id.clone(),
+                expected: st.next_seq,
+                got: seq,
+            });
+        }
+        st.first_accepted.get_or_insert(seq);
+        st.next_seq = seq + 1;
+        st.pending.extend_from_slice(line);
+        st.accepted += 1;
+        self.kick(&mut st);
+        Ok(())
+    }
+
+    /// Waits until every accepted line is handed to the OS (a settled file for readers). A
+    /// writer with nothing to write returns at once without opening the file.
+    pub(crate) async fn settle(self: &Arc<Self>) -> Result<(), StoreError> {
         let target = {
             let mut st = self.state.lock();
             if let Some(err) = &st.failed {
                 return Err(err.clone());
             }
-            let expected = st.accepted - 1;
-            if seq != expected {
-                return Err(StoreError::SeqMismatch {
-                    id: self.id.clone(),
-                    expected,
-                    got: seq,
-                });
+            let only_reads = matches!(st.plan, Some(Plan::Existing(_))) && st.accepted == 1;
+            if only_reads || st.written >= st.accepted {
+                return Ok(());
             }
-            st.pending.extend_from_slice(&line);
-            st.accepted += 1;
             self.kick(&mut st);
             st.accepted
         };
         self.wait(|p| p.written >= target).await
     }
 
-    /// Makes every accepted unit durable; shares the sync with concurrent callers.
+    /// Makes every accepted line durable (opening the log if needed); shares the sync with
+    /// concurrent callers.
     pub(crate) async fn flush(self: &Arc<Self>) -> Result<(), StoreError> {
         let target = {
             let mut st = self.state.lock();
@@ -146,12 +239,6 @@ impl SessionFile {
             st.accepted
         };
         self.wait(|p| p.synced >= target).await
-    }
-
-    /// Waits until every accepted unit is handed to the OS (a settled file for readers).
-    pub(crate) async fn settle(self: &Arc<Self>) -> Result<(), StoreError> {
-        let target = self.state.lock().accepted;
-        self.wait(|p| p.written >= target).await
     }
 
     async fn wait(&self, done: impl Fn(&Progress) -> bool) -> Result<(), StoreError> {
@@ -177,14 +264,18 @@ impl SessionFile {
         }
         st.draining = true;
         let this = Arc::clone(self);
-        // The drainer owns an `Arc` to the file: it finishes its work even if the store and
-        // every waiter are gone.
-        drop(tokio::task::spawn_blocking(move || this.drain()));
+        // The drainer owns an `Arc` to the writer: it finishes its work even if the store and
+        // every waiter are gone. Outside a tokio runtime it gets a plain thread.
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => drop(handle.spawn_blocking(move || this.drain())),
+            Err(_) => drop(std::thread::spawn(move || this.drain())),
+        }
     }
 
-    /// The drainer loop (runs on the blocking pool).
+    /// The drainer loop (blocking).
     fn drain(&self) {
         enum Job {
+            Open(Plan),
             Write(Vec<u8>, u64),
             Sync(u64, bool),
         }
@@ -195,7 +286,9 @@ impl SessionFile {
                     st.draining = false;
                     return;
                 }
-                if !st.pending.is_empty() {
+                if let Some(plan) = st.plan.take() {
+                    Job::Open(plan)
+                } else if !st.pending.is_empty() {
                     Job::Write(std::mem::take(&mut st.pending), st.accepted)
                 } else if st.sync_wanted > st.synced {
                     Job::Sync(st.written, !st.dir_synced)
@@ -205,13 +298,14 @@ impl SessionFile {
                 }
             };
             let result = match job {
-                Job::Write(buf, upto) => (&self.file)
-                    .write_all(&buf)
-                    .map_err(|e| (self.path.clone(), e))
-                    .map(|()| {
-                        self.state.lock().written = upto;
-                        self.progress.send_modify(|p| p.written = upto);
-                    }),
+                Job::Open(plan) => self.open(plan).map(|()| {
+                    self.state.lock().written = 1;
+                    self.progress.send_modify(|p| p.written = 1);
+                }),
+                Job::Write(buf, upto) => self.write(&buf).map(|()| {
+                    self.state.lock().written = upto;
+                    self.progress.send_modify(|p| p.written = upto);
+                }),
                 Job::Sync(upto, with_dir) => self.sync(with_dir).map(|()| {
                     let mut st = self.state.lock();
                     st.synced = upto;
@@ -220,10 +314,10 @@ impl SessionFile {
                     self.progress.send_modify(|p| p.synced = upto);
                 }),
             };
-            if let Err((path, err)) = result {
-                tracing::warn!(session = %self.id, path = %path.display(), error = %err, "session log write failed; the session's writer is poisoned");
+            if let Err(err) = result {
+                tracing::warn!(session = %self.id, error = %err, "session log write failed; the session's writer is poisoned");
                 let mut st = self.state.lock();
-                st.failed = Some(StoreError::io(path, err));
+                st.failed = Some(err);
                 st.draining = false;
                 drop(st);
                 self.progress.send_modify(|p| p.failed = true);
@@ -232,14 +326,114 @@ impl SessionFile {
         }
     }
 
-    fn sync(&self, with_dir: bool) -> Result<(), (PathBuf, io::Error)> {
+    fn io(&self, e: io::Error) -> StoreError {
+        StoreError::io(&self.path, e)
+    }
+
+    /// Opens (or creates) the file and makes it ready for appending.
+    fn open(&self, plan: Plan) -> Result<(), StoreError> {
+        let known = match plan {
+            Plan::Create(header) => match self.create(&header)? {
+                None => return Ok(()),
+                Some(existing) => existing,
+            },
+            Plan::Existing(Some(known)) => known,
+            Plan::Existing(None) => {
+                let parsed = read_log(&self.path, &self.id)?;
+                self.set_header(parsed.header.clone());
+                Known::from(&parsed)
+            }
+        };
+        {
+            // Check appends accepted under a wrong or unknown length assumption.
+            let mut st = self.state.lock();
+            if st.assumed_len != Some(known.events) {
+                match st.first_accepted {
+                    Some(first) if first != known.events => {
+                        return Err(StoreError::SeqMismatch {
+                            id: self.id.clone(),
+                            expected: known.events,
+                            got: first,
+                        });
+                    }
+                    Some(_) => {}
+                    None => st.next_seq = known.events,
+                }
+                st.assumed_len = Some(known.events);
+            }
+        }
+        let file = OpenOptions::new()
+            .append(true)
+            .open(&self.path)
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::NotFound => StoreError::NotFound(self.id.clone()),
+                _ => self.io(e),
+            })?;
+        if known.torn {
+            tracing::warn!(path = %self.path.display(), "truncating the torn last line of a session log before appending");
+            file.set_len(known.good_len).map_err(|e| self.io(e))?;
+        }
+        if known.needs_newline {
+            (&file).write_all(b"\n").map_err(|e| self.io(e))?;
+        }
+        let _ = self.file.set(file);
+        Ok(())
+    }
+
+    /// Creates the file with its header line. An existing log with an equal header is adopted
+    /// (returned as `Some` for the caller to open); a different one is a duplicate; a file whose
+    /// header write never completed is replaced.
+    fn create(&self, header: &SessionHeader) -> Result<Option<Known>, StoreError> {
+        fs::create_dir_all(&self.dir).map_err(|e| StoreError::io(&self.dir, e))?;
+        let create = || OpenOptions::new().append(true).create_new(true).open(&self.path);
+        let file = match create() {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let bytes = fs::read(&self.path).map_err(|e| self.io(e))?;
+                if bytes.contains(&b'\n') || parse_header(&self.path, &self.id, &bytes).is_ok() {
+                    let parsed = parse_log(&self.path, &self.id, &bytes)?;
+                    if &parsed.header != header {
+                        return Err(StoreError::Duplicate(self.id.clone()));
+                    }
+                    return Ok(Some(Known::from(&parsed)));
+                }
+                tracing::warn!(path = %self.path.display(), "replacing a session log whose header write was interrupted");
+                fs::remove_file(&self.path).map_err(|e| self.io(e))?;
+                create().map_err(|e| self.io(e))?
+            }
+            Err(e) => return Err(self.io(e)),
+        };
+        let line = encode_line(header).map_err(|e| StoreError::Encode {
+            id: self.id.clone(),
+            seq: 0,
+            reason: e.to_string(),
+        })?;
+        (&file).write_all(&line).map_err(|e| self.io(e))?;
+        let _ = self.file.set(file);
+        Ok(None)
+    }
+
+    fn write(&self, buf: &[u8]) -> Result<(), StoreError> {
+        let file = self.file.get().ok_or_else(|| {
+            StoreError::io(
+                &self.path,
+                io::Error::other("session log written before it was opened"),
+            )
+        })?;
+        let mut file: &File = file;
+        file.write_all(buf).map_err(|e| self.io(e))
+    }
+
+    fn sync(&self, with_dir: bool) -> Result<(), StoreError> {
         self.syncs.fetch_add(1, Ordering::Relaxed);
-        self.file.sync_data().map_err(|e| (self.path.clone(), e))?;
+        if let Some(file) = self.file.get() {
+            file.sync_data().map_err(|e| self.io(e))?;
+        }
         if with_dir {
             // The first sync also makes the file's directory entry durable.
             File::open(&self.dir)
                 .and_then(|d| d.sync_all())
-                .map_err(|e| (self.dir.clone(), e))?;
+                .map_err(|e| StoreError::io(&self.dir, e))?;
         }
         Ok(())
     }

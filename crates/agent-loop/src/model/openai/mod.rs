@@ -64,10 +64,26 @@ impl fmt::Debug for OpenAiConfig {
 
 /// A [`ModelAdapter`] for any server that speaks OpenAI's streaming chat-completions API.
 ///
-/// Each call POSTs one `stream: true` request to `<base_url>/chat/completions` and maps the
-/// server-sent events onto the spine's chunk grammar (see the `assemble` module table for the
-/// exact mapping). The model sent is the request's `model`, or the configured one when the
-/// request's is empty.
+/// Each call POSTs one `stream: true` request to `<base_url>/chat/completions` (system text as a
+/// leading `system` message, tool results as `tool` messages, tools as `function` tools, usage
+/// requested with `stream_options.include_usage`) and maps the server-sent events onto the
+/// spine's chunk grammar. The model sent is the request's `model`, or the configured one when
+/// the request's is empty.
+///
+/// | OpenAI stream | chunks |
+/// |---|---|
+/// | `delta.content` | a `text` block: `block-start` on the first piece, then `text-delta`s |
+/// | `delta.reasoning_content` / `delta.reasoning` | a `reasoning` block, likewise |
+/// | `delta.tool_calls[i]` | one `tool-call` block per `index`: `block-start`, then `tool-call-delta {id, name?, argumentsDelta}` |
+/// | `usage` | one `usage` |
+/// | `finish_reason` then `[DONE]` | every open block closed in index order with its assembled block, then `usage`, then `finish` |
+///
+/// Finish reasons: `stop` → `stop` (`tool-calls` when calls were streamed), `tool_calls` →
+/// `tool-calls`, `length` → `max-tokens` (the loop drops the calls), `content_filter` → `error`
+/// with code `CONTENT_FILTERED`, unknown reasons like `stop`. A completion with no content at
+/// all is an `error` with code `EMPTY_RESPONSE` (spec §13.3); a body that ends before any
+/// finish reason or `[DONE]` is an `error` with code `STREAM_INTERRUPTED`; an event that is not
+/// JSON is `BAD_RESPONSE`.
 ///
 /// # Failures
 /// Every failure ends the stream in-band with `finish {error {failure}}` (never an `Err` item):
