@@ -1,0 +1,371 @@
+//! Test fixture: a real `agent_loop` host (runtime, tool registry, job registry and job tools)
+//! with a real `SubagentService`, and scriptable fake providers and runs.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use agent::content::visible_text;
+use agent::jobs::Jobs;
+use agent::tools::{ToolCallRequest, ToolResult};
+use agent::{
+    AgentHandle, AgentRef, AgentRuntime, ContentBlock, CreateAgentOptions, Registration, Services, SessionId,
+    Signal,
+};
+use agent_loop::jobs::{JobRegistry, job_tools};
+use agent_loop::runtime::Runtime;
+use async_trait::async_trait;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use subagent::provider::{PrepareContinuable, ResolvedSubagentStartRequest, SubagentProvider};
+use subagent::run::{RunDisposeFuture, RunFailure, RunResultFuture, SubagentRun};
+use subagent::service::SubagentService;
+use subagent::{
+    ContinuableCreateRequest, ContinuableCreateSpec, StopReason, SubagentCapabilities, SubagentError,
+    SubagentResult,
+};
+use tool_subagent::{SubagentToolConfig, SubagentToolPlugin};
+
+/// A plain error for fake results and disposals.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Failure(pub String);
+
+/// A `RunFailure` with `message`.
+pub fn failure(message: &str) -> RunFailure {
+    RunFailure::new(Failure(message.to_owned()))
+}
+
+/// The texts of a result's content.
+pub fn text(result: &ToolResult) -> String {
+    visible_text(&result.content)
+}
+
+// ---- runs -----------------------------------------------------------------------------------
+
+/// A scripted run: a result future, a disposal outcome, and a count of `dispose()` calls.
+pub struct FakeRun {
+    id: SessionId,
+    result: RunResultFuture,
+    dispose: RunDisposeFuture,
+    dispose_calls: Arc<AtomicUsize>,
+}
+
+impl FakeRun {
+    /// A run whose result is `result` and whose disposal yields `dispose`; `dispose_calls`
+    /// counts `dispose()` calls.
+    pub fn new(
+        id: &str,
+        result: BoxFuture<'static, Result<SubagentResult, RunFailure>>,
+        dispose: Result<(), RunFailure>,
+        dispose_calls: Arc<AtomicUsize>,
+    ) -> Box<dyn SubagentRun> {
+        Box::new(Self {
+            id: id.into(),
+            result: result.shared(),
+            dispose: async move { dispose }.boxed().shared(),
+            dispose_calls,
+        })
+    }
+
+    /// A run that already resolved with `result` and disposes cleanly.
+    pub fn resolved(id: &str, result: SubagentResult, dispose_calls: Arc<AtomicUsize>) -> Box<dyn SubagentRun> {
+        Self::new(id, async move { Ok(result) }.boxed(), Ok(()), dispose_calls)
+    }
+}
+
+impl SubagentRun for FakeRun {
+    fn id(&self) -> &SessionId {
+        &self.id
+    }
+
+    fn local_agent(&self) -> Option<AgentRef> {
+        None
+    }
+
+    fn result(&self) -> RunResultFuture {
+        self.result.clone()
+    }
+
+    fn dispose(&self) -> RunDisposeFuture {
+        self.dispose_calls.fetch_add(1, Ordering::SeqCst);
+        self.dispose.clone()
+    }
+}
+
+/// A completed result with one text block.
+pub fn completed(text: &str) -> SubagentResult {
+    SubagentResult::new(vec![ContentBlock::text(text)], StopReason::Completed)
+}
+
+// ---- providers ------------------------------------------------------------------------------
+
+/// How a fake provider starts a run.
+pub type StartFn = Arc<
+    dyn Fn(ResolvedSubagentStartRequest) -> BoxFuture<'static, Result<Box<dyn SubagentRun>, SubagentError>>
+        + Send
+        + Sync,
+>;
+
+/// A scriptable provider that records every request it receives.
+pub struct FakeProvider {
+    pub name: String,
+    pub capabilities: SubagentCapabilities,
+    pub inherits: bool,
+    pub continuable: bool,
+    pub start: StartFn,
+    pub requests: Arc<Mutex<Vec<ResolvedSubagentStartRequest>>>,
+    pub prepare_calls: Arc<AtomicUsize>,
+}
+
+impl FakeProvider {
+    /// A provider named `name` with every capability, a fresh context and no continuable
+    /// preparation, starting runs with `start`.
+    pub fn new(name: &str, start: StartFn) -> Self {
+        Self {
+            name: name.to_owned(),
+            capabilities: SubagentCapabilities::ALL,
+            inherits: false,
+            continuable: false,
+            start,
+            requests: Arc::default(),
+            prepare_calls: Arc::default(),
+        }
+    }
+
+    /// A provider whose runs complete with `reply` (run id `<name>-child`), counting disposals
+    /// in `disposals`.
+    pub fn replying(name: &str, reply: &str, disposals: Arc<AtomicUsize>) -> Self {
+        let reply = reply.to_owned();
+        let id = format!("{name}-child");
+        Self::new(
+            name,
+            Arc::new(move |_| {
+                let run = FakeRun::resolved(&id, completed(&reply), disposals.clone());
+                async move { Ok(run) }.boxed()
+            }),
+        )
+    }
+
+    /// A provider whose runs resolve with `result`.
+    pub fn resulting(name: &str, result: SubagentResult, disposals: Arc<AtomicUsize>) -> Self {
+        Self::new(
+            name,
+            Arc::new(move |_| {
+                let run = FakeRun::resolved("child", result.clone(), disposals.clone());
+                async move { Ok(run) }.boxed()
+            }),
+        )
+    }
+
+    /// The same provider without any capability.
+    pub fn capability_less(mut self) -> Self {
+        self.capabilities = SubagentCapabilities::default();
+        self
+    }
+
+    /// The same provider with the given inheritance descriptor.
+    pub fn inheriting(mut self, inherits: bool) -> Self {
+        self.inherits = inherits;
+        self
+    }
+
+    /// The same provider with continuable preparation.
+    pub fn with_continuable(mut self) -> Self {
+        self.continuable = true;
+        self
+    }
+}
+
+#[async_trait]
+impl SubagentProvider for FakeProvider {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn capabilities(&self) -> SubagentCapabilities {
+        self.capabilities
+    }
+
+    fn inherits_parent_context(&self) -> bool {
+        self.inherits
+    }
+
+    async fn start(&self, request: ResolvedSubagentStartRequest) -> Result<Box<dyn SubagentRun>, SubagentError> {
+        self.requests.lock().push(request.clone());
+        (self.start)(request).await
+    }
+
+    fn continuable(&self) -> Option<&dyn PrepareContinuable> {
+        self.continuable.then_some(self as &dyn PrepareContinuable)
+    }
+}
+
+#[async_trait]
+impl PrepareContinuable for FakeProvider {
+    async fn prepare_continuable(
+        &self,
+        _request: ContinuableCreateRequest<AgentRef>,
+    ) -> Result<ContinuableCreateSpec, SubagentError> {
+        self.prepare_calls.fetch_add(1, Ordering::SeqCst);
+        Ok(ContinuableCreateSpec::default())
+    }
+}
+
+// ---- host -----------------------------------------------------------------------------------
+
+/// A real host: `agent_loop` runtime with its tool registry, optionally a job registry with the
+/// job tools, and a subagent service.
+pub struct Host {
+    pub rt: Runtime,
+    pub subagents: SubagentService,
+    pub jobs: Option<Arc<JobRegistry>>,
+    job_tools: Vec<Registration>,
+    agents: Vec<AgentHandle>,
+    calls: AtomicUsize,
+}
+
+impl Host {
+    /// A host with a job registry (default configuration) and the job tools.
+    pub fn new() -> Self {
+        Self::build(Some(JobRegistry::new()))
+    }
+
+    /// A host without a job registry.
+    pub fn without_jobs() -> Self {
+        Self::build(None)
+    }
+
+    /// A host with `jobs` and the job tools.
+    pub fn with_jobs(jobs: JobRegistry) -> Self {
+        Self::build(Some(jobs))
+    }
+
+    fn build(jobs: Option<JobRegistry>) -> Self {
+        let jobs = jobs.map(Arc::new);
+        let mut builder = Runtime::builder();
+        if let Some(jobs) = &jobs {
+            builder = builder.jobs(jobs.clone() as Arc<dyn Jobs>);
+        }
+        let rt = builder.build();
+        let job_tools = match &jobs {
+            Some(jobs) => job_tools(jobs.clone())
+                .into_iter()
+                .map(|def| {
+                    rt.services()
+                        .tools
+                        .register(None, def)
+                        .expect("job tools register once")
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        Self {
+            rt,
+            subagents: SubagentService::new(),
+            jobs,
+            job_tools,
+            agents: Vec::new(),
+            calls: AtomicUsize::new(0),
+        }
+    }
+
+    /// The host's services.
+    pub fn services(&self) -> &Services {
+        self.rt.services()
+    }
+
+    /// Registers `provider`.
+    pub fn provider(&self, provider: FakeProvider) -> Registration {
+        self.subagents
+            .register_provider(Arc::new(provider))
+            .expect("provider registers")
+    }
+
+    /// Loads a tool instance configured by JSON (config defaulting).
+    pub fn load_json(&self, config: Value) -> SubagentToolPlugin {
+        let config = SubagentToolConfig::from_json(&config).expect("valid configuration");
+        self.load(config)
+    }
+
+    /// Loads a tool instance.
+    pub fn load(&self, config: SubagentToolConfig) -> SubagentToolPlugin {
+        SubagentToolPlugin::load(self.services(), &self.subagents, config).expect("tool loads")
+    }
+
+    /// Creates a live parent agent.
+    pub async fn parent(&mut self, id: &str) -> SessionId {
+        let handle = self
+            .rt
+            .create(CreateAgentOptions::new(id.into()))
+            .await
+            .expect("parent agent is created");
+        let id = handle.id().clone();
+        self.agents.push(handle);
+        id
+    }
+
+    /// Whether a tool named `name` is visible globally.
+    pub fn has_tool(&self, name: &str) -> bool {
+        self.services().tools.schemas(None).iter().any(|s| s.name == name)
+    }
+
+    /// The description of tool `name`.
+    pub fn description(&self, name: &str) -> String {
+        self.services()
+            .tools
+            .get(name, None)
+            .map(|d| d.description)
+            .unwrap_or_default()
+    }
+
+    /// The parameter schema of tool `name`.
+    pub fn parameters(&self, name: &str) -> Value {
+        self.services()
+            .tools
+            .get(name, None)
+            .map(|d| d.parameters)
+            .unwrap_or(Value::Null)
+    }
+
+    /// Calls tool `name` as `agent` with `arguments` under a fresh signal.
+    pub async fn call(&self, name: &str, agent: &SessionId, arguments: Value) -> ToolResult {
+        self.call_with(name, agent, arguments, Signal::new()).await
+    }
+
+    /// Calls tool `name` as `agent` with `arguments` under `signal`.
+    pub async fn call_with(&self, name: &str, agent: &SessionId, arguments: Value, signal: Signal) -> ToolResult {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        let call = ToolCallRequest {
+            call_id: format!("call-{n}").into(),
+            name: name.to_owned(),
+            arguments: arguments.to_string(),
+        };
+        self.services().tools.execute(agent, call, signal).await.result
+    }
+
+    /// `job_output` with `wait: true`.
+    pub async fn job_output(&self, agent: &SessionId, job: &str) -> ToolResult {
+        self.call("job_output", agent, json!({"job_id": job, "wait": true}))
+            .await
+    }
+
+    /// Disposes every parent, shuts the job registry and the runtime down, and checks that no
+    /// lifecycle emission is left pending.
+    pub async fn close(mut self) {
+        for handle in self.agents.drain(..) {
+            handle.dispose().await;
+        }
+        if let Some(jobs) = &self.jobs {
+            jobs.shutdown().await;
+        }
+        self.job_tools.clear();
+        self.rt.shutdown().await;
+        tokio::time::timeout(Duration::from_secs(60), self.subagents.close())
+            .await
+            .expect("every run settles");
+    }
+}
