@@ -1,0 +1,697 @@
+//! The shared driver's run flow, result derivation, cancellation windows, rollback and disposal
+//! (spec `inprocess-providers.md` §3, checklist DRV-1…DRV-18), on the reference runtime with a
+//! scripted model.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use agent::hooks::{PreStep, PreStepDecision, PreStepInterceptor};
+use agent::{
+    Agent, AgentError, AgentHandle, AgentOptions, AgentRef, CancelCause, ContentBlock, Disposer, EventData,
+    SessionId, SessionMeta, Signal, TurnEndReason,
+};
+use agent_loop::model::{ScriptEntry, chunks};
+use async_trait::async_trait;
+use common::*;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde_json::json;
+use subagent::error::SubagentErrorCode;
+use subagent::run::SubagentRun;
+use subagent::depth::MAX_SAFE_INTEGER;
+use subagent::{DepthError, DepthValue, StopReason, SubagentDepthError, SubagentResult};
+use subagent_inprocess::{InProcessRunOptions, StartFailure};
+
+fn start_failure(e: &subagent::SubagentError) -> &StartFailure {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<StartFailure>())
+        .expect("the typed start failure is the source")
+}
+
+/// spec: DRV-1 — start fulfils only after the child is registered; a fresh child completes with
+/// its text; its options carry depth 1; double dispose is safe and removes the child.
+#[tokio::test(start_paused = true)]
+async fn drv_1_start_publishes_drives_and_disposes() {
+    let host = Host::new(vec![chunks::text("driver answer").into()]).await;
+    let run = host
+        .driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .expect("started");
+    let child = host.get(run.id()).expect("registered at fulfilment");
+    assert!(Arc::ptr_eq(&child, &run.local_agent().expect("local")));
+    let result = run.result().await.expect("result");
+    assert_eq!(result.stop_reason, StopReason::Completed);
+    assert_eq!(text(&result.output), "driver answer");
+    assert_eq!(child.options().subagent_depth, Some(1));
+    run.dispose().await.expect("disposed");
+    run.dispose().await.expect("disposed twice");
+    assert!(host.get(run.id()).is_none());
+    assert!(!child.is_live());
+    host.finish().await;
+}
+
+/// spec: DRV-2 — explicit child model selectors work for a route-less parent; the child inherits
+/// the parent `cwd`.
+#[tokio::test(start_paused = true)]
+async fn drv_2_explicit_route_for_routeless_parent_and_cwd() {
+    let host = Host::with_parent(vec![chunks::text("driver answer").into()], AgentOptions::default()).await;
+    let mut request = host.request();
+    request.agent_options = Some(routed());
+    let run = host
+        .driver
+        .start(resolve(request, "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    let child = run.local_agent().unwrap();
+    assert_eq!(child.options().provider.as_deref(), Some(MODEL));
+    assert_eq!(child.options().model.as_deref(), Some(MODEL));
+    assert_eq!(
+        child.session().header().cwd.as_deref(),
+        Some(std::path::Path::new(CWD))
+    );
+    assert_eq!(run.result().await.unwrap().stop_reason, StopReason::Completed);
+    run.dispose().await.unwrap();
+    host.finish().await;
+}
+
+/// Rejects every step of every agent but one.
+struct RejectAllBut(SessionId);
+
+#[async_trait]
+impl PreStepInterceptor for RejectAllBut {
+    async fn pre_step(
+        &self,
+        step: PreStep<'_>,
+        proposed: PreStepDecision,
+    ) -> Result<PreStepDecision, agent::bus::BoxError> {
+        Ok(if step.agent.id() == &self.0 {
+            proposed
+        } else {
+            PreStepDecision::Reject
+        })
+    }
+}
+
+/// spec: DRV-3 — a prompt discarded by a pre-step rejection reports `refusal` (the turn ends
+/// `blocked`, no descriptor is written because no step was entered).
+#[tokio::test(start_paused = true)]
+async fn drv_3_pre_step_rejection_is_refusal() {
+    let host = Host::new(vec![]).await;
+    let guard = host
+        .runtime
+        .services()
+        .pre_step
+        .add(None, Arc::new(RejectAllBut(host.parent.id().clone())));
+    let run = host
+        .driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    let result = run.result().await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::Refusal);
+    let child = run.local_agent().unwrap();
+    assert_eq!(last_turn_end(&child), Some(TurnEndReason::Blocked));
+    assert!(!types(&events_of(&child)).contains(&"subagent/descriptor".to_owned()));
+    assert!(host.model.requests().is_empty());
+    run.dispose().await.unwrap();
+    drop(guard);
+    host.finish().await;
+}
+
+/// A session store that counts flushes and otherwise delegates.
+struct CountingStore {
+    inner: Arc<dyn agent::SessionStore>,
+    flushes: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl agent::SessionStore for CountingStore {
+    fn prepare(
+        &self,
+        id: SessionId,
+        seed: Option<Vec<agent::SessionEvent>>,
+        meta: SessionMeta,
+    ) -> Result<Arc<agent::Session>, AgentError> {
+        self.inner.prepare(id, seed, meta)
+    }
+    fn enter(&self, session: Arc<agent::Session>) -> Result<agent::Registration, AgentError> {
+        self.inner.enter(session)
+    }
+    fn get(&self, id: &SessionId) -> Option<Arc<agent::Session>> {
+        self.inner.get(id)
+    }
+    fn list(&self) -> Vec<Arc<agent::Session>> {
+        self.inner.list()
+    }
+    async fn flush(&self, id: &SessionId) -> Result<bool, AgentError> {
+        self.flushes.fetch_add(1, Ordering::SeqCst);
+        self.inner.flush(id).await
+    }
+}
+
+/// spec: DRV-4 — a foreground run performs no final `session/flush` (the driver never flushes
+/// the child's session through the host's store).
+#[tokio::test(start_paused = true)]
+async fn drv_4_no_final_flush() {
+    let host = Host::new(vec![chunks::text("driver answer").into()]).await;
+    let flushes = Arc::new(AtomicUsize::new(0));
+    let mut services = host.runtime.services().clone();
+    services.sessions = Arc::new(CountingStore {
+        inner: services.sessions.clone(),
+        flushes: flushes.clone(),
+    });
+    let driver = subagent_inprocess::InProcessDriver::new(services);
+    let run = driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    assert_eq!(run.result().await.unwrap().stop_reason, StopReason::Completed);
+    run.dispose().await.unwrap();
+    driver.wait().await;
+    assert_eq!(flushes.load(Ordering::SeqCst), 0);
+    host.finish().await;
+}
+
+/// An agent whose deliveries fail (an infrastructure fault) and otherwise delegates.
+struct FailingDelivery(AgentRef);
+
+impl Agent for FailingDelivery {
+    fn id(&self) -> &SessionId {
+        self.0.id()
+    }
+    fn options(&self) -> &AgentOptions {
+        self.0.options()
+    }
+    fn session(&self) -> &Arc<agent::Session> {
+        self.0.session()
+    }
+    fn scope(&self) -> &Arc<agent::Scope> {
+        self.0.scope()
+    }
+    fn send(&self, _: agent::Message, _: agent::InboxTarget, _: bool) -> Result<agent::MessageId, AgentError> {
+        Err(AgentError::Other("published run failed".into()))
+    }
+    fn remove_pending(&self, id: &agent::MessageId) -> Result<bool, AgentError> {
+        self.0.remove_pending(id)
+    }
+    fn inbox(&self) -> agent::InboxSnapshot {
+        self.0.inbox()
+    }
+    fn cancel(&self, cause: CancelCause, options: agent::CancelOptions) {
+        self.0.cancel(cause, options)
+    }
+    fn status(&self) -> agent::AgentStatus {
+        self.0.status()
+    }
+    fn when_idle(&self) -> BoxFuture<'static, ()> {
+        self.0.when_idle()
+    }
+    fn is_live(&self) -> bool {
+        self.0.is_live()
+    }
+}
+
+/// Disposes the real handle, then fails.
+struct FailingDisposer(AgentHandle);
+
+impl Disposer for FailingDisposer {
+    fn dispose(&self) -> BoxFuture<'static, ()> {
+        let inner = self.0.dispose();
+        async move {
+            inner.await;
+            panic!("published handle disposal failed");
+        }
+        .boxed()
+    }
+}
+
+/// spec: DRV-5 — a run failure rejects `result` and a handle-disposal failure rejects
+/// `dispose()`, on separate channels; the registries end clean. (Rust: the spine's handle
+/// disposal is infallible, so its failure is a panicking teardown, reported as
+/// `HandleDisposalFailed`.)
+#[tokio::test(start_paused = true)]
+async fn drv_5_result_and_dispose_fail_on_separate_channels() {
+    let host = Host::new(vec![]).await;
+    let (agents, sessions) = (host.agent_count(), host.session_count());
+    let driver = wrapped_driver(&host, |handle| {
+        let agent: AgentRef = Arc::new(FailingDelivery(handle.agent().clone()));
+        AgentHandle::new(agent, Arc::new(FailingDisposer(handle)))
+    });
+    let run = driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    assert!(host.get(run.id()).is_some());
+    let run_error = run.result().await.unwrap_err();
+    assert_eq!(run_error.to_string(), "published run failed");
+    let dispose_error = run.dispose().await.unwrap_err();
+    assert!(
+        dispose_error.to_string().contains("published handle disposal failed"),
+        "{dispose_error}"
+    );
+    // The result failure is not re-raised by dispose, and vice versa.
+    assert_eq!(run.result().await.unwrap_err().to_string(), "published run failed");
+    driver.wait().await;
+    assert_eq!((host.agent_count(), host.session_count()), (agents, sessions));
+    host.finish().await;
+}
+
+/// spec: DRV-6 — the stop reason reflects the recorded `max-tokens` turn end; nothing is
+/// appended after it (no flush-time metadata).
+#[tokio::test(start_paused = true)]
+async fn drv_6_max_tokens_turn_end() {
+    let host = Host::new(vec![chunks::max_tokens_text("partial answer").into()]).await;
+    let run = host
+        .driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    let result = run.result().await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::MaxTokens);
+    assert_eq!(text(&result.output), "partial answer");
+    let child = run.local_agent().unwrap();
+    let events = events_of(&child);
+    assert!(matches!(
+        &events.last().unwrap().data,
+        EventData::TurnEnd {
+            reason: TurnEndReason::MaxTokens,
+            ..
+        }
+    ));
+    run.dispose().await.unwrap();
+    host.finish().await;
+}
+
+/// spec: DRV-7 — a final empty usage-only assistant message (a tool-only `max-tokens` step) does
+/// not hide earlier streamed text; stop reason `max-tokens`.
+#[tokio::test(start_paused = true)]
+async fn drv_7_empty_usage_message_keeps_earlier_text() {
+    let host = Host::new(vec![
+        chunks::text_and_tool_call("partial one", "t1", "noop", json!({})).into(),
+        chunks::max_tokens_tool_call("t2", "noop", "{}").into(),
+    ])
+    .await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let tool = global_tool(&host, counting_tool("noop", calls.clone()));
+    let run = host
+        .driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    let result = run.result().await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::MaxTokens);
+    assert_eq!(text(&result.output), "partial one");
+    // The truncated second call was not dispatched.
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    run.dispose().await.unwrap();
+    drop(tool);
+    host.finish().await;
+}
+
+/// spec: DRV-8 — a fork seed is copied verbatim, `seedLength` recorded, and only child-owned
+/// output is returned.
+#[tokio::test(start_paused = true)]
+async fn drv_8_seed_is_verbatim_and_output_is_child_owned() {
+    let host = Host::new(vec![
+        chunks::text("parent answer").into(),
+        chunks::text("child answer").into(),
+    ])
+    .await;
+    host.parent_turn("parent question").await;
+    let seed = events_of(&host.parent);
+    let run = host
+        .driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::seeded(seed.clone()))
+        .await
+        .unwrap();
+    let result = run.result().await.unwrap();
+    assert_eq!(text(&result.output), "child answer");
+    let child = run.local_agent().unwrap();
+    assert_eq!(child.session().header().seed_length, Some(seed.len() as u64));
+    assert_eq!(events_of(&child)[..seed.len()], seed[..]);
+    run.dispose().await.unwrap();
+    host.finish().await;
+}
+
+/// spec: DRV-9 — the child header persists `origin: subagent` and `delegationDepth: 1`.
+#[tokio::test(start_paused = true)]
+async fn drv_9_header_origin_and_depth() {
+    let host = Host::new(vec![chunks::text("child answer").into()]).await;
+    let run = host
+        .driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    run.result().await.unwrap();
+    let header = run.local_agent().unwrap().session().header().clone();
+    assert_eq!(header.origin, Some(agent::Origin::Subagent));
+    assert_eq!(header.delegation_depth, Some(1));
+    assert_eq!(header.parent_session.as_ref(), Some(host.parent.id()));
+    run.dispose().await.unwrap();
+    host.finish().await;
+}
+
+/// spec: DRV-10 — the parent's `maxTokens` is inherited by the child request and an explicit
+/// override wins.
+#[tokio::test(start_paused = true)]
+async fn drv_10_max_tokens_inherited_and_overridden() {
+    let host = Host::with_parent(
+        vec![chunks::text("inherited").into(), chunks::text("overridden").into()],
+        AgentOptions {
+            max_tokens: Some(111),
+            ..routed()
+        },
+    )
+    .await;
+    let inherited = host
+        .driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    inherited.result().await.unwrap();
+    assert_eq!(host.model.requests()[0].max_tokens, Some(111));
+    assert_eq!(inherited.local_agent().unwrap().options().max_tokens, Some(111));
+    inherited.dispose().await.unwrap();
+
+    let mut request = host.request();
+    request.agent_options = Some(AgentOptions {
+        max_tokens: Some(222),
+        ..AgentOptions::default()
+    });
+    let overridden = host
+        .driver
+        .start(resolve(request, "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    overridden.result().await.unwrap();
+    assert_eq!(host.model.requests()[1].max_tokens, Some(222));
+    assert_eq!(overridden.local_agent().unwrap().options().max_tokens, Some(222));
+    overridden.dispose().await.unwrap();
+    host.finish().await;
+}
+
+fn exceeded(e: &subagent::SubagentError) -> SubagentDepthError {
+    match start_failure(e) {
+        StartFailure::Depth(DepthError::Exceeded(d)) => *d,
+        other => panic!("expected a depth error, got {other:?}"),
+    }
+}
+
+/// spec: DRV-11 — a resumed child (header depth 1, no runtime depth) is counted by its header:
+/// child depth 2 exceeds `maxDepth` 1.
+#[tokio::test(start_paused = true)]
+async fn drv_11_header_depth_counts_for_a_resumed_child() {
+    let mut host = Host::new(vec![]).await;
+    let resumed = host
+        .agent(
+            "resumed-child",
+            SessionMeta {
+                parent_session: Some("root".into()),
+                delegation_depth: Some(1),
+                ..SessionMeta::default()
+            },
+            routed(),
+        )
+        .await;
+    let before = host.agent_count();
+    let mut request = request_from(&resumed, Signal::new());
+    request.max_depth = Some(json!(1));
+    let err = host
+        .driver
+        .start(resolve(request, "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        exceeded(&err),
+        SubagentDepthError {
+            attempted_depth: 2,
+            max_depth: 1
+        }
+    );
+    assert_eq!(err.to_string(), "subagent depth 2 exceeds maxDepth 1");
+    assert_eq!(host.agent_count(), before);
+    host.finish().await;
+}
+
+/// spec: DRV-12 — runtime depth may deepen but never lower the header depth (header 2,
+/// runtime 1 → child 3 rejected at max 2).
+#[tokio::test(start_paused = true)]
+async fn drv_12_runtime_depth_never_lowers_the_header() {
+    let mut host = Host::new(vec![]).await;
+    let parent = host
+        .agent(
+            "deep-parent",
+            SessionMeta {
+                delegation_depth: Some(2),
+                ..SessionMeta::default()
+            },
+            AgentOptions {
+                subagent_depth: Some(1),
+                ..routed()
+            },
+        )
+        .await;
+    let mut request = request_from(&parent, Signal::new());
+    request.max_depth = Some(json!(2));
+    let err = host
+        .driver
+        .start(resolve(request, "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        exceeded(&err),
+        SubagentDepthError {
+            attempted_depth: 3,
+            max_depth: 2
+        }
+    );
+    host.finish().await;
+}
+
+/// spec: DRV-13 — invalid `maxDepth`, exceeded depth, malformed runtime depths and safe-range
+/// overflow reject before publication. (Rust: the runtime option `subagentDepth` is a typed
+/// `u64`, so NaN, 1.5, −1 and −0 cannot be held by an agent; the seam's depth rule is shown to
+/// reject them as raw values, and the representable malformed value — above the safe range — is
+/// rejected through a parent that carries it.)
+#[tokio::test(start_paused = true)]
+async fn drv_13_depth_failures_reject_before_publication() {
+    let host = Host::new(vec![]).await;
+    let before = (host.agent_count(), host.session_count());
+    for bad in [json!(-1), json!(1.5), json!(-0.0), json!(9007199254740992u64), json!("1")] {
+        let mut request = host.request();
+        request.max_depth = Some(bad.clone());
+        let err = host
+            .driver
+            .start(resolve(request, "test"), InProcessRunOptions::fresh())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "subagent maxDepth must be a non-negative safe integer",
+            "{bad}"
+        );
+    }
+    let mut request = host.request();
+    request.max_depth = Some(json!(0));
+    let err = host
+        .driver
+        .start(resolve(request, "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap_err();
+    assert!(matches!(start_failure(&err), StartFailure::Depth(DepthError::Exceeded(_))));
+
+    for raw in [json!(f64::NAN.to_string()), json!(1.5), json!(-1), json!(-0.0)] {
+        assert_eq!(raw.as_depth(), None, "{raw}");
+    }
+    let malformed = FakeParent::new(
+        "malformed",
+        AgentOptions {
+            subagent_depth: Some(MAX_SAFE_INTEGER + 1),
+            ..AgentOptions::default()
+        },
+        SessionMeta::default(),
+    );
+    let err = host
+        .driver
+        .start(
+            resolve(request_from(&malformed, Signal::new()), "test"),
+            InProcessRunOptions::fresh(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "agent subagentDepth must be a non-negative safe integer"
+    );
+    let at_max = FakeParent::new(
+        "at-max",
+        AgentOptions {
+            subagent_depth: Some(MAX_SAFE_INTEGER),
+            ..AgentOptions::default()
+        },
+        SessionMeta::default(),
+    );
+    let err = host
+        .driver
+        .start(
+            resolve(request_from(&at_max, Signal::new()), "test"),
+            InProcessRunOptions::fresh(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        start_failure(&err),
+        StartFailure::Depth(DepthError::ChildDepthOverflow)
+    ));
+    assert_eq!(err.to_string(), "subagent child depth exceeds the safe-integer range");
+    assert_eq!((host.agent_count(), host.session_count()), before);
+    host.finish().await;
+}
+
+/// spec: DRV-14 — an already-cancelled request rejects with "aborted before child publication"
+/// and publishes nothing.
+#[tokio::test(start_paused = true)]
+async fn drv_14_already_cancelled_request_rejects() {
+    let host = Host::new(vec![]).await;
+    let before = (host.agent_count(), host.session_count());
+    let signal = Signal::cancelled_with(CancelCause::Other {
+        reason: "too late".into(),
+    });
+    let err = host
+        .driver
+        .start(
+            resolve(request_from(&host.parent, signal), "test"),
+            InProcessRunOptions::fresh(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "subagent request was aborted before child publication");
+    assert_eq!(err.code(), SubagentErrorCode::Cancelled);
+    assert_eq!((host.agent_count(), host.session_count()), before);
+    host.finish().await;
+}
+
+/// spec: DRV-15 — a route-less child gets options exactly `{subagentDepth: 1}` and ends `error`.
+#[tokio::test(start_paused = true)]
+async fn drv_15_routeless_child_gets_only_its_depth() {
+    let host = Host::with_parent(vec![], AgentOptions::default()).await;
+    let run = host
+        .driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    let child = run.local_agent().unwrap();
+    assert_eq!(
+        serde_json::to_value(child.options()).unwrap(),
+        json!({"subagentDepth": 1})
+    );
+    assert_eq!(run.result().await.unwrap().stop_reason, StopReason::Error);
+    assert!(host.model.requests().is_empty());
+    run.dispose().await.unwrap();
+    host.finish().await;
+}
+
+/// spec: DRV-16 — a post-publication token abort yields `{output: [partial], stopReason:
+/// aborted}`, the request's cancellation reason is `{kind: parent}`, the turn ends `aborted
+/// {parent}`; disposing a running child yields `aborted`.
+#[tokio::test(start_paused = true)]
+async fn drv_16_post_publication_abort_and_dispose_of_a_running_child() {
+    let host = Host::new(vec![ScriptEntry::hang(), ScriptEntry::hang()]).await;
+    let signal = Signal::new();
+    let signalled = host
+        .driver
+        .start(
+            resolve(request_from(&host.parent, signal.clone()), "test"),
+            InProcessRunOptions::fresh(),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    signal.cancel(CancelCause::Other {
+        reason: "stop child".into(),
+    });
+    assert_eq!(
+        signalled.result().await.unwrap(),
+        SubagentResult::new(vec![ContentBlock::text("partial")], StopReason::Aborted)
+    );
+    assert_eq!(host.model.requests()[0].signal.cause(), Some(CancelCause::Parent));
+    let child = signalled.local_agent().unwrap();
+    assert_eq!(
+        last_turn_end(&child),
+        Some(TurnEndReason::Aborted {
+            reason: CancelCause::Parent
+        })
+    );
+    signalled.dispose().await.unwrap();
+
+    let disposed = host
+        .driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    disposed.dispose().await.unwrap();
+    assert_eq!(disposed.result().await.unwrap().stop_reason, StopReason::Aborted);
+    host.finish().await;
+}
+
+/// spec: DRV-17 — a failing unpublished setup (unknown tool filter) rejects and leaves no agent
+/// or session.
+#[tokio::test(start_paused = true)]
+async fn drv_17_failing_setup_rolls_back() {
+    let host = Host::new(vec![]).await;
+    let before = (host.agent_count(), host.session_count());
+    let mut request = host.request();
+    request.tool_filter = Some(agent::tools::ToolRestriction {
+        allow: None,
+        deny: Some(vec!["unknown-tool".into()]),
+    });
+    let err = host
+        .driver
+        .start(resolve(request, "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("unknown global tool"), "{err}");
+    assert_eq!((host.agent_count(), host.session_count()), before);
+    host.finish().await;
+}
+
+/// spec: DRV-18 — an abort landing between the factory's publication and the driver's listener
+/// installation yields a run with an id and `{output: [], stopReason: aborted}`; the prompt is
+/// never delivered; dispose cleans up.
+#[tokio::test(start_paused = true)]
+async fn drv_18_abort_in_the_handoff_window() {
+    let host = Host::new(vec![]).await;
+    let before = (host.agent_count(), host.session_count());
+    let signal = Signal::new();
+    let at_handoff = signal.clone();
+    let driver = wrapped_driver(&host, move |handle| {
+        // `create` already detached its creation-only listener; the run has not armed its own.
+        at_handoff.cancel(CancelCause::Other {
+            reason: "handoff race".into(),
+        });
+        handle
+    });
+    let run = driver
+        .start(
+            resolve(request_from(&host.parent, signal), "test"),
+            InProcessRunOptions::fresh(),
+        )
+        .await
+        .unwrap();
+    assert!(host.get(run.id()).is_some());
+    assert_eq!(
+        run.result().await.unwrap(),
+        SubagentResult::new(vec![], StopReason::Aborted)
+    );
+    let child = run.local_agent().unwrap();
+    assert!(!types(&events_of(&child)).iter().any(|t| t == "turn/start" || t == "user/message"));
+    run.dispose().await.unwrap();
+    driver.wait().await;
+    assert_eq!((host.agent_count(), host.session_count()), before);
+    host.finish().await;
+}
