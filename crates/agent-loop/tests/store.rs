@@ -288,6 +288,8 @@ async fn last_line_missing_only_its_newline_is_kept() {
     }
     more.push(EventData::TurnStart { turn: 2 });
     store.append(&"s".into(), &more.events()[events.len()]).unwrap();
+    // The append is buffered: make it durable before reading the file back.
+    store.flush(&"s".into()).await.unwrap();
     let reloaded = JsonlStore::new(dir.path()).load(&"s".into()).await.unwrap();
     assert_eq!(reloaded.events, more.events());
 }
