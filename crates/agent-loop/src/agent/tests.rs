@@ -636,7 +636,7 @@ fn gated_tool(name: &str, gate: Arc<tokio::sync::Notify>) -> agent::ToolDefiniti
 async fn spn_29_idle_steer_starts_synchronously_and_running_steer_joins_the_turn() {
     let model = ScriptedModel::new([
         chunks::tool_call("c1", "wait", json!({})),
-        chunks::text("done").into(),
+        chunks::text("done"),
     ]);
     let rt = runtime(&model);
     let gate = Arc::new(tokio::sync::Notify::new());
@@ -672,7 +672,7 @@ async fn spn_29_idle_steer_starts_synchronously_and_running_steer_joins_the_turn
 async fn spn_30_steering_during_tools_enters_the_next_step() {
     let model = ScriptedModel::new([
         chunks::tool_call("c1", "wait", json!({})),
-        chunks::text("done").into(),
+        chunks::text("done"),
     ]);
     let rt = runtime(&model);
     let gate = Arc::new(tokio::sync::Notify::new());
@@ -817,7 +817,7 @@ async fn spn_33_concluding_tool_ends_the_turn() {
 async fn spn_34_steering_during_concluding_step_runs_another_step() {
     let model = ScriptedModel::new([
         chunks::tool_call("c1", "finish", json!({})),
-        chunks::text("after steering").into(),
+        chunks::text("after steering"),
     ]);
     let rt = runtime(&model);
     let slot: Arc<Mutex<Option<AgentRef>>> = Arc::default();
@@ -869,8 +869,8 @@ async fn spn_35_max_tokens_final_step() {
 async fn spn_36_max_tokens_is_sticky_within_a_turn_only() {
     let model = ScriptedModel::new([
         chunks::max_tokens_text("cut"),
-        chunks::text("complete").into(),
-        chunks::text("next turn").into(),
+        chunks::text("complete"),
+        chunks::text("next turn"),
     ]);
     let rt = runtime(&model);
     let hook = rt.services().turn_stopping.add(
@@ -1368,12 +1368,7 @@ async fn runtime_context_snapshot_and_persona_rendering() {
     ));
     // The snapshot is the last entered message of its step.
     assert_eq!(
-        model.requests()[0]
-            .messages
-            .iter()
-            .map(Message::text)
-            .last()
-            .unwrap(),
+        model.requests()[0].messages.last().map(Message::text).unwrap(),
         snapshots[0].text()
     );
     assert_eq!(

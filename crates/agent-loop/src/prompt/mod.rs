@@ -268,7 +268,7 @@ pub fn interpolate(text: &str, vars: &PromptVariables, section: &str) -> Result<
         let after = &rest[open + 2..];
         // A complete group is `{{` + no braces + `}}`.
         let group_end = after
-            .find(|c| c == '{' || c == '}')
+            .find(['{', '}'])
             .filter(|&i| after[i..].starts_with("}}"));
         match group_end {
             Some(end) => {
