@@ -127,8 +127,8 @@ impl SubagentToolConfig {
     /// Reads and validates the JSON configuration with config defaulting (see the module
     /// documentation). Unknown keys are refused; `null` reads as absent.
     pub fn from_json(value: &Value) -> Result<Self, ToolSubagentError> {
-        let raw: RawConfig =
-            serde_json::from_value(value.clone()).map_err(|e| ToolSubagentError::InvalidConfig(e.to_string()))?;
+        let raw: RawConfig = serde_json::from_value(value.clone())
+            .map_err(|e| ToolSubagentError::InvalidConfig(e.to_string()))?;
         let max_depth = match raw.max_depth {
             None | Some(Value::Null) => MaxDepth::Cap(DEFAULT_MAX_DEPTH),
             Some(v) => MaxDepth::from_json(&v)?,
@@ -276,7 +276,15 @@ mod tests {
                 .expect_err(&format!("{value} must be refused"));
             assert_eq!(error.to_string(), DEPTH_MESSAGE, "{value}");
         }
-        for number in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1.0, 1.5, -0.0, 9_007_199_254_740_992.0] {
+        for number in [
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            -1.0,
+            1.5,
+            -0.0,
+            9_007_199_254_740_992.0,
+        ] {
             let error = MaxDepth::from_number(number).expect_err("invalid cap");
             assert_eq!(error.to_string(), DEPTH_MESSAGE, "{number}");
         }
@@ -292,7 +300,10 @@ mod tests {
     fn tool_32_direct_application_validates_max_depth() {
         let mut config = SubagentToolConfig::new("unused");
         config.max_depth = Some(MaxDepth::Cap(9_007_199_254_740_992));
-        assert_eq!(config.validate().expect_err("unsafe cap").to_string(), DEPTH_MESSAGE);
+        assert_eq!(
+            config.validate().expect_err("unsafe cap").to_string(),
+            DEPTH_MESSAGE
+        );
         assert_eq!(
             MaxDepth::from_number(f64::NAN).expect_err("NaN").to_string(),
             DEPTH_MESSAGE
@@ -375,11 +386,26 @@ mod tests {
     #[test]
     fn malformed_configurations_fail_load() {
         for (value, message) in [
-            (json!({}), "tool-subagent: invalid configuration: missing field `provider`"),
-            (json!({"provider": "p", "toolname": "x"}), "tool-subagent: invalid configuration: unknown field `toolname`"),
-            (json!({"provider": "p", "agentOptions": {"maxTokens": 0}}), "tool-subagent: `agentOptions.maxTokens` must be a positive safe integer"),
-            (json!({"provider": "p", "agentOptions": {"maxTokens": 1.5}}), "tool-subagent: `agentOptions.maxTokens` must be a positive safe integer"),
-            (json!({"provider": "p", "toolName": ""}), "tool-subagent: `toolName` must be a non-empty string"),
+            (
+                json!({}),
+                "tool-subagent: invalid configuration: missing field `provider`",
+            ),
+            (
+                json!({"provider": "p", "toolname": "x"}),
+                "tool-subagent: invalid configuration: unknown field `toolname`",
+            ),
+            (
+                json!({"provider": "p", "agentOptions": {"maxTokens": 0}}),
+                "tool-subagent: `agentOptions.maxTokens` must be a positive safe integer",
+            ),
+            (
+                json!({"provider": "p", "agentOptions": {"maxTokens": 1.5}}),
+                "tool-subagent: `agentOptions.maxTokens` must be a positive safe integer",
+            ),
+            (
+                json!({"provider": "p", "toolName": ""}),
+                "tool-subagent: `toolName` must be a non-empty string",
+            ),
         ] {
             let error = SubagentToolConfig::from_json(&value).expect_err("malformed");
             assert!(error.to_string().starts_with(message), "{error}");
@@ -389,6 +415,9 @@ mod tests {
             max_tokens: Some(0),
             ..AgentOptions::default()
         });
-        assert!(matches!(direct.validate(), Err(ToolSubagentError::InvalidMaxTokens)));
+        assert!(matches!(
+            direct.validate(),
+            Err(ToolSubagentError::InvalidMaxTokens)
+        ));
     }
 }

@@ -3,10 +3,10 @@
 //! that still carries the child's diagnostic and partial answer.
 
 use agent::tools::{ToolError, codes};
+use subagent::provider::SubagentStartRequest;
 use subagent::service::StartError;
 use subagent::service::SubagentService;
 use subagent::{SubagentError, error_chain};
-use subagent::provider::SubagentStartRequest;
 
 use crate::model_text;
 use crate::value::DelegationValue;

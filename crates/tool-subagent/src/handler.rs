@@ -7,8 +7,8 @@ use agent::tools::{ToolContext, ToolError, ToolHandler, ToolOutput};
 use agent::{AgentRef, ContentBlock, Services, Signal};
 use async_trait::async_trait;
 use serde_json::Value;
-use subagent::provider::SubagentStartRequest;
 use subagent::SubagentError;
+use subagent::provider::SubagentStartRequest;
 use subagent::service::SubagentService;
 use tokio_util::task::TaskTracker;
 
@@ -34,7 +34,8 @@ impl Invocation {
     /// and tool filter unchanged, `maxDepth` only when numeric.
     fn request(&self, args: &DelegationArgs, parent: AgentRef, signal: Signal) -> SubagentStartRequest {
         let config = &self.config;
-        let mut request = SubagentStartRequest::new(vec![ContentBlock::text(args.prompt.clone())], parent, signal);
+        let mut request =
+            SubagentStartRequest::new(vec![ContentBlock::text(args.prompt.clone())], parent, signal);
         request.label = Some(args.description.clone());
         request.agent_options.clone_from(&config.agent_options);
         request.persona.clone_from(&config.persona);
@@ -143,7 +144,8 @@ mod tests {
 
     #[test]
     fn arguments_are_parsed_strictly() {
-        let ok = DelegationArgs::parse(&json!({"description": "d", "prompt": "p", "run_in_background": null}));
+        let ok =
+            DelegationArgs::parse(&json!({"description": "d", "prompt": "p", "run_in_background": null}));
         assert_eq!(
             ok.ok(),
             Some(DelegationArgs {
@@ -156,8 +158,14 @@ mod tests {
         assert!(extra.is_ok(), "undeclared keys are permitted");
         for (args, message) in [
             (json!("text"), model_text::ARGUMENTS_NOT_OBJECT.to_owned()),
-            (json!({"prompt": "p"}), model_text::string_param_required("description")),
-            (json!({"description": "d", "prompt": 3}), model_text::string_param_required("prompt")),
+            (
+                json!({"prompt": "p"}),
+                model_text::string_param_required("description"),
+            ),
+            (
+                json!({"description": "d", "prompt": 3}),
+                model_text::string_param_required("prompt"),
+            ),
             (
                 json!({"description": "d", "prompt": "p", "run_in_background": "yes"}),
                 model_text::RUN_IN_BACKGROUND_NOT_BOOLEAN.to_owned(),

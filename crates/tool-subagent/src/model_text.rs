@@ -244,7 +244,8 @@ pub const JOBS_UNAVAILABLE: &str =
 pub const DEFAULT_KILL_REASON: &str = "background subagent task killed";
 
 /// The arguments are not a JSON object.
-pub const ARGUMENTS_NOT_OBJECT: &str = "subagent arguments must be a JSON object with string fields `description` and `prompt`";
+pub const ARGUMENTS_NOT_OBJECT: &str =
+    "subagent arguments must be a JSON object with string fields `description` and `prompt`";
 
 /// A required string parameter is missing or not a string.
 pub fn string_param_required(name: &str) -> String {
@@ -252,7 +253,8 @@ pub fn string_param_required(name: &str) -> String {
 }
 
 /// `run_in_background` is present but not a boolean.
-pub const RUN_IN_BACKGROUND_NOT_BOOLEAN: &str = "subagent argument `run_in_background` must be a boolean when present";
+pub const RUN_IN_BACKGROUND_NOT_BOOLEAN: &str =
+    "subagent argument `run_in_background` must be a boolean when present";
 
 /// The background task of a foreground call ended without an answer (it panicked).
 pub fn foreground_task_failed(detail: &str) -> String {
@@ -280,13 +282,13 @@ mod tests {
         out.join("\n\n")
     }
 
-    /// spec: TOOL-20, TOOL-21 — both base wordings with every suffix, verbatim.
+    /// Both base wordings with every suffix, verbatim.
     #[test]
     fn descriptions_are_pinned() {
         insta::assert_snapshot!(all_descriptions());
     }
 
-    /// spec: TOOL-3, TOOL-4 — the argument schema of every wording and exposure.
+    /// The argument schema of every wording and exposure.
     #[test]
     fn schemas_are_pinned() {
         let mut out = Map::new();
@@ -347,7 +349,9 @@ mod tests {
         ] {
             assert!(tool_description(false, exposure).contains("does not see this conversation"));
             let params = tool_parameters(false, exposure);
-            let prompt = params["properties"]["prompt"]["description"].as_str().unwrap_or("");
+            let prompt = params["properties"]["prompt"]["description"]
+                .as_str()
+                .unwrap_or("");
             assert!(prompt.contains("include everything it needs"));
         }
     }
@@ -365,13 +369,15 @@ mod tests {
             assert!(description.contains("inherits this conversation"));
             assert!(!description.contains("does not see this conversation"));
             let params = tool_parameters(true, exposure);
-            let prompt = params["properties"]["prompt"]["description"].as_str().unwrap_or("");
+            let prompt = params["properties"]["prompt"]["description"]
+                .as_str()
+                .unwrap_or("");
             assert!(prompt.contains("completed turns"));
         }
     }
 
-    /// spec: TOOL-46 (wording half) — the continuable description and parameter promise no job
-    /// and name `send_message`; the guidance carries its load-bearing phrases.
+    /// The continuable description and parameter promise no job and name `send_message`; the
+    /// guidance carries its load-bearing phrases (the wording half of TOOL-46).
     #[test]
     fn continuable_wording_phrases() {
         let description = tool_description(false, BackgroundExposure::Continuable);
@@ -392,7 +398,10 @@ mod tests {
         let message = stop_reason_failure(
             &StopReason::Error,
             Some("Claude Code denied a tool request"),
-            &[ContentBlock::text("partial "), ContentBlock::text("assistant text")],
+            &[
+                ContentBlock::text("partial "),
+                ContentBlock::text("assistant text"),
+            ],
         );
         assert_eq!(
             message.as_deref(),

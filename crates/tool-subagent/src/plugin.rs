@@ -21,9 +21,9 @@ use agent::prompt::PromptSection;
 use agent::tools::ToolDefinition;
 use agent::{Registration, Services};
 use parking_lot::Mutex;
-use subagent::service::SubagentService;
 use subagent::events::SubagentEvent;
 use subagent::provider::SubagentProvider;
+use subagent::service::SubagentService;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{BackgroundMode, MaxDepth, SubagentToolConfig};

@@ -51,13 +51,19 @@ pub fn resolve_route(
 mod tests {
     use super::*;
 
-    /// spec: TOOL-5 (route half), §3.5 — the whole table.
+    /// spec: TOOL-5 — the whole route table of §3.5, including the refusal of a forced
+    /// background call on a disabled instance and the foreground route it leaves open.
     #[test]
     fn route_table() {
         use BackgroundMode::{Continuable, OneShot};
         let cases = [
             (false, OneShot, Some(true), Err(model_text::BACKGROUND_DISABLED)),
-            (false, Continuable, Some(true), Err(model_text::BACKGROUND_DISABLED)),
+            (
+                false,
+                Continuable,
+                Some(true),
+                Err(model_text::BACKGROUND_DISABLED),
+            ),
             (false, OneShot, None, Ok(Route::Foreground)),
             (false, Continuable, Some(false), Ok(Route::Foreground)),
             (false, Continuable, None, Ok(Route::Foreground)),
@@ -69,7 +75,11 @@ mod tests {
             (true, Continuable, Some(false), Ok(Route::Foreground)),
         ];
         for (enabled, mode, flag, expected) in cases {
-            assert_eq!(resolve_route(enabled, mode, flag), expected, "{enabled} {mode:?} {flag:?}");
+            assert_eq!(
+                resolve_route(enabled, mode, flag),
+                expected,
+                "{enabled} {mode:?} {flag:?}"
+            );
         }
     }
 }

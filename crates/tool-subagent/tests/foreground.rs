@@ -49,10 +49,9 @@ async fn tool_2_foreground_success() {
         }))
     );
     assert_eq!(text(&result), "child says hi");
-    let seen = requests.lock();
+    let seen = requests.lock().clone();
     assert_eq!(seen[0].request.prompt, vec![ContentBlock::text("go research X")]);
     assert_eq!(seen[0].request.parent.id(), &parent);
-    drop(seen);
     host.close().await;
 }
 
@@ -79,7 +78,10 @@ async fn tool_5_forced_background_is_refused_when_disabled() {
         text(&forced),
         "Error: run_in_background is disabled for this tool instance (enableRunInBackground: false)"
     );
-    assert!(requests.lock().is_empty(), "the provider was never asked to start a child");
+    assert!(
+        requests.lock().is_empty(),
+        "the provider was never asked to start a child"
+    );
     let normal = host.call("subagent", &parent, args()).await;
     assert!(!normal.is_error);
     host.close().await;
@@ -111,8 +113,16 @@ async fn tool_7_sibling_foreground_delegations_overlap() {
     let parent = host.parent("parent").await;
     let both = async {
         tokio::join!(
-            host.call("subagent", &parent, json!({"description": "first", "prompt": "p1"})),
-            host.call("subagent", &parent, json!({"description": "second", "prompt": "p2"})),
+            host.call(
+                "subagent",
+                &parent,
+                json!({"description": "first", "prompt": "p1"})
+            ),
+            host.call(
+                "subagent",
+                &parent,
+                json!({"description": "second", "prompt": "p2"})
+            ),
         )
     };
     let (first, second) = tokio::time::timeout(Duration::from_secs(60), both)
@@ -141,7 +151,10 @@ async fn tool_8_non_completed_stop_reasons_are_errors_with_partial_output() {
         (StopReason::Refusal, "declined"),
     ] {
         let mut host = Host::new();
-        let result = SubagentResult::new(vec![ContentBlock::text("scripted subagent reply")], reason.clone());
+        let result = SubagentResult::new(
+            vec![ContentBlock::text("scripted subagent reply")],
+            reason.clone(),
+        );
         let _p = host.provider(FakeProvider::resulting("mock", result, counter()));
         let _tool = host.load_json(json!({"provider": "mock"}));
         let parent = host.parent("parent").await;
@@ -149,7 +162,10 @@ async fn tool_8_non_completed_stop_reasons_are_errors_with_partial_output() {
         assert!(outcome.is_error, "{reason}");
         let rendered = text(&outcome);
         assert!(rendered.contains(fragment), "{reason}: {rendered}");
-        assert!(rendered.contains("scripted subagent reply"), "{reason}: {rendered}");
+        assert!(
+            rendered.contains("scripted subagent reply"),
+            "{reason}: {rendered}"
+        );
         assert!(outcome.value.is_none());
         host.close().await;
     }
@@ -159,8 +175,11 @@ async fn tool_8_non_completed_stop_reasons_are_errors_with_partial_output() {
 #[tokio::test(start_paused = true)]
 async fn tool_9_diagnostic_rendering() {
     let mut host = Host::new();
-    let result = SubagentResult::new(vec![ContentBlock::text("partial assistant text")], StopReason::Error)
-        .with_diagnostic("Claude Code denied a tool request");
+    let result = SubagentResult::new(
+        vec![ContentBlock::text("partial assistant text")],
+        StopReason::Error,
+    )
+    .with_diagnostic("Claude Code denied a tool request");
     let _p = host.provider(FakeProvider::resulting("mock", result, counter()));
     let _tool = host.load_json(json!({"provider": "mock"}));
     let parent = host.parent("parent").await;
@@ -276,7 +295,7 @@ fn failing_provider(result_fails: bool, disposals: Arc<AtomicUsize>) -> FakeProv
             } else {
                 async { Ok(completed("completed before disposal")) }.boxed()
             };
-            let run = FakeRun::new(
+            let run = FakeRun::boxed(
                 "spy-child",
                 result,
                 Err(failure("published handle disposal failed")),
@@ -343,7 +362,7 @@ async fn tool_26_call_token_is_the_providers_cancellation_channel() {
                 Ok(SubagentResult::aborted(vec![]))
             }
             .boxed();
-            let run = FakeRun::new("spy-child", result, Ok(()), d.clone());
+            let run = FakeRun::boxed("spy-child", result, Ok(()), d.clone());
             s.notify_one();
             async move { Ok(run) }.boxed()
         }),
@@ -362,7 +381,11 @@ async fn tool_26_call_token_is_the_providers_cancellation_channel() {
     assert!(outcome.is_error);
     tool.shutdown().await;
     assert_eq!(cancelled.load(Ordering::SeqCst), 1);
-    assert_eq!(disposals.load(Ordering::SeqCst), 1, "the cancelled run is still disposed");
+    assert_eq!(
+        disposals.load(Ordering::SeqCst),
+        1,
+        "the cancelled run is still disposed"
+    );
     host.close().await;
 }
 
@@ -408,7 +431,7 @@ async fn tool_30_persona_filter_and_cap_reach_the_request() {
     let parent = host.parent("parent").await;
     let outcome = host.call("subagent", &parent, args()).await;
     assert!(!outcome.is_error, "{}", text(&outcome));
-    let seen = requests.lock();
+    let seen = requests.lock().clone();
     assert_eq!(seen[0].request.persona.as_deref(), Some("You are the child."));
     assert_eq!(
         seen[0].request.tool_filter.as_ref().and_then(|f| f.deny.clone()),
@@ -416,7 +439,6 @@ async fn tool_30_persona_filter_and_cap_reach_the_request() {
     );
     assert_eq!(seen[0].request.max_depth, Some(json!(2)));
     assert_eq!(seen[0].max_depth, Some(2));
-    drop(seen);
     host.close().await;
 }
 
@@ -476,7 +498,10 @@ async fn tool_48_continuable_mode_explicit_false_is_foreground() {
         )
         .await;
     assert!(!outcome.is_error, "{}", text(&outcome));
-    assert_eq!(outcome.value.as_ref().map(|v| v["kind"].clone()), Some(json!("foreground")));
+    assert_eq!(
+        outcome.value.as_ref().map(|v| v["kind"].clone()),
+        Some(json!("foreground"))
+    );
     assert_eq!(text(&outcome), "continuable answer");
     let jobs = host.jobs.as_ref().expect("host has jobs");
     assert!(jobs.snapshots(&parent).is_empty());
@@ -496,7 +521,10 @@ async fn continuable_route_is_unavailable_without_a_continuation_manager() {
     let parent = host.parent("parent").await;
     let outcome = host.call("subagent", &parent, args()).await;
     assert!(outcome.is_error);
-    assert_eq!(text(&outcome), "Error: continuable subagents require the agents service");
+    assert_eq!(
+        text(&outcome),
+        "Error: continuable subagents require the agents service"
+    );
     assert_eq!(
         outcome.error.map(|e| e.code),
         Some("CONTINUATION_UNAVAILABLE".to_owned())
@@ -521,12 +549,11 @@ async fn tool_51_default_cap_and_label() {
         json!({"description": "review the diff", "prompt": "p"}),
     )
     .await;
-    let seen = requests.lock();
+    let seen = requests.lock().clone();
     assert_eq!(seen[0].request.max_depth, Some(json!(3)));
     assert_eq!(seen[0].request.label.as_deref(), Some("review the diff"));
     assert_eq!(seen[0].request.tool_filter, None);
     assert_eq!(seen[0].request.persona, None);
-    drop(seen);
     host.close().await;
 }
 
@@ -544,7 +571,7 @@ async fn tool_52_explicit_filter_with_zero_cap() {
     }));
     let parent = host.parent("parent").await;
     host.call("subagent", &parent, args()).await;
-    let seen = requests.lock();
+    let seen = requests.lock().clone();
     assert_eq!(
         seen[0].request.tool_filter,
         Some(ToolFilter {
@@ -553,7 +580,6 @@ async fn tool_52_explicit_filter_with_zero_cap() {
         })
     );
     assert_eq!(seen[0].request.max_depth, Some(json!(0)));
-    drop(seen);
     host.close().await;
 }
 

@@ -51,7 +51,10 @@ async fn tool_1_continuable_mode_needs_continuable_preparation() {
             .contains("provider \"mock\" does not support `backgroundMode: continuable`"),
         "{error}"
     );
-    assert!(!host.has_tool("subagent"), "a failed load leaves nothing registered");
+    assert!(
+        !host.has_tool("subagent"),
+        "a failed load leaves nothing registered"
+    );
     assert_eq!(host.subagents.events().listener_count(), 0);
     // The same configuration mounts over a provider that can prepare continuable children.
     let _c = host.provider(reply("resumable", "hi").with_continuable());
@@ -73,7 +76,10 @@ async fn tool_3_one_shot_schema() {
         property_names(&host.parameters("subagent")),
         ["description", "prompt", "run_in_background"]
     );
-    assert_eq!(host.parameters("subagent")["required"], json!(["description", "prompt"]));
+    assert_eq!(
+        host.parameters("subagent")["required"],
+        json!(["description", "prompt"])
+    );
     assert!(host.description("subagent").contains("job_output"));
     host.close().await;
 }
@@ -85,7 +91,10 @@ async fn tool_4_disabled_background_schema() {
     let host = Host::new();
     let _p = host.provider(reply("mock", "hi"));
     let _tool = host.load_json(json!({"provider": "mock", "enableRunInBackground": false}));
-    assert_eq!(property_names(&host.parameters("subagent")), ["description", "prompt"]);
+    assert_eq!(
+        property_names(&host.parameters("subagent")),
+        ["description", "prompt"]
+    );
     assert!(!host.description("subagent").contains("job_output"));
     assert!(
         host.description("subagent")
@@ -114,7 +123,8 @@ async fn tool_10_two_instances_route_to_their_own_providers() {
     let _spawn = host.provider(reply("spawn", "from spawn"));
     let _acp = host.provider(reply("acp", "from acp").capability_less());
     let _a = host.load_json(json!({"provider": "spawn", "toolName": "subagent"}));
-    let _b = host.load_json(json!({"provider": "acp", "toolName": "subagent_acp", "maxDepth": "provider-managed"}));
+    let _b = host
+        .load_json(json!({"provider": "acp", "toolName": "subagent_acp", "maxDepth": "provider-managed"}));
     let mut names: Vec<String> = host
         .services()
         .tools
@@ -127,7 +137,10 @@ async fn tool_10_two_instances_route_to_their_own_providers() {
     assert_eq!(names, ["subagent", "subagent_acp"]);
     let parent = host.parent("parent").await;
     let args = json!({"description": "d", "prompt": "p"});
-    assert_eq!(text(&host.call("subagent", &parent, args.clone()).await), "from spawn");
+    assert_eq!(
+        text(&host.call("subagent", &parent, args.clone()).await),
+        "from spawn"
+    );
     assert_eq!(text(&host.call("subagent_acp", &parent, args).await), "from acp");
     host.close().await;
 }
@@ -148,11 +161,10 @@ async fn tool_13_direct_application_defaults() {
         .call("subagent", &parent, json!({"description": "d", "prompt": "p"}))
         .await;
     assert!(!result.is_error, "{}", text(&result));
-    let seen = requests.lock();
+    let seen = requests.lock().clone();
     assert_eq!(seen.len(), 1);
     assert!(seen[0].request.agent_options.is_none());
     assert!(seen[0].request.max_depth.is_none());
-    drop(seen);
     host.close().await;
 }
 
@@ -191,7 +203,11 @@ async fn tool_16_continuable_guidance_follows_the_provider() {
     let sections = guidance_sections(&host);
     assert_eq!(sections.len(), 1);
     assert_eq!(sections[0].0, "tool:subagent");
-    assert!(sections[0].1.contains("Use subagent in the background by default"));
+    assert!(
+        sections[0]
+            .1
+            .contains("Use subagent in the background by default")
+    );
     assert!(host.has_tool("subagent"));
     drop(provider);
     assert!(guidance_sections(&host).is_empty());
@@ -206,7 +222,10 @@ async fn tool_17_provider_lifecycle_rederives_wording() {
     let host = Host::new();
     let backend = host.provider(reply("mock", "hi"));
     let plugin = host.load_json(json!({"provider": "mock"}));
-    assert!(host.description("subagent").contains("does not see this conversation"));
+    assert!(
+        host.description("subagent")
+            .contains("does not see this conversation")
+    );
     drop(backend);
     assert!(!host.has_tool("subagent"));
     assert!(!plugin.is_mounted());
@@ -273,9 +292,17 @@ async fn tool_20_fresh_wording_through_the_registry() {
     let host = Host::new();
     let _p = host.provider(reply("mock", "hi"));
     let _tool = host.load_json(json!({"provider": "mock"}));
-    assert!(host.description("subagent").contains("does not see this conversation"));
+    assert!(
+        host.description("subagent")
+            .contains("does not see this conversation")
+    );
     let prompt = host.parameters("subagent")["properties"]["prompt"]["description"].clone();
-    assert!(prompt.as_str().unwrap_or("").contains("include everything it needs"));
+    assert!(
+        prompt
+            .as_str()
+            .unwrap_or("")
+            .contains("include everything it needs")
+    );
     host.close().await;
 }
 
@@ -370,6 +397,20 @@ async fn duplicate_tool_names_are_refused_at_mount() {
     )
     .expect_err("duplicate name");
     assert!(matches!(error, ToolSubagentError::Register(_)));
-    assert_eq!(error.to_string(), "tool \"subagent\" is already registered in this layer");
+    assert_eq!(
+        error.to_string(),
+        "tool \"subagent\" is already registered in this layer"
+    );
+    host.close().await;
+}
+
+/// spec: TOOL-45 — in continuable mode the tool is classified parallel-safe too.
+#[tokio::test(start_paused = true)]
+async fn tool_45_continuable_mode_is_parallel_safe() {
+    let host = Host::new();
+    let _p = host.provider(reply("spawn", "hi").with_continuable());
+    let _tool = host.load_json(json!({"provider": "spawn", "backgroundMode": "continuable"}));
+    let definition = host.services().tools.get("subagent", None).expect("mounted");
+    assert!(definition.concurrency_safe);
     host.close().await;
 }

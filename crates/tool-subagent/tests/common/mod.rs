@@ -57,7 +57,7 @@ pub struct FakeRun {
 impl FakeRun {
     /// A run whose result is `result` and whose disposal yields `dispose`; `dispose_calls`
     /// counts `dispose()` calls.
-    pub fn new(
+    pub fn boxed(
         id: &str,
         result: BoxFuture<'static, Result<SubagentResult, RunFailure>>,
         dispose: Result<(), RunFailure>,
@@ -72,8 +72,12 @@ impl FakeRun {
     }
 
     /// A run that already resolved with `result` and disposes cleanly.
-    pub fn resolved(id: &str, result: SubagentResult, dispose_calls: Arc<AtomicUsize>) -> Box<dyn SubagentRun> {
-        Self::new(id, async move { Ok(result) }.boxed(), Ok(()), dispose_calls)
+    pub fn resolved(
+        id: &str,
+        result: SubagentResult,
+        dispose_calls: Arc<AtomicUsize>,
+    ) -> Box<dyn SubagentRun> {
+        Self::boxed(id, async move { Ok(result) }.boxed(), Ok(()), dispose_calls)
     }
 }
 
@@ -194,7 +198,10 @@ impl SubagentProvider for FakeProvider {
         self.inherits
     }
 
-    async fn start(&self, request: ResolvedSubagentStartRequest) -> Result<Box<dyn SubagentRun>, SubagentError> {
+    async fn start(
+        &self,
+        request: ResolvedSubagentStartRequest,
+    ) -> Result<Box<dyn SubagentRun>, SubagentError> {
         self.requests.lock().push(request.clone());
         (self.start)(request).await
     }
@@ -337,7 +344,13 @@ impl Host {
     }
 
     /// Calls tool `name` as `agent` with `arguments` under `signal`.
-    pub async fn call_with(&self, name: &str, agent: &SessionId, arguments: Value, signal: Signal) -> ToolResult {
+    pub async fn call_with(
+        &self,
+        name: &str,
+        agent: &SessionId,
+        arguments: Value,
+        signal: Signal,
+    ) -> ToolResult {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
         let call = ToolCallRequest {
             call_id: format!("call-{n}").into(),
