@@ -377,7 +377,7 @@ mod tests {
     }
 
     /// The continuable description and parameter promise no job and name `send_message`; the
-    /// guidance carries its load-bearing phrases (the wording half of TOOL-46).
+    /// guidance carries its load-bearing phrases (wording only; the continuable route is not built yet).
     #[test]
     fn continuable_wording_phrases() {
         let description = tool_description(false, BackgroundExposure::Continuable);
