@@ -220,6 +220,12 @@ impl LoopAgent {
                 st.deferred_wake = true;
                 return;
             }
+            if matches!(st.phase, Phase::Idle) && tokio::runtime::Handle::try_current().is_err() {
+                // The driver needs a tokio runtime; keep the wake for `activate`.
+                tracing::warn!(agent = %self.id, "wake without a tokio runtime; deferred until activate()");
+                st.deferred_wake = true;
+                return;
+            }
             match &mut st.phase {
                 Phase::Running {
                     signal,

@@ -634,10 +634,7 @@ fn gated_tool(name: &str, gate: Arc<tokio::sync::Notify>) -> agent::ToolDefiniti
 /// next step of the same turn.
 #[tokio::test(start_paused = true)]
 async fn spn_29_idle_steer_starts_synchronously_and_running_steer_joins_the_turn() {
-    let model = ScriptedModel::new([
-        chunks::tool_call("c1", "wait", json!({})),
-        chunks::text("done"),
-    ]);
+    let model = ScriptedModel::new([chunks::tool_call("c1", "wait", json!({})), chunks::text("done")]);
     let rt = runtime(&model);
     let gate = Arc::new(tokio::sync::Notify::new());
     let _tool = rt
@@ -670,10 +667,7 @@ async fn spn_29_idle_steer_starts_synchronously_and_running_steer_joins_the_turn
 /// and seen by the second request.
 #[tokio::test(start_paused = true)]
 async fn spn_30_steering_during_tools_enters_the_next_step() {
-    let model = ScriptedModel::new([
-        chunks::tool_call("c1", "wait", json!({})),
-        chunks::text("done"),
-    ]);
+    let model = ScriptedModel::new([chunks::tool_call("c1", "wait", json!({})), chunks::text("done")]);
     let rt = runtime(&model);
     let gate = Arc::new(tokio::sync::Notify::new());
     let tool_guard = rt

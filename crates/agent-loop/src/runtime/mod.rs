@@ -92,24 +92,29 @@ struct AgentEntry {
 impl AgentEntry {
     /// Starts (or joins) the memoized teardown.
     fn dispose(self: &Arc<Self>) -> BoxFuture<'static, ()> {
+        let mut first = false;
         let shared = self
             .teardown
             .get_or_init(|| {
-                // Synchronous part first: no new work from now on, the active turn aborted
-                // and the inbox cleared (no wake latch under `disposed`).
-                self.disposing.cancel(CancelCause::Disposed);
-                self.agent.begin_disposal();
-                self.agent.cancel(CancelCause::Disposed, CancelOptions::default());
-                let fut = teardown(self.clone()).boxed().shared();
-                if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                    match self.runtime.upgrade() {
-                        Some(rt) => drop(rt.tasks.spawn_on(fut.clone(), &handle)),
-                        None => drop(handle.spawn(fut.clone())),
-                    }
-                }
-                fut
+                first = true;
+                teardown(self.clone()).boxed().shared()
             })
             .clone();
+        if first {
+            // The synchronous part, outside the cell's initialisation (listeners it triggers
+            // may call `dispose` again): no new work from now on, the active turn aborted and
+            // the inbox cleared (no wake latch under `disposed`).
+            self.disposing.cancel(CancelCause::Disposed);
+            self.agent.begin_disposal();
+            self.agent.cancel(CancelCause::Disposed, CancelOptions::default());
+            // Drive the teardown in the background so it progresses even if no caller polls.
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                match self.runtime.upgrade() {
+                    Some(rt) => drop(rt.tasks.spawn_on(shared.clone(), &handle)),
+                    None => drop(handle.spawn(shared.clone())),
+                }
+            }
+        }
         shared.boxed()
     }
 
