@@ -1468,3 +1468,79 @@ async fn tool_round_trip() {
     drop(guard);
     finish(&rt, [handle]).await;
 }
+
+/// Idle `inject()` durably stages context without opening a turn; inbox notifications name
+/// exactly the inserted, claimed and discarded messages.
+#[tokio::test(start_paused = true)]
+async fn inject_stages_context_and_inbox_notifications_are_exact() {
+    let model = ScriptedModel::new([chunks::text("ok")]);
+    let rt = runtime(&model);
+    let (seen, guard) = record_events(&rt);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    let context = user("context");
+    agent.inject(context.clone()).unwrap();
+    settle().await;
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    assert_eq!(types(&*agent), ["agent/inbox/spliced"]);
+    let prompt = user("prompt");
+    agent.followup(prompt.clone()).unwrap();
+    agent.when_idle().await;
+    let dropped = user("dropped");
+    agent.inject(dropped.clone()).unwrap();
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    drop(guard);
+    let inbox: Vec<String> = seen
+        .lock()
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::InboxInserted { message, .. } => Some(format!("inserted:{message}")),
+            AgentEvent::InboxClaimed { message, turn, .. } => Some(format!("claimed:{message}@{turn}")),
+            AgentEvent::InboxDiscarded { messages, .. } => Some(format!("discarded:{messages:?}")),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        inbox,
+        [
+            format!("inserted:{}", context.id),
+            format!("inserted:{}", prompt.id),
+            format!("claimed:{}@1", context.id),
+            format!("claimed:{}@1", prompt.id),
+            format!("inserted:{}", dropped.id),
+            format!("discarded:{:?}", vec![dropped.id.clone()]),
+        ]
+    );
+    // The claimed steer entered before the prompt, both in the first step.
+    assert_eq!(user_texts(&*agent), ["context", "prompt"]);
+    finish(&rt, [handle]).await;
+}
+
+/// The loop also runs on a multi-threaded runtime: concurrent agents drain their turns and
+/// dispose cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_agents_on_a_multi_threaded_runtime() {
+    let model = ScriptedModel::new((0..16).map(|i| chunks::text(format!("reply {i}"))));
+    let rt = runtime(&model);
+    let mut handles = Vec::new();
+    for i in 0..4 {
+        handles.push(create(&rt, &format!("a{i}")).await);
+    }
+    let runs = handles.iter().map(|h| {
+        let agent = h.agent().clone();
+        async move {
+            for j in 0..4 {
+                agent.followup(user(&format!("go {j}"))).unwrap();
+                agent.when_idle().await;
+            }
+            agent
+        }
+    });
+    let agents = futures::future::join_all(runs).await;
+    for agent in &agents {
+        assert_eq!(turn_ends(&**agent).len(), 4);
+        assert!(turn_ends(&**agent).iter().all(|r| *r == TurnEndReason::Completed));
+    }
+    assert_eq!(model.requests().len(), 16);
+    finish(&rt, handles).await;
+}

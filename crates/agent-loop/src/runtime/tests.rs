@@ -630,3 +630,77 @@ async fn dropped_creation_and_shutdown_leave_nothing() {
     ));
     finish(&rt, [a]).await;
 }
+
+/// A re-entrant `dispose` from a listener the teardown triggers joins the same teardown; a
+/// handle dropped without `dispose` is torn down in the background.
+#[tokio::test(start_paused = true)]
+async fn reentrant_dispose_and_dropped_handles_tear_down() {
+    let model = ScriptedModel::default();
+    let rt = runtime(&model);
+    let handle = Arc::new(create(&rt, "a").await);
+    handle.agent().inject(user("pending")).unwrap();
+    let h = handle.clone();
+    let joined = Arc::new(Mutex::new(None));
+    let j = joined.clone();
+    let guard = rt.services().agent_events.on(move |e| {
+        if let AgentEvent::InboxDiscarded { .. } = e {
+            *j.lock() = Some(h.dispose());
+        }
+        Ok(())
+    });
+    handle.dispose().await;
+    joined
+        .lock()
+        .take()
+        .expect("the listener re-entered dispose")
+        .await;
+    drop(guard);
+    nothing_published(&rt, "a");
+
+    let dropped = create(&rt, "b").await;
+    drop(dropped);
+    settle().await;
+    nothing_published(&rt, "b");
+    drop(handle);
+    finish(&rt, []).await;
+}
+
+/// A pending idle `inject()` survives persistence and resume without a synthetic turn.
+#[tokio::test(start_paused = true)]
+async fn pending_inject_survives_resume() {
+    let model = ScriptedModel::new([chunks::text("ok")]);
+    let persistence = Arc::new(TestPersistence::default());
+    let rt = builder(&model).persistence(persistence.clone()).build();
+    let handle = create(&rt, "a").await;
+    handle.agent().inject(user("staged")).unwrap();
+    // Simulate a crash: the agent's live state is gone, its log persisted.
+    let durable = persistence.events(handle.id()).len();
+    handle.dispose().await;
+    persistence.truncate(&"a".into(), durable);
+    let resumed = rt
+        .resume(ResumeAgentOptions {
+            session_id: "a".into(),
+            agent_options: mock_options(),
+            signal: None,
+            setup: None,
+            owner: None,
+        })
+        .await
+        .unwrap();
+    let agent = resumed.agent().clone();
+    settle().await;
+    assert_eq!(
+        agent
+            .inbox()
+            .next_step
+            .iter()
+            .map(agent::Message::text)
+            .collect::<Vec<_>>(),
+        ["staged"]
+    );
+    assert_eq!(count(&*agent, "turn/start"), 0);
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["staged", "go"]);
+    finish(&rt, [resumed]).await;
+}
