@@ -649,11 +649,8 @@ async fn reentrant_dispose_and_dropped_handles_tear_down() {
         Ok(())
     });
     handle.dispose().await;
-    joined
-        .lock()
-        .take()
-        .expect("the listener re-entered dispose")
-        .await;
+    let rejoined = joined.lock().take().expect("the listener re-entered dispose");
+    rejoined.await;
     drop(guard);
     nothing_published(&rt, "a");
 
