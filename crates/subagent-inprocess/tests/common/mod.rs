@@ -315,13 +315,17 @@ impl agent::Agent for FakeParent {
 /// window) or replace the returned handle.
 pub struct WrapRuntime {
     pub inner: Arc<dyn AgentRuntime>,
+    /// Edits the creation options before the inner `create` (e.g. to wrap the setup window).
+    #[allow(clippy::type_complexity)]
+    pub before: Box<dyn Fn(&mut CreateAgentOptions) + Send + Sync>,
     #[allow(clippy::type_complexity)]
     pub on_create: Box<dyn Fn(AgentHandle) -> AgentHandle + Send + Sync>,
 }
 
 #[async_trait]
 impl AgentRuntime for WrapRuntime {
-    async fn create(&self, options: CreateAgentOptions) -> Result<AgentHandle, agent::AgentError> {
+    async fn create(&self, mut options: CreateAgentOptions) -> Result<AgentHandle, agent::AgentError> {
+        (self.before)(&mut options);
         let handle = self.inner.create(options).await?;
         Ok((self.on_create)(handle))
     }
@@ -344,12 +348,36 @@ impl AgentRuntime for WrapRuntime {
 
 /// A driver whose children are created through `wrap` around this host's runtime.
 pub fn wrapped_driver(host: &Host, on_create: impl Fn(AgentHandle) -> AgentHandle + Send + Sync + 'static) -> InProcessDriver {
+    hooked_driver(host, |_| {}, on_create)
+}
+
+/// A driver whose creations pass through `before` (options) and `on_create` (handle).
+pub fn hooked_driver(
+    host: &Host,
+    before: impl Fn(&mut CreateAgentOptions) + Send + Sync + 'static,
+    on_create: impl Fn(AgentHandle) -> AgentHandle + Send + Sync + 'static,
+) -> InProcessDriver {
     let mut services = host.runtime.services().clone();
     services.agents = Arc::new(WrapRuntime {
         inner: services.agents.clone(),
+        before: Box::new(before),
         on_create: Box::new(on_create),
     });
     InProcessDriver::new(services)
+}
+
+/// Wraps a creation's setup window so `after` runs right after the driver's own setup (still
+/// inside the unpublished creation transaction).
+pub fn after_setup(options: &mut CreateAgentOptions, after: impl FnOnce() + Send + 'static) {
+    if let Some(inner) = options.setup.take() {
+        options.setup = Some(Box::new(move |ctx| {
+            Box::pin(async move {
+                let out = inner(ctx).await;
+                after();
+                out
+            })
+        }));
+    }
 }
 
 /// A global tool `name` whose body returns `ran` and counts its calls.
