@@ -1,0 +1,393 @@
+//! The scripted coordinator of `subagent demo`.
+//!
+//! One [`ScriptedModel`] serves the coordinator **and** every child. Each script entry is the
+//! same deterministic function of the request ([`respond`]); it routes on the request itself:
+//!
+//! * a request of the coordinator's session ([`GenerateOptions::session_id`]) is answered by
+//!   the coordinator's script, whose stage is read off the conversation: which prompt opened the
+//!   current turn and which of its tool calls already have results;
+//! * any other request is a child's, answered by the canned reply for the task its own last
+//!   prompt carries (the fork child additionally reads the history it inherited).
+//!
+//! The coordinator runs two turns:
+//!
+//! 1. [`TASK`]: two `spawn` children in parallel (two calls of the `subagent` tool in one
+//!    assistant message), then a briefing built from their answers. The turn completes, so the
+//!    conversation now has a completed turn a fork can inherit.
+//! 2. [`FOLLOW_UP`]: a background `spawn` job (`run_in_background: true`), then a `fork` child
+//!    that reviews the briefing it inherited, then `job_output` to collect the background job,
+//!    then the final answer.
+//!
+//! Nothing depends on timing: every reply is a function of the request's content only.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use agent::{ContentBlock, GenerateOptions, Message, MessageSource, Role, SessionId, StreamChunk};
+use agent_loop::model::chunks::{self, call};
+use agent_loop::{ScriptEntry, ScriptedModel};
+use serde_json::json;
+
+use crate::host::{Host, HostError, HostOptions, build_host};
+use crate::tree::{LiveTree, TreeNode, TreeSink};
+
+/// The model route (provider name) the demo's agents use.
+pub const MODEL_PROVIDER: &str = "scripted";
+/// The model name the demo's agents use.
+pub const MODEL_NAME: &str = "demo-coordinator";
+
+pub use crate::host::{FORK_TOOL, SPAWN_TOOL};
+
+/// The coordinator's first prompt.
+pub const TASK: &str = "Give me a short briefing on this workspace: what its crates are for and how \
+                        well its documentation covers them.";
+/// The coordinator's second prompt.
+pub const FOLLOW_UP: &str = "Have a reviewer who knows this conversation check the briefing, and \
+                             meanwhile count the test suites in the background.";
+
+/// The delegations the coordinator makes: `(call id, tool, label, prompt, background)`.
+pub const DELEGATIONS: [Delegation; 4] = [
+    Delegation {
+        call_id: "call-crates",
+        tool: SPAWN_TOOL,
+        label: "survey the crates",
+        prompt: "List the crates of the workspace and say in one line what each one is for.",
+        background: false,
+    },
+    Delegation {
+        call_id: "call-docs",
+        tool: SPAWN_TOOL,
+        label: "audit the docs",
+        prompt: "Check which user documents the workspace has and what each one covers.",
+        background: false,
+    },
+    Delegation {
+        call_id: "call-tests",
+        tool: SPAWN_TOOL,
+        label: "count the test suites",
+        prompt: "Count the test suites of the workspace, crate by crate.",
+        background: true,
+    },
+    Delegation {
+        call_id: "call-review",
+        tool: FORK_TOOL,
+        label: "review the briefing",
+        prompt: "Review the briefing you gave above and point out its most important gap.",
+        background: false,
+    },
+];
+
+/// The call id of the coordinator's `job_output` call.
+pub const COLLECT_CALL: &str = "call-collect";
+
+/// One scripted delegation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Delegation {
+    /// The coordinator's call id.
+    pub call_id: &'static str,
+    /// The delegation tool called (which provider).
+    pub tool: &'static str,
+    /// The `description` (the child's durable label).
+    pub label: &'static str,
+    /// The child's task.
+    pub prompt: &'static str,
+    /// Whether it runs as a background job.
+    pub background: bool,
+}
+
+impl Delegation {
+    fn call(&self) -> chunks::ScriptedCall {
+        let mut args = json!({"description": self.label, "prompt": self.prompt});
+        if self.background {
+            args["run_in_background"] = json!(true);
+        }
+        call(self.call_id, self.tool, args)
+    }
+}
+
+const CRATES: Delegation = DELEGATIONS[0];
+const DOCS: Delegation = DELEGATIONS[1];
+const TESTS: Delegation = DELEGATIONS[2];
+const REVIEW: Delegation = DELEGATIONS[3];
+
+/// The scripted model of a demo whose coordinator is `coordinator`: `entries` copies of the
+/// routing function (one is consumed per model call; the demo makes 11 calls).
+pub fn demo_model(coordinator: SessionId, entries: usize) -> ScriptedModel {
+    let entry = ScriptEntry::respond(move |request| respond(&coordinator, request));
+    ScriptedModel::new(std::iter::repeat_n(entry, entries))
+}
+
+/// The reply to one request (see the module docs).
+pub fn respond(coordinator: &SessionId, request: &GenerateOptions) -> Vec<StreamChunk> {
+    if request.session_id.as_ref() == Some(coordinator) {
+        coordinator_reply(&request.messages)
+    } else {
+        child_reply(&request.messages)
+    }
+}
+
+/// The index of the last prompt from a direct caller (`source: user`) and its text.
+fn last_prompt(messages: &[Message]) -> Option<(usize, String)> {
+    messages
+        .iter()
+        .enumerate()
+        .rev()
+        .find(|(_, m)| m.role == Role::User && matches!(m.source, MessageSource::User))
+        .map(|(i, m)| (i, m.text()))
+}
+
+/// The tool results after message `from`, by call id.
+fn results_since(messages: &[Message], from: usize) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    for message in &messages[from..] {
+        for block in &message.content {
+            if let ContentBlock::ToolResult {
+                tool_call_id, content, ..
+            } = block
+            {
+                out.insert(tool_call_id.to_string(), agent::content::visible_text(content));
+            }
+        }
+    }
+    out
+}
+
+fn coordinator_reply(messages: &[Message]) -> Vec<StreamChunk> {
+    let Some((at, prompt)) = last_prompt(messages) else {
+        return chunks::text("I have no task to work on.");
+    };
+    let results = results_since(messages, at);
+    let got = |d: &Delegation| results.get(d.call_id).cloned();
+    if prompt == TASK {
+        return match (got(&CRATES), got(&DOCS)) {
+            (Some(crates), Some(docs)) => chunks::text(format!(
+                "Briefing.\n- Crates: {crates}\n- Documentation: {docs}"
+            )),
+            _ => chunks::tool_calls(
+                Some("Two independent surveys: I'll run them in parallel as fresh subagents."),
+                vec![CRATES.call(), DOCS.call()],
+            ),
+        };
+    }
+    if prompt == FOLLOW_UP {
+        let Some(started) = got(&TESTS) else {
+            return chunks::tool_calls(
+                Some("Starting the test count as a background job, then forking a reviewer who knows this conversation."),
+                vec![TESTS.call()],
+            );
+        };
+        let Some(review) = got(&REVIEW) else {
+            return chunks::tool_calls(None, vec![REVIEW.call()]);
+        };
+        let Some(counted) = results.get(COLLECT_CALL).cloned() else {
+            let job = started
+                .strip_prefix("started background subagent job ")
+                .map_or("subagent-1", str::trim)
+                .to_owned();
+            return chunks::tool_calls(
+                None,
+                vec![call(COLLECT_CALL, "job_output", json!({"job_id": job, "wait": true}))],
+            );
+        };
+        let counted = counted.lines().next().unwrap_or_default().to_owned();
+        return chunks::text(format!(
+            "Final answer. The workspace is a Rust implementation of the subagent seam: a spine of \
+             contracts, a reference runtime, the seam itself with in-process `spawn` and `fork` \
+             providers, the model-facing delegation tool and an invariant checker, composed by this \
+             command-line host.\n- Review (fork): {review}\n- Tests (background spawn): {counted}"
+        ));
+    }
+    chunks::text("I have nothing scripted for that request.")
+}
+
+fn child_reply(messages: &[Message]) -> Vec<StreamChunk> {
+    let Some((at, prompt)) = last_prompt(messages) else {
+        return chunks::text("I have no task to work on.");
+    };
+    let reply = if prompt == CRATES.prompt {
+        "agent holds the spine contracts, agent-loop the reference runtime, subagent the seam, \
+         subagent-inprocess/-spawn/-fork the in-process providers, tool-subagent the delegation \
+         tool, invariants the log replay, and cli this program."
+            .to_owned()
+    } else if prompt == DOCS.prompt {
+        "README.md starts newcomers with the demo and the test suite; docs/getting-started.md shows \
+         how to register providers in a host of one's own."
+            .to_owned()
+    } else if prompt == TESTS.prompt {
+        "every crate ships unit tests beside its code and integration suites under tests/; the cli \
+         adds an end-to-end demo test, command tests and a replayed-SSE test."
+            .to_owned()
+    } else if prompt == REVIEW.prompt {
+        // The fork child sees the parent's completed turn: read the briefing it inherited.
+        let inherited = &messages[..at];
+        let briefing = inherited
+            .iter()
+            .rev()
+            .find(|m| m.role == Role::Assistant && !m.text().is_empty())
+            .map(|m| m.text())
+            .unwrap_or_default();
+        let first_line = briefing.lines().next().unwrap_or("(nothing)");
+        format!(
+            "I inherited {} earlier messages, ending with \"{first_line}\". Its biggest gap: it never \
+             says how to run the same host on a real model (`subagent run`).",
+            inherited.len()
+        )
+    } else {
+        "I have nothing scripted for that task.".to_owned()
+    };
+    chunks::text(reply)
+}
+
+
+/// The persona of the demo's agents.
+pub const DEMO_PERSONA: &str = "You are the coordinator of a small team of subagents. Delegate \
+     self-contained work with `subagent`, work that builds on this conversation with `fork`, and \
+     long-running work in the background; collect background jobs with `job_output`.";
+
+/// How many script entries the demo's model holds (it makes 11 calls; the rest is slack so a
+/// changed script fails with a scripted answer rather than an exhausted script).
+pub const DEMO_SCRIPT_ENTRIES: usize = 64;
+
+/// What a finished demo produced.
+#[derive(Clone, Debug)]
+pub struct DemoOutcome {
+    /// The coordinator's session id.
+    pub coordinator: SessionId,
+    /// The coordinator's final answer.
+    pub answer: String,
+    /// The delegation tree as it ended.
+    pub tree: Vec<TreeNode>,
+    /// The tree rendered as text.
+    pub rendered_tree: String,
+    /// The store directory holding every session log.
+    pub store_dir: PathBuf,
+    /// How many model calls were made (coordinator and children).
+    pub model_calls: usize,
+}
+
+/// Runs the scripted demo into the store at `store_dir`: builds the host on the scripted model,
+/// creates the coordinator, runs its two turns (see the module docs) while `sink` hears every
+/// change of the delegation tree, then shuts the host down (every log durable).
+pub async fn run_demo(store_dir: &Path, sink: Option<TreeSink>) -> Result<DemoOutcome, HostError> {
+    let coordinator = SessionId::new(format!("coordinator-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]));
+    let model = demo_model(coordinator.clone(), DEMO_SCRIPT_ENTRIES);
+    let mut options = HostOptions::new(store_dir, model.adapter(), MODEL_PROVIDER, MODEL_NAME);
+    options.persona = Some(DEMO_PERSONA.to_owned());
+    let host = build_host(options)?;
+    let (tree, listening) = LiveTree::attach(host.runtime(), host.subagents(), host.jobs(), sink);
+    let outcome = drive(&host, &tree, &coordinator).await;
+    let rendered_tree = tree.render();
+    let nodes = tree.nodes();
+    drop(listening);
+    let shutdown = host.shutdown().await;
+    let answer = outcome?;
+    shutdown?;
+    Ok(DemoOutcome {
+        coordinator,
+        answer,
+        tree: nodes,
+        rendered_tree,
+        store_dir: store_dir.to_owned(),
+        model_calls: DEMO_SCRIPT_ENTRIES - model.remaining(),
+    })
+}
+
+/// The coordinator's two turns; disposes the coordinator on every path.
+async fn drive(host: &Host, tree: &LiveTree, coordinator: &SessionId) -> Result<String, HostError> {
+    let handle = host.create_agent(coordinator.clone()).await?;
+    tree.add_root(coordinator.clone(), "coordinator");
+    let agent = handle.agent().clone();
+    let mut result = host.run_turn(&agent, TASK).await;
+    if result.is_ok() {
+        result = host.run_turn(&agent, FOLLOW_UP).await;
+    }
+    let answer = Host::last_answer(agent.as_ref()).unwrap_or_default();
+    handle.dispose().await;
+    result.map(|()| answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agent::FinishReason;
+
+    fn request(session: &str, messages: Vec<Message>) -> GenerateOptions {
+        let mut r = GenerateOptions::new(MODEL_PROVIDER, MODEL_NAME, messages);
+        r.session_id = Some(SessionId::from(session));
+        r
+    }
+
+    fn calls(chunks: &[StreamChunk]) -> Vec<(String, String)> {
+        chunks
+            .iter()
+            .filter_map(|c| match c {
+                StreamChunk::BlockEnd {
+                    block: ContentBlock::ToolCall { name, arguments, .. },
+                    ..
+                } => Some((name.clone(), arguments.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn finish(chunks: &[StreamChunk]) -> FinishReason {
+        match chunks.last() {
+            Some(StreamChunk::Finish { reason, .. }) => reason.clone(),
+            other => panic!("no finish: {other:?}"),
+        }
+    }
+
+    fn result(call_id: &str, text: &str) -> Message {
+        Message::tool_result(call_id.into(), vec![ContentBlock::text(text)], false)
+    }
+
+    #[test]
+    fn the_first_turn_fans_out_two_spawn_calls_then_briefs() {
+        let c = SessionId::from("coord");
+        let first = respond(&c, &request("coord", vec![Message::user_text(TASK)]));
+        let names: Vec<String> = calls(&first).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, [SPAWN_TOOL, SPAWN_TOOL]);
+        assert_eq!(finish(&first), FinishReason::ToolCalls);
+        let second = respond(
+            &c,
+            &request(
+                "coord",
+                vec![
+                    Message::user_text(TASK),
+                    result("call-crates", "A"),
+                    result("call-docs", "B"),
+                ],
+            ),
+        );
+        assert_eq!(finish(&second), FinishReason::Stop);
+        assert!(calls(&second).is_empty());
+    }
+
+    #[test]
+    fn the_second_turn_goes_background_fork_collect_answer() {
+        let c = SessionId::from("coord");
+        let mut history = vec![Message::user_text(TASK), Message::user_text(FOLLOW_UP)];
+        let step = |h: &Vec<Message>| calls(&respond(&c, &request("coord", h.clone())));
+        let first = step(&history);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].0, SPAWN_TOOL);
+        assert!(first[0].1.contains("\"run_in_background\":true"));
+        history.push(result("call-tests", "started background subagent job subagent-7"));
+        assert_eq!(step(&history)[0].0, FORK_TOOL);
+        history.push(result("call-review", "looks fine"));
+        assert_eq!(step(&history), [("job_output".to_owned(), r#"{"job_id":"subagent-7","wait":true}"#.to_owned())]);
+        history.push(result(COLLECT_CALL, "counted\n[status: completed]"));
+        let last = respond(&c, &request("coord", history));
+        assert_eq!(finish(&last), FinishReason::Stop);
+    }
+
+    #[test]
+    fn children_are_answered_by_their_prompt() {
+        let c = SessionId::from("coord");
+        for d in DELEGATIONS {
+            let reply = respond(&c, &request("child", vec![Message::user_text(d.prompt)]));
+            assert_eq!(finish(&reply), FinishReason::Stop, "{}", d.label);
+            assert!(calls(&reply).is_empty());
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! [`CliError`]: every failure the program reports to its user. Each renders as one line on
+//! stderr (`subagent: <message>`) and maps to a non-zero exit code.
+
+use std::path::PathBuf;
+
+/// A user-facing failure.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CliError {
+    /// The store directory is missing, not a directory, or cannot be listed.
+    #[error("cannot read store {}: {reason}", dir.display())]
+    Store {
+        /// The store directory.
+        dir: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// No session with this id is stored.
+    #[error("no session `{id}` in store {}", dir.display())]
+    UnknownSession {
+        /// The requested id.
+        id: String,
+        /// The store directory.
+        dir: PathBuf,
+    },
+    /// A session log exists but cannot be read.
+    #[error("cannot read session `{id}`: {reason}")]
+    UnreadableSession {
+        /// The session.
+        id: String,
+        /// Why.
+        reason: String,
+    },
+    /// `subagent run` lacks a model setting.
+    #[error(
+        "missing {what}: pass {flag} or set {env} (see `subagent run --help`)"
+    )]
+    MissingModelSetting {
+        /// The setting.
+        what: &'static str,
+        /// Its flag.
+        flag: &'static str,
+        /// Its environment variable.
+        env: &'static str,
+    },
+    /// The host could not be composed.
+    #[error("cannot start the host: {0}")]
+    Host(String),
+    /// The coordinator's run failed.
+    #[error("{0}")]
+    Run(String),
+    /// `subagent check` found violations (already printed).
+    #[error("{violations} invariant violation(s) in {}", dir.display())]
+    Violations {
+        /// The store directory.
+        dir: PathBuf,
+        /// How many.
+        violations: usize,
+    },
+    /// An I/O failure writing output or preparing a directory.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl CliError {
+    /// The process exit code: 1 for violations found by `check`, 2 for everything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Violations { .. } => 1,
+            _ => 2,
+        }
+    }
+}

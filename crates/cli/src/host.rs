@@ -1,0 +1,418 @@
+//! The host composition: one [`Host`] is the reference runtime (`agent-loop`) with durable
+//! JSON-lines sessions, a background job registry and its `job_*` tools, the subagent service
+//! with the in-process `spawn` and `fork` providers, one delegation tool per provider
+//! (`subagent` → `spawn`, `fork` → `fork`) and, optionally, the read-only workspace tools.
+//!
+//! ```text
+//!   Runtime ── Services { agents, sessions, persistence: JsonlStore, tools, prompt, jobs, models }
+//!      │
+//!   SubagentService ── SpawnProvider ("spawn") ── tool "subagent"
+//!                   └─ ForkProvider  ("fork")  ── tool "fork"
+//!   JobRegistry ── job_output / job_list / job_kill     (+ completion notices, optional)
+//!   Workspace   ── read_file / list_dir / grep          (optional, read-only)
+//! ```
+//!
+//! [`build_host`] composes it; [`Host::create_agent`] creates a top-level agent on the
+//! configured model; [`Host::run_turn`] delivers one prompt and waits until the agent (and, with
+//! job notices on, every background job it started) has settled; [`Host::shutdown`] tears it all
+//! down in order and makes every session log durable. Tests drive the same host in-process.
+//!
+//! # Ownership
+//! The host owns every registration it made (providers, tool mounts, job tools, workspace tools,
+//! prompt sections, the notice listener). [`Host::shutdown`] drops them after disposing every
+//! agent; dropping a host without shutting it down leaves live agents to their handles and logs
+//! the job registry's warning.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent::{
+    Agent, AgentError, AgentHandle, AgentOptions, AgentRef, AgentRuntime, AgentStatus, CreateAgentOptions,
+    Message, ModelAdapter, Registration, SessionId, SessionMeta,
+};
+use agent_loop::JsonlStore;
+use agent_loop::jobs::{JobRegistry, JobToolsConfig, job_guidance_section, job_tools_with};
+use agent_loop::runtime::Runtime;
+use parking_lot::Mutex;
+use subagent::service::SubagentService;
+use subagent_fork::ForkProvider;
+use subagent_inprocess::InProcessDriver;
+use subagent_spawn::SpawnProvider;
+use tool_subagent::{MaxDepth, SubagentToolConfig, SubagentToolPlugin};
+
+use crate::workspace::{Workspace, workspace_tools};
+
+/// The tool name the `spawn` provider is mounted under.
+pub const SPAWN_TOOL: &str = "subagent";
+/// The tool name the `fork` provider is mounted under.
+pub const FORK_TOOL: &str = "fork";
+/// The delegation depth cap every delegation tool sends (the tool's config default).
+pub const DEFAULT_MAX_DEPTH: u64 = tool_subagent::DEFAULT_MAX_DEPTH;
+
+/// What to compose.
+#[derive(Clone)]
+pub struct HostOptions {
+    /// The session store directory (created with the first session).
+    pub store_dir: PathBuf,
+    /// The model adapter every agent uses.
+    pub adapter: Arc<dyn ModelAdapter>,
+    /// The provider route agents send their requests to (the adapter is registered under it).
+    pub model_provider: String,
+    /// The model name agents ask for.
+    pub model_name: String,
+    /// Optional output-token cap for every agent.
+    pub max_tokens: Option<u64>,
+    /// The deployment persona (system text), if any.
+    pub persona: Option<String>,
+    /// Mount the read-only workspace tools over this workspace.
+    pub workspace: Option<Workspace>,
+    /// The working directory recorded in session headers (absolute); default: the workspace
+    /// root, else the process's current directory.
+    pub cwd: Option<PathBuf>,
+    /// Deliver background-job completion notices into their owner's conversation (inject into
+    /// a running owner's next step, a follow-up turn for an idle one). Off in the scripted demo,
+    /// which collects its job with `job_output`.
+    pub deliver_job_notices: bool,
+    /// The delegation depth cap of both delegation tools.
+    pub max_depth: u64,
+    /// How long `job_output {wait: true}` waits.
+    pub job_wait_timeout: Duration,
+}
+
+impl std::fmt::Debug for HostOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostOptions")
+            .field("store_dir", &self.store_dir)
+            .field("model_provider", &self.model_provider)
+            .field("model_name", &self.model_name)
+            .field("workspace", &self.workspace)
+            .field("deliver_job_notices", &self.deliver_job_notices)
+            .field("max_depth", &self.max_depth)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HostOptions {
+    /// Options for `adapter` served as `model_provider`/`model_name`, storing sessions in
+    /// `store_dir`, with every other setting at its default (no persona, no workspace tools, no
+    /// job notices, depth cap [`DEFAULT_MAX_DEPTH`], job waits of 30 s).
+    pub fn new(
+        store_dir: impl Into<PathBuf>,
+        adapter: Arc<dyn ModelAdapter>,
+        model_provider: impl Into<String>,
+        model_name: impl Into<String>,
+    ) -> Self {
+        Self {
+            store_dir: store_dir.into(),
+            adapter,
+            model_provider: model_provider.into(),
+            model_name: model_name.into(),
+            max_tokens: None,
+            persona: None,
+            workspace: None,
+            cwd: None,
+            deliver_job_notices: false,
+            max_depth: DEFAULT_MAX_DEPTH,
+            job_wait_timeout: agent_loop::jobs::DEFAULT_WAIT_TIMEOUT,
+        }
+    }
+}
+
+/// Why the host could not be composed or driven.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HostError {
+    /// A registration (provider, tool, tool mount) was refused.
+    #[error("cannot register {what}: {reason}")]
+    Register {
+        /// What was being registered.
+        what: String,
+        /// Why.
+        reason: String,
+    },
+    /// An agent could not be created or driven.
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    /// Making session logs durable failed.
+    #[error("cannot persist session logs in {}: {reason}", dir.display())]
+    Persist {
+        /// The store directory.
+        dir: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The working directory could not be determined.
+    #[error("cannot determine the working directory: {0}")]
+    Cwd(std::io::Error),
+}
+
+fn register_err(what: &str, e: impl std::fmt::Display) -> HostError {
+    HostError::Register {
+        what: what.to_owned(),
+        reason: e.to_string(),
+    }
+}
+
+/// A composed host (see the module docs).
+pub struct Host {
+    runtime: Runtime,
+    subagents: SubagentService,
+    jobs: Arc<JobRegistry>,
+    store: Arc<JsonlStore>,
+    driver: InProcessDriver,
+    options: HostOptions,
+    cwd: PathBuf,
+    /// Job ids whose completion notice was delivered into their owner's conversation.
+    delivered: Arc<Mutex<HashSet<String>>>,
+    /// Loaded delegation tools (unloaded first at shutdown).
+    plugins: Vec<SubagentToolPlugin>,
+    /// Every other registration, dropped at shutdown.
+    guards: Vec<Registration>,
+}
+
+impl std::fmt::Debug for Host {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Host")
+            .field("runtime", &self.runtime)
+            .field("subagents", &self.subagents)
+            .field("store", &self.store.dir())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Composes a host (see the module docs). Must be called inside a tokio runtime.
+pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
+    let cwd = match (&options.cwd, &options.workspace) {
+        (Some(cwd), _) => cwd.clone(),
+        (None, Some(ws)) => ws.root().to_owned(),
+        (None, None) => std::env::current_dir().map_err(HostError::Cwd)?,
+    };
+    let store = Arc::new(JsonlStore::new(&options.store_dir));
+    let jobs = Arc::new(JobRegistry::new());
+    let mut builder = Runtime::builder()
+        .model(options.model_provider.clone(), options.adapter.clone())
+        .persistence(store.clone())
+        .jobs(jobs.clone());
+    if let Some(persona) = &options.persona {
+        builder = builder.persona(persona.clone());
+    }
+    let runtime = builder.build();
+    let services = runtime.services().clone();
+    let mut guards: Vec<Registration> = Vec::new();
+
+    // Background jobs: the model-facing tools and their guidance.
+    for tool in job_tools_with(
+        jobs.clone(),
+        JobToolsConfig {
+            wait_timeout: options.job_wait_timeout,
+        },
+    ) {
+        let name = tool.name.clone();
+        guards.push(services.tools.register(None, tool).map_err(|e| register_err(&name, e))?);
+    }
+    guards.push(services.prompt.section(None, job_guidance_section()));
+
+    // Read-only workspace tools.
+    if let Some(workspace) = &options.workspace {
+        for tool in workspace_tools(workspace) {
+            let name = tool.name.clone();
+            guards.push(services.tools.register(None, tool).map_err(|e| register_err(&name, e))?);
+        }
+    }
+
+    // The seam: one service, two in-process providers over one driver.
+    let subagents = SubagentService::new();
+    let driver = InProcessDriver::new(services.clone());
+    guards.push(
+        subagents
+            .register_provider(Arc::new(SpawnProvider::new(driver.clone())))
+            .map_err(|e| register_err("provider spawn", e))?,
+    );
+    guards.push(
+        subagents
+            .register_provider(Arc::new(ForkProvider::new(driver.clone())))
+            .map_err(|e| register_err("provider fork", e))?,
+    );
+
+    // One delegation tool per provider.
+    let mut plugins = Vec::new();
+    for (provider, tool) in [(subagent_spawn::DEFAULT_NAME, SPAWN_TOOL), (subagent_fork::DEFAULT_NAME, FORK_TOOL)] {
+        let mut config = SubagentToolConfig::new(provider);
+        config.tool_name = tool.to_owned();
+        config.max_depth = Some(MaxDepth::Cap(options.max_depth));
+        let plugin = SubagentToolPlugin::load(&services, &subagents, config)
+            .map_err(|e| register_err(&format!("tool {tool}"), e))?;
+        plugins.push(plugin);
+    }
+
+    // Completion notices into the owner's conversation.
+    let delivered: Arc<Mutex<HashSet<String>>> = Arc::default();
+    if options.deliver_job_notices {
+        let agents = services.agents.clone();
+        let seen = delivered.clone();
+        guards.push(jobs.notices().on(move |notice| {
+            if let Some(owner) = agents.get(&notice.owner) {
+                let message = notice.to_message();
+                let sent = match owner.status() {
+                    AgentStatus::Running => owner.inject(message),
+                    AgentStatus::Idle => owner.followup(message),
+                };
+                if let Err(e) = sent {
+                    tracing::warn!(job = %notice.job.id, error = %e, "delivering a job notice failed");
+                }
+            }
+            seen.lock().insert(notice.job.id.0.clone());
+            Ok(())
+        }));
+    }
+
+    Ok(Host {
+        runtime,
+        subagents,
+        jobs,
+        store,
+        driver,
+        options,
+        cwd,
+        delivered,
+        plugins,
+        guards,
+    })
+}
+
+impl Host {
+    /// The agent runtime.
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// The subagent service (providers, lifecycle events).
+    pub fn subagents(&self) -> &SubagentService {
+        &self.subagents
+    }
+
+    /// The background job registry.
+    pub fn jobs(&self) -> &Arc<JobRegistry> {
+        &self.jobs
+    }
+
+    /// The durable session store.
+    pub fn store(&self) -> &Arc<JsonlStore> {
+        &self.store
+    }
+
+    /// The store directory.
+    pub fn store_dir(&self) -> &Path {
+        &self.options.store_dir
+    }
+
+    /// The working directory recorded in session headers.
+    pub fn cwd(&self) -> &Path {
+        &self.cwd
+    }
+
+    /// The names of the delegation tools, with their providers.
+    pub fn delegation_tools(&self) -> Vec<(String, String)> {
+        self.plugins
+            .iter()
+            .map(|p| (p.tool_name().to_owned(), p.config().provider.clone()))
+            .collect()
+    }
+
+    /// Creates a top-level agent `id` on the configured model.
+    pub async fn create_agent(&self, id: SessionId) -> Result<AgentHandle, HostError> {
+        let mut create = CreateAgentOptions::new(id);
+        create.meta = SessionMeta {
+            cwd: Some(self.cwd.clone()),
+            ..SessionMeta::default()
+        };
+        create.agent_options = AgentOptions {
+            provider: Some(self.options.model_provider.clone()),
+            model: Some(self.options.model_name.clone()),
+            max_tokens: self.options.max_tokens,
+            ..AgentOptions::default()
+        };
+        Ok(self.runtime.create(create).await?)
+    }
+
+    /// Delivers `prompt` to `agent` as a new turn and waits until it has settled: the agent is
+    /// idle and — when job notices are delivered — none of its background jobs is still running
+    /// or has a notice that could still start another turn.
+    pub async fn run_turn(&self, agent: &AgentRef, prompt: impl Into<String>) -> Result<(), HostError> {
+        agent.followup(Message::user_text(prompt))?;
+        self.settle(agent).await;
+        Ok(())
+    }
+
+    /// Waits until `agent` is idle and (with job notices on) has no unsettled or undelivered
+    /// background job.
+    pub async fn settle(&self, agent: &AgentRef) {
+        loop {
+            agent.when_idle().await;
+            if !self.options.deliver_job_notices || self.jobs_quiet(agent.id()) {
+                if agent.status() == AgentStatus::Idle {
+                    return;
+                }
+                continue;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Whether every job of `owner` has settled and was either reported or had its notice
+    /// delivered.
+    fn jobs_quiet(&self, owner: &SessionId) -> bool {
+        let delivered = self.delivered.lock();
+        self.jobs
+            .snapshots(owner)
+            .iter()
+            .all(|j| j.status.is_terminal() && (j.reported || delivered.contains(&j.id.0)))
+    }
+
+    /// The text of `agent`'s last assistant message with visible text.
+    pub fn last_answer(agent: &dyn Agent) -> Option<String> {
+        agent.session().events().iter().rev().find_map(|e| match &e.data {
+            agent::EventData::AssistantMessage { message, .. } if !message.text().is_empty() => Some(message.text()),
+            _ => None,
+        })
+    }
+
+    /// Tears the host down: unloads the delegation tools (waiting for foreground runs), shuts
+    /// the runtime down (disposing every agent, its children and its jobs), shuts the job
+    /// registry down, waits for pending lifecycle events and result tasks, drops every
+    /// registration, then flushes every session log to stable storage.
+    pub async fn shutdown(self) -> Result<(), HostError> {
+        let Host {
+            runtime,
+            subagents,
+            jobs,
+            store,
+            driver,
+            options,
+            plugins,
+            guards,
+            ..
+        } = self;
+        for plugin in &plugins {
+            plugin.unload();
+        }
+        runtime.shutdown().await;
+        for plugin in plugins {
+            plugin.shutdown().await;
+        }
+        jobs.shutdown().await;
+        subagents.close().await;
+        driver.wait().await;
+        drop(guards);
+        let persist = |e: agent_loop::StoreError| HostError::Persist {
+            dir: options.store_dir.clone(),
+            reason: e.to_string(),
+        };
+        for summary in store.list().await.map_err(persist)? {
+            store.flush(&summary.id).await.map_err(persist)?;
+        }
+        Ok(())
+    }
+}

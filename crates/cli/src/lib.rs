@@ -1,0 +1,26 @@
+//! # `subagent-cli`: the `subagent` program and the host it composes
+//!
+//! The library half of the command-line crate, so tests (and other programs) can drive the
+//! same host in-process:
+//!
+//! | module | what it is |
+//! |---|---|
+//! | [`host`] | [`build_host`]: runtime + subagent service + `spawn`/`fork` providers + delegation tools + background jobs + JSON-lines store (+ read-only workspace tools) |
+//! | [`demo`] | the scripted coordinator of `subagent demo` and [`demo::run_demo`] |
+//! | [`tree`] | the live delegation tree fed by lifecycle and status events |
+//! | [`catalog`] | the stored sessions as a parent → child tree (`subagent agents`) |
+//! | [`logview`] | a readable rendering of one session log (`subagent log`) |
+//! | [`workspace`] | the read-only `read_file`, `list_dir` and `grep` tools (`subagent run`) |
+//! | [`error`] | [`CliError`], the one-line user-facing failures |
+#![warn(missing_docs)]
+
+pub mod catalog;
+pub mod demo;
+pub mod error;
+pub mod host;
+pub mod logview;
+pub mod tree;
+pub mod workspace;
+
+pub use error::CliError;
+pub use host::{Host, HostError, HostOptions, build_host};

@@ -1,0 +1,203 @@
+//! A readable rendering of one session log (`subagent log <id>`).
+//!
+//! The header first (lineage, depth, inherited prefix, descriptor), then the log event by event:
+//! turns and steps as markers, user and assistant messages as text, tool calls with their
+//! arguments, tool results, inbox changes and log-only events in one line each. Streaming
+//! chunks are summarized (`… N chunks`) rather than repeated, since the assembled
+//! `assistant/message` carries the same content. Events inherited from a fork seed are marked
+//! with `|` in the margin.
+
+use std::fmt::Write as _;
+
+use agent::{ContentBlock, EventData, Message, MessageSource, SessionEvent, SessionHeader};
+
+use crate::catalog::{summarize, tool_result_text};
+
+/// Long texts are cut to this many characters per block.
+pub const MAX_TEXT_CHARS: usize = 2000;
+
+/// Renders `header` and `events`.
+pub fn render_log(header: &SessionHeader, events: &[SessionEvent]) -> String {
+    let row = summarize(header.clone(), events);
+    let mut out = String::new();
+    let _ = writeln!(out, "session {}", header.id);
+    if let Some(parent) = &header.parent_session {
+        let _ = writeln!(out, "  parent    {parent}");
+    }
+    if let Some(p) = &row.provider {
+        let label = row.label.as_deref().map(|l| format!(" \"{l}\"")).unwrap_or_default();
+        let _ = writeln!(out, "  provider  {p}{label}");
+    }
+    let _ = writeln!(out, "  depth     {}", row.depth);
+    if let Some(cwd) = &header.cwd {
+        let _ = writeln!(out, "  cwd       {}", cwd.display());
+    }
+    let _ = writeln!(out, "  created   {} (epoch ms)", header.created_at);
+    let _ = writeln!(
+        out,
+        "  events    {}  turns {}  last {}",
+        events.len(),
+        row.turns,
+        row.last_stop.as_deref().unwrap_or("(never ran)")
+    );
+    if let Some(n) = header.seed_length {
+        let _ = writeln!(out, "  inherited the first {n} events from its parent (marked |)");
+    }
+    out.push('\n');
+    let seed = header.seed_length.unwrap_or(0);
+    let mut chunks = 0usize;
+    for event in events {
+        if let EventData::AssistantChunk { .. } = event.data {
+            chunks += 1;
+            continue;
+        }
+        let margin = if event.seq < seed { "| " } else { "  " };
+        if chunks > 0 {
+            let _ = writeln!(out, "{margin}    … {chunks} streamed chunk(s)");
+            chunks = 0;
+        }
+        for line in describe(event).lines() {
+            let _ = writeln!(out, "{margin}{line}");
+        }
+    }
+    if chunks > 0 {
+        let _ = writeln!(out, "      … {chunks} streamed chunk(s)");
+    }
+    out
+}
+
+/// One event as text (possibly several lines).
+fn describe(event: &SessionEvent) -> String {
+    let seq = event.seq;
+    match &event.data {
+        EventData::TurnStart { turn } => format!("#{seq:<4} ── turn {turn} ──"),
+        EventData::TurnEnd { turn, reason } => {
+            let detail = match reason {
+                agent::TurnEndReason::Aborted { reason } => format!(" ({reason})"),
+                agent::TurnEndReason::Error { error } => format!(" ({error})"),
+                _ => String::new(),
+            };
+            format!("#{seq:<4} ── turn {turn} ended: {}{detail} ──", reason.kind())
+        }
+        EventData::StepStart { turn, step } => format!("#{seq:<4}   step {turn}.{step}"),
+        EventData::StepEnd { .. } => String::new(),
+        EventData::UserMessage(m) => format!("#{seq:<4} {} {}", who(m), message_text(m)),
+        EventData::AssistantMessage {
+            message,
+            interrupted,
+            usage,
+            ..
+        } => {
+            let mut s = format!("#{seq:<4} [assistant] {}", message_text(message));
+            if *interrupted {
+                s.push_str("  (interrupted)");
+            }
+            if let Some(u) = usage {
+                let _ = write!(s, "\n       tokens in {} out {}", u.input_tokens, u.output_tokens);
+            }
+            s
+        }
+        EventData::ToolCall {
+            call_id,
+            name,
+            arguments,
+            ..
+        } => format!("#{seq:<4}   → {name} [{call_id}] {}", clip(arguments)),
+        EventData::ToolResult { message, error, .. } => {
+            let call = match &message.source {
+                MessageSource::Tool { call_id, .. } => call_id.to_string(),
+                _ => "?".to_owned(),
+            };
+            let status = match error {
+                Some(e) => format!("error {}", e.code),
+                None => "ok".to_owned(),
+            };
+            format!("#{seq:<4}   ← [{call}] {status}: {}", clip(&tool_result_text(message)))
+        }
+        EventData::RequestHeader { header, reason } => {
+            let tools = header
+                .tools
+                .as_ref()
+                .map(|t| t.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", "))
+                .unwrap_or_else(|| "none".to_owned());
+            format!(
+                "#{seq:<4}   request header ({reason:?}): {}/{}; tools: {tools}",
+                header.config.provider, header.config.model
+            )
+        }
+        EventData::RequestContext { provider, model, .. } => {
+            format!("#{seq:<4}   request context {provider}/{model}")
+        }
+        EventData::EndSeed => format!("#{seq:<4} ── end of inherited prefix ──"),
+        EventData::InboxSpliced(splice) => {
+            let verb = if splice.is_cancellation() {
+                "cancelled"
+            } else if splice.is_claim() {
+                "claimed"
+            } else {
+                "queued"
+            };
+            let n = splice
+                .removed_count
+                .unwrap_or(splice.inserted.len() as u64)
+                .max(splice.inserted.len() as u64);
+            format!("#{seq:<4}   inbox {verb} {n} message(s) ({:?})", splice.target)
+        }
+        EventData::SandboxMode { mode, source } => {
+            format!("#{seq:<4}   sandbox mode {mode}{}", from(source.as_deref()))
+        }
+        EventData::ApprovalPolicy { policy, source } => {
+            format!("#{seq:<4}   approval policy {policy}{}", from(source.as_deref()))
+        }
+        EventData::Other { kind, data } => format!("#{seq:<4}   {kind} {}", clip(&data.to_string())),
+        other => format!("#{seq:<4}   {}", other.type_name()),
+    }
+}
+
+fn from(source: Option<&str>) -> String {
+    source.map(|s| format!(" (from {s})")).unwrap_or_default()
+}
+
+/// `[user]`, `[plugin <name>]` or `[<kind>]`.
+fn who(message: &Message) -> String {
+    match &message.source {
+        MessageSource::User => "[user]".to_owned(),
+        MessageSource::Plugin { plugin, .. } => format!("[{plugin}]"),
+        other => format!("[{}]", other.kind()),
+    }
+}
+
+/// A message's content as one readable text.
+fn message_text(message: &Message) -> String {
+    let mut parts = Vec::new();
+    for block in &message.content {
+        match block {
+            ContentBlock::Text { text } => parts.push(clip(text)),
+            ContentBlock::Reasoning { text, .. } => parts.push(format!("(thinking) {}", clip(text))),
+            ContentBlock::ToolCall { name, .. } => parts.push(format!("(calls {name})")),
+            ContentBlock::ToolResult { content, .. } => parts.push(clip(&agent::content::visible_text(content))),
+            ContentBlock::Image { .. } => parts.push("(image)".to_owned()),
+            ContentBlock::Other(map) => parts.push(format!(
+                "({})",
+                map.get("type").and_then(|t| t.as_str()).unwrap_or("block")
+            )),
+            _ => parts.push("(block)".to_owned()),
+        }
+    }
+    if parts.is_empty() {
+        "(empty)".to_owned()
+    } else {
+        parts.join(" ")
+    }
+}
+
+/// Cuts `text` to [`MAX_TEXT_CHARS`] characters.
+fn clip(text: &str) -> String {
+    let mut chars = text.chars();
+    let head: String = chars.by_ref().take(MAX_TEXT_CHARS).collect();
+    if chars.next().is_some() {
+        format!("{head}… [cut]")
+    } else {
+        head
+    }
+}

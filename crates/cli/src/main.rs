@@ -1,0 +1,374 @@
+//! `subagent`: the command-line program of the subagent workspace.
+//!
+//! Subcommands: `demo` (a scripted coordinator, no network), `run` (the same host on a real
+//! OpenAI-compatible model), `agents` (the stored sessions as a tree), `log` (one session log,
+//! readable) and `check` (invariant replay over a store). Failures print one line on stderr
+//! (`subagent: <message>`) and exit non-zero: 1 when `check` found violations, 2 otherwise.
+
+use std::collections::HashSet;
+use std::io::{IsTerminal as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use agent::SessionId;
+use agent_loop::JsonlStore;
+use agent_loop::model::{OpenAiCompatible, OpenAiConfig};
+use clap::{Parser, Subcommand};
+use parking_lot::Mutex;
+use subagent_cli::catalog::{check_store_dir, read_catalog};
+use subagent_cli::demo::run_demo;
+use subagent_cli::host::{FORK_TOOL, SPAWN_TOOL};
+use subagent_cli::tree::{LiveTree, TreeChange, TreeSink, node_line};
+use subagent_cli::workspace::Workspace;
+use subagent_cli::{CliError, Host, HostOptions, build_host};
+
+/// The default store directory.
+const DEFAULT_STORE: &str = ".subagent";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "subagent",
+    version,
+    about = "Delegate work from one agent to child agents through named providers (spawn, fork), \
+             with durable session logs you can list, read and check."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a scripted coordinator (no network, no keys) that delegates to two parallel `spawn`
+    /// children, a `fork` child and a background `spawn` job, showing a live tree.
+    Demo {
+        /// Where to store the session logs.
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_STORE)]
+        store: PathBuf,
+    },
+    /// Run a task on a real model through an OpenAI-compatible endpoint, with read-only
+    /// workspace tools (read_file, list_dir, grep; confined to the working directory) and the
+    /// delegation tools `subagent` (provider spawn) and `fork` (provider fork).
+    #[command(after_help = "Environment variables (used when the flag is absent):\n  \
+        SUBAGENT_BASE_URL  API base URL up to the version segment, e.g. https://api.openai.com/v1\n  \
+        SUBAGENT_API_KEY   bearer token (optional for local servers)\n  \
+        SUBAGENT_MODEL     model name, e.g. gpt-4o-mini")]
+    Run {
+        /// Model name [env: SUBAGENT_MODEL].
+        #[arg(long, env = "SUBAGENT_MODEL", value_name = "NAME")]
+        model: Option<String>,
+        /// API base URL, up to and including the version segment [env: SUBAGENT_BASE_URL].
+        #[arg(long, env = "SUBAGENT_BASE_URL", value_name = "URL")]
+        base_url: Option<String>,
+        /// API key sent as a bearer token [env: SUBAGENT_API_KEY].
+        #[arg(long, env = "SUBAGENT_API_KEY", value_name = "KEY", hide_env_values = true)]
+        api_key: Option<String>,
+        /// Output-token cap per model call.
+        #[arg(long, value_name = "N")]
+        max_tokens: Option<u64>,
+        /// Where to store the session logs.
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_STORE)]
+        store: PathBuf,
+        /// The task.
+        task: String,
+    },
+    /// List the stored sessions as a parent → child tree (provider, label, depth, turns, last
+    /// stop reason).
+    Agents {
+        /// The store directory.
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_STORE)]
+        store: PathBuf,
+    },
+    /// Print one session log in readable form.
+    Log {
+        /// The session id (see `subagent agents`).
+        session_id: String,
+        /// The store directory.
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_STORE)]
+        store: PathBuf,
+    },
+    /// Replay every session log of a store through the invariant checker; exits 1 on any
+    /// violation.
+    Check {
+        /// The store directory.
+        #[arg(value_name = "DIR", default_value = DEFAULT_STORE)]
+        dir: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(&CliError::Io {
+            context: "cannot start the async runtime".to_owned(),
+            source: e,
+        }),
+    };
+    let result = runtime.block_on(dispatch(cli.command));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(e: &CliError) -> ExitCode {
+    let _ = std::io::stdout().flush();
+    eprintln!("subagent: {e}");
+    ExitCode::from(e.exit_code())
+}
+
+async fn dispatch(command: Command) -> Result<(), CliError> {
+    match command {
+        Command::Demo { store } => demo(&store).await,
+        Command::Run {
+            model,
+            base_url,
+            api_key,
+            max_tokens,
+            store,
+            task,
+        } => run(model, base_url, api_key, max_tokens, &store, &task).await,
+        Command::Agents { store } => agents(&store).await,
+        Command::Log { session_id, store } => log(&session_id, &store).await,
+        Command::Check { dir } => check(&dir),
+    }
+}
+
+/// A sink printing the tree: redrawn in place on a terminal, one line per event otherwise.
+fn tree_printer(to_stderr: bool) -> TreeSink {
+    let tty = if to_stderr {
+        std::io::stderr().is_terminal()
+    } else {
+        std::io::stdout().is_terminal()
+    };
+    let emit = move |text: &str| {
+        if to_stderr {
+            let mut err = std::io::stderr().lock();
+            let _ = err.write_all(text.as_bytes());
+            let _ = err.flush();
+        } else {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(text.as_bytes());
+            let _ = out.flush();
+        }
+    };
+    let drawn = Mutex::new(0usize);
+    let announced: Mutex<HashSet<SessionId>> = Mutex::new(HashSet::new());
+    Arc::new(move |change: &TreeChange, tree: &LiveTree| {
+        if tty {
+            let text = tree.render();
+            let mut drawn = drawn.lock();
+            let mut frame = String::new();
+            if *drawn > 0 {
+                // Back to the first line of the previous frame, then clear to the end.
+                frame.push_str(&format!("\x1b[{}F\x1b[J", *drawn));
+            }
+            frame.push_str(&text);
+            *drawn = text.lines().count();
+            emit(&frame);
+            return;
+        }
+        // Plain output: announce each node once its label is known (or when it ends), then
+        // its end.
+        let mut lines = String::new();
+        let mut announced = announced.lock();
+        for node in tree.nodes() {
+            let ended = matches!(change, TreeChange::Ended(id) if id == &node.id);
+            if !announced.contains(&node.id) && (node.label.is_some() || ended) {
+                announced.insert(node.id.clone());
+                let parent = node
+                    .parent
+                    .as_ref()
+                    .map(|p| format!(" under {}", short(p)))
+                    .unwrap_or_default();
+                lines.push_str(&format!("  + started {}{parent}\n", node_line(&node)));
+            }
+            if ended {
+                lines.push_str(&format!("  = ended   {}\n", node_line(&node)));
+            }
+        }
+        emit(&lines);
+    })
+}
+
+fn short(id: &SessionId) -> String {
+    id.as_str().chars().take(8).collect()
+}
+
+async fn demo(store: &Path) -> Result<(), CliError> {
+    println!("subagent demo — a scripted coordinator on the embedded defaults (no network, no keys)");
+    println!(
+        "providers: spawn (tool `{SPAWN_TOOL}`, fresh child) and fork (tool `{FORK_TOOL}`, inherits the conversation); \
+         sessions in {}",
+        store.display()
+    );
+    println!();
+    let outcome = run_demo(store, Some(tree_printer(false)))
+        .await
+        .map_err(|e| CliError::Run(format!("the demo failed: {e}")))?;
+    println!();
+    println!("Delegation tree:");
+    print!("{}", outcome.rendered_tree);
+    println!();
+    println!("Final answer:");
+    println!("{}", outcome.answer);
+    println!();
+    println!(
+        "Session logs: {} (coordinator {}, {} model calls)",
+        store.display(),
+        outcome.coordinator,
+        outcome.model_calls
+    );
+    println!("  subagent agents --store {}", store.display());
+    println!("  subagent log {} --store {}", outcome.coordinator, store.display());
+    println!("  subagent check {}", store.display());
+    Ok(())
+}
+
+/// The persona of `subagent run`'s coordinator.
+fn run_persona(root: &Path) -> String {
+    format!(
+        "You are a careful assistant working in the workspace at {}. You can read it with read_file, \
+         list_dir and grep (read-only; paths outside the workspace are refused). Delegate \
+         self-contained subtasks with the `{SPAWN_TOOL}` tool (a fresh subagent that does not see \
+         this conversation) and work that builds on this conversation with the `{FORK_TOOL}` tool \
+         (a subagent that inherits the completed turns). Independent delegations can go in one \
+         message to run in parallel. Finish with a concise answer.",
+        root.display()
+    )
+}
+
+async fn run(
+    model: Option<String>,
+    base_url: Option<String>,
+    api_key: Option<String>,
+    max_tokens: Option<u64>,
+    store: &Path,
+    task: &str,
+) -> Result<(), CliError> {
+    let base_url = base_url.filter(|s| !s.is_empty()).ok_or(CliError::MissingModelSetting {
+        what: "the API base URL",
+        flag: "--base-url",
+        env: "SUBAGENT_BASE_URL",
+    })?;
+    let model = model.filter(|s| !s.is_empty()).ok_or(CliError::MissingModelSetting {
+        what: "the model name",
+        flag: "--model",
+        env: "SUBAGENT_MODEL",
+    })?;
+    let api_key = api_key.filter(|s| !s.is_empty());
+    let adapter = OpenAiCompatible::new(OpenAiConfig::new(base_url, api_key, model.clone()))
+        .map_err(|e| CliError::Host(e.to_string()))?;
+    let cwd = std::env::current_dir().map_err(|e| CliError::Io {
+        context: "cannot determine the working directory".to_owned(),
+        source: e,
+    })?;
+    let workspace = Workspace::new(&cwd).map_err(|e| CliError::Host(e.to_string()))?;
+    let mut options = HostOptions::new(store, Arc::new(adapter), "openai", model);
+    options.max_tokens = max_tokens;
+    options.persona = Some(run_persona(workspace.root()));
+    options.workspace = Some(workspace);
+    options.deliver_job_notices = true;
+    let host = build_host(options).map_err(|e| CliError::Host(e.to_string()))?;
+    let (tree, listening) = LiveTree::attach(host.runtime(), host.subagents(), host.jobs(), Some(tree_printer(true)));
+    let id = SessionId::new(format!("run-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]));
+    let outcome = async {
+        let handle = host.create_agent(id.clone()).await?;
+        tree.add_root(id.clone(), "coordinator");
+        let agent = handle.agent().clone();
+        let turn = host.run_turn(&agent, task).await;
+        let answer = Host::last_answer(agent.as_ref());
+        let last = last_turn_failure(agent.as_ref());
+        handle.dispose().await;
+        turn.map(|()| (answer, last))
+    }
+    .await;
+    drop(listening);
+    let shutdown = host.shutdown().await;
+    let (answer, failure) = outcome.map_err(|e| CliError::Run(e.to_string()))?;
+    shutdown.map_err(|e| CliError::Run(e.to_string()))?;
+    eprintln!("session logs: {} (coordinator {id})", store.display());
+    if let Some(failure) = failure {
+        if let Some(answer) = &answer {
+            println!("{answer}");
+        }
+        return Err(CliError::Run(format!("the coordinator's turn ended with {failure}")));
+    }
+    println!("{}", answer.unwrap_or_default());
+    Ok(())
+}
+
+/// The failure of the agent's last turn, if it did not complete.
+fn last_turn_failure(agent: &dyn agent::Agent) -> Option<String> {
+    agent.session().events().iter().rev().find_map(|e| match &e.data {
+        agent::EventData::TurnEnd { reason, .. } => match reason {
+            agent::TurnEndReason::Completed => Some(None),
+            agent::TurnEndReason::Error { error } => Some(Some(format!("an error: {error}"))),
+            other => Some(Some(other.kind().to_owned())),
+        },
+        _ => None,
+    })?
+}
+
+async fn agents(store: &Path) -> Result<(), CliError> {
+    let catalog = read_catalog(store).await?;
+    for (id, error) in &catalog.unreadable {
+        eprintln!("subagent: skipping unreadable session `{id}`: {error}");
+    }
+    if catalog.sessions.is_empty() {
+        println!("no sessions in {}", store.display());
+        return Ok(());
+    }
+    print!("{}", catalog.render());
+    Ok(())
+}
+
+async fn log(session_id: &str, store: &Path) -> Result<(), CliError> {
+    check_store_dir(store)?;
+    let id = SessionId::from(session_id);
+    let db = JsonlStore::new(store);
+    let loaded = db.load(&id).await.map_err(|e| match e {
+        agent_loop::StoreError::NotFound(_) | agent_loop::StoreError::InvalidId(_) => CliError::UnknownSession {
+            id: session_id.to_owned(),
+            dir: store.to_owned(),
+        },
+        other => CliError::UnreadableSession {
+            id: session_id.to_owned(),
+            reason: other.to_string(),
+        },
+    })?;
+    if loaded.repaired {
+        eprintln!("subagent: note: the log's last line was torn (an interrupted write) and is not shown");
+    }
+    print!("{}", subagent_cli::logview::render_log(&loaded.header, &loaded.events));
+    Ok(())
+}
+
+fn check(dir: &Path) -> Result<(), CliError> {
+    let report = invariants::check_store(dir).map_err(|e| CliError::Store {
+        dir: dir.to_owned(),
+        reason: match std::error::Error::source(&e) {
+            Some(source) => source.to_string(),
+            None => e.to_string(),
+        },
+    })?;
+    for violation in &report.violations {
+        println!("{violation}");
+    }
+    println!(
+        "replayed {} logs ({} events): {} violations",
+        report.logs,
+        report.events,
+        report.violations.len()
+    );
+    if report.is_clean() {
+        Ok(())
+    } else {
+        Err(CliError::Violations {
+            dir: dir.to_owned(),
+            violations: report.violations.len(),
+        })
+    }
+}

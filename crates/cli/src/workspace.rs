@@ -1,0 +1,529 @@
+//! Read-only workspace tools for `subagent run`: `read_file`, `list_dir` and `grep`.
+//!
+//! Every path a model names is resolved against the workspace root (the working directory the
+//! host was started in), **canonicalized** (so `..` and symbolic links are followed to their
+//! real target) and refused unless the result lies inside the canonical root
+//! ([`WorkspaceError::OutsideWorkspace`]). The tools never write. File-system work runs on
+//! tokio's blocking pool, never on a runtime thread.
+//!
+//! Output is bounded: `read_file` returns at most [`MAX_READ_BYTES`], `list_dir` at most
+//! [`MAX_DIR_ENTRIES`] entries and `grep` at most [`MAX_GREP_MATCHES`] matching lines (files
+//! larger than [`MAX_GREP_FILE_BYTES`] and files that are not UTF-8 text are skipped).
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use agent::tools::{ToolContext, ToolDefinition, ToolError, ToolHandler, ToolOutput, codes};
+use async_trait::async_trait;
+use serde_json::{Map, Value, json};
+
+/// The most bytes `read_file` returns from one file.
+pub const MAX_READ_BYTES: usize = 64 * 1024;
+/// The most entries `list_dir` returns.
+pub const MAX_DIR_ENTRIES: usize = 500;
+/// The most matching lines `grep` returns.
+pub const MAX_GREP_MATCHES: usize = 200;
+/// Files larger than this are skipped by `grep`.
+pub const MAX_GREP_FILE_BYTES: u64 = 1024 * 1024;
+/// Directory names `grep` never descends into.
+pub const SKIPPED_DIRS: [&str; 4] = [".git", "target", "node_modules", ".subagent"];
+
+/// Tool error code of a path outside the workspace.
+pub const OUTSIDE_WORKSPACE: &str = "OUTSIDE_WORKSPACE";
+/// Tool error code of a path that does not exist.
+pub const NOT_FOUND: &str = "NOT_FOUND";
+
+/// Why a workspace tool refused or failed. Rendered to the model as the tool's error text.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkspaceError {
+    /// The workspace root itself cannot be resolved.
+    #[error("workspace root {} cannot be resolved: {source}", root.display())]
+    Root {
+        /// The root as given.
+        root: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The path resolves outside the workspace root.
+    #[error("path {path:?} is outside the workspace; only paths under the working directory can be read")]
+    OutsideWorkspace {
+        /// The path as the model gave it.
+        path: String,
+    },
+    /// The path does not exist.
+    #[error("path {path:?} does not exist")]
+    NotFound {
+        /// The path as the model gave it.
+        path: String,
+    },
+    /// The path is not a regular file (for `read_file`) or not a directory (for `list_dir`).
+    #[error("path {path:?} is not a {expected}")]
+    WrongKind {
+        /// The path as the model gave it.
+        path: String,
+        /// `file` or `directory`.
+        expected: &'static str,
+    },
+    /// The file is not UTF-8 text.
+    #[error("file {path:?} is not UTF-8 text")]
+    NotText {
+        /// The path as the model gave it.
+        path: String,
+    },
+    /// Any other I/O failure.
+    #[error("cannot read {path:?}: {source}")]
+    Io {
+        /// The path as the model gave it.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// Malformed arguments.
+    #[error("{0}")]
+    InvalidArgs(String),
+}
+
+impl WorkspaceError {
+    /// The tool error code this failure is reported with.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::OutsideWorkspace { .. } => OUTSIDE_WORKSPACE,
+            Self::NotFound { .. } => NOT_FOUND,
+            Self::InvalidArgs(_) => codes::INVALID_ARGS,
+            _ => codes::FAILED,
+        }
+    }
+}
+
+impl From<WorkspaceError> for ToolError {
+    fn from(e: WorkspaceError) -> Self {
+        ToolError::new(e.code(), e.to_string())
+    }
+}
+
+/// A workspace root: the canonical directory every tool path must stay inside.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Workspace {
+    root: Arc<PathBuf>,
+}
+
+impl fmt::Debug for Workspace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Workspace").field("root", &self.root).finish()
+    }
+}
+
+impl Workspace {
+    /// A workspace rooted at `root` (canonicalized now).
+    pub fn new(root: impl AsRef<Path>) -> Result<Self, WorkspaceError> {
+        let root = root.as_ref();
+        let canonical = fs::canonicalize(root).map_err(|source| WorkspaceError::Root {
+            root: root.to_owned(),
+            source,
+        })?;
+        Ok(Self {
+            root: Arc::new(canonical),
+        })
+    }
+
+    /// The canonical root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Resolves a model-supplied path: relative paths are taken from the root, the result is
+    /// canonicalized and must lie inside the root. An empty path or `.` is the root itself.
+    pub fn resolve(&self, path: &str) -> Result<PathBuf, WorkspaceError> {
+        let given = Path::new(path);
+        let joined = if given.is_absolute() {
+            given.to_owned()
+        } else {
+            self.root.join(given)
+        };
+        match fs::canonicalize(&joined) {
+            Ok(real) if real.starts_with(&*self.root) => Ok(real),
+            Ok(_) => Err(WorkspaceError::OutsideWorkspace { path: path.to_owned() }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // Do not reveal whether something exists outside the workspace.
+                if lexically_inside(&self.root, &joined) {
+                    Err(WorkspaceError::NotFound { path: path.to_owned() })
+                } else {
+                    Err(WorkspaceError::OutsideWorkspace { path: path.to_owned() })
+                }
+            }
+            Err(source) => Err(WorkspaceError::Io {
+                path: path.to_owned(),
+                source,
+            }),
+        }
+    }
+
+    /// The path relative to the root, for display (`.` for the root).
+    pub fn display(&self, real: &Path) -> String {
+        match real.strip_prefix(&*self.root) {
+            Ok(rel) if rel.as_os_str().is_empty() => ".".to_owned(),
+            Ok(rel) => rel.display().to_string(),
+            Err(_) => real.display().to_string(),
+        }
+    }
+
+    /// Reads a UTF-8 file: at most [`MAX_READ_BYTES`] from byte `offset`.
+    pub fn read_file(&self, path: &str, offset: u64) -> Result<String, WorkspaceError> {
+        let real = self.resolve(path)?;
+        let io_err = |source| WorkspaceError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let meta = fs::metadata(&real).map_err(io_err)?;
+        if !meta.is_file() {
+            return Err(WorkspaceError::WrongKind {
+                path: path.to_owned(),
+                expected: "file",
+            });
+        }
+        let bytes = fs::read(&real).map_err(io_err)?;
+        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
+        let end = (start + MAX_READ_BYTES).min(bytes.len());
+        let slice = &bytes[start..end];
+        // Cut back to a char boundary when the cap split a character.
+        let text = match std::str::from_utf8(slice) {
+            Ok(t) => t.to_owned(),
+            Err(e) if e.error_len().is_none() && e.valid_up_to() > 0 => {
+                String::from_utf8_lossy(&slice[..e.valid_up_to()]).into_owned()
+            }
+            Err(_) => return Err(WorkspaceError::NotText { path: path.to_owned() }),
+        };
+        let shown = start + text.len();
+        if shown < bytes.len() {
+            Ok(format!(
+                "{text}\n[truncated: showed bytes {start}..{shown} of {}; call read_file again with offset {shown}]",
+                bytes.len()
+            ))
+        } else {
+            Ok(text)
+        }
+    }
+
+    /// Lists a directory: one entry per line, directories with a trailing `/`, sorted.
+    pub fn list_dir(&self, path: &str) -> Result<String, WorkspaceError> {
+        let real = self.resolve(path)?;
+        let io_err = |source| WorkspaceError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        if !fs::metadata(&real).map_err(io_err)?.is_dir() {
+            return Err(WorkspaceError::WrongKind {
+                path: path.to_owned(),
+                expected: "directory",
+            });
+        }
+        let mut names = Vec::new();
+        for entry in fs::read_dir(&real).map_err(io_err)? {
+            let entry = entry.map_err(io_err)?;
+            let mut name = entry.file_name().to_string_lossy().into_owned();
+            if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                name.push('/');
+            }
+            names.push(name);
+        }
+        names.sort();
+        let total = names.len();
+        if total == 0 {
+            return Ok(format!("{} is empty", self.display(&real)));
+        }
+        names.truncate(MAX_DIR_ENTRIES);
+        let mut out = names.join("\n");
+        if total > MAX_DIR_ENTRIES {
+            out.push_str(&format!("\n[truncated: {MAX_DIR_ENTRIES} of {total} entries]"));
+        }
+        Ok(out)
+    }
+
+    /// Searches files under `path` for lines containing `pattern` (a literal string;
+    /// case-insensitive when `ignore_case`). Lines read `file:line: text`.
+    pub fn grep(&self, pattern: &str, path: &str, ignore_case: bool) -> Result<String, WorkspaceError> {
+        if pattern.is_empty() {
+            return Err(WorkspaceError::InvalidArgs("grep `pattern` must not be empty".to_owned()));
+        }
+        let real = self.resolve(path)?;
+        let needle = if ignore_case {
+            pattern.to_lowercase()
+        } else {
+            pattern.to_owned()
+        };
+        let mut matches = Vec::new();
+        let mut truncated = false;
+        let mut stack = vec![real];
+        'walk: while let Some(current) = stack.pop() {
+            let Ok(meta) = fs::symlink_metadata(&current) else {
+                continue;
+            };
+            if meta.is_dir() {
+                let Ok(entries) = fs::read_dir(&current) else {
+                    continue;
+                };
+                let mut children: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+                children.sort();
+                // Depth-first in name order: push in reverse so the first name pops first.
+                for child in children.into_iter().rev() {
+                    let skip = child
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| SKIPPED_DIRS.contains(&n));
+                    if !skip {
+                        stack.push(child);
+                    }
+                }
+                continue;
+            }
+            if !meta.is_file() || meta.len() > MAX_GREP_FILE_BYTES {
+                continue;
+            }
+            let Ok(text) = fs::read_to_string(&current) else {
+                continue;
+            };
+            for (i, line) in text.lines().enumerate() {
+                let hit = if ignore_case {
+                    line.to_lowercase().contains(&needle)
+                } else {
+                    line.contains(&needle)
+                };
+                if hit {
+                    if matches.len() == MAX_GREP_MATCHES {
+                        truncated = true;
+                        break 'walk;
+                    }
+                    let shown: String = line.chars().take(300).collect();
+                    matches.push(format!("{}:{}: {}", self.display(&current), i + 1, shown.trim_end()));
+                }
+            }
+        }
+        if matches.is_empty() {
+            return Ok(format!("no matches for {pattern:?}"));
+        }
+        let mut out = matches.join("\n");
+        if truncated {
+            out.push_str(&format!("\n[truncated at {MAX_GREP_MATCHES} matches]"));
+        }
+        Ok(out)
+    }
+}
+
+/// Whether `path` stays inside `root` once `.` and `..` are applied lexically (used only for a
+/// path that does not exist, to choose between "not found" and "outside").
+fn lexically_inside(root: &Path, path: &Path) -> bool {
+    let mut parts: Vec<Component<'_>> = Vec::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                parts.pop();
+            }
+            other => parts.push(other),
+        }
+    }
+    let normal: PathBuf = parts.iter().collect();
+    normal.starts_with(root)
+}
+
+fn object(arguments: &Value) -> Result<&Map<String, Value>, WorkspaceError> {
+    arguments
+        .as_object()
+        .ok_or_else(|| WorkspaceError::InvalidArgs("arguments must be a JSON object".to_owned()))
+}
+
+fn string_arg<'a>(args: &'a Map<String, Value>, name: &str, default: Option<&'a str>) -> Result<&'a str, WorkspaceError> {
+    match args.get(name) {
+        Some(Value::String(s)) => Ok(s),
+        None | Some(Value::Null) => {
+            default.ok_or_else(|| WorkspaceError::InvalidArgs(format!("`{name}` is required and must be a string")))
+        }
+        Some(_) => Err(WorkspaceError::InvalidArgs(format!("`{name}` must be a string"))),
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Read,
+    List,
+    Grep,
+}
+
+struct WorkspaceTool {
+    workspace: Workspace,
+    kind: Kind,
+}
+
+impl WorkspaceTool {
+    fn run(workspace: &Workspace, kind: Kind, arguments: &Value) -> Result<String, WorkspaceError> {
+        let args = object(arguments)?;
+        match kind {
+            Kind::Read => {
+                let path = string_arg(args, "path", None)?;
+                let offset = match args.get("offset") {
+                    None | Some(Value::Null) => 0,
+                    Some(v) => v
+                        .as_u64()
+                        .ok_or_else(|| WorkspaceError::InvalidArgs("`offset` must be a non-negative integer".to_owned()))?,
+                };
+                workspace.read_file(path, offset)
+            }
+            Kind::List => workspace.list_dir(string_arg(args, "path", Some("."))?),
+            Kind::Grep => {
+                let pattern = string_arg(args, "pattern", None)?;
+                let path = string_arg(args, "path", Some("."))?;
+                let ignore_case = match args.get("ignore_case") {
+                    None | Some(Value::Null) => false,
+                    Some(Value::Bool(b)) => *b,
+                    Some(_) => return Err(WorkspaceError::InvalidArgs("`ignore_case` must be a boolean".to_owned())),
+                };
+                workspace.grep(pattern, path, ignore_case)
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl ToolHandler for WorkspaceTool {
+    async fn execute(&self, arguments: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+        let workspace = self.workspace.clone();
+        let kind = self.kind;
+        let work = tokio::task::spawn_blocking(move || Self::run(&workspace, kind, &arguments));
+        tokio::select! {
+            () = ctx.signal.cancelled() => Err(ToolError::new(codes::CANCELLED, "cancelled")),
+            joined = work => match joined {
+                Ok(Ok(text)) => Ok(ToolOutput::text(text)),
+                Ok(Err(e)) => Err(e.into()),
+                Err(join) => Err(ToolError::failed(format!("workspace tool failed: {join}"))),
+            },
+        }
+    }
+}
+
+/// The three read-only tools over `workspace`, ready to register in a tool registry.
+pub fn workspace_tools(workspace: &Workspace) -> Vec<ToolDefinition> {
+    let def = |name: &str, description: &str, parameters: Value, kind: Kind| ToolDefinition {
+        name: name.to_owned(),
+        description: description.to_owned(),
+        parameters,
+        concurrency_safe: true,
+        handler: Arc::new(WorkspaceTool {
+            workspace: workspace.clone(),
+            kind,
+        }),
+    };
+    vec![
+        def(
+            "read_file",
+            "Read a UTF-8 text file of the workspace (the working directory). Paths are relative to the \
+             workspace root; paths outside it are refused. Returns at most 64 KiB; pass `offset` to continue.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "File path, relative to the workspace root."},
+                    "offset": {"type": "integer", "minimum": 0, "description": "Byte offset to start from (default 0)."}
+                },
+                "required": ["path"]
+            }),
+            Kind::Read,
+        ),
+        def(
+            "list_dir",
+            "List the entries of a workspace directory (directories end with `/`). Paths outside the \
+             workspace are refused.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "Directory path, relative to the workspace root (default `.`)."}
+                }
+            }),
+            Kind::List,
+        ),
+        def(
+            "grep",
+            "Search the workspace's text files for lines containing a literal string. Returns \
+             `file:line: text` rows (at most 200). Skips .git, target and node_modules.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "description": "The literal text to find."},
+                    "path": {"type": "string", "description": "File or directory to search (default `.`)."},
+                    "ignore_case": {"type": "boolean", "description": "Match case-insensitively (default false)."}
+                },
+                "required": ["pattern"]
+            }),
+            Kind::Grep,
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture() -> (tempfile::TempDir, Workspace) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        fs::create_dir_all(dir.path().join("inside/sub")).expect("mkdir");
+        fs::write(dir.path().join("inside/a.txt"), "alpha\nbeta\nGamma beta\n").expect("write");
+        fs::write(dir.path().join("inside/sub/b.rs"), "fn beta() {}\n").expect("write");
+        fs::write(dir.path().join("secret.txt"), "top secret\n").expect("write");
+        let ws = Workspace::new(dir.path().join("inside")).expect("workspace");
+        (dir, ws)
+    }
+
+    #[test]
+    fn reads_lists_and_greps_inside() {
+        let (_dir, ws) = fixture();
+        assert_eq!(ws.read_file("a.txt", 0).expect("read"), "alpha\nbeta\nGamma beta\n");
+        assert_eq!(ws.read_file("a.txt", 6).expect("read"), "beta\nGamma beta\n");
+        assert_eq!(ws.list_dir(".").expect("list"), "a.txt\nsub/");
+        assert_eq!(
+            ws.grep("beta", ".", false).expect("grep"),
+            "a.txt:2: beta\na.txt:3: Gamma beta\nsub/b.rs:1: fn beta() {}"
+        );
+        assert_eq!(ws.grep("gamma", ".", true).expect("grep"), "a.txt:3: Gamma beta");
+        assert_eq!(ws.grep("zeta", "sub", false).expect("grep"), "no matches for \"zeta\"");
+    }
+
+    #[test]
+    fn refuses_paths_outside_the_root() {
+        let (dir, ws) = fixture();
+        for path in ["../secret.txt", "sub/../../secret.txt", "../missing.txt", "/etc/hostname"] {
+            let err = ws.read_file(path, 0).expect_err(path);
+            assert_eq!(err.code(), OUTSIDE_WORKSPACE, "{path}: {err}");
+        }
+        let absolute = dir.path().join("secret.txt");
+        let err = ws.read_file(&absolute.display().to_string(), 0).expect_err("absolute outside");
+        assert!(matches!(err, WorkspaceError::OutsideWorkspace { .. }));
+        assert!(matches!(ws.list_dir(".."), Err(WorkspaceError::OutsideWorkspace { .. })));
+        assert!(matches!(ws.grep("secret", "..", false), Err(WorkspaceError::OutsideWorkspace { .. })));
+        assert!(matches!(ws.read_file("nope.txt", 0), Err(WorkspaceError::NotFound { .. })));
+        assert!(matches!(ws.read_file("sub", 0), Err(WorkspaceError::WrongKind { .. })));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn refuses_symlinks_that_escape() {
+        let (dir, ws) = fixture();
+        std::os::unix::fs::symlink(dir.path().join("secret.txt"), ws.root().join("link.txt")).expect("symlink");
+        let err = ws.read_file("link.txt", 0).expect_err("escaping symlink");
+        assert_eq!(err.code(), OUTSIDE_WORKSPACE);
+    }
+
+    #[test]
+    fn read_is_capped() {
+        let (_dir, ws) = fixture();
+        fs::write(ws.root().join("big.txt"), "x".repeat(MAX_READ_BYTES + 10)).expect("write");
+        let text = ws.read_file("big.txt", 0).expect("read");
+        assert!(text.ends_with(&format!(
+            "[truncated: showed bytes 0..{MAX_READ_BYTES} of {}; call read_file again with offset {MAX_READ_BYTES}]",
+            MAX_READ_BYTES + 10
+        )));
+    }
+}
