@@ -1,2 +1,130 @@
-//! placeholder
+//! # Provider `fork`: an in-process child seeded with the parent's history
+//!
+//! [`ForkProvider`] runs each delegation as an in-process child whose log starts with the
+//! parent's **balanced completed-turn prefix** (spec `inprocess-providers.md` §5): every event up
+//! to and including the parent's last `turn/end`, taken once at start
+//! ([`completed_turn_prefix`], the spine's
+//! [`balanced_completed_turn_prefix`](agent::balanced_completed_turn_prefix)). The parent's
+//! in-flight turn (delegation usually happens from inside one of its tool calls), everything
+//! after its last `turn/end`, its pending inbox work, its tool view, restrictions, persona and
+//! authority are all excluded; the delegated policy is re-captured live and appended after the
+//! seed. With no completed parent turn the child is unseeded and behaves exactly like `spawn`.
+//!
+//! The child records `seedLength` and `parentSession`, its first own turn continues the parent's
+//! turn numbering, and its result reads only its own events (never a seeded parent message).
+//!
+//! The provider advertises all four start-time capabilities and says it **does** inherit the
+//! parent's context. Its continuable preparation returns the same prefix, captured once.
 #![warn(missing_docs)]
+
+use std::fmt;
+use std::sync::Arc;
+
+use agent::{AgentRef, Registration, SessionEvent};
+use async_trait::async_trait;
+use subagent::capabilities::{ContinuableCreateRequest, ContinuableCreateSpec, SubagentCapabilities};
+use subagent::provider::{PrepareContinuable, ResolvedSubagentStartRequest, SubagentProvider};
+use subagent::run::SubagentRun;
+use subagent::service::{RegisterError, SubagentService};
+use subagent::SubagentError;
+use subagent_inprocess::{InProcessDriver, InProcessRunOptions};
+
+/// The registry name a fork provider uses by default.
+pub const DEFAULT_NAME: &str = "fork";
+
+/// The seed a fork child of `parent` gets now: the parent's balanced completed-turn prefix
+/// (contiguous from seq 0, ending at its last `turn/end`), or `None` when no turn has completed
+/// (the child is then created unseeded: no end-seed marker, no `seedLength`).
+///
+/// A one-time snapshot: later parent history never reaches the child.
+pub fn completed_turn_prefix(parent: &AgentRef) -> Option<Vec<SessionEvent>> {
+    let events = parent.session().events();
+    let prefix = agent::balanced_completed_turn_prefix(&events);
+    (!prefix.is_empty()).then(|| prefix.iter().map(|e| (**e).clone()).collect())
+}
+
+/// The `fork` provider: in-process children seeded with the parent's completed turns.
+///
+/// # Ownership, drop and cancellation
+/// The provider holds only its name and a (shared) [`InProcessDriver`]. Each start is
+/// independent (the service may call it concurrently). A fulfilled start returns a run the
+/// caller owns and must dispose; removing or dropping the provider never revokes it. A start's
+/// request signal is its only cancellation (see [`subagent_inprocess::LocalRun`]).
+#[derive(Clone)]
+pub struct ForkProvider {
+    name: String,
+    driver: InProcessDriver,
+}
+
+impl fmt::Debug for ForkProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ForkProvider").field("name", &self.name).finish()
+    }
+}
+
+impl ForkProvider {
+    /// A provider named [`DEFAULT_NAME`] over `driver`.
+    pub fn new(driver: InProcessDriver) -> Self {
+        Self::named(DEFAULT_NAME, driver)
+    }
+
+    /// A provider registered under `name`.
+    pub fn named(name: impl Into<String>, driver: InProcessDriver) -> Self {
+        Self {
+            name: name.into(),
+            driver,
+        }
+    }
+
+    /// The driver the provider starts children with.
+    pub fn driver(&self) -> &InProcessDriver {
+        &self.driver
+    }
+}
+
+/// Registers a [`ForkProvider`] named [`DEFAULT_NAME`] over `driver` with `service`. Dropping
+/// the returned guard unregisters it without touching runs already accepted.
+pub fn register(service: &SubagentService, driver: InProcessDriver) -> Result<Registration, RegisterError> {
+    service.register_provider(Arc::new(ForkProvider::new(driver)))
+}
+
+#[async_trait]
+impl SubagentProvider for ForkProvider {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn capabilities(&self) -> SubagentCapabilities {
+        SubagentCapabilities::ALL
+    }
+
+    fn inherits_parent_context(&self) -> bool {
+        true
+    }
+
+    async fn start(&self, request: ResolvedSubagentStartRequest) -> Result<Box<dyn SubagentRun>, SubagentError> {
+        let options = InProcessRunOptions {
+            seed: completed_turn_prefix(&request.request.parent),
+        };
+        let run = self.driver.start(request, options).await?;
+        Ok(Box::new(run))
+    }
+
+    fn continuable(&self) -> Option<&dyn PrepareContinuable> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl PrepareContinuable for ForkProvider {
+    /// The same prefix, captured once at creation: it becomes part of the child's durable
+    /// transcript, so a cold resume replays it instead of re-forking newer parent history.
+    async fn prepare_continuable(
+        &self,
+        request: ContinuableCreateRequest<AgentRef>,
+    ) -> Result<ContinuableCreateSpec, SubagentError> {
+        Ok(ContinuableCreateSpec {
+            seed: completed_turn_prefix(&request.parent),
+        })
+    }
+}
