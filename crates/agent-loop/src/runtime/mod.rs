@@ -185,8 +185,18 @@ struct RuntimeInner {
     registry: Mutex<Vec<Arc<AgentEntry>>>,
     shutdown: Signal,
     tasks: TaskTracker,
-    /// Registrations the builder made (the deployment persona), kept for the runtime's life.
-    _guards: Vec<Registration>,
+    /// Registrations kept for the runtime's life: the builder's (the deployment persona) and
+    /// those handed to [`Runtime::hold`].
+    held: Mutex<Vec<Registration>>,
+    /// Listener counts owned by the runtime itself (taken at build and at each `hold`), which
+    /// [`assert_quiescent`] does not count as leaks.
+    baseline: Mutex<Baseline>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Baseline {
+    agent_listeners: usize,
+    store_listeners: usize,
 }
 
 /// The reference agent registry. Cheap to clone (shared).
@@ -426,9 +436,12 @@ impl RuntimeBuilder {
             registry: Mutex::new(Vec::new()),
             shutdown: Signal::new(),
             tasks: TaskTracker::new(),
-            _guards: guards,
+            held: Mutex::new(guards),
+            baseline: Mutex::new(Baseline::default()),
         });
-        Runtime { inner }
+        let runtime = Runtime { inner };
+        runtime.rebaseline();
+        runtime
     }
 }
 
@@ -557,6 +570,21 @@ impl Runtime {
         future::join_all(entries.iter().map(|e| e.dispose())).await;
         self.inner.tasks.close();
         self.inner.tasks.wait().await;
+    }
+
+    /// Keeps `guard` for the runtime's lifetime (for deployment-wide registrations such as a
+    /// session capture listener). Listeners present at this call count as the runtime's own
+    /// for [`assert_quiescent`].
+    pub fn hold(&self, guard: Registration) {
+        self.inner.held.lock().push(guard);
+        self.rebaseline();
+    }
+
+    fn rebaseline(&self) {
+        *self.inner.baseline.lock() = Baseline {
+            agent_listeners: self.inner.services.agent_events.listener_count(),
+            store_listeners: self.inner.sessions.events().listener_count(),
+        };
     }
 
     /// The number of runtime tasks (disposals) still running.
@@ -910,9 +938,10 @@ impl AgentRuntime for Runtime {
 }
 
 /// Asserts that `runtime` is quiescent: no registered agent (live or disposing), no live
-/// session, no hook or listener left on the shared lists and buses, no agent-scoped prompt or
-/// tool registration, and no runtime task still running. Global deployment registrations (the
-/// persona, global tools) may remain. For tests; panics with a description otherwise.
+/// session, no hook or listener left on the shared lists and buses (beyond those the runtime
+/// itself holds, see [`Runtime::hold`]), no agent-scoped prompt or tool registration, and no
+/// runtime task still running. Global deployment registrations (the persona, global tools) may
+/// remain. For tests; panics with a description otherwise.
 pub fn assert_quiescent(runtime: &Runtime) {
     let inner = &runtime.inner;
     let agents: Vec<String> = inner
@@ -927,10 +956,15 @@ pub fn assert_quiescent(runtime: &Runtime) {
     let s = &inner.services;
     assert_eq!(s.pre_step.len(), 0, "pre-step interceptors left");
     assert_eq!(s.turn_stopping.len(), 0, "turn-stopping hooks left");
-    assert_eq!(s.agent_events.listener_count(), 0, "agent event listeners left");
+    let baseline = *inner.baseline.lock();
+    assert_eq!(
+        s.agent_events.listener_count(),
+        baseline.agent_listeners,
+        "agent event listeners left"
+    );
     assert_eq!(
         inner.sessions.events().listener_count(),
-        0,
+        baseline.store_listeners,
         "session store listeners left"
     );
     assert_eq!(
