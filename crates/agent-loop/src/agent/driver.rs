@@ -485,8 +485,14 @@ impl LoopAgent {
             return Err(TurnFailure::Cancelled);
         }
         let finish = asm.finish();
-        if let FinishReason::Error { failure } | FinishReason::Aborted { failure } = finish {
-            return Err(TurnFailure::Failed(failure));
+        match finish {
+            FinishReason::Error { failure } => return Err(TurnFailure::Failed(failure)),
+            // An abort the turn's signal did not cause is a failure coded `ABORTED`.
+            FinishReason::Aborted { mut failure } => {
+                failure.code = "ABORTED".to_owned();
+                return Err(TurnFailure::Failed(failure));
+            }
+            _ => {}
         }
         let mut message = Message::assistant(asm.blocks(), provider, model);
         if let (Some(state), MessageSource::Model { replay_state, .. }) =

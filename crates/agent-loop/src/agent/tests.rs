@@ -1209,6 +1209,7 @@ async fn spn_45_in_band_finish_failures_become_turn_errors() {
     let model = ScriptedModel::new([
         chunks::error(failure.clone()),
         chunks::aborted(aborted_failure.clone()),
+        chunks::aborted(LlmFailure::new("STREAM_CUT", "stream cut")),
     ]);
     let rt = runtime(&model);
     let handle = create(&rt, "a").await;
@@ -1217,12 +1218,17 @@ async fn spn_45_in_band_finish_failures_become_turn_errors() {
     agent.when_idle().await;
     agent.followup(user("two")).unwrap();
     agent.when_idle().await;
+    agent.followup(user("three")).unwrap();
+    agent.when_idle().await;
     assert_eq!(
         turn_ends(&*agent),
         [
             TurnEndReason::Error { error: failure },
             TurnEndReason::Error {
                 error: aborted_failure
+            },
+            TurnEndReason::Error {
+                error: LlmFailure::new("ABORTED", "stream cut")
             }
         ]
     );

@@ -701,3 +701,25 @@ async fn pending_inject_survives_resume() {
     assert_eq!(user_texts(&*agent), ["staged", "go"]);
     finish(&rt, [resumed]).await;
 }
+
+/// The setup window composes, never drives: a prompt delivered during setup is logged but its
+/// turn starts only after publication.
+#[tokio::test(start_paused = true)]
+async fn setup_delivery_waits_for_publication() {
+    let model = ScriptedModel::new([chunks::text("ok")]);
+    let rt = runtime(&model);
+    let mut o = options("child");
+    o.setup = setup(|ctx| async move {
+        let agent = ctx.agent().expect("setup runs with the agent's context").clone();
+        agent.followup(user("task"))?;
+        tokio::task::yield_now().await;
+        assert_eq!(agent.status(), agent::AgentStatus::Idle);
+        assert_eq!(count(&*agent, "turn/start"), 0);
+        Ok(None)
+    });
+    let handle = rt.create(o).await.unwrap();
+    handle.agent().when_idle().await;
+    assert_eq!(user_texts(&**handle.agent()), ["task"]);
+    assert_eq!(turn_ends(&**handle.agent()), [TurnEndReason::Completed]);
+    finish(&rt, [handle]).await;
+}
