@@ -267,9 +267,7 @@ pub fn interpolate(text: &str, vars: &PromptVariables, section: &str) -> Result<
     while let Some(open) = rest.find("{{") {
         let after = &rest[open + 2..];
         // A complete group is `{{` + no braces + `}}`.
-        let group_end = after
-            .find(['{', '}'])
-            .filter(|&i| after[i..].starts_with("}}"));
+        let group_end = after.find(['{', '}']).filter(|&i| after[i..].starts_with("}}"));
         match group_end {
             Some(end) => {
                 let name = &after[..end];
