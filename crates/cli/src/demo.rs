@@ -111,7 +111,7 @@ const TESTS: Delegation = DELEGATIONS[2];
 const REVIEW: Delegation = DELEGATIONS[3];
 
 /// The scripted model of a demo whose coordinator is `coordinator`: `entries` copies of the
-/// routing function (one is consumed per model call; the demo makes 11 calls).
+/// routing function (one is consumed per model call; the demo makes 10 calls).
 pub fn demo_model(coordinator: SessionId, entries: usize) -> ScriptedModel {
     let entry = ScriptEntry::respond(move |request| respond(&coordinator, request));
     ScriptedModel::new(std::iter::repeat_n(entry, entries))
@@ -161,7 +161,7 @@ fn coordinator_reply(messages: &[Message]) -> Vec<StreamChunk> {
     if prompt == TASK {
         return match (got(&CRATES), got(&DOCS)) {
             (Some(crates), Some(docs)) => chunks::text(format!(
-                "Briefing.\n- Crates: {crates}\n- Documentation: {docs}"
+                "Briefing from two parallel surveys.\n- Crates: {crates}\n- Documentation: {docs}"
             )),
             _ => chunks::tool_calls(
                 Some("Two independent surveys: I'll run them in parallel as fresh subagents."),
@@ -244,7 +244,7 @@ pub const DEMO_PERSONA: &str = "You are the coordinator of a small team of subag
      self-contained work with `subagent`, work that builds on this conversation with `fork`, and \
      long-running work in the background; collect background jobs with `job_output`.";
 
-/// How many script entries the demo's model holds (it makes 11 calls; the rest is slack so a
+/// How many script entries the demo's model holds (it makes 10 calls; the rest is slack so a
 /// changed script fails with a scripted answer rather than an exhausted script).
 pub const DEMO_SCRIPT_ENTRIES: usize = 64;
 

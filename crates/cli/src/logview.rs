@@ -56,8 +56,9 @@ pub fn render_log(header: &SessionHeader, events: &[SessionEvent]) -> String {
             let _ = writeln!(out, "{margin}    … {chunks} streamed chunk(s)");
             chunks = 0;
         }
-        for line in describe(event).lines() {
-            let _ = writeln!(out, "{margin}{line}");
+        for (i, line) in describe(event).lines().enumerate() {
+            let indent = if i == 0 { "" } else { "       " };
+            let _ = writeln!(out, "{margin}{indent}{line}");
         }
     }
     if chunks > 0 {
@@ -93,7 +94,7 @@ fn describe(event: &SessionEvent) -> String {
                 s.push_str("  (interrupted)");
             }
             if let Some(u) = usage {
-                let _ = write!(s, "\n       tokens in {} out {}", u.input_tokens, u.output_tokens);
+                let _ = write!(s, "\ntokens in {} out {}", u.input_tokens, u.output_tokens);
             }
             s
         }
@@ -120,8 +121,9 @@ fn describe(event: &SessionEvent) -> String {
                 .as_ref()
                 .map(|t| t.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", "))
                 .unwrap_or_else(|| "none".to_owned());
+            let reason = format!("{reason:?}").to_lowercase();
             format!(
-                "#{seq:<4}   request header ({reason:?}): {}/{}; tools: {tools}",
+                "#{seq:<4}   request header ({reason}): {}/{}; tools: {tools}",
                 header.config.provider, header.config.model
             )
         }

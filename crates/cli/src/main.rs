@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use subagent_cli::catalog::{check_store_dir, read_catalog};
 use subagent_cli::demo::run_demo;
 use subagent_cli::host::{FORK_TOOL, SPAWN_TOOL};
-use subagent_cli::tree::{LiveTree, TreeChange, TreeSink, node_line};
+use subagent_cli::tree::{LiveTree, TreeChange, TreeNode, TreeSink, node_line, short_id};
 use subagent_cli::workspace::Workspace;
 use subagent_cli::{CliError, Host, HostOptions, build_host};
 
@@ -174,27 +174,53 @@ fn tree_printer(to_stderr: bool) -> TreeSink {
         // its end.
         let mut lines = String::new();
         let mut announced = announced.lock();
-        for node in tree.nodes() {
+        let nodes = tree.nodes();
+        for node in &nodes {
             let ended = matches!(change, TreeChange::Ended(id) if id == &node.id);
             if !announced.contains(&node.id) && (node.label.is_some() || ended) {
                 announced.insert(node.id.clone());
-                let parent = node
-                    .parent
-                    .as_ref()
-                    .map(|p| format!(" under {}", short(p)))
-                    .unwrap_or_default();
-                lines.push_str(&format!("  + started {}{parent}\n", node_line(&node)));
+                lines.push_str(&format!("  + {}\n", started_line(node, &nodes)));
             }
             if ended {
-                lines.push_str(&format!("  = ended   {}\n", node_line(&node)));
+                lines.push_str(&format!("  = {}\n", node_line(node)));
             }
         }
         emit(&lines);
     })
 }
 
-fn short(id: &SessionId) -> String {
-    id.as_str().chars().take(8).collect()
+/// `<provider> "<label>"  depth d  (<id>) started under <parent>` (no status: it is not known
+/// yet in plain output).
+fn started_line(node: &TreeNode, nodes: &[TreeNode]) -> String {
+    let what = match (&node.provider, &node.label) {
+        (Some(p), Some(l)) => format!("{p} \"{l}\""),
+        (Some(p), None) => p.clone(),
+        (None, Some(l)) => l.clone(),
+        (None, None) => "agent".to_owned(),
+    };
+    let id = if node.parent.is_some() {
+        short_id(&node.id)
+    } else {
+        node.id.to_string()
+    };
+    let job = node
+        .background_job
+        .as_ref()
+        .map(|j| format!("  background job {j}"))
+        .unwrap_or_default();
+    let parent = node
+        .parent
+        .as_ref()
+        .map(|p| {
+            let name = nodes
+                .iter()
+                .find(|n| &n.id == p)
+                .and_then(|n| n.label.clone().filter(|_| n.parent.is_none()))
+                .unwrap_or_else(|| short_id(p));
+            format!(" under {name}")
+        })
+        .unwrap_or_default();
+    format!("{what}  depth {}{job}  ({id}) started{parent}", node.depth)
 }
 
 async fn demo(store: &Path) -> Result<(), CliError> {
