@@ -29,6 +29,8 @@
 //! `registry` (the live entries in creation order) is held for short synchronous sections;
 //! events are emitted and futures awaited with no lock held.
 
+mod builder;
+mod dispose;
 mod models;
 mod store;
 #[cfg(test)]
@@ -36,24 +38,23 @@ pub(crate) mod testkit;
 #[cfg(test)]
 mod tests;
 
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
-use futures::future::{BoxFuture, Shared};
+
 use futures::{FutureExt, future};
 use parking_lot::Mutex;
 use tokio_util::task::TaskTracker;
 
 use agent::hooks::SessionStartSource;
-use agent::prompt::Prompt;
-use agent::runtime::{HookList, ModelRegistry};
 use agent::{
-    Agent, AgentError, AgentEvent, AgentHandle, AgentRef, AgentRuntime, CancelCause, CancelOptions,
-    CreateAgentOptions, Ctx, Disposer, EventBus, Jobs, Registration, ResumeAgentOptions, Scope,
-    ScopeInactive, Services, Session, SessionId, SessionObserver, SessionPersistence, SessionStore, Signal,
-    Tools,
+    Agent, AgentError, AgentEvent, AgentHandle, AgentRef, AgentRuntime, CancelCause, CreateAgentOptions, Ctx,
+    Registration, ResumeAgentOptions, Scope, ScopeInactive, Services, Session, SessionId, SessionStore,
+    Signal,
 };
 
+pub use builder::RuntimeBuilder;
+use dispose::{AgentEntry, EntryDisposer};
 pub use models::ModelMap;
 pub use store::{MemorySessionStore, SessionStoreEvent};
 
@@ -70,109 +71,6 @@ fn inactive(id: &SessionId) -> AgentError {
         cause: CancelCause::Other {
             reason: INACTIVE.to_owned(),
         },
-    }
-}
-
-/// One registered agent.
-struct AgentEntry {
-    agent: Arc<LoopAgent>,
-    runtime: Weak<RuntimeInner>,
-    /// The store entry; dropping it removes the session.
-    session_guard: Mutex<Option<Registration>>,
-    owner: Option<Weak<AgentEntry>>,
-    /// Published agents this one created.
-    children: Mutex<Vec<Weak<AgentEntry>>>,
-    /// Cancelled when the teardown begins (aborts pending creations it owns).
-    disposing: Signal,
-    /// Whether `AgentEvent::Created` was emitted (so `Disposed` pairs with it).
-    announced: std::sync::atomic::AtomicBool,
-    teardown: OnceLock<Shared<BoxFuture<'static, ()>>>,
-}
-
-impl AgentEntry {
-    /// Starts (or joins) the memoized teardown.
-    fn dispose(self: &Arc<Self>) -> BoxFuture<'static, ()> {
-        let mut first = false;
-        let shared = self
-            .teardown
-            .get_or_init(|| {
-                first = true;
-                teardown(self.clone()).boxed().shared()
-            })
-            .clone();
-        if first {
-            // The synchronous part, outside the cell's initialisation (listeners it triggers
-            // may call `dispose` again): no new work from now on, the active turn aborted and
-            // the inbox cleared (no wake latch under `disposed`).
-            self.disposing.cancel(CancelCause::Disposed);
-            self.agent.begin_disposal();
-            self.agent.cancel(CancelCause::Disposed, CancelOptions::default());
-            // Drive the teardown in the background so it progresses even if no caller polls.
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                match self.runtime.upgrade() {
-                    Some(rt) => drop(rt.tasks.spawn_on(shared.clone(), &handle)),
-                    None => drop(handle.spawn(shared.clone())),
-                }
-            }
-        }
-        shared.boxed()
-    }
-
-    fn is_agent(&self, agent: &AgentRef) -> bool {
-        std::ptr::addr_eq(Arc::as_ptr(&self.agent), Arc::as_ptr(agent))
-    }
-}
-
-/// The quiescence transaction of one agent (see the module docs).
-async fn teardown(entry: Arc<AgentEntry>) {
-    let agent = entry.agent.clone();
-    let children: Vec<Arc<AgentEntry>> = entry
-        .children
-        .lock()
-        .drain(..)
-        .filter_map(|w| w.upgrade())
-        .collect();
-    let jobs = entry.runtime.upgrade().and_then(|rt| rt.services.jobs.clone());
-    let id = agent.id().clone();
-    let jobs_done = async move {
-        if let Some(jobs) = jobs {
-            jobs.dispose_owner(&id).await;
-        }
-    };
-    future::join3(
-        future::join_all(children.iter().map(|c| c.dispose())),
-        jobs_done,
-        agent.when_idle(),
-    )
-    .await;
-    agent.tasks().close();
-    agent.tasks().wait().await;
-    agent.scope().dispose();
-    if let Some(rt) = entry.runtime.upgrade() {
-        rt.registry.lock().retain(|e| !Arc::ptr_eq(e, &entry));
-    }
-    if entry.announced.load(std::sync::atomic::Ordering::SeqCst)
-        && let Some(rt) = entry.runtime.upgrade()
-    {
-        rt.services.agent_events.emit(&AgentEvent::Disposed {
-            agent: agent.id().clone(),
-        });
-    }
-    let guard = entry.session_guard.lock().take();
-    drop(guard);
-    if let Some(owner) = entry.owner.as_ref().and_then(Weak::upgrade) {
-        owner
-            .children
-            .lock()
-            .retain(|w| w.upgrade().is_some_and(|e| !Arc::ptr_eq(&e, &entry)));
-    }
-}
-
-struct EntryDisposer(Arc<AgentEntry>);
-
-impl Disposer for EntryDisposer {
-    fn dispose(&self) -> BoxFuture<'static, ()> {
-        self.0.dispose()
     }
 }
 
@@ -214,234 +112,6 @@ impl std::fmt::Debug for Runtime {
             .field("agents", &self.inner.registry.lock().len())
             .field("sessions", &self.inner.sessions.len())
             .finish()
-    }
-}
-
-/// The `agents` service handed to contexts: a weak link back to the runtime (so services never
-/// keep the runtime alive) plus the other services, so a context can still be built after the
-/// runtime is gone.
-#[derive(Clone)]
-struct RuntimeLink {
-    runtime: Weak<RuntimeInner>,
-    sessions: Arc<dyn SessionStore>,
-    persistence: Option<Arc<dyn SessionPersistence>>,
-    tools: Arc<dyn Tools>,
-    prompt: Arc<dyn Prompt>,
-    jobs: Option<Arc<dyn Jobs>>,
-    models: Arc<dyn ModelRegistry>,
-    agent_events: EventBus<AgentEvent>,
-    pre_step: HookList<dyn agent::PreStepInterceptor>,
-    turn_stopping: HookList<dyn agent::TurnStoppingHook>,
-}
-
-impl RuntimeLink {
-    fn get(&self) -> Option<Runtime> {
-        self.runtime.upgrade().map(|inner| Runtime { inner })
-    }
-
-    fn services(&self) -> Services {
-        Services {
-            agents: Arc::new(self.clone()),
-            sessions: self.sessions.clone(),
-            persistence: self.persistence.clone(),
-            tools: self.tools.clone(),
-            prompt: self.prompt.clone(),
-            jobs: self.jobs.clone(),
-            models: self.models.clone(),
-            agent_events: self.agent_events.clone(),
-            pre_step: self.pre_step.clone(),
-            turn_stopping: self.turn_stopping.clone(),
-        }
-    }
-}
-
-#[async_trait]
-impl AgentRuntime for RuntimeLink {
-    async fn create(&self, options: CreateAgentOptions) -> Result<AgentHandle, AgentError> {
-        match self.get() {
-            Some(rt) => rt.create(options).await,
-            None => Err(inactive(&options.session_id)),
-        }
-    }
-
-    async fn resume(&self, options: ResumeAgentOptions) -> Result<AgentHandle, AgentError> {
-        match self.get() {
-            Some(rt) => rt.resume(options).await,
-            None => Err(inactive(&options.session_id)),
-        }
-    }
-
-    fn get(&self, id: &SessionId) -> Option<AgentRef> {
-        AgentRuntime::get(&self.get()?, id)
-    }
-
-    fn list(&self) -> Vec<AgentRef> {
-        self.get().map(|rt| AgentRuntime::list(&rt)).unwrap_or_default()
-    }
-
-    fn ctx(&self) -> Ctx {
-        Ctx::global(self.services())
-    }
-
-    fn agent_ctx(&self, id: &SessionId) -> Option<Ctx> {
-        self.get()?.agent_ctx(id)
-    }
-}
-
-/// Assembles a [`Runtime`] and its [`Services`].
-pub struct RuntimeBuilder {
-    models: Option<Arc<dyn ModelRegistry>>,
-    model_map: ModelMap,
-    tools: Option<Arc<dyn Tools>>,
-    prompt: PromptRegistry,
-    persistence: Option<Arc<dyn SessionPersistence>>,
-    jobs: Option<Arc<dyn Jobs>>,
-    observers: Vec<Arc<dyn SessionObserver>>,
-    persona: Option<String>,
-    config: LoopConfig,
-}
-
-impl std::fmt::Debug for RuntimeBuilder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RuntimeBuilder")
-            .field("config", &self.config)
-            .finish()
-    }
-}
-
-impl Default for RuntimeBuilder {
-    fn default() -> Self {
-        Self {
-            models: None,
-            model_map: ModelMap::new(),
-            tools: None,
-            prompt: PromptRegistry::new(),
-            persistence: None,
-            jobs: None,
-            observers: Vec::new(),
-            persona: None,
-            config: LoopConfig::default(),
-        }
-    }
-}
-
-impl RuntimeBuilder {
-    /// A builder with an empty model map, a fresh [`ToolRegistry`] and [`PromptRegistry`], no
-    /// persistence and no jobs.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Serves `provider` with `adapter` (in the builder's [`ModelMap`]).
-    pub fn model(self, provider: impl Into<String>, adapter: Arc<dyn agent::ModelAdapter>) -> Self {
-        self.model_map.insert(provider, adapter);
-        self
-    }
-
-    /// Uses a custom model registry instead of the builder's [`ModelMap`].
-    pub fn models(mut self, models: Arc<dyn ModelRegistry>) -> Self {
-        self.models = Some(models);
-        self
-    }
-
-    /// Uses a custom tool registry instead of a fresh [`ToolRegistry`].
-    pub fn tools(mut self, tools: Arc<dyn Tools>) -> Self {
-        self.tools = Some(tools);
-        self
-    }
-
-    /// Uses this prompt registry.
-    pub fn prompt(mut self, prompt: PromptRegistry) -> Self {
-        self.prompt = prompt;
-        self
-    }
-
-    /// Registers the global deployment persona (section `deployment:persona`, order 0).
-    pub fn persona(mut self, text: impl Into<String>) -> Self {
-        self.persona = Some(text.into());
-        self
-    }
-
-    /// Durable persistence for sessions (required by [`AgentRuntime::resume`]).
-    pub fn persistence(mut self, persistence: Arc<dyn SessionPersistence>) -> Self {
-        self.persistence = Some(persistence);
-        self
-    }
-
-    /// The background job registry.
-    pub fn jobs(mut self, jobs: Arc<dyn Jobs>) -> Self {
-        self.jobs = Some(jobs);
-        self
-    }
-
-    /// An observer installed into every session the runtime publishes (an invariant checker).
-    pub fn session_observer(mut self, observer: Arc<dyn SessionObserver>) -> Self {
-        self.observers.push(observer);
-        self
-    }
-
-    /// Loop tunables.
-    pub fn config(mut self, config: LoopConfig) -> Self {
-        self.config = config;
-        self
-    }
-
-    /// Builds the runtime.
-    pub fn build(self) -> Runtime {
-        let sessions = MemorySessionStore::new(self.persistence.clone());
-        for observer in self.observers {
-            sessions.add_observer(observer);
-        }
-        let (tools, tool_registry): (Arc<dyn Tools>, Option<ToolRegistry>) = match self.tools {
-            Some(tools) => (tools, None),
-            None => {
-                let registry = ToolRegistry::new();
-                (Arc::new(registry.clone()), Some(registry))
-            }
-        };
-        let models = self.models.unwrap_or_else(|| Arc::new(self.model_map.clone()));
-        let mut guards = Vec::new();
-        if let Some(persona) = self.persona {
-            guards.push(self.prompt.section(
-                None,
-                agent::prompt::PromptSection {
-                    name: agent::prompt::PERSONA_SECTION.to_owned(),
-                    order: 0,
-                    text: persona,
-                },
-            ));
-        }
-        let prompt = self.prompt;
-        let persistence = self.persistence;
-        let jobs = self.jobs;
-        let config = self.config;
-        let inner = Arc::new_cyclic(|weak: &Weak<RuntimeInner>| RuntimeInner {
-            services: RuntimeLink {
-                runtime: weak.clone(),
-                sessions: Arc::new(sessions.clone()),
-                persistence,
-                tools,
-                prompt: Arc::new(prompt.clone()),
-                jobs,
-                models,
-                agent_events: EventBus::new(),
-                pre_step: HookList::default(),
-                turn_stopping: HookList::default(),
-            }
-            .services(),
-            sessions,
-            prompt,
-            tool_registry,
-            config,
-            registry: Mutex::new(Vec::new()),
-            shutdown: Signal::new(),
-            tasks: TaskTracker::new(),
-            held: Mutex::new(guards),
-            baseline: Mutex::new(Baseline::default()),
-        });
-        let runtime = Runtime { inner };
-        runtime.rebaseline();
-        runtime
     }
 }
 

@@ -1,0 +1,115 @@
+//! The memoized quiescence transaction of one registered agent (spec §9.4).
+
+use std::sync::{Arc, OnceLock, Weak};
+
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, future};
+use parking_lot::Mutex;
+
+use agent::{Agent, AgentEvent, AgentRef, CancelCause, CancelOptions, Disposer, Registration, Signal};
+
+use super::RuntimeInner;
+use crate::agent::LoopAgent;
+
+/// One registered agent.
+pub(super) struct AgentEntry {
+    pub(super) agent: Arc<LoopAgent>,
+    pub(super) runtime: Weak<RuntimeInner>,
+    /// The store entry; dropping it removes the session.
+    pub(super) session_guard: Mutex<Option<Registration>>,
+    pub(super) owner: Option<Weak<AgentEntry>>,
+    /// Published agents this one created.
+    pub(super) children: Mutex<Vec<Weak<AgentEntry>>>,
+    /// Cancelled when the teardown begins (aborts pending creations it owns).
+    pub(super) disposing: Signal,
+    /// Whether `AgentEvent::Created` was emitted (so `Disposed` pairs with it).
+    pub(super) announced: std::sync::atomic::AtomicBool,
+    pub(super) teardown: OnceLock<Shared<BoxFuture<'static, ()>>>,
+}
+
+impl AgentEntry {
+    /// Starts (or joins) the memoized teardown.
+    pub(super) fn dispose(self: &Arc<Self>) -> BoxFuture<'static, ()> {
+        let mut first = false;
+        let shared = self
+            .teardown
+            .get_or_init(|| {
+                first = true;
+                teardown(self.clone()).boxed().shared()
+            })
+            .clone();
+        if first {
+            // The synchronous part, outside the cell's initialisation (listeners it triggers
+            // may call `dispose` again): no new work from now on, the active turn aborted and
+            // the inbox cleared (no wake latch under `disposed`).
+            self.disposing.cancel(CancelCause::Disposed);
+            self.agent.begin_disposal();
+            self.agent.cancel(CancelCause::Disposed, CancelOptions::default());
+            // Drive the teardown in the background so it progresses even if no caller polls.
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                match self.runtime.upgrade() {
+                    Some(rt) => drop(rt.tasks.spawn_on(shared.clone(), &handle)),
+                    None => drop(handle.spawn(shared.clone())),
+                }
+            }
+        }
+        shared.boxed()
+    }
+
+    pub(super) fn is_agent(&self, agent: &AgentRef) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.agent), Arc::as_ptr(agent))
+    }
+}
+
+/// The quiescence transaction of one agent (see the module docs).
+pub(super) async fn teardown(entry: Arc<AgentEntry>) {
+    let agent = entry.agent.clone();
+    let children: Vec<Arc<AgentEntry>> = entry
+        .children
+        .lock()
+        .drain(..)
+        .filter_map(|w| w.upgrade())
+        .collect();
+    let jobs = entry.runtime.upgrade().and_then(|rt| rt.services.jobs.clone());
+    let id = agent.id().clone();
+    let jobs_done = async move {
+        if let Some(jobs) = jobs {
+            jobs.dispose_owner(&id).await;
+        }
+    };
+    future::join3(
+        future::join_all(children.iter().map(|c| c.dispose())),
+        jobs_done,
+        agent.when_idle(),
+    )
+    .await;
+    agent.tasks().close();
+    agent.tasks().wait().await;
+    agent.scope().dispose();
+    if let Some(rt) = entry.runtime.upgrade() {
+        rt.registry.lock().retain(|e| !Arc::ptr_eq(e, &entry));
+    }
+    if entry.announced.load(std::sync::atomic::Ordering::SeqCst)
+        && let Some(rt) = entry.runtime.upgrade()
+    {
+        rt.services.agent_events.emit(&AgentEvent::Disposed {
+            agent: agent.id().clone(),
+        });
+    }
+    let guard = entry.session_guard.lock().take();
+    drop(guard);
+    if let Some(owner) = entry.owner.as_ref().and_then(Weak::upgrade) {
+        owner
+            .children
+            .lock()
+            .retain(|w| w.upgrade().is_some_and(|e| !Arc::ptr_eq(&e, &entry)));
+    }
+}
+
+pub(super) struct EntryDisposer(pub(super) Arc<AgentEntry>);
+
+impl Disposer for EntryDisposer {
+    fn dispose(&self) -> BoxFuture<'static, ()> {
+        self.0.dispose()
+    }
+}
