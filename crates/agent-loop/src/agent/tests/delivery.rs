@@ -1,0 +1,526 @@
+//! Inbox, delivery, wake rules, cancellation, status and `when_idle` (SPN-12…27).
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use parking_lot::Mutex;
+
+use agent::event::SpliceOutcome;
+use agent::model::BlockType;
+use agent::{
+    AgentError, AgentEvent, AgentStatus, CancelCause, CancelOptions, ContentBlock, EventData, InboxTarget,
+    Message, StreamChunk, TurnEndReason,
+};
+
+use super::*;
+use crate::model::{ScriptEntry, ScriptedModel, chunks};
+use crate::runtime::testkit::*;
+
+/// spec: SPN-12 — `clear()` logs both lists as durable cancellations (`next-step` first),
+/// replace works across lists, duplicate ids are rejected.
+#[tokio::test(start_paused = true)]
+async fn spn_12_inbox_clear_replace_and_duplicates() {
+    let model = ScriptedModel::default();
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    let queued = user("queued");
+    let injected = user("context");
+    agent.send(queued.clone(), InboxTarget::NextTurn, false).unwrap();
+    agent.inject(injected.clone()).unwrap();
+    // A pending id is rejected in either list.
+    assert!(matches!(
+        agent.send(queued.clone(), InboxTarget::NextStep, false),
+        Err(AgentError::DuplicateMessage(id)) if id == queued.id
+    ));
+    assert!(matches!(
+        agent.inject(injected.clone()),
+        Err(AgentError::DuplicateMessage(_))
+    ));
+    // Replace locates the id across lists (here: next-step) as a cancellation inserting the
+    // replacement.
+    let loop_agent = rt.loop_agent(agent.id()).unwrap();
+    let replacement = user("context v2");
+    assert!(
+        loop_agent
+            .replace_pending(&injected.id, replacement.clone())
+            .unwrap()
+    );
+    assert!(!loop_agent.replace_pending(&injected.id, user("gone")).unwrap());
+    let last = splices(&*agent).pop().unwrap();
+    assert_eq!(last.target, InboxTarget::NextStep);
+    assert_eq!(last.removed_count, Some(1));
+    assert_eq!(last.inserted, vec![replacement.clone()]);
+    assert_eq!(last.outcome, Some(SpliceOutcome::Canceled));
+    assert_eq!(agent.inbox().next_step, vec![replacement]);
+    // Clear: next-step first, then next-turn, each a durable cancellation.
+    let before = splices(&*agent).len();
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    let cleared = &splices(&*agent)[before..];
+    assert_eq!(cleared.len(), 2);
+    assert_eq!(cleared[0].target, InboxTarget::NextStep);
+    assert_eq!(cleared[1].target, InboxTarget::NextTurn);
+    for s in cleared {
+        assert_eq!(s.removed_count, Some(1));
+        assert!(s.inserted.is_empty());
+        assert_eq!(s.outcome, Some(SpliceOutcome::Canceled));
+    }
+    assert!(agent.inbox().is_empty());
+    // An empty clear logs nothing.
+    let before = agent.session().len();
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    assert_eq!(agent.session().len(), before);
+    assert!(model.requests().is_empty());
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-13 — `cancel()` on an idle agent with nothing queued is a no-op; the next prompt
+/// runs.
+#[tokio::test(start_paused = true)]
+async fn spn_13_idle_cancel_is_a_no_op() {
+    let model = ScriptedModel::new([chunks::text("reply")]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    assert!(agent.session().is_empty(), "nothing logged");
+    agent.followup(user("real prompt")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["real prompt"]);
+    assert_eq!(turn_ends(&*agent), [TurnEndReason::Completed]);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-14 — `keepInbox` does not restore work a waking send already claimed; the opened
+/// turn ends `aborted {user}` with no model call.
+#[tokio::test(start_paused = true)]
+async fn spn_14_keep_inbox_does_not_restore_claimed_work() {
+    let model = ScriptedModel::new([chunks::text("wake reply")]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("preserved")).unwrap();
+    agent.cancel(CancelCause::User, keep());
+    assert!(
+        splices(&*agent).iter().all(|s| s.outcome.is_none()),
+        "keep_inbox logs no cancellation"
+    );
+    agent.when_idle().await;
+    assert!(agent.inbox().is_empty());
+    assert!(user_texts(&*agent).is_empty());
+    assert!(model.requests().is_empty());
+    assert_eq!(turn_ends(&*agent), [aborted(CancelCause::User)]);
+    agent.followup(user("wake it")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["wake it"]);
+    assert_eq!(model.requests().len(), 1);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-15 — `keepInbox` parks queued work after an active turn aborts; it runs on the
+/// next wake.
+#[tokio::test(start_paused = true)]
+async fn spn_15_keep_inbox_parks_queued_work_until_the_next_wake() {
+    let model = ScriptedModel::new([
+        ScriptEntry::hang(),
+        chunks::text("preserved reply").into(),
+        chunks::text("wake reply").into(),
+    ]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("active")).unwrap();
+    settle().await;
+    agent.followup(user("preserved")).unwrap();
+    agent.cancel(CancelCause::User, keep());
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["active"]);
+    assert_eq!(agent.inbox().next_turn.len(), 1);
+    assert_eq!(model.requests().len(), 1);
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    agent.followup(user("wake it")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["active", "preserved", "wake it"]);
+    assert_eq!(model.requests().len(), 3);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-16 — a waking send in the abort-to-idle window is latched and replays at
+/// convergence.
+#[tokio::test(start_paused = true)]
+async fn spn_16_wake_in_abort_window_is_latched_and_replayed() {
+    let model = ScriptedModel::new([ScriptEntry::hang(), chunks::text("B reply").into()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("active")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, keep());
+    agent.followup(user("B")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["active", "B"]);
+    assert_eq!(model.requests().len(), 2);
+    assert!(agent.inbox().is_empty());
+    assert_eq!(
+        turn_ends(&*agent),
+        [aborted(CancelCause::User), TurnEndReason::Completed]
+    );
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-16 (steering variant) — a latched steer is redirected to `next-turn`: it cannot
+/// join the aborted turn.
+#[tokio::test(start_paused = true)]
+async fn spn_16_latched_steer_is_redirected_to_next_turn() {
+    let model = ScriptedModel::new([ScriptEntry::hang_slow(), chunks::text("B reply").into()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("A")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, keep());
+    agent.steer(user("B")).unwrap();
+    assert_eq!(agent.inbox().next_turn.len(), 1);
+    assert!(agent.inbox().next_step.is_empty());
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["A", "B"]);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-17 — `cancel()` without `keepInbox` clears a latched wake with the inbox.
+#[tokio::test(start_paused = true)]
+async fn spn_17_cancel_clears_a_latched_wake() {
+    let model = ScriptedModel::new([ScriptEntry::hang(), chunks::text("C reply").into()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("active")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, keep());
+    agent.followup(user("B")).unwrap();
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["active"]);
+    assert!(agent.inbox().is_empty());
+    assert_eq!(model.requests().len(), 1);
+    agent.followup(user("C")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["active", "C"]);
+    assert_eq!(model.requests().len(), 2);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-18 — removing a latched message before convergence suppresses the replay (no
+/// empty turn).
+#[tokio::test(start_paused = true)]
+async fn spn_18_removed_latched_message_suppresses_replay() {
+    let model = ScriptedModel::new([ScriptEntry::hang()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("active")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, keep());
+    let steer = user("steer me");
+    agent.steer(steer.clone()).unwrap();
+    assert!(agent.remove_pending(&steer.id).unwrap());
+    agent.when_idle().await;
+    assert_eq!(user_texts(&*agent), ["active"]);
+    assert_eq!(model.requests().len(), 1);
+    assert!(agent.inbox().is_empty());
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    assert_eq!(count(&*agent, "turn/start"), 1);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-19 — a wake arriving after disposal began is never latched. In this runtime a
+/// disposing agent refuses new work outright (`AgentError::Disposed`); a direct
+/// `cancel(disposed)` likewise never arms the latch (the wake stays parked, no replay turn).
+#[tokio::test(start_paused = true)]
+async fn spn_19_no_latch_after_disposal_began() {
+    let model = ScriptedModel::new([ScriptEntry::hang_slow(), chunks::text("late reply").into()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("active")).unwrap();
+    settle().await;
+    let disposal = handle.dispose();
+    assert!(matches!(
+        agent.followup(user("late wake")),
+        Err(AgentError::Disposed(_))
+    ));
+    disposal.await;
+    assert_eq!(model.requests().len(), 1);
+    assert_eq!(user_texts(&*agent), ["active"]);
+    assert_eq!(turn_ends(&*agent), [aborted(CancelCause::Disposed)]);
+
+    // The latch rule itself: a `disposed` cause never latches.
+    let model = ScriptedModel::new([ScriptEntry::hang(), chunks::text("never").into()]);
+    let rt2 = runtime(&model);
+    let handle2 = create(&rt2, "b").await;
+    let agent = handle2.agent().clone();
+    agent.followup(user("active")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::Disposed, keep());
+    agent.followup(user("late")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(model.requests().len(), 1);
+    assert_eq!(agent.inbox().next_turn.len(), 1, "parked, not replayed");
+    assert_eq!(count(&*agent, "turn/start"), 1);
+    finish(&rt, []).await;
+    finish(&rt2, [handle2]).await;
+}
+
+/// spec: SPN-20 — cancel right after waking sends closes the synchronously opened turn
+/// without a step.
+#[tokio::test(start_paused = true)]
+async fn spn_20_cancel_after_waking_sends_closes_the_turn_without_a_step() {
+    let model = ScriptedModel::new([chunks::text("should not run")]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("drop me first")).unwrap();
+    agent.followup(user("drop me second")).unwrap();
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    settle().await;
+    assert!(user_texts(&*agent).is_empty());
+    assert_eq!(count(&*agent, "turn/start"), 1);
+    assert_eq!(count(&*agent, "step/start"), 0);
+    assert_eq!(turn_ends(&*agent), [aborted(CancelCause::User)]);
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    assert!(model.requests().is_empty());
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-21 — disposal from the running notification drops queued work before
+/// `turn/start`.
+#[tokio::test(start_paused = true)]
+async fn spn_21_disposal_from_running_notification_drops_work_before_turn_start() {
+    let model = ScriptedModel::new([chunks::text("should not run")]);
+    let rt = runtime(&model);
+    let handle = Arc::new(create(&rt, "a").await);
+    let agent = handle.agent().clone();
+    let disposal = Arc::new(Mutex::new(None));
+    let (h, d) = (handle.clone(), disposal.clone());
+    let guard = rt.services().agent_events.on(move |e| {
+        if let AgentEvent::Status {
+            status: AgentStatus::Running,
+            ..
+        } = e
+        {
+            *d.lock() = Some(h.dispose());
+        }
+        Ok(())
+    });
+    agent.followup(user("drop before claim")).unwrap();
+    let fut = disposal
+        .lock()
+        .take()
+        .expect("the running listener started disposal");
+    fut.await;
+    drop(guard);
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    assert_eq!(count(&*agent, "turn/start"), 0);
+    assert!(user_texts(&*agent).is_empty());
+    assert!(model.requests().is_empty());
+    assert!(agent.inbox().is_empty());
+    drop(handle);
+    finish(&rt, []).await;
+}
+
+/// spec: SPN-22 — cancel mid-stream finalises the streamed text prefix as an interrupted
+/// assistant message citing its chunks; the next request sees it.
+#[tokio::test(start_paused = true)]
+async fn spn_22_cancel_mid_stream_finalises_the_prefix() {
+    let model = ScriptedModel::new([ScriptEntry::hang(), chunks::text("after").into()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    agent.when_idle().await;
+    let events = agent.session().events();
+    let message = events
+        .iter()
+        .find(|e| e.type_name() == "assistant/message")
+        .unwrap();
+    let EventData::AssistantMessage {
+        message: m,
+        interrupted,
+        ..
+    } = &message.data
+    else {
+        unreachable!()
+    };
+    assert_eq!(m.content, vec![ContentBlock::text("partial")]);
+    assert!(interrupted);
+    let chunk_seqs: Vec<u64> = events
+        .iter()
+        .filter(|e| e.type_name() == "assistant/chunk")
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(
+        message.surface.as_ref().unwrap().source_event_seqs.as_ref(),
+        Some(&chunk_seqs)
+    );
+    let t = types(&*agent);
+    let pos = |k: &str| t.iter().position(|x| x == k).unwrap();
+    assert!(pos("assistant/message") < pos("step/end"));
+    assert!(pos("step/end") < pos("turn/end"));
+    agent.followup(user("continue")).unwrap();
+    agent.when_idle().await;
+    let replayed = &model.requests()[1].messages;
+    assert!(
+        replayed
+            .iter()
+            .any(|m| m.role == agent::Role::Assistant && m.text() == "partial")
+    );
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-23 — cancel drops a half-streamed tool call but keeps completed text.
+#[tokio::test(start_paused = true)]
+async fn spn_23_cancel_drops_half_streamed_tool_call() {
+    let model = ScriptedModel::new([ScriptEntry::hang_after(vec![
+        StreamChunk::BlockStart {
+            index: 0,
+            block_type: BlockType::Text,
+        },
+        StreamChunk::TextDelta {
+            index: 0,
+            text: "reading the file".into(),
+        },
+        StreamChunk::BlockEnd {
+            index: 0,
+            block: ContentBlock::text("reading the file"),
+        },
+        StreamChunk::BlockStart {
+            index: 1,
+            block_type: BlockType::ToolCall,
+        },
+        StreamChunk::ToolCallDelta {
+            index: 1,
+            id: "c1".into(),
+            name: Some("read".into()),
+            arguments_delta: "{\"pa".into(),
+        },
+    ])]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    agent.when_idle().await;
+    let messages: Vec<Message> = agent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::AssistantMessage { message, .. } => Some(message.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(messages.len(), 1);
+    assert_eq!(messages[0].content, vec![ContentBlock::text("reading the file")]);
+    assert_eq!(count(&*agent, "tool/call"), 0);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-24 — cancel before any visible content finalises nothing.
+#[tokio::test(start_paused = true)]
+async fn spn_24_cancel_before_visible_content_finalises_nothing() {
+    let model = ScriptedModel::new([ScriptEntry::hang_after(vec![
+        StreamChunk::BlockStart {
+            index: 0,
+            block_type: BlockType::ToolCall,
+        },
+        StreamChunk::ToolCallDelta {
+            index: 0,
+            id: "c1".into(),
+            name: Some("read".into()),
+            arguments_delta: "{\"pa".into(),
+        },
+    ])]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    agent.when_idle().await;
+    assert_eq!(count(&*agent, "assistant/message"), 0);
+    assert_eq!(count(&*agent, "assistant/chunk"), 2);
+    assert_eq!(turn_ends(&*agent), [aborted(CancelCause::User)]);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-25 — the first typed cancel cause wins over later ones (and is the model
+/// request's cancellation reason) and over lifecycle teardown.
+#[tokio::test(start_paused = true)]
+async fn spn_25_first_cancel_cause_wins() {
+    let model = ScriptedModel::new([ScriptEntry::hang(), ScriptEntry::hang()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::Parent, CancelOptions::default());
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    agent.when_idle().await;
+    assert_eq!(model.requests()[0].signal.cause(), Some(CancelCause::Parent));
+    assert_eq!(turn_ends(&*agent), [aborted(CancelCause::Parent)]);
+
+    agent.followup(user("again")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    handle.dispose().await;
+    assert_eq!(
+        turn_ends(&*agent),
+        [aborted(CancelCause::Parent), aborted(CancelCause::User)]
+    );
+    finish(&rt, []).await;
+}
+
+/// spec: SPN-26 — `whenIdle()` resolves immediately when idle and waits for active work until
+/// cancellation.
+#[tokio::test(start_paused = true)]
+async fn spn_26_when_idle_resolves_immediately_or_waits_for_work() {
+    let model = ScriptedModel::new([ScriptEntry::hang()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    assert!(agent.when_idle().now_or_never().is_some());
+    agent.followup(user("go")).unwrap();
+    let mut idle = agent.when_idle();
+    settle().await;
+    assert!((&mut idle).now_or_never().is_none(), "still running");
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    idle.await;
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    finish(&rt, [handle]).await;
+}
+
+/// spec: SPN-27 — one completed turn emits exactly `running` then `idle`.
+#[tokio::test(start_paused = true)]
+async fn spn_27_one_turn_emits_running_then_idle() {
+    let model = ScriptedModel::new([chunks::text("reply")]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    let (seen, guard) = record_events(&rt);
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    drop(guard);
+    let statuses: Vec<AgentStatus> = seen
+        .lock()
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::Status { status, .. } => Some(*status),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(statuses, [AgentStatus::Running, AgentStatus::Idle]);
+    finish(&rt, [handle]).await;
+}
