@@ -94,7 +94,11 @@ impl Catalog {
         let n = children.len();
         for (i, child) in children.into_iter().enumerate() {
             let last = i + 1 == n;
-            let (branch, cont) = if last { ("└─ ", "   ") } else { ("├─ ", "│  ") };
+            let (branch, cont) = if last {
+                ("└─ ", "   ")
+            } else {
+                ("├─ ", "│  ")
+            };
             let _ = writeln!(out, "{prefix}{branch}{}", row_line(child));
             self.render_children(&child.id, &format!("{prefix}{cont}"), out);
         }
@@ -276,7 +280,10 @@ pub async fn read_catalog(dir: &Path) -> Result<Catalog, CliError> {
             Some(p) => own_events(&p.header, parent_log),
             None => parent_log.as_slice(),
         };
-        if let Some(call) = background_calls(own).into_iter().find(|c| &c.description == label) {
+        if let Some(call) = background_calls(own)
+            .into_iter()
+            .find(|c| &c.description == label)
+        {
             marks.push((i, call.job));
         }
     }

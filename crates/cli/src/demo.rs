@@ -142,7 +142,9 @@ fn results_since(messages: &[Message], from: usize) -> HashMap<String, String> {
     for message in &messages[from..] {
         for block in &message.content {
             if let ContentBlock::ToolResult {
-                tool_call_id, content, ..
+                tool_call_id,
+                content,
+                ..
             } = block
             {
                 out.insert(tool_call_id.to_string(), agent::content::visible_text(content));
@@ -172,7 +174,9 @@ fn coordinator_reply(messages: &[Message]) -> Vec<StreamChunk> {
     if prompt == FOLLOW_UP {
         let Some(started) = got(&TESTS) else {
             return chunks::tool_calls(
-                Some("Starting the test count as a background job, then forking a reviewer who knows this conversation."),
+                Some(
+                    "Starting the test count as a background job, then forking a reviewer who knows this conversation.",
+                ),
                 vec![TESTS.call()],
             );
         };
@@ -186,7 +190,11 @@ fn coordinator_reply(messages: &[Message]) -> Vec<StreamChunk> {
                 .to_owned();
             return chunks::tool_calls(
                 None,
-                vec![call(COLLECT_CALL, "job_output", json!({"job_id": job, "wait": true}))],
+                vec![call(
+                    COLLECT_CALL,
+                    "job_output",
+                    json!({"job_id": job, "wait": true}),
+                )],
             );
         };
         let counted = counted.lines().next().unwrap_or_default().to_owned();
@@ -238,7 +246,6 @@ fn child_reply(messages: &[Message]) -> Vec<StreamChunk> {
     chunks::text(reply)
 }
 
-
 /// The persona of the demo's agents.
 pub const DEMO_PERSONA: &str = "You are the coordinator of a small team of subagents. Delegate \
      self-contained work with `subagent`, work that builds on this conversation with `fork`, and \
@@ -269,7 +276,10 @@ pub struct DemoOutcome {
 /// creates the coordinator, runs its two turns (see the module docs) while `sink` hears every
 /// change of the delegation tree, then shuts the host down (every log durable).
 pub async fn run_demo(store_dir: &Path, sink: Option<TreeSink>) -> Result<DemoOutcome, HostError> {
-    let coordinator = SessionId::new(format!("coordinator-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]));
+    let coordinator = SessionId::new(format!(
+        "coordinator-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    ));
     let model = demo_model(coordinator.clone(), DEMO_SCRIPT_ENTRIES);
     let mut options = HostOptions::new(store_dir, model.adapter(), MODEL_PROVIDER, MODEL_NAME);
     options.persona = Some(DEMO_PERSONA.to_owned());
@@ -375,7 +385,13 @@ mod tests {
         history.push(result("call-tests", "started background subagent job subagent-7"));
         assert_eq!(step(&history)[0].0, FORK_TOOL);
         history.push(result("call-review", "looks fine"));
-        assert_eq!(step(&history), [("job_output".to_owned(), r#"{"job_id":"subagent-7","wait":true}"#.to_owned())]);
+        assert_eq!(
+            step(&history),
+            [(
+                "job_output".to_owned(),
+                r#"{"job_id":"subagent-7","wait":true}"#.to_owned()
+            )]
+        );
         history.push(result(COLLECT_CALL, "counted\n[status: completed]"));
         let last = respond(&c, &request("coord", history));
         assert_eq!(finish(&last), FinishReason::Stop);

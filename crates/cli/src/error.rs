@@ -32,9 +32,7 @@ pub enum CliError {
         reason: String,
     },
     /// `subagent run` lacks a model setting.
-    #[error(
-        "missing {what}: pass {flag} or set {env} (see `subagent run --help`)"
-    )]
+    #[error("missing {what}: pass {flag} or set {env} (see `subagent run --help`)")]
     MissingModelSetting {
         /// The setting.
         what: &'static str,

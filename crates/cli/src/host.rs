@@ -210,7 +210,12 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
         },
     ) {
         let name = tool.name.clone();
-        guards.push(services.tools.register(None, tool).map_err(|e| register_err(&name, e))?);
+        guards.push(
+            services
+                .tools
+                .register(None, tool)
+                .map_err(|e| register_err(&name, e))?,
+        );
     }
     guards.push(services.prompt.section(None, job_guidance_section()));
 
@@ -218,7 +223,12 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
     if let Some(workspace) = &options.workspace {
         for tool in workspace_tools(workspace) {
             let name = tool.name.clone();
-            guards.push(services.tools.register(None, tool).map_err(|e| register_err(&name, e))?);
+            guards.push(
+                services
+                    .tools
+                    .register(None, tool)
+                    .map_err(|e| register_err(&name, e))?,
+            );
         }
     }
 
@@ -238,7 +248,10 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
 
     // One delegation tool per provider.
     let mut plugins = Vec::new();
-    for (provider, tool) in [(subagent_spawn::DEFAULT_NAME, SPAWN_TOOL), (subagent_fork::DEFAULT_NAME, FORK_TOOL)] {
+    for (provider, tool) in [
+        (subagent_spawn::DEFAULT_NAME, SPAWN_TOOL),
+        (subagent_fork::DEFAULT_NAME, FORK_TOOL),
+    ] {
         let mut config = SubagentToolConfig::new(provider);
         config.tool_name = tool.to_owned();
         config.max_depth = Some(MaxDepth::Cap(options.max_depth));
@@ -374,7 +387,9 @@ impl Host {
     /// The text of `agent`'s last assistant message with visible text.
     pub fn last_answer(agent: &dyn Agent) -> Option<String> {
         agent.session().events().iter().rev().find_map(|e| match &e.data {
-            agent::EventData::AssistantMessage { message, .. } if !message.text().is_empty() => Some(message.text()),
+            agent::EventData::AssistantMessage { message, .. } if !message.text().is_empty() => {
+                Some(message.text())
+            }
             _ => None,
         })
     }

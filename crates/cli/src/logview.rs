@@ -25,7 +25,11 @@ pub fn render_log(header: &SessionHeader, events: &[SessionEvent]) -> String {
         let _ = writeln!(out, "  parent    {parent}");
     }
     if let Some(p) = &row.provider {
-        let label = row.label.as_deref().map(|l| format!(" \"{l}\"")).unwrap_or_default();
+        let label = row
+            .label
+            .as_deref()
+            .map(|l| format!(" \"{l}\""))
+            .unwrap_or_default();
         let _ = writeln!(out, "  provider  {p}{label}");
     }
     let _ = writeln!(out, "  depth     {}", row.depth);
@@ -113,7 +117,10 @@ fn describe(event: &SessionEvent) -> String {
                 Some(e) => format!("error {}", e.code),
                 None => "ok".to_owned(),
             };
-            format!("#{seq:<4}   ← [{call}] {status}: {}", clip(&tool_result_text(message)))
+            format!(
+                "#{seq:<4}   ← [{call}] {status}: {}",
+                clip(&tool_result_text(message))
+            )
         }
         EventData::RequestHeader { header, reason } => {
             let tools = header
@@ -177,7 +184,9 @@ fn message_text(message: &Message) -> String {
             ContentBlock::Text { text } => parts.push(clip(text)),
             ContentBlock::Reasoning { text, .. } => parts.push(format!("(thinking) {}", clip(text))),
             ContentBlock::ToolCall { name, .. } => parts.push(format!("(calls {name})")),
-            ContentBlock::ToolResult { content, .. } => parts.push(clip(&agent::content::visible_text(content))),
+            ContentBlock::ToolResult { content, .. } => {
+                parts.push(clip(&agent::content::visible_text(content)))
+            }
             ContentBlock::Image { .. } => parts.push("(image)".to_owned()),
             ContentBlock::Other(map) => parts.push(format!(
                 "({})",

@@ -101,10 +101,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
-        Err(e) => return fail(&CliError::Io {
-            context: "cannot start the async runtime".to_owned(),
-            source: e,
-        }),
+        Err(e) => {
+            return fail(&CliError::Io {
+                context: "cannot start the async runtime".to_owned(),
+                source: e,
+            });
+        }
     };
     let result = runtime.block_on(dispatch(cli.command));
     match result {
@@ -248,7 +250,11 @@ async fn demo(store: &Path) -> Result<(), CliError> {
         outcome.model_calls
     );
     println!("  subagent agents --store {}", store.display());
-    println!("  subagent log {} --store {}", outcome.coordinator, store.display());
+    println!(
+        "  subagent log {} --store {}",
+        outcome.coordinator,
+        store.display()
+    );
     println!("  subagent check {}", store.display());
     Ok(())
 }
@@ -274,16 +280,20 @@ async fn run(
     store: &Path,
     task: &str,
 ) -> Result<(), CliError> {
-    let base_url = base_url.filter(|s| !s.is_empty()).ok_or(CliError::MissingModelSetting {
-        what: "the API base URL",
-        flag: "--base-url",
-        env: "SUBAGENT_BASE_URL",
-    })?;
-    let model = model.filter(|s| !s.is_empty()).ok_or(CliError::MissingModelSetting {
-        what: "the model name",
-        flag: "--model",
-        env: "SUBAGENT_MODEL",
-    })?;
+    let base_url = base_url
+        .filter(|s| !s.is_empty())
+        .ok_or(CliError::MissingModelSetting {
+            what: "the API base URL",
+            flag: "--base-url",
+            env: "SUBAGENT_BASE_URL",
+        })?;
+    let model = model
+        .filter(|s| !s.is_empty())
+        .ok_or(CliError::MissingModelSetting {
+            what: "the model name",
+            flag: "--model",
+            env: "SUBAGENT_MODEL",
+        })?;
     let api_key = api_key.filter(|s| !s.is_empty());
     let adapter = OpenAiCompatible::new(OpenAiConfig::new(base_url, api_key, model.clone()))
         .map_err(|e| CliError::Host(e.to_string()))?;
@@ -298,8 +308,16 @@ async fn run(
     options.workspace = Some(workspace);
     options.deliver_job_notices = true;
     let host = build_host(options).map_err(|e| CliError::Host(e.to_string()))?;
-    let (tree, listening) = LiveTree::attach(host.runtime(), host.subagents(), host.jobs(), Some(tree_printer(true)));
-    let id = SessionId::new(format!("run-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]));
+    let (tree, listening) = LiveTree::attach(
+        host.runtime(),
+        host.subagents(),
+        host.jobs(),
+        Some(tree_printer(true)),
+    );
+    let id = SessionId::new(format!(
+        "run-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    ));
     let outcome = async {
         let handle = host.create_agent(id.clone()).await?;
         tree.add_root(id.clone(), "coordinator");
@@ -320,7 +338,9 @@ async fn run(
         if let Some(answer) = &answer {
             println!("{answer}");
         }
-        return Err(CliError::Run(format!("the coordinator's turn ended with {failure}")));
+        return Err(CliError::Run(format!(
+            "the coordinator's turn ended with {failure}"
+        )));
     }
     println!("{}", answer.unwrap_or_default());
     Ok(())
@@ -328,14 +348,19 @@ async fn run(
 
 /// The failure of the agent's last turn, if it did not complete.
 fn last_turn_failure(agent: &dyn agent::Agent) -> Option<String> {
-    agent.session().events().iter().rev().find_map(|e| match &e.data {
-        agent::EventData::TurnEnd { reason, .. } => match reason {
-            agent::TurnEndReason::Completed => Some(None),
-            agent::TurnEndReason::Error { error } => Some(Some(format!("an error: {error}"))),
-            other => Some(Some(other.kind().to_owned())),
-        },
-        _ => None,
-    })?
+    agent
+        .session()
+        .events()
+        .iter()
+        .rev()
+        .find_map(|e| match &e.data {
+            agent::EventData::TurnEnd { reason, .. } => match reason {
+                agent::TurnEndReason::Completed => Some(None),
+                agent::TurnEndReason::Error { error } => Some(Some(format!("an error: {error}"))),
+                other => Some(Some(other.kind().to_owned())),
+            },
+            _ => None,
+        })?
 }
 
 async fn agents(store: &Path) -> Result<(), CliError> {
@@ -356,10 +381,12 @@ async fn log(session_id: &str, store: &Path) -> Result<(), CliError> {
     let id = SessionId::from(session_id);
     let db = JsonlStore::new(store);
     let loaded = db.load(&id).await.map_err(|e| match e {
-        agent_loop::StoreError::NotFound(_) | agent_loop::StoreError::InvalidId(_) => CliError::UnknownSession {
-            id: session_id.to_owned(),
-            dir: store.to_owned(),
-        },
+        agent_loop::StoreError::NotFound(_) | agent_loop::StoreError::InvalidId(_) => {
+            CliError::UnknownSession {
+                id: session_id.to_owned(),
+                dir: store.to_owned(),
+            }
+        }
         other => CliError::UnreadableSession {
             id: session_id.to_owned(),
             reason: other.to_string(),
@@ -368,7 +395,10 @@ async fn log(session_id: &str, store: &Path) -> Result<(), CliError> {
     if loaded.repaired {
         eprintln!("subagent: note: the log's last line was torn (an interrupted write) and is not shown");
     }
-    print!("{}", subagent_cli::logview::render_log(&loaded.header, &loaded.events));
+    print!(
+        "{}",
+        subagent_cli::logview::render_log(&loaded.header, &loaded.events)
+    );
     Ok(())
 }
 

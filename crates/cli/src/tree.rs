@@ -100,7 +100,9 @@ pub struct LiveTree {
 
 impl std::fmt::Debug for LiveTree {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LiveTree").field("nodes", &self.nodes.lock().len()).finish()
+        f.debug_struct("LiveTree")
+            .field("nodes", &self.nodes.lock().len())
+            .finish()
     }
 }
 
@@ -166,7 +168,11 @@ impl LiveTree {
     pub fn render(&self) -> String {
         let nodes = self.nodes();
         let mut out = String::new();
-        for root in nodes.iter().filter(|n| n.parent.as_ref().is_none_or(|p| !nodes.iter().any(|m| &m.id == p))) {
+        for root in nodes.iter().filter(|n| {
+            n.parent
+                .as_ref()
+                .is_none_or(|p| !nodes.iter().any(|m| &m.id == p))
+        }) {
             let _ = writeln!(out, "{}", node_line(root));
             render_children(&nodes, &root.id, "", &mut out);
         }
@@ -297,10 +303,17 @@ impl LiveTree {
 }
 
 fn render_children(nodes: &[TreeNode], parent: &SessionId, prefix: &str, out: &mut String) {
-    let children: Vec<&TreeNode> = nodes.iter().filter(|n| n.parent.as_ref() == Some(parent)).collect();
+    let children: Vec<&TreeNode> = nodes
+        .iter()
+        .filter(|n| n.parent.as_ref() == Some(parent))
+        .collect();
     let n = children.len();
     for (i, child) in children.into_iter().enumerate() {
-        let (branch, cont) = if i + 1 == n { ("└─ ", "   ") } else { ("├─ ", "│  ") };
+        let (branch, cont) = if i + 1 == n {
+            ("└─ ", "   ")
+        } else {
+            ("├─ ", "│  ")
+        };
         let _ = writeln!(out, "{prefix}{branch}{}", node_line(child));
         render_children(nodes, &child.id, &format!("{prefix}{cont}"), out);
     }

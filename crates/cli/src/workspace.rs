@@ -148,13 +148,19 @@ impl Workspace {
         };
         match fs::canonicalize(&joined) {
             Ok(real) if real.starts_with(&*self.root) => Ok(real),
-            Ok(_) => Err(WorkspaceError::OutsideWorkspace { path: path.to_owned() }),
+            Ok(_) => Err(WorkspaceError::OutsideWorkspace {
+                path: path.to_owned(),
+            }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 // Do not reveal whether something exists outside the workspace.
                 if lexically_inside(&self.root, &joined) {
-                    Err(WorkspaceError::NotFound { path: path.to_owned() })
+                    Err(WorkspaceError::NotFound {
+                        path: path.to_owned(),
+                    })
                 } else {
-                    Err(WorkspaceError::OutsideWorkspace { path: path.to_owned() })
+                    Err(WorkspaceError::OutsideWorkspace {
+                        path: path.to_owned(),
+                    })
                 }
             }
             Err(source) => Err(WorkspaceError::Io {
@@ -197,7 +203,11 @@ impl Workspace {
             Err(e) if e.error_len().is_none() && e.valid_up_to() > 0 => {
                 String::from_utf8_lossy(&slice[..e.valid_up_to()]).into_owned()
             }
-            Err(_) => return Err(WorkspaceError::NotText { path: path.to_owned() }),
+            Err(_) => {
+                return Err(WorkspaceError::NotText {
+                    path: path.to_owned(),
+                });
+            }
         };
         let shown = start + text.len();
         if shown < bytes.len() {
@@ -249,7 +259,9 @@ impl Workspace {
     /// case-insensitive when `ignore_case`). Lines read `file:line: text`.
     pub fn grep(&self, pattern: &str, path: &str, ignore_case: bool) -> Result<String, WorkspaceError> {
         if pattern.is_empty() {
-            return Err(WorkspaceError::InvalidArgs("grep `pattern` must not be empty".to_owned()));
+            return Err(WorkspaceError::InvalidArgs(
+                "grep `pattern` must not be empty".to_owned(),
+            ));
         }
         let real = self.resolve(path)?;
         let needle = if ignore_case {
@@ -300,7 +312,12 @@ impl Workspace {
                         break 'walk;
                     }
                     let shown: String = line.chars().take(300).collect();
-                    matches.push(format!("{}:{}: {}", self.display(&current), i + 1, shown.trim_end()));
+                    matches.push(format!(
+                        "{}:{}: {}",
+                        self.display(&current),
+                        i + 1,
+                        shown.trim_end()
+                    ));
                 }
             }
         }
@@ -338,12 +355,15 @@ fn object(arguments: &Value) -> Result<&Map<String, Value>, WorkspaceError> {
         .ok_or_else(|| WorkspaceError::InvalidArgs("arguments must be a JSON object".to_owned()))
 }
 
-fn string_arg<'a>(args: &'a Map<String, Value>, name: &str, default: Option<&'a str>) -> Result<&'a str, WorkspaceError> {
+fn string_arg<'a>(
+    args: &'a Map<String, Value>,
+    name: &str,
+    default: Option<&'a str>,
+) -> Result<&'a str, WorkspaceError> {
     match args.get(name) {
         Some(Value::String(s)) => Ok(s),
-        None | Some(Value::Null) => {
-            default.ok_or_else(|| WorkspaceError::InvalidArgs(format!("`{name}` is required and must be a string")))
-        }
+        None | Some(Value::Null) => default
+            .ok_or_else(|| WorkspaceError::InvalidArgs(format!("`{name}` is required and must be a string"))),
         Some(_) => Err(WorkspaceError::InvalidArgs(format!("`{name}` must be a string"))),
     }
 }
@@ -368,9 +388,9 @@ impl WorkspaceTool {
                 let path = string_arg(args, "path", None)?;
                 let offset = match args.get("offset") {
                     None | Some(Value::Null) => 0,
-                    Some(v) => v
-                        .as_u64()
-                        .ok_or_else(|| WorkspaceError::InvalidArgs("`offset` must be a non-negative integer".to_owned()))?,
+                    Some(v) => v.as_u64().ok_or_else(|| {
+                        WorkspaceError::InvalidArgs("`offset` must be a non-negative integer".to_owned())
+                    })?,
                 };
                 workspace.read_file(path, offset)
             }
@@ -381,7 +401,11 @@ impl WorkspaceTool {
                 let ignore_case = match args.get("ignore_case") {
                     None | Some(Value::Null) => false,
                     Some(Value::Bool(b)) => *b,
-                    Some(_) => return Err(WorkspaceError::InvalidArgs("`ignore_case` must be a boolean".to_owned())),
+                    Some(_) => {
+                        return Err(WorkspaceError::InvalidArgs(
+                            "`ignore_case` must be a boolean".to_owned(),
+                        ));
+                    }
                 };
                 workspace.grep(pattern, path, ignore_case)
             }
@@ -480,7 +504,10 @@ mod tests {
     #[test]
     fn reads_lists_and_greps_inside() {
         let (_dir, ws) = fixture();
-        assert_eq!(ws.read_file("a.txt", 0).expect("read"), "alpha\nbeta\nGamma beta\n");
+        assert_eq!(
+            ws.read_file("a.txt", 0).expect("read"),
+            "alpha\nbeta\nGamma beta\n"
+        );
         assert_eq!(ws.read_file("a.txt", 6).expect("read"), "beta\nGamma beta\n");
         assert_eq!(ws.list_dir(".").expect("list"), "a.txt\nsub/");
         assert_eq!(
@@ -488,30 +515,53 @@ mod tests {
             "a.txt:2: beta\na.txt:3: Gamma beta\nsub/b.rs:1: fn beta() {}"
         );
         assert_eq!(ws.grep("gamma", ".", true).expect("grep"), "a.txt:3: Gamma beta");
-        assert_eq!(ws.grep("zeta", "sub", false).expect("grep"), "no matches for \"zeta\"");
+        assert_eq!(
+            ws.grep("zeta", "sub", false).expect("grep"),
+            "no matches for \"zeta\""
+        );
     }
 
     #[test]
     fn refuses_paths_outside_the_root() {
         let (dir, ws) = fixture();
-        for path in ["../secret.txt", "sub/../../secret.txt", "../missing.txt", "/etc/hostname"] {
+        for path in [
+            "../secret.txt",
+            "sub/../../secret.txt",
+            "../missing.txt",
+            "/etc/hostname",
+        ] {
             let err = ws.read_file(path, 0).expect_err(path);
             assert_eq!(err.code(), OUTSIDE_WORKSPACE, "{path}: {err}");
         }
         let absolute = dir.path().join("secret.txt");
-        let err = ws.read_file(&absolute.display().to_string(), 0).expect_err("absolute outside");
+        let err = ws
+            .read_file(&absolute.display().to_string(), 0)
+            .expect_err("absolute outside");
         assert!(matches!(err, WorkspaceError::OutsideWorkspace { .. }));
-        assert!(matches!(ws.list_dir(".."), Err(WorkspaceError::OutsideWorkspace { .. })));
-        assert!(matches!(ws.grep("secret", "..", false), Err(WorkspaceError::OutsideWorkspace { .. })));
-        assert!(matches!(ws.read_file("nope.txt", 0), Err(WorkspaceError::NotFound { .. })));
-        assert!(matches!(ws.read_file("sub", 0), Err(WorkspaceError::WrongKind { .. })));
+        assert!(matches!(
+            ws.list_dir(".."),
+            Err(WorkspaceError::OutsideWorkspace { .. })
+        ));
+        assert!(matches!(
+            ws.grep("secret", "..", false),
+            Err(WorkspaceError::OutsideWorkspace { .. })
+        ));
+        assert!(matches!(
+            ws.read_file("nope.txt", 0),
+            Err(WorkspaceError::NotFound { .. })
+        ));
+        assert!(matches!(
+            ws.read_file("sub", 0),
+            Err(WorkspaceError::WrongKind { .. })
+        ));
     }
 
     #[cfg(unix)]
     #[test]
     fn refuses_symlinks_that_escape() {
         let (dir, ws) = fixture();
-        std::os::unix::fs::symlink(dir.path().join("secret.txt"), ws.root().join("link.txt")).expect("symlink");
+        std::os::unix::fs::symlink(dir.path().join("secret.txt"), ws.root().join("link.txt"))
+            .expect("symlink");
         let err = ws.read_file("link.txt", 0).expect_err("escaping symlink");
         assert_eq!(err.code(), OUTSIDE_WORKSPACE);
     }

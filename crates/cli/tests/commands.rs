@@ -67,31 +67,77 @@ fn demo_then_agents_log_and_check() {
     let tree = stdout(&agents);
     let lines: Vec<&str> = tree.lines().collect();
     assert_eq!(lines.len(), 5, "{tree}");
-    assert!(lines[0].starts_with(&format!("{coordinator}  (top-level)  depth 0  turns 2  last completed")), "{tree}");
+    assert!(
+        lines[0].starts_with(&format!(
+            "{coordinator}  (top-level)  depth 0  turns 2  last completed"
+        )),
+        "{tree}"
+    );
     let children = &lines[1..];
-    assert!(children.iter().all(|l| l.starts_with("├─ ") || l.starts_with("└─ ")), "{tree}");
-    assert!(children.iter().all(|l| l.contains("depth 1  turns 1  last completed")), "{tree}");
-    assert_eq!(children.iter().filter(|l| l.contains("  spawn \"")).count(), 3, "{tree}");
-    assert_eq!(children.iter().filter(|l| l.contains("  fork \"review the briefing\"")).count(), 1, "{tree}");
-    assert_eq!(children.iter().filter(|l| l.contains("background job subagent-1")).count(), 1, "{tree}");
+    assert!(
+        children
+            .iter()
+            .all(|l| l.starts_with("├─ ") || l.starts_with("└─ ")),
+        "{tree}"
+    );
+    assert!(
+        children
+            .iter()
+            .all(|l| l.contains("depth 1  turns 1  last completed")),
+        "{tree}"
+    );
+    assert_eq!(
+        children.iter().filter(|l| l.contains("  spawn \"")).count(),
+        3,
+        "{tree}"
+    );
+    assert_eq!(
+        children
+            .iter()
+            .filter(|l| l.contains("  fork \"review the briefing\""))
+            .count(),
+        1,
+        "{tree}"
+    );
+    assert_eq!(
+        children
+            .iter()
+            .filter(|l| l.contains("background job subagent-1"))
+            .count(),
+        1,
+        "{tree}"
+    );
 
     let log = subagent(&["log", &coordinator, "--store", store]);
     assert!(log.status.success(), "{}", stderr(&log));
     let text = stdout(&log);
     assert!(text.starts_with(&format!("session {coordinator}\n")), "{text}");
-    assert!(text.contains("── turn 1 ──") && text.contains("── turn 2 ended: completed ──"), "{text}");
-    assert!(text.contains("→ subagent [call-crates]") && text.contains("→ fork [call-review]"), "{text}");
+    assert!(
+        text.contains("── turn 1 ──") && text.contains("── turn 2 ended: completed ──"),
+        "{text}"
+    );
+    assert!(
+        text.contains("→ subagent [call-crates]") && text.contains("→ fork [call-review]"),
+        "{text}"
+    );
     assert!(text.contains("→ job_output [call-collect]"), "{text}");
 
     // A fork child's log marks its inherited prefix.
     let fork_id = children
         .iter()
         .find(|l| l.contains("  fork \""))
-        .and_then(|l| l.trim_start_matches(['├', '└', '─', ' ']).split_whitespace().next())
+        .and_then(|l| {
+            l.trim_start_matches(['├', '└', '─', ' '])
+                .split_whitespace()
+                .next()
+        })
         .expect("fork child id")
         .to_owned();
     let fork_log = stdout(&subagent(&["log", &fork_id, "--store", store]));
-    assert!(fork_log.contains("  provider  fork \"review the briefing\""), "{fork_log}");
+    assert!(
+        fork_log.contains("  provider  fork \"review the briefing\""),
+        "{fork_log}"
+    );
     assert!(fork_log.contains("── end of inherited prefix ──"), "{fork_log}");
     assert!(fork_log.lines().any(|l| l.starts_with("| ")), "{fork_log}");
 }
@@ -100,8 +146,14 @@ fn demo_then_agents_log_and_check() {
 fn unknown_session_is_one_line_error() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = dir.path().to_str().expect("utf-8 path");
-    assert_user_error(&subagent(&["log", "no-such-session", "--store", store]), "no session `no-such-session`");
-    assert_user_error(&subagent(&["log", "../escape", "--store", store]), "no session `../escape`");
+    assert_user_error(
+        &subagent(&["log", "no-such-session", "--store", store]),
+        "no session `no-such-session`",
+    );
+    assert_user_error(
+        &subagent(&["log", "../escape", "--store", store]),
+        "no session `../escape`",
+    );
 }
 
 #[test]
@@ -114,7 +166,10 @@ fn unreadable_store_is_one_line_error() {
     assert_user_error(&subagent(&["check", missing]), "cannot read store");
     let file = dir.path().join("file.txt");
     std::fs::write(&file, "not a store").expect("write");
-    assert_user_error(&subagent(&["agents", "--store", file.to_str().expect("utf-8")]), "not a directory");
+    assert_user_error(
+        &subagent(&["agents", "--store", file.to_str().expect("utf-8")]),
+        "not a directory",
+    );
 }
 
 #[test]
@@ -152,16 +207,29 @@ fn check_fails_on_violations() {
     assert!(!summary.ends_with(" 0 violations"), "{summary}");
     let err = stderr(&out);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.starts_with("subagent: ") && err.contains("invariant violation"), "{err}");
+    assert!(
+        err.starts_with("subagent: ") && err.contains("invariant violation"),
+        "{err}"
+    );
 }
 
 #[test]
 fn run_without_model_settings_is_one_line_error() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = dir.path().to_str().expect("utf-8 path");
-    assert_user_error(&subagent(&["run", "--store", store, "do it"]), "SUBAGENT_BASE_URL");
     assert_user_error(
-        &subagent(&["run", "--store", store, "--base-url", "http://127.0.0.1:9/v1", "do it"]),
+        &subagent(&["run", "--store", store, "do it"]),
+        "SUBAGENT_BASE_URL",
+    );
+    assert_user_error(
+        &subagent(&[
+            "run",
+            "--store",
+            store,
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "do it",
+        ]),
         "SUBAGENT_MODEL",
     );
 }

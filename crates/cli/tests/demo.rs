@@ -33,7 +33,11 @@ async fn demo_host_produces_the_delegation_tree_and_a_clean_store() {
     assert_eq!(children.len(), 4, "{}", outcome.rendered_tree);
     for child in &children {
         assert_eq!(child.depth, 1);
-        assert_eq!(child.status, NodeStatus::Ended(StopReason::Completed), "{child:?}");
+        assert_eq!(
+            child.status,
+            NodeStatus::Ended(StopReason::Completed),
+            "{child:?}"
+        );
     }
     for d in DELEGATIONS {
         let provider = if d.tool == "fork" { "fork" } else { "spawn" };
@@ -46,12 +50,22 @@ async fn demo_host_produces_the_delegation_tree_and_a_clean_store() {
     }
     assert_eq!(outcome.model_calls, 10);
     assert!(outcome.answer.starts_with("Final answer."), "{}", outcome.answer);
-    assert!(outcome.answer.contains("Review (fork): I inherited"), "{}", outcome.answer);
+    assert!(
+        outcome.answer.contains("Review (fork): I inherited"),
+        "{}",
+        outcome.answer
+    );
 
     // The lifecycle events fed the tree: four starts and four ends.
     let changes = changes.lock().clone();
-    let started = changes.iter().filter(|c| matches!(c, TreeChange::Started(_))).count();
-    let ended = changes.iter().filter(|c| matches!(c, TreeChange::Ended(_))).count();
+    let started = changes
+        .iter()
+        .filter(|c| matches!(c, TreeChange::Started(_)))
+        .count();
+    let ended = changes
+        .iter()
+        .filter(|c| matches!(c, TreeChange::Ended(_)))
+        .count();
     assert_eq!((started, ended), (4, 4));
 
     // The durable catalog says the same.
@@ -70,11 +84,27 @@ async fn demo_host_produces_the_delegation_tree_and_a_clean_store() {
             .filter(|c| c.provider.as_deref() == Some(provider) && c.background == background)
             .count()
     };
-    assert_eq!(count("spawn", false), 2, "two parallel spawn children\n{}", catalog.render());
+    assert_eq!(
+        count("spawn", false),
+        2,
+        "two parallel spawn children\n{}",
+        catalog.render()
+    );
     assert_eq!(count("fork", false), 1, "one fork child\n{}", catalog.render());
-    assert_eq!(count("spawn", true), 1, "one background spawn child\n{}", catalog.render());
-    let fork = stored.iter().find(|c| c.provider.as_deref() == Some("fork")).expect("fork child");
-    assert!(fork.header.seed_length.is_some_and(|n| n > 0), "the fork child inherited the first turn");
+    assert_eq!(
+        count("spawn", true),
+        1,
+        "one background spawn child\n{}",
+        catalog.render()
+    );
+    let fork = stored
+        .iter()
+        .find(|c| c.provider.as_deref() == Some("fork"))
+        .expect("fork child");
+    assert!(
+        fork.header.seed_length.is_some_and(|n| n > 0),
+        "the fork child inherited the first turn"
+    );
     let background = stored.iter().find(|c| c.background).expect("background child");
     assert_eq!(background.background_job.as_deref(), Some("subagent-1"));
     for child in &stored {
