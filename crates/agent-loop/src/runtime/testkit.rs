@@ -28,9 +28,21 @@ pub(crate) fn runtime(model: &ScriptedModel) -> Runtime {
     builder(model).build()
 }
 
-/// A builder with `model` serving [`MOCK`].
+thread_local! {
+    /// The invariant checkers of the runtimes this test thread built.
+    static CHECKERS: std::cell::RefCell<Vec<Arc<invariants::InvariantObserver>>> = const {
+        std::cell::RefCell::new(Vec::new())
+    };
+}
+
+/// A builder with `model` serving [`MOCK`] and the online invariant checker installed into
+/// every session ([`finish`] asserts it recorded no violation).
 pub(crate) fn builder(model: &ScriptedModel) -> RuntimeBuilder {
-    Runtime::builder().model(MOCK, model.adapter())
+    let checker = invariants::InvariantObserver::shared();
+    CHECKERS.with(|c| c.borrow_mut().push(checker.clone()));
+    Runtime::builder()
+        .model(MOCK, model.adapter())
+        .session_observer(checker)
 }
 
 /// Options routed to the scripted model.
@@ -119,6 +131,14 @@ pub(crate) async fn finish(rt: &Runtime, handles: impl IntoIterator<Item = Agent
     }
     rt.shutdown().await;
     assert_quiescent(rt);
+    let violations: Vec<String> = CHECKERS.with(|c| {
+        c.borrow()
+            .iter()
+            .flat_map(|checker| checker.violations())
+            .map(|v| format!("{v:?}"))
+            .collect()
+    });
+    assert!(violations.is_empty(), "invariant violations: {violations:#?}");
 }
 
 /// A tool whose body is a closure.

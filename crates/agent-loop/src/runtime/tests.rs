@@ -13,7 +13,7 @@ use agent::prompt::{PERSONA_SECTION, PromptSection};
 use agent::runtime::Setup;
 use agent::tools::ToolOutput;
 use agent::{
-    AgentError, AgentEvent, AgentRuntime, CancelCause, CreateAgentOptions, EventData, Origin,
+    AgentError, AgentEvent, AgentRuntime, CancelCause, CreateAgentOptions, EventData,
     ResumeAgentOptions, SessionEvent, SessionId, SessionMeta, SessionObserver, SessionStore, Signal,
     TurnEndReason,
 };
@@ -448,26 +448,32 @@ async fn spn_56_concurrent_disposals_share_one_boundary() {
 #[tokio::test(start_paused = true)]
 async fn spn_57_resume_preserves_header_and_repairs_the_open_turn() {
     let model = ScriptedModel::new([
+        chunks::text("seed").into(),
         chunks::text("one").into(),
         ScriptEntry::hang(),
         chunks::text("resumed").into(),
     ]);
     let persistence = Arc::new(TestPersistence::default());
     let rt = builder(&model).persistence(persistence.clone()).build();
-    let seed = vec![SessionEvent {
-        seq: 0,
-        time: 1,
-        data: EventData::UserMessage(user("seeded history")),
-        surface: Some(agent::SurfaceMeta::append()),
-        ignorable: false,
-    }];
+    // A fork seed: a parent's balanced completed turn.
+    let parent = create(&rt, "parent").await;
+    parent.agent().followup(user("seeded history")).unwrap();
+    parent.agent().when_idle().await;
+    let seed: Vec<SessionEvent> = parent
+        .agent()
+        .session()
+        .events()
+        .iter()
+        .map(|e| (**e).clone())
+        .collect();
+    let seed_length = seed.len() as u64;
+    parent.dispose().await;
     let mut o = options("child");
     o.seed = Some(seed);
     o.meta = SessionMeta {
         cwd: Some("/work/space".into()),
         parent_session: Some("parent".into()),
-        seed_length: Some(1),
-        origin: Some(Origin::Subagent),
+        seed_length: Some(seed_length),
         delegation_depth: Some(2),
         ..SessionMeta::default()
     };
@@ -500,9 +506,8 @@ async fn spn_57_resume_preserves_header_and_repairs_the_open_turn() {
     assert_eq!(*header, original);
     assert_eq!(header.parent_session, Some("parent".into()));
     assert_eq!(header.cwd, Some("/work/space".into()));
-    assert_eq!(header.seed_length, Some(1));
+    assert_eq!(header.seed_length, Some(seed_length));
     assert_eq!(header.delegation_depth, Some(2));
-    assert_eq!(header.origin, Some(Origin::Subagent));
     assert!(log.lock().contains(&format!(
         "agent/session-start:{id}:{:?}",
         SessionStartSource::Resume
@@ -518,7 +523,7 @@ async fn spn_57_resume_preserves_header_and_repairs_the_open_turn() {
             _ => None,
         })
         .collect();
-    assert_eq!(turns, [1, 2, 3]);
+    assert_eq!(turns, [1, 2, 3, 4]);
     let reasons: Vec<RequestHeaderReason> = events
         .iter()
         .filter_map(|e| match &e.data {

@@ -571,19 +571,33 @@ async fn spn_43_empty_enter_closes_a_no_step_turn() {
 /// inherits the seed's pending inbox work.
 #[tokio::test(start_paused = true)]
 async fn spn_44_seeded_agent_continues_turn_numbers() {
-    let model = ScriptedModel::new([chunks::text("turn one"), chunks::text("turn two")]);
+    let model = ScriptedModel::new([
+        chunks::text("turn one"),
+        chunks::text("turn two"),
+        chunks::text("fork turn"),
+    ]);
     let rt = runtime(&model);
     let parent = create(&rt, "parent").await;
+    // "second" is queued while turn 1 runs: the balanced prefix through turn 1 holds its
+    // pending insertion.
     parent.agent().followup(user("first")).unwrap();
+    parent.agent().followup(user("second")).unwrap();
     parent.agent().when_idle().await;
-    parent.agent().inject(user("parent pending")).unwrap();
-    let seed: Vec<_> = parent
+    let events: Vec<_> = parent
         .agent()
         .session()
         .events()
         .iter()
         .map(|e| (**e).clone())
         .collect();
+    let second_turn = events
+        .iter()
+        .position(|e| matches!(e.data, EventData::TurnStart { turn: 2 }))
+        .unwrap();
+    let seed = agent::balanced_completed_turn_prefix(&events[..second_turn]).to_vec();
+    assert!(seed.iter().any(
+        |e| matches!(&e.data, EventData::InboxSpliced(s) if s.inserted.iter().any(|m| m.text() == "second"))
+    ));
     let mut options = CreateAgentOptions::new("fork".into());
     options.agent_options = mock_options();
     options.meta = SessionMeta {
@@ -605,6 +619,7 @@ async fn spn_44_seeded_agent_continues_turn_numbers() {
         })
         .collect();
     assert_eq!(turns, [2]);
+    assert_eq!(user_texts(&*agent), ["first", "continue"]);
     finish(&rt, [fork, parent]).await;
 }
 
