@@ -13,9 +13,8 @@ use agent::prompt::{PERSONA_SECTION, PromptSection};
 use agent::runtime::Setup;
 use agent::tools::ToolOutput;
 use agent::{
-    AgentError, AgentEvent, AgentRuntime, CancelCause, CreateAgentOptions, EventData,
-    ResumeAgentOptions, SessionEvent, SessionId, SessionMeta, SessionObserver, SessionStore, Signal,
-    TurnEndReason,
+    AgentError, AgentEvent, AgentRuntime, CancelCause, CreateAgentOptions, EventData, ResumeAgentOptions,
+    SessionEvent, SessionId, SessionMeta, SessionObserver, SessionStore, Signal, TurnEndReason,
 };
 
 use super::*;
