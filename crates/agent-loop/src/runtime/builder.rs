@@ -242,6 +242,10 @@ impl RuntimeBuilder {
             baseline: Mutex::new(Baseline::default()),
         });
         let runtime = Runtime { inner };
+        // Session-log capture for `cargo xtask check-invariants` (no-op unless the variable is set).
+        if let Some(guard) = crate::trace::install_from_env(runtime.sessions()) {
+            runtime.hold(guard);
+        }
         runtime.rebaseline();
         runtime
     }
