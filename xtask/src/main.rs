@@ -18,6 +18,10 @@ fn main() -> ExitCode {
         Some("check-invariants") => check_invariants(&args[1..]),
         Some("ci") => ci(),
         Some("bench") => run(Command::new(cargo()).args(["bench", "--workspace"])),
+        Some("help" | "--help" | "-h") => {
+            println!("usage: cargo xtask <check-invariants [--logs DIR] | ci | bench>");
+            Ok(())
+        }
         _ => Err(format!(
             "usage: cargo xtask <check-invariants [--logs DIR] | ci | bench>{}",
             args.first()
