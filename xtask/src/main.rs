@@ -144,11 +144,14 @@ fn check_store_flat(dir: &Path) -> Result<DirReport, String> {
 
 fn ci() -> Result<(), String> {
     let root = workspace_root();
-    run(Command::new(cargo())
-        .current_dir(&root)
-        .args(["test", "--workspace"]))?;
+    let cargo_in_root = |args: &[&str]| {
+        let mut cmd = Command::new(cargo());
+        cmd.current_dir(&root).args(args);
+        cmd
+    };
+    // `check-invariants` runs `cargo test --workspace` itself, with capture: the tests run once.
     check_invariants(&[])?;
-    run(Command::new(cargo()).current_dir(&root).args([
+    run(&mut cargo_in_root(&[
         "clippy",
         "--workspace",
         "--all-targets",
@@ -156,7 +159,9 @@ fn ci() -> Result<(), String> {
         "-D",
         "warnings",
     ]))?;
-    run(Command::new(cargo())
-        .current_dir(&root)
-        .args(["fmt", "--all", "--", "--check"]))
+    run(&mut cargo_in_root(&["fmt", "--all", "--", "--check"]))?;
+    run(
+        cargo_in_root(&["doc", "-p", "agent", "-p", "subagent", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )
 }
