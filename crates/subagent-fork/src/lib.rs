@@ -22,11 +22,11 @@ use std::sync::Arc;
 
 use agent::{AgentRef, Registration, SessionEvent};
 use async_trait::async_trait;
+use subagent::SubagentError;
 use subagent::capabilities::{ContinuableCreateRequest, ContinuableCreateSpec, SubagentCapabilities};
 use subagent::provider::{PrepareContinuable, ResolvedSubagentStartRequest, SubagentProvider};
 use subagent::run::SubagentRun;
 use subagent::service::{RegisterError, SubagentService};
-use subagent::SubagentError;
 use subagent_inprocess::{InProcessDriver, InProcessRunOptions};
 
 /// The registry name a fork provider uses by default.
@@ -102,7 +102,10 @@ impl SubagentProvider for ForkProvider {
         true
     }
 
-    async fn start(&self, request: ResolvedSubagentStartRequest) -> Result<Box<dyn SubagentRun>, SubagentError> {
+    async fn start(
+        &self,
+        request: ResolvedSubagentStartRequest,
+    ) -> Result<Box<dyn SubagentRun>, SubagentError> {
         let options = InProcessRunOptions {
             seed: completed_turn_prefix(&request.request.parent),
         };

@@ -13,11 +13,11 @@ use agent_loop::model::{ScriptEntry, chunks};
 use common::*;
 use parking_lot::Mutex;
 use serde_json::json;
+use subagent::StopReason;
 use subagent::capabilities::{ContinuableCreateRequest, SubagentCapabilities};
 use subagent::events::SubagentEvent;
 use subagent::provider::{SubagentProvider, SubagentStartRequest};
 use subagent::run::SubagentRun;
-use subagent::StopReason;
 use subagent_fork::{DEFAULT_NAME, ForkProvider, completed_turn_prefix, register};
 
 fn fork(host: &Host) -> agent::Registration {
@@ -35,7 +35,11 @@ fn turn_ends(events: &[SessionEvent]) -> usize {
 /// spec: FRK-86 — `subagent/start` fires only after the seeded child is published.
 #[tokio::test(start_paused = true)]
 async fn frk_86_start_event_after_seeded_publication() {
-    let host = Host::new(vec![chunks::text("parent answer").into(), chunks::text("child answer").into()]).await;
+    let host = Host::new(vec![
+        chunks::text("parent answer").into(),
+        chunks::text("child answer").into(),
+    ])
+    .await;
     let _p = fork(&host);
     host.parent_turn("parent question").await;
     let seen = Arc::new(Mutex::new(None));
@@ -49,7 +53,7 @@ async fn frk_86_start_event_after_seeded_publication() {
         Ok(())
     });
     let run = start(&host, host.request()).await;
-    let seed_length = seen.lock().clone().expect("start emitted");
+    let seed_length = (*seen.lock()).expect("start emitted");
     assert_eq!(seed_length, Some(host.parent.session().len() as u64));
     run.result().await.unwrap();
     run.dispose().await.unwrap();
@@ -104,7 +108,11 @@ async fn frk_88_all_completed_turns_are_seeded() {
 /// `seedLength`, and returns its own answer.
 #[tokio::test(start_paused = true)]
 async fn frk_89_inherits_history_and_answers_for_itself() {
-    let host = Host::new(vec![chunks::text("parent answer").into(), chunks::text("child answer").into()]).await;
+    let host = Host::new(vec![
+        chunks::text("parent answer").into(),
+        chunks::text("child answer").into(),
+    ])
+    .await;
     let _p = fork(&host);
     host.parent_turn("parent question").await;
     let run = start(&host, host.request()).await;
@@ -163,7 +171,12 @@ async fn frk_90_open_parent_turn_is_excluded() {
 async fn frk_91_structured_output_for_a_seeded_child() {
     let host = Host::new(vec![
         chunks::text("parent answer").into(),
-        chunks::tool_call("c1", subagent_inprocess::STRUCTURED_OUTPUT_TOOL, json!({"answer": 5})).into(),
+        chunks::tool_call(
+            "c1",
+            subagent_inprocess::STRUCTURED_OUTPUT_TOOL,
+            json!({"answer": 5}),
+        )
+        .into(),
     ])
     .await;
     let _p = fork(&host);
@@ -177,12 +190,27 @@ async fn frk_91_structured_output_for_a_seeded_child() {
     let run = start(&host, request).await;
     let result = run.result().await.unwrap();
     assert_eq!(result.structured, Some(json!({"answer": 5})));
-    assert!(run.local_agent().unwrap().session().header().seed_length.is_some());
+    assert!(
+        run.local_agent()
+            .unwrap()
+            .session()
+            .header()
+            .seed_length
+            .is_some()
+    );
     let child = run.id().clone();
     run.dispose().await.unwrap();
     let tools = host.runtime.services().tools.clone();
-    assert!(tools.get(subagent_inprocess::STRUCTURED_OUTPUT_TOOL, Some(&child)).is_none());
-    assert!(tools.get(subagent_inprocess::STRUCTURED_OUTPUT_TOOL, None).is_none());
+    assert!(
+        tools
+            .get(subagent_inprocess::STRUCTURED_OUTPUT_TOOL, Some(&child))
+            .is_none()
+    );
+    assert!(
+        tools
+            .get(subagent_inprocess::STRUCTURED_OUTPUT_TOOL, None)
+            .is_none()
+    );
     host.finish().await;
 }
 
@@ -283,8 +311,19 @@ async fn frk_97_spawn_and_fork_coexist() {
     let s = subagent_spawn::register(&host.service, host.driver.clone()).unwrap();
     let f = fork(&host);
     assert_eq!(host.service.list(), ["spawn", "fork"]);
-    assert!(!host.service.get_provider("spawn").unwrap().inherits_parent_context());
-    assert!(host.service.get_provider("fork").unwrap().inherits_parent_context());
+    assert!(
+        !host
+            .service
+            .get_provider("spawn")
+            .unwrap()
+            .inherits_parent_context()
+    );
+    assert!(
+        host.service
+            .get_provider("fork")
+            .unwrap()
+            .inherits_parent_context()
+    );
     drop((s, f));
     host.finish().await;
 }
@@ -311,7 +350,10 @@ async fn frk_98_one_parent_drives_both() {
     assert_ne!(spawned.id(), forked.id());
     let (sc, fc) = (spawned.local_agent().unwrap(), forked.local_agent().unwrap());
     for child in [&sc, &fc] {
-        assert_eq!(child.session().header().parent_session.as_ref(), Some(host.parent.id()));
+        assert_eq!(
+            child.session().header().parent_session.as_ref(),
+            Some(host.parent.id())
+        );
     }
     assert_eq!(sc.session().header().seed_length, None);
     assert!(fc.session().header().seed_length.is_some());

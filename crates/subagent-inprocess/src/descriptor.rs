@@ -15,9 +15,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use agent::EventData;
 use agent::bus::BoxError;
 use agent::hooks::{PreStep, PreStepDecision, PreStepInterceptor};
-use agent::EventData;
 use async_trait::async_trait;
 
 /// A one-shot pre-step interceptor that appends a descriptor event at the first entered step.
@@ -47,7 +47,11 @@ impl DescriptorAppend {
 
 #[async_trait]
 impl PreStepInterceptor for DescriptorAppend {
-    async fn pre_step(&self, step: PreStep<'_>, proposed: PreStepDecision) -> Result<PreStepDecision, BoxError> {
+    async fn pre_step(
+        &self,
+        step: PreStep<'_>,
+        proposed: PreStepDecision,
+    ) -> Result<PreStepDecision, BoxError> {
         if matches!(proposed, PreStepDecision::Enter(_)) && !self.appended.swap(true, Ordering::SeqCst) {
             step.agent.session().append(self.event.clone(), None)?;
         }

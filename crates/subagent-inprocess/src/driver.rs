@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use agent::runtime::{Commit, Setup};
 use agent::{
-    AgentError, AgentHandle, ContentBlock, CreateAgentOptions, Ctx, Message, MessageSource, SessionEvent,
-    SessionId, Services, Signal,
+    AgentError, AgentHandle, ContentBlock, CreateAgentOptions, Ctx, Message, MessageSource, Services,
+    SessionEvent, SessionId, Signal,
 };
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -15,9 +15,9 @@ use subagent::compose::apply_child_composition;
 use subagent::provider::ResolvedSubagentStartRequest;
 use subagent::run::RunFailure;
 use subagent::{
-    ChildComposition, DelegatedPolicyOverrides, PolicyServices, SubagentError, append_delegated_policy_overrides,
-    assert_subagent_max_depth, capture_delegated_policy_overrides, child_session_meta, delegation_depth_of,
-    resolve_child_agent_options, resolve_child_depth,
+    ChildComposition, DelegatedPolicyOverrides, PolicyServices, SubagentError,
+    append_delegated_policy_overrides, assert_subagent_max_depth, capture_delegated_policy_overrides,
+    child_session_meta, delegation_depth_of, resolve_child_agent_options, resolve_child_depth,
 };
 use tokio_util::task::TaskTracker;
 
@@ -150,7 +150,11 @@ impl InProcessDriver {
     }
 
     /// The synchronous prefix of a start (spec §3.2 steps 1–5).
-    fn prepare(&self, resolved: ResolvedSubagentStartRequest, options: InProcessRunOptions) -> Result<Plan, StartFailure> {
+    fn prepare(
+        &self,
+        resolved: ResolvedSubagentStartRequest,
+        options: InProcessRunOptions,
+    ) -> Result<Plan, StartFailure> {
         let ResolvedSubagentStartRequest {
             request,
             max_depth,
@@ -184,7 +188,11 @@ impl InProcessDriver {
             session_id: child_id,
             meta: child_session_meta(parent.session().header(), child_depth, boundary as u64),
             seed,
-            agent_options: resolve_child_agent_options(parent.options(), request.agent_options.as_ref(), child_depth),
+            agent_options: resolve_child_agent_options(
+                parent.options(),
+                request.agent_options.as_ref(),
+                child_depth,
+            ),
             signal: Some(request.signal.clone()),
             setup: Some(setup(
                 policy,

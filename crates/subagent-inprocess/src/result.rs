@@ -20,7 +20,11 @@ use subagent::{StopReason, SubagentResult, final_assistant_output, one_shot_stop
 /// Derives the result of a settled child from its own events (`own`, the suffix after the seed
 /// boundary), whether the run was `cancelled`, and — for a structured run — the committed value
 /// (`Some(None)`: structured, nothing committed; `None`: not a structured run).
-pub fn derive_result<E: AsEvent>(own: &[E], cancelled: bool, structured: Option<Option<Value>>) -> SubagentResult {
+pub fn derive_result<E: AsEvent>(
+    own: &[E],
+    cancelled: bool,
+    structured: Option<Option<Value>>,
+) -> SubagentResult {
     let stop_reason = one_shot_stop_reason(own.iter()).after_cancellation(cancelled);
     let output = final_assistant_output(own.iter()).unwrap_or_default();
     match structured {

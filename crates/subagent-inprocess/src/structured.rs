@@ -98,9 +98,9 @@ impl StructuredCapture {
     /// which the creation transaction's rollback disposes.
     pub fn attach(self: &Arc<Self>, child: &Ctx) -> Result<(), AgentError> {
         if child.scope_key().is_none() {
-            return Err(AgentError::Inactive(agent::ScopeInactive(agent::SessionId::from(
-                "<global context>",
-            ))));
+            return Err(AgentError::Inactive(agent::ScopeInactive(
+                agent::SessionId::from("<global context>"),
+            )));
         }
         drop(child.register_tool(ToolDefinition {
             name: STRUCTURED_OUTPUT_TOOL.to_owned(),
@@ -123,9 +123,11 @@ impl StructuredCapture {
                 .then(|| structured_output_already_recorded(&execution.name))
         }))?);
         let state = self.clone();
-        drop(child.on_tool_result(Arc::new(move |execution: &ToolExecution, result: &ToolResult| {
-            state.commit(execution, result);
-        }))?);
+        drop(
+            child.on_tool_result(Arc::new(move |execution: &ToolExecution, result: &ToolResult| {
+                state.commit(execution, result);
+            }))?,
+        );
         Ok(())
     }
 
@@ -159,7 +161,8 @@ struct CaptureTool(Arc<StructuredCapture>);
 #[async_trait]
 impl ToolHandler for CaptureTool {
     async fn execute(&self, arguments: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
-        validate_structured(&self.0.schema, &arguments).map_err(|e| ToolError::invalid_args(e.to_string()))?;
+        validate_structured(&self.0.schema, &arguments)
+            .map_err(|e| ToolError::invalid_args(e.to_string()))?;
         self.0.stage(ctx.execution.id, arguments);
         ctx.conclude_turn();
         Ok(ToolOutput {
@@ -209,7 +212,10 @@ mod tests {
         assert_eq!(state.captured(), Some(json!({"answer": 1})));
 
         let bad = ToolContext::new(Arc::new(execution(2, STRUCTURED_OUTPUT_TOOL)), Signal::new());
-        let err = tool.execute(json!({"answer": "x"}), bad.clone()).await.unwrap_err();
+        let err = tool
+            .execute(json!({"answer": "x"}), bad.clone())
+            .await
+            .unwrap_err();
         assert_eq!(err.code, agent::tools::codes::INVALID_ARGS);
         assert!(!bad.concludes_turn());
     }

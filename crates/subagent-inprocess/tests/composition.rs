@@ -39,7 +39,12 @@ async fn cmp_24_child_request_carries_exactly_the_shared_tools() {
     let host = Host::new(vec![chunks::text("parent").into(), chunks::text("child").into()]).await;
     let read = global_tool(&host, counting_tool("read", no_calls()));
     let parent_ctx = host.runtime.agent_ctx(host.parent.id()).unwrap();
-    assert!(parent_ctx.register_tool(counting_tool("parent_only", no_calls())).unwrap().is_none());
+    assert!(
+        parent_ctx
+            .register_tool(counting_tool("parent_only", no_calls()))
+            .unwrap()
+            .is_none()
+    );
     host.parent_turn("hi").await;
     assert_eq!(tool_names(&host.model.requests()[0]), ["parent_only", "read"]);
     let run = host

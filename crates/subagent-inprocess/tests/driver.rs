@@ -19,9 +19,9 @@ use common::*;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::json;
+use subagent::depth::MAX_SAFE_INTEGER;
 use subagent::error::SubagentErrorCode;
 use subagent::run::SubagentRun;
-use subagent::depth::MAX_SAFE_INTEGER;
 use subagent::{DepthError, DepthValue, StopReason, SubagentDepthError, SubagentResult};
 use subagent_inprocess::{InProcessRunOptions, StartFailure};
 
@@ -58,7 +58,11 @@ async fn drv_1_start_publishes_drives_and_disposes() {
 /// the parent `cwd`.
 #[tokio::test(start_paused = true)]
 async fn drv_2_explicit_route_for_routeless_parent_and_cwd() {
-    let host = Host::with_parent(vec![chunks::text("driver answer").into()], AgentOptions::default()).await;
+    let host = Host::with_parent(
+        vec![chunks::text("driver answer").into()],
+        AgentOptions::default(),
+    )
+    .await;
     let mut request = host.request();
     request.agent_options = Some(routed());
     let run = host
@@ -192,7 +196,12 @@ impl Agent for FailingDelivery {
     fn scope(&self) -> &Arc<agent::Scope> {
         self.0.scope()
     }
-    fn send(&self, _: agent::Message, _: agent::InboxTarget, _: bool) -> Result<agent::MessageId, AgentError> {
+    fn send(
+        &self,
+        _: agent::Message,
+        _: agent::InboxTarget,
+        _: bool,
+    ) -> Result<agent::MessageId, AgentError> {
         Err(AgentError::Other("published run failed".into()))
     }
     fn remove_pending(&self, id: &agent::MessageId) -> Result<bool, AgentError> {
@@ -250,11 +259,16 @@ async fn drv_5_result_and_dispose_fail_on_separate_channels() {
     assert_eq!(run_error.to_string(), "published run failed");
     let dispose_error = run.dispose().await.unwrap_err();
     assert!(
-        dispose_error.to_string().contains("published handle disposal failed"),
+        dispose_error
+            .to_string()
+            .contains("published handle disposal failed"),
         "{dispose_error}"
     );
     // The result failure is not re-raised by dispose, and vice versa.
-    assert_eq!(run.result().await.unwrap_err().to_string(), "published run failed");
+    assert_eq!(
+        run.result().await.unwrap_err().to_string(),
+        "published run failed"
+    );
     driver.wait().await;
     assert_eq!((host.agent_count(), host.session_count()), (agents, sessions));
     host.finish().await;
@@ -325,7 +339,10 @@ async fn drv_8_seed_is_verbatim_and_output_is_child_owned() {
     let seed = events_of(&host.parent);
     let run = host
         .driver
-        .start(resolve(host.request(), "test"), InProcessRunOptions::seeded(seed.clone()))
+        .start(
+            resolve(host.request(), "test"),
+            InProcessRunOptions::seeded(seed.clone()),
+        )
         .await
         .unwrap();
     let result = run.result().await.unwrap();
@@ -360,7 +377,10 @@ async fn drv_9_header_origin_and_depth() {
 #[tokio::test(start_paused = true)]
 async fn drv_10_max_tokens_inherited_and_overridden() {
     let host = Host::with_parent(
-        vec![chunks::text("inherited").into(), chunks::text("overridden").into()],
+        vec![
+            chunks::text("inherited").into(),
+            chunks::text("overridden").into(),
+        ],
         AgentOptions {
             max_tokens: Some(111),
             ..routed()
@@ -481,7 +501,13 @@ async fn drv_12_runtime_depth_never_lowers_the_header() {
 async fn drv_13_depth_failures_reject_before_publication() {
     let host = Host::new(vec![]).await;
     let before = (host.agent_count(), host.session_count());
-    for bad in [json!(-1), json!(1.5), json!(-0.0), json!(9007199254740992u64), json!("1")] {
+    for bad in [
+        json!(-1),
+        json!(1.5),
+        json!(-0.0),
+        json!(9007199254740992u64),
+        json!("1"),
+    ] {
         let mut request = host.request();
         request.max_depth = Some(bad.clone());
         let err = host
@@ -502,12 +528,15 @@ async fn drv_13_depth_failures_reject_before_publication() {
         .start(resolve(request, "test"), InProcessRunOptions::fresh())
         .await
         .unwrap_err();
-    assert!(matches!(start_failure(&err), StartFailure::Depth(DepthError::Exceeded(_))));
+    assert!(matches!(
+        start_failure(&err),
+        StartFailure::Depth(DepthError::Exceeded(_))
+    ));
 
     for raw in [json!(f64::NAN.to_string()), json!(1.5), json!(-1), json!(-0.0)] {
         assert_eq!(raw.as_depth(), None, "{raw}");
     }
-    let malformed = FakeParent::new(
+    let malformed = FakeParent::agent(
         "malformed",
         AgentOptions {
             subagent_depth: Some(MAX_SAFE_INTEGER + 1),
@@ -527,7 +556,7 @@ async fn drv_13_depth_failures_reject_before_publication() {
         err.to_string(),
         "agent subagentDepth must be a non-negative safe integer"
     );
-    let at_max = FakeParent::new(
+    let at_max = FakeParent::agent(
         "at-max",
         AgentOptions {
             subagent_depth: Some(MAX_SAFE_INTEGER),
@@ -547,7 +576,10 @@ async fn drv_13_depth_failures_reject_before_publication() {
         start_failure(&err),
         StartFailure::Depth(DepthError::ChildDepthOverflow)
     ));
-    assert_eq!(err.to_string(), "subagent child depth exceeds the safe-integer range");
+    assert_eq!(
+        err.to_string(),
+        "subagent child depth exceeds the safe-integer range"
+    );
     assert_eq!((host.agent_count(), host.session_count()), before);
     host.finish().await;
 }
@@ -569,7 +601,10 @@ async fn drv_14_already_cancelled_request_rejects() {
         )
         .await
         .unwrap_err();
-    assert_eq!(err.to_string(), "subagent request was aborted before child publication");
+    assert_eq!(
+        err.to_string(),
+        "subagent request was aborted before child publication"
+    );
     assert_eq!(err.code(), SubagentErrorCode::Cancelled);
     assert_eq!((host.agent_count(), host.session_count()), before);
     host.finish().await;
@@ -689,7 +724,11 @@ async fn drv_18_abort_in_the_handoff_window() {
         SubagentResult::new(vec![], StopReason::Aborted)
     );
     let child = run.local_agent().unwrap();
-    assert!(!types(&events_of(&child)).iter().any(|t| t == "turn/start" || t == "user/message"));
+    assert!(
+        !types(&events_of(&child))
+            .iter()
+            .any(|t| t == "turn/start" || t == "user/message")
+    );
     run.dispose().await.unwrap();
     driver.wait().await;
     assert_eq!((host.agent_count(), host.session_count()), before);

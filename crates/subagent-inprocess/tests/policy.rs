@@ -16,8 +16,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use agent::policy::{
-    APPROVAL_CONTEXT_NAME, APPROVAL_CONTEXT_ORDER, ApprovalPolicy, SANDBOX_CONTEXT_NAME, SANDBOX_CONTEXT_ORDER,
-    SandboxMode, approval_context_sentence, approval_override, sandbox_context_sentence, sandbox_override,
+    APPROVAL_CONTEXT_NAME, APPROVAL_CONTEXT_ORDER, ApprovalPolicy, SANDBOX_CONTEXT_NAME,
+    SANDBOX_CONTEXT_ORDER, SandboxMode, approval_context_sentence, approval_override,
+    sandbox_context_sentence, sandbox_override,
 };
 use agent::prompt::RuntimeContext;
 use agent::tools::{ToolContext, ToolDefinition, ToolError, ToolHandler, ToolOutput};
@@ -28,7 +29,7 @@ use common::*;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use subagent::run::SubagentRun;
-use subagent::{PolicyServices, StopReason, SUBAGENT_DELEGATION_CONTEXT};
+use subagent::{PolicyServices, SUBAGENT_DELEGATION_CONTEXT, StopReason};
 use subagent_inprocess::{InProcessDriver, InProcessRunOptions};
 
 const DEFAULT_MODE: SandboxMode = SandboxMode::WorkspaceWrite;
@@ -59,15 +60,21 @@ struct WriteTool {
 #[async_trait]
 impl ToolHandler for WriteTool {
     async fn execute(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
-        let session = session_of(&self.services, ctx.agent()).ok_or_else(|| ToolError::failed("no session"))?;
+        let session =
+            session_of(&self.services, ctx.agent()).ok_or_else(|| ToolError::failed("no session"))?;
         let path = args["file_path"].as_str().unwrap_or_default().to_owned();
         let content = args["content"].as_str().unwrap_or_default().to_owned();
         let mut mode = mode_of(&session);
         if let Some(wanted) = args["sandbox_permissions"].as_str() {
             // The approval gate: a `never` policy rejects before any answerer is consulted.
             let id = format!("approval-{}", ctx.execution.id.0);
-            let asked = EventData::other("approval/asked", json!({"id": id, "toolName": ctx.execution.name}));
-            session.append(asked, None).map_err(|e| ToolError::failed(e.to_string()))?;
+            let asked = EventData::other(
+                "approval/asked",
+                json!({"id": id, "toolName": ctx.execution.name}),
+            );
+            session
+                .append(asked, None)
+                .map_err(|e| ToolError::failed(e.to_string()))?;
             let never = approval_override(session.events().iter()) == Some(ApprovalPolicy::Never);
             let outcome = if never {
                 "rejected"
@@ -76,7 +83,9 @@ impl ToolHandler for WriteTool {
                 "allowed-once"
             };
             let decided = EventData::other("approval/decided", json!({"id": id, "outcome": outcome}));
-            session.append(decided, None).map_err(|e| ToolError::failed(e.to_string()))?;
+            session
+                .append(decided, None)
+                .map_err(|e| ToolError::failed(e.to_string()))?;
             if never {
                 return Err(ToolError::new(
                     "DENIED",
@@ -104,7 +113,9 @@ impl PolicyHost {
             RuntimeContext {
                 name: SANDBOX_CONTEXT_NAME.into(),
                 order: SANDBOX_CONTEXT_ORDER,
-                render: Arc::new(move |id| session_of(&s1, id).map(|s| sandbox_context_sentence(mode_of(&s)))),
+                render: Arc::new(move |id| {
+                    session_of(&s1, id).map(|s| sandbox_context_sentence(mode_of(&s)))
+                }),
             },
         );
         let s2 = services.clone();
@@ -115,7 +126,9 @@ impl PolicyHost {
                 order: APPROVAL_CONTEXT_ORDER,
                 render: Arc::new(move |id| {
                     session_of(&s2, id).map(|s| {
-                        approval_context_sentence(approval_override(s.events().iter()).unwrap_or(ApprovalPolicy::Ask))
+                        approval_context_sentence(
+                            approval_override(s.events().iter()).unwrap_or(ApprovalPolicy::Ask),
+                        )
                     })
                 }),
             },
@@ -168,7 +181,9 @@ fn policy_events(child: &AgentRef) -> Vec<(u64, String, String, Option<String>)>
         .events()
         .iter()
         .filter_map(|e| match &e.data {
-            EventData::SandboxMode { mode, source } => Some((e.seq, "sandbox/mode".into(), mode.clone(), source.clone())),
+            EventData::SandboxMode { mode, source } => {
+                Some((e.seq, "sandbox/mode".into(), mode.clone(), source.clone()))
+            }
             EventData::ApprovalPolicy { policy, source } => {
                 Some((e.seq, "approval/policy".into(), policy.clone(), source.clone()))
             }
@@ -188,7 +203,11 @@ fn delegation() -> Option<String> {
 /// system text; the parent log is untouched.
 #[tokio::test(start_paused = true)]
 async fn pol_19_spawn_child_is_stamped_before_publication() {
-    let host = Host::new(vec![write_call("/ws/spawn-blocked.txt"), chunks::text("child done").into()]).await;
+    let host = Host::new(vec![
+        write_call("/ws/spawn-blocked.txt"),
+        chunks::text("child done").into(),
+    ])
+    .await;
     let policy = PolicyHost::install(&host);
     switch(host.parent.session(), SandboxMode::ReadOnly);
     assert_eq!(approval_override(host.parent.session().events().iter()), None);
@@ -212,8 +231,14 @@ async fn pol_19_spawn_child_is_stamped_before_publication() {
     );
     assert_eq!(child.session().first_live_seq(), 0);
     assert_eq!(child.session().header().seed_length, None);
-    assert_eq!(sandbox_override(child.session().events().iter()), Some(SandboxMode::ReadOnly));
-    assert_eq!(approval_override(child.session().events().iter()), Some(ApprovalPolicy::Never));
+    assert_eq!(
+        sandbox_override(child.session().events().iter()),
+        Some(SandboxMode::ReadOnly)
+    );
+    assert_eq!(
+        approval_override(child.session().events().iter()),
+        Some(ApprovalPolicy::Never)
+    );
     let events = events_of(&child);
     let header = events
         .iter()
@@ -232,8 +257,14 @@ async fn pol_19_spawn_child_is_stamped_before_publication() {
         })
         .expect("runtime-context snapshot");
     assert!(context_seq < header.0);
-    assert!(context.contains(&sandbox_context_sentence(SandboxMode::ReadOnly)), "{context}");
-    assert!(context.contains(&approval_context_sentence(ApprovalPolicy::Never)), "{context}");
+    assert!(
+        context.contains(&sandbox_context_sentence(SandboxMode::ReadOnly)),
+        "{context}"
+    );
+    assert!(
+        context.contains(&approval_context_sentence(ApprovalPolicy::Never)),
+        "{context}"
+    );
     assert!(context.contains(SUBAGENT_DELEGATION_CONTEXT), "{context}");
     let system = header.1.system.unwrap_or_default();
     assert!(!system.contains(&approval_context_sentence(ApprovalPolicy::Never)));
@@ -266,7 +297,10 @@ async fn pol_20_delegated_events_follow_the_seed() {
     switch(host.parent.session(), SandboxMode::ReadOnly);
     let run = policy
         .driver
-        .start(resolve(host.request(), "fork"), InProcessRunOptions::seeded(seed.clone()))
+        .start(
+            resolve(host.request(), "fork"),
+            InProcessRunOptions::seeded(seed.clone()),
+        )
         .await
         .unwrap();
     run.result().await.unwrap();
@@ -286,7 +320,10 @@ async fn pol_20_delegated_events_follow_the_seed() {
         ]
     );
     assert!(!policy.files.lock().contains_key("/ws/fork-blocked.txt"));
-    assert_eq!(sandbox_override(child.session().events().iter()), Some(SandboxMode::ReadOnly));
+    assert_eq!(
+        sandbox_override(child.session().events().iter()),
+        Some(SandboxMode::ReadOnly)
+    );
     switch(child.session(), SandboxMode::DangerFullAccess);
     assert_eq!(
         sandbox_override(child.session().events().iter()),
@@ -315,7 +352,10 @@ async fn pol_21_capture_happens_at_the_call() {
         sandbox_override(host.parent.session().events().iter()),
         Some(SandboxMode::DangerFullAccess)
     );
-    assert_eq!(sandbox_override(child.session().events().iter()), Some(SandboxMode::ReadOnly));
+    assert_eq!(
+        sandbox_override(child.session().events().iter()),
+        Some(SandboxMode::ReadOnly)
+    );
     run.dispose().await.unwrap();
     drop(policy);
     host.finish().await;
@@ -325,7 +365,11 @@ async fn pol_21_capture_happens_at_the_call() {
 /// but approval is still pinned, at seq 0.
 #[tokio::test(start_paused = true)]
 async fn pol_22_unswitched_parent_pins_only_approval() {
-    let host = Host::new(vec![write_call("/ws/default-allowed.txt"), chunks::text("child done").into()]).await;
+    let host = Host::new(vec![
+        write_call("/ws/default-allowed.txt"),
+        chunks::text("child done").into(),
+    ])
+    .await;
     let policy = PolicyHost::install(&host);
     let run = policy
         .driver
@@ -335,7 +379,11 @@ async fn pol_22_unswitched_parent_pins_only_approval() {
     run.result().await.unwrap();
     let child = run.local_agent().unwrap();
     assert_eq!(
-        policy.files.lock().get("/ws/default-allowed.txt").map(String::as_str),
+        policy
+            .files
+            .lock()
+            .get("/ws/default-allowed.txt")
+            .map(String::as_str),
         Some("escaped")
     );
     assert_eq!(

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use agent::prompt::PromptSection;
 use agent::tools::{
-    PostExecuteDecision, PreExecuteDecision, RESERVED_TOOL_NAME, ToolCallRequest, ToolExecution, ToolResult, codes,
+    PostExecuteDecision, PreExecuteDecision, RESERVED_TOOL_NAME, ToolCallRequest, ToolExecution, ToolResult,
+    codes,
 };
 use agent::{
     AgentRef, CallId, CancelCause, ContentBlock, EventData, GenerateOptions, MessageSource, SessionEvent,
@@ -168,7 +169,9 @@ async fn str_31_later_calls_in_the_response_are_denied() {
     let denied = results.iter().find(|r| r.0 == "c2").expect("c2 result logged");
     assert!(denied.1);
     assert!(
-        denied.2.contains("structured output already recorded: the run is complete, so `side_effect` is not executed"),
+        denied.2.contains(
+            "structured output already recorded: the run is complete, so `side_effect` is not executed"
+        ),
         "{}",
         denied.2
     );
@@ -399,7 +402,11 @@ async fn str_40_blocked_capture_continues_and_ends_error() {
     assert_eq!(result.stop_reason, StopReason::Error);
     let results = tool_results(&run.local_agent().unwrap());
     assert!(results[0].1);
-    assert!(results[0].2.contains("capture rejected by hook"), "{}", results[0].2);
+    assert!(
+        results[0].2.contains("capture rejected by hook"),
+        "{}",
+        results[0].2
+    );
     assert_eq!(host.model.requests().len(), 2);
     run.dispose().await.unwrap();
     drop(block);
@@ -424,7 +431,11 @@ async fn str_41_accept_with_replacement_commits() {
     let result = run.result().await.unwrap();
     assert_eq!(result.stop_reason, StopReason::Completed);
     assert_eq!(result.structured, Some(json!({"answer": 8})));
-    assert!(tool_results(&run.local_agent().unwrap())[0].2.contains("rewritten"));
+    assert!(
+        tool_results(&run.local_agent().unwrap())[0]
+            .2
+            .contains("rewritten")
+    );
     run.dispose().await.unwrap();
     drop(rewrite);
     host.finish().await;
@@ -457,7 +468,11 @@ async fn str_42_later_blocking_wrapper_prevents_commit() {
         }),
     );
     let result = run.result().await.unwrap();
-    assert_eq!(seen_success.load(Ordering::SeqCst), 1, "the wrapper saw the body's success");
+    assert_eq!(
+        seen_success.load(Ordering::SeqCst),
+        1,
+        "the wrapper saw the body's success"
+    );
     assert_eq!(result.structured, None);
     assert_eq!(result.stop_reason, StopReason::Error);
     let results = tool_results(&run.local_agent().unwrap());
@@ -506,7 +521,13 @@ async fn str_44_no_code_mode_the_capture_is_a_native_tool() {
     let request = host.model.requests()[0].clone();
     assert_eq!(tool_names(&request), [STRUCTURED_OUTPUT_TOOL]);
     assert!(!tool_names(&request).iter().any(|n| n == RESERVED_TOOL_NAME));
-    assert!(request.system.as_deref().unwrap().contains(STRUCTURED_OUTPUT_INSTRUCTION));
+    assert!(
+        request
+            .system
+            .as_deref()
+            .unwrap()
+            .contains(STRUCTURED_OUTPUT_INSTRUCTION)
+    );
     run.dispose().await.unwrap();
     host.finish().await;
 }
@@ -583,7 +604,11 @@ async fn str_47_instruction_only_in_structured_requests() {
 /// spec: STR-48 — nothing is registered globally; a plain agent never sees the tool.
 #[tokio::test(start_paused = true)]
 async fn str_48_nothing_global() {
-    let host = Host::new(vec![chunks::text("parent answer").into(), capture("c1", json!({"answer": 1}))]).await;
+    let host = Host::new(vec![
+        chunks::text("parent answer").into(),
+        capture("c1", json!({"answer": 1})),
+    ])
+    .await;
     let _p = host.register_inline("spawn", CAPS);
     let tools = host.runtime.services().tools.clone();
     host.parent_turn("hello").await;
@@ -592,8 +617,17 @@ async fn str_48_nothing_global() {
     let run = start(&host, structured_request(&host)).await;
     // While a structured child is live, neither the global view nor the parent sees the tool.
     assert!(tools.get(STRUCTURED_OUTPUT_TOOL, None).is_none());
-    assert!(tools.get(STRUCTURED_OUTPUT_TOOL, Some(host.parent.id())).is_none());
-    assert!(tools.schemas(None).iter().all(|s| s.name != STRUCTURED_OUTPUT_TOOL));
+    assert!(
+        tools
+            .get(STRUCTURED_OUTPUT_TOOL, Some(host.parent.id()))
+            .is_none()
+    );
+    assert!(
+        tools
+            .schemas(None)
+            .iter()
+            .all(|s| s.name != STRUCTURED_OUTPUT_TOOL)
+    );
     run.result().await.unwrap();
     run.dispose().await.unwrap();
     host.finish().await;
@@ -756,7 +790,13 @@ async fn str_54_unknown_tool_without_a_structured_run() {
     let as_nobody = execute(&host, &SessionId::from("nobody"), "x", json!({"answer": 1})).await;
     assert!(as_nobody.result.is_error);
     assert_eq!(error_code(&as_nobody).as_deref(), Some(codes::UNKNOWN_TOOL));
-    assert!(host.runtime.services().tools.get(STRUCTURED_OUTPUT_TOOL, None).is_none());
+    assert!(
+        host.runtime
+            .services()
+            .tools
+            .get(STRUCTURED_OUTPUT_TOOL, None)
+            .is_none()
+    );
     host.finish().await;
 }
 
@@ -785,9 +825,10 @@ async fn str_55_blocked_stage_is_never_promoted() {
     // …and now the run is complete: later calls are.
     let after = execute(&host, child.id(), "c4", json!({"answer": 10})).await;
     assert!(after.result.is_error);
-    assert!(after.result.content.iter().any(|b| b
-        .as_text()
-        .is_some_and(|t| t.contains("structured output already recorded"))));
+    assert!(after.result.content.iter().any(|b| {
+        b.as_text()
+            .is_some_and(|t| t.contains("structured output already recorded"))
+    }));
     run.dispose().await.unwrap();
     drop(block);
     host.finish().await;

@@ -48,7 +48,9 @@ struct Bench {
 }
 
 async fn host() -> Bench {
-    let runtime = Runtime::builder().model("instant", Arc::new(InstantModel)).build();
+    let runtime = Runtime::builder()
+        .model("instant", Arc::new(InstantModel))
+        .build();
     let parent_handle = runtime
         .create(CreateAgentOptions {
             agent_options: AgentOptions {
@@ -73,7 +75,11 @@ async fn host() -> Bench {
 }
 
 async fn delegate_once(bench: &Bench) {
-    let request = SubagentStartRequest::new(vec![ContentBlock::text("task")], bench.parent.clone(), Signal::new());
+    let request = SubagentStartRequest::new(
+        vec![ContentBlock::text("task")],
+        bench.parent.clone(),
+        Signal::new(),
+    );
     let run = bench.service.start("spawn", request).await.expect("started");
     let result = run.result().await.expect("result");
     assert!(result.stop_reason.is_completed());
@@ -83,8 +89,11 @@ async fn delegate_once(bench: &Bench) {
 
 async fn fan_out(bench: &Bench, n: usize) {
     let starts = (0..n).map(|_| {
-        let request =
-            SubagentStartRequest::new(vec![ContentBlock::text("task")], bench.parent.clone(), Signal::new());
+        let request = SubagentStartRequest::new(
+            vec![ContentBlock::text("task")],
+            bench.parent.clone(),
+            Signal::new(),
+        );
         bench.service.start("spawn", request)
     });
     let runs: Vec<Box<dyn SubagentRun>> = futures::future::join_all(starts)
@@ -93,19 +102,34 @@ async fn fan_out(bench: &Bench, n: usize) {
         .map(|r| r.expect("started"))
         .collect();
     let results = futures::future::join_all(runs.iter().map(|r| r.result())).await;
-    assert!(results.iter().all(|r| r.as_ref().is_ok_and(|r| r.stop_reason.is_completed())));
+    assert!(
+        results
+            .iter()
+            .all(|r| r.as_ref().is_ok_and(|r| r.stop_reason.is_completed()))
+    );
     futures::future::join_all(runs.iter().map(|r| r.dispose())).await;
-    assert_eq!(AgentRuntime::list(&bench.runtime).len(), 1, "every child disposed");
+    assert_eq!(
+        AgentRuntime::list(&bench.runtime).len(),
+        1,
+        "every child disposed"
+    );
 }
 
 fn bench_one_shot(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let bench = rt.block_on(host());
     let mut group = c.benchmark_group("one_shot");
     group.bench_function("floor_tokio_spawn_join", |b| {
-        b.iter(|| rt.block_on(async { black_box(tokio::spawn(async { black_box(1u8) }).await.expect("joined")) }))
+        b.iter(|| {
+            rt.block_on(async { black_box(tokio::spawn(async { black_box(1u8) }).await.expect("joined")) })
+        })
     });
-    group.bench_function("spawn_start_result_dispose", |b| b.iter(|| rt.block_on(delegate_once(&bench))));
+    group.bench_function("spawn_start_result_dispose", |b| {
+        b.iter(|| rt.block_on(delegate_once(&bench)))
+    });
     group.finish();
 
     let mut group = c.benchmark_group("fan_out");

@@ -20,11 +20,11 @@ use std::fmt;
 use agent::{AgentRef, Registration};
 use async_trait::async_trait;
 use std::sync::Arc;
+use subagent::SubagentError;
 use subagent::capabilities::{ContinuableCreateRequest, ContinuableCreateSpec, SubagentCapabilities};
 use subagent::provider::{PrepareContinuable, ResolvedSubagentStartRequest, SubagentProvider};
 use subagent::run::SubagentRun;
 use subagent::service::{RegisterError, SubagentService};
-use subagent::SubagentError;
 use subagent_inprocess::{InProcessDriver, InProcessRunOptions};
 
 /// The registry name a spawn provider uses by default.
@@ -91,7 +91,10 @@ impl SubagentProvider for SpawnProvider {
         false
     }
 
-    async fn start(&self, request: ResolvedSubagentStartRequest) -> Result<Box<dyn SubagentRun>, SubagentError> {
+    async fn start(
+        &self,
+        request: ResolvedSubagentStartRequest,
+    ) -> Result<Box<dyn SubagentRun>, SubagentError> {
         let run = self.driver.start(request, InProcessRunOptions::fresh()).await?;
         Ok(Box::new(run))
     }

@@ -60,15 +60,23 @@ impl SubagentProvider for Recording {
     fn inherits_parent_context(&self) -> bool {
         false
     }
-    async fn start(&self, request: ResolvedSubagentStartRequest) -> Result<Box<dyn SubagentRun>, SubagentError> {
+    async fn start(
+        &self,
+        request: ResolvedSubagentStartRequest,
+    ) -> Result<Box<dyn SubagentRun>, SubagentError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.seen.lock().push(request.clone());
-        Ok(Box::new(self.driver.start(request, InProcessRunOptions::fresh()).await?))
+        Ok(Box::new(
+            self.driver.start(request, InProcessRunOptions::fresh()).await?,
+        ))
     }
 }
 
+/// `(event name, run id)` pairs a recording listener heard.
+type Seen = Arc<Mutex<Vec<(String, String)>>>;
+
 /// Records `(event name, run id)` of the lifecycle events a listener hears.
-fn record(host: &Host, scoped_to: Option<&AgentRef>) -> (Arc<Mutex<Vec<(String, String)>>>, agent::Registration) {
+fn record(host: &Host, scoped_to: Option<&AgentRef>) -> (Seen, agent::Registration) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s = seen.clone();
     let listener = move |e: &SubagentEvent| {
@@ -226,11 +234,18 @@ async fn seam_104_invalid_values_reject_first() {
     let _g = host.service.register_provider(provider.clone()).unwrap();
     let mut r = host.request();
     r.max_depth = Some(json!(-1));
-    let Err(e) = host.service.start("spawn", r).await else { panic!("must reject") };
-    assert_eq!(e.to_string(), "subagent maxDepth must be a non-negative safe integer");
+    let Err(e) = host.service.start("spawn", r).await else {
+        panic!("must reject")
+    };
+    assert_eq!(
+        e.to_string(),
+        "subagent maxDepth must be a non-negative safe integer"
+    );
     let mut r = host.request();
     r.output_schema = Some(json!({"type": "string"}));
-    let Err(e) = host.service.start("spawn", r).await else { panic!("must reject") };
+    let Err(e) = host.service.start("spawn", r).await else {
+        panic!("must reject")
+    };
     assert!(e.to_string().starts_with("unsupported JSON schema"));
     assert_eq!(provider.calls.load(Ordering::SeqCst), 0);
     host.finish().await;
@@ -261,7 +276,10 @@ async fn seam_105_lifecycle_after_fulfilment_keyed_to_the_parent() {
     assert_eq!(*registered_at_start.lock(), Some(true));
     let mine = mine.lock().clone();
     assert_eq!(mine.len(), 2);
-    assert_eq!((mine[0].0.as_str(), mine[1].0.as_str()), ("subagent/start", "subagent/end"));
+    assert_eq!(
+        (mine[0].0.as_str(), mine[1].0.as_str()),
+        ("subagent/start", "subagent/end")
+    );
     assert_eq!(mine[0].1, mine[1].1);
     assert!(theirs.lock().is_empty());
     drop((l1, l2, l3));
@@ -323,7 +341,12 @@ impl agent::Agent for NoDelivery {
     fn scope(&self) -> &Arc<agent::Scope> {
         self.0.scope()
     }
-    fn send(&self, _: Message, _: agent::InboxTarget, _: bool) -> Result<agent::MessageId, agent::AgentError> {
+    fn send(
+        &self,
+        _: Message,
+        _: agent::InboxTarget,
+        _: bool,
+    ) -> Result<agent::MessageId, agent::AgentError> {
         Err(agent::AgentError::Other("delivery failed".into()))
     }
     fn remove_pending(&self, id: &agent::MessageId) -> Result<bool, agent::AgentError> {
@@ -372,7 +395,11 @@ async fn seam_108_end_carries_output_and_maps_rejection() {
     let e2 = ends.clone();
     let listener = host.service.events().on(move |e| {
         if let SubagentEvent::End(end) = e {
-            e2.lock().push((end.info.provider.clone(), end.stop_reason.clone(), end.last_assistant_message.clone()));
+            e2.lock().push((
+                end.info.provider.clone(),
+                end.stop_reason.clone(),
+                end.last_assistant_message.clone(),
+            ));
         }
         Ok(())
     });
@@ -385,7 +412,11 @@ async fn seam_108_end_carries_output_and_maps_rejection() {
     let ends = ends.lock().clone();
     assert_eq!(
         ends[0],
-        ("spawn".into(), StopReason::Completed, Some(vec![ContentBlock::text("answer")]))
+        (
+            "spawn".into(),
+            StopReason::Completed,
+            Some(vec![ContentBlock::text("answer")])
+        )
     );
     // The second child exhausts the script: an error with no output, the key omitted.
     assert_eq!(ends[1], ("spawn".into(), StopReason::Error, None));
@@ -518,7 +549,10 @@ fn seam_111_message_wins_over_streamed_text() {
         message(vec![ContentBlock::text("the answer")]),
         delta("after"),
     ];
-    assert_eq!(final_assistant_output(&own), Some(vec![ContentBlock::text("the answer")]));
+    assert_eq!(
+        final_assistant_output(&own),
+        Some(vec![ContentBlock::text("the answer")])
+    );
 }
 
 /// spec: SEAM-112 — reasoning-only content counts as a non-empty message (a live child whose only
@@ -575,7 +609,10 @@ fn seam_113_fallback_joins_text_deltas_only() {
         }),
         delta("two"),
     ];
-    assert_eq!(final_assistant_output(&own), Some(vec![ContentBlock::text("one two")]));
+    assert_eq!(
+        final_assistant_output(&own),
+        Some(vec![ContentBlock::text("one two")])
+    );
 }
 
 /// spec: SEAM-114 — no message and no text yields none (a live child whose model call fails
@@ -620,12 +657,19 @@ fn seam_116_empty_fold() {
 /// chunks, and the seeded parent chunks all lie before the boundary.
 #[tokio::test(start_paused = true)]
 async fn seam_121_child_script_comes_from_its_own_suffix() {
-    let host = Host::new(vec![chunks::text("parent answer").into(), chunks::text("child answer").into()]).await;
+    let host = Host::new(vec![
+        chunks::text("parent answer").into(),
+        chunks::text("child answer").into(),
+    ])
+    .await;
     host.parent_turn("parent question").await;
     let seed = events_of(&host.parent);
     let run = host
         .driver
-        .start(resolve(host.request(), "fork"), InProcessRunOptions::seeded(seed.clone()))
+        .start(
+            resolve(host.request(), "fork"),
+            InProcessRunOptions::seeded(seed.clone()),
+        )
         .await
         .unwrap();
     run.result().await.unwrap();
@@ -653,7 +697,11 @@ async fn seam_121_child_script_comes_from_its_own_suffix() {
 /// first entry and the child's the second.
 #[tokio::test(start_paused = true)]
 async fn seam_122_first_call_order_parent_first() {
-    let host = Host::new(vec![chunks::text("parent answer").into(), chunks::text("child answer").into()]).await;
+    let host = Host::new(vec![
+        chunks::text("parent answer").into(),
+        chunks::text("child answer").into(),
+    ])
+    .await;
     let _g = subagent_spawn::register(&host.service, host.driver.clone()).unwrap();
     host.parent_turn("parent question").await;
     let run = host.service.start("spawn", host.request()).await.unwrap();

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use agent::tools::{ToolContext, ToolDefinition, ToolError, ToolHandler, ToolOutput, ToolRestriction, codes};
 use agent::{
-    AgentEvent, AgentOptions, AgentRuntime, CancelCause, ContentBlock, CreateAgentOptions, EventData, Message,
-    SessionId, SessionMeta, Signal,
+    AgentEvent, AgentOptions, AgentRuntime, CancelCause, ContentBlock, CreateAgentOptions, EventData,
+    Message, SessionId, SessionMeta, Signal,
 };
 use agent_loop::model::{ScriptEntry, chunks};
 use agent_loop::runtime::{RuntimeBuilder, SessionStoreEvent};
@@ -19,13 +19,13 @@ use async_trait::async_trait;
 use common::*;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
+use subagent::StopReason;
 use subagent::capabilities::{ContinuableCreateRequest, SubagentCapabilities};
 use subagent::error::SubagentErrorCode;
 use subagent::events::SubagentEvent;
 use subagent::provider::{SubagentProvider, SubagentStartRequest};
 use subagent::run::SubagentRun;
 use subagent::service::StartError;
-use subagent::StopReason;
 use subagent_spawn::{DEFAULT_NAME, SpawnProvider, register};
 
 fn spawn(host: &Host) -> agent::Registration {
@@ -74,7 +74,10 @@ impl Recorder {
                 Ok(())
             }),
         ];
-        Self { seen, _guards: guards }
+        Self {
+            seen,
+            _guards: guards,
+        }
     }
 
     fn take(&self) -> Vec<String> {
@@ -128,7 +131,10 @@ async fn spw_60_own_id_with_lineage() {
     let child = run.local_agent().unwrap();
     assert_ne!(run.id(), host.parent.id());
     assert_eq!(child.id(), run.id());
-    assert_eq!(child.session().header().parent_session.as_ref(), Some(host.parent.id()));
+    assert_eq!(
+        child.session().header().parent_session.as_ref(),
+        Some(host.parent.id())
+    );
     assert_eq!(child.session().header().origin, Some(agent::Origin::Subagent));
     run.result().await.unwrap();
     run.dispose().await.unwrap();
@@ -138,14 +144,22 @@ async fn spw_60_own_id_with_lineage() {
 /// spec: SPW-61 — the child does not inherit the parent conversation.
 #[tokio::test(start_paused = true)]
 async fn spw_61_no_parent_history() {
-    let host = Host::new(vec![chunks::text("parent answer").into(), chunks::text("child answer").into()]).await;
+    let host = Host::new(vec![
+        chunks::text("parent answer").into(),
+        chunks::text("child answer").into(),
+    ])
+    .await;
     let _p = spawn(&host);
     host.parent_turn("parent question").await;
     let run = start(&host, host.request()).await;
     run.result().await.unwrap();
     let child_request = host.model.requests()[1].clone();
     let texts: Vec<String> = child_request.messages.iter().map(Message::text).collect();
-    assert!(texts.iter().all(|t| !t.contains("parent question") && !t.contains("parent answer")));
+    assert!(
+        texts
+            .iter()
+            .all(|t| !t.contains("parent question") && !t.contains("parent answer"))
+    );
     assert!(texts.iter().any(|t| t == "child task"));
     let child = run.local_agent().unwrap();
     assert_eq!(child.session().header().seed_length, None);
@@ -245,7 +259,10 @@ async fn spw_67_already_cancelled_rejects() {
         request_from(&host.parent, Signal::cancelled_with(CancelCause::User)),
     )
     .await;
-    assert_eq!(err.to_string(), "subagent request was aborted before child publication");
+    assert_eq!(
+        err.to_string(),
+        "subagent request was aborted before child publication"
+    );
     assert!(recorder.take().is_empty());
     assert_eq!((host.agent_count(), host.session_count()), (1, 1));
     drop(recorder);
@@ -415,7 +432,12 @@ async fn spw_75_unregistering() {
 #[tokio::test(start_paused = true)]
 async fn spw_76_structured_output() {
     let host = Host::new(vec![
-        chunks::tool_call("c1", subagent_inprocess::STRUCTURED_OUTPUT_TOOL, json!({"answer": 3})).into(),
+        chunks::tool_call(
+            "c1",
+            subagent_inprocess::STRUCTURED_OUTPUT_TOOL,
+            json!({"answer": 3}),
+        )
+        .into(),
     ])
     .await;
     let _p = spawn(&host);
@@ -432,8 +454,16 @@ async fn spw_76_structured_output() {
     let child = run.id().clone();
     run.dispose().await.unwrap();
     let tools = host.runtime.services().tools.clone();
-    assert!(tools.get(subagent_inprocess::STRUCTURED_OUTPUT_TOOL, None).is_none());
-    assert!(tools.get(subagent_inprocess::STRUCTURED_OUTPUT_TOOL, Some(&child)).is_none());
+    assert!(
+        tools
+            .get(subagent_inprocess::STRUCTURED_OUTPUT_TOOL, None)
+            .is_none()
+    );
+    assert!(
+        tools
+            .get(subagent_inprocess::STRUCTURED_OUTPUT_TOOL, Some(&child))
+            .is_none()
+    );
     host.finish().await;
 }
 
@@ -490,7 +520,10 @@ async fn spw_79_surface_is_the_provider_its_name_and_register() {
 #[tokio::test(start_paused = true)]
 async fn spw_80_persona_shadows_in_the_child_only() {
     let host = Host::build(
-        vec![chunks::text("parent answer").into(), chunks::text("child answer").into()],
+        vec![
+            chunks::text("parent answer").into(),
+            chunks::text("child answer").into(),
+        ],
         RuntimeBuilder::new().persona("DEPLOYMENT PERSONA"),
         routed(),
     )
@@ -540,7 +573,10 @@ async fn spw_81_filter_hides_and_refuses() {
     assert_eq!(writes.load(Ordering::SeqCst), 0);
     let child = run.local_agent().unwrap();
     let results = tool_results(&child);
-    assert!(results[0].1 && results[0].2.contains("unknown tool"), "{results:?}");
+    assert!(
+        results[0].1 && results[0].2.contains("unknown tool"),
+        "{results:?}"
+    );
     let logged_code = child.session().events().iter().find_map(|e| match &e.data {
         EventData::ToolResult { error: Some(err), .. } => Some(err.code.clone()),
         _ => None,
@@ -564,7 +600,10 @@ async fn spw_82_unknown_filter_name_fails_loud() {
         deny: None,
     });
     let err = start_err(&host, request).await;
-    assert!(err.to_string().contains("unknown global tool \"no_such_tool\""), "{err}");
+    assert!(
+        err.to_string().contains("unknown global tool \"no_such_tool\""),
+        "{err}"
+    );
     assert!(recorder.take().is_empty());
     assert_eq!((host.agent_count(), host.session_count()), (1, 1));
     drop(recorder);
@@ -634,7 +673,10 @@ async fn spw_84_parent_disposal_during_setup() {
     let recorder = Recorder::install(&host);
     let err = start_err(&host, request_from(&parent, Signal::new())).await;
     assert!(err.to_string().contains("owner disposed during setup"), "{err}");
-    let disposing = disposal.lock().take().expect("the owner was disposed during setup");
+    let disposing = disposal
+        .lock()
+        .take()
+        .expect("the owner was disposed during setup");
     disposing.await;
     let seen = recorder.take();
     assert!(
@@ -660,7 +702,10 @@ struct Delegate {
 #[async_trait]
 impl ToolHandler for Delegate {
     async fn execute(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
-        let parent = self.agents.get(ctx.agent()).ok_or_else(|| ToolError::failed("no parent"))?;
+        let parent = self
+            .agents
+            .get(ctx.agent())
+            .ok_or_else(|| ToolError::failed("no parent"))?;
         let task = args["task"].as_str().unwrap_or_default().to_owned();
         let request = SubagentStartRequest::new(vec![ContentBlock::text(task)], parent, ctx.signal.clone());
         let run = self
@@ -672,7 +717,10 @@ impl ToolHandler for Delegate {
         let _ = run.dispose().await;
         let result = result.map_err(|e| ToolError::failed(e.to_string()))?;
         if !result.stop_reason.is_completed() {
-            return Err(ToolError::failed(format!("subagent ended: {}", result.stop_reason)));
+            return Err(ToolError::failed(format!(
+                "subagent ended: {}",
+                result.stop_reason
+            )));
         }
         Ok(ToolOutput {
             content: result.output,
@@ -712,19 +760,24 @@ async fn spw_85_parent_delegates_from_a_tool_call() {
     );
     let delegated = Arc::new(AtomicBool::new(false));
     let seen = delegated.clone();
-    let listener = host.service.events().on_scoped(host.parent.id().clone(), move |e| {
-        if matches!(e, SubagentEvent::End(end) if end.stop_reason == StopReason::Completed) {
-            seen.store(true, Ordering::SeqCst);
-        }
-        Ok(())
-    });
+    let listener = host
+        .service
+        .events()
+        .on_scoped(host.parent.id().clone(), move |e| {
+            if matches!(e, SubagentEvent::End(end) if end.stop_reason == StopReason::Completed) {
+                seen.store(true, Ordering::SeqCst);
+            }
+            Ok(())
+        });
     host.parent_turn("please delegate").await;
     assert_eq!(writes.load(Ordering::SeqCst), 1);
     assert!(delegated.load(Ordering::SeqCst));
     let parent_events = events_of(&host.parent);
-    assert!(parent_events.iter().any(
-        |e| matches!(&e.data, EventData::ToolCall { name, .. } if name == "delegate")
-    ));
+    assert!(
+        parent_events
+            .iter()
+            .any(|e| matches!(&e.data, EventData::ToolCall { name, .. } if name == "delegate"))
+    );
     let results = tool_results(&host.parent);
     assert_eq!(results[0].2, "wrote hello.txt");
     assert_eq!(host.agent_count(), 1, "the child was disposed");

@@ -177,7 +177,9 @@ pub fn request_from(parent: &AgentRef, signal: Signal) -> SubagentStartRequest {
 pub fn resolve(request: SubagentStartRequest, provider: &str) -> ResolvedSubagentStartRequest {
     let descriptor = SubagentDescriptor::one_shot(provider, request.label.clone());
     let descriptor_event = snapshot_subagent_descriptor(&descriptor).expect("descriptor");
-    let max_depth = assert_subagent_max_depth(request.max_depth.as_ref()).ok().flatten();
+    let max_depth = assert_subagent_max_depth(request.max_depth.as_ref())
+        .ok()
+        .flatten();
     ResolvedSubagentStartRequest {
         request,
         max_depth,
@@ -204,8 +206,13 @@ impl SubagentProvider for Inline {
     fn inherits_parent_context(&self) -> bool {
         false
     }
-    async fn start(&self, request: ResolvedSubagentStartRequest) -> Result<Box<dyn SubagentRun>, SubagentError> {
-        Ok(Box::new(self.driver.start(request, InProcessRunOptions::fresh()).await?))
+    async fn start(
+        &self,
+        request: ResolvedSubagentStartRequest,
+    ) -> Result<Box<dyn SubagentRun>, SubagentError> {
+        Ok(Box::new(
+            self.driver.start(request, InProcessRunOptions::fresh()).await?,
+        ))
     }
 }
 
@@ -266,7 +273,7 @@ pub struct FakeParent {
 }
 
 impl FakeParent {
-    pub fn new(id: &str, options: AgentOptions, meta: SessionMeta) -> AgentRef {
+    pub fn agent(id: &str, options: AgentOptions, meta: SessionMeta) -> AgentRef {
         let header = meta.into_header(id.into(), 1).expect("header");
         Arc::new(Self {
             id: id.into(),
@@ -290,7 +297,12 @@ impl agent::Agent for FakeParent {
     fn scope(&self) -> &Arc<agent::Scope> {
         &self.scope
     }
-    fn send(&self, message: Message, _: agent::InboxTarget, _: bool) -> Result<agent::MessageId, agent::AgentError> {
+    fn send(
+        &self,
+        message: Message,
+        _: agent::InboxTarget,
+        _: bool,
+    ) -> Result<agent::MessageId, agent::AgentError> {
         Ok(message.id)
     }
     fn remove_pending(&self, _: &agent::MessageId) -> Result<bool, agent::AgentError> {
@@ -347,7 +359,10 @@ impl AgentRuntime for WrapRuntime {
 }
 
 /// A driver whose children are created through `wrap` around this host's runtime.
-pub fn wrapped_driver(host: &Host, on_create: impl Fn(AgentHandle) -> AgentHandle + Send + Sync + 'static) -> InProcessDriver {
+pub fn wrapped_driver(
+    host: &Host,
+    on_create: impl Fn(AgentHandle) -> AgentHandle + Send + Sync + 'static,
+) -> InProcessDriver {
     hooked_driver(host, |_| {}, on_create)
 }
 
@@ -405,5 +420,9 @@ pub fn counting_tool(name: &str, calls: Arc<std::sync::atomic::AtomicUsize>) -> 
 
 /// Registers a global tool on the host's registry; the guard removes it.
 pub fn global_tool(host: &Host, def: agent::tools::ToolDefinition) -> agent::Registration {
-    host.runtime.services().tools.register(None, def).expect("tool registered")
+    host.runtime
+        .services()
+        .tools
+        .register(None, def)
+        .expect("tool registered")
 }
