@@ -199,7 +199,7 @@ fn coordinator_reply(messages: &[Message]) -> Vec<StreamChunk> {
         };
         let counted = counted.lines().next().unwrap_or_default().to_owned();
         return chunks::text(format!(
-            "Final answer. The workspace is a Rust implementation of the subagent seam: a spine of \
+            "Here is the briefing, reviewed. The workspace is a Rust implementation of the subagent seam: a spine of \
              contracts, a reference runtime, the seam itself with in-process `spawn` and `fork` \
              providers, the model-facing delegation tool and an invariant checker, composed by this \
              command-line host.\n- Review (fork): {review}\n- Tests (background spawn): {counted}"
@@ -246,10 +246,7 @@ fn child_reply(messages: &[Message]) -> Vec<StreamChunk> {
     chunks::text(reply)
 }
 
-/// The persona of the demo's agents.
-pub const DEMO_PERSONA: &str = "You are the coordinator of a small team of subagents. Delegate \
-     self-contained work with `subagent`, work that builds on this conversation with `fork`, and \
-     long-running work in the background; collect background jobs with `job_output`.";
+pub use crate::model_text::DEMO_PERSONA;
 
 /// How many script entries the demo's model holds (it makes 10 calls; the rest is slack so a
 /// changed script fails with a scripted answer rather than an exhausted script).
@@ -286,6 +283,8 @@ pub async fn run_demo(store_dir: &Path, sink: Option<TreeSink>) -> Result<DemoOu
     let host = build_host(options)?;
     let (tree, listening) = LiveTree::attach(host.runtime(), host.subagents(), host.jobs(), sink);
     let outcome = drive(&host, &tree, &coordinator).await;
+    // Every run has settled; wait for their `subagent/end` events before reading the tree.
+    host.subagents().close().await;
     let rendered_tree = tree.render();
     let nodes = tree.nodes();
     drop(listening);

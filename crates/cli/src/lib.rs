@@ -11,6 +11,7 @@
 //! | [`catalog`] | the stored sessions as a parent → child tree (`subagent agents`) |
 //! | [`logview`] | a readable rendering of one session log (`subagent log`) |
 //! | [`workspace`] | the read-only `read_file`, `list_dir` and `grep` tools (`subagent run`) |
+//! | [`model_text`] | every text this crate shows a model (tool descriptions, schemas, failures, personas) |
 //! | [`error`] | [`CliError`], the one-line user-facing failures |
 #![warn(missing_docs)]
 
@@ -19,6 +20,7 @@ pub mod demo;
 pub mod error;
 pub mod host;
 pub mod logview;
+pub mod model_text;
 pub mod tree;
 pub mod workspace;
 

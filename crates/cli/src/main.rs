@@ -160,8 +160,9 @@ fn tree_printer(to_stderr: bool) -> TreeSink {
     let announced: Mutex<HashSet<SessionId>> = Mutex::new(HashSet::new());
     Arc::new(move |change: &TreeChange, tree: &LiveTree| {
         if tty {
-            let text = tree.render();
+            // Render under the frame lock, so frames reach the terminal in state order.
             let mut drawn = drawn.lock();
+            let text = tree.render();
             let mut frame = String::new();
             if *drawn > 0 {
                 // Back to the first line of the previous frame, then clear to the end.
@@ -237,9 +238,12 @@ async fn demo(store: &Path) -> Result<(), CliError> {
         .await
         .map_err(|e| CliError::Run(format!("the demo failed: {e}")))?;
     println!();
-    println!("Delegation tree:");
-    print!("{}", outcome.rendered_tree);
-    println!();
+    if !std::io::stdout().is_terminal() {
+        // On a terminal the live tree above is already the final one.
+        println!("Delegation tree:");
+        print!("{}", outcome.rendered_tree);
+        println!();
+    }
     println!("Final answer:");
     println!("{}", outcome.answer);
     println!();
@@ -257,19 +261,6 @@ async fn demo(store: &Path) -> Result<(), CliError> {
     );
     println!("  subagent check {}", store.display());
     Ok(())
-}
-
-/// The persona of `subagent run`'s coordinator.
-fn run_persona(root: &Path) -> String {
-    format!(
-        "You are a careful assistant working in the workspace at {}. You can read it with read_file, \
-         list_dir and grep (read-only; paths outside the workspace are refused). Delegate \
-         self-contained subtasks with the `{SPAWN_TOOL}` tool (a fresh subagent that does not see \
-         this conversation) and work that builds on this conversation with the `{FORK_TOOL}` tool \
-         (a subagent that inherits the completed turns). Independent delegations can go in one \
-         message to run in parallel. Finish with a concise answer.",
-        root.display()
-    )
 }
 
 async fn run(
@@ -304,7 +295,7 @@ async fn run(
     let workspace = Workspace::new(&cwd).map_err(|e| CliError::Host(e.to_string()))?;
     let mut options = HostOptions::new(store, Arc::new(adapter), "openai", model);
     options.max_tokens = max_tokens;
-    options.persona = Some(run_persona(workspace.root()));
+    options.persona = Some(subagent_cli::model_text::run_persona(workspace.root()));
     options.workspace = Some(workspace);
     options.deliver_job_notices = true;
     let host = build_host(options).map_err(|e| CliError::Host(e.to_string()))?;
@@ -329,6 +320,8 @@ async fn run(
         turn.map(|()| (answer, last))
     }
     .await;
+    // Let the last `subagent/end` events reach the tree before it stops listening.
+    host.subagents().close().await;
     drop(listening);
     let shutdown = host.shutdown().await;
     let (answer, failure) = outcome.map_err(|e| CliError::Run(e.to_string()))?;

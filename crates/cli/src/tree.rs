@@ -13,7 +13,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use agent::{AgentEvent, AgentStatus, Registration, SessionId, SessionStore};
+use agent::{AgentEvent, AgentRuntime, AgentStatus, Registration, SessionId, SessionStore};
 use agent_loop::jobs::JobRegistry;
 use agent_loop::runtime::Runtime;
 use parking_lot::Mutex;
@@ -183,13 +183,19 @@ impl LiveTree {
         match event {
             SubagentEvent::Start(info) => {
                 let depth = self.depth_of(&info.id);
+                // The child's driver started when its prompt was delivered, before this event.
+                let status = match AgentRuntime::get(&self.runtime, &info.id).map(|a| a.status()) {
+                    Some(AgentStatus::Running) => NodeStatus::Running,
+                    Some(AgentStatus::Idle) => NodeStatus::Idle,
+                    None => NodeStatus::Starting,
+                };
                 self.nodes.lock().push(TreeNode {
                     id: info.id.clone(),
                     parent: Some(info.parent.clone()),
                     provider: Some(info.provider.clone()),
                     label: None,
                     depth,
-                    status: NodeStatus::Starting,
+                    status,
                     background_job: None,
                 });
                 self.notify(&TreeChange::Started(info.id.clone()));

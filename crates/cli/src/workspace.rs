@@ -8,7 +8,8 @@
 //!
 //! Output is bounded: `read_file` returns at most [`MAX_READ_BYTES`], `list_dir` at most
 //! [`MAX_DIR_ENTRIES`] entries and `grep` at most [`MAX_GREP_MATCHES`] matching lines (files
-//! larger than [`MAX_GREP_FILE_BYTES`] and files that are not UTF-8 text are skipped).
+//! larger than [`MAX_GREP_FILE_BYTES`] and files that are not UTF-8 text are skipped). Every
+//! model-visible text is in [`crate::model_text`].
 
 use std::fmt;
 use std::fs;
@@ -18,7 +19,9 @@ use std::sync::Arc;
 
 use agent::tools::{ToolContext, ToolDefinition, ToolError, ToolHandler, ToolOutput, codes};
 use async_trait::async_trait;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
+
+use crate::model_text;
 
 /// The most bytes `read_file` returns from one file.
 pub const MAX_READ_BYTES: usize = 64 * 1024;
@@ -41,7 +44,7 @@ pub const NOT_FOUND: &str = "NOT_FOUND";
 #[non_exhaustive]
 pub enum WorkspaceError {
     /// The workspace root itself cannot be resolved.
-    #[error("workspace root {} cannot be resolved: {source}", root.display())]
+    #[error("{}", model_text::root_unresolvable(&root.display().to_string(), &source.to_string()))]
     Root {
         /// The root as given.
         root: PathBuf,
@@ -50,19 +53,19 @@ pub enum WorkspaceError {
         source: io::Error,
     },
     /// The path resolves outside the workspace root.
-    #[error("path {path:?} is outside the workspace; only paths under the working directory can be read")]
+    #[error("{}", model_text::outside_workspace(path))]
     OutsideWorkspace {
         /// The path as the model gave it.
         path: String,
     },
     /// The path does not exist.
-    #[error("path {path:?} does not exist")]
+    #[error("{}", model_text::not_found(path))]
     NotFound {
         /// The path as the model gave it.
         path: String,
     },
     /// The path is not a regular file (for `read_file`) or not a directory (for `list_dir`).
-    #[error("path {path:?} is not a {expected}")]
+    #[error("{}", model_text::wrong_kind(path, expected))]
     WrongKind {
         /// The path as the model gave it.
         path: String,
@@ -70,13 +73,13 @@ pub enum WorkspaceError {
         expected: &'static str,
     },
     /// The file is not UTF-8 text.
-    #[error("file {path:?} is not UTF-8 text")]
+    #[error("{}", model_text::not_text(path))]
     NotText {
         /// The path as the model gave it.
         path: String,
     },
     /// Any other I/O failure.
-    #[error("cannot read {path:?}: {source}")]
+    #[error("{}", model_text::cannot_read(path, &source.to_string()))]
     Io {
         /// The path as the model gave it.
         path: String,
@@ -212,8 +215,8 @@ impl Workspace {
         let shown = start + text.len();
         if shown < bytes.len() {
             Ok(format!(
-                "{text}\n[truncated: showed bytes {start}..{shown} of {}; call read_file again with offset {shown}]",
-                bytes.len()
+                "{text}\n{}",
+                model_text::read_truncated(start, shown, bytes.len())
             ))
         } else {
             Ok(text)
@@ -245,12 +248,13 @@ impl Workspace {
         names.sort();
         let total = names.len();
         if total == 0 {
-            return Ok(format!("{} is empty", self.display(&real)));
+            return Ok(model_text::dir_empty(&self.display(&real)));
         }
         names.truncate(MAX_DIR_ENTRIES);
         let mut out = names.join("\n");
         if total > MAX_DIR_ENTRIES {
-            out.push_str(&format!("\n[truncated: {MAX_DIR_ENTRIES} of {total} entries]"));
+            out.push('\n');
+            out.push_str(&model_text::dir_truncated(MAX_DIR_ENTRIES, total));
         }
         Ok(out)
     }
@@ -259,9 +263,7 @@ impl Workspace {
     /// case-insensitive when `ignore_case`). Lines read `file:line: text`.
     pub fn grep(&self, pattern: &str, path: &str, ignore_case: bool) -> Result<String, WorkspaceError> {
         if pattern.is_empty() {
-            return Err(WorkspaceError::InvalidArgs(
-                "grep `pattern` must not be empty".to_owned(),
-            ));
+            return Err(WorkspaceError::InvalidArgs(model_text::EMPTY_PATTERN.to_owned()));
         }
         let real = self.resolve(path)?;
         let needle = if ignore_case {
@@ -322,11 +324,12 @@ impl Workspace {
             }
         }
         if matches.is_empty() {
-            return Ok(format!("no matches for {pattern:?}"));
+            return Ok(model_text::no_matches(pattern));
         }
         let mut out = matches.join("\n");
         if truncated {
-            out.push_str(&format!("\n[truncated at {MAX_GREP_MATCHES} matches]"));
+            out.push('\n');
+            out.push_str(&model_text::grep_truncated(MAX_GREP_MATCHES));
         }
         Ok(out)
     }
@@ -352,7 +355,7 @@ fn lexically_inside(root: &Path, path: &Path) -> bool {
 fn object(arguments: &Value) -> Result<&Map<String, Value>, WorkspaceError> {
     arguments
         .as_object()
-        .ok_or_else(|| WorkspaceError::InvalidArgs("arguments must be a JSON object".to_owned()))
+        .ok_or_else(|| WorkspaceError::InvalidArgs(model_text::ARGUMENTS_NOT_OBJECT.to_owned()))
 }
 
 fn string_arg<'a>(
@@ -362,9 +365,10 @@ fn string_arg<'a>(
 ) -> Result<&'a str, WorkspaceError> {
     match args.get(name) {
         Some(Value::String(s)) => Ok(s),
-        None | Some(Value::Null) => default
-            .ok_or_else(|| WorkspaceError::InvalidArgs(format!("`{name}` is required and must be a string"))),
-        Some(_) => Err(WorkspaceError::InvalidArgs(format!("`{name}` must be a string"))),
+        None | Some(Value::Null) => {
+            default.ok_or_else(|| WorkspaceError::InvalidArgs(model_text::string_required(name)))
+        }
+        Some(_) => Err(WorkspaceError::InvalidArgs(model_text::string_expected(name))),
     }
 }
 
@@ -388,9 +392,9 @@ impl WorkspaceTool {
                 let path = string_arg(args, "path", None)?;
                 let offset = match args.get("offset") {
                     None | Some(Value::Null) => 0,
-                    Some(v) => v.as_u64().ok_or_else(|| {
-                        WorkspaceError::InvalidArgs("`offset` must be a non-negative integer".to_owned())
-                    })?,
+                    Some(v) => v
+                        .as_u64()
+                        .ok_or_else(|| WorkspaceError::InvalidArgs(model_text::BAD_OFFSET.to_owned()))?,
                 };
                 workspace.read_file(path, offset)
             }
@@ -403,7 +407,7 @@ impl WorkspaceTool {
                     Some(Value::Bool(b)) => *b,
                     Some(_) => {
                         return Err(WorkspaceError::InvalidArgs(
-                            "`ignore_case` must be a boolean".to_owned(),
+                            model_text::BAD_IGNORE_CASE.to_owned(),
                         ));
                     }
                 };
@@ -420,11 +424,11 @@ impl ToolHandler for WorkspaceTool {
         let kind = self.kind;
         let work = tokio::task::spawn_blocking(move || Self::run(&workspace, kind, &arguments));
         tokio::select! {
-            () = ctx.signal.cancelled() => Err(ToolError::new(codes::CANCELLED, "cancelled")),
+            () = ctx.signal.cancelled() => Err(ToolError::new(codes::CANCELLED, model_text::CANCELLED)),
             joined = work => match joined {
                 Ok(Ok(text)) => Ok(ToolOutput::text(text)),
                 Ok(Err(e)) => Err(e.into()),
-                Err(join) => Err(ToolError::failed(format!("workspace tool failed: {join}"))),
+                Err(join) => Err(ToolError::failed(model_text::tool_task_failed(&join.to_string()))),
             },
         }
     }
@@ -444,44 +448,21 @@ pub fn workspace_tools(workspace: &Workspace) -> Vec<ToolDefinition> {
     };
     vec![
         def(
-            "read_file",
-            "Read a UTF-8 text file of the workspace (the working directory). Paths are relative to the \
-             workspace root; paths outside it are refused. Returns at most 64 KiB; pass `offset` to continue.",
-            json!({
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string", "description": "File path, relative to the workspace root."},
-                    "offset": {"type": "integer", "minimum": 0, "description": "Byte offset to start from (default 0)."}
-                },
-                "required": ["path"]
-            }),
+            model_text::READ_FILE,
+            model_text::READ_FILE_DESCRIPTION,
+            model_text::read_file_parameters(),
             Kind::Read,
         ),
         def(
-            "list_dir",
-            "List the entries of a workspace directory (directories end with `/`). Paths outside the \
-             workspace are refused.",
-            json!({
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string", "description": "Directory path, relative to the workspace root (default `.`)."}
-                }
-            }),
+            model_text::LIST_DIR,
+            model_text::LIST_DIR_DESCRIPTION,
+            model_text::list_dir_parameters(),
             Kind::List,
         ),
         def(
-            "grep",
-            "Search the workspace's text files for lines containing a literal string. Returns \
-             `file:line: text` rows (at most 200). Skips .git, target and node_modules.",
-            json!({
-                "type": "object",
-                "properties": {
-                    "pattern": {"type": "string", "description": "The literal text to find."},
-                    "path": {"type": "string", "description": "File or directory to search (default `.`)."},
-                    "ignore_case": {"type": "boolean", "description": "Match case-insensitively (default false)."}
-                },
-                "required": ["pattern"]
-            }),
+            model_text::GREP,
+            model_text::GREP_DESCRIPTION,
+            model_text::grep_parameters(),
             Kind::Grep,
         ),
     ]

@@ -41,7 +41,10 @@ fn demo_into(dir: &Path) -> String {
     assert!(text.contains("spawn \"survey the crates\""), "{text}");
     assert!(text.contains("fork \"review the briefing\""), "{text}");
     assert!(text.contains("background job subagent-1"), "{text}");
-    assert!(text.contains("Final answer:\nFinal answer. "), "{text}");
+    assert!(
+        text.contains("Final answer:\nHere is the briefing, reviewed. "),
+        "{text}"
+    );
     text.lines()
         .find_map(|l| l.strip_prefix("Session logs: "))
         .and_then(|l| l.split("(coordinator ").nth(1))
