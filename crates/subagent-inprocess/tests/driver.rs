@@ -734,3 +734,71 @@ async fn drv_18_abort_in_the_handoff_window() {
     assert_eq!((host.agent_count(), host.session_count()), before);
     host.finish().await;
 }
+
+/// spec: §3.6 — the child is owned by the parent's scope: disposing the parent agent drains the
+/// child, whose run then settles `aborted`; the caller's dispose still completes.
+#[tokio::test(start_paused = true)]
+async fn parent_disposal_drains_the_child() {
+    let mut host = Host::new(vec![ScriptEntry::hang()]).await;
+    let run = host
+        .driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let parent = host.parent_handle.take().expect("parent handle");
+    parent.dispose().await;
+    assert!(
+        host.get(run.id()).is_none(),
+        "the child was drained with its owner"
+    );
+    assert_eq!(run.result().await.unwrap().stop_reason, StopReason::Aborted);
+    run.dispose().await.unwrap();
+    host.finish().await;
+}
+
+/// ARCHITECTURE (ownership): a run dropped without `dispose()` is disposed in the background
+/// (with a warning); the child leaves the registry and its session is removed.
+#[tokio::test(start_paused = true)]
+async fn dropped_run_is_disposed_in_the_background() {
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let run = host
+        .driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    let id = run.id().clone();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    drop(run);
+    while host.get(&id).is_some() || host.session_count() > 1 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    host.driver.wait().await;
+    host.finish().await;
+}
+
+/// Concurrency: many children of one parent started, settled and disposed concurrently on a
+/// multi-threaded runtime each get their own result, and the host ends quiescent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_children_on_a_multi_threaded_runtime() {
+    let n = 32;
+    let host = Host::new((0..n).map(|_| chunks::text("same answer").into()).collect()).await;
+    let starts = (0..n).map(|_| {
+        host.driver
+            .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+    });
+    let runs: Vec<_> = futures::future::join_all(starts)
+        .await
+        .into_iter()
+        .map(|r| r.expect("started"))
+        .collect();
+    let results = futures::future::join_all(runs.iter().map(|r| r.result())).await;
+    for result in results {
+        let result = result.unwrap();
+        assert_eq!(result.stop_reason, StopReason::Completed);
+        assert_eq!(text(&result.output), "same answer");
+    }
+    futures::future::join_all(runs.iter().map(|r| r.dispose())).await;
+    assert_eq!(host.agent_count(), 1);
+    host.finish().await;
+}
