@@ -140,11 +140,15 @@ async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
 ///   unregister it and remove its session) and waits for both that and the result, each settled
 ///   independently. It fails only when the handle's teardown failed; a result failure stays on
 ///   [`result`](SubagentRun::result).
-/// * **Drop** without dispose starts the same disposal in the background and logs a warning.
+/// * **Drop** without dispose starts the same disposal in the background (a task on the
+///   driver's tracker, so [`InProcessDriver::wait`](crate::InProcessDriver::wait) awaits it) and
+///   logs a warning.
 pub struct LocalRun {
     state: Arc<RunState>,
     result: RunResultFuture,
     dispose: OnceLock<RunDisposeFuture>,
+    /// The driver's tracker: the result task and a background disposal run on it.
+    tasks: TaskTracker,
 }
 
 impl fmt::Debug for LocalRun {
@@ -174,6 +178,7 @@ impl LocalRun {
             state,
             result,
             dispose: OnceLock::new(),
+            tasks: tasks.clone(),
         }
     }
 
@@ -244,7 +249,7 @@ impl Drop for LocalRun {
         tracing::warn!(child = %self.state.id, "subagent run dropped without dispose(); disposing in the background");
         let fut = self.start_dispose();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(fut);
+            drop(self.tasks.spawn_on(fut, &rt));
         }
     }
 }

@@ -56,6 +56,12 @@ use crate::model_text::{
 /// The live state of one structured run. Shared (`Arc`) between the driver, which reads the
 /// committed value once the child settles, and the child-scoped registrations that write it.
 ///
+/// # Ownership and drop
+/// The driver keeps one `Arc` to read the committed value; the child-scoped registrations keep
+/// the others and are undone (dropping their `Arc`s) when the child's scope is disposed. Nothing
+/// here spawns work or waits; a stage whose execution never reports a final result is dropped
+/// with the state.
+///
 /// # Locking
 /// `staged` (values awaiting their own execution's final result) and `captured` (the committed
 /// value) are each guarded by a short `parking_lot` section; neither is held across an `.await`
