@@ -39,8 +39,8 @@ pub enum StartFailure {
 impl StartFailure {
     /// The seam code this failure is reported with.
     ///
-    /// The seam's code set (spec §3) has no code for a provider's own start failures (the
-    /// reference passes them through untyped), so each maps to its nearest code; route on the
+    /// The reference passes a provider's own start failures through untyped; here each maps to
+    /// a seam code (two of them Rust additions); route on the
     /// [`source`](std::error::Error::source) for anything finer:
     ///
     /// | failure | code |
@@ -48,19 +48,19 @@ impl StartFailure {
     /// | aborted before publication, creation aborted | `CANCELLED` |
     /// | parent disposed or disposing (`Inactive`, `OwnerDisposed`, `Disposed`) | `PARENT_UNAVAILABLE` |
     /// | the minted child id is taken | `DUPLICATE_CHILD` |
-    /// | depth refused | `UNAUTHORIZED` (the delegation exceeds the depth the caller may reach) |
-    /// | setup failure and every other creation fault | `ACTIVATION_SETUP_REVOKED` (the child was not established) |
+    /// | depth refused | `DEPTH_EXCEEDED` (source: the `SubagentDepthError`) |
+    /// | setup failure and every other creation fault | `PROVIDER_FAILED` |
     pub fn code(&self) -> SubagentErrorCode {
         match self {
             Self::AbortedBeforePublication => SubagentErrorCode::Cancelled,
-            Self::Depth(_) => SubagentErrorCode::Unauthorized,
+            Self::Depth(_) => SubagentErrorCode::DepthExceeded,
             Self::Create(e) => match e {
                 AgentError::CreationAborted { .. } => SubagentErrorCode::Cancelled,
                 AgentError::Inactive(_) | AgentError::OwnerDisposed(_) | AgentError::Disposed(_) => {
                     SubagentErrorCode::ParentUnavailable
                 }
                 AgentError::Duplicate(_) => SubagentErrorCode::DuplicateChild,
-                _ => SubagentErrorCode::ActivationSetupRevoked,
+                _ => SubagentErrorCode::ProviderFailed,
             },
         }
     }

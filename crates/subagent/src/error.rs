@@ -64,13 +64,20 @@ pub enum SubagentErrorCode {
     SubagentControlProjectionsUnavailable,
     /// Listing was called without the live session store.
     SubagentControlSessionStoreUnavailable,
-    /// Listing observed its cancellation token aborted.
+    /// Listing observed its cancellation token aborted; also a provider start cancelled before
+    /// publication.
     Cancelled,
+    /// Rust addition: the child's depth would exceed the requested `maxDepth` (the reference
+    /// throws an untyped `SubagentDepthError`; the typed error is this error's source).
+    DepthExceeded,
+    /// Rust addition: a provider's own start failure that no seam code describes (the reference
+    /// passes such errors through untyped; the provider's typed error is this error's source).
+    ProviderFailed,
 }
 
 impl SubagentErrorCode {
-    /// Every code, in the order of spec §3.
-    pub const ALL: [Self; 18] = [
+    /// Every code, in the order of spec §3, then the two Rust additions.
+    pub const ALL: [Self; 20] = [
         Self::DuplicateProvider,
         Self::NoProvider,
         Self::UnsupportedCapability,
@@ -89,6 +96,8 @@ impl SubagentErrorCode {
         Self::SubagentControlProjectionsUnavailable,
         Self::SubagentControlSessionStoreUnavailable,
         Self::Cancelled,
+        Self::DepthExceeded,
+        Self::ProviderFailed,
     ];
 
     /// The code in its wire spelling (`DUPLICATE_PROVIDER`, …).
@@ -112,6 +121,8 @@ impl SubagentErrorCode {
             Self::SubagentControlProjectionsUnavailable => "SUBAGENT_CONTROL_PROJECTIONS_UNAVAILABLE",
             Self::SubagentControlSessionStoreUnavailable => "SUBAGENT_CONTROL_SESSION_STORE_UNAVAILABLE",
             Self::Cancelled => "CANCELLED",
+            Self::DepthExceeded => "DEPTH_EXCEEDED",
+            Self::ProviderFailed => "PROVIDER_FAILED",
         }
     }
 }

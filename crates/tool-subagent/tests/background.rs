@@ -163,7 +163,7 @@ async fn tool_41_start_failure_settles_failed() {
             Arc::new(|_| {
                 async {
                     Err(SubagentError::new(
-                        SubagentErrorCode::ActivationSetupRevoked,
+                        SubagentErrorCode::ProviderFailed,
                         "setup failed",
                     ))
                 }
