@@ -18,6 +18,7 @@ pub mod content;
 pub mod error;
 pub mod hooks;
 pub mod jobs;
+pub mod projection;
 pub mod prompt;
 pub mod registration;
 pub mod runtime;

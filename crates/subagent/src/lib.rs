@@ -38,6 +38,7 @@ pub mod model_text;
 pub mod out_of_process;
 pub mod output;
 pub mod policy;
+pub mod projection;
 pub mod result;
 pub mod schema;
 pub mod settle;

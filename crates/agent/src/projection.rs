@@ -1,0 +1,95 @@
+//! Session projections: named, pure folds of a session log into a JSON view (for listings and
+//! dashboards), collected in a [`ProjectionRegistry`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::RwLock;
+use serde_json::{Map, Value};
+
+use crate::event::SessionEvent;
+use crate::header::SessionHeader;
+use crate::registration::Registration;
+use crate::session::Session;
+
+/// A named, pure fold of a session log.
+///
+/// `view` must be deterministic, must not panic on any log (foreign or malformed logs
+/// included) and must return a JSON value (use `null` for "no value").
+pub trait Projection: Send + Sync + 'static {
+    /// The key under which the view appears in a snapshot.
+    fn name(&self) -> &str;
+
+    /// Folds `events` (with the session's `header`) into the view.
+    fn view(&self, header: &SessionHeader, events: &[Arc<SessionEvent>]) -> Value;
+}
+
+/// A projection name is already registered.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("session projection \"{0}\" is already registered")]
+pub struct DuplicateProjection(pub String);
+
+type Entries = Arc<RwLock<Vec<(u64, Arc<dyn Projection>)>>>;
+
+/// The host's projection registry. Cheap to clone (shared).
+///
+/// Registration returns a guard; dropping it removes the projection, so a snapshot taken
+/// afterwards no longer has its key.
+#[derive(Clone, Default)]
+pub struct ProjectionRegistry {
+    entries: Entries,
+}
+
+impl std::fmt::Debug for ProjectionRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProjectionRegistry")
+            .field("names", &self.names())
+            .finish()
+    }
+}
+
+impl ProjectionRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `projection` under its name.
+    pub fn register(&self, projection: Arc<dyn Projection>) -> Result<Registration, DuplicateProjection> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut entries = self.entries.write();
+            if entries.iter().any(|(_, p)| p.name() == projection.name()) {
+                return Err(DuplicateProjection(projection.name().to_owned()));
+            }
+            entries.push((id, projection));
+        }
+        let weak = Arc::downgrade(&self.entries);
+        Ok(Registration::new(move || {
+            if let Some(entries) = weak.upgrade() {
+                entries.write().retain(|(i, _)| *i != id);
+            }
+        }))
+    }
+
+    /// Registered names, in registration order.
+    pub fn names(&self) -> Vec<String> {
+        self.entries
+            .read()
+            .iter()
+            .map(|(_, p)| p.name().to_owned())
+            .collect()
+    }
+
+    /// Every registered view of `session`'s current log, keyed by projection name.
+    pub fn snapshot(&self, session: &Session) -> Map<String, Value> {
+        let projections: Vec<Arc<dyn Projection>> =
+            self.entries.read().iter().map(|(_, p)| p.clone()).collect();
+        let events = session.events();
+        projections
+            .iter()
+            .map(|p| (p.name().to_owned(), p.view(session.header(), &events)))
+            .collect()
+    }
+}
