@@ -55,13 +55,13 @@ enum Command {
         SUBAGENT_API_KEY   bearer token (optional for local servers)\n  \
         SUBAGENT_MODEL     model name, e.g. gpt-4o-mini")]
     Run {
-        /// Model name [env: SUBAGENT_MODEL].
+        /// Model name.
         #[arg(long, env = "SUBAGENT_MODEL", value_name = "NAME")]
         model: Option<String>,
-        /// API base URL, up to and including the version segment [env: SUBAGENT_BASE_URL].
+        /// API base URL, up to and including the version segment.
         #[arg(long, env = "SUBAGENT_BASE_URL", value_name = "URL")]
         base_url: Option<String>,
-        /// API key sent as a bearer token [env: SUBAGENT_API_KEY].
+        /// API key sent as a bearer token (optional for local servers).
         #[arg(long, env = "SUBAGENT_API_KEY", value_name = "KEY", hide_env_values = true)]
         api_key: Option<String>,
         /// Output-token cap per model call.
@@ -313,7 +313,17 @@ async fn run(
         let handle = host.create_agent(id.clone()).await?;
         tree.add_root(id.clone(), "coordinator");
         let agent = handle.agent().clone();
-        let turn = host.run_turn(&agent, task).await;
+        // Ctrl-C cancels the coordinator's turn (its children with it); the host then shuts
+        // down normally, so every log ends balanced and durable.
+        let turn = tokio::select! {
+            turn = host.run_turn(&agent, task) => turn,
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("subagent: interrupted; cancelling the coordinator");
+                agent.cancel(agent::CancelCause::User, agent::CancelOptions::default());
+                host.settle(&agent).await;
+                Ok(())
+            }
+        };
         let answer = Host::last_answer(agent.as_ref());
         let last = last_turn_failure(agent.as_ref());
         handle.dispose().await;
@@ -331,9 +341,7 @@ async fn run(
         if let Some(answer) = &answer {
             println!("{answer}");
         }
-        return Err(CliError::Run(format!(
-            "the coordinator's turn ended with {failure}"
-        )));
+        return Err(CliError::Run(format!("the coordinator's turn {failure}")));
     }
     println!("{}", answer.unwrap_or_default());
     Ok(())
@@ -349,8 +357,9 @@ fn last_turn_failure(agent: &dyn agent::Agent) -> Option<String> {
         .find_map(|e| match &e.data {
             agent::EventData::TurnEnd { reason, .. } => match reason {
                 agent::TurnEndReason::Completed => Some(None),
-                agent::TurnEndReason::Error { error } => Some(Some(format!("an error: {error}"))),
-                other => Some(Some(other.kind().to_owned())),
+                agent::TurnEndReason::Error { error } => Some(Some(format!("failed: {error}"))),
+                agent::TurnEndReason::Aborted { reason } => Some(Some(format!("was aborted ({reason})"))),
+                other => Some(Some(format!("ended with `{}`", other.kind()))),
             },
             _ => None,
         })?

@@ -249,7 +249,7 @@ fn run_reports_a_model_failure_as_one_error_line() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     let last = stderr.lines().last().expect("an error line");
     assert!(
-        last.starts_with("subagent: the coordinator's turn ended with an error"),
+        last.starts_with("subagent: the coordinator's turn failed: "),
         "{stderr}"
     );
     assert!(last.contains("CONNECTION_FAILED"), "{stderr}");
