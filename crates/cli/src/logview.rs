@@ -150,7 +150,11 @@ fn describe(event: &SessionEvent) -> String {
                 .removed_count
                 .unwrap_or(splice.inserted.len() as u64)
                 .max(splice.inserted.len() as u64);
-            format!("#{seq:<4}   inbox {verb} {n} message(s) ({:?})", splice.target)
+            let target = match splice.target {
+                agent::InboxTarget::NextTurn => "next turn",
+                agent::InboxTarget::NextStep => "next step",
+            };
+            format!("#{seq:<4}   inbox {verb} {n} message(s) for the {target}")
         }
         EventData::SandboxMode { mode, source } => {
             format!("#{seq:<4}   sandbox mode {mode}{}", from(source.as_deref()))
