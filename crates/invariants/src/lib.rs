@@ -17,6 +17,17 @@
 //!   runs the same state machine against the candidate and vetoes an append that breaks a rule,
 //!   leaving the log unchanged; the post-commit notification applies the staged transition.
 //!
+//! * **Live companions** (providers §6.6) — checks over notifications and requests that never
+//!   reach a log: [`AgentStatusCompanion`] (agent status, G1) on the runtime's
+//!   `EventBus<AgentEvent>`, [`RequestCheck`] with its adapter wrapper [`CheckedModel`]
+//!   (request reconstruction, L1–L8) and [`SeamLifecycleCompanion`] (the seam's provider and
+//!   run lifecycle, B1–B8) on a `SubagentService`'s bus. Each records [`Violation`]s with the
+//!   same shape and vetoes where the reference does.
+//! * **Registry** (providers §6.1, §6.2) — [`InvariantRegistry`] selects companions by package
+//!   name (allow/block lists of regular expressions), reserves names, runs each selected
+//!   installer in its own child scope and rolls everything back on failure;
+//!   [`StandardCompanions`] mounts the live companions and the empty ones.
+//!
 //! Every finding names its session, the event's seq, the [`RuleId`] and what was expected.
 //!
 //! ```
@@ -33,23 +44,36 @@
 //! ```
 #![warn(missing_docs)]
 
+mod agent_status;
+mod companions;
 mod jsonl;
 mod lineage;
 mod observer;
 mod policy;
+pub mod registry;
 mod replay;
+mod request;
 mod rule;
+mod seam;
 mod store;
 pub mod synthetic;
 mod trace;
 mod violation;
 
+pub use agent_status::{AGENT_PACKAGE, AgentStatusCompanion};
+pub use companions::{EMPTY_COMPANIONS, StandardCompanions, register_empty_companions};
 pub use jsonl::{DirReport, ReadError, replay_dir, replay_jsonl_file, replay_jsonl_reader};
 pub use lineage::DESCRIPTOR_TYPE;
 pub use observer::InvariantObserver;
 pub use policy::{APPROVAL_OUTCOMES, APPROVAL_POLICIES, SANDBOX_MODES};
+pub use registry::{
+    AsyncInstaller, ConfigError, InstallCx, Installer, InvariantError, InvariantFailure, InvariantRegistry,
+    Registration, RegistryConfig, RegistryError,
+};
 pub use replay::{Finish, Report, SessionReplay, UNKNOWN_SESSION, header_violations, replay_log};
+pub use request::{AGENT_LOOP_PACKAGE, CheckedModel, INVARIANT_FAILURE_CODE, RequestCheck, SessionLookup};
 pub use rule::RuleId;
+pub use seam::{PROVIDER_REGISTRY_SESSION, SUBAGENT_PACKAGE, SeamLifecycleCompanion};
 pub use store::check_store;
 pub use trace::TOOL_NOT_STARTED;
 pub use violation::Violation;

@@ -23,10 +23,12 @@ use crate::violation::Violation;
 ///   `step/start` (`DESCRIPTOR`).
 ///
 /// Not checkable here: the request-reconstruction rules L1–L8 (a model request is not logged, so
-/// the derived history cannot be compared with it after the fact), the tools companion's
-/// pipeline rules T1–T4 (in-memory notifications) and T5 (Code Mode, left out of this
-/// workspace), and the live agent-status and lifecycle companions (G1, B1–B8), whose
-/// notifications are not session events.
+/// the derived history cannot be compared with it after the fact — [`RequestCheck`](crate::RequestCheck)
+/// checks them live), the tools companion's pipeline rules T1–T4 (in-memory notifications) and
+/// T5 (Code Mode, left out of this workspace), and the live agent-status and lifecycle
+/// companions (G1, B1–B8: [`AgentStatusCompanion`](crate::AgentStatusCompanion),
+/// [`SeamLifecycleCompanion`](crate::SeamLifecycleCompanion)), whose notifications are not
+/// session events.
 ///
 /// [`SessionReplay::check`] is pure: it reports what an event would break without advancing the
 /// state, which is what an append-time veto needs. [`SessionReplay::push`] checks and advances.

@@ -7,7 +7,10 @@ use std::fmt;
 /// The set is closed: every value is one of the associated constants, all listed in
 /// [`RuleId::ALL`]. The session rules keep the numbering of `inprocess-providers.md` §6.4
 /// (there is no `S15` constant: S15 states which events are *unconstrained*, so nothing can
-/// violate it).
+/// violate it). The live companions of §6.6 keep theirs too, with the same kind of gaps: L1 and
+/// L4 (the request and its messages are immutable) hold by construction in Rust, where a
+/// request is an `Arc<GenerateOptions>` that nobody can mutate while it is shared, and B8 (a
+/// start may name a provider that was removed since) only permits.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RuleId(&'static str);
 
@@ -78,6 +81,36 @@ impl RuleId {
     /// An append reached the post-commit notification without a matching pre-commit check
     /// (providers §6.3 (4)).
     pub const STAGE: Self = Self("STAGE");
+    /// G1: `agent/status` never repeats the previous status of the same agent (providers §6.6).
+    pub const G1: Self = Self("G1");
+    /// L2: a loop-built model request carries a session id (providers §6.6).
+    pub const L2: Self = Self("L2");
+    /// L3: the session a loop-built request names is live.
+    pub const L3: Self = Self("L3");
+    /// L5: a loop-built request is dispatched inside an open step (a `step/start` not yet
+    /// closed).
+    pub const L5: Self = Self("L5");
+    /// L6: the session log of a loop-built request holds a `request/header`.
+    pub const L6: Self = Self("L6");
+    /// L7: a loop-built request's messages equal the history derived from its log at dispatch.
+    pub const L7: Self = Self("L7");
+    /// L8: a loop-built request's model, system, temperature, output cap, stop sequences and
+    /// tools equal the latest `request/header`.
+    pub const L8: Self = Self("L8");
+    /// B1: subagent provider names are non-empty (providers §6.6, seam §2.20).
+    pub const B1: Self = Self("B1");
+    /// B2: `subagent/provider-added` is not repeated for a registered name.
+    pub const B2: Self = Self("B2");
+    /// B3: `subagent/provider-removed` names a registered provider.
+    pub const B3: Self = Self("B3");
+    /// B4: `subagent/start` has a non-empty provider, run id and child id.
+    pub const B4: Self = Self("B4");
+    /// B5: a run id is not started twice while open.
+    pub const B5: Self = Self("B5");
+    /// B6: `subagent/end` matches an open `subagent/start`.
+    pub const B6: Self = Self("B6");
+    /// B7: an end's provider, child id and `local` equal its start's.
+    pub const B7: Self = Self("B7");
 
     /// Every rule, in catalogue order.
     pub const ALL: &'static [Self] = &[
@@ -112,6 +145,20 @@ impl RuleId {
         Self::TORN,
         Self::IO,
         Self::STAGE,
+        Self::G1,
+        Self::L2,
+        Self::L3,
+        Self::L5,
+        Self::L6,
+        Self::L7,
+        Self::L8,
+        Self::B1,
+        Self::B2,
+        Self::B3,
+        Self::B4,
+        Self::B5,
+        Self::B6,
+        Self::B7,
     ];
 
     /// The short form (`"S4"`).
@@ -125,13 +172,17 @@ impl RuleId {
     }
 
     /// The package (in the reference's vocabulary) that owns the rule: `session` for the
-    /// session-log rules, `user-approval`, `sandbox-policy`, `subagent` for the seam's lineage
+    /// session-log rules, `user-approval`, `sandbox-policy`, `agent` for the status rule,
+    /// `agent-loop` for request reconstruction, `subagent` for the seam's lineage and lifecycle
     /// rules, and `invariants` for the reader's own findings.
     pub fn owner(self) -> &'static str {
         match self.0 {
             "A1" | "A2" | "A3" => "user-approval",
             "X1" => "sandbox-policy",
-            "DESCRIPTOR" | "LINEAGE" | "DEPTH" | "FORK-SEED" => "subagent",
+            "G1" => "agent",
+            "L2" | "L3" | "L5" | "L6" | "L7" | "L8" => "agent-loop",
+            "DESCRIPTOR" | "LINEAGE" | "DEPTH" | "FORK-SEED" | "B1" | "B2" | "B3" | "B4" | "B5" | "B6"
+            | "B7" => "subagent",
             "PARSE" | "TORN" | "IO" | "DUP-SESSION" | "STAGE" => "invariants",
             _ => "session",
         }
@@ -171,6 +222,20 @@ impl RuleId {
             "TORN" => "the last log line is complete",
             "IO" => "log files are readable",
             "STAGE" => "every committed append was checked before commit",
+            "G1" => "agent/status never repeats the agent's previous status",
+            "L2" => "a loop-built request carries a session id",
+            "L3" => "a loop-built request names a live session",
+            "L5" => "a loop-built request is dispatched inside an open step",
+            "L6" => "a loop-built request's log holds a request/header",
+            "L7" => "a loop-built request's messages equal the derived history",
+            "L8" => "a loop-built request's settings equal the latest request/header",
+            "B1" => "subagent provider names are non-empty",
+            "B2" => "subagent/provider-added is not repeated for a registered name",
+            "B3" => "subagent/provider-removed names a registered provider",
+            "B4" => "subagent/start names a provider, a run id and a child id",
+            "B5" => "a run id is not started twice while open",
+            "B6" => "subagent/end matches an open subagent/start",
+            "B7" => "subagent/end carries its start's provider, child id and locality",
             _ => "",
         }
     }
