@@ -160,16 +160,26 @@ fn tree_printer(to_stderr: bool) -> TreeSink {
     let announced: Mutex<HashSet<SessionId>> = Mutex::new(HashSet::new());
     Arc::new(move |change: &TreeChange, tree: &LiveTree| {
         if tty {
-            // Render under the frame lock, so frames reach the terminal in state order.
+            // Render under the frame lock, so frames reach the terminal in state order. Lines
+            // are cut to the terminal's width so that none wraps and the cursor arithmetic of
+            // the next redraw stays exact.
             let mut drawn = drawn.lock();
-            let text = tree.render();
+            let width = terminal_width(to_stderr);
+            let lines: Vec<String> = tree
+                .render()
+                .lines()
+                .map(|l| l.chars().take(width).collect())
+                .collect();
             let mut frame = String::new();
             if *drawn > 0 {
                 // Back to the first line of the previous frame, then clear to the end.
                 frame.push_str(&format!("\x1b[{}F\x1b[J", *drawn));
             }
-            frame.push_str(&text);
-            *drawn = text.lines().count();
+            for line in &lines {
+                frame.push_str(line);
+                frame.push('\n');
+            }
+            *drawn = lines.len();
             emit(&frame);
             return;
         }
@@ -189,6 +199,19 @@ fn tree_printer(to_stderr: bool) -> TreeSink {
             }
         }
         emit(&lines);
+    })
+}
+
+/// The usable width of the terminal on stdout (or stderr): its columns minus one, at least 20;
+/// 79 when it cannot be measured.
+fn terminal_width(stderr: bool) -> usize {
+    let size = if stderr {
+        terminal_size::terminal_size_of(std::io::stderr())
+    } else {
+        terminal_size::terminal_size_of(std::io::stdout())
+    };
+    size.map_or(79, |(terminal_size::Width(w), _)| {
+        usize::from(w).saturating_sub(1).max(20)
     })
 }
 
