@@ -269,36 +269,95 @@ pub struct DemoOutcome {
     pub model_calls: usize,
 }
 
-/// Runs the scripted demo into the store at `store_dir`: builds the host on the scripted model,
-/// creates the coordinator, runs its two turns (see the module docs) while `sink` hears every
-/// change of the delegation tree, then shuts the host down (every log durable).
+/// The demo before it runs: the coordinator's id, the scripted model and the host options
+/// (adjust them — add session observers, pass a pre-subscribed subagent service — before
+/// [`DemoSetup::build`]).
+#[derive(Debug)]
+pub struct DemoSetup {
+    /// The coordinator's session id (`coordinator-<12 hex digits>`).
+    pub coordinator: SessionId,
+    /// The scripted model serving the coordinator and every child.
+    pub model: ScriptedModel,
+    /// The host options (scripted model, persona, store directory).
+    pub options: HostOptions,
+}
+
+impl DemoSetup {
+    /// The demo's setup over the store at `store_dir`.
+    pub fn new(store_dir: &Path) -> Self {
+        let coordinator = SessionId::new(format!(
+            "coordinator-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        ));
+        let model = demo_model(coordinator.clone(), DEMO_SCRIPT_ENTRIES);
+        let mut options = HostOptions::new(store_dir, model.adapter(), MODEL_PROVIDER, MODEL_NAME);
+        options.persona = Some(DEMO_PERSONA.to_owned());
+        Self {
+            coordinator,
+            model,
+            options,
+        }
+    }
+
+    /// Composes the host.
+    pub fn build(self) -> Result<DemoHost, HostError> {
+        let store_dir = self.options.store_dir.clone();
+        Ok(DemoHost {
+            host: build_host(self.options)?,
+            coordinator: self.coordinator,
+            model: self.model,
+            store_dir,
+        })
+    }
+}
+
+/// The demo's composed host, ready to run.
+#[derive(Debug)]
+pub struct DemoHost {
+    /// The host.
+    pub host: Host,
+    /// The coordinator's session id.
+    pub coordinator: SessionId,
+    /// The scripted model.
+    pub model: ScriptedModel,
+    store_dir: PathBuf,
+}
+
+impl DemoHost {
+    /// Creates the coordinator, runs its two turns (see the module docs) while `sink` hears
+    /// every change of the delegation tree, then shuts the host down (every log durable).
+    pub async fn run(self, sink: Option<TreeSink>) -> Result<DemoOutcome, HostError> {
+        let DemoHost {
+            host,
+            coordinator,
+            model,
+            store_dir,
+        } = self;
+        let (tree, listening) = LiveTree::attach(host.runtime(), host.subagents(), host.jobs(), sink);
+        let outcome = drive(&host, &tree, &coordinator).await;
+        // Every run has settled; wait for their `subagent/end` events before reading the tree.
+        host.subagents().close().await;
+        let rendered_tree = tree.render();
+        let nodes = tree.nodes();
+        drop(listening);
+        let shutdown = host.shutdown().await;
+        let answer = outcome?;
+        shutdown?;
+        Ok(DemoOutcome {
+            coordinator,
+            answer,
+            tree: nodes,
+            rendered_tree,
+            store_dir,
+            model_calls: DEMO_SCRIPT_ENTRIES - model.remaining(),
+        })
+    }
+}
+
+/// Runs the scripted demo into the store at `store_dir` ([`DemoSetup::new`], then
+/// [`DemoHost::run`]).
 pub async fn run_demo(store_dir: &Path, sink: Option<TreeSink>) -> Result<DemoOutcome, HostError> {
-    let coordinator = SessionId::new(format!(
-        "coordinator-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    ));
-    let model = demo_model(coordinator.clone(), DEMO_SCRIPT_ENTRIES);
-    let mut options = HostOptions::new(store_dir, model.adapter(), MODEL_PROVIDER, MODEL_NAME);
-    options.persona = Some(DEMO_PERSONA.to_owned());
-    let host = build_host(options)?;
-    let (tree, listening) = LiveTree::attach(host.runtime(), host.subagents(), host.jobs(), sink);
-    let outcome = drive(&host, &tree, &coordinator).await;
-    // Every run has settled; wait for their `subagent/end` events before reading the tree.
-    host.subagents().close().await;
-    let rendered_tree = tree.render();
-    let nodes = tree.nodes();
-    drop(listening);
-    let shutdown = host.shutdown().await;
-    let answer = outcome?;
-    shutdown?;
-    Ok(DemoOutcome {
-        coordinator,
-        answer,
-        tree: nodes,
-        rendered_tree,
-        store_dir: store_dir.to_owned(),
-        model_calls: DEMO_SCRIPT_ENTRIES - model.remaining(),
-    })
+    DemoSetup::new(store_dir).build()?.run(sink).await
 }
 
 /// The coordinator's two turns; disposes the coordinator on every path.

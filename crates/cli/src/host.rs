@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use agent::{
     Agent, AgentError, AgentHandle, AgentOptions, AgentRef, AgentRuntime, AgentStatus, CreateAgentOptions,
-    Message, ModelAdapter, Registration, SessionId, SessionMeta,
+    Message, ModelAdapter, Registration, SessionId, SessionMeta, SessionObserver,
 };
 use agent_loop::JsonlStore;
 use agent_loop::jobs::{JobRegistry, JobToolsConfig, job_guidance_section, job_tools_with};
@@ -79,6 +79,12 @@ pub struct HostOptions {
     pub max_depth: u64,
     /// How long `job_output {wait: true}` waits.
     pub job_wait_timeout: Duration,
+    /// Observers installed into every session the runtime publishes (an online invariant
+    /// checker, a trace writer).
+    pub session_observers: Vec<Arc<dyn SessionObserver>>,
+    /// The subagent service to register the providers with; a fresh one when `None`. Passing
+    /// one lets a caller subscribe to its events (provider registration included) first.
+    pub subagents: Option<SubagentService>,
 }
 
 impl std::fmt::Debug for HostOptions {
@@ -116,6 +122,8 @@ impl HostOptions {
             deliver_job_notices: false,
             max_depth: DEFAULT_MAX_DEPTH,
             job_wait_timeout: agent_loop::jobs::DEFAULT_WAIT_TIMEOUT,
+            session_observers: Vec::new(),
+            subagents: None,
         }
     }
 }
@@ -198,6 +206,9 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
     if let Some(persona) = &options.persona {
         builder = builder.persona(persona.clone());
     }
+    for observer in &options.session_observers {
+        builder = builder.session_observer(observer.clone());
+    }
     let runtime = builder.build();
     let services = runtime.services().clone();
     let mut guards: Vec<Registration> = Vec::new();
@@ -233,7 +244,7 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
     }
 
     // The seam: one service, two in-process providers over one driver.
-    let subagents = SubagentService::new();
+    let subagents = options.subagents.clone().unwrap_or_default();
     let driver = InProcessDriver::new(services.clone());
     guards.push(
         subagents

@@ -146,3 +146,42 @@ async fn demo_host_produces_the_delegation_tree_and_a_clean_store() {
     assert_eq!(report.logs, 5);
     assert!(report.is_clean(), "violations: {:#?}", report.violations);
 }
+
+/// The same run under the online checks: every session append is checked (and would be vetoed)
+/// by an `InvariantObserver`, agent status notifications by the status companion, and the
+/// seam's provider and run lifecycle by the seam companion subscribed before the providers were
+/// registered.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn demo_host_runs_clean_under_the_online_checks() {
+    use invariants::{AgentStatusCompanion, InvariantObserver, SeamLifecycleCompanion};
+    use subagent::service::SubagentService;
+    use subagent_cli::demo::DemoSetup;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut setup = DemoSetup::new(dir.path());
+    let observer = InvariantObserver::shared();
+    setup.options.session_observers.push(observer.clone());
+    let service = SubagentService::new();
+    let seam = SeamLifecycleCompanion::new();
+    let seam_listening = seam.listen(&service);
+    setup.options.subagents = Some(service);
+    let demo = setup.build().expect("the host composes");
+    let status = AgentStatusCompanion::new();
+    let status_listening = status.listen(&demo.host.runtime().services().agent_events);
+
+    let outcome = demo.run(None).await.expect("the demo runs");
+    drop((seam_listening, status_listening));
+
+    assert_eq!(observer.tracked(), 5, "the observer checked every session");
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+    assert!(status.violations().is_empty(), "{:#?}", status.violations());
+    assert!(seam.violations().is_empty(), "{:#?}", seam.violations());
+    assert_eq!(seam.open_runs(), 0, "every run that started also ended");
+    let children = outcome
+        .tree
+        .iter()
+        .filter(|n| n.parent.as_ref() == Some(&outcome.coordinator))
+        .count();
+    assert_eq!(children, 4, "{}", outcome.rendered_tree);
+    assert!(invariants::check_store(dir.path()).expect("store").is_clean());
+}
