@@ -148,12 +148,13 @@ async fn demo_host_produces_the_delegation_tree_and_a_clean_store() {
 }
 
 /// The same run under the online checks: every session append is checked (and would be vetoed)
-/// by an `InvariantObserver`, agent status notifications by the status companion, and the
-/// seam's provider and run lifecycle by the seam companion subscribed before the providers were
+/// by an `InvariantObserver`, every model request is checked against its log before it reaches
+/// the scripted model, agent status notifications by the status companion, and the seam's
+/// provider and run lifecycle by the seam companion subscribed before the providers were
 /// registered.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn demo_host_runs_clean_under_the_online_checks() {
-    use invariants::{AgentStatusCompanion, InvariantObserver, SeamLifecycleCompanion};
+    use invariants::{AgentStatusCompanion, InvariantObserver, RequestCheck, SeamLifecycleCompanion};
     use subagent::service::SubagentService;
     use subagent_cli::demo::DemoSetup;
 
@@ -165,18 +166,27 @@ async fn demo_host_runs_clean_under_the_online_checks() {
     let seam = SeamLifecycleCompanion::new();
     let seam_listening = seam.listen(&service);
     setup.options.subagents = Some(service);
+    let requests = RequestCheck::new();
+    setup.options.adapter = requests.wrap(setup.options.adapter.clone());
     let demo = setup.build().expect("the host composes");
     let status = AgentStatusCompanion::new();
     let status_listening = status.listen(&demo.host.runtime().services().agent_events);
+    let requests_bound = requests.bind_store(std::sync::Arc::new(demo.host.runtime().sessions().clone()));
 
     let outcome = demo.run(None).await.expect("the demo runs");
-    drop((seam_listening, status_listening));
+    drop((seam_listening, status_listening, requests_bound));
 
     assert_eq!(observer.tracked(), 5, "the observer checked every session");
     assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
     assert!(status.violations().is_empty(), "{:#?}", status.violations());
     assert!(seam.violations().is_empty(), "{:#?}", seam.violations());
     assert_eq!(seam.open_runs(), 0, "every run that started also ended");
+    assert!(requests.violations().is_empty(), "{:#?}", requests.violations());
+    assert_eq!(
+        requests.checked(),
+        10,
+        "every model request was reconstructed from its log"
+    );
     let children = outcome
         .tree
         .iter()
