@@ -8,6 +8,7 @@
 //! a scripted double) can run first or hide the check.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use agent::event::{EpochHeader, EventData};
@@ -61,6 +62,8 @@ pub type SessionLookup = Arc<dyn Fn(&SessionId) -> Option<Arc<Session>> + Send +
 pub struct RequestCheck {
     lookup: RwLock<Option<SessionLookup>>,
     found: Mutex<Vec<Violation>>,
+    /// How many marked requests were checked while a lookup was bound.
+    checked: AtomicU64,
 }
 
 impl fmt::Debug for RequestCheck {
@@ -281,6 +284,9 @@ impl RequestCheck {
 
     /// [`check`](Self::check), recording what it finds.
     pub fn verify(&self, request: &GenerateOptions) -> Result<(), Vec<Violation>> {
+        if request.loop_built && self.is_bound() {
+            self.checked.fetch_add(1, Ordering::Relaxed);
+        }
         let result = self.check(request);
         if let Err(found) = &result {
             self.lock_found().extend(found.iter().cloned());
@@ -291,6 +297,12 @@ impl RequestCheck {
     /// Every violation found so far, in order.
     pub fn violations(&self) -> Vec<Violation> {
         self.lock_found().clone()
+    }
+
+    /// How many loop-built requests [`verify`](Self::verify) has checked (while bound), passing or
+    /// not.
+    pub fn checked(&self) -> u64 {
+        self.checked.load(Ordering::Relaxed)
     }
 
     /// The companion's installer for an [`InvariantRegistry`](crate::registry::InvariantRegistry)
