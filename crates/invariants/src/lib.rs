@@ -16,7 +16,6 @@
 //! * **Online** — [`InvariantObserver`] is an [`agent::SessionObserver`]: its pre-commit check
 //!   runs the same state machine against the candidate and vetoes an append that breaks a rule,
 //!   leaving the log unchanged; the post-commit notification applies the staged transition.
-//!
 //! * **Live companions** (providers §6.6) — checks over notifications and requests that never
 //!   reach a log: [`AgentStatusCompanion`] (agent status, G1) on the runtime's
 //!   `EventBus<AgentEvent>`, [`RequestCheck`] with its adapter wrapper [`CheckedModel`]
