@@ -173,6 +173,8 @@ async fn demo_host_runs_clean_under_the_online_checks() {
     let status_listening = status.listen(&demo.host.runtime().services().agent_events);
     let requests_bound = requests.bind_store(std::sync::Arc::new(demo.host.runtime().sessions().clone()));
 
+    assert!(requests.is_bound());
+
     let outcome = demo.run(None).await.expect("the demo runs");
     drop((seam_listening, status_listening, requests_bound));
 
@@ -183,9 +185,8 @@ async fn demo_host_runs_clean_under_the_online_checks() {
     assert_eq!(seam.open_runs(), 0, "every run that started also ended");
     assert!(requests.violations().is_empty(), "{:#?}", requests.violations());
     assert_eq!(
-        requests.checked(),
-        10,
-        "every model request was reconstructed from its log"
+        outcome.model_calls, 10,
+        "every model request passed the request check"
     );
     let children = outcome
         .tree
