@@ -188,6 +188,11 @@ async fn demo_host_runs_clean_under_the_online_checks() {
         outcome.model_calls, 10,
         "every model request passed the request check"
     );
+    assert_eq!(
+        requests.checked(),
+        10,
+        "every model request was checked against its log"
+    );
     let children = outcome
         .tree
         .iter()
