@@ -4,7 +4,7 @@
 //! parent's **balanced completed-turn prefix** (spec `inprocess-providers.md` §5): every event up
 //! to and including the parent's last `turn/end`, taken once at start
 //! ([`completed_turn_prefix`], the spine's
-//! [`balanced_completed_turn_prefix`](agent::balanced_completed_turn_prefix)). The parent's
+//! [`balanced_completed_turn_prefix`](subagent::agent::balanced_completed_turn_prefix)). The parent's
 //! in-flight turn (delegation usually happens from inside one of its tool calls), everything
 //! after its last `turn/end`, its pending inbox work, its tool view, restrictions, persona and
 //! authority are all excluded; the delegated policy is re-captured live and appended after the
@@ -20,9 +20,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use agent::{AgentRef, Registration, SessionEvent};
 use async_trait::async_trait;
 use subagent::SubagentError;
+use subagent::agent::{AgentRef, Registration, SessionEvent};
 use subagent::capabilities::{ContinuableCreateRequest, ContinuableCreateSpec, SubagentCapabilities};
 use subagent::provider::{PrepareContinuable, ResolvedSubagentStartRequest, SubagentProvider};
 use subagent::run::SubagentRun;
@@ -39,7 +39,7 @@ pub const DEFAULT_NAME: &str = "fork";
 /// A one-time snapshot: later parent history never reaches the child.
 pub fn completed_turn_prefix(parent: &AgentRef) -> Option<Vec<SessionEvent>> {
     let events = parent.session().events();
-    let prefix = agent::balanced_completed_turn_prefix(&events);
+    let prefix = subagent::agent::balanced_completed_turn_prefix(&events);
     (!prefix.is_empty()).then(|| prefix.iter().map(|e| (**e).clone()).collect())
 }
 

@@ -15,10 +15,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use agent::EventData;
-use agent::bus::BoxError;
-use agent::hooks::{PreStep, PreStepDecision, PreStepInterceptor};
 use async_trait::async_trait;
+use subagent::agent::EventData;
+use subagent::agent::bus::BoxError;
+use subagent::agent::hooks::{PreStep, PreStepDecision, PreStepInterceptor};
 
 /// A one-shot pre-step interceptor that appends a descriptor event at the first entered step.
 ///

@@ -4,13 +4,13 @@
 use std::fmt;
 use std::sync::Arc;
 
-use agent::runtime::{Commit, Setup};
-use agent::{
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use subagent::agent::runtime::{Commit, Setup};
+use subagent::agent::{
     AgentError, AgentHandle, ContentBlock, CreateAgentOptions, Ctx, Message, MessageSource, Services,
     SessionEvent, SessionId, Signal,
 };
-use futures::FutureExt;
-use futures::future::BoxFuture;
 use subagent::compose::apply_child_composition;
 use subagent::provider::ResolvedSubagentStartRequest;
 use subagent::run::RunFailure;
@@ -287,9 +287,11 @@ fn compose(
     structured: Option<&Arc<StructuredCapture>>,
     descriptor: DescriptorAppend,
 ) -> Result<(), AgentError> {
-    let child = ctx
-        .agent()
-        .ok_or_else(|| AgentError::Inactive(agent::ScopeInactive(SessionId::from("<global context>"))))?;
+    let child = ctx.agent().ok_or_else(|| {
+        AgentError::Inactive(subagent::agent::ScopeInactive(SessionId::from(
+            "<global context>",
+        )))
+    })?;
     // 6.1 Delegated policy, after any seed and its end-seed marker.
     append_delegated_policy_overrides(child.session(), policy)?;
     // 6.2 Composition: delegation statement, persona, tool filter.

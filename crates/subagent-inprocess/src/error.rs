@@ -8,7 +8,7 @@
 //! failure stays reachable as the error's `source` (downcast to [`StartFailure`], then to
 //! [`DepthError`] or [`AgentError`]).
 
-use agent::AgentError;
+use subagent::agent::AgentError;
 use subagent::{DepthError, SubagentError, SubagentErrorCode};
 
 /// The message of a start whose request signal was already cancelled.

@@ -11,7 +11,7 @@
 //!    signal, the child's depth (the seam's depth arithmetic), all at call time;
 //! 2. **delegated policy capture** at call time (the seam's capture), so a later parent switch
 //!    never reaches the child;
-//! 3. **the creation transaction** through the host's [`AgentRuntime`](agent::AgentRuntime)
+//! 3. **the creation transaction** through the host's [`AgentRuntime`](subagent::agent::AgentRuntime)
 //!    (`services.agents.create`, owned by the parent's scope, with the request signal as the
 //!    creation token) and its setup window: policy events after any seed, the child composition
 //!    (delegation statement at order 120, persona, tool filter — the seam's

@@ -13,8 +13,8 @@
 //!
 //! No other field is ever set: in-process providers never write a `diagnostic`.
 
-use agent::AsEvent;
 use serde_json::Value;
+use subagent::agent::AsEvent;
 use subagent::{StopReason, SubagentResult, final_assistant_output, one_shot_stop_reason};
 
 /// Derives the result of a settled child from its own events (`own`, the suffix after the seed

@@ -6,9 +6,9 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use agent::{AgentHandle, AgentRef, CancelCause, CancelOptions, SessionId, Signal};
 use futures::FutureExt;
 use subagent::SubagentResult;
+use subagent::agent::{AgentHandle, AgentRef, CancelCause, CancelOptions, SessionId, Signal};
 use subagent::run::{RunDisposeFuture, RunFailure, RunResultFuture, SubagentRun};
 use tokio_util::task::TaskTracker;
 
@@ -212,7 +212,7 @@ impl LocalRun {
                     handle.map_err(|panic| {
                         RunFailure::new(HandleDisposalFailed {
                             id,
-                            message: agent::bus::panic_message(&*panic),
+                            message: subagent::agent::bus::panic_message(&*panic),
                         })
                     })
                 }

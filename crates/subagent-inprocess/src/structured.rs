@@ -36,15 +36,15 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use agent::content::ContentBlock;
-use agent::prompt::PromptSection;
-use agent::tools::{
-    ExecutionId, ToolContext, ToolDefinition, ToolError, ToolExecution, ToolHandler, ToolOutput, ToolResult,
-};
-use agent::{AgentError, Ctx};
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
+use subagent::agent::content::ContentBlock;
+use subagent::agent::prompt::PromptSection;
+use subagent::agent::tools::{
+    ExecutionId, ToolContext, ToolDefinition, ToolError, ToolExecution, ToolHandler, ToolOutput, ToolResult,
+};
+use subagent::agent::{AgentError, Ctx};
 use subagent::validate_structured;
 
 use crate::model_text::{
@@ -104,8 +104,8 @@ impl StructuredCapture {
     /// which the creation transaction's rollback disposes.
     pub fn attach(self: &Arc<Self>, child: &Ctx) -> Result<(), AgentError> {
         if child.scope_key().is_none() {
-            return Err(AgentError::Inactive(agent::ScopeInactive(
-                agent::SessionId::from("<global context>"),
+            return Err(AgentError::Inactive(subagent::agent::ScopeInactive(
+                subagent::agent::SessionId::from("<global context>"),
             )));
         }
         drop(child.register_tool(ToolDefinition {
@@ -182,8 +182,8 @@ impl ToolHandler for CaptureTool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agent::Signal;
-    use agent::ids::CallId;
+    use subagent::agent::Signal;
+    use subagent::agent::ids::CallId;
 
     fn execution(id: u64, name: &str) -> ToolExecution {
         ToolExecution {
@@ -222,7 +222,7 @@ mod tests {
             .execute(json!({"answer": "x"}), bad.clone())
             .await
             .unwrap_err();
-        assert_eq!(err.code, agent::tools::codes::INVALID_ARGS);
+        assert_eq!(err.code, subagent::agent::tools::codes::INVALID_ARGS);
         assert!(!bad.concludes_turn());
     }
 

@@ -17,10 +17,10 @@
 
 use std::fmt;
 
-use agent::{AgentRef, Registration};
 use async_trait::async_trait;
 use std::sync::Arc;
 use subagent::SubagentError;
+use subagent::agent::{AgentRef, Registration};
 use subagent::capabilities::{ContinuableCreateRequest, ContinuableCreateSpec, SubagentCapabilities};
 use subagent::provider::{PrepareContinuable, ResolvedSubagentStartRequest, SubagentProvider};
 use subagent::run::SubagentRun;

@@ -27,6 +27,9 @@
 //! misbehaving provider.
 #![warn(missing_docs)]
 
+/// The spine contracts, re-exported so providers and tools depend on the seam alone.
+pub use agent;
+
 pub mod capabilities;
 pub mod composition;
 // Applying a child composition to a live scope (module owner: the in-process driver helper).

@@ -8,10 +8,10 @@
 
 use std::sync::Arc;
 
-use agent::jobs::{JobHooks, JobOutcome, JobSpec, Jobs};
-use agent::tools::{ToolError, codes};
-use agent::{CancelCause, SessionId, Signal};
 use futures::FutureExt;
+use subagent::agent::jobs::{JobHooks, JobOutcome, JobSpec, Jobs};
+use subagent::agent::tools::{ToolError, codes};
+use subagent::agent::{CancelCause, SessionId, Signal};
 use subagent::provider::SubagentStartRequest;
 use subagent::run::SubagentRun;
 use subagent::service::StartError;

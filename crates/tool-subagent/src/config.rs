@@ -14,9 +14,9 @@
 //! Absent optional settings stay absent: an omitted `agentOptions` never becomes `{}`, and a
 //! `toolFilter` never gains a default `allow: []` (which would hide every tool).
 
-use agent::AgentOptions;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use subagent::agent::AgentOptions;
 use subagent::{DepthError, DepthValue, ToolFilter, assert_subagent_max_depth};
 
 use crate::error::ToolSubagentError;

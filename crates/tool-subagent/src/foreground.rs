@@ -2,7 +2,7 @@
 //! result, **always** dispose, and turn every non-`completed` ending into an errored result
 //! that still carries the child's diagnostic and partial answer.
 
-use agent::tools::{ToolError, codes};
+use subagent::agent::tools::{ToolError, codes};
 use subagent::provider::SubagentStartRequest;
 use subagent::service::StartError;
 use subagent::service::SubagentService;

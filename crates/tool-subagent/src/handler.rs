@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use agent::tools::{ToolContext, ToolError, ToolHandler, ToolOutput};
-use agent::{AgentRef, ContentBlock, Services, Signal};
 use async_trait::async_trait;
 use serde_json::Value;
 use subagent::SubagentError;
+use subagent::agent::tools::{ToolContext, ToolError, ToolHandler, ToolOutput};
+use subagent::agent::{AgentRef, ContentBlock, Services, Signal};
 use subagent::provider::SubagentStartRequest;
 use subagent::service::SubagentService;
 use tokio_util::task::TaskTracker;
@@ -139,8 +139,8 @@ impl ToolHandler for DelegationTool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agent::tools::codes;
     use serde_json::json;
+    use subagent::agent::tools::codes;
 
     #[test]
     fn arguments_are_parsed_strictly() {

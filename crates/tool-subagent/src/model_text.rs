@@ -17,10 +17,10 @@
 //! `runs in the background by default`, `runtime sends you a notice containing its outcome`).
 //! Failures reach the model through the tool registry, which prefixes them with `Error: `.
 
-use agent::ContentBlock;
-use agent::content::visible_text;
 use serde_json::{Map, Value, json};
 use subagent::StopReason;
+use subagent::agent::ContentBlock;
+use subagent::agent::content::visible_text;
 
 /// The default model-facing tool name.
 pub const DEFAULT_TOOL_NAME: &str = "subagent";

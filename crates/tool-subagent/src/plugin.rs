@@ -16,11 +16,11 @@
 use std::fmt;
 use std::sync::{Arc, Weak};
 
-use agent::bus::BoxError;
-use agent::prompt::PromptSection;
-use agent::tools::ToolDefinition;
-use agent::{Registration, Services};
 use parking_lot::Mutex;
+use subagent::agent::bus::BoxError;
+use subagent::agent::prompt::PromptSection;
+use subagent::agent::tools::ToolDefinition;
+use subagent::agent::{Registration, Services};
 use subagent::events::SubagentEvent;
 use subagent::provider::SubagentProvider;
 use subagent::service::SubagentService;

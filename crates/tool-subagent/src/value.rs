@@ -1,8 +1,8 @@
 //! The tool's canonical output value (`acp-and-tools.md` §3.4) and its rendering.
 
-use agent::tools::ToolOutput;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use subagent::agent::tools::ToolOutput;
 
 use crate::model_text;
 
