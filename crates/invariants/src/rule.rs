@@ -72,6 +72,9 @@ impl RuleId {
     pub const FORK_SEED: Self = Self("FORK-SEED");
     /// Two logs in one store carry the same session id.
     pub const DUPLICATE_SESSION: Self = Self("DUP-SESSION");
+    /// A settlement notice a parent received names a child whose `parentSession` is that parent
+    /// (seam §2.14.8: notices go to the child's durable direct parent only).
+    pub const NOTICE_PARENT: Self = Self("NOTICE-PARENT");
     /// A log line is not JSON, or not the shape of a session event.
     pub const PARSE: Self = Self("PARSE");
     /// The last line of a log is cut short (a crash artifact stores drop on load).
@@ -141,6 +144,7 @@ impl RuleId {
         Self::DEPTH,
         Self::FORK_SEED,
         Self::DUPLICATE_SESSION,
+        Self::NOTICE_PARENT,
         Self::PARSE,
         Self::TORN,
         Self::IO,
@@ -181,8 +185,8 @@ impl RuleId {
             "X1" => "sandbox-policy",
             "G1" => "agent",
             "L2" | "L3" | "L5" | "L6" | "L7" | "L8" => "agent-loop",
-            "DESCRIPTOR" | "LINEAGE" | "DEPTH" | "FORK-SEED" | "B1" | "B2" | "B3" | "B4" | "B5" | "B6"
-            | "B7" => "subagent",
+            "DESCRIPTOR" | "LINEAGE" | "DEPTH" | "FORK-SEED" | "NOTICE-PARENT" | "B1" | "B2" | "B3"
+            | "B4" | "B5" | "B6" | "B7" => "subagent",
             "PARSE" | "TORN" | "IO" | "DUP-SESSION" | "STAGE" => "invariants",
             _ => "session",
         }
@@ -218,6 +222,7 @@ impl RuleId {
             "DEPTH" => "a subagent child's depth is its parent's plus one",
             "FORK-SEED" => "a fork child's seed equals its parent's prefix",
             "DUP-SESSION" => "session ids are unique within a store",
+            "NOTICE-PARENT" => "a settlement notice names a child of the receiving session",
             "PARSE" => "every log line is one session event as JSON",
             "TORN" => "the last log line is complete",
             "IO" => "log files are readable",

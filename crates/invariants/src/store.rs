@@ -23,6 +23,9 @@ struct Entry {
 /// * `DUP-SESSION`: no two logs carry the same session id (relations through a duplicated id
 ///   are then skipped: the parent would be ambiguous);
 /// * `DEPTH`: a subagent child's `delegationDepth` is its parent's plus one;
+/// * `NOTICE-PARENT`: every settlement notice a session received (a message whose source kind is
+///   `subagent-settled`, logged as a `user/message` or inserted by an inbox splice) names, as its
+///   `senderSessionId`, a child whose `parentSession` is that session;
 /// * `FORK-SEED`: a child with `seedLength = n` starts with exactly its parent's first `n`
 ///   events (compared as JSON values, so key order does not matter); lines unreadable on either
 ///   side are skipped (they are already `PARSE` violations) and only the first difference is
@@ -91,8 +94,82 @@ pub fn check_store(dir: &Path) -> Result<DirReport, ReadError> {
             }
         }
     }
+    for receiver in &entries {
+        match settlement_notices(&receiver.path) {
+            Ok(notices) => {
+                for (seq, sender) in notices {
+                    let Some([child]) = by_id.get(&sender).map(Vec::as_slice) else {
+                        continue;
+                    };
+                    let child = &entries[*child];
+                    if child.header.parent_session.as_ref() != Some(&receiver.header.id) {
+                        relations.push(Violation::at(
+                            receiver.header.id.clone(),
+                            Some(seq),
+                            RuleId::NOTICE_PARENT,
+                            format!(
+                                "the settlement notice from {sender} to come from a child of this session, but its parentSession is {}",
+                                child
+                                    .header
+                                    .parent_session
+                                    .as_ref()
+                                    .map_or("absent".to_owned(), |p| format!("{p}"))
+                            ),
+                        ));
+                    }
+                }
+            }
+            Err(e) => relations.push(io_violation(&receiver.path, &e)),
+        }
+    }
     report.violations.extend(relations);
     Ok(report)
+}
+
+/// The source kind of the seam's settlement notices (seam §2.14.13).
+const SETTLED_SOURCE: &str = "subagent-settled";
+
+/// `(seq, senderSessionId)` of every settlement notice in a log: `user/message` events and
+/// messages inserted by `agent/inbox/spliced`. Unreadable lines are skipped (they are already
+/// `PARSE` findings).
+fn settlement_notices(path: &Path) -> io::Result<Vec<(u64, SessionId)>> {
+    fn sender(message: &Value) -> Option<SessionId> {
+        let source = message.get("source")?;
+        (source.get("kind")?.as_str()? == SETTLED_SOURCE)
+            .then(|| source.get("senderSessionId")?.as_str().map(SessionId::from))
+            .flatten()
+    }
+    let mut out = Vec::new();
+    let file = File::open(path)?;
+    for_each_line(BufReader::new(file), |line| {
+        if line.number == 1 {
+            return true;
+        }
+        let Ok(event) = serde_json::from_slice::<Value>(line.bytes) else {
+            return true;
+        };
+        let seq = event
+            .get("seq")
+            .and_then(Value::as_u64)
+            .unwrap_or(line.number - 2);
+        let data = event.get("data");
+        match event.get("type").and_then(Value::as_str) {
+            Some("user/message") => out.extend(data.and_then(sender).map(|s| (seq, s))),
+            Some("agent/inbox/spliced") => {
+                let inserted = data.and_then(|d| d.get("inserted")).and_then(Value::as_array);
+                out.extend(
+                    inserted
+                        .into_iter()
+                        .flatten()
+                        .filter_map(sender)
+                        .map(|s| (seq, s)),
+                );
+            }
+            _ => {}
+        }
+        true
+    })?;
+    Ok(out)
 }
 
 fn depth_violation(child: &Entry, parent: &Entry) -> Option<Violation> {

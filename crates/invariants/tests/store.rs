@@ -142,3 +142,61 @@ fn per_log_rules_still_apply_in_a_store() {
     assert_eq!(rules(&report.violations), ["TORN"]);
     assert!(check_store(&dir.join("nope")).is_err());
 }
+
+/// A settlement notice as the continuation manager delivers it (seam §2.14.8, §2.14.13).
+fn notice_from(child: &str) -> agent::Message {
+    let source: agent::MessageSource = serde_json::from_value(serde_json::json!({
+        "kind": "subagent-settled",
+        "form": "notice",
+        "summary": format!("Background subagent {child} finished and will do no further work unless you send it more."),
+        "senderSessionId": child,
+    }))
+    .unwrap();
+    agent::Message::user(
+        vec![agent::ContentBlock::text("It left no closing message.")],
+        source,
+    )
+}
+
+/// Cross-session rule (issue: invariant replay): every settlement notice a parent received names
+/// a child whose `parentSession` is that parent — whether logged as a `user/message` or inserted
+/// into the inbox by a splice.
+#[test]
+fn settlement_notices_must_come_from_the_receivers_own_children() {
+    let dir = scratch("store-notice");
+    let (parent, spawned, forked, grandchild) = family();
+    let mut p = LogBuilder::seeded(parent.header.clone(), &parent.events);
+    p.event(
+        agent::EventData::UserMessage(notice_from("spawned")),
+        Some(agent::SurfaceMeta::append()),
+    );
+    let parent = p.build();
+    // The fork child received a notice from the spawn child, which is not its child.
+    let mut f = LogBuilder::seeded(forked.header.clone(), &forked.events);
+    f.event(
+        agent::EventData::InboxSpliced(agent::InboxSplice {
+            target: agent::InboxTarget::NextTurn,
+            start: 0,
+            removed_count: None,
+            inserted: vec![notice_from("spawned")],
+            outcome: None,
+        }),
+        None,
+    );
+    let forked = f.build();
+    let bad_seq = forked.events.len() as u64 - 1;
+    put(&dir, "parent.jsonl", &parent);
+    put(&dir, "spawned.jsonl", &spawned);
+    put(&dir, "forked.jsonl", &forked);
+    put(&dir, "grandchild.jsonl", &grandchild);
+    let report = check_store(&dir).unwrap();
+    let found: Vec<&Violation> = report
+        .violations
+        .iter()
+        .filter(|v| v.rule.as_str() == "NOTICE-PARENT")
+        .collect();
+    assert_eq!(found.len(), 1, "{:#?}", report.violations);
+    assert_eq!(found[0].session.as_str(), "forked");
+    assert_eq!(found[0].seq, Some(bad_seq));
+    assert_eq!(rules(&report.violations), vec!["NOTICE-PARENT"]);
+}
