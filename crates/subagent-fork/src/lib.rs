@@ -124,7 +124,7 @@ impl PrepareContinuable for ForkProvider {
     /// transcript, so a cold resume replays it instead of re-forking newer parent history.
     async fn prepare_continuable(
         &self,
-        request: ContinuableCreateRequest<AgentRef>,
+        request: ContinuableCreateRequest,
     ) -> Result<ContinuableCreateSpec, SubagentError> {
         Ok(ContinuableCreateSpec {
             seed: completed_turn_prefix(&request.parent),

@@ -267,7 +267,7 @@ async fn prepare(provider: &ForkProvider, parent: &AgentRef) -> Option<Vec<Sessi
         .expect("continuable preparation present")
         .prepare_continuable(ContinuableCreateRequest {
             session_id: "reserved".into(),
-            parent: Arc::new(parent.clone()),
+            parent: parent.clone(),
             signal: Signal::new(),
         })
         .await

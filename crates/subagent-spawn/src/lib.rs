@@ -20,7 +20,7 @@ use std::fmt;
 use async_trait::async_trait;
 use std::sync::Arc;
 use subagent::SubagentError;
-use subagent::agent::{AgentRef, Registration};
+use subagent::agent::Registration;
 use subagent::capabilities::{ContinuableCreateRequest, ContinuableCreateSpec, SubagentCapabilities};
 use subagent::provider::{PrepareContinuable, ResolvedSubagentStartRequest, SubagentProvider};
 use subagent::run::SubagentRun;
@@ -109,7 +109,7 @@ impl PrepareContinuable for SpawnProvider {
     /// A spawned child starts fresh: no seed.
     async fn prepare_continuable(
         &self,
-        _request: ContinuableCreateRequest<AgentRef>,
+        _request: ContinuableCreateRequest,
     ) -> Result<ContinuableCreateSpec, SubagentError> {
         Ok(ContinuableCreateSpec::default())
     }

@@ -349,7 +349,7 @@ async fn spw_71_no_steer_no_resume_no_seed() {
     let spec = prepare
         .prepare_continuable(ContinuableCreateRequest {
             session_id: "reserved".into(),
-            parent: Arc::new(host.parent.clone()),
+            parent: host.parent.clone(),
             signal: Signal::new(),
         })
         .await

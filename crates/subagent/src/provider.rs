@@ -100,7 +100,7 @@ pub trait PrepareContinuable: Send + Sync + 'static {
     /// Prepares detached data for a continuable child (for example a fork seed).
     async fn prepare_continuable(
         &self,
-        request: ContinuableCreateRequest<AgentRef>,
+        request: ContinuableCreateRequest,
     ) -> Result<ContinuableCreateSpec, SubagentError>;
 }
 
