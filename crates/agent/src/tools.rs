@@ -413,6 +413,19 @@ pub trait Tools: Send + Sync + 'static {
 
     /// Runs one call through the pipeline for agent `scope`.
     async fn execute(&self, scope: &SessionId, call: ToolCallRequest, ctx_signal: Signal) -> ExecutedTool;
+
+    /// The implementation as [`Any`](std::any::Any), so a runtime can recognise its own registry
+    /// behind a `dyn Tools`.
+    ///
+    /// Provided: `None`, and implementations need not override it. The reference runtime's
+    /// registry returns itself so that its step scheduler can run a parallel group's bodies
+    /// concurrently yet commit their post-execute policies, normalisation and `tools/result`
+    /// observers in model order (spec §11.6). An implementation that returns `None` is scheduled
+    /// through [`execute`](Tools::execute) alone, so its post-execute policies and observers run
+    /// whenever each call completes.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
 }
 
 /// What [`Tools::execute`] returns: the execution identity and its authoritative result, plus

@@ -36,6 +36,11 @@
 //! 6. `tools/result`: every observer (global and the agent's own) receives the frozen final
 //!    outcome, synchronously, for every execution. Observer panics are contained and logged.
 //!
+//! Internally the pipeline has two halves: a concurrent *dispatch* (stages 1–4) and a
+//! synchronous *commit* (stages 5–6). [`Tools::execute`] runs them back to back;
+//! [`run_step_calls`] dispatches a parallel run's calls concurrently and commits them in model
+//! order (spec §11.6).
+//!
 //! Failures reach the model as `Error: <message>` (see [`model_text`]).
 //!
 //! # Locking
@@ -216,5 +221,11 @@ impl Tools for ToolRegistry {
 
     async fn execute(&self, scope: &SessionId, call: ToolCallRequest, ctx_signal: Signal) -> ExecutedTool {
         self.run(scope, call, ctx_signal).await
+    }
+
+    /// Returns the registry itself: [`run_step_calls`] recognises it and commits a parallel
+    /// group's outcomes in model order.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 }

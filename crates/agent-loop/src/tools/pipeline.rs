@@ -83,12 +83,61 @@ enum PostOutcome {
     Replaced(ToolResult),
 }
 
+/// A call whose stages up to the body have run (spec §11.5 steps 1–3) and whose **commit** —
+/// post-execute, normalisation and the `tools/result` observers (steps 4–6) — is still due.
+///
+/// The step scheduler runs the dispatch of a parallel group's calls concurrently and commits
+/// them one by one in model order (spec §11.6); [`ToolRegistry::run`] commits directly.
+pub(super) struct Dispatched {
+    ctx: ToolContext,
+    staged: Staged,
+    /// Whether the call's signal was already cancelled when the body settled.
+    cancelled_at_settle: bool,
+}
+
+/// When a commit decides whether a successful outcome raced the call's cancellation (such a
+/// success is recorded as cancelled).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RaceCheck {
+    /// At commit time, after post-execute: the commit directly follows the body.
+    AtCommit,
+    /// When the body settled: the commit waited for earlier calls of its group, and a
+    /// cancellation that arrived meanwhile must not undo a success that had already settled.
+    AtSettle,
+}
+
 impl ToolRegistry {
     /// Runs one call through the whole pipeline and notifies the result observers.
     pub(super) async fn run(&self, agent: &SessionId, call: ToolCallRequest, signal: Signal) -> ExecutedTool {
+        let dispatched = self.dispatch(agent, call, signal).await;
+        self.commit(dispatched, RaceCheck::AtCommit)
+    }
+
+    /// The concurrent half of the pipeline: mints the execution, then stages 1–4 of the
+    /// [module docs](super#execution-pipeline)
+    /// (cancellation check, pre-execute with approval, guards, body).
+    pub(super) async fn dispatch(
+        &self,
+        agent: &SessionId,
+        call: ToolCallRequest,
+        signal: Signal,
+    ) -> Dispatched {
         let execution = new_execution(agent, call);
-        let ctx = ToolContext::new(execution.clone(), signal);
-        let (result, deferred) = self.settle(&ctx).await;
+        let ctx = ToolContext::new(execution, signal);
+        let staged = self.prepare_and_dispatch(&ctx).await;
+        let cancelled_at_settle = ctx.signal.is_cancelled();
+        Dispatched {
+            ctx,
+            staged,
+            cancelled_at_settle,
+        }
+    }
+
+    /// The sequential half of the pipeline: post-execute, normalisation, then every result
+    /// observer with the frozen outcome. Synchronous, so commits never interleave.
+    pub(super) fn commit(&self, dispatched: Dispatched, race: RaceCheck) -> ExecutedTool {
+        let execution = dispatched.ctx.execution.clone();
+        let (result, deferred) = self.settle(dispatched, race);
         self.notify(&execution, &result);
         ExecutedTool {
             execution,
@@ -97,9 +146,14 @@ impl ToolRegistry {
         }
     }
 
-    /// Stages 1–5: everything up to the final outcome.
-    async fn settle(&self, ctx: &ToolContext) -> (ToolResult, Vec<Message>) {
-        let (result, body_invoked) = match self.prepare_and_dispatch(ctx).await {
+    /// Stages 4–5: post-execute and normalisation into the final outcome.
+    fn settle(&self, dispatched: Dispatched, race: RaceCheck) -> (ToolResult, Vec<Message>) {
+        let Dispatched {
+            ctx,
+            staged,
+            cancelled_at_settle,
+        } = dispatched;
+        let (result, body_invoked) = match staged {
             Staged::Final(result) => return (result, Vec::new()),
             Staged::Post { result, body_invoked } => (result, body_invoked),
         };
@@ -108,7 +162,11 @@ impl ToolRegistry {
             PostOutcome::Replaced(result) => (result, Vec::new()),
             PostOutcome::Kept(result) => {
                 let deferred = ctx.take_deferred();
-                let result = if ctx.signal.is_cancelled() && !result.is_error {
+                let raced = match race {
+                    RaceCheck::AtCommit => ctx.signal.is_cancelled(),
+                    RaceCheck::AtSettle => cancelled_at_settle,
+                };
+                let result = if raced && !result.is_error {
                     cancellation(body_invoked)
                 } else {
                     result

@@ -301,6 +301,204 @@ async fn unknown_tools_resolve_in_place_and_registrations_affect_later_calls() {
     assert_eq!(code(&results[0]), codes::UNKNOWN_TOOL);
 }
 
+/// Spec §11.6 ("pre/post policy, `tool/result` events and additional contexts are committed in
+/// model order"): in a parallel run whose first call finishes last, the bodies still overlap and
+/// settle in completion order, but post-execute policies and result observers see call 1
+/// (with its whole commit) before call 2.
+#[tokio::test(start_paused = true)]
+async fn parallel_runs_commit_post_execute_and_observers_in_model_order() {
+    let f = fixture();
+    let _post = {
+        let log = f.log.clone();
+        f.reg.post_execute(
+            None,
+            Arc::new(move |exec, _| {
+                log.push(format!("post:{}", exec.call_id));
+                None
+            }),
+        )
+    };
+    let calls = vec![
+        call("c1", "safe", r#"{"ms": 50}"#),
+        call("c2", "safe", r#"{"ms": 10}"#),
+    ];
+    let results = run_step_calls(&f.reg, &sid("a"), calls, &Signal::new(), 4).await;
+    assert_eq!(ids(&results), ["c1", "c2"]);
+    assert_eq!(
+        results.iter().map(text).collect::<Vec<_>>(),
+        ["done:c1", "done:c2"]
+    );
+    assert_eq!(
+        f.log.entries(),
+        [
+            "start:c1",
+            "start:c2",
+            "end:c2",
+            "end:c1",
+            "post:c1",
+            "result:c1",
+            "post:c2",
+            "result:c2",
+        ]
+    );
+}
+
+/// A rolling pool: with a pool of two, a slow first call and three fast ones, the fast calls
+/// take turns in the free slot — the third and fourth start (and finish) before the first ends —
+/// and results and observers still follow model order.
+#[tokio::test(start_paused = true)]
+async fn a_slow_call_does_not_hold_back_later_starts() {
+    let f = fixture();
+    let calls = vec![
+        call("c1", "safe", r#"{"ms": 100}"#),
+        call("c2", "safe", r#"{"ms": 10}"#),
+        call("c3", "safe", r#"{"ms": 10}"#),
+        call("c4", "safe", r#"{"ms": 10}"#),
+    ];
+    let started = tokio::time::Instant::now();
+    let results = run_step_calls(&f.reg, &sid("a"), calls, &Signal::new(), 2).await;
+    assert_eq!(ids(&results), ["c1", "c2", "c3", "c4"]);
+    assert!(results.iter().all(|r| !r.result.is_error));
+    assert_eq!(f.peak.load(Ordering::SeqCst), 2);
+    let log = &f.log;
+    assert!(log.index("start:c3") < log.index("end:c1"));
+    assert!(log.index("start:c4") < log.index("end:c1"));
+    assert!(log.index("end:c4") < log.index("end:c1"));
+    // Paused clock: the slow call alone decides the makespan.
+    assert_eq!(started.elapsed(), Duration::from_millis(100));
+    let observed: Vec<String> = log
+        .entries()
+        .into_iter()
+        .filter(|e| e.starts_with("result:"))
+        .collect();
+    assert_eq!(observed, ["result:c1", "result:c2", "result:c3", "result:c4"]);
+}
+
+/// A call whose body succeeded before the step was cancelled keeps its success even though its
+/// commit waited (past the cancellation) for an earlier, slower call, which drains as cancelled.
+#[tokio::test(start_paused = true)]
+async fn a_settled_success_survives_a_cancellation_while_awaiting_its_commit() {
+    let f = fixture();
+    let calls = vec![
+        call("c1", "safe", r#"{"ms": 100}"#),
+        call("c2", "safe", r#"{"ms": 10}"#),
+    ];
+    let signal = Signal::new();
+    let agent = sid("a");
+    let (results, ()) = tokio::join!(run_step_calls(&f.reg, &agent, calls, &signal, 2), async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        signal.cancel(CancelCause::User);
+    });
+    assert_eq!(ids(&results), ["c1", "c2"]);
+    assert_eq!(text(&results[0]), "Error: tool call aborted");
+    assert_eq!(code(&results[0]), codes::CANCELLED);
+    assert_eq!(text(&results[1]), "done:c2");
+    let observed: Vec<String> = f
+        .log
+        .entries()
+        .into_iter()
+        .filter(|e| e.starts_with("result:"))
+        .collect();
+    assert_eq!(observed, ["result:c1", "result:c2"]);
+}
+
+/// A [`Tools`] implementation the scheduler does not recognise (it keeps the provided
+/// `as_any`): it delegates every call to a registry.
+struct Foreign(ToolRegistry);
+
+#[async_trait::async_trait]
+impl Tools for Foreign {
+    fn register(
+        &self,
+        scope: Option<&agent::SessionId>,
+        def: agent::ToolDefinition,
+    ) -> Result<agent::Registration, agent::tools::ToolRegistryError> {
+        self.0.register(scope, def)
+    }
+
+    fn restrict(
+        &self,
+        scope: Option<&agent::SessionId>,
+        filter: agent::tools::ToolRestriction,
+    ) -> Result<agent::Registration, agent::tools::ToolRegistryError> {
+        self.0.restrict(scope, filter)
+    }
+
+    fn guard(&self, scope: Option<&agent::SessionId>, guard: agent::tools::ToolGuard) -> agent::Registration {
+        self.0.guard(scope, guard)
+    }
+
+    fn pre_execute(
+        &self,
+        scope: Option<&agent::SessionId>,
+        policy: agent::tools::PreExecutePolicy,
+    ) -> agent::Registration {
+        self.0.pre_execute(scope, policy)
+    }
+
+    fn post_execute(
+        &self,
+        scope: Option<&agent::SessionId>,
+        policy: agent::tools::PostExecutePolicy,
+    ) -> agent::Registration {
+        self.0.post_execute(scope, policy)
+    }
+
+    fn on_result(
+        &self,
+        scope: Option<&agent::SessionId>,
+        observer: agent::tools::ToolResultObserver,
+    ) -> agent::Registration {
+        self.0.on_result(scope, observer)
+    }
+
+    fn set_scope_parent(&self, scope: &agent::SessionId, parent: &agent::SessionId) -> agent::Registration {
+        self.0.set_scope_parent(scope, parent)
+    }
+
+    fn get(&self, name: &str, scope: Option<&agent::SessionId>) -> Option<agent::ToolDefinition> {
+        self.0.get(name, scope)
+    }
+
+    fn schemas(&self, scope: Option<&agent::SessionId>) -> Vec<agent::model::ToolSchema> {
+        self.0.schemas(scope)
+    }
+
+    async fn execute(
+        &self,
+        scope: &agent::SessionId,
+        call: agent::tools::ToolCallRequest,
+        ctx_signal: Signal,
+    ) -> ExecutedTool {
+        self.0.execute(scope, call, ctx_signal).await
+    }
+}
+
+/// An unrecognised implementation is scheduled through `Tools::execute` alone, in the same
+/// rolling pool, with results in model order (its observers run in completion order).
+#[tokio::test(start_paused = true)]
+async fn foreign_implementations_use_the_rolling_pool_through_execute() {
+    let f = fixture();
+    let foreign = Foreign(f.reg.clone());
+    assert!(foreign.as_any().is_none());
+    let calls = vec![
+        call("c1", "safe", r#"{"ms": 100}"#),
+        call("c2", "safe", r#"{"ms": 10}"#),
+        call("c3", "safe", r#"{"ms": 10}"#),
+        call("x", "excl", r#"{"ms": 1}"#),
+    ];
+    let results = run_step_calls(&foreign, &sid("a"), calls, &Signal::new(), 2).await;
+    assert_eq!(ids(&results), ["c1", "c2", "c3", "x"]);
+    assert_eq!(
+        results.iter().map(text).collect::<Vec<_>>(),
+        ["done:c1", "done:c2", "done:c3", "done:x"]
+    );
+    let log = &f.log;
+    assert!(log.index("start:c3") < log.index("end:c1"));
+    assert!(log.index("result:c1") < log.index("start:x"));
+    assert!(log.index("result:c2") < log.index("result:c1"));
+}
+
 /// The scheduler's future is `Send` (the driver may run it on any worker).
 #[test]
 fn run_step_calls_is_send() {
