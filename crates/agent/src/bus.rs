@@ -141,13 +141,13 @@ impl<E: 'static> EventBus<E> {
         self.inner.entries.read().len()
     }
 
-    fn matching(&self, carrier: Option<&SessionId>) -> Vec<Listener<E>> {
-        let entries = self.inner.entries.read().clone();
-        entries
-            .iter()
-            .filter(|e| e.scope.is_none() || e.scope.as_ref() == carrier)
-            .map(|e| e.listener.clone())
-            .collect()
+    /// The listener set as of now (an `Arc` of the immutable list: registrations replace it).
+    fn snapshot(&self) -> Arc<Vec<Entry<E>>> {
+        self.inner.entries.read().clone()
+    }
+
+    fn matches(entry: &Entry<E>, carrier: Option<&SessionId>) -> bool {
+        entry.scope.is_none() || entry.scope.as_ref() == carrier
     }
 
     fn call(listener: &Listener<E>, event: &E) -> Result<(), String> {
@@ -162,8 +162,9 @@ impl<E: 'static> EventBus<E> {
     /// contained and logged. The listener set is snapshotted first: listeners added or removed
     /// during delivery take effect from the next emission.
     pub fn emit_for(&self, carrier: Option<&SessionId>, event: &E) {
-        for l in self.matching(carrier) {
-            if let Err(message) = Self::call(&l, event) {
+        let entries = self.snapshot();
+        for e in entries.iter().filter(|e| Self::matches(e, carrier)) {
+            if let Err(message) = Self::call(&e.listener, event) {
                 tracing::warn!(%message, "event listener failed; delivery continues");
             }
         }
@@ -172,8 +173,9 @@ impl<E: 'static> EventBus<E> {
     /// Delivers `event` in registration order and stops at the first failure, returning it
     /// (for events whose listeners may veto, such as provider registration).
     pub fn try_emit_for(&self, carrier: Option<&SessionId>, event: &E) -> Result<(), ListenerFailed> {
-        for l in self.matching(carrier) {
-            Self::call(&l, event).map_err(|message| ListenerFailed { message })?;
+        let entries = self.snapshot();
+        for e in entries.iter().filter(|e| Self::matches(e, carrier)) {
+            Self::call(&e.listener, event).map_err(|message| ListenerFailed { message })?;
         }
         Ok(())
     }

@@ -408,6 +408,171 @@ mod wire {
     }
 }
 
+/// Borrowed payload mirrors for serialization (the same shapes as [`wire`], without clones).
+mod wire_ref {
+    use super::*;
+
+    #[derive(Serialize)]
+    pub struct TurnEnd<'a> {
+        pub turn: u64,
+        pub reason: &'a TurnEndReason,
+    }
+    #[derive(Serialize)]
+    pub struct Chunk<'a> {
+        pub turn: u64,
+        pub step: u64,
+        pub chunk: &'a StreamChunk,
+    }
+    #[derive(Serialize)]
+    pub struct AssistantMessage<'a> {
+        pub turn: u64,
+        pub step: u64,
+        pub message: &'a Message,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub usage: Option<&'a TokenUsage>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub interrupted: Option<bool>,
+    }
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ToolCall<'a> {
+        pub turn: u64,
+        pub step: u64,
+        pub call_id: &'a CallId,
+        pub name: &'a str,
+        pub arguments: &'a str,
+    }
+    #[derive(Serialize)]
+    pub struct ToolResult<'a> {
+        pub turn: u64,
+        pub step: u64,
+        pub message: &'a Message,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub error: Option<&'a ToolResultError>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub meta: Option<&'a Value>,
+    }
+    #[derive(Serialize)]
+    pub struct RequestHeader<'a> {
+        pub header: &'a EpochHeader,
+        pub reason: RequestHeaderReason,
+    }
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct RequestContext<'a> {
+        pub provider: &'a str,
+        pub model: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub context_window: Option<u64>,
+    }
+    #[derive(Serialize)]
+    pub struct Sandbox<'a> {
+        pub mode: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub source: Option<&'a str>,
+    }
+    #[derive(Serialize)]
+    pub struct Approval<'a> {
+        pub policy: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub source: Option<&'a str>,
+    }
+}
+
+/// The envelope's `data` of one event, borrowed (see [`EventData::payload`]).
+struct Payload<'a>(&'a EventData);
+
+impl Serialize for Payload<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            EventData::TurnStart { turn } => wire::Turn { turn: *turn }.serialize(s),
+            EventData::TurnEnd { turn, reason } => wire_ref::TurnEnd { turn: *turn, reason }.serialize(s),
+            EventData::StepStart { turn, step } | EventData::StepEnd { turn, step } => wire::Step {
+                turn: *turn,
+                step: *step,
+            }
+            .serialize(s),
+            EventData::UserMessage(m) => m.serialize(s),
+            EventData::AssistantChunk { turn, step, chunk } => wire_ref::Chunk {
+                turn: *turn,
+                step: *step,
+                chunk,
+            }
+            .serialize(s),
+            EventData::AssistantMessage {
+                turn,
+                step,
+                message,
+                usage,
+                interrupted,
+            } => wire_ref::AssistantMessage {
+                turn: *turn,
+                step: *step,
+                message,
+                usage: usage.as_ref(),
+                interrupted: interrupted.then_some(true),
+            }
+            .serialize(s),
+            EventData::ToolCall {
+                turn,
+                step,
+                call_id,
+                name,
+                arguments,
+            } => wire_ref::ToolCall {
+                turn: *turn,
+                step: *step,
+                call_id,
+                name,
+                arguments,
+            }
+            .serialize(s),
+            EventData::ToolResult {
+                turn,
+                step,
+                message,
+                error,
+                meta,
+            } => wire_ref::ToolResult {
+                turn: *turn,
+                step: *step,
+                message,
+                error: error.as_ref(),
+                meta: meta.as_ref(),
+            }
+            .serialize(s),
+            EventData::RequestHeader { header, reason } => wire_ref::RequestHeader {
+                header,
+                reason: *reason,
+            }
+            .serialize(s),
+            EventData::RequestContext {
+                provider,
+                model,
+                context_window,
+            } => wire_ref::RequestContext {
+                provider,
+                model,
+                context_window: *context_window,
+            }
+            .serialize(s),
+            EventData::EndSeed => wire::Empty {}.serialize(s),
+            EventData::InboxSpliced(splice) => splice.serialize(s),
+            EventData::SandboxMode { mode, source } => wire_ref::Sandbox {
+                mode,
+                source: source.as_deref(),
+            }
+            .serialize(s),
+            EventData::ApprovalPolicy { policy, source } => wire_ref::Approval {
+                policy,
+                source: source.as_deref(),
+            }
+            .serialize(s),
+            EventData::Other { data, .. } => data.serialize(s),
+        }
+    }
+}
+
 impl EventData {
     /// The event's `type` string.
     pub fn type_name(&self) -> &str {
@@ -433,7 +598,11 @@ impl EventData {
 
     /// Whether this is one of the three surface types.
     pub fn is_surface(&self) -> bool {
-        SURFACE_TYPES.contains(&self.type_name())
+        match self {
+            Self::UserMessage(_) | Self::AssistantMessage { .. } | Self::ToolResult { .. } => true,
+            Self::Other { kind, .. } => SURFACE_TYPES.contains(&kind.as_str()),
+            _ => false,
+        }
     }
 
     /// A log-only plugin event of type `kind` with payload `data`.
@@ -446,70 +615,13 @@ impl EventData {
 
     /// The payload as JSON (the envelope's `data`).
     pub fn to_data(&self) -> Value {
-        fn v<T: Serialize>(t: T) -> Value {
-            serde_json::to_value(t).expect("event payloads contain only JSON-representable values")
-        }
-        match self.clone() {
-            Self::TurnStart { turn } => v(wire::Turn { turn }),
-            Self::TurnEnd { turn, reason } => v(wire::TurnEnd { turn, reason }),
-            Self::StepStart { turn, step } | Self::StepEnd { turn, step } => v(wire::Step { turn, step }),
-            Self::UserMessage(m) => v(m),
-            Self::AssistantChunk { turn, step, chunk } => v(wire::Chunk { turn, step, chunk }),
-            Self::AssistantMessage {
-                turn,
-                step,
-                message,
-                usage,
-                interrupted,
-            } => v(wire::AssistantMessage {
-                turn,
-                step,
-                message,
-                usage,
-                interrupted: interrupted.then_some(true),
-            }),
-            Self::ToolCall {
-                turn,
-                step,
-                call_id,
-                name,
-                arguments,
-            } => v(wire::ToolCall {
-                turn,
-                step,
-                call_id,
-                name,
-                arguments,
-            }),
-            Self::ToolResult {
-                turn,
-                step,
-                message,
-                error,
-                meta,
-            } => v(wire::ToolResult {
-                turn,
-                step,
-                message,
-                error,
-                meta,
-            }),
-            Self::RequestHeader { header, reason } => v(wire::RequestHeader { header, reason }),
-            Self::RequestContext {
-                provider,
-                model,
-                context_window,
-            } => v(wire::RequestContext {
-                provider,
-                model,
-                context_window,
-            }),
-            Self::EndSeed => v(wire::Empty {}),
-            Self::InboxSpliced(s) => v(s),
-            Self::SandboxMode { mode, source } => v(wire::Sandbox { mode, source }),
-            Self::ApprovalPolicy { policy, source } => v(wire::Approval { policy, source }),
-            Self::Other { data, .. } => data,
-        }
+        serde_json::to_value(self.payload()).expect("event payloads contain only JSON-representable values")
+    }
+
+    /// The payload as a borrowed serializable view: it serializes exactly as
+    /// [`to_data`](Self::to_data) renders, without cloning the event or building a `Value`.
+    pub fn payload(&self) -> impl Serialize + '_ {
+        Payload(self)
     }
 
     /// Builds the typed payload for `kind` from its JSON `data`. Unknown kinds become
@@ -663,7 +775,7 @@ struct WireOut<'a> {
     kind: &'a str,
     seq: u64,
     time: u64,
-    data: Value,
+    data: Payload<'a>,
     #[serde(rename = "surfaceOp", skip_serializing_if = "Option::is_none")]
     surface_op: Option<&'a SurfaceOp>,
     #[serde(rename = "sourceEventSeqs", skip_serializing_if = "Option::is_none")]
@@ -694,7 +806,7 @@ impl Serialize for SessionEvent {
             kind: self.type_name(),
             seq: self.seq,
             time: self.time,
-            data: self.data.to_data(),
+            data: Payload(&self.data),
             surface_op: surface.and_then(|m| m.surface_op.as_ref()),
             source_event_seqs: surface.and_then(|m| m.source_event_seqs.as_ref()),
             ignorable: self.ignorable.then_some(true),
@@ -751,6 +863,121 @@ mod tests {
         let raw = json!({"type": "tool/result", "seq": 0, "time": 1, "data": {"turn": 1, "step": 1, "message": {"id": "m", "role": "user", "content": [], "source": {"kind": "tool", "callId": "c"}}, "meta": null}, "surfaceOp": "append"});
         let ev: SessionEvent = serde_json::from_value(raw.clone()).unwrap();
         assert_eq!(serde_json::to_value(&ev).unwrap(), raw);
+    }
+
+    /// The borrowed payload view renders every typed variant in the shape `from_parts` reads
+    /// back (and optional fields are omitted, never `null`).
+    #[test]
+    fn every_typed_payload_round_trips_through_its_rendering() {
+        let usage = TokenUsage {
+            input_tokens: 3,
+            output_tokens: 4,
+            cache_read_tokens: Some(1),
+            cache_write_tokens: None,
+            reasoning_tokens: None,
+        };
+        let header = EpochHeader {
+            config: CallConfig {
+                provider: "p".into(),
+                model: "m".into(),
+                temperature: Some(0.5),
+                ..CallConfig::default()
+            },
+            adapter_defaults: Some(json!({"temperature": true})),
+            system: Some("sys".into()),
+            tools: Some(vec![ToolSchema {
+                name: "read".into(),
+                description: "reads".into(),
+                parameters: json!({"type": "object"}),
+            }]),
+        };
+        let all = [
+            EventData::TurnStart { turn: 1 },
+            EventData::TurnEnd {
+                turn: 1,
+                reason: TurnEndReason::Completed,
+            },
+            EventData::StepStart { turn: 1, step: 2 },
+            EventData::StepEnd { turn: 1, step: 2 },
+            EventData::UserMessage(Message::user_text("hi")),
+            EventData::AssistantChunk {
+                turn: 1,
+                step: 1,
+                chunk: StreamChunk::Usage { usage: usage.clone() },
+            },
+            EventData::AssistantMessage {
+                turn: 1,
+                step: 1,
+                message: Message::assistant(vec![], "p", "m"),
+                usage: Some(usage),
+                interrupted: true,
+            },
+            EventData::AssistantMessage {
+                turn: 1,
+                step: 1,
+                message: Message::assistant(vec![], "p", "m"),
+                usage: None,
+                interrupted: false,
+            },
+            EventData::ToolCall {
+                turn: 1,
+                step: 1,
+                call_id: "c".into(),
+                name: "read".into(),
+                arguments: "{}".into(),
+            },
+            EventData::ToolResult {
+                turn: 1,
+                step: 1,
+                message: Message::tool_result("c".into(), vec![], true),
+                error: Some(ToolResultError {
+                    name: "ToolError".into(),
+                    code: "X".into(),
+                }),
+                meta: Some(Value::Null),
+            },
+            EventData::RequestHeader {
+                header,
+                reason: RequestHeaderReason::Initial,
+            },
+            EventData::RequestContext {
+                provider: "p".into(),
+                model: "m".into(),
+                context_window: Some(8),
+            },
+            EventData::EndSeed,
+            EventData::InboxSpliced(InboxSplice {
+                target: InboxTarget::NextStep,
+                start: 0,
+                removed_count: Some(1),
+                inserted: vec![],
+                outcome: Some(SpliceOutcome::Canceled),
+            }),
+            EventData::SandboxMode {
+                mode: "read-only".into(),
+                source: Some("delegation".into()),
+            },
+            EventData::ApprovalPolicy {
+                policy: "never".into(),
+                source: None,
+            },
+            EventData::other("x/y", json!([1, {"a": null}])),
+        ];
+        for data in all {
+            let rendered = data.to_data();
+            assert_eq!(serde_json::to_value(data.payload()).unwrap(), rendered);
+            let back = EventData::from_parts(data.type_name(), rendered.clone()).unwrap();
+            assert_eq!(back, data, "{rendered}");
+        }
+        let bare = EventData::AssistantMessage {
+            turn: 1,
+            step: 1,
+            message: Message::assistant(vec![], "p", "m"),
+            usage: None,
+            interrupted: false,
+        };
+        let rendered = bare.to_data();
+        assert!(rendered.get("usage").is_none() && rendered.get("interrupted").is_none());
     }
 
     #[test]

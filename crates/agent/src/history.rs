@@ -3,7 +3,9 @@
 //! A loop-built model request's `messages` must equal [`derive_messages`] of the log at
 //! dispatch time; the request-reconstruction invariant checks exactly that.
 
-use crate::event::{EventData, SurfaceOp};
+use std::sync::Arc;
+
+use crate::event::{EventData, SessionEvent, SurfaceOp};
 use crate::fold::AsEvent;
 use crate::message::Message;
 
@@ -36,7 +38,8 @@ pub fn event_message<E: AsEvent + ?Sized>(event: &E) -> Option<&Message> {
 ///   treated as an append, so no content is ever dropped silently.
 ///
 /// Each node then projects through [`event_message`]; nodes projecting to nothing are
-/// skipped. Never panics.
+/// skipped. Never panics. [`DerivedHistory`] computes the same projection incrementally for a
+/// log that keeps growing.
 pub fn derive_messages<I>(events: I) -> Vec<Message>
 where
     I: IntoIterator,
@@ -46,29 +49,80 @@ where
     let mut nodes: Vec<(u64, Option<Message>)> = Vec::new();
     for item in events {
         let event = item.as_event();
-        if !event.data.is_surface() {
-            continue;
-        }
-        let node = (event.seq, event_message(event).cloned());
-        let replace = event
-            .surface
-            .as_ref()
-            .and_then(|meta| meta.surface_op.as_ref())
-            .and_then(|op| match op {
-                SurfaceOp::Replace { start, end } => Some((*start, *end)),
-                SurfaceOp::Append => None,
-            });
-        let range = replace.and_then(|(start, end)| {
-            let first = nodes.iter().position(|(seq, _)| *seq == start)?;
-            let last = nodes.iter().position(|(seq, _)| *seq == end)?;
-            (first <= last).then_some(first..=last)
-        });
-        match range {
-            Some(range) => {
-                nodes.splice(range, [node]);
-            }
-            None => nodes.push(node),
+        if event.data.is_surface() {
+            place(&mut nodes, event, event_message(event).cloned());
         }
     }
     nodes.into_iter().filter_map(|(_, message)| message).collect()
+}
+
+/// Places the surface node of `event` (a surface event) carrying `item` into `nodes`.
+fn place<T>(nodes: &mut Vec<(u64, T)>, event: &SessionEvent, item: T) {
+    let node = (event.seq, item);
+    let replace = event
+        .surface
+        .as_ref()
+        .and_then(|meta| meta.surface_op.as_ref())
+        .and_then(|op| match op {
+            SurfaceOp::Replace { start, end } => Some((*start, *end)),
+            SurfaceOp::Append => None,
+        });
+    let range = replace.and_then(|(start, end)| {
+        let first = nodes.iter().position(|(seq, _)| *seq == start)?;
+        let last = nodes.iter().position(|(seq, _)| *seq == end)?;
+        (first <= last).then_some(first..=last)
+    });
+    match range {
+        Some(range) => {
+            nodes.splice(range, [node]);
+        }
+        None => nodes.push(node),
+    }
+}
+
+/// [`derive_messages`] kept up to date incrementally over one growing log.
+///
+/// [`update`](Self::update) takes the whole log each time (for example a
+/// [`Session::events`](crate::Session::events) snapshot) and only visits the events it has not
+/// seen; the surface nodes keep the shared events, so nothing is copied until
+/// [`messages`](Self::messages) clones the projected messages. For one append-only log,
+/// `messages()` after `update(log)` equals `derive_messages(log)`. A log shorter than the one
+/// last seen is taken as a different log and projected from scratch.
+#[derive(Clone, Debug, Default)]
+pub struct DerivedHistory {
+    /// (seq, event) per current surface node.
+    nodes: Vec<(u64, Arc<SessionEvent>)>,
+    /// How many leading events of the log were visited.
+    seen: usize,
+}
+
+impl DerivedHistory {
+    /// An empty projection (of an empty log).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Visits the events of `log` not seen yet.
+    pub fn update(&mut self, log: &[Arc<SessionEvent>]) {
+        if log.len() < self.seen {
+            *self = Self::default();
+        }
+        for event in &log[self.seen..] {
+            if event.data.is_surface() {
+                place(&mut self.nodes, event, event.clone());
+            }
+        }
+        self.seen = log.len();
+    }
+
+    /// The projected history, in surface order.
+    pub fn messages(&self) -> Vec<Message> {
+        let mut messages = Vec::with_capacity(self.nodes.len());
+        messages.extend(
+            self.nodes
+                .iter()
+                .filter_map(|(_, event)| event_message(event).cloned()),
+        );
+        messages
+    }
 }

@@ -84,9 +84,44 @@ impl SessionId {
 
 impl MessageId {
     /// Mints a fresh random message id (`msg_` followed by a UUID v4 in simple form).
+    ///
+    /// Message ids are minted on the hot path (every assistant message and tool result), so
+    /// their random bits come from a per-thread generator seeded once from the operating
+    /// system's randomness rather than from one system call per id. Ids stay unique (each
+    /// thread's sequence is a bijection of a counter, and threads start from independent
+    /// 128-bit seeds); they are not meant to be unpredictable.
     pub fn generate() -> Self {
-        Self::new(format!("msg_{}", uuid::Uuid::new_v4().simple()))
+        let uuid = uuid::Builder::from_random_bytes(fast_random_bytes()).into_uuid();
+        let mut buf = [0u8; 4 + uuid::fmt::Simple::LENGTH];
+        buf[..4].copy_from_slice(b"msg_");
+        let text = uuid.simple().encode_lower(&mut buf[4..]);
+        let len = 4 + text.len();
+        Self::new(std::str::from_utf8(&buf[..len]).expect("a simple UUID is ASCII"))
     }
+}
+
+/// 16 random-looking bytes from a per-thread SplitMix64 pair seeded from a UUID v4.
+fn fast_random_bytes() -> [u8; 16] {
+    use std::cell::Cell;
+
+    thread_local! {
+        static STATE: Cell<Option<(u64, u64)>> = const { Cell::new(None) };
+    }
+    const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+    fn mix(mut z: u64) -> u64 {
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    STATE.with(|state| {
+        let (a, b) = state.get().unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair());
+        let (a, b) = (a.wrapping_add(GAMMA), b.wrapping_add(GAMMA));
+        state.set(Some((a, b)));
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&mix(a).to_le_bytes());
+        bytes[8..].copy_from_slice(&mix(b).to_le_bytes());
+        bytes
+    })
 }
 
 #[cfg(test)]
@@ -105,5 +140,21 @@ mod tests {
     fn generated_ids_are_unique() {
         assert_ne!(MessageId::generate(), MessageId::generate());
         assert!(SessionId::generate().as_str().starts_with("ses_"));
+    }
+
+    #[test]
+    fn message_ids_are_v4_uuids_unique_across_threads() {
+        let mint = || (0..1000).map(|_| MessageId::generate()).collect::<Vec<_>>();
+        let other = std::thread::spawn(mint).join().unwrap();
+        let mut all: Vec<MessageId> = mint().into_iter().chain(other).collect();
+        for id in &all {
+            let hex = id.as_str().strip_prefix("msg_").expect("msg_ prefix");
+            let uuid = uuid::Uuid::parse_str(hex).expect("a simple UUID");
+            assert_eq!(uuid.get_version_num(), 4, "{id}");
+            assert_eq!(hex, uuid.simple().to_string());
+        }
+        all.sort();
+        all.dedup();
+        assert_eq!(all.len(), 2000);
     }
 }

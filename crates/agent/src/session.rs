@@ -18,6 +18,8 @@ use crate::header::SessionHeader;
 use crate::ids::SessionId;
 use crate::message::MessageSource;
 
+mod lossless;
+
 /// Why an append or a seed was refused. Nothing changes when one is returned.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -112,8 +114,12 @@ pub struct Session {
     inner: Mutex<Inner>,
     append_lock: Mutex<()>,
     publishing: Mutex<Option<ThreadId>>,
-    observers: RwLock<Option<Vec<Arc<dyn SessionObserver>>>>,
+    /// `None` until published. Replaced, never mutated in place, so an append clones only the
+    /// `Arc`.
+    observers: RwLock<Option<Observers>>,
 }
+
+type Observers = Arc<[Arc<dyn SessionObserver>]>;
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -210,13 +216,15 @@ impl Session {
     /// Publishes the session: from now on every append is checked by and announced to
     /// `observers`. Calling it again replaces the observer list.
     pub fn publish(&self, observers: Vec<Arc<dyn SessionObserver>>) {
-        *self.observers.write() = Some(observers);
+        *self.observers.write() = Some(observers.into());
     }
 
     /// Adds one observer to a published session (no-op before publication).
     pub fn add_observer(&self, observer: Arc<dyn SessionObserver>) {
         if let Some(list) = self.observers.write().as_mut() {
-            list.push(observer);
+            let mut next = list.to_vec();
+            next.push(observer);
+            *list = next.into();
         }
     }
 
@@ -242,16 +250,12 @@ impl Session {
             return Err(LogError::Reentrant);
         }
         let _guard = self.append_lock.lock();
-        let kind = data.type_name().to_owned();
-        validate_candidate(&data, surface.as_ref()).map_err(|e| match e {
-            CandidateError::Lossless(reason) => LogError::NotLossless {
-                kind: kind.clone(),
-                reason,
-            },
-            CandidateError::Invalid(reason) => LogError::Invalid {
-                kind: kind.clone(),
-                reason,
-            },
+        validate_candidate(&data, surface.as_ref()).map_err(|e| {
+            let kind = data.type_name().to_owned();
+            match e {
+                CandidateError::Lossless(reason) => LogError::NotLossless { kind, reason },
+                CandidateError::Invalid(reason) => LogError::Invalid { kind, reason },
+            }
         })?;
         let seq = self.inner.lock().events.len() as u64;
         let event = Arc::new(SessionEvent {
@@ -267,7 +271,10 @@ impl Session {
             let verdict = observers.iter().try_for_each(|o| o.check(self, &event));
             if let Err(reason) = verdict {
                 *self.publishing.lock() = None;
-                return Err(LogError::Vetoed { kind, reason });
+                return Err(LogError::Vetoed {
+                    kind: event.type_name().to_owned(),
+                    reason,
+                });
             }
         }
         {
@@ -275,7 +282,7 @@ impl Session {
             Arc::make_mut(&mut inner.events).push(event.clone());
         }
         if let Some(observers) = &observers {
-            for o in observers {
+            for o in observers.iter() {
                 let result =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| o.committed(self, &event)));
                 if result.is_err() {
@@ -295,44 +302,15 @@ enum CandidateError {
 
 /// Checks that a JSON value is lossless: no negative zero anywhere.
 pub fn check_lossless_json(value: &Value) -> Result<(), String> {
-    fn walk(v: &Value, path: &mut String) -> Result<(), String> {
-        match v {
-            Value::Number(n) => {
-                if let Some(f) = n.as_f64()
-                    && n.is_f64()
-                    && (f == 0.0 && f.is_sign_negative() || !f.is_finite())
-                {
-                    return Err(format!(
-                        "{} at `{}` is not lossless",
-                        n,
-                        if path.is_empty() { "$" } else { path }
-                    ));
-                }
-                Ok(())
-            }
-            Value::Array(items) => {
-                for (i, item) in items.iter().enumerate() {
-                    let len = path.len();
-                    path.push_str(&format!("[{i}]"));
-                    walk(item, path)?;
-                    path.truncate(len);
-                }
-                Ok(())
-            }
-            Value::Object(map) => {
-                for (k, item) in map {
-                    let len = path.len();
-                    path.push('.');
-                    path.push_str(k);
-                    walk(item, path)?;
-                    path.truncate(len);
-                }
-                Ok(())
-            }
-            _ => Ok(()),
-        }
-    }
-    walk(value, &mut String::new())
+    check_lossless(value)
+}
+
+/// Checks that the JSON rendering of `value` is lossless: no float in it is negative zero or
+/// non-finite (`serde_json` would silently render the latter as `null`). The walk follows
+/// `value`'s `Serialize` implementation without building a JSON tree; the error names the first
+/// offending number and its path in the rendering (`.key`, `[i]`, `$` for the root).
+pub fn check_lossless<T: serde::Serialize + ?Sized>(value: &T) -> Result<(), String> {
+    lossless::check(value).map_err(|fault| fault.reason())
 }
 
 fn validate_candidate(data: &EventData, surface: Option<&SurfaceMeta>) -> Result<(), CandidateError> {
@@ -345,7 +323,7 @@ fn validate_candidate(data: &EventData, surface: Option<&SurfaceMeta>) -> Result
             "temperature {t} is not lossless"
         )));
     }
-    check_lossless_json(&data.to_data()).map_err(CandidateError::Lossless)?;
+    check_lossless(&data.payload()).map_err(CandidateError::Lossless)?;
     match (data.is_surface(), surface) {
         (true, None) | (true, Some(SurfaceMeta { surface_op: None, .. })) => {
             return Err(CandidateError::Invalid(
@@ -504,6 +482,40 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, LogError::Invalid { .. }));
         assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn lossless_check_walks_typed_payloads_and_names_the_path() {
+        let s = Session::new(header("a"), None).unwrap();
+        let err = s
+            .append(EventData::other("x/y", serde_json::json!({"z": [1, -0.0]})), None)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "session append of `x/y` is not losslessly JSON-serializable: -0.0 at `.z[1]` is not lossless"
+        );
+        // A negative zero nested in a typed payload (a tool result's metadata).
+        let err = s
+            .append(
+                EventData::ToolResult {
+                    turn: 1,
+                    step: 1,
+                    message: Message::tool_result("c".into(), vec![], false),
+                    error: None,
+                    meta: Some(serde_json::json!({"cost": -0.0})),
+                },
+                Some(SurfaceMeta::append()),
+            )
+            .unwrap_err();
+        assert_eq!(
+            err,
+            LogError::NotLossless {
+                kind: "tool/result".into(),
+                reason: "-0.0 at `.meta.cost` is not lossless".into(),
+            }
+        );
+        assert!(s.is_empty());
+        assert_eq!(check_lossless_json(&serde_json::json!({"ok": 0.0})), Ok(()));
     }
 
     struct Veto;

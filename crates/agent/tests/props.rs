@@ -926,6 +926,14 @@ proptest! {
         let _ = approval_override(&log);
         let derived = derive_messages(&log);
         prop_assert!(derived.len() <= log.len());
+        // The incremental projection agrees with the whole-log one at every growth step.
+        let shared: Vec<std::sync::Arc<agent::SessionEvent>> =
+            log.iter().cloned().map(std::sync::Arc::new).collect();
+        let mut incremental = agent::history::DerivedHistory::new();
+        for cut in [0, log.len() / 3, log.len() / 2, log.len()] {
+            incremental.update(&shared[..cut]);
+            prop_assert_eq!(incremental.messages(), derive_messages(&log[..cut]));
+        }
     }
 
     /// The stream validator never panics, and the incremental and whole-stream forms agree.

@@ -1,0 +1,650 @@
+//! The losslessness check of the append contract (spec §4.2 rule 2), as a structural walk.
+//!
+//! [`check`] drives a value's `Serialize` implementation through a serializer that builds
+//! nothing: it only looks at the numbers going by. That is the same walk
+//! `serde_json::to_value` does, so every field a JSON rendering of the value would contain is
+//! seen, typed fields and embedded [`serde_json::Value`]s alike, without allocating a `Value`
+//! tree per append. The success path does not allocate at all; the path to an offending number
+//! is assembled only while an error unwinds.
+//!
+//! A number is lossless unless it is a float that is negative zero or not finite. Paths use the
+//! JSON shape `serde_json::to_value` would produce: `.key` for struct fields and map entries
+//! (and for the variant wrapper of externally tagged enum variants), `[i]` for sequence and
+//! tuple elements, `$` for the root.
+
+use std::fmt;
+
+use serde::Serialize;
+use serde::ser::{self, Impossible};
+
+/// One step of the path to the offending number.
+enum Segment {
+    Key(String),
+    Index(usize),
+}
+
+/// Why a value is not lossless.
+#[derive(Debug)]
+pub(super) struct Fault {
+    /// What is wrong, without the path.
+    what: What,
+    /// Rendered path segments, innermost first (they are added while the error unwinds).
+    path: Vec<String>,
+}
+
+#[derive(Debug)]
+enum What {
+    Float(f64),
+    Unserializable(String),
+}
+
+impl Fault {
+    fn at(mut self, segment: Segment) -> Self {
+        self.path.push(match segment {
+            Segment::Key(k) => format!(".{k}"),
+            Segment::Index(i) => format!("[{i}]"),
+        });
+        self
+    }
+
+    fn path(&self) -> String {
+        if self.path.is_empty() {
+            return "$".to_owned();
+        }
+        self.path.iter().rev().map(String::as_str).collect()
+    }
+
+    /// The human-readable reason, in the wording of [`check_lossless_json`](super::check_lossless_json).
+    pub(super) fn reason(&self) -> String {
+        match &self.what {
+            What::Float(f) => {
+                let shown = serde_json::Number::from_f64(*f).map_or_else(|| f.to_string(), |n| n.to_string());
+                format!("{shown} at `{}` is not lossless", self.path())
+            }
+            What::Unserializable(msg) => {
+                format!("value at `{}` is not JSON-serializable: {msg}", self.path())
+            }
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason())
+    }
+}
+
+impl std::error::Error for Fault {}
+
+impl ser::Error for Fault {
+    fn custom<T: fmt::Display>(msg: T) -> Self {
+        Self {
+            what: What::Unserializable(msg.to_string()),
+            path: Vec::new(),
+        }
+    }
+}
+
+/// Walks `value`'s serialization; `Err` names the first number that is not lossless.
+pub(super) fn check<T: Serialize + ?Sized>(value: &T) -> Result<(), Fault> {
+    value.serialize(Walker)
+}
+
+fn float(f: f64) -> Result<(), Fault> {
+    if (f == 0.0 && f.is_sign_negative()) || !f.is_finite() {
+        return Err(Fault {
+            what: What::Float(f),
+            path: Vec::new(),
+        });
+    }
+    Ok(())
+}
+
+fn keyed<T: Serialize + ?Sized>(key: &str, value: &T) -> Result<(), Fault> {
+    value
+        .serialize(Walker)
+        .map_err(|e| e.at(Segment::Key(key.to_owned())))
+}
+
+/// The walking serializer: it produces nothing and fails on the first lossy number.
+struct Walker;
+
+/// A sequence, tuple or tuple-variant body (counts elements for the path).
+struct Seq {
+    /// The variant wrapper of a tuple variant, if any.
+    variant: Option<&'static str>,
+    next: usize,
+}
+
+/// A map body; `key` holds the rendered key between `serialize_key` and `serialize_value`.
+struct Map {
+    key: Option<String>,
+}
+
+/// A struct or struct-variant body.
+struct Struct {
+    variant: Option<&'static str>,
+}
+
+impl Seq {
+    fn element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Fault> {
+        let index = self.next;
+        self.next += 1;
+        value.serialize(Walker).map_err(|e| {
+            let e = e.at(Segment::Index(index));
+            match self.variant {
+                Some(v) => e.at(Segment::Key(v.to_owned())),
+                None => e,
+            }
+        })
+    }
+}
+
+impl Struct {
+    fn field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), Fault> {
+        keyed(key, value).map_err(|e| match self.variant {
+            Some(v) => e.at(Segment::Key(v.to_owned())),
+            None => e,
+        })
+    }
+}
+
+macro_rules! accept {
+    ($($name:ident($ty:ty)),* $(,)?) => {
+        $(fn $name(self, _: $ty) -> Result<(), Fault> { Ok(()) })*
+    };
+}
+
+impl ser::Serializer for Walker {
+    type Ok = ();
+    type Error = Fault;
+    type SerializeSeq = Seq;
+    type SerializeTuple = Seq;
+    type SerializeTupleStruct = Seq;
+    type SerializeTupleVariant = Seq;
+    type SerializeMap = Map;
+    type SerializeStruct = Struct;
+    type SerializeStructVariant = Struct;
+
+    accept!(
+        serialize_bool(bool),
+        serialize_i8(i8),
+        serialize_i16(i16),
+        serialize_i32(i32),
+        serialize_i64(i64),
+        serialize_u8(u8),
+        serialize_u16(u16),
+        serialize_u32(u32),
+        serialize_u64(u64),
+        serialize_char(char),
+        serialize_str(&str),
+        serialize_bytes(&[u8]),
+    );
+
+    fn serialize_i128(self, v: i128) -> Result<(), Fault> {
+        if i64::try_from(v).is_ok() || u64::try_from(v).is_ok() {
+            Ok(())
+        } else {
+            Err(ser::Error::custom("number out of range"))
+        }
+    }
+
+    fn serialize_u128(self, v: u128) -> Result<(), Fault> {
+        if u64::try_from(v).is_ok() {
+            Ok(())
+        } else {
+            Err(ser::Error::custom("number out of range"))
+        }
+    }
+
+    fn serialize_f32(self, v: f32) -> Result<(), Fault> {
+        float(f64::from(v))
+    }
+
+    fn serialize_f64(self, v: f64) -> Result<(), Fault> {
+        float(v)
+    }
+
+    fn serialize_none(self) -> Result<(), Fault> {
+        Ok(())
+    }
+
+    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), Fault> {
+        value.serialize(self)
+    }
+
+    fn serialize_unit(self) -> Result<(), Fault> {
+        Ok(())
+    }
+
+    fn serialize_unit_struct(self, _: &'static str) -> Result<(), Fault> {
+        Ok(())
+    }
+
+    fn serialize_unit_variant(self, _: &'static str, _: u32, _: &'static str) -> Result<(), Fault> {
+        Ok(())
+    }
+
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        value: &T,
+    ) -> Result<(), Fault> {
+        value.serialize(self)
+    }
+
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+        value: &T,
+    ) -> Result<(), Fault> {
+        keyed(variant, value)
+    }
+
+    fn serialize_seq(self, _: Option<usize>) -> Result<Seq, Fault> {
+        Ok(Seq {
+            variant: None,
+            next: 0,
+        })
+    }
+
+    fn serialize_tuple(self, _: usize) -> Result<Seq, Fault> {
+        self.serialize_seq(None)
+    }
+
+    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Seq, Fault> {
+        self.serialize_seq(None)
+    }
+
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+        _: usize,
+    ) -> Result<Seq, Fault> {
+        Ok(Seq {
+            variant: Some(variant),
+            next: 0,
+        })
+    }
+
+    fn serialize_map(self, _: Option<usize>) -> Result<Map, Fault> {
+        Ok(Map { key: None })
+    }
+
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Struct, Fault> {
+        Ok(Struct { variant: None })
+    }
+
+    fn serialize_struct_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        variant: &'static str,
+        _: usize,
+    ) -> Result<Struct, Fault> {
+        Ok(Struct {
+            variant: Some(variant),
+        })
+    }
+
+    fn collect_str<T: fmt::Display + ?Sized>(self, _: &T) -> Result<(), Fault> {
+        Ok(())
+    }
+}
+
+impl ser::SerializeSeq for Seq {
+    type Ok = ();
+    type Error = Fault;
+
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Fault> {
+        self.element(value)
+    }
+
+    fn end(self) -> Result<(), Fault> {
+        Ok(())
+    }
+}
+
+impl ser::SerializeTuple for Seq {
+    type Ok = ();
+    type Error = Fault;
+
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Fault> {
+        self.element(value)
+    }
+
+    fn end(self) -> Result<(), Fault> {
+        Ok(())
+    }
+}
+
+impl ser::SerializeTupleStruct for Seq {
+    type Ok = ();
+    type Error = Fault;
+
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Fault> {
+        self.element(value)
+    }
+
+    fn end(self) -> Result<(), Fault> {
+        Ok(())
+    }
+}
+
+impl ser::SerializeTupleVariant for Seq {
+    type Ok = ();
+    type Error = Fault;
+
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Fault> {
+        self.element(value)
+    }
+
+    fn end(self) -> Result<(), Fault> {
+        Ok(())
+    }
+}
+
+impl ser::SerializeMap for Map {
+    type Ok = ();
+    type Error = Fault;
+
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), Fault> {
+        self.key = Some(key.serialize(KeyText)?);
+        Ok(())
+    }
+
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Fault> {
+        let key = self.key.take().unwrap_or_default();
+        value.serialize(Walker).map_err(|e| e.at(Segment::Key(key)))
+    }
+
+    fn serialize_entry<K: Serialize + ?Sized, V: Serialize + ?Sized>(
+        &mut self,
+        key: &K,
+        value: &V,
+    ) -> Result<(), Fault> {
+        // The key is rendered only when the value is at fault (the common case allocates
+        // nothing); it must still be a valid JSON object key.
+        key.serialize(KeyCheck)?;
+        value.serialize(Walker).map_err(|e| {
+            let key = key.serialize(KeyText).unwrap_or_default();
+            e.at(Segment::Key(key))
+        })
+    }
+
+    fn end(self) -> Result<(), Fault> {
+        Ok(())
+    }
+}
+
+impl ser::SerializeStruct for Struct {
+    type Ok = ();
+    type Error = Fault;
+
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), Fault> {
+        self.field(key, value)
+    }
+
+    fn end(self) -> Result<(), Fault> {
+        Ok(())
+    }
+}
+
+impl ser::SerializeStructVariant for Struct {
+    type Ok = ();
+    type Error = Fault;
+
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), Fault> {
+        self.field(key, value)
+    }
+
+    fn end(self) -> Result<(), Fault> {
+        Ok(())
+    }
+}
+
+fn key_must_be_a_string() -> Fault {
+    ser::Error::custom("key must be a string")
+}
+
+/// Map keys as `serde_json` accepts them: strings, chars, booleans, integers, finite floats,
+/// unit variants and newtype wrappers of those. Generic over what it returns so the same rules
+/// serve the allocation-free check ([`KeyCheck`]) and the rendering for paths ([`KeyText`]).
+macro_rules! key_serializer {
+    ($name:ident, $ok:ty, |$s:ident| $text:expr) => {
+        impl ser::Serializer for $name {
+            type Ok = $ok;
+            type Error = Fault;
+            type SerializeSeq = Impossible<$ok, Fault>;
+            type SerializeTuple = Impossible<$ok, Fault>;
+            type SerializeTupleStruct = Impossible<$ok, Fault>;
+            type SerializeTupleVariant = Impossible<$ok, Fault>;
+            type SerializeMap = Impossible<$ok, Fault>;
+            type SerializeStruct = Impossible<$ok, Fault>;
+            type SerializeStructVariant = Impossible<$ok, Fault>;
+
+            fn serialize_bool(self, v: bool) -> Result<$ok, Fault> {
+                let $s = &v;
+                Ok($text)
+            }
+            fn serialize_i8(self, v: i8) -> Result<$ok, Fault> {
+                let $s = &v;
+                Ok($text)
+            }
+            fn serialize_i16(self, v: i16) -> Result<$ok, Fault> {
+                let $s = &v;
+                Ok($text)
+            }
+            fn serialize_i32(self, v: i32) -> Result<$ok, Fault> {
+                let $s = &v;
+                Ok($text)
+            }
+            fn serialize_i64(self, v: i64) -> Result<$ok, Fault> {
+                let $s = &v;
+                Ok($text)
+            }
+            fn serialize_i128(self, v: i128) -> Result<$ok, Fault> {
+                let $s = &v;
+                Ok($text)
+            }
+            fn serialize_u8(self, v: u8) -> Result<$ok, Fault> {
+                let $s = &v;
+                Ok($text)
+            }
+            fn serialize_u16(self, v: u16) -> Result<$ok, Fault> {
+                let $s = &v;
+                Ok($text)
+            }
+            fn serialize_u32(self, v: u32) -> Result<$ok, Fault> {
+                let $s = &v;
+                Ok($text)
+            }
+            fn serialize_u64(self, v: u64) -> Result<$ok, Fault> {
+                let $s = &v;
+                Ok($text)
+            }
+            fn serialize_u128(self, v: u128) -> Result<$ok, Fault> {
+                let $s = &v;
+                Ok($text)
+            }
+            fn serialize_f32(self, v: f32) -> Result<$ok, Fault> {
+                self.serialize_f64(f64::from(v))
+            }
+            fn serialize_f64(self, v: f64) -> Result<$ok, Fault> {
+                if !v.is_finite() {
+                    return Err(key_must_be_a_string());
+                }
+                let $s = &v;
+                Ok($text)
+            }
+            fn serialize_char(self, v: char) -> Result<$ok, Fault> {
+                let $s = &v;
+                Ok($text)
+            }
+            fn serialize_str(self, v: &str) -> Result<$ok, Fault> {
+                let $s = &v;
+                Ok($text)
+            }
+            fn serialize_bytes(self, _: &[u8]) -> Result<$ok, Fault> {
+                Err(key_must_be_a_string())
+            }
+            fn serialize_none(self) -> Result<$ok, Fault> {
+                Err(key_must_be_a_string())
+            }
+            fn serialize_some<T: Serialize + ?Sized>(self, _: &T) -> Result<$ok, Fault> {
+                Err(key_must_be_a_string())
+            }
+            fn serialize_unit(self) -> Result<$ok, Fault> {
+                Err(key_must_be_a_string())
+            }
+            fn serialize_unit_struct(self, _: &'static str) -> Result<$ok, Fault> {
+                Err(key_must_be_a_string())
+            }
+            fn serialize_unit_variant(
+                self,
+                _: &'static str,
+                _: u32,
+                variant: &'static str,
+            ) -> Result<$ok, Fault> {
+                self.serialize_str(variant)
+            }
+            fn serialize_newtype_struct<T: Serialize + ?Sized>(
+                self,
+                _: &'static str,
+                value: &T,
+            ) -> Result<$ok, Fault> {
+                value.serialize(self)
+            }
+            fn serialize_newtype_variant<T: Serialize + ?Sized>(
+                self,
+                _: &'static str,
+                _: u32,
+                _: &'static str,
+                _: &T,
+            ) -> Result<$ok, Fault> {
+                Err(key_must_be_a_string())
+            }
+            fn serialize_seq(self, _: Option<usize>) -> Result<Self::SerializeSeq, Fault> {
+                Err(key_must_be_a_string())
+            }
+            fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, Fault> {
+                Err(key_must_be_a_string())
+            }
+            fn serialize_tuple_struct(
+                self,
+                _: &'static str,
+                _: usize,
+            ) -> Result<Self::SerializeTupleStruct, Fault> {
+                Err(key_must_be_a_string())
+            }
+            fn serialize_tuple_variant(
+                self,
+                _: &'static str,
+                _: u32,
+                _: &'static str,
+                _: usize,
+            ) -> Result<Self::SerializeTupleVariant, Fault> {
+                Err(key_must_be_a_string())
+            }
+            fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, Fault> {
+                Err(key_must_be_a_string())
+            }
+            fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeStruct, Fault> {
+                Err(key_must_be_a_string())
+            }
+            fn serialize_struct_variant(
+                self,
+                _: &'static str,
+                _: u32,
+                _: &'static str,
+                _: usize,
+            ) -> Result<Self::SerializeStructVariant, Fault> {
+                Err(key_must_be_a_string())
+            }
+        }
+    };
+}
+
+/// Validates a map key without rendering it.
+struct KeyCheck;
+key_serializer!(KeyCheck, (), |_v| ());
+
+/// Renders a map key for an error path.
+struct KeyText;
+key_serializer!(KeyText, String, |v| v.to_string());
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn reason<T: Serialize>(v: &T) -> Option<String> {
+        check(v).err().map(|f| f.reason())
+    }
+
+    #[test]
+    fn values_match_the_value_walk() {
+        assert_eq!(reason(&json!({"a": [1, 2.5, {"b": -1}]})), None);
+        assert_eq!(
+            reason(&json!(-0.0)).as_deref(),
+            Some("-0.0 at `$` is not lossless")
+        );
+        assert_eq!(
+            reason(&json!({"a": [1, {"b": -0.0}]})).as_deref(),
+            Some("-0.0 at `.a[1].b` is not lossless")
+        );
+    }
+
+    #[test]
+    fn typed_floats_and_variants_are_walked() {
+        #[derive(Serialize)]
+        enum E {
+            New(f64),
+            Tuple(u8, f64),
+            Struct { x: f64 },
+        }
+        #[derive(Serialize)]
+        struct S {
+            list: Vec<E>,
+            map: std::collections::BTreeMap<u32, f32>,
+        }
+        let ok = S {
+            list: vec![E::New(1.0), E::Tuple(1, 0.0), E::Struct { x: 2.0 }],
+            map: [(7, 1.5)].into(),
+        };
+        assert_eq!(reason(&ok), None);
+        let bad = |list, map: &[(u32, f32)]| S {
+            list,
+            map: map.iter().copied().collect(),
+        };
+        assert_eq!(
+            reason(&bad(vec![E::Tuple(1, f64::NAN)], &[])).as_deref(),
+            Some("NaN at `.list[0].Tuple[1]` is not lossless")
+        );
+        assert_eq!(
+            reason(&bad(vec![E::New(-0.0)], &[])).as_deref(),
+            Some("-0.0 at `.list[0].New` is not lossless")
+        );
+        assert_eq!(
+            reason(&bad(vec![E::Struct { x: f64::INFINITY }], &[])).as_deref(),
+            Some("inf at `.list[0].Struct.x` is not lossless")
+        );
+        assert_eq!(
+            reason(&bad(vec![], &[(7, -0.0)])).as_deref(),
+            Some("-0.0 at `.map.7` is not lossless")
+        );
+    }
+
+    #[test]
+    fn non_string_keys_are_refused() {
+        let map: std::collections::BTreeMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        assert_eq!(
+            reason(&map).as_deref(),
+            Some("value at `$` is not JSON-serializable: key must be a string")
+        );
+    }
+}
