@@ -318,22 +318,39 @@ impl LoopAgent {
     /// Logs `request/header` (initial or resume first, change when it differs) and
     /// `request/context` when the route changed.
     fn log_request(&self, header: &EpochHeader) -> Result<(), TurnFailure> {
-        let events = self.session.events();
-        let baseline = events.iter().rev().find_map(|e| match &e.data {
-            EventData::RequestHeader { header, .. } => Some(header),
-            _ => None,
-        });
-        let logged = std::mem::replace(&mut self.state.lock().request_header_logged, true);
-        let reason = if !logged {
-            Some(if self.resumed || baseline.is_some() {
-                RequestHeaderReason::Resume
+        // Both decisions are taken on the log as it is now (the header append cannot change
+        // the context decision), and the snapshot is released before appending: an
+        // outstanding snapshot would make the append copy the whole log.
+        let (reason, logged, context_changed) = {
+            let events = self.session.events();
+            let baseline = events.iter().rev().find_map(|e| match &e.data {
+                EventData::RequestHeader { header, .. } => Some(header),
+                _ => None,
+            });
+            let logged = std::mem::replace(&mut self.state.lock().request_header_logged, true);
+            let reason = if !logged {
+                Some(if self.resumed || baseline.is_some() {
+                    RequestHeaderReason::Resume
+                } else {
+                    RequestHeaderReason::Initial
+                })
+            } else if baseline != Some(header) {
+                Some(RequestHeaderReason::Change)
             } else {
-                RequestHeaderReason::Initial
-            })
-        } else if baseline != Some(header) {
-            Some(RequestHeaderReason::Change)
-        } else {
-            None
+                None
+            };
+            let previous = events.iter().rev().find_map(|e| match &e.data {
+                EventData::RequestContext {
+                    provider,
+                    model,
+                    context_window,
+                } => Some((provider, model, context_window)),
+                _ => None,
+            });
+            let changed = previous.is_none_or(|(p, m, w)| {
+                *p != header.config.provider || *m != header.config.model || w.is_some()
+            });
+            (reason, logged, changed)
         };
         if let Some(reason) = reason {
             let appended = self.session.append(
@@ -348,17 +365,7 @@ impl LoopAgent {
             }
             appended?;
         }
-        let previous = events.iter().rev().find_map(|e| match &e.data {
-            EventData::RequestContext {
-                provider,
-                model,
-                context_window,
-            } => Some((provider, model, context_window)),
-            _ => None,
-        });
-        let changed = previous
-            .is_none_or(|(p, m, w)| *p != header.config.provider || *m != header.config.model || w.is_some());
-        if changed {
+        if context_changed {
             self.session.append(
                 EventData::RequestContext {
                     provider: header.config.provider.clone(),
@@ -369,6 +376,14 @@ impl LoopAgent {
             )?;
         }
         Ok(())
+    }
+
+    /// The derived history of the log as it is now (spec §4.6), kept incrementally.
+    fn derived_history(&self) -> Vec<Message> {
+        let events = self.session.events();
+        let mut st = self.state.lock();
+        st.history.update(&events);
+        st.history.messages()
     }
 
     /// One step: request, stream, assistant message, tool calls. Returns the step outcome
@@ -409,9 +424,10 @@ impl LoopAgent {
             ))
         })?;
         let request = Arc::new(GenerateOptions {
-            messages: agent::derive_messages(self.session.events().iter()),
-            system: header.system.clone(),
-            tools: header.tools.clone(),
+            messages: self.derived_history(),
+            // The header is logged; the request takes its system text and tools.
+            system: header.system,
+            tools: header.tools,
             max_tokens: header.config.max_tokens,
             signal: signal.clone(),
             session_id: Some(self.id.clone()),
@@ -431,10 +447,18 @@ impl LoopAgent {
             Ok(())
         };
         loop {
-            let next = tokio::select! {
-                biased;
-                _ = signal.cancelled() => break,
-                next = stream.next() => next,
+            // Cancellation wins over a ready chunk. A chunk that is ready now is taken without
+            // registering a cancellation waiter; otherwise wait for whichever comes first.
+            if signal.is_cancelled() {
+                break;
+            }
+            let next = match stream.next().now_or_never() {
+                Some(next) => next,
+                None => tokio::select! {
+                    biased;
+                    _ = signal.cancelled() => break,
+                    next = stream.next() => next,
+                },
             };
             match next {
                 None => break,

@@ -12,6 +12,9 @@ use agent::{
     Session, SessionId,
 };
 
+/// Insertions up to this many messages are validated by scanning the lists.
+const SCAN_LIMIT: usize = 8;
+
 /// The in-memory projection.
 #[derive(Default)]
 struct Lists {
@@ -35,7 +38,12 @@ impl Lists {
     }
 
     /// Checks a normalised splice against the current lists: coordinates in range and no
-    /// pending id twice across both lists afterwards.
+    /// pending id twice across both lists afterwards. The reported duplicate is the first id met
+    /// twice in the order kept items, inserted messages, the other list.
+    ///
+    /// The lists start empty and change only through validated splices, so they never hold an
+    /// id twice: a pure removal (such as a claim) needs no id check, and a small insertion is
+    /// checked by scanning instead of hashing every pending id.
     fn validate(&self, splice: &InboxSplice) -> Result<(), AgentError> {
         let list = self.list(splice.target);
         let start = usize::try_from(splice.start).unwrap_or(usize::MAX);
@@ -45,13 +53,28 @@ impl Lists {
                 "invalid inbox splice: coordinates out of range".into(),
             ));
         }
+        let inserted = &splice.inserted;
+        if inserted.is_empty() {
+            return Ok(());
+        }
         let other = match splice.target {
             InboxTarget::NextTurn => &self.next_step,
             InboxTarget::NextStep => &self.next_turn,
         };
+        let kept = || list[..start].iter().chain(&list[start + removed..]);
+        if inserted.len() <= SCAN_LIMIT {
+            for (i, message) in inserted.iter().enumerate() {
+                if inserted[..i].iter().chain(kept()).any(|m| m.id == message.id) {
+                    return Err(AgentError::DuplicateMessage(message.id.clone()));
+                }
+            }
+            if let Some(message) = other.iter().find(|m| inserted.iter().any(|i| i.id == m.id)) {
+                return Err(AgentError::DuplicateMessage(message.id.clone()));
+            }
+            return Ok(());
+        }
         let mut ids: HashSet<&MessageId> = HashSet::new();
-        let kept = list[..start].iter().chain(&list[start + removed..]);
-        for message in kept.chain(&splice.inserted).chain(other) {
+        for message in kept().chain(inserted).chain(other) {
             if !ids.insert(&message.id) {
                 return Err(AgentError::DuplicateMessage(message.id.clone()));
             }
@@ -233,9 +256,13 @@ impl Inbox {
             lists.validate(&splice)?;
             splice
         };
-        self.session
-            .append(EventData::InboxSpliced(splice.clone()), None)?;
-        let removed = self.lists.lock().apply(&splice);
+        // The logged event keeps the splice; the projection copies the inserted messages
+        // from it.
+        let event = self.session.append(EventData::InboxSpliced(splice), None)?;
+        let EventData::InboxSpliced(splice) = &event.data else {
+            unreachable!("the appended event is the splice")
+        };
+        let removed = self.lists.lock().apply(splice);
         if cancel && !removed.is_empty() {
             self.events.emit(&AgentEvent::InboxDiscarded {
                 agent: self.agent.clone(),

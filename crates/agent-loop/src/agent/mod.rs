@@ -38,6 +38,7 @@ use parking_lot::{Mutex, ReentrantMutex};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
+use agent::history::DerivedHistory;
 use agent::{
     Agent, AgentError, AgentEvent, AgentOptions, AgentRef, AgentStatus, CancelCause, CancelOptions,
     EventData, InboxSnapshot, InboxTarget, Message, MessageId, Scope, Services, Session, SessionId, Signal,
@@ -78,6 +79,8 @@ struct State {
     /// Incremental scan of the log for the last runtime-context snapshot: (events scanned,
     /// what was found).
     snapshot_scan: (usize, RetainedSnapshot),
+    /// The log's derived history, projected incrementally for model requests.
+    history: DerivedHistory,
 }
 
 /// The reference agent loop. Created and published by [`Runtime`](crate::runtime::Runtime);
@@ -146,6 +149,7 @@ impl LoopAgent {
                 deferred_wake: false,
                 request_header_logged: false,
                 snapshot_scan: (0, RetainedSnapshot::Never),
+                history: DerivedHistory::new(),
             }),
             busy,
             status: ReentrantMutex::new(Cell::new(AgentStatus::Idle)),
