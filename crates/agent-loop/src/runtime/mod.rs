@@ -31,6 +31,7 @@
 
 mod builder;
 mod dispose;
+pub mod fork;
 mod models;
 mod store;
 #[cfg(test)]
@@ -55,6 +56,7 @@ use agent::{
 
 pub use builder::RuntimeBuilder;
 use dispose::{AgentEntry, EntryDisposer};
+pub use fork::{ForkError, ForkSeed, SessionFork, fork_seed};
 pub use models::ModelMap;
 pub use store::{MemorySessionStore, SessionStoreEvent};
 

@@ -12,6 +12,8 @@ use agent::{
     SessionObserver, SessionPersistence, SessionStore,
 };
 
+use super::fork::{ForkError, SessionFork, fork_seed};
+
 /// A notification about the live store's entries.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -174,6 +176,36 @@ impl MemorySessionStore {
         observers.extend(self.inner.observers.read().iter().cloned());
         session.publish(observers);
         Ok(guard)
+    }
+
+    /// The optional store fork (spec §6 `fork(source, boundary?, childId?)`): the seed a new
+    /// session needs to start from live session `source`'s history through `boundary` (a seq),
+    /// or through the latest boundary when `None` — see [`fork_seed`] for the rules (trailing
+    /// log-only events are included; a boundary inside an open turn is
+    /// [`ForkError::OpenTurn`]). The child id is `child_id`, or a fresh one; a live id is
+    /// [`ForkError::Duplicate`]. Nothing is created: pass the seed and metadata to
+    /// [`prepare`](SessionStore::prepare) or an agent creation.
+    pub fn fork(
+        &self,
+        source: &SessionId,
+        boundary: Option<u64>,
+        child_id: Option<SessionId>,
+    ) -> Result<SessionFork, ForkError> {
+        let session = self
+            .get(source)
+            .ok_or_else(|| ForkError::NotFound(source.clone()))?;
+        let child_id = child_id.unwrap_or_else(SessionId::generate);
+        if self.get(&child_id).is_some() {
+            return Err(ForkError::Duplicate(child_id));
+        }
+        let seed = fork_seed(&session.events()[..], boundary)?;
+        let meta = SessionMeta {
+            cwd: session.header().cwd.clone(),
+            parent_session: Some(source.clone()),
+            seed_length: Some(seed.events.len() as u64),
+            ..SessionMeta::default()
+        };
+        Ok(SessionFork { child_id, seed, meta })
     }
 
     /// Emits `session/created` for an entered session, once. A failing listener is returned
