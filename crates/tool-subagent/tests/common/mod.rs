@@ -215,7 +215,7 @@ impl SubagentProvider for FakeProvider {
 impl PrepareContinuable for FakeProvider {
     async fn prepare_continuable(
         &self,
-        _request: ContinuableCreateRequest<AgentRef>,
+        _request: ContinuableCreateRequest,
     ) -> Result<ContinuableCreateSpec, SubagentError> {
         self.prepare_calls.fetch_add(1, Ordering::SeqCst);
         Ok(ContinuableCreateSpec::default())
