@@ -161,7 +161,7 @@ fn ci() -> Result<(), String> {
     ]))?;
     run(&mut cargo_in_root(&["fmt", "--all", "--", "--check"]))?;
     run(
-        cargo_in_root(&["doc", "-p", "agent", "-p", "subagent", "--no-deps"])
+        cargo_in_root(&["doc", "--workspace", "--no-deps"])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )
 }

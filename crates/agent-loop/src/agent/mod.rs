@@ -22,7 +22,7 @@
 //! * `status` is a re-entrant lock held while one `AgentEvent::Status` is emitted, so status
 //!   events are delivered in order and never twice with the same value, while a listener on the
 //!   same thread may still call back into the agent.
-//! * The inbox has its own locks (see [`inbox`]).
+//! * The inbox has its own locks (see the `inbox` module).
 
 mod assemble;
 mod driver;

@@ -1,5 +1,5 @@
 //! Model adapters: the deterministic [`ScriptedModel`] test double and, behind the `openai`
-//! feature, [`OpenAiCompatible`] for any OpenAI-compatible chat-completions endpoint.
+//! feature, `OpenAiCompatible` for any OpenAI-compatible chat-completions endpoint.
 //!
 //! Both implement [`agent::ModelAdapter`]: every stream they return obeys the grammar of spec
 //! §13.2 (block-start / delta / block-end carrying the assembled block, at most one usage,
