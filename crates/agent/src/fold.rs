@@ -10,7 +10,6 @@
 //! over logs ([`fold_consumed_work`], [`crate::prefix`], [`crate::history`],
 //! [`crate::policy`]): they accept owned events, references and `Arc`s alike.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::event::{EventData, SessionEvent};
@@ -119,8 +118,10 @@ where
     I: IntoIterator,
     I::Item: AsEvent,
 {
-    let mut stepped: HashSet<u64> = HashSet::new();
-    let mut claimed: HashSet<u64> = HashSet::new();
+    // Turn-number sets. In a well-formed log each holds at most the open turn (entries leave at
+    // their `turn/end`), so a vector beats hashing; ill-formed logs still fold by the same rules.
+    let mut stepped = TurnSet::default();
+    let mut claimed = TurnSet::default();
     let mut open: Option<u64> = None;
     let mut end: Option<SessionEvent> = None;
     let mut dropped_unrun = false;
@@ -154,4 +155,27 @@ where
         }
     }
     ConsumedWork { end, dropped_unrun }
+}
+
+/// A small set of turn numbers (see [`fold_consumed_work`]).
+#[derive(Default)]
+struct TurnSet(Vec<u64>);
+
+impl TurnSet {
+    fn insert(&mut self, turn: u64) {
+        if !self.0.contains(&turn) {
+            self.0.push(turn);
+        }
+    }
+
+    /// Removes `turn`, returning whether it was present.
+    fn remove(&mut self, turn: &u64) -> bool {
+        match self.0.iter().position(|t| t == turn) {
+            Some(i) => {
+                self.0.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
 }
