@@ -160,8 +160,5 @@ fn ci() -> Result<(), String> {
         "warnings",
     ]))?;
     run(&mut cargo_in_root(&["fmt", "--all", "--", "--check"]))?;
-    run(
-        cargo_in_root(&["doc", "--workspace", "--no-deps"])
-            .env("RUSTDOCFLAGS", "-D warnings"),
-    )
+    run(cargo_in_root(&["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings"))
 }
