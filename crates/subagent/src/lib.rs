@@ -19,6 +19,7 @@
 //! | [`settle`] | `settle_run` and the out-of-process result settlement and run handle (§2.19) |
 //! | [`provider`], [`run`] | the provider contract, the start request and the caller-owned run (§2.4–§2.7) |
 //! | [`service`], [`events`] | `SubagentService`: the provider registry, `start`, lifecycle events (§2.1, §2.2, §2.5, §2.13) |
+//! | [`continuation`] | the continuation manager: continuable children (§2.14, first slice) |
 //! | [`out_of_process`] | out-of-process configuration checks (§2.19) |
 //!
 //! The crate depends on the spine contracts (`agent`) and never on a runtime. Child-level
@@ -34,6 +35,7 @@ pub mod capabilities;
 pub mod composition;
 // Applying a child composition to a live scope (module owner: the in-process driver helper).
 pub mod compose;
+pub mod continuation;
 pub mod depth;
 pub mod descriptor;
 pub mod error;

@@ -1,0 +1,208 @@
+//! One residency epoch of a continuable child (spec §2.14.1).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use agent::{
+    AgentEvent, AgentHandle, AgentRef, AgentStatus, ContentBlock, MessageId, Registration, SessionId,
+};
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::error::SharedError;
+use crate::events::SubagentRunInfo;
+use crate::output::final_assistant_output;
+use crate::result::{StopReason, epoch_stop_reason};
+
+/// The memoized disposal transaction; every converging releaser awaits the same outcome.
+pub(crate) type Disposal = Shared<BoxFuture<'static, Result<(), SharedError>>>;
+
+/// Per-Activation state. Each mutex protects only its own field and is never held across an
+/// `.await`.
+pub(crate) struct Activation {
+    pub(crate) child_id: SessionId,
+    /// The durable direct parent's id.
+    pub(crate) parent_session: SessionId,
+    /// The provider named by the descriptor.
+    pub(crate) provider: String,
+    pub(crate) agent: AgentRef,
+    handle: Mutex<Option<AgentHandle>>,
+    /// Child session ids this Activation owns.
+    owned: Mutex<HashSet<SessionId>>,
+    /// Waking sends not yet seen claimed or discarded.
+    accepted: Mutex<HashSet<MessageId>>,
+    /// Whether any delivery to this child was accepted.
+    announced: AtomicBool,
+    /// The disposal transaction; its presence is the admission cutoff.
+    disposal: Mutex<Option<Disposal>>,
+    /// The start edge's info and the epoch boundary (log length at the start edge).
+    epoch: Mutex<Option<(SubagentRunInfo, usize)>>,
+    /// The inbox subscription.
+    subscription: Mutex<Option<Registration>>,
+    wake: Notify,
+}
+
+impl Activation {
+    pub(crate) fn new(
+        child_id: SessionId,
+        parent_session: SessionId,
+        provider: String,
+        handle: AgentHandle,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            child_id,
+            parent_session,
+            provider,
+            agent: handle.agent().clone(),
+            handle: Mutex::new(Some(handle)),
+            owned: Mutex::default(),
+            accepted: Mutex::default(),
+            announced: AtomicBool::new(false),
+            disposal: Mutex::new(None),
+            epoch: Mutex::new(None),
+            subscription: Mutex::new(None),
+            wake: Notify::new(),
+        })
+    }
+
+    pub(crate) fn disposal(&self) -> Option<Disposal> {
+        self.disposal.lock().clone()
+    }
+
+    /// Installs the disposal transaction built by `start` on first call (synchronously, before
+    /// `start`'s synchronous part runs) and returns the shared transaction.
+    pub(crate) fn open_disposal(
+        self: &Arc<Self>,
+        tasks: &tokio_util::task::TaskTracker,
+        start: impl FnOnce(Arc<Self>) -> BoxFuture<'static, Result<(), SharedError>>,
+    ) -> Disposal {
+        let (tx, rx) = futures::channel::oneshot::channel::<Result<(), SharedError>>();
+        {
+            let mut slot = self.disposal.lock();
+            if let Some(existing) = slot.as_ref() {
+                return existing.clone();
+            }
+            let shared = async move {
+                rx.await.unwrap_or_else(|_| {
+                    Err(Arc::new(crate::error::SubagentError::new(
+                        crate::error::SubagentErrorCode::ActivationTeardownFailed,
+                        "activation teardown was abandoned",
+                    )) as SharedError)
+                })
+            }
+            .boxed()
+            .shared();
+            *slot = Some(shared);
+        }
+        let work = start(self.clone());
+        let shared = self.disposal().expect("installed above");
+        tasks.spawn(async move {
+            let _ = tx.send(work.await);
+        });
+        shared
+    }
+
+    pub(crate) fn own(&self, child: SessionId) {
+        self.owned.lock().insert(child);
+    }
+
+    /// Removes `child` from the owned set; returns whether it was there.
+    pub(crate) fn disown(&self, child: &SessionId) -> bool {
+        self.owned.lock().remove(child)
+    }
+
+    pub(crate) fn owned_children(&self) -> Vec<SessionId> {
+        self.owned.lock().iter().cloned().collect()
+    }
+
+    pub(crate) fn accept(&self, id: MessageId) {
+        self.accepted.lock().insert(id);
+    }
+
+    pub(crate) fn settle_accepted(&self, id: &MessageId) {
+        self.accepted.lock().remove(id);
+    }
+
+    pub(crate) fn announce(&self) {
+        self.announced.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_announced(&self) -> bool {
+        self.announced.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    pub(crate) async fn notified(&self) {
+        self.wake.notified().await;
+    }
+
+    /// Quiescent (idle, nothing accepted unclaimed) and owning no live child.
+    pub(crate) fn is_settled(&self) -> bool {
+        self.agent.status() == AgentStatus::Idle
+            && self.accepted.lock().is_empty()
+            && self.owned.lock().is_empty()
+    }
+
+    /// Claimed and discarded notifications remove ids from `accepted` and wake the watcher.
+    pub(crate) fn observe(&self, event: &AgentEvent) {
+        match event {
+            AgentEvent::InboxClaimed { message, .. } => {
+                self.settle_accepted(message);
+                self.wake();
+            }
+            AgentEvent::InboxDiscarded { messages, .. } => {
+                {
+                    let mut accepted = self.accepted.lock();
+                    for m in messages {
+                        accepted.remove(m);
+                    }
+                }
+                self.wake();
+            }
+            _ => {}
+        }
+    }
+
+    pub(crate) fn set_subscription(&self, registration: Registration) {
+        *self.subscription.lock() = Some(registration);
+    }
+
+    pub(crate) fn drop_subscription(&self) {
+        let registration = self.subscription.lock().take();
+        drop(registration);
+    }
+
+    pub(crate) fn begin_epoch(&self, info: SubagentRunInfo) {
+        let boundary = self.agent.session().len();
+        *self.epoch.lock() = Some((info, boundary));
+    }
+
+    pub(crate) fn epoch(&self) -> Option<SubagentRunInfo> {
+        self.epoch.lock().as_ref().map(|(info, _)| info.clone())
+    }
+
+    /// The epoch's terminal facts (spec §2.14.7) from its own log suffix.
+    pub(crate) fn capture(&self) -> (StopReason, Option<Vec<ContentBlock>>) {
+        let boundary = self.epoch.lock().as_ref().map_or(0, |(_, b)| *b);
+        let events = self.agent.session().events();
+        let own = super::epoch_events(&events, boundary);
+        let reason = epoch_stop_reason(&agent::fold_consumed_work(own.iter()));
+        let output = final_assistant_output(own.iter()).filter(|o| !o.is_empty());
+        (reason, output)
+    }
+
+    /// Drops the inbox subscription and disposes the handle (once).
+    pub(crate) async fn dispose_handle(&self) {
+        self.drop_subscription();
+        let handle = self.handle.lock().take();
+        if let Some(handle) = handle {
+            handle.dispose().await;
+        }
+    }
+}

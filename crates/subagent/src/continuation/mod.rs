@@ -1,0 +1,774 @@
+//! The continuation manager: continuable children (spec §2.14) — first slice.
+//!
+//! A continuable child is one durable session plus at most one process-local
+//! *Activation* (a residency epoch). This slice implements:
+//!
+//! * [`ContinuationManager::start_continuable`] (§2.14.2): validation, the provider's continuable
+//!   preparation, creation through `services.agents.create` with the continuable descriptor, the
+//!   delegated policy and the child composition applied in the unpublished setup window, the
+//!   start edge once resident, and the first prompt delivered as a `followup`;
+//! * [`ContinuationManager::followup`] (§2.14.5) to a **resident** child, authorized by the
+//!   exact live durable direct parent;
+//! * the settlement watcher and the disposal transaction (§2.14.6), the epoch stop reason and
+//!   output (§2.14.7), the settlement notice (§2.14.8) and the end edge;
+//! * [`ContinuationManager::dispose_all`]: a manager-wide drain that disposes every child and
+//!   awaits quiescence.
+//!
+//! Not yet implemented: cold resume (a follow-up to a child with no Activation rejects
+//! `NOT_RESUMABLE`), interrupt, reports, scoped and selected drains, setup contributions and
+//! listing.
+//!
+//! # Locks
+//! * `Inner::activations` (sync) — the live map `child id → Activation`; held only for lookups
+//!   and inserts/removals, never across an `.await`.
+//! * `Inner::locks` (sync) — the per-child async locks by child id.
+//! * the per-child `tokio::sync::Mutex<()>` — serializes the residency decisions of one child
+//!   (materialize-and-submit, follow-up routing, the watcher's settle decision); it is an async
+//!   lock by design and may be held across the creation's `.await`.
+//! * `Activation` fields (sync) — each protects only its own small set.
+
+mod activation;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use agent::runtime::{Commit, Setup};
+use agent::{
+    AgentError, AgentRef, AgentStatus, ContentBlock, CreateAgentOptions, Ctx, EventData, Message, MessageId,
+    MessageSource, ScopeInactive, Services, SessionEvent, SessionId, Signal,
+};
+use futures::FutureExt;
+use parking_lot::Mutex;
+use serde_json::{Map, Value};
+use tokio_util::task::TaskTracker;
+
+use crate::capabilities::ContinuableCreateRequest;
+use crate::compose::apply_child_composition;
+use crate::composition::{ChildComposition, ToolFilter, child_session_meta, resolve_child_agent_options};
+use crate::depth::{assert_subagent_max_depth, resolve_child_depth_of};
+use crate::descriptor::{ContinuableDescriptor, SubagentDescriptor, snapshot_subagent_descriptor};
+use crate::error::{SubagentError, SubagentErrorCode};
+use crate::events::{SubagentEvent, SubagentRunInfo};
+use crate::model_text::{bound_notice_summary, settlement_notice_content, settlement_outcome_line};
+use crate::policy::{
+    DelegatedPolicyOverrides, PolicyServices, append_delegated_policy_overrides,
+    capture_delegated_policy_overrides,
+};
+use crate::result::StopReason;
+use crate::service::SubagentService;
+
+use activation::Activation;
+
+#[cfg(test)]
+mod tests;
+
+/// What a caller asks of [`ContinuationManager::start_continuable`] (spec §2.14.2
+/// `ContinuableStartSpec`): the one-shot request's fields without `label`, `signal` and
+/// `outputSchema`, plus the provider, the creation label, an optional reserved id and the
+/// caller's token.
+#[derive(Clone)]
+pub struct ContinuableStartSpec {
+    /// The provider whose continuable preparation establishes the child.
+    pub provider: String,
+    /// The creation label, persisted in the descriptor.
+    pub label: String,
+    /// A caller-reserved child id; `None` mints a UUID.
+    pub child_id: Option<SessionId>,
+    /// The first prompt.
+    pub prompt: Vec<ContentBlock>,
+    /// The delegating agent.
+    pub parent: AgentRef,
+    /// Per-child route overrides.
+    pub agent_options: Option<agent::AgentOptions>,
+    /// Absolute cap on the child's depth, as untrusted JSON.
+    pub max_depth: Option<Value>,
+    /// Tool visibility filter, recorded in the descriptor.
+    pub tool_filter: Option<ToolFilter>,
+    /// Per-child persona, recorded in the descriptor.
+    pub persona: Option<String>,
+    /// The caller's token: owns lookup, materialization and admission until inbox acceptance.
+    pub signal: Signal,
+}
+
+impl std::fmt::Debug for ContinuableStartSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContinuableStartSpec")
+            .field("provider", &self.provider)
+            .field("label", &self.label)
+            .field("child_id", &self.child_id)
+            .field("parent", self.parent.id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ContinuableStartSpec {
+    /// A spec with only the required fields and a fresh token.
+    pub fn new(
+        provider: impl Into<String>,
+        label: impl Into<String>,
+        prompt: Vec<ContentBlock>,
+        parent: AgentRef,
+    ) -> Self {
+        Self {
+            provider: provider.into(),
+            label: label.into(),
+            child_id: None,
+            prompt,
+            parent,
+            agent_options: None,
+            max_depth: None,
+            tool_filter: None,
+            persona: None,
+            signal: Signal::new(),
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    service: SubagentService,
+    services: Services,
+    policy: PolicyServices,
+    /// The live map of resident Activations.
+    activations: Mutex<HashMap<SessionId, Arc<Activation>>>,
+    /// Per-child locks (removed when the Activation is released).
+    locks: Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>,
+    /// Permanent manager-wide drain flag.
+    draining: AtomicBool,
+    /// Watchers and other background work.
+    tasks: TaskTracker,
+}
+
+/// The continuation manager (spec §2.14). Cheap to clone (shared).
+///
+/// # Ownership, drop and cancellation
+/// * The manager owns every Activation's handle; callers receive only ids.
+/// * Each Activation has one tracked watcher task; [`dispose_all`](Self::dispose_all) disposes
+///   every Activation and waits for the tasks. Dropping the manager without `dispose_all`
+///   leaves resident children to their watchers (which keep the manager's state alive).
+/// * Durable child sessions survive every teardown.
+#[derive(Clone)]
+pub struct ContinuationManager {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ContinuationManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContinuationManager")
+            .field("resident", &self.resident())
+            .field("draining", &self.inner.draining.load(Ordering::SeqCst))
+            .finish()
+    }
+}
+
+impl ContinuationManager {
+    /// A manager over `service`'s providers and lifecycle bus, creating children through
+    /// `services.agents`, with no policy services composed.
+    pub fn new(service: SubagentService, services: Services) -> Self {
+        Self::with_policy(service, services, PolicyServices::default())
+    }
+
+    /// A manager for a host that composes the policy services `policy`.
+    pub fn with_policy(service: SubagentService, services: Services, policy: PolicyServices) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                service,
+                services,
+                policy,
+                activations: Mutex::new(HashMap::new()),
+                locks: Mutex::new(HashMap::new()),
+                draining: AtomicBool::new(false),
+                tasks: TaskTracker::new(),
+            }),
+        }
+    }
+
+    /// The ids of the resident children, in no particular order.
+    pub fn resident(&self) -> Vec<SessionId> {
+        self.inner.activations.lock().keys().cloned().collect()
+    }
+
+    /// Whether `child_id` has a resident Activation.
+    pub fn is_resident(&self, child_id: &SessionId) -> bool {
+        self.inner.activations.lock().contains_key(child_id)
+    }
+
+    /// Starts a continuable child and resolves at the first prompt's inbox acceptance with
+    /// `(child id, message id)` (spec §2.14.2).
+    ///
+    /// Any failure rejects with no ids and leaves no Activation, no live child and no ownership
+    /// entry. After acceptance the manager owns the child: cancelling `spec.signal` no longer
+    /// affects it.
+    pub async fn start_continuable(
+        &self,
+        spec: ContinuableStartSpec,
+    ) -> Result<(SessionId, MessageId), SubagentError> {
+        let inner = &self.inner;
+        // 1. Admission, persistence, maxDepth.
+        inner.admit()?;
+        if inner.services.persistence.is_none() {
+            return Err(SubagentError::persistence_unavailable());
+        }
+        let max_depth = assert_subagent_max_depth(spec.max_depth.as_ref()).map_err(depth_failure)?;
+        // 2. The child id.
+        let reserved = spec.child_id.is_some();
+        let child_id = spec
+            .child_id
+            .clone()
+            .unwrap_or_else(|| SessionId::new(uuid::Uuid::new_v4().to_string()));
+        inner.check_available(&child_id)?;
+        // 3. Depth.
+        let parent = spec.parent.clone();
+        let child_depth = resolve_child_depth_of(parent.as_ref(), max_depth).map_err(depth_failure)?;
+        // 4. The descriptor snapshot.
+        let requested = spec.agent_options.as_ref();
+        let descriptor = SubagentDescriptor::Continuable(ContinuableDescriptor {
+            provider: spec.provider.clone(),
+            label: spec.label.clone(),
+            agent_provider: requested
+                .and_then(|o| o.provider.clone())
+                .or_else(|| parent.options().provider.clone()),
+            agent_model: requested
+                .and_then(|o| o.model.clone())
+                .or_else(|| parent.options().model.clone()),
+            persona: spec.persona.clone(),
+            tool_filter: spec.tool_filter.clone(),
+        });
+        let descriptor_event = snapshot_subagent_descriptor(&descriptor).map_err(|e| {
+            SubagentError::new(SubagentErrorCode::ProviderFailed, e.to_string()).with_source(e)
+        })?;
+        // 5. Delegated policy, before the first suspension point.
+        let policy = capture_delegated_policy_overrides(parent.session(), inner.policy);
+        // 6. The provider's preparation.
+        let provider = inner
+            .service
+            .get_provider(&spec.provider)
+            .ok_or_else(|| SubagentError::no_provider(&spec.provider))?;
+        let prepared = {
+            let Some(prepare) = provider.continuable() else {
+                return Err(SubagentError::continuable_unsupported(&spec.provider));
+            };
+            prepare
+                .prepare_continuable(ContinuableCreateRequest {
+                    session_id: child_id.clone(),
+                    parent: parent.clone(),
+                    signal: spec.signal.clone(),
+                })
+                .await?
+        };
+        // 7. Throw-if-aborted; admission.
+        check_signal(&spec.signal)?;
+        inner.admit()?;
+        // 8. The seed and its length (the provider's prefix only).
+        let seed = prepared.seed.filter(|s| !s.is_empty());
+        let seed_length = seed.as_ref().map_or(0, Vec::len) as u64;
+        // 9. Under the child lock: re-check everything.
+        let lock = inner.child_lock(&child_id);
+        let _guard = lock.lock().await;
+        check_signal(&spec.signal)?;
+        inner.admit()?;
+        inner.check_available(&child_id)?;
+        if reserved {
+            let persisted = match &inner.services.persistence {
+                Some(p) => p.inspect(&child_id).await.map_err(agent_failure)?,
+                None => None,
+            };
+            if persisted.is_some() {
+                return Err(SubagentError::duplicate_child(child_id.as_str()));
+            }
+            check_signal(&spec.signal)?;
+            inner.admit()?;
+            inner.check_available(&child_id)?;
+        }
+        // 10. Materialize.
+        let create = CreateAgentOptions {
+            session_id: child_id.clone(),
+            meta: child_session_meta(parent.session().header(), child_depth, seed_length),
+            seed,
+            agent_options: resolve_child_agent_options(parent.options(), requested, child_depth),
+            signal: Some(spec.signal.clone()),
+            setup: Some(setup(
+                descriptor_event,
+                policy,
+                ChildComposition {
+                    persona: spec.persona.clone(),
+                    tool_filter: spec.tool_filter.clone(),
+                },
+            )),
+            owner: None,
+        };
+        let handle = inner
+            .services
+            .agents
+            .create(create)
+            .await
+            .map_err(agent_failure)?;
+        let activation = Activation::new(
+            child_id.clone(),
+            parent.id().clone(),
+            spec.provider.clone(),
+            handle,
+        );
+        inner
+            .activations
+            .lock()
+            .insert(child_id.clone(), activation.clone());
+        // Residency: under a guard that rolls back on failure.
+        if let Err(e) = inner.make_resident(&activation, &parent, &spec.signal) {
+            inner.rollback(&activation).await;
+            return Err(e);
+        }
+        inner.spawn_watcher(&activation, lock.clone());
+        // 11. Submit the first prompt.
+        match inner.submit(
+            &activation,
+            &parent,
+            spec.prompt,
+            MessageSource::User,
+            &spec.signal,
+        ) {
+            Ok(id) => Ok((child_id, id)),
+            Err(e) => {
+                let disposal = inner.open_disposal(&activation);
+                drop(_guard);
+                let _ = disposal.await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Delivers `content` to the resident child `child_id` as one `followup` (next-turn) turn,
+    /// with the source `{kind: "user"}` (see [`followup_with`](Self::followup_with)).
+    pub async fn followup(
+        &self,
+        parent: &AgentRef,
+        child_id: &SessionId,
+        content: Vec<ContentBlock>,
+    ) -> Result<MessageId, SubagentError> {
+        self.followup_with(parent, child_id, content, MessageSource::User, &Signal::new())
+            .await
+    }
+
+    /// Delivers `content` to the resident child `child_id` (spec §2.14.5) with `source` (which
+    /// grants no authority) and resolves at inbox acceptance with the message id.
+    ///
+    /// Authority: `parent` must be the exact live registry entry (`UNAUTHORIZED`, "delivery
+    /// requires the exact live parent agent") and the child's durable direct parent
+    /// (`UNAUTHORIZED`, "belongs to another parent session"). A child with no Activation
+    /// (settled or unknown) rejects `NOT_RESUMABLE` in this slice (cold resume is not
+    /// implemented).
+    pub async fn followup_with(
+        &self,
+        parent: &AgentRef,
+        child_id: &SessionId,
+        content: Vec<ContentBlock>,
+        source: MessageSource,
+        signal: &Signal,
+    ) -> Result<MessageId, SubagentError> {
+        let inner = &self.inner;
+        inner.admit()?;
+        loop {
+            let lock = inner.child_lock(child_id);
+            let guard = lock.lock().await;
+            let activation = inner.activations.lock().get(child_id).cloned();
+            let Some(activation) = activation else {
+                inner.forget_lock(child_id, &lock);
+                return Err(SubagentError::child_unavailable(child_id.as_str()));
+            };
+            if let Some(disposal) = activation.disposal() {
+                drop(guard);
+                let _ = disposal.await;
+                check_signal(signal)?;
+                inner.admit()?;
+                continue;
+            }
+            let id = inner.submit(&activation, parent, content, source, signal)?;
+            drop(guard);
+            return Ok(id);
+        }
+    }
+
+    /// Manager-wide drain: closes admission permanently, disposes every resident child (roots
+    /// first open their forests; children are released before their owners) and awaits the
+    /// manager's background work. Failures aggregate as `ACTIVATION_TEARDOWN_FAILED`.
+    pub async fn dispose_all(&self) -> Result<(), SubagentError> {
+        let inner = &self.inner;
+        inner.draining.store(true, Ordering::SeqCst);
+        let all: Vec<Arc<Activation>> = inner.activations.lock().values().cloned().collect();
+        let owned: std::collections::HashSet<SessionId> =
+            all.iter().flat_map(|a| a.owned_children()).collect();
+        let disposals: Vec<_> = all
+            .iter()
+            .filter(|a| !owned.contains(&a.child_id))
+            .map(|a| inner.open_disposal(a))
+            .collect();
+        let results = futures::future::join_all(disposals).await;
+        inner.tasks.close();
+        inner.tasks.wait().await;
+        inner.tasks.reopen();
+        let failures: Vec<_> = results.into_iter().filter_map(Result::err).collect();
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            let refs: Vec<&(dyn std::error::Error + 'static)> = failures
+                .iter()
+                .map(|e| e.as_ref() as &(dyn std::error::Error + 'static))
+                .collect();
+            Err(SubagentError::teardown_failed_for("activation(s)", &refs))
+        }
+    }
+
+    /// The number of background tasks (watchers) still running.
+    pub fn task_count(&self) -> usize {
+        self.inner.tasks.len()
+    }
+}
+
+impl Inner {
+    /// The manager-wide admission check (`DRAINING`).
+    fn admit(&self) -> Result<(), SubagentError> {
+        if self.draining.load(Ordering::SeqCst) {
+            Err(SubagentError::draining())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// `DUPLICATE_CHILD` when `id` names a live agent or a live session.
+    fn check_available(&self, id: &SessionId) -> Result<(), SubagentError> {
+        if self.services.agents.get(id).is_some()
+            || self.services.sessions.get(id).is_some()
+            || self.activations.lock().contains_key(id)
+        {
+            return Err(SubagentError::duplicate_child(id.as_str()));
+        }
+        Ok(())
+    }
+
+    fn child_lock(&self, id: &SessionId) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks.lock().entry(id.clone()).or_default().clone()
+    }
+
+    /// Drops the lock entry for `id` when nothing else uses it.
+    fn forget_lock(&self, id: &SessionId, lock: &Arc<tokio::sync::Mutex<()>>) {
+        let mut locks = self.locks.lock();
+        // The map's entry and `lock` itself: no other holder.
+        if locks.get(id).is_some_and(|l| Arc::ptr_eq(l, lock)) && Arc::strong_count(lock) <= 2 {
+            locks.remove(id);
+        }
+    }
+
+    /// Installs ownership, the inbox subscription and the epoch boundary, then emits the start
+    /// edge (spec §2.14.4 step 4). Synchronous: no suspension point.
+    fn make_resident(
+        self: &Arc<Self>,
+        activation: &Arc<Activation>,
+        parent: &AgentRef,
+        signal: &Signal,
+    ) -> Result<(), SubagentError> {
+        check_signal(signal)?;
+        self.admit()?;
+        if let Some(owner) = self.activations.lock().get(parent.id()).cloned() {
+            if owner.disposal().is_some() {
+                return Err(SubagentError::parent_activation_closing(parent.id().as_str()));
+            }
+            owner.own(activation.child_id.clone());
+        }
+        let weak = Arc::downgrade(activation);
+        let registration = self
+            .services
+            .agent_events
+            .on_scoped(activation.child_id.clone(), move |event| {
+                if let Some(activation) = weak.upgrade() {
+                    activation.observe(event);
+                }
+                Ok(())
+            });
+        activation.set_subscription(registration);
+        let info = SubagentRunInfo {
+            run_id: uuid::Uuid::new_v4().to_string(),
+            provider: activation.provider.clone(),
+            id: activation.child_id.clone(),
+            local: true,
+            parent: activation.parent_session.clone(),
+        };
+        activation.begin_epoch(info.clone());
+        self.service.events().emit(&SubagentEvent::Start(info));
+        Ok(())
+    }
+
+    /// The final admission span (spec §2.14.5 "Submission"): no suspension from here to
+    /// acceptance.
+    fn submit(
+        &self,
+        activation: &Arc<Activation>,
+        parent: &AgentRef,
+        content: Vec<ContentBlock>,
+        source: MessageSource,
+        signal: &Signal,
+    ) -> Result<MessageId, SubagentError> {
+        let child_id = activation.child_id.as_str();
+        check_signal(signal)?;
+        self.admit()?;
+        if activation.disposal().is_some() {
+            return Err(SubagentError::submission_activation_closing(child_id));
+        }
+        let live = self
+            .services
+            .agents
+            .get(parent.id())
+            .is_some_and(|p| Arc::ptr_eq(&p, parent));
+        if !live {
+            return Err(SubagentError::delivery_requires_live_parent(child_id));
+        }
+        if parent.id() != &activation.parent_session {
+            return Err(SubagentError::foreign_parent(child_id));
+        }
+        let owner = self.activations.lock().get(parent.id()).cloned();
+        if let Some(owner) = owner {
+            if owner.disposal().is_some() {
+                return Err(SubagentError::parent_activation_closing(parent.id().as_str()));
+            }
+            owner.own(activation.child_id.clone());
+        }
+        let message = Message::user(content, source);
+        let id = message.id.clone();
+        activation.accept(id.clone());
+        if let Err(e) = activation.agent.followup(message) {
+            activation.settle_accepted(&id);
+            return Err(agent_failure(e));
+        }
+        activation.wake();
+        activation.announce();
+        Ok(id)
+    }
+
+    /// Starts the settlement watcher of `activation` (spec §2.14.6).
+    fn spawn_watcher(self: &Arc<Self>, activation: &Arc<Activation>, lock: Arc<tokio::sync::Mutex<()>>) {
+        let inner = self.clone();
+        let activation = activation.clone();
+        self.tasks.spawn(async move {
+            loop {
+                if activation.disposal().is_some() {
+                    break;
+                }
+                tokio::select! {
+                    () = activation.agent.when_idle() => {}
+                    () = activation.notified() => {}
+                }
+                let guard = lock.lock().await;
+                if activation.disposal().is_some() {
+                    break;
+                }
+                if activation.is_settled() {
+                    let disposal = inner.open_disposal(&activation);
+                    drop(guard);
+                    if let Err(e) = disposal.await {
+                        tracing::warn!(child = %activation.child_id, error = %e, "activation teardown failed");
+                    }
+                    break;
+                }
+                drop(guard);
+                if activation.agent.status() == AgentStatus::Idle {
+                    activation.notified().await;
+                }
+            }
+        });
+    }
+
+    /// Opens (or joins) the memoized disposal transaction of `activation` (spec §2.14.6): the
+    /// synchronous part (wake, cancel, open owned children's transactions) runs now.
+    fn open_disposal(self: &Arc<Self>, activation: &Arc<Activation>) -> activation::Disposal {
+        let inner = self.clone();
+        activation.open_disposal(&self.tasks, move |activation| {
+            activation.wake();
+            activation
+                .agent
+                .cancel(agent::CancelCause::Parent, agent::CancelOptions::default());
+            let children: Vec<_> = activation
+                .owned_children()
+                .into_iter()
+                .filter_map(|id| inner.activations.lock().get(&id).cloned())
+                .map(|child| inner.open_disposal(&child))
+                .collect();
+            async move { inner.dispose(activation, children).await }.boxed()
+        })
+    }
+
+    /// The asynchronous part of the disposal transaction.
+    async fn dispose(
+        self: Arc<Self>,
+        activation: Arc<Activation>,
+        children: Vec<activation::Disposal>,
+    ) -> Result<(), crate::error::SharedError> {
+        let child_id = activation.child_id.clone();
+        let mut failures: Vec<crate::error::SharedError> = Vec::new();
+        for result in futures::future::join_all(children).await {
+            if let Err(e) = result {
+                failures.push(e);
+            }
+        }
+        activation.agent.when_idle().await;
+        if let Err(e) = self.services.sessions.flush(&child_id).await {
+            tracing::warn!(child = %child_id, error = %e,
+                "best-effort final session flush failed; the persisted state may be missing or stale on resume");
+        }
+        let (stop_reason, output) = activation.capture();
+        activation.dispose_handle().await;
+        let failure: Option<crate::error::SharedError> = match failures.len() {
+            0 => None,
+            1 => failures.pop(),
+            _ => {
+                let refs: Vec<&(dyn std::error::Error + 'static)> = failures
+                    .iter()
+                    .map(|e| e.as_ref() as &(dyn std::error::Error + 'static))
+                    .collect();
+                Some(Arc::new(SubagentError::teardown_failed_at_boundaries(
+                    child_id.as_str(),
+                    &refs,
+                )))
+            }
+        };
+        let (stop_reason, output) = if failure.is_some() {
+            (StopReason::Error, None)
+        } else {
+            (stop_reason, output)
+        };
+        // Removal from the live map, then the notice, then the ownership release, then the end.
+        {
+            let mut map = self.activations.lock();
+            if map.get(&child_id).is_some_and(|a| Arc::ptr_eq(a, &activation)) {
+                map.remove(&child_id);
+            }
+        }
+        if activation.is_announced() {
+            self.deliver_notice(&activation, &stop_reason, output.as_deref());
+        }
+        self.release_ownership(&child_id);
+        self.locks.lock().remove(&child_id);
+        if let Some(info) = activation.epoch() {
+            self.service
+                .events()
+                .emit(&SubagentEvent::End(crate::events::SubagentRunEndInfo {
+                    info,
+                    stop_reason,
+                    last_assistant_message: output,
+                }));
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Rollback of an Activation whose start edge was never emitted: dispose the handle, remove
+    /// the map entry, release ownership. No notice, no end edge.
+    async fn rollback(&self, activation: &Arc<Activation>) {
+        activation.drop_subscription();
+        activation.dispose_handle().await;
+        self.activations.lock().remove(&activation.child_id);
+        self.release_ownership(&activation.child_id);
+    }
+
+    fn release_ownership(&self, child_id: &SessionId) {
+        let owners: Vec<Arc<Activation>> = self.activations.lock().values().cloned().collect();
+        for owner in owners {
+            if owner.disown(child_id) {
+                owner.wake();
+            }
+        }
+    }
+
+    /// The settlement notice (spec §2.14.8).
+    fn deliver_notice(&self, activation: &Activation, reason: &StopReason, output: Option<&[ContentBlock]>) {
+        let child_id = activation.child_id.as_str();
+        let Some(parent) = self.services.agents.get(&activation.parent_session) else {
+            return;
+        };
+        let mut source = Map::new();
+        source.insert("kind".into(), Value::from("subagent-settled"));
+        source.insert("form".into(), Value::from("notice"));
+        source.insert(
+            "summary".into(),
+            Value::from(bound_notice_summary(&settlement_outcome_line(child_id, reason))),
+        );
+        source.insert("senderSessionId".into(), Value::from(child_id));
+        let message = Message::user(
+            settlement_notice_content(child_id, reason, output),
+            MessageSource::Other(source),
+        );
+        let id = message.id.clone();
+        let closing = self.draining.load(Ordering::SeqCst);
+        let owner = self.activations.lock().get(parent.id()).cloned();
+        let result = if closing {
+            parent.inject(message)
+        } else {
+            if let Some(owner) = &owner {
+                owner.accept(id.clone());
+            }
+            let sent = if parent.status() == AgentStatus::Idle {
+                parent.followup(message)
+            } else {
+                parent.steer(message)
+            };
+            if let Some(owner) = &owner {
+                if sent.is_err() {
+                    owner.settle_accepted(&id);
+                }
+                owner.wake();
+            }
+            sent
+        };
+        if let Err(e) = result {
+            tracing::warn!(child = %child_id, error = %e, "settlement notice was not delivered to its parent");
+        }
+    }
+}
+
+/// The setup window of a fresh continuable child: the descriptor, the delegated policy, then
+/// the child composition (spec §2.14.4 step 3).
+fn setup(descriptor: EventData, policy: DelegatedPolicyOverrides, composition: ChildComposition) -> Setup {
+    Box::new(move |ctx: Ctx| {
+        async move {
+            let child = ctx
+                .agent()
+                .ok_or_else(|| AgentError::Inactive(ScopeInactive(SessionId::from("<global context>"))))?;
+            child.session().append(descriptor, None)?;
+            append_delegated_policy_overrides(child.session(), &policy)?;
+            apply_child_composition(&ctx, &composition)?;
+            Ok(None::<Commit>)
+        }
+        .boxed()
+    })
+}
+
+/// Throw-if-aborted: the token's cause as a `CANCELLED` error.
+fn check_signal(signal: &Signal) -> Result<(), SubagentError> {
+    if signal.is_cancelled() {
+        let cause = signal
+            .cause()
+            .map_or_else(|| "cancelled".to_owned(), |c| format!("{c:?}"));
+        return Err(SubagentError::new(
+            SubagentErrorCode::Cancelled,
+            format!("continuable subagent operation was aborted before acceptance ({cause})"),
+        ));
+    }
+    Ok(())
+}
+
+fn depth_failure(e: crate::depth::DepthError) -> SubagentError {
+    SubagentError::new(SubagentErrorCode::DepthExceeded, e.to_string()).with_source(e)
+}
+
+fn agent_failure(e: AgentError) -> SubagentError {
+    let code = match &e {
+        AgentError::CreationAborted { .. } => SubagentErrorCode::Cancelled,
+        _ => SubagentErrorCode::ProviderFailed,
+    };
+    SubagentError::new(code, e.to_string()).with_source(e)
+}
+
+/// The epoch's own events, for capture.
+fn epoch_events(events: &[Arc<SessionEvent>], boundary: usize) -> &[Arc<SessionEvent>] {
+    events.get(boundary..).unwrap_or(&[])
+}

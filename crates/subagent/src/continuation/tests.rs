@@ -1,0 +1,777 @@
+//! Continuation manager tests (checklist CONT-*) on the reference runtime with a scripted model.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+
+use agent::content::visible_text;
+use agent::{
+    AgentEvent, AgentHandle, AgentOptions, AgentRef, AgentRuntime, AgentStatus, ContentBlock,
+    CreateAgentOptions, EventData, MessageSource, SessionEvent, SessionId, SessionMeta, SessionPersistence,
+    Signal,
+};
+use agent_loop::model::{ScriptEntry, chunks};
+use agent_loop::runtime::{Runtime, RuntimeBuilder, assert_quiescent};
+use agent_loop::{MemoryStore, ScriptedModel};
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+
+use super::{ContinuableStartSpec, ContinuationManager};
+use crate::capabilities::{ContinuableCreateRequest, ContinuableCreateSpec, SubagentCapabilities};
+use crate::error::{SubagentError, SubagentErrorCode};
+use crate::events::SubagentEvent;
+use crate::provider::{PrepareContinuable, ResolvedSubagentStartRequest, SubagentProvider};
+use crate::result::StopReason;
+use crate::run::SubagentRun;
+use crate::service::SubagentService;
+
+const MODEL: &str = "mock";
+
+/// A provider whose continuable preparation returns no seed (the `spawn` shape), counting calls.
+struct TestProvider {
+    name: String,
+    continuable: bool,
+    prepared: AtomicUsize,
+    started: AtomicUsize,
+}
+
+#[async_trait]
+impl SubagentProvider for TestProvider {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn capabilities(&self) -> SubagentCapabilities {
+        SubagentCapabilities::ALL
+    }
+    fn inherits_parent_context(&self) -> bool {
+        false
+    }
+    async fn start(&self, _: ResolvedSubagentStartRequest) -> Result<Box<dyn SubagentRun>, SubagentError> {
+        self.started.fetch_add(1, AtomicOrdering::SeqCst);
+        Err(SubagentError::new(
+            SubagentErrorCode::ProviderFailed,
+            "one-shot not used",
+        ))
+    }
+    fn continuable(&self) -> Option<&dyn PrepareContinuable> {
+        self.continuable.then_some(self as &dyn PrepareContinuable)
+    }
+}
+
+#[async_trait]
+impl PrepareContinuable for TestProvider {
+    async fn prepare_continuable(
+        &self,
+        _: ContinuableCreateRequest,
+    ) -> Result<ContinuableCreateSpec, SubagentError> {
+        self.prepared.fetch_add(1, AtomicOrdering::SeqCst);
+        Ok(ContinuableCreateSpec::default())
+    }
+}
+
+struct Host {
+    runtime: Runtime,
+    model: ScriptedModel,
+    store: Arc<MemoryStore>,
+    service: SubagentService,
+    manager: ContinuationManager,
+    provider: Arc<TestProvider>,
+    _registration: agent::Registration,
+    parent_handle: Option<AgentHandle>,
+    parent: AgentRef,
+    extra: Vec<AgentHandle>,
+    events: Arc<Mutex<Vec<SubagentEvent>>>,
+    _listener: agent::Registration,
+}
+
+fn routed() -> AgentOptions {
+    AgentOptions {
+        provider: Some(MODEL.into()),
+        model: Some(MODEL.into()),
+        ..AgentOptions::default()
+    }
+}
+
+impl Host {
+    async fn new(script: Vec<ScriptEntry>) -> Self {
+        Self::build(script, true, true, routed()).await
+    }
+
+    async fn build(
+        script: Vec<ScriptEntry>,
+        persistence: bool,
+        continuable: bool,
+        parent: AgentOptions,
+    ) -> Self {
+        let model = ScriptedModel::new(script);
+        let store = Arc::new(MemoryStore::new());
+        let mut builder = RuntimeBuilder::new().model(MODEL, model.adapter());
+        if persistence {
+            builder = builder.persistence(store.clone());
+        }
+        let runtime = builder.build();
+        let parent_handle = runtime
+            .create(CreateAgentOptions {
+                meta: SessionMeta::default(),
+                agent_options: parent,
+                ..CreateAgentOptions::new(SessionId::from("parent"))
+            })
+            .await
+            .expect("parent created");
+        let parent = parent_handle.agent().clone();
+        let service = SubagentService::new();
+        let provider = Arc::new(TestProvider {
+            name: "spawn".into(),
+            continuable,
+            prepared: AtomicUsize::new(0),
+            started: AtomicUsize::new(0),
+        });
+        let registration = service.register_provider(provider.clone()).expect("registered");
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let sink = events.clone();
+        let listener = service.events().on(move |e: &SubagentEvent| {
+            sink.lock().push(e.clone());
+            Ok(())
+        });
+        let manager = ContinuationManager::new(service.clone(), runtime.services().clone());
+        Self {
+            runtime,
+            model,
+            store,
+            service,
+            manager,
+            provider,
+            _registration: registration,
+            parent_handle: Some(parent_handle),
+            parent,
+            extra: Vec::new(),
+            events,
+            _listener: listener,
+        }
+    }
+
+    fn spec(&self, prompt: &str) -> ContinuableStartSpec {
+        ContinuableStartSpec::new(
+            "spawn",
+            "research",
+            vec![ContentBlock::text(prompt)],
+            self.parent.clone(),
+        )
+    }
+
+    async fn other_agent(&mut self, id: &str) -> AgentRef {
+        let handle = self
+            .runtime
+            .create(CreateAgentOptions::new(SessionId::from(id)))
+            .await
+            .expect("agent created");
+        let agent = handle.agent().clone();
+        self.extra.push(handle);
+        agent
+    }
+
+    fn get(&self, id: &SessionId) -> Option<AgentRef> {
+        AgentRuntime::get(&self.runtime, id)
+    }
+
+    fn agent_count(&self) -> usize {
+        AgentRuntime::list(&self.runtime).len()
+    }
+
+    /// Waits until the manager has no resident child.
+    async fn settle(&self) {
+        for _ in 0..10_000 {
+            if self.manager.resident().is_empty() && self.manager.task_count() == 0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        panic!("children did not settle: {:?}", self.manager.resident());
+    }
+
+    fn starts(&self) -> Vec<crate::events::SubagentRunInfo> {
+        self.events
+            .lock()
+            .iter()
+            .filter_map(|e| match e {
+                SubagentEvent::Start(i) => Some(i.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn ends(&self) -> Vec<crate::events::SubagentRunEndInfo> {
+        self.events
+            .lock()
+            .iter()
+            .filter_map(|e| match e {
+                SubagentEvent::End(i) => Some(i.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    async fn persisted(&self, id: &SessionId) -> agent::store::LoadedSession {
+        SessionPersistence::load(self.store.as_ref(), id)
+            .await
+            .expect("persisted")
+    }
+
+    async fn finish(mut self) {
+        self.manager.dispose_all().await.expect("drained");
+        for handle in self.extra.drain(..) {
+            handle.dispose().await;
+        }
+        if let Some(parent) = self.parent_handle.take() {
+            parent.dispose().await;
+        }
+        self.service.close().await;
+        self.runtime.shutdown().await;
+        assert_eq!(self.manager.task_count(), 0, "manager tasks left");
+        assert!(self.manager.resident().is_empty());
+        drop(self._listener);
+        assert_quiescent(&self.runtime);
+    }
+}
+
+fn texts(events: &[SessionEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::UserMessage(message) if message.source.kind() == "user" => {
+                Some(visible_text(&message.content))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn type_names(events: &[SessionEvent]) -> Vec<String> {
+    events.iter().map(|e| e.data.type_name().to_owned()).collect()
+}
+
+fn notices(agent: &AgentRef) -> Vec<agent::Message> {
+    agent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::UserMessage(message) if message.source.kind() == "subagent-settled" => {
+                Some(message.clone())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn block_texts(content: &[ContentBlock]) -> Vec<String> {
+    content
+        .iter()
+        .map(|b| visible_text(std::slice::from_ref(b)))
+        .collect()
+}
+
+/// spec: CONT-3 — a provider without continuable preparation rejects ("does not support
+/// continuable children"); its `start` is never called; no child agent or session exists.
+#[tokio::test(start_paused = true)]
+async fn cont_3_provider_without_preparation_rejects() {
+    let host = Host::build(vec![], true, false, routed()).await;
+    let err = host
+        .manager
+        .start_continuable(host.spec("task"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::UnsupportedCapability);
+    assert!(
+        err.to_string().contains("does not support continuable children"),
+        "{err}"
+    );
+    assert_eq!(host.provider.started.load(AtomicOrdering::SeqCst), 0);
+    assert_eq!(host.agent_count(), 1);
+    assert_eq!(agent::SessionStore::list(host.runtime.sessions()).len(), 1);
+    assert!(
+        host.events
+            .lock()
+            .iter()
+            .all(|e| !matches!(e, SubagentEvent::Start(_)))
+    );
+    host.finish().await;
+}
+
+/// spec: CONT-4 — without persistence the start rejects ("require session persistence").
+#[tokio::test(start_paused = true)]
+async fn cont_4_persistence_is_required() {
+    let host = Host::build(vec![], false, true, routed()).await;
+    let err = host
+        .manager
+        .start_continuable(host.spec("task"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::PersistenceUnavailable);
+    assert!(err.to_string().contains("require session persistence"), "{err}");
+    assert_eq!(host.agent_count(), 1);
+    host.finish().await;
+}
+
+/// spec: CONT-9 — `maxDepth: 0` rejects ("exceeds maxDepth 0") with no child created.
+#[tokio::test(start_paused = true)]
+async fn cont_9_max_depth_zero_rejects() {
+    let host = Host::new(vec![]).await;
+    let mut spec = host.spec("task");
+    spec.max_depth = Some(json!(0));
+    let err = host.manager.start_continuable(spec).await.unwrap_err();
+    assert!(err.to_string().contains("exceeds maxDepth 0"), "{err}");
+    assert_eq!(host.agent_count(), 1);
+    assert!(
+        host.store
+            .list()
+            .await
+            .unwrap()
+            .iter()
+            .all(|h| h.id.as_str() == "parent")
+    );
+    host.finish().await;
+}
+
+/// spec: CONT-10 — an invalid `maxDepth` (JSON has no NaN; a fractional value is the Rust
+/// equivalent) rejects ("non-negative safe integer") before preparation, with no child created.
+#[tokio::test(start_paused = true)]
+async fn cont_10_invalid_max_depth_rejects_before_preparation() {
+    let host = Host::new(vec![]).await;
+    for bad in [json!(1.5), json!(-1), json!("x")] {
+        let mut spec = host.spec("task");
+        spec.max_depth = Some(bad);
+        let err = host.manager.start_continuable(spec).await.unwrap_err();
+        assert!(err.to_string().contains("non-negative safe integer"), "{err}");
+    }
+    assert_eq!(host.provider.prepared.load(AtomicOrdering::SeqCst), 0);
+    assert_eq!(host.agent_count(), 1);
+    host.finish().await;
+}
+
+/// spec: CONT-1 — `startContinuable` returns a UUID-shaped child id and a message id equal to
+/// the single inbox insertion, before any model request; after settlement the persisted log
+/// contains the prompt.
+#[tokio::test(start_paused = true)]
+async fn cont_1_start_returns_ids_at_acceptance() {
+    let host = Host::new(vec![
+        chunks::text("child answer").into(),
+        chunks::text("parent ack").into(),
+    ])
+    .await;
+    let inserted = Arc::new(Mutex::new(Vec::new()));
+    let sink = inserted.clone();
+    let requests_at_insert = Arc::new(Mutex::new(Vec::new()));
+    let seen = requests_at_insert.clone();
+    let model = host.model.clone();
+    let sessions = host.runtime.services().sessions.clone();
+    let listener = host.runtime.services().agent_events.on(move |e: &AgentEvent| {
+        if let AgentEvent::InboxInserted { agent, message } = e
+            && agent.as_str() != "parent"
+        {
+            sink.lock().push(message.clone());
+            seen.lock().push(model.requests().len());
+            let log: Vec<SessionEvent> = sessions
+                .get(agent)
+                .map(|s| s.events().iter().map(|e| (**e).clone()).collect())
+                .unwrap_or_default();
+            assert!(texts(&log).is_empty(), "prompt logged before insertion");
+        }
+        Ok(())
+    });
+    let (child_id, message_id) = host
+        .manager
+        .start_continuable(host.spec("child task"))
+        .await
+        .unwrap();
+    assert!(uuid::Uuid::parse_str(child_id.as_str()).is_ok(), "{child_id}");
+    assert_eq!(*inserted.lock(), vec![message_id.clone()]);
+    assert_eq!(*requests_at_insert.lock(), vec![0]);
+    host.settle().await;
+    let log = host.persisted(&child_id).await;
+    assert!(texts(&log.events).contains(&"child task".to_owned()));
+    drop(listener);
+    host.finish().await;
+}
+
+/// spec: CONT-2 — a caller-reserved id is used verbatim; reusing it while live, and again after
+/// the child settled and persisted, rejects `DUPLICATE_CHILD`; no stray agent remains.
+#[tokio::test(start_paused = true)]
+async fn cont_2_reserved_id_is_verbatim_and_unique() {
+    let host = Host::new(vec![ScriptEntry::hang(), chunks::text("parent ack").into()]).await;
+    let id = SessionId::from("reserved-child");
+    let mut spec = host.spec("task");
+    spec.child_id = Some(id.clone());
+    let (child_id, _) = host.manager.start_continuable(spec.clone()).await.unwrap();
+    assert_eq!(child_id, id);
+    let err = host.manager.start_continuable(spec.clone()).await.unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::DuplicateChild);
+    assert_eq!(host.agent_count(), 2);
+    // Settle it (the drain stops the hanging turn), then reuse the persisted id.
+    host.manager.dispose_all().await.unwrap();
+    assert!(host.get(&id).is_none());
+    let manager = ContinuationManager::new(host.service.clone(), host.runtime.services().clone());
+    let err = manager.start_continuable(spec).await.unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::DuplicateChild);
+    assert_eq!(host.agent_count(), 1);
+    manager.dispose_all().await.unwrap();
+    host.finish().await;
+}
+
+/// spec: CONT-5 — the persisted child has its descriptor before the first `turn/start`, equal to
+/// `{version 2, continuable, provider, label, agentProvider, agentModel}` inherited from the
+/// parent route, with no `surfaceOp`; header id, `parentSession` and `origin: subagent` are set.
+#[tokio::test(start_paused = true)]
+async fn cont_5_descriptor_precedes_the_first_turn() {
+    let host = Host::new(vec![chunks::text("done").into(), chunks::text("ack").into()]).await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    host.settle().await;
+    let log = host.persisted(&child_id).await;
+    let names = type_names(&log.events);
+    let descriptor = names
+        .iter()
+        .position(|n| n == "subagent/descriptor")
+        .expect("descriptor");
+    let first_turn = names.iter().position(|n| n == "turn/start").expect("turn");
+    assert!(descriptor < first_turn, "{names:?}");
+    assert_eq!(names.iter().filter(|n| *n == "subagent/descriptor").count(), 1);
+    let event = &log.events[descriptor];
+    assert!(event.surface.is_none());
+    let data = event.data.to_data();
+    assert_eq!(
+        data,
+        json!({"version": 2, "mode": "continuable", "provider": "spawn", "label": "research",
+               "agentProvider": MODEL, "agentModel": MODEL})
+    );
+    assert_eq!(log.header.id, child_id);
+    assert_eq!(log.header.parent_session, Some(SessionId::from("parent")));
+    assert_eq!(log.header.origin, Some(agent::Origin::Subagent));
+    host.finish().await;
+}
+
+/// spec: CONT-11 — a routeless parent with no persona/filter yields a descriptor with only
+/// version, mode, provider, label.
+#[tokio::test(start_paused = true)]
+async fn cont_11_routeless_descriptor_is_minimal() {
+    let host = Host::build(vec![], true, true, AgentOptions::default()).await;
+    let mut spec = host.spec("task");
+    spec.agent_options = None;
+    let (child_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    host.settle().await;
+    let log = host.persisted(&child_id).await;
+    let event = log
+        .events
+        .iter()
+        .find(|e| e.data.type_name() == "subagent/descriptor")
+        .expect("descriptor");
+    let data = event.data.to_data();
+    assert_eq!(
+        data,
+        json!({"version": 2, "mode": "continuable", "provider": "spawn", "label": "research"})
+    );
+    host.finish().await;
+}
+
+/// spec: CONT-16 — two follow-ups to a running child get distinct ids, keep the same Agent, and
+/// are logged in call order after the prompt.
+#[tokio::test(start_paused = true)]
+async fn cont_16_followups_to_a_running_child_queue_in_order() {
+    let host = Host::new(vec![
+        chunks::text("one").into(),
+        chunks::text("two").into(),
+        chunks::text("three").into(),
+        chunks::text("ack").into(),
+    ])
+    .await;
+    let (child_id, first) = host.manager.start_continuable(host.spec("prompt")).await.unwrap();
+    let child = host.get(&child_id).expect("live");
+    assert_eq!(child.status(), AgentStatus::Running);
+    let a = host
+        .manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("follow A")])
+        .await
+        .unwrap();
+    let b = host
+        .manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("follow B")])
+        .await
+        .unwrap();
+    assert!(a != b && a != first && b != first);
+    assert!(Arc::ptr_eq(&child, &host.get(&child_id).unwrap()));
+    host.settle().await;
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["prompt", "follow A", "follow B"]);
+    host.finish().await;
+}
+
+/// spec: CONT-20 — a follow-up from a non-parent agent rejects ("belongs to another parent
+/// session").
+#[tokio::test(start_paused = true)]
+async fn cont_20_followup_from_non_parent_rejects() {
+    let mut host = Host::new(vec![ScriptEntry::hang()]).await;
+    let stranger = host.other_agent("stranger").await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("prompt")).await.unwrap();
+    let err = host
+        .manager
+        .followup(&stranger, &child_id, vec![ContentBlock::text("hijack")])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Unauthorized);
+    assert!(
+        err.to_string().contains("belongs to another parent session"),
+        "{err}"
+    );
+    let child = host.get(&child_id).unwrap();
+    assert!(
+        texts(
+            &child
+                .session()
+                .events()
+                .iter()
+                .map(|e| (**e).clone())
+                .collect::<Vec<_>>()
+        )
+        .iter()
+        .all(|t| t != "hijack")
+    );
+    host.finish().await;
+}
+
+/// spec: CONT-22 — a follow-up to an unknown id rejects `NOT_RESUMABLE`.
+#[tokio::test(start_paused = true)]
+async fn cont_22_followup_to_unknown_id_is_not_resumable() {
+    let host = Host::new(vec![]).await;
+    let err = host
+        .manager
+        .followup(
+            &host.parent,
+            &SessionId::from("nobody"),
+            vec![ContentBlock::text("hi")],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::NotResumable);
+    host.finish().await;
+}
+
+/// spec: CONT-27 — a top-level parent remains registered after its child settles.
+/// spec: CONT-64 — completed child: one notice from the child whose text is the completed line,
+/// `Its closing message:`, and the answer; the source summary is the completed line alone.
+/// spec: CONT-74 — an idle parent gets exactly one new turn (its first) and one model request.
+#[tokio::test(start_paused = true)]
+async fn cont_27_64_74_completed_notice_opens_one_parent_turn() {
+    let host = Host::new(vec![
+        chunks::text("the answer").into(),
+        chunks::text("parent ack").into(),
+    ])
+    .await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    assert!(host.get(&SessionId::from("parent")).is_some());
+    let notices = notices(&host.parent);
+    assert_eq!(notices.len(), 1);
+    let line = format!(
+        "Background subagent {child_id} finished and will do no further work unless you send it more."
+    );
+    assert_eq!(
+        block_texts(&notices[0].content),
+        vec![
+            line.clone(),
+            "Its closing message:".to_owned(),
+            "the answer".to_owned()
+        ]
+    );
+    assert_eq!(
+        serde_json::to_value(&notices[0].source).unwrap(),
+        json!({"kind": "subagent-settled", "form": "notice", "summary": line, "senderSessionId": child_id.as_str()})
+    );
+    assert!(matches!(notices[0].source, MessageSource::Other(_)));
+    let parent_turns = host
+        .parent
+        .session()
+        .events()
+        .iter()
+        .filter(|e| e.data.type_name() == "turn/start")
+        .count();
+    assert_eq!(parent_turns, 1);
+    assert_eq!(
+        host.model.requests().len(),
+        2,
+        "one child request, one parent request"
+    );
+    host.finish().await;
+}
+
+/// spec: CONT-49 — a child ending at the token ceiling reports `max-tokens` on its end edge.
+/// spec: CONT-66 — token ceiling: the "ran out of room" line plus the partial closing message.
+#[tokio::test(start_paused = true)]
+async fn cont_49_66_max_tokens_end_edge_and_notice() {
+    let host = Host::new(vec![
+        chunks::max_tokens_text("partial work").into(),
+        chunks::text("ack").into(),
+    ])
+    .await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].stop_reason, StopReason::MaxTokens);
+    let notices = notices(&host.parent);
+    assert_eq!(notices.len(), 1);
+    assert_eq!(
+        block_texts(&notices[0].content),
+        vec![
+            format!("Background subagent {child_id} ran out of room before it finished."),
+            "Its closing message:".to_owned(),
+            "partial work".to_owned()
+        ]
+    );
+    host.finish().await;
+}
+
+/// spec: CONT-42 — after manager drain, starts and follow-ups reject `DRAINING`.
+#[tokio::test(start_paused = true)]
+async fn cont_42_after_drain_starts_and_followups_reject() {
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    host.manager.dispose_all().await.unwrap();
+    let err = host
+        .manager
+        .start_continuable(host.spec("again"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Draining);
+    let err = host
+        .manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("more")])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Draining);
+    host.finish().await;
+}
+
+/// spec: CONT-50 — a follow-up with an already-aborted token to a running child rejects and
+/// never reaches the log.
+#[tokio::test(start_paused = true)]
+async fn cont_50_preaborted_followup_rejects() {
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    let signal = Signal::new();
+    signal.cancel(agent::CancelCause::User);
+    let err = host
+        .manager
+        .followup_with(
+            &host.parent,
+            &child_id,
+            vec![ContentBlock::text("never")],
+            MessageSource::User,
+            &signal,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Cancelled);
+    host.manager.dispose_all().await.unwrap();
+    let log = host.persisted(&child_id).await;
+    assert!(!texts(&log.events).contains(&"never".to_owned()));
+    host.finish().await;
+}
+
+/// spec: CONT-88 — aborting the token after acceptance does not cancel the accepted turn; the
+/// message is logged.
+#[tokio::test(start_paused = true)]
+async fn cont_88_abort_after_acceptance_is_ignored() {
+    let host = Host::new(vec![chunks::text("finished").into(), chunks::text("ack").into()]).await;
+    let spec = host.spec("task");
+    let signal = spec.signal.clone();
+    let (child_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    signal.cancel(agent::CancelCause::User);
+    host.settle().await;
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].stop_reason, StopReason::Completed);
+    let log = host.persisted(&child_id).await;
+    assert!(texts(&log.events).contains(&"task".to_owned()));
+    host.finish().await;
+}
+
+/// spec: CONT-78 — manager drain: the parent receives one "was stopped…"/no-closing-message
+/// notice, an inbox splice is logged, no `turn/start` occurs, the parent stays idle.
+#[tokio::test(start_paused = true)]
+async fn cont_78_drain_notice_is_injected_without_a_turn() {
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    host.manager.dispose_all().await.unwrap();
+    assert_eq!(host.parent.status(), AgentStatus::Idle);
+    let inbox = host.parent.inbox();
+    assert_eq!(inbox.next_step.len(), 1);
+    let notice = &inbox.next_step[0];
+    let texts = block_texts(&notice.content);
+    assert_eq!(
+        texts,
+        vec![
+            format!("Background subagent {child_id} was stopped before it finished."),
+            "It left no closing message.".to_owned()
+        ]
+    );
+    let names: Vec<String> = host
+        .parent
+        .session()
+        .events()
+        .iter()
+        .map(|e| e.data.type_name().to_owned())
+        .collect();
+    assert!(names.iter().any(|n| n == "agent/inbox/spliced"), "{names:?}");
+    assert!(!names.iter().any(|n| n == "turn/start"), "{names:?}");
+    host.finish().await;
+}
+
+/// spec: CONT-81 — a parent disposed before its child settles: the notice is dropped without
+/// warnings and the end edge still fires.
+/// spec: CONT-90 — a stale parent object rejects `UNAUTHORIZED`.
+#[tokio::test(start_paused = true)]
+async fn cont_81_90_gone_parent() {
+    let mut host = Host::new(vec![ScriptEntry::hang()]).await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    let stale = host.parent.clone();
+    host.parent_handle.take().unwrap().dispose().await;
+    let err = host
+        .manager
+        .followup(&stale, &child_id, vec![ContentBlock::text("more")])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Unauthorized);
+    assert!(err.to_string().contains("exact live parent"), "{err}");
+    host.manager.dispose_all().await.unwrap();
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].info.id, child_id);
+    assert!(notices(&stale).is_empty());
+    host.finish().await;
+}
+
+/// The lifecycle edges of one epoch: one start (child id, provider, local) before any turn, one
+/// end pairing its run id with the epoch's answer.
+#[tokio::test(start_paused = true)]
+async fn one_epoch_has_paired_lifecycle_edges() {
+    let host = Host::new(vec![chunks::text("answer").into(), chunks::text("ack").into()]).await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    host.settle().await;
+    let starts = host.starts();
+    let ends = host.ends();
+    assert_eq!(starts.len(), 1);
+    assert_eq!(ends.len(), 1);
+    assert_eq!(starts[0].id, child_id);
+    assert_eq!(starts[0].provider, "spawn");
+    assert!(starts[0].local);
+    assert_eq!(starts[0].parent, SessionId::from("parent"));
+    assert_eq!(ends[0].info, starts[0]);
+    assert_eq!(ends[0].stop_reason, StopReason::Completed);
+    assert_eq!(
+        ends[0].last_assistant_message.as_deref().map(block_texts),
+        Some(vec!["answer".to_owned()])
+    );
+    let _ = Value::Null;
+    host.finish().await;
+}
