@@ -265,20 +265,10 @@ impl ContinuationManager {
         // 9. Under the child lock: re-check everything.
         let lock = inner.child_lock(&child_id);
         let _guard = lock.lock().await;
-        check_signal(&spec.signal)?;
-        inner.admit()?;
-        inner.check_available(&child_id)?;
-        if reserved {
-            let persisted = match &inner.services.persistence {
-                Some(p) => p.inspect(&child_id).await.map_err(agent_failure)?,
-                None => None,
-            };
-            if persisted.is_some() {
-                return Err(SubagentError::duplicate_child(child_id.as_str()));
-            }
-            check_signal(&spec.signal)?;
-            inner.admit()?;
-            inner.check_available(&child_id)?;
+        if let Err(e) = inner.reserve(&child_id, reserved, &spec.signal).await {
+            drop(_guard);
+            inner.forget_lock(&child_id, &lock);
+            return Err(e);
         }
         // 10. Materialize.
         let create = CreateAgentOptions {
@@ -297,12 +287,15 @@ impl ContinuationManager {
             )),
             owner: None,
         };
-        let handle = inner
-            .services
-            .agents
-            .create(create)
-            .await
-            .map_err(agent_failure)?;
+        let handle = inner.services.agents.create(create).await.map_err(agent_failure);
+        let handle = match handle {
+            Ok(handle) => handle,
+            Err(e) => {
+                drop(_guard);
+                inner.forget_lock(&child_id, &lock);
+                return Err(e);
+            }
+        };
         let activation = Activation::new(
             child_id.clone(),
             parent.id().clone(),
@@ -316,6 +309,8 @@ impl ContinuationManager {
         // Residency: under a guard that rolls back on failure.
         if let Err(e) = inner.make_resident(&activation, &parent, &spec.signal) {
             inner.rollback(&activation).await;
+            drop(_guard);
+            inner.forget_lock(&child_id, &lock);
             return Err(e);
         }
         inner.spawn_watcher(&activation, lock.clone());
@@ -441,6 +436,33 @@ impl Inner {
             || self.activations.lock().contains_key(id)
         {
             return Err(SubagentError::duplicate_child(id.as_str()));
+        }
+        Ok(())
+    }
+
+    /// The checks of the child lock's critical section before materialization (spec §2.14.2
+    /// step 9): token, admission, id availability, and for a caller-reserved id the persisted
+    /// catalog.
+    async fn reserve(
+        &self,
+        child_id: &SessionId,
+        reserved: bool,
+        signal: &Signal,
+    ) -> Result<(), SubagentError> {
+        check_signal(signal)?;
+        self.admit()?;
+        self.check_available(child_id)?;
+        if reserved {
+            let persisted = match &self.services.persistence {
+                Some(p) => p.inspect(child_id).await.map_err(agent_failure)?,
+                None => None,
+            };
+            if persisted.is_some() {
+                return Err(SubagentError::duplicate_child(child_id.as_str()));
+            }
+            check_signal(signal)?;
+            self.admit()?;
+            self.check_available(child_id)?;
         }
         Ok(())
     }

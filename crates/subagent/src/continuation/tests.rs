@@ -229,6 +229,7 @@ impl Host {
         self.runtime.shutdown().await;
         assert_eq!(self.manager.task_count(), 0, "manager tasks left");
         assert!(self.manager.resident().is_empty());
+        assert!(self.manager.inner.locks.lock().is_empty(), "per-child locks left");
         drop(self._listener);
         assert_quiescent(&self.runtime);
     }
@@ -773,5 +774,199 @@ async fn one_epoch_has_paired_lifecycle_edges() {
         Some(vec!["answer".to_owned()])
     );
     let _ = Value::Null;
+    host.finish().await;
+}
+
+/// Holds every step of the agent it is scoped to until its gate opens.
+struct Gate {
+    open: tokio::sync::watch::Receiver<bool>,
+}
+
+#[async_trait]
+impl agent::PreStepInterceptor for Gate {
+    async fn pre_step(
+        &self,
+        _: agent::PreStep<'_>,
+        proposed: agent::PreStepDecision,
+    ) -> Result<agent::PreStepDecision, agent::BoxError> {
+        let mut open = self.open.clone();
+        open.wait_for(|v| *v)
+            .await
+            .map_err(|e| Box::new(e) as agent::BoxError)?;
+        Ok(proposed)
+    }
+}
+
+fn gate(host: &Host, id: &str) -> (tokio::sync::watch::Sender<bool>, agent::Registration) {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let registration = host
+        .runtime
+        .services()
+        .pre_step
+        .add(Some(SessionId::from(id)), Arc::new(Gate { open: rx }));
+    (tx, registration)
+}
+
+/// A model that answers each session with a fixed text: `child`, `grandchild`, `parent`, ….
+fn by_session(entries: usize) -> Vec<ScriptEntry> {
+    (0..entries)
+        .map(|_| {
+            ScriptEntry::respond(|request| {
+                let who = request.session_id.as_ref().map_or("?", |s| s.as_str()).to_owned();
+                chunks::text(format!("{who} reply"))
+            })
+        })
+        .collect()
+}
+
+async fn yield_a_while() {
+    for _ in 0..50 {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
+/// spec: CONT-26 — a child Activation stays resident (same Agent) while its grandchild lives,
+/// then both are released.
+/// spec: CONT-19 — a child waiting on a running grandchild keeps the same Agent; a follow-up
+/// wakes that same Agent; its log later also holds the grandchild's settlement notice
+/// ("finished and will do no further work").
+/// spec: CONT-77 — at notice insertion the parent's owned set still contains the child.
+#[tokio::test(start_paused = true)]
+async fn cont_19_26_77_waiting_child_keeps_its_agent() {
+    let host = Host::new(by_session(10)).await;
+    let (child_gate, child_hook) = gate(&host, "child");
+    let (gc_gate, gc_hook) = gate(&host, "grandchild");
+    let mut spec = host.spec("child task");
+    spec.child_id = Some(SessionId::from("child"));
+    let (child_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    let child = host.get(&child_id).unwrap();
+    let mut spec = ContinuableStartSpec::new(
+        "spawn",
+        "deeper",
+        vec![ContentBlock::text("gc task")],
+        child.clone(),
+    );
+    spec.child_id = Some(SessionId::from("grandchild"));
+    let (gc_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    // At the grandchild's notice insertion, the child still owns it.
+    let owned_at_notice = Arc::new(Mutex::new(None));
+    let probe = owned_at_notice.clone();
+    let manager = host.manager.clone();
+    let notice_listener =
+        host.runtime
+            .services()
+            .agent_events
+            .on_scoped(child_id.clone(), move |e: &AgentEvent| {
+                if let AgentEvent::InboxInserted { agent, .. } = e {
+                    let owned = manager
+                        .inner
+                        .activations
+                        .lock()
+                        .get(agent)
+                        .map(|a| a.owned_children());
+                    probe.lock().get_or_insert(owned);
+                }
+                Ok(())
+            });
+    // The child finishes its own turn but waits on the grandchild.
+    child_gate.send(true).unwrap();
+    child.when_idle().await;
+    yield_a_while().await;
+    assert!(host.manager.is_resident(&child_id));
+    assert!(Arc::ptr_eq(&child, &host.get(&child_id).unwrap()));
+    assert_eq!(child.status(), AgentStatus::Idle);
+    // A follow-up wakes the same agent.
+    *owned_at_notice.lock() = None;
+    host.manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("still there?")])
+        .await
+        .unwrap();
+    *owned_at_notice.lock() = None;
+    child.when_idle().await;
+    yield_a_while().await;
+    assert!(Arc::ptr_eq(&child, &host.get(&child_id).unwrap()));
+    assert!(host.manager.is_resident(&child_id));
+    // The grandchild finishes: notice to the child, then both settle.
+    gc_gate.send(true).unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    assert_eq!(*owned_at_notice.lock(), Some(Some(vec![gc_id.clone()])));
+    let child_notices = notices(&child);
+    assert_eq!(child_notices.len(), 1);
+    assert!(visible_text(&child_notices[0].content).contains("finished and will do no further work"));
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["child task", "still there?"]);
+    let ends: Vec<SessionId> = host.ends().into_iter().map(|e| e.info.id).collect();
+    assert_eq!(ends, vec![gc_id, child_id]);
+    assert!(host.get(&SessionId::from("child")).is_none());
+    assert!(host.get(&SessionId::from("grandchild")).is_none());
+    drop((notice_listener, child_hook, gc_hook));
+    host.finish().await;
+}
+
+/// spec: CONT-75 — a busy parent gets two notices in next-step (none in next-turn), opens no
+/// new turn, and reads both; senders are the two children in either order.
+#[tokio::test(start_paused = true)]
+async fn cont_75_busy_parent_reads_both_notices_in_one_turn() {
+    let host = Host::new(by_session(10)).await;
+    let (parent_gate, parent_hook) = gate(&host, "parent");
+    let targets = Arc::new(Mutex::new(Vec::new()));
+    let sink = targets.clone();
+    let splices = host.parent.session().events().len();
+    host.parent
+        .followup(agent::Message::user_text("parent work"))
+        .unwrap();
+    assert_eq!(host.parent.status(), AgentStatus::Running);
+    let (a, _) = host.manager.start_continuable(host.spec("task a")).await.unwrap();
+    let (b, _) = host.manager.start_continuable(host.spec("task b")).await.unwrap();
+    let inbox_listener =
+        host.runtime
+            .services()
+            .agent_events
+            .on_scoped(SessionId::from("parent"), move |e: &AgentEvent| {
+                if let AgentEvent::InboxInserted { .. } = e {
+                    sink.lock().push(());
+                }
+                Ok(())
+            });
+    host.settle().await;
+    let inbox = host.parent.inbox();
+    assert_eq!(inbox.next_step.len(), 2);
+    assert!(inbox.next_turn.is_empty());
+    assert_eq!(targets.lock().len(), 2);
+    parent_gate.send(true).unwrap();
+    host.parent.when_idle().await;
+    let events: Vec<SessionEvent> = host.parent.session().events()[splices..]
+        .iter()
+        .map(|e| (**e).clone())
+        .collect();
+    assert_eq!(
+        type_names(&events).iter().filter(|n| *n == "turn/start").count(),
+        1,
+        "no new turn"
+    );
+    let mut senders: Vec<String> = notices(&host.parent)
+        .iter()
+        .map(|m| {
+            serde_json::to_value(&m.source).unwrap()["senderSessionId"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    senders.sort();
+    let mut expected = vec![a.to_string(), b.to_string()];
+    expected.sort();
+    assert_eq!(senders, expected);
+    // Both notices were read by the parent's model.
+    let last = host.model.last_request().unwrap();
+    let read: Vec<String> = last.messages.iter().map(|m| m.text()).collect();
+    assert_eq!(
+        read.iter()
+            .filter(|t| t.contains("finished and will do no further work"))
+            .count(),
+        2
+    );
+    drop((inbox_listener, parent_hook));
     host.finish().await;
 }
