@@ -970,3 +970,122 @@ async fn cont_75_busy_parent_reads_both_notices_in_one_turn() {
     drop((inbox_listener, parent_hook));
     host.finish().await;
 }
+
+struct NoopTool;
+
+#[async_trait]
+impl agent::tools::ToolHandler for NoopTool {
+    async fn execute(
+        &self,
+        _: Value,
+        _: agent::tools::ToolContext,
+    ) -> Result<agent::tools::ToolOutput, agent::tools::ToolError> {
+        Err(agent::tools::ToolError::new("UNUSED", "unused"))
+    }
+}
+
+/// spec: CONT-12 — a declared `toolFilter {deny}` is recorded in the descriptor.
+#[tokio::test(start_paused = true)]
+async fn cont_12_tool_filter_is_recorded() {
+    let host = Host::new(vec![chunks::text("done").into(), chunks::text("ack").into()]).await;
+    let tool = host
+        .runtime
+        .services()
+        .tools
+        .register(
+            None,
+            agent::ToolDefinition {
+                name: "shell".into(),
+                description: "run a command".into(),
+                parameters: json!({"type": "object"}),
+                concurrency_safe: false,
+                handler: Arc::new(NoopTool),
+            },
+        )
+        .unwrap();
+    let mut spec = host.spec("task");
+    spec.tool_filter = Some(agent::tools::ToolRestriction {
+        allow: None,
+        deny: Some(vec!["shell".into()]),
+    });
+    let (child_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    host.settle().await;
+    let log = host.persisted(&child_id).await;
+    let event = log
+        .events
+        .iter()
+        .find(|e| e.data.type_name() == "subagent/descriptor")
+        .expect("descriptor");
+    assert_eq!(event.data.to_data()["toolFilter"], json!({"deny": ["shell"]}));
+    drop(tool);
+    host.finish().await;
+}
+
+/// Rejects every step of the agent it is scoped to.
+struct RejectStep;
+
+#[async_trait]
+impl agent::PreStepInterceptor for RejectStep {
+    async fn pre_step(
+        &self,
+        _: agent::PreStep<'_>,
+        _: agent::PreStepDecision,
+    ) -> Result<agent::PreStepDecision, agent::BoxError> {
+        Ok(agent::PreStepDecision::Reject)
+    }
+}
+
+/// spec: CONT-61 — a pre-step rejection of the initial prompt reports `refusal`.
+/// spec: CONT-67 — pre-step rejection: "declined the task." plus "It left no closing message."
+#[tokio::test(start_paused = true)]
+async fn cont_61_67_pre_step_rejection_is_a_refusal() {
+    let host = Host::new(vec![chunks::text("parent ack").into()]).await;
+    let hook = host
+        .runtime
+        .services()
+        .pre_step
+        .add(Some(SessionId::from("refuser")), Arc::new(RejectStep));
+    let mut spec = host.spec("task");
+    spec.child_id = Some(SessionId::from("refuser"));
+    let (child_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].stop_reason, StopReason::Refusal);
+    assert_eq!(ends[0].last_assistant_message, None);
+    let notices = notices(&host.parent);
+    assert_eq!(notices.len(), 1);
+    assert_eq!(
+        block_texts(&notices[0].content),
+        vec![
+            format!("Background subagent {child_id} declined the task."),
+            "It left no closing message.".to_owned()
+        ]
+    );
+    drop(hook);
+    host.finish().await;
+}
+
+/// spec: CONT-7 — aborting the token at `subagent/start` (between publication and acceptance)
+/// rejects and leaves only the parent.
+#[tokio::test(start_paused = true)]
+async fn cont_7_abort_at_the_start_edge_rejects() {
+    let host = Host::new(vec![]).await;
+    let spec = host.spec("task");
+    let signal = spec.signal.clone();
+    let abort = host.service.events().on(move |e: &SubagentEvent| {
+        if matches!(e, SubagentEvent::Start(_)) {
+            signal.cancel(agent::CancelCause::User);
+        }
+        Ok(())
+    });
+    let err = host.manager.start_continuable(spec).await.unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Cancelled);
+    assert_eq!(host.agent_count(), 1);
+    assert!(host.manager.resident().is_empty());
+    assert_eq!(host.model.requests().len(), 0);
+    assert!(notices(&host.parent).is_empty());
+    drop(abort);
+    host.finish().await;
+}
