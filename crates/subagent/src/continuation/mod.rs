@@ -7,16 +7,17 @@
 //!   preparation, creation through `services.agents.create` with the continuable descriptor, the
 //!   delegated policy and the child composition applied in the unpublished setup window, the
 //!   start edge once resident, and the first prompt delivered as a `followup`;
-//! * [`ContinuationManager::followup`] (§2.14.5) to a **resident** child, authorized by the
-//!   exact live durable direct parent;
+//! * [`ContinuationManager::followup`] (§2.14.5), authorized by the exact live durable direct
+//!   parent: enqueued on a resident child, or delivered after a **cold resume** (the persisted
+//!   header authorizes, the descriptor from the child's own suffix supplies provider, route and
+//!   composition; `agents.resume` re-materializes; the submission re-authorizes);
 //! * the settlement watcher and the disposal transaction (§2.14.6), the epoch stop reason and
 //!   output (§2.14.7), the settlement notice (§2.14.8) and the end edge;
 //! * [`ContinuationManager::dispose_all`]: a manager-wide drain that disposes every child and
 //!   awaits quiescence.
 //!
-//! Not yet implemented: cold resume (a follow-up to a child with no Activation rejects
-//! `NOT_RESUMABLE`), interrupt, reports, scoped and selected drains, setup contributions and
-//! listing.
+//! Not yet implemented: interrupt, reports, scoped and selected drains (and the lineage-based
+//! admission they close), in-flight materialization tracking, setup contributions and listing.
 //!
 //! # Locks
 //! * `Inner::activations` (sync) — the live map `child id → Activation`; held only for lookups
@@ -36,7 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use agent::runtime::{Commit, Setup};
 use agent::{
     AgentError, AgentRef, AgentStatus, ContentBlock, CreateAgentOptions, Ctx, EventData, Message, MessageId,
-    MessageSource, ScopeInactive, Services, SessionEvent, SessionId, Signal,
+    MessageSource, ResumeAgentOptions, ScopeInactive, Services, SessionEvent, SessionId, Signal,
 };
 use futures::FutureExt;
 use parking_lot::Mutex;
@@ -47,7 +48,9 @@ use crate::capabilities::ContinuableCreateRequest;
 use crate::compose::apply_child_composition;
 use crate::composition::{ChildComposition, ToolFilter, child_session_meta, resolve_child_agent_options};
 use crate::depth::{assert_subagent_max_depth, resolve_child_depth_of};
-use crate::descriptor::{ContinuableDescriptor, SubagentDescriptor, snapshot_subagent_descriptor};
+use crate::descriptor::{
+    ContinuableDescriptor, SubagentDescriptor, fold_subagent_descriptor, snapshot_subagent_descriptor,
+};
 use crate::error::{SubagentError, SubagentErrorCode};
 use crate::events::{SubagentEvent, SubagentRunInfo};
 use crate::model_text::{bound_notice_summary, settlement_notice_content, settlement_outcome_line};
@@ -332,7 +335,7 @@ impl ContinuationManager {
         }
     }
 
-    /// Delivers `content` to the resident child `child_id` as one `followup` (next-turn) turn,
+    /// Delivers `content` to the continuable child `child_id` as one `followup` (next-turn) turn,
     /// with the source `{kind: "user"}` (see [`followup_with`](Self::followup_with)).
     pub async fn followup(
         &self,
@@ -344,14 +347,16 @@ impl ContinuationManager {
             .await
     }
 
-    /// Delivers `content` to the resident child `child_id` (spec §2.14.5) with `source` (which
+    /// Delivers `content` to the continuable child `child_id` (spec §2.14.5) with `source` (which
     /// grants no authority) and resolves at inbox acceptance with the message id.
     ///
     /// Authority: `parent` must be the exact live registry entry (`UNAUTHORIZED`, "delivery
     /// requires the exact live parent agent") and the child's durable direct parent
-    /// (`UNAUTHORIZED`, "belongs to another parent session"). A child with no Activation
-    /// (settled or unknown) rejects `NOT_RESUMABLE` in this slice (cold resume is not
-    /// implemented).
+    /// (`UNAUTHORIZED`, "belongs to another parent session"). A child with no Activation is
+    /// cold-resumed first (`PERSISTENCE_UNAVAILABLE` without persistence; `NOT_RESUMABLE` for an
+    /// unknown id, a child with no supported continuable descriptor, or a failed
+    /// re-materialization); a child whose disposal is under way is waited for, then routed
+    /// again.
     pub async fn followup_with(
         &self,
         parent: &AgentRef,
@@ -366,9 +371,16 @@ impl ContinuationManager {
             let lock = inner.child_lock(child_id);
             let guard = lock.lock().await;
             let activation = inner.activations.lock().get(child_id).cloned();
-            let Some(activation) = activation else {
-                inner.forget_lock(child_id, &lock);
-                return Err(SubagentError::child_unavailable(child_id.as_str()));
+            let activation = match activation {
+                Some(activation) => activation,
+                None => match inner.cold_resume(parent, child_id, &lock, signal).await {
+                    Ok(activation) => activation,
+                    Err(e) => {
+                        drop(guard);
+                        inner.forget_lock(child_id, &lock);
+                        return Err(e);
+                    }
+                },
             };
             if let Some(disposal) = activation.disposal() {
                 drop(guard);
@@ -377,9 +389,18 @@ impl ContinuationManager {
                 inner.admit()?;
                 continue;
             }
-            let id = inner.submit(&activation, parent, content, source, signal)?;
-            drop(guard);
-            return Ok(id);
+            return match inner.submit(&activation, parent, content, source, signal) {
+                Ok(id) => Ok(id),
+                Err(e) => {
+                    // A fresh epoch that admitted nothing is released through its disposal.
+                    let disposal = (!activation.is_announced()).then(|| inner.open_disposal(&activation));
+                    drop(guard);
+                    if let Some(disposal) = disposal {
+                        let _ = disposal.await;
+                    }
+                    Err(e)
+                }
+            };
         }
     }
 
@@ -436,6 +457,112 @@ impl Inner {
             || self.activations.lock().contains_key(id)
         {
             return Err(SubagentError::duplicate_child(id.as_str()));
+        }
+        Ok(())
+    }
+
+    /// Cold resume (spec §2.14.5): re-materializes the persisted child `child_id` as a new
+    /// resident Activation (start edge emitted, watcher running) without delivering anything.
+    /// Runs under the child lock `lock`.
+    async fn cold_resume(
+        self: &Arc<Self>,
+        parent: &AgentRef,
+        child_id: &SessionId,
+        lock: &Arc<tokio::sync::Mutex<()>>,
+        signal: &Signal,
+    ) -> Result<Arc<Activation>, SubagentError> {
+        let persistence = self
+            .services
+            .persistence
+            .clone()
+            .ok_or_else(SubagentError::persistence_unavailable)?;
+        let unavailable = |e: Option<AgentError>| {
+            if signal.is_cancelled() {
+                return check_signal(signal).expect_err("cancelled");
+            }
+            let error = SubagentError::child_unavailable(child_id.as_str());
+            match e {
+                Some(e) => error.with_source(e),
+                None => error,
+            }
+        };
+        let header = match persistence.inspect(child_id).await {
+            Ok(Some(header)) => header,
+            Ok(None) => return Err(unavailable(None)),
+            Err(e) => return Err(unavailable(Some(e))),
+        };
+        check_signal(signal)?;
+        self.admit()?;
+        self.authorize(parent, child_id, header.parent_session.as_ref())?;
+        let loaded = persistence
+            .load(child_id)
+            .await
+            .map_err(|e| unavailable(Some(e)))?;
+        check_signal(signal)?;
+        let own = loaded
+            .events
+            .get(header.seed_length.unwrap_or(0) as usize..)
+            .unwrap_or(&[]);
+        let state = fold_subagent_descriptor(own.iter())
+            .map_err(|e| SubagentError::new(SubagentErrorCode::NotResumable, e.to_string()).with_source(e))?;
+        let Some(SubagentDescriptor::Continuable(descriptor)) = state.into_supported() else {
+            return Err(SubagentError::no_continuation_state(child_id.as_str()));
+        };
+        let resume = ResumeAgentOptions {
+            session_id: child_id.clone(),
+            agent_options: agent::AgentOptions {
+                provider: descriptor.agent_provider.clone(),
+                model: descriptor.agent_model.clone(),
+                ..agent::AgentOptions::default()
+            },
+            signal: Some(signal.clone()),
+            setup: Some(resume_setup(ChildComposition {
+                persona: descriptor.persona.clone(),
+                tool_filter: descriptor.tool_filter.clone(),
+            })),
+            owner: None,
+        };
+        let handle = self.services.agents.resume(resume).await.map_err(|e| {
+            if signal.is_cancelled() {
+                check_signal(signal).expect_err("cancelled")
+            } else {
+                SubagentError::child_unavailable(child_id.as_str()).with_source(e)
+            }
+        })?;
+        let parent_session = header
+            .parent_session
+            .clone()
+            .unwrap_or_else(|| parent.id().clone());
+        let activation = Activation::new(child_id.clone(), parent_session, descriptor.provider, handle);
+        self.activations
+            .lock()
+            .insert(child_id.clone(), activation.clone());
+        if let Err(e) = self.make_resident(&activation, parent, signal) {
+            self.rollback(&activation).await;
+            return Err(e);
+        }
+        self.spawn_watcher(&activation, lock.clone());
+        Ok(activation)
+    }
+
+    /// Delivery authority: `parent` is the exact live registry entry and the child's durable
+    /// direct parent.
+    fn authorize(
+        &self,
+        parent: &AgentRef,
+        child_id: &SessionId,
+        parent_session: Option<&SessionId>,
+    ) -> Result<(), SubagentError> {
+        let live = self
+            .services
+            .agents
+            .get(parent.id())
+            .is_some_and(|p| Arc::ptr_eq(&p, parent));
+        if !live {
+            return Err(SubagentError::delivery_requires_live_parent(child_id.as_str()));
+        }
+        if parent_session != Some(parent.id()) {
+            return Err(SubagentError::foreign_parent(child_id.as_str()));
         }
         Ok(())
     }
@@ -535,17 +662,7 @@ impl Inner {
         if activation.disposal().is_some() {
             return Err(SubagentError::submission_activation_closing(child_id));
         }
-        let live = self
-            .services
-            .agents
-            .get(parent.id())
-            .is_some_and(|p| Arc::ptr_eq(&p, parent));
-        if !live {
-            return Err(SubagentError::delivery_requires_live_parent(child_id));
-        }
-        if parent.id() != &activation.parent_session {
-            return Err(SubagentError::foreign_parent(child_id));
-        }
+        self.authorize(parent, &activation.child_id, Some(&activation.parent_session))?;
         let owner = self.activations.lock().get(parent.id()).cloned();
         if let Some(owner) = owner {
             if owner.disposal().is_some() {
@@ -757,6 +874,18 @@ fn setup(descriptor: EventData, policy: DelegatedPolicyOverrides, composition: C
                 .ok_or_else(|| AgentError::Inactive(ScopeInactive(SessionId::from("<global context>"))))?;
             child.session().append(descriptor, None)?;
             append_delegated_policy_overrides(child.session(), &policy)?;
+            apply_child_composition(&ctx, &composition)?;
+            Ok(None::<Commit>)
+        }
+        .boxed()
+    })
+}
+
+/// The setup window of a cold-resumed child: the child composition only (no descriptor, no
+/// policy re-capture).
+fn resume_setup(composition: ChildComposition) -> Setup {
+    Box::new(move |ctx: Ctx| {
+        async move {
             apply_child_composition(&ctx, &composition)?;
             Ok(None::<Commit>)
         }

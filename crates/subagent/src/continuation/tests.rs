@@ -76,7 +76,7 @@ struct Host {
     service: SubagentService,
     manager: ContinuationManager,
     provider: Arc<TestProvider>,
-    _registration: agent::Registration,
+    registration: Option<agent::Registration>,
     parent_handle: Option<AgentHandle>,
     parent: AgentRef,
     extra: Vec<AgentHandle>,
@@ -141,7 +141,7 @@ impl Host {
             service,
             manager,
             provider,
-            _registration: registration,
+            registration: Some(registration),
             parent_handle: Some(parent_handle),
             parent,
             extra: Vec::new(),
@@ -1087,5 +1087,192 @@ async fn cont_7_abort_at_the_start_edge_rejects() {
     assert_eq!(host.model.requests().len(), 0);
     assert!(notices(&host.parent).is_empty());
     drop(abort);
+    host.finish().await;
+}
+
+/// spec: CONT-17 — a follow-up to a settled child cold-resumes, returns an id, is logged after
+/// the prompt, and the log still has exactly one descriptor.
+/// spec: CONT-51 — the end edge reports the epoch's own answer; after cold resume the second
+/// epoch reports its own new answer.
+/// spec: CONT-84 — two epochs (start, cold resume) produce two start edges with the child id and
+/// provider, ends pairing their run ids, both `completed`.
+#[tokio::test(start_paused = true)]
+async fn cont_17_51_84_followup_to_a_settled_child_cold_resumes() {
+    let host = Host::new(vec![
+        chunks::text("first answer").into(),
+        chunks::text("parent ack").into(),
+        chunks::text("second answer").into(),
+        chunks::text("parent ack again").into(),
+    ])
+    .await;
+    let (child_id, first) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    assert!(host.get(&child_id).is_none());
+    let second = host
+        .manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("again")])
+        .await
+        .unwrap();
+    assert_ne!(first, second);
+    host.settle().await;
+    host.parent.when_idle().await;
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["task", "again"]);
+    assert_eq!(
+        type_names(&log.events)
+            .iter()
+            .filter(|n| *n == "subagent/descriptor")
+            .count(),
+        1
+    );
+    let starts = host.starts();
+    let ends = host.ends();
+    assert_eq!(starts.len(), 2);
+    assert_eq!(ends.len(), 2);
+    assert_ne!(starts[0].run_id, starts[1].run_id);
+    for (start, end) in starts.iter().zip(&ends) {
+        assert_eq!(start.id, child_id);
+        assert_eq!(start.provider, "spawn");
+        assert_eq!(&end.info, start);
+        assert_eq!(end.stop_reason, StopReason::Completed);
+    }
+    let answers: Vec<Option<Vec<String>>> = ends
+        .iter()
+        .map(|e| e.last_assistant_message.as_deref().map(block_texts))
+        .collect();
+    assert_eq!(
+        answers,
+        vec![
+            Some(vec!["first answer".to_owned()]),
+            Some(vec!["second answer".to_owned()])
+        ]
+    );
+    host.finish().await;
+}
+
+/// spec: CONT-18 — after the provider unregisters, a follow-up still succeeds; both epochs'
+/// start edges name the original provider; end run ids pair with start run ids.
+#[tokio::test(start_paused = true)]
+async fn cont_18_cold_resume_survives_provider_removal() {
+    let mut host = Host::new(vec![
+        chunks::text("one").into(),
+        chunks::text("ack").into(),
+        chunks::text("two").into(),
+        chunks::text("ack").into(),
+    ])
+    .await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    drop(host.registration.take());
+    assert!(host.service.get_provider("spawn").is_none());
+    host.manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("again")])
+        .await
+        .unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    let starts = host.starts();
+    let ends = host.ends();
+    assert_eq!(starts.len(), 2);
+    assert!(starts.iter().all(|s| s.provider == "spawn"));
+    let start_ids: Vec<&String> = starts.iter().map(|s| &s.run_id).collect();
+    let end_ids: Vec<&String> = ends.iter().map(|e| &e.info.run_id).collect();
+    assert_eq!(start_ids, end_ids);
+    host.finish().await;
+}
+
+/// spec: CONT-94 — a declared `agentOptions.model` is recorded and reapplied on cold resume.
+/// spec: CONT-15 — a declared persona is recorded and a later cold-resume follow-up lands in the
+/// log.
+#[tokio::test(start_paused = true)]
+async fn cont_15_94_declared_model_and_persona_survive_cold_resume() {
+    let host = Host::new(vec![
+        chunks::text("one").into(),
+        chunks::text("ack").into(),
+        chunks::text("two").into(),
+        chunks::text("ack").into(),
+    ])
+    .await;
+    let mut spec = host.spec("task");
+    spec.agent_options = Some(AgentOptions {
+        model: Some("special".into()),
+        ..AgentOptions::default()
+    });
+    spec.persona = Some("You are terse.".into());
+    let (child_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    host.manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("resumed")])
+        .await
+        .unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    let log = host.persisted(&child_id).await;
+    let descriptor = log
+        .events
+        .iter()
+        .find(|e| e.data.type_name() == "subagent/descriptor")
+        .expect("descriptor")
+        .data
+        .to_data();
+    assert_eq!(descriptor["agentModel"], json!("special"));
+    assert_eq!(descriptor["persona"], json!("You are terse."));
+    assert_eq!(texts(&log.events), vec!["task", "resumed"]);
+    let child_models: Vec<String> = host
+        .model
+        .requests()
+        .iter()
+        .filter(|r| r.session_id.as_ref() == Some(&child_id))
+        .map(|r| r.model.clone())
+        .collect();
+    assert_eq!(child_models, vec!["special", "special"]);
+    host.finish().await;
+}
+
+/// spec: CONT-21 — a follow-up to a persisted one-shot child rejects ("no supported
+/// continuation state").
+#[tokio::test(start_paused = true)]
+async fn cont_21_one_shot_child_is_not_resumable() {
+    let host = Host::new(vec![]).await;
+    let handle = host
+        .runtime
+        .create(CreateAgentOptions {
+            meta: SessionMeta {
+                parent_session: Some(SessionId::from("parent")),
+                origin: Some(agent::Origin::Subagent),
+                delegation_depth: Some(1),
+                ..SessionMeta::default()
+            },
+            ..CreateAgentOptions::new(SessionId::from("one-shot"))
+        })
+        .await
+        .unwrap();
+    handle
+        .agent()
+        .session()
+        .append(
+            crate::descriptor::SubagentDescriptor::one_shot("spawn", None).to_event_data(),
+            None,
+        )
+        .unwrap();
+    handle.dispose().await;
+    let err = host
+        .manager
+        .followup(
+            &host.parent,
+            &SessionId::from("one-shot"),
+            vec![ContentBlock::text("hi")],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::NotResumable);
+    assert!(
+        err.to_string().contains("no supported continuation state"),
+        "{err}"
+    );
+    assert!(host.get(&SessionId::from("one-shot")).is_none());
     host.finish().await;
 }
