@@ -1,11 +1,11 @@
 //! One residency epoch of a continuable child (spec §2.14.1).
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 
 use agent::{
-    AgentEvent, AgentHandle, AgentRef, AgentStatus, ContentBlock, MessageId, Registration, SessionId,
+    Agent, AgentEvent, AgentHandle, AgentRef, AgentStatus, ContentBlock, MessageId, Registration, SessionId,
 };
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
@@ -42,6 +42,9 @@ pub(crate) struct Activation {
     epoch: Mutex<Option<(SubagentRunInfo, usize)>>,
     /// The inbox subscription.
     subscription: Mutex<Option<Registration>>,
+    /// The child agent plus the exact live lineage of its parent at materialization (weak: the
+    /// ancestry never keeps an agent alive).
+    ancestry: Mutex<Vec<Weak<dyn Agent>>>,
     wake: Notify,
 }
 
@@ -64,6 +67,7 @@ impl Activation {
             disposal: Mutex::new(None),
             epoch: Mutex::new(None),
             subscription: Mutex::new(None),
+            ancestry: Mutex::new(Vec::new()),
             wake: Notify::new(),
         })
     }
@@ -176,6 +180,19 @@ impl Activation {
     pub(crate) fn drop_subscription(&self) {
         let registration = self.subscription.lock().take();
         drop(registration);
+    }
+
+    pub(crate) fn set_ancestry(&self, ancestry: Vec<Weak<dyn Agent>>) {
+        *self.ancestry.lock() = ancestry;
+    }
+
+    /// Whether `agent` (by identity) is recorded in this Activation's ancestry.
+    pub(crate) fn has_ancestor(&self, agent: &AgentRef) -> bool {
+        self.ancestry
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .any(|a| Arc::ptr_eq(&a, agent))
     }
 
     pub(crate) fn begin_epoch(&self, info: SubagentRunInfo) {

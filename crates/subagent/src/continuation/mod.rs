@@ -14,9 +14,11 @@
 //! * the settlement watcher and the disposal transaction (§2.14.6), the epoch stop reason and
 //!   output (§2.14.7), the settlement notice (§2.14.8) and the end edge;
 //! * [`ContinuationManager::dispose_all`]: a manager-wide drain that disposes every child and
-//!   awaits quiescence.
+//!   awaits quiescence;
+//! * [`ContinuationManager::interrupt`] (§2.14.9): `user` and `ancestor` authority, one
+//!   `keep_inbox` cancel of the current turn.
 //!
-//! Not yet implemented: interrupt, reports, scoped and selected drains (and the lineage-based
+//! Not yet implemented: reports, scoped and selected drains (and the lineage-based
 //! admission they close), in-flight materialization tracking, setup contributions and listing.
 //!
 //! # Locks
@@ -29,6 +31,7 @@
 //! * `Activation` fields (sync) — each protects only its own small set.
 
 mod activation;
+mod interrupt;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -62,6 +65,7 @@ use crate::result::StopReason;
 use crate::service::SubagentService;
 
 use activation::Activation;
+pub use interrupt::InterruptAuthority;
 
 #[cfg(test)]
 mod tests;
@@ -567,6 +571,26 @@ impl Inner {
         Ok(())
     }
 
+    /// The child agent plus the exact live lineage of `parent` (parent, its durable parent if
+    /// live, and so on), as weak references. Cycle-safe.
+    fn lineage(&self, child: &AgentRef, parent: &AgentRef) -> Vec<std::sync::Weak<dyn agent::Agent>> {
+        let mut out = vec![Arc::downgrade(child), Arc::downgrade(parent)];
+        let mut seen = vec![child.id().clone(), parent.id().clone()];
+        let mut next = parent.session().header().parent_session.clone();
+        while let Some(id) = next {
+            if seen.contains(&id) {
+                break;
+            }
+            let Some(agent) = self.services.agents.get(&id) else {
+                break;
+            };
+            out.push(Arc::downgrade(&agent));
+            seen.push(id);
+            next = agent.session().header().parent_session.clone();
+        }
+        out
+    }
+
     /// The checks of the child lock's critical section before materialization (spec §2.14.2
     /// step 9): token, admission, id availability, and for a caller-reserved id the persisted
     /// catalog.
@@ -623,6 +647,7 @@ impl Inner {
             }
             owner.own(activation.child_id.clone());
         }
+        activation.set_ancestry(self.lineage(&activation.agent, parent));
         let weak = Arc::downgrade(activation);
         let registration = self
             .services

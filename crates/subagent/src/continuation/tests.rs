@@ -162,7 +162,10 @@ impl Host {
     async fn other_agent(&mut self, id: &str) -> AgentRef {
         let handle = self
             .runtime
-            .create(CreateAgentOptions::new(SessionId::from(id)))
+            .create(CreateAgentOptions {
+                agent_options: routed(),
+                ..CreateAgentOptions::new(SessionId::from(id))
+            })
             .await
             .expect("agent created");
         let agent = handle.agent().clone();
@@ -1274,5 +1277,220 @@ async fn cont_21_one_shot_child_is_not_resumable() {
         "{err}"
     );
     assert!(host.get(&SessionId::from("one-shot")).is_none());
+    host.finish().await;
+}
+
+fn turn_end_reasons(events: &[SessionEvent]) -> Vec<Value> {
+    events
+        .iter()
+        .filter(|e| e.data.type_name() == "turn/end")
+        .map(|e| e.data.to_data()["reason"].clone())
+        .collect()
+}
+
+fn live_log(agent: &AgentRef) -> Vec<SessionEvent> {
+    agent.session().events().iter().map(|e| (**e).clone()).collect()
+}
+
+/// spec: CONT-96 — `user` authority: one cancel with (`user`, keepInbox); no further model
+/// request; two follow-ups remain parked in next-turn; the child is idle and resident; a later
+/// waking follow-up runs the parked two then itself; turn ends are aborted, completed ×3.
+#[tokio::test(start_paused = true)]
+async fn cont_96_user_interrupt_parks_queued_work() {
+    let host = Host::new(vec![
+        ScriptEntry::hang(),
+        chunks::text("a").into(),
+        chunks::text("b").into(),
+        chunks::text("c").into(),
+        chunks::text("parent ack").into(),
+    ])
+    .await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    let child = host.get(&child_id).unwrap();
+    for text in ["A", "B"] {
+        host.manager
+            .followup(&host.parent, &child_id, vec![ContentBlock::text(text)])
+            .await
+            .unwrap();
+    }
+    yield_a_while().await;
+    assert_eq!(host.model.requests().len(), 1);
+    host.manager
+        .interrupt(
+            &child_id,
+            &super::InterruptAuthority::User {
+                parent_session_id: SessionId::from("parent"),
+            },
+        )
+        .unwrap();
+    child.when_idle().await;
+    yield_a_while().await;
+    assert_eq!(host.model.requests().len(), 1, "no further model request");
+    assert_eq!(child.status(), AgentStatus::Idle);
+    assert!(host.manager.is_resident(&child_id));
+    assert!(Arc::ptr_eq(&child, &host.get(&child_id).unwrap()));
+    let parked: Vec<String> = child.inbox().next_turn.iter().map(|m| m.text()).collect();
+    assert_eq!(parked, vec!["A", "B"]);
+    assert_eq!(
+        turn_end_reasons(&live_log(&child)),
+        vec![json!({"kind": "aborted", "reason": {"kind": "user"}})]
+    );
+    host.manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("C")])
+        .await
+        .unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["task", "A", "B", "C"]);
+    let kinds: Vec<Value> = turn_end_reasons(&log.events)
+        .iter()
+        .map(|r| r["kind"].clone())
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            json!("aborted"),
+            json!("completed"),
+            json!("completed"),
+            json!("completed")
+        ]
+    );
+    host.finish().await;
+}
+
+/// spec: CONT-98 — a wrong parent address throws ("belongs to another parent session") without
+/// cancelling; the right one cancels with (`user`, keepInbox).
+/// spec: CONT-100 — self → "cannot interrupt itself"; a stranger → "not a live descendant";
+/// stale → "exact live ancestor", also for an absent target; the target is never cancelled.
+#[tokio::test(start_paused = true)]
+async fn cont_98_100_interrupt_authority() {
+    let mut host = Host::new(vec![ScriptEntry::hang()]).await;
+    let stranger = host.other_agent("stranger").await;
+    let stale_handle = host
+        .runtime
+        .create(CreateAgentOptions::new(SessionId::from("stale")))
+        .await
+        .unwrap();
+    let stale = stale_handle.agent().clone();
+    stale_handle.dispose().await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    let child = host.get(&child_id).unwrap();
+    let wrong = super::InterruptAuthority::User {
+        parent_session_id: SessionId::from("stranger"),
+    };
+    let err = host.manager.interrupt(&child_id, &wrong).unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Unauthorized);
+    assert!(
+        err.to_string().contains("belongs to another parent session"),
+        "{err}"
+    );
+    let ancestor = |agent: &AgentRef| super::InterruptAuthority::Ancestor { agent: agent.clone() };
+    let err = host.manager.interrupt(&child_id, &ancestor(&child)).unwrap_err();
+    assert!(err.to_string().contains("cannot interrupt itself"), "{err}");
+    let err = host
+        .manager
+        .interrupt(&child_id, &ancestor(&stranger))
+        .unwrap_err();
+    assert!(err.to_string().contains("not a live descendant"), "{err}");
+    let err = host.manager.interrupt(&child_id, &ancestor(&stale)).unwrap_err();
+    assert!(err.to_string().contains("exact live ancestor"), "{err}");
+    let err = host
+        .manager
+        .interrupt(&SessionId::from("absent"), &ancestor(&stale))
+        .unwrap_err();
+    assert!(err.to_string().contains("exact live ancestor"), "{err}");
+    yield_a_while().await;
+    assert_eq!(child.status(), AgentStatus::Running, "never cancelled");
+    assert!(turn_end_reasons(&live_log(&child)).is_empty());
+    host.manager
+        .interrupt(
+            &child_id,
+            &super::InterruptAuthority::User {
+                parent_session_id: SessionId::from("parent"),
+            },
+        )
+        .unwrap();
+    child.when_idle().await;
+    assert_eq!(
+        turn_end_reasons(&live_log(&child)),
+        vec![json!({"kind": "aborted", "reason": {"kind": "user"}})]
+    );
+    host.finish().await;
+}
+
+/// spec: CONT-99 — the top-level agent as ancestor interrupts a grandchild and a child, each
+/// with (`parent`, keepInbox).
+#[tokio::test(start_paused = true)]
+async fn cont_99_top_level_ancestor_interrupts_child_and_grandchild() {
+    let host = Host::new(vec![
+        ScriptEntry::hang(),
+        ScriptEntry::hang(),
+        chunks::text("child ack").into(),
+        chunks::text("parent ack").into(),
+    ])
+    .await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    let child = host.get(&child_id).unwrap();
+    let spec = ContinuableStartSpec::new(
+        "spawn",
+        "deeper",
+        vec![ContentBlock::text("gc task")],
+        child.clone(),
+    );
+    let (gc_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    let gc = host.get(&gc_id).unwrap();
+    yield_a_while().await;
+    let top = super::InterruptAuthority::Ancestor {
+        agent: host.parent.clone(),
+    };
+    host.manager.interrupt(&gc_id, &top).unwrap();
+    host.manager.interrupt(&child_id, &top).unwrap();
+    let parent_cause = vec![json!({"kind": "aborted", "reason": {"kind": "parent"}})];
+    gc.when_idle().await;
+    assert_eq!(turn_end_reasons(&live_log(&gc)), parent_cause);
+    host.settle().await;
+    host.parent.when_idle().await;
+    let child_log = host.persisted(&child_id).await;
+    assert_eq!(turn_end_reasons(&child_log.events)[..1], parent_cause[..]);
+    host.finish().await;
+}
+
+/// spec: CONT-101 — absent ids (both kinds) and a one-shot child id are no-ops; the one-shot
+/// agent is never cancelled.
+/// spec: CONT-102 — interrupting a naturally settled child is a no-op.
+#[tokio::test(start_paused = true)]
+async fn cont_101_102_absent_and_settled_targets_are_no_ops() {
+    let mut host = Host::new(vec![
+        chunks::text("done").into(),
+        chunks::text("ack").into(),
+        ScriptEntry::hang(),
+    ])
+    .await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    let user = super::InterruptAuthority::User {
+        parent_session_id: SessionId::from("parent"),
+    };
+    let top = super::InterruptAuthority::Ancestor {
+        agent: host.parent.clone(),
+    };
+    host.manager.interrupt(&child_id, &user).unwrap();
+    host.manager.interrupt(&child_id, &top).unwrap();
+    host.manager.interrupt(&SessionId::from("absent"), &user).unwrap();
+    host.manager.interrupt(&SessionId::from("absent"), &top).unwrap();
+    let one_shot = host.other_agent("one-shot").await;
+    one_shot.followup(agent::Message::user_text("work")).unwrap();
+    assert_eq!(one_shot.status(), AgentStatus::Running);
+    host.manager
+        .interrupt(&SessionId::from("one-shot"), &user)
+        .unwrap();
+    host.manager
+        .interrupt(&SessionId::from("one-shot"), &top)
+        .unwrap();
+    yield_a_while().await;
+    assert_eq!(one_shot.status(), AgentStatus::Running);
+    assert!(turn_end_reasons(&live_log(&one_shot)).is_empty());
     host.finish().await;
 }
