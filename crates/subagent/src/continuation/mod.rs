@@ -16,9 +16,11 @@
 //! * [`ContinuationManager::dispose_all`]: a manager-wide drain that disposes every child and
 //!   awaits quiescence;
 //! * [`ContinuationManager::interrupt`] (§2.14.9): `user` and `ancestor` authority, one
-//!   `keep_inbox` cancel of the current turn.
+//!   `keep_inbox` cancel of the current turn;
+//! * [`ContinuationManager::report_from`] (§2.14.10): next-step or quiet delivery to the durable
+//!   direct parent.
 //!
-//! Not yet implemented: reports, scoped and selected drains (and the lineage-based
+//! Not yet implemented: scoped and selected drains (and the lineage-based
 //! admission they close), in-flight materialization tracking, setup contributions and listing.
 //!
 //! # Locks
@@ -32,6 +34,7 @@
 
 mod activation;
 mod interrupt;
+mod report;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -66,6 +69,7 @@ use crate::service::SubagentService;
 
 use activation::Activation;
 pub use interrupt::InterruptAuthority;
+pub use report::ReportDelivery;
 
 #[cfg(test)]
 mod tests;

@@ -1494,3 +1494,100 @@ async fn cont_101_102_absent_and_settled_targets_are_no_ops() {
     assert!(turn_end_reasons(&live_log(&one_shot)).is_empty());
     host.finish().await;
 }
+
+fn sources_of(agent: &AgentRef, kind: &str) -> Vec<agent::Message> {
+    agent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::UserMessage(message) if message.source.kind() == kind => Some(message.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// spec: CONT-63 — a next-step report from a running child wakes an idle parent (one parent
+/// request), the parent's logged report id equals the returned id, and the later settlement
+/// opens a second parent request.
+#[tokio::test(start_paused = true)]
+async fn cont_63_next_step_report_wakes_an_idle_parent() {
+    let host = Host::new(by_session(10)).await;
+    let (child_gate, child_hook) = gate(&host, "reporter");
+    let mut spec = host.spec("task");
+    spec.child_id = Some(SessionId::from("reporter"));
+    let (child_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    let child = host.get(&child_id).unwrap();
+    assert_eq!(child.status(), AgentStatus::Running);
+    let id = host
+        .manager
+        .report_from(
+            &child,
+            vec![ContentBlock::text("halfway there")],
+            super::ReportDelivery::NextStep,
+            &Signal::new(),
+        )
+        .unwrap();
+    host.parent.when_idle().await;
+    let parent_requests = |host: &Host| {
+        host.model
+            .requests()
+            .iter()
+            .filter(|r| r.session_id.as_ref().is_some_and(|s| s.as_str() == "parent"))
+            .count()
+    };
+    assert_eq!(parent_requests(&host), 1);
+    let reports = sources_of(&host.parent, "subagent-report");
+    assert_eq!(reports.len(), 1);
+    assert_eq!(reports[0].id, id);
+    assert_eq!(
+        block_texts(&reports[0].content),
+        vec![
+            format!("Background subagent {child_id} reported:"),
+            "halfway there".to_owned()
+        ]
+    );
+    assert_eq!(
+        serde_json::to_value(&reports[0].source).unwrap(),
+        json!({"kind": "subagent-report", "form": "relay", "senderSessionId": child_id.as_str()})
+    );
+    child_gate.send(true).unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    assert_eq!(parent_requests(&host), 2);
+    drop(child_hook);
+    host.finish().await;
+}
+
+/// spec: CONT-65 — the notice arrives even when the child already reported (quiet).
+#[tokio::test(start_paused = true)]
+async fn cont_65_notice_follows_a_quiet_report() {
+    let host = Host::new(by_session(10)).await;
+    let (child_gate, child_hook) = gate(&host, "quiet");
+    let mut spec = host.spec("task");
+    spec.child_id = Some(SessionId::from("quiet"));
+    let (child_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    let child = host.get(&child_id).unwrap();
+    host.manager
+        .report_from(
+            &child,
+            vec![ContentBlock::text("note")],
+            super::ReportDelivery::Quiet,
+            &Signal::new(),
+        )
+        .unwrap();
+    assert_eq!(
+        host.parent.status(),
+        AgentStatus::Idle,
+        "a quiet report does not wake"
+    );
+    child_gate.send(true).unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    assert_eq!(sources_of(&host.parent, "subagent-report").len(), 1);
+    let notices = notices(&host.parent);
+    assert_eq!(notices.len(), 1);
+    assert!(visible_text(&notices[0].content).contains("finished and will do no further work"));
+    drop(child_hook);
+    host.finish().await;
+}
