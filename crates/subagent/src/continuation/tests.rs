@@ -1591,3 +1591,101 @@ async fn cont_65_notice_follows_a_quiet_report() {
     drop(child_hook);
     host.finish().await;
 }
+
+/// spec: CONT-25 — a follow-up issued as the child becomes idle (racing settlement) still
+/// resolves and is logged.
+#[tokio::test(start_paused = true)]
+async fn cont_25_followup_racing_settlement_is_delivered() {
+    let host = Host::new(by_session(10)).await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    let child = host.get(&child_id).unwrap();
+    child.when_idle().await;
+    host.manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("racing")])
+        .await
+        .unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["task", "racing"]);
+    host.finish().await;
+}
+
+/// spec: CONT-31 — manager drain disposes the grandchild before the child; the durable child
+/// session still loads.
+#[tokio::test(start_paused = true)]
+async fn cont_31_manager_drain_releases_child_first() {
+    let host = Host::new(vec![ScriptEntry::hang(), ScriptEntry::hang()]).await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    let child = host.get(&child_id).unwrap();
+    let spec = ContinuableStartSpec::new("spawn", "deeper", vec![ContentBlock::text("gc task")], child);
+    let (gc_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    let disposed = Arc::new(Mutex::new(Vec::new()));
+    let sink = disposed.clone();
+    let listener = host.runtime.services().agent_events.on(move |e: &AgentEvent| {
+        if let AgentEvent::Disposed { agent } = e {
+            sink.lock().push(agent.clone());
+        }
+        Ok(())
+    });
+    host.manager.dispose_all().await.unwrap();
+    assert_eq!(*disposed.lock(), vec![gc_id.clone(), child_id.clone()]);
+    let ends: Vec<SessionId> = host.ends().into_iter().map(|e| e.info.id).collect();
+    assert_eq!(ends, vec![gc_id, child_id.clone()]);
+    let log = host.persisted(&child_id).await;
+    assert_eq!(log.header.id, child_id);
+    drop(listener);
+    host.finish().await;
+}
+
+/// spec: CONT-46 — an accepted follow-up still queued at drain time is absent from the persisted
+/// log (no replay).
+/// spec: CONT-58 — a queued message discarded by a drain does not block settlement and is not
+/// logged.
+#[tokio::test(start_paused = true)]
+async fn cont_46_58_queued_followup_is_discarded_by_a_drain() {
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    host.manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("queued")])
+        .await
+        .unwrap();
+    yield_a_while().await;
+    assert_eq!(
+        host.model.requests().len(),
+        1,
+        "the first turn is in its model call"
+    );
+    host.manager.dispose_all().await.unwrap();
+    assert!(host.manager.resident().is_empty());
+    assert_eq!(host.ends().len(), 1);
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["task"]);
+    host.finish().await;
+}
+
+/// spec: CONT-70 — a child drained at its first pre-step: "was stopped…" plus "It left no
+/// closing message."
+#[tokio::test(start_paused = true)]
+async fn cont_70_drained_at_first_pre_step() {
+    let host = Host::new(vec![]).await;
+    let (_gate, hook) = gate(&host, "held");
+    let mut spec = host.spec("task");
+    spec.child_id = Some(SessionId::from("held"));
+    let (child_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    yield_a_while().await;
+    assert_eq!(host.model.requests().len(), 0);
+    host.manager.dispose_all().await.unwrap();
+    let notice = host.parent.inbox().next_step;
+    assert_eq!(notice.len(), 1);
+    assert_eq!(
+        block_texts(&notice[0].content),
+        vec![
+            format!("Background subagent {child_id} was stopped before it finished."),
+            "It left no closing message.".to_owned()
+        ]
+    );
+    assert_eq!(host.ends()[0].stop_reason, StopReason::Aborted);
+    drop(hook);
+    host.finish().await;
+}
