@@ -18,9 +18,10 @@
 //! * [`ContinuationManager::interrupt`] (§2.14.9): `user` and `ancestor` authority, one
 //!   `keep_inbox` cancel of the current turn;
 //! * [`ContinuationManager::report_from`] (§2.14.10): next-step or quiet delivery to the durable
-//!   direct parent.
+//!   direct parent;
+//! * [`ContinuationManager::drain_continuable_children`] (§2.14.11): the selected teardown.
 //!
-//! Not yet implemented: scoped and selected drains (and the lineage-based
+//! Not yet implemented: scoped drains (and the lineage-based
 //! admission they close), in-flight materialization tracking, setup contributions and listing.
 //!
 //! # Locks
@@ -33,6 +34,7 @@
 //! * `Activation` fields (sync) — each protects only its own small set.
 
 mod activation;
+mod drain;
 mod interrupt;
 mod report;
 
@@ -866,8 +868,11 @@ impl Inner {
             MessageSource::Other(source),
         );
         let id = message.id.clone();
-        let closing = self.draining.load(Ordering::SeqCst);
         let owner = self.activations.lock().get(parent.id()).cloned();
+        // A closing parent (manager drain, or a resident parent whose own teardown began) gets
+        // the notice without a wake: teardown is not a reason to spend a model request.
+        let closing =
+            self.draining.load(Ordering::SeqCst) || owner.as_ref().is_some_and(|o| o.disposal().is_some());
         let result = if closing {
             parent.inject(message)
         } else {

@@ -1689,3 +1689,65 @@ async fn cont_70_drained_at_first_pre_step() {
     drop(hook);
     host.finish().await;
 }
+
+/// spec: CONT-34 — a selected drain with a duplicated id cancels the target with cause
+/// `parent`, releases the target and its grandchild, and leaves the sibling.
+/// spec: CONT-36 — a selected drain through another live parent rejects `UNAUTHORIZED` and
+/// leaves the target.
+/// spec: CONT-37 — a selected drain through a stale parent object rejects `UNAUTHORIZED` even
+/// with an empty id list.
+#[tokio::test(start_paused = true)]
+async fn cont_34_36_37_selected_drain() {
+    let mut host = Host::new(vec![
+        ScriptEntry::hang(),
+        ScriptEntry::hang(),
+        ScriptEntry::hang(),
+        chunks::text("parent ack").into(),
+    ])
+    .await;
+    let stranger = host.other_agent("stranger").await;
+    let stale_handle = host
+        .runtime
+        .create(CreateAgentOptions::new(SessionId::from("stale")))
+        .await
+        .unwrap();
+    let stale = stale_handle.agent().clone();
+    stale_handle.dispose().await;
+    let (target_id, _) = host.manager.start_continuable(host.spec("target")).await.unwrap();
+    let target = host.get(&target_id).unwrap();
+    let spec = ContinuableStartSpec::new("spawn", "deeper", vec![ContentBlock::text("gc")], target.clone());
+    let (gc_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    let (sibling_id, _) = host
+        .manager
+        .start_continuable(host.spec("sibling"))
+        .await
+        .unwrap();
+    yield_a_while().await;
+    let err = host
+        .manager
+        .drain_continuable_children(&stranger, std::slice::from_ref(&target_id))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Unauthorized);
+    let err = host
+        .manager
+        .drain_continuable_children(&stale, &[])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Unauthorized);
+    assert!(host.manager.is_resident(&target_id));
+    assert!(turn_end_reasons(&live_log(&target)).is_empty());
+    host.manager
+        .drain_continuable_children(&host.parent, &[target_id.clone(), target_id.clone()])
+        .await
+        .unwrap();
+    assert!(!host.manager.is_resident(&target_id));
+    assert!(!host.manager.is_resident(&gc_id));
+    assert!(host.manager.is_resident(&sibling_id));
+    let log = host.persisted(&target_id).await;
+    assert_eq!(
+        turn_end_reasons(&log.events),
+        vec![json!({"kind": "aborted", "reason": {"kind": "parent"}})]
+    );
+    host.finish().await;
+}
