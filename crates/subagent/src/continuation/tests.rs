@@ -62,9 +62,17 @@ impl SubagentProvider for TestProvider {
 impl PrepareContinuable for TestProvider {
     async fn prepare_continuable(
         &self,
-        _: ContinuableCreateRequest,
+        request: ContinuableCreateRequest,
     ) -> Result<ContinuableCreateSpec, SubagentError> {
         self.prepared.fetch_add(1, AtomicOrdering::SeqCst);
+        if self.name == "fork" {
+            let events = request.parent.session().events();
+            let prefix = agent::balanced_completed_turn_prefix(&events);
+            let seed: Vec<SessionEvent> = prefix.iter().map(|e| (**e).clone()).collect();
+            return Ok(ContinuableCreateSpec {
+                seed: (!seed.is_empty()).then_some(seed),
+            });
+        }
         Ok(ContinuableCreateSpec::default())
     }
 }
@@ -1749,5 +1757,48 @@ async fn cont_34_36_37_selected_drain() {
         turn_end_reasons(&log.events),
         vec![json!({"kind": "aborted", "reason": {"kind": "parent"}})]
     );
+    host.finish().await;
+}
+
+/// spec: CONT-14 — a fork child's first own turn after the descriptor is numbered 2 (after one
+/// inherited turn) and its header has `seedLength > 0`.
+#[tokio::test(start_paused = true)]
+async fn cont_14_fork_child_continues_the_turn_numbering() {
+    let host = Host::new(vec![
+        chunks::text("parent first").into(),
+        chunks::text("fork answer").into(),
+        chunks::text("parent ack").into(),
+    ])
+    .await;
+    let fork = host
+        .service
+        .register_provider(Arc::new(TestProvider {
+            name: "fork".into(),
+            continuable: true,
+            prepared: AtomicUsize::new(0),
+            started: AtomicUsize::new(0),
+        }))
+        .unwrap();
+    host.parent.followup(agent::Message::user_text("hello")).unwrap();
+    host.parent.when_idle().await;
+    let mut spec = host.spec("forked task");
+    spec.provider = "fork".into();
+    let (child_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    let log = host.persisted(&child_id).await;
+    let seed_length = log.header.seed_length.expect("seedLength") as usize;
+    assert!(seed_length > 0);
+    let own = &log.events[seed_length..];
+    let names = type_names(own);
+    let descriptor = names
+        .iter()
+        .position(|n| n == "subagent/descriptor")
+        .expect("descriptor");
+    let first_turn = names.iter().position(|n| n == "turn/start").expect("turn");
+    assert!(descriptor < first_turn, "{names:?}");
+    assert_eq!(own[first_turn].data.to_data()["turn"], json!(2));
+    assert_eq!(host.starts()[0].provider, "fork");
+    drop(fork);
     host.finish().await;
 }
