@@ -36,7 +36,9 @@
 mod activation;
 mod drain;
 mod interrupt;
+mod notice;
 mod report;
+mod resume;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,23 +47,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use agent::runtime::{Commit, Setup};
 use agent::{
     AgentError, AgentRef, AgentStatus, ContentBlock, CreateAgentOptions, Ctx, EventData, Message, MessageId,
-    MessageSource, ResumeAgentOptions, ScopeInactive, Services, SessionEvent, SessionId, Signal,
+    MessageSource, ScopeInactive, Services, SessionEvent, SessionId, Signal,
 };
 use futures::FutureExt;
 use parking_lot::Mutex;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tokio_util::task::TaskTracker;
 
 use crate::capabilities::ContinuableCreateRequest;
 use crate::compose::apply_child_composition;
 use crate::composition::{ChildComposition, ToolFilter, child_session_meta, resolve_child_agent_options};
 use crate::depth::{assert_subagent_max_depth, resolve_child_depth_of};
-use crate::descriptor::{
-    ContinuableDescriptor, SubagentDescriptor, fold_subagent_descriptor, snapshot_subagent_descriptor,
-};
+use crate::descriptor::{ContinuableDescriptor, SubagentDescriptor, snapshot_subagent_descriptor};
 use crate::error::{SubagentError, SubagentErrorCode};
 use crate::events::{SubagentEvent, SubagentRunInfo};
-use crate::model_text::{bound_notice_summary, settlement_notice_content, settlement_outcome_line};
 use crate::policy::{
     DelegatedPolicyOverrides, PolicyServices, append_delegated_policy_overrides,
     capture_delegated_policy_overrides,
@@ -471,90 +470,6 @@ impl Inner {
         Ok(())
     }
 
-    /// Cold resume (spec §2.14.5): re-materializes the persisted child `child_id` as a new
-    /// resident Activation (start edge emitted, watcher running) without delivering anything.
-    /// Runs under the child lock `lock`.
-    async fn cold_resume(
-        self: &Arc<Self>,
-        parent: &AgentRef,
-        child_id: &SessionId,
-        lock: &Arc<tokio::sync::Mutex<()>>,
-        signal: &Signal,
-    ) -> Result<Arc<Activation>, SubagentError> {
-        let persistence = self
-            .services
-            .persistence
-            .clone()
-            .ok_or_else(SubagentError::persistence_unavailable)?;
-        let unavailable = |e: Option<AgentError>| {
-            if signal.is_cancelled() {
-                return check_signal(signal).expect_err("cancelled");
-            }
-            let error = SubagentError::child_unavailable(child_id.as_str());
-            match e {
-                Some(e) => error.with_source(e),
-                None => error,
-            }
-        };
-        let header = match persistence.inspect(child_id).await {
-            Ok(Some(header)) => header,
-            Ok(None) => return Err(unavailable(None)),
-            Err(e) => return Err(unavailable(Some(e))),
-        };
-        check_signal(signal)?;
-        self.admit()?;
-        self.authorize(parent, child_id, header.parent_session.as_ref())?;
-        let loaded = persistence
-            .load(child_id)
-            .await
-            .map_err(|e| unavailable(Some(e)))?;
-        check_signal(signal)?;
-        let own = loaded
-            .events
-            .get(header.seed_length.unwrap_or(0) as usize..)
-            .unwrap_or(&[]);
-        let state = fold_subagent_descriptor(own.iter())
-            .map_err(|e| SubagentError::new(SubagentErrorCode::NotResumable, e.to_string()).with_source(e))?;
-        let Some(SubagentDescriptor::Continuable(descriptor)) = state.into_supported() else {
-            return Err(SubagentError::no_continuation_state(child_id.as_str()));
-        };
-        let resume = ResumeAgentOptions {
-            session_id: child_id.clone(),
-            agent_options: agent::AgentOptions {
-                provider: descriptor.agent_provider.clone(),
-                model: descriptor.agent_model.clone(),
-                ..agent::AgentOptions::default()
-            },
-            signal: Some(signal.clone()),
-            setup: Some(resume_setup(ChildComposition {
-                persona: descriptor.persona.clone(),
-                tool_filter: descriptor.tool_filter.clone(),
-            })),
-            owner: None,
-        };
-        let handle = self.services.agents.resume(resume).await.map_err(|e| {
-            if signal.is_cancelled() {
-                check_signal(signal).expect_err("cancelled")
-            } else {
-                SubagentError::child_unavailable(child_id.as_str()).with_source(e)
-            }
-        })?;
-        let parent_session = header
-            .parent_session
-            .clone()
-            .unwrap_or_else(|| parent.id().clone());
-        let activation = Activation::new(child_id.clone(), parent_session, descriptor.provider, handle);
-        self.activations
-            .lock()
-            .insert(child_id.clone(), activation.clone());
-        if let Err(e) = self.make_resident(&activation, parent, signal) {
-            self.rollback(&activation).await;
-            return Err(e);
-        }
-        self.spawn_watcher(&activation, lock.clone());
-        Ok(activation)
-    }
-
     /// Delivery authority: `parent` is the exact live registry entry and the child's durable
     /// direct parent.
     fn authorize(
@@ -848,54 +763,6 @@ impl Inner {
             }
         }
     }
-
-    /// The settlement notice (spec §2.14.8).
-    fn deliver_notice(&self, activation: &Activation, reason: &StopReason, output: Option<&[ContentBlock]>) {
-        let child_id = activation.child_id.as_str();
-        let Some(parent) = self.services.agents.get(&activation.parent_session) else {
-            return;
-        };
-        let mut source = Map::new();
-        source.insert("kind".into(), Value::from("subagent-settled"));
-        source.insert("form".into(), Value::from("notice"));
-        source.insert(
-            "summary".into(),
-            Value::from(bound_notice_summary(&settlement_outcome_line(child_id, reason))),
-        );
-        source.insert("senderSessionId".into(), Value::from(child_id));
-        let message = Message::user(
-            settlement_notice_content(child_id, reason, output),
-            MessageSource::Other(source),
-        );
-        let id = message.id.clone();
-        let owner = self.activations.lock().get(parent.id()).cloned();
-        // A closing parent (manager drain, or a resident parent whose own teardown began) gets
-        // the notice without a wake: teardown is not a reason to spend a model request.
-        let closing =
-            self.draining.load(Ordering::SeqCst) || owner.as_ref().is_some_and(|o| o.disposal().is_some());
-        let result = if closing {
-            parent.inject(message)
-        } else {
-            if let Some(owner) = &owner {
-                owner.accept(id.clone());
-            }
-            let sent = if parent.status() == AgentStatus::Idle {
-                parent.followup(message)
-            } else {
-                parent.steer(message)
-            };
-            if let Some(owner) = &owner {
-                if sent.is_err() {
-                    owner.settle_accepted(&id);
-                }
-                owner.wake();
-            }
-            sent
-        };
-        if let Err(e) = result {
-            tracing::warn!(child = %child_id, error = %e, "settlement notice was not delivered to its parent");
-        }
-    }
 }
 
 /// The setup window of a fresh continuable child: the descriptor, the delegated policy, then
@@ -908,18 +775,6 @@ fn setup(descriptor: EventData, policy: DelegatedPolicyOverrides, composition: C
                 .ok_or_else(|| AgentError::Inactive(ScopeInactive(SessionId::from("<global context>"))))?;
             child.session().append(descriptor, None)?;
             append_delegated_policy_overrides(child.session(), &policy)?;
-            apply_child_composition(&ctx, &composition)?;
-            Ok(None::<Commit>)
-        }
-        .boxed()
-    })
-}
-
-/// The setup window of a cold-resumed child: the child composition only (no descriptor, no
-/// policy re-capture).
-fn resume_setup(composition: ChildComposition) -> Setup {
-    Box::new(move |ctx: Ctx| {
-        async move {
             apply_child_composition(&ctx, &composition)?;
             Ok(None::<Commit>)
         }

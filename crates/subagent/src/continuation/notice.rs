@@ -1,0 +1,66 @@
+//! The settlement notice (spec §2.14.8): what a settled child's durable direct parent is told.
+
+use std::sync::atomic::Ordering;
+
+use agent::{AgentStatus, ContentBlock, Message, MessageSource};
+use serde_json::{Map, Value};
+
+use super::Inner;
+use super::activation::Activation;
+use crate::model_text::{bound_notice_summary, settlement_notice_content, settlement_outcome_line};
+use crate::result::StopReason;
+
+impl Inner {
+    /// The settlement notice (spec §2.14.8).
+    pub(super) fn deliver_notice(
+        &self,
+        activation: &Activation,
+        reason: &StopReason,
+        output: Option<&[ContentBlock]>,
+    ) {
+        let child_id = activation.child_id.as_str();
+        let Some(parent) = self.services.agents.get(&activation.parent_session) else {
+            return;
+        };
+        let mut source = Map::new();
+        source.insert("kind".into(), Value::from("subagent-settled"));
+        source.insert("form".into(), Value::from("notice"));
+        source.insert(
+            "summary".into(),
+            Value::from(bound_notice_summary(&settlement_outcome_line(child_id, reason))),
+        );
+        source.insert("senderSessionId".into(), Value::from(child_id));
+        let message = Message::user(
+            settlement_notice_content(child_id, reason, output),
+            MessageSource::Other(source),
+        );
+        let id = message.id.clone();
+        let owner = self.activations.lock().get(parent.id()).cloned();
+        // A closing parent (manager drain, or a resident parent whose own teardown began) gets
+        // the notice without a wake: teardown is not a reason to spend a model request.
+        let closing =
+            self.draining.load(Ordering::SeqCst) || owner.as_ref().is_some_and(|o| o.disposal().is_some());
+        let result = if closing {
+            parent.inject(message)
+        } else {
+            if let Some(owner) = &owner {
+                owner.accept(id.clone());
+            }
+            let sent = if parent.status() == AgentStatus::Idle {
+                parent.followup(message)
+            } else {
+                parent.steer(message)
+            };
+            if let Some(owner) = &owner {
+                if sent.is_err() {
+                    owner.settle_accepted(&id);
+                }
+                owner.wake();
+            }
+            sent
+        };
+        if let Err(e) = result {
+            tracing::warn!(child = %child_id, error = %e, "settlement notice was not delivered to its parent");
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Cold resume (spec §2.14.5): a follow-up to a continuable child with no resident Activation
+//! re-materializes it from its persisted session.
+
+use std::sync::Arc;
+
+use agent::runtime::{Commit, Setup};
+use agent::{AgentError, AgentRef, Ctx, ResumeAgentOptions, SessionId, Signal};
+use futures::FutureExt;
+
+use super::activation::Activation;
+use super::{Inner, check_signal};
+use crate::compose::apply_child_composition;
+use crate::composition::ChildComposition;
+use crate::descriptor::{SubagentDescriptor, fold_subagent_descriptor};
+use crate::error::{SubagentError, SubagentErrorCode};
+
+impl Inner {
+    /// Cold resume (spec §2.14.5): re-materializes the persisted child `child_id` as a new
+    /// resident Activation (start edge emitted, watcher running) without delivering anything.
+    /// Runs under the child lock `lock`.
+    pub(super) async fn cold_resume(
+        self: &Arc<Self>,
+        parent: &AgentRef,
+        child_id: &SessionId,
+        lock: &Arc<tokio::sync::Mutex<()>>,
+        signal: &Signal,
+    ) -> Result<Arc<Activation>, SubagentError> {
+        let persistence = self
+            .services
+            .persistence
+            .clone()
+            .ok_or_else(SubagentError::persistence_unavailable)?;
+        let unavailable = |e: Option<AgentError>| {
+            if signal.is_cancelled() {
+                return check_signal(signal).expect_err("cancelled");
+            }
+            let error = SubagentError::child_unavailable(child_id.as_str());
+            match e {
+                Some(e) => error.with_source(e),
+                None => error,
+            }
+        };
+        let header = match persistence.inspect(child_id).await {
+            Ok(Some(header)) => header,
+            Ok(None) => return Err(unavailable(None)),
+            Err(e) => return Err(unavailable(Some(e))),
+        };
+        check_signal(signal)?;
+        self.admit()?;
+        self.authorize(parent, child_id, header.parent_session.as_ref())?;
+        let loaded = persistence
+            .load(child_id)
+            .await
+            .map_err(|e| unavailable(Some(e)))?;
+        check_signal(signal)?;
+        let own = loaded
+            .events
+            .get(header.seed_length.unwrap_or(0) as usize..)
+            .unwrap_or(&[]);
+        let state = fold_subagent_descriptor(own.iter())
+            .map_err(|e| SubagentError::new(SubagentErrorCode::NotResumable, e.to_string()).with_source(e))?;
+        let Some(SubagentDescriptor::Continuable(descriptor)) = state.into_supported() else {
+            return Err(SubagentError::no_continuation_state(child_id.as_str()));
+        };
+        let resume = ResumeAgentOptions {
+            session_id: child_id.clone(),
+            agent_options: agent::AgentOptions {
+                provider: descriptor.agent_provider.clone(),
+                model: descriptor.agent_model.clone(),
+                ..agent::AgentOptions::default()
+            },
+            signal: Some(signal.clone()),
+            setup: Some(resume_setup(ChildComposition {
+                persona: descriptor.persona.clone(),
+                tool_filter: descriptor.tool_filter.clone(),
+            })),
+            owner: None,
+        };
+        let handle = self.services.agents.resume(resume).await.map_err(|e| {
+            if signal.is_cancelled() {
+                check_signal(signal).expect_err("cancelled")
+            } else {
+                SubagentError::child_unavailable(child_id.as_str()).with_source(e)
+            }
+        })?;
+        let parent_session = header
+            .parent_session
+            .clone()
+            .unwrap_or_else(|| parent.id().clone());
+        let activation = Activation::new(child_id.clone(), parent_session, descriptor.provider, handle);
+        self.activations
+            .lock()
+            .insert(child_id.clone(), activation.clone());
+        if let Err(e) = self.make_resident(&activation, parent, signal) {
+            self.rollback(&activation).await;
+            return Err(e);
+        }
+        self.spawn_watcher(&activation, lock.clone());
+        Ok(activation)
+    }
+}
+
+/// The setup window of a cold-resumed child: the child composition only (no descriptor, no
+/// policy re-capture).
+fn resume_setup(composition: ChildComposition) -> Setup {
+    Box::new(move |ctx: Ctx| {
+        async move {
+            apply_child_composition(&ctx, &composition)?;
+            Ok(None::<Commit>)
+        }
+        .boxed()
+    })
+}
