@@ -1,10 +1,11 @@
-//! `drain_continuable_children(parent, child_ids)` (spec §2.14.11): the selected teardown.
+//! Drains (spec §2.14.11): the selected teardown `drain_continuable_children(parent, ids)` and
+//! the scoped `drain_continuable_descendants(parents)` with the admission it closes.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-use agent::{AgentRef, SessionId};
+use agent::{Agent, AgentRef, SessionId};
 
-use super::ContinuationManager;
+use super::{ContinuationManager, Inner};
 use crate::error::SubagentError;
 
 impl ContinuationManager {
@@ -66,5 +67,136 @@ impl ContinuationManager {
             "selected activation(s)",
             &refs,
         ))
+    }
+}
+
+/// One root closed by a scoped drain: closed while **that exact object** is the registry's
+/// entry for its id (a same-id replacement is unaffected), with the members recorded when the
+/// drains selected their targets.
+pub(crate) struct ClosingRoot {
+    root: Weak<dyn Agent>,
+    root_id: SessionId,
+    members: Vec<Weak<dyn Agent>>,
+}
+
+impl Inner {
+    /// The exact live closing root covering `agent`, if any (pruning roots that left the
+    /// registry).
+    pub(super) fn closing_root_over(&self, agent: &AgentRef) -> Option<SessionId> {
+        let mut closing = self.closing.lock();
+        closing.retain(|c| {
+            c.root.upgrade().is_some_and(|root| {
+                self.services
+                    .agents
+                    .get(&c.root_id)
+                    .is_some_and(|r| Arc::ptr_eq(&r, &root))
+            })
+        });
+        if closing.is_empty() {
+            return None;
+        }
+        let lineage = self.lineage_of(agent);
+        for c in closing.iter() {
+            let Some(root) = c.root.upgrade() else { continue };
+            let member = c
+                .members
+                .iter()
+                .filter_map(Weak::upgrade)
+                .any(|m| Arc::ptr_eq(&m, agent));
+            if member || lineage.iter().any(|a| Arc::ptr_eq(a, &root)) {
+                return Some(c.root_id.clone());
+            }
+        }
+        None
+    }
+
+    /// `agent` and its live durable ancestors (cycle-safe).
+    fn lineage_of(&self, agent: &AgentRef) -> Vec<AgentRef> {
+        let mut out = vec![agent.clone()];
+        let mut next = agent.session().header().parent_session.clone();
+        while let Some(id) = next {
+            if out.iter().any(|a| a.id() == &id) {
+                break;
+            }
+            let Some(parent) = self.services.agents.get(&id) else {
+                break;
+            };
+            next = parent.session().header().parent_session.clone();
+            out.push(parent);
+        }
+        out
+    }
+}
+
+impl ContinuationManager {
+    /// Scoped drain (spec §2.14.11): closes admission below each exact live `parents` root and
+    /// tears down every resident continuable descendant of those roots (a root that is itself
+    /// continuable stays resident: its host still owns it), child-first. Stale root objects are
+    /// ignored. Admission stays closed for a root until that exact object leaves the registry;
+    /// unrelated forests stay admitting. Failures aggregate as `ACTIVATION_TEARDOWN_FAILED`.
+    pub async fn drain_continuable_descendants(&self, parents: &[AgentRef]) -> Result<(), SubagentError> {
+        let inner = &self.inner;
+        let roots: Vec<AgentRef> = parents
+            .iter()
+            .filter(|p| {
+                inner
+                    .services
+                    .agents
+                    .get(p.id())
+                    .is_some_and(|r| Arc::ptr_eq(&r, p))
+            })
+            .cloned()
+            .collect();
+        if roots.is_empty() {
+            return Ok(());
+        }
+        // Synchronously: close each root, select its descendants, open their disposals.
+        let activations: Vec<_> = inner.activations.lock().values().cloned().collect();
+        let mut disposals = Vec::new();
+        for root in &roots {
+            let targets: Vec<_> = activations
+                .iter()
+                .filter(|a| a.has_ancestor(root) && !Arc::ptr_eq(&a.agent, root))
+                .cloned()
+                .collect();
+            {
+                let mut closing = inner.closing.lock();
+                let index = match closing
+                    .iter()
+                    .position(|c| c.root.upgrade().is_some_and(|r| Arc::ptr_eq(&r, root)))
+                {
+                    Some(i) => i,
+                    None => {
+                        closing.push(ClosingRoot {
+                            root: Arc::downgrade(root),
+                            root_id: root.id().clone(),
+                            members: Vec::new(),
+                        });
+                        closing.len() - 1
+                    }
+                };
+                for target in &targets {
+                    closing[index].members.push(Arc::downgrade(&target.agent));
+                }
+            }
+            for target in &targets {
+                if !disposals.iter().any(|(id, _)| id == &target.child_id) {
+                    disposals.push((target.child_id.clone(), inner.open_disposal(target)));
+                }
+            }
+        }
+        let failures: Vec<_> = futures::future::join_all(disposals.into_iter().map(|(_, d)| d))
+            .await
+            .into_iter()
+            .filter_map(Result::err)
+            .collect();
+        if failures.is_empty() {
+            return Ok(());
+        }
+        let refs: Vec<&(dyn std::error::Error + 'static)> = failures
+            .iter()
+            .map(|e| e.as_ref() as &(dyn std::error::Error + 'static))
+            .collect();
+        Err(SubagentError::teardown_failed_for("scoped activation(s)", &refs))
     }
 }

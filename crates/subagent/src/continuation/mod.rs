@@ -19,15 +19,18 @@
 //!   `keep_inbox` cancel of the current turn;
 //! * [`ContinuationManager::report_from`] (§2.14.10): next-step or quiet delivery to the durable
 //!   direct parent;
-//! * [`ContinuationManager::drain_continuable_children`] (§2.14.11): the selected teardown.
+//! * [`ContinuationManager::drain_continuable_children`] and
+//!   [`ContinuationManager::drain_continuable_descendants`] (§2.14.11): the selected teardown,
+//!   and the scoped drain with the lineage-based admission it closes.
 //!
-//! Not yet implemented: scoped drains (and the lineage-based
-//! admission they close), in-flight materialization tracking, setup contributions and listing.
+//! Not yet implemented: in-flight materialization tracking, setup contributions and listing.
 //!
 //! # Locks
 //! * `Inner::activations` (sync) — the live map `child id → Activation`; held only for lookups
 //!   and inserts/removals, never across an `.await`.
 //! * `Inner::locks` (sync) — the per-child async locks by child id.
+//! * `Inner::closing` (sync) — the roots closed by scoped drains; held while their liveness and
+//!   an agent's lineage are read from the registry, never across an `.await`.
 //! * the per-child `tokio::sync::Mutex<()>` — serializes the residency decisions of one child
 //!   (materialize-and-submit, follow-up routing, the watcher's settle decision); it is an async
 //!   lock by design and may be held across the creation's `.await`.
@@ -147,6 +150,8 @@ pub(crate) struct Inner {
     locks: Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>,
     /// Permanent manager-wide drain flag.
     draining: AtomicBool,
+    /// Roots closed by scoped drains.
+    closing: Mutex<Vec<drain::ClosingRoot>>,
     /// Watchers and other background work.
     tasks: TaskTracker,
 }
@@ -190,6 +195,7 @@ impl ContinuationManager {
                 activations: Mutex::new(HashMap::new()),
                 locks: Mutex::new(HashMap::new()),
                 draining: AtomicBool::new(false),
+                closing: Mutex::new(Vec::new()),
                 tasks: TaskTracker::new(),
             }),
         }
@@ -217,7 +223,7 @@ impl ContinuationManager {
     ) -> Result<(SessionId, MessageId), SubagentError> {
         let inner = &self.inner;
         // 1. Admission, persistence, maxDepth.
-        inner.admit()?;
+        inner.admit(&spec.parent)?;
         if inner.services.persistence.is_none() {
             return Err(SubagentError::persistence_unavailable());
         }
@@ -270,14 +276,14 @@ impl ContinuationManager {
         };
         // 7. Throw-if-aborted; admission.
         check_signal(&spec.signal)?;
-        inner.admit()?;
+        inner.admit(&parent)?;
         // 8. The seed and its length (the provider's prefix only).
         let seed = prepared.seed.filter(|s| !s.is_empty());
         let seed_length = seed.as_ref().map_or(0, Vec::len) as u64;
         // 9. Under the child lock: re-check everything.
         let lock = inner.child_lock(&child_id);
         let _guard = lock.lock().await;
-        if let Err(e) = inner.reserve(&child_id, reserved, &spec.signal).await {
+        if let Err(e) = inner.reserve(&parent, &child_id, reserved, &spec.signal).await {
             drop(_guard);
             inner.forget_lock(&child_id, &lock);
             return Err(e);
@@ -375,7 +381,7 @@ impl ContinuationManager {
         signal: &Signal,
     ) -> Result<MessageId, SubagentError> {
         let inner = &self.inner;
-        inner.admit()?;
+        inner.admit(parent)?;
         loop {
             let lock = inner.child_lock(child_id);
             let guard = lock.lock().await;
@@ -395,7 +401,7 @@ impl ContinuationManager {
                 drop(guard);
                 let _ = disposal.await;
                 check_signal(signal)?;
-                inner.admit()?;
+                inner.admit(parent)?;
                 continue;
             }
             return match inner.submit(&activation, parent, content, source, signal) {
@@ -450,13 +456,22 @@ impl ContinuationManager {
 }
 
 impl Inner {
-    /// The manager-wide admission check (`DRAINING`).
-    fn admit(&self) -> Result<(), SubagentError> {
+    /// The admission check (`DRAINING`) for an operation on behalf of `agent`: closed while
+    /// the manager drains, or while a scoped drain covers `agent` (a recorded member of a
+    /// closing root's set, or a live lineage containing a closing root).
+    pub(super) fn admit(&self, agent: &AgentRef) -> Result<(), SubagentError> {
         if self.draining.load(Ordering::SeqCst) {
-            Err(SubagentError::draining())
-        } else {
-            Ok(())
+            return Err(SubagentError::draining());
         }
+        match self.closing_root_over(agent) {
+            Some(root) => Err(SubagentError::draining_below(root.as_str())),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether `agent`'s lineage is closing (manager drain or a covering scoped drain).
+    pub(super) fn is_closing(&self, agent: &AgentRef) -> bool {
+        self.admit(agent).is_err()
     }
 
     /// `DUPLICATE_CHILD` when `id` names a live agent or a live session.
@@ -517,12 +532,13 @@ impl Inner {
     /// catalog.
     async fn reserve(
         &self,
+        parent: &AgentRef,
         child_id: &SessionId,
         reserved: bool,
         signal: &Signal,
     ) -> Result<(), SubagentError> {
         check_signal(signal)?;
-        self.admit()?;
+        self.admit(parent)?;
         self.check_available(child_id)?;
         if reserved {
             let persisted = match &self.services.persistence {
@@ -533,7 +549,7 @@ impl Inner {
                 return Err(SubagentError::duplicate_child(child_id.as_str()));
             }
             check_signal(signal)?;
-            self.admit()?;
+            self.admit(parent)?;
             self.check_available(child_id)?;
         }
         Ok(())
@@ -561,7 +577,7 @@ impl Inner {
         signal: &Signal,
     ) -> Result<(), SubagentError> {
         check_signal(signal)?;
-        self.admit()?;
+        self.admit(parent)?;
         if let Some(owner) = self.activations.lock().get(parent.id()).cloned() {
             if owner.disposal().is_some() {
                 return Err(SubagentError::parent_activation_closing(parent.id().as_str()));
@@ -604,7 +620,7 @@ impl Inner {
     ) -> Result<MessageId, SubagentError> {
         let child_id = activation.child_id.as_str();
         check_signal(signal)?;
-        self.admit()?;
+        self.admit(parent)?;
         if activation.disposal().is_some() {
             return Err(SubagentError::submission_activation_closing(child_id));
         }

@@ -1,7 +1,5 @@
 //! The settlement notice (spec §2.14.8): what a settled child's durable direct parent is told.
 
-use std::sync::atomic::Ordering;
-
 use agent::{AgentStatus, ContentBlock, Message, MessageSource};
 use serde_json::{Map, Value};
 
@@ -36,10 +34,9 @@ impl Inner {
         );
         let id = message.id.clone();
         let owner = self.activations.lock().get(parent.id()).cloned();
-        // A closing parent (manager drain, or a resident parent whose own teardown began) gets
+        // A closing parent (manager drain, a scoped drain covering it, or a resident parent whose own teardown began) gets
         // the notice without a wake: teardown is not a reason to spend a model request.
-        let closing =
-            self.draining.load(Ordering::SeqCst) || owner.as_ref().is_some_and(|o| o.disposal().is_some());
+        let closing = self.is_closing(&parent) || owner.as_ref().is_some_and(|o| o.disposal().is_some());
         let result = if closing {
             parent.inject(message)
         } else {

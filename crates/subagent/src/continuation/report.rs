@@ -40,7 +40,7 @@ impl ContinuationManager {
     ) -> Result<MessageId, SubagentError> {
         let inner = &self.inner;
         check_signal(signal)?;
-        inner.admit()?;
+        inner.admit(child)?;
         let activation = inner
             .activations
             .lock()

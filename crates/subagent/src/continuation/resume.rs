@@ -46,7 +46,7 @@ impl Inner {
             Err(e) => return Err(unavailable(Some(e))),
         };
         check_signal(signal)?;
-        self.admit()?;
+        self.admit(parent)?;
         self.authorize(parent, child_id, header.parent_session.as_ref())?;
         let loaded = persistence
             .load(child_id)

@@ -1802,3 +1802,66 @@ async fn cont_14_fork_child_continues_the_turn_numbering() {
     drop(fork);
     host.finish().await;
 }
+
+/// spec: CONT-33 — a scoped drain of a continuable child as root cancels only the grandchild,
+/// keeps the root, and closes admission under it.
+#[tokio::test(start_paused = true)]
+async fn cont_33_scoped_drain_of_a_continuable_root() {
+    let host = Host::new(vec![ScriptEntry::hang(), ScriptEntry::hang()]).await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    let child = host.get(&child_id).unwrap();
+    let spec = ContinuableStartSpec::new("spawn", "deeper", vec![ContentBlock::text("gc")], child.clone());
+    let (gc_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    yield_a_while().await;
+    host.manager
+        .drain_continuable_descendants(std::slice::from_ref(&child))
+        .await
+        .unwrap();
+    assert!(!host.manager.is_resident(&gc_id));
+    assert!(host.manager.is_resident(&child_id));
+    assert!(Arc::ptr_eq(&child, &host.get(&child_id).unwrap()));
+    assert_eq!(
+        child.status(),
+        AgentStatus::Running,
+        "the root's own turn goes on"
+    );
+    assert!(turn_end_reasons(&live_log(&child)).is_empty());
+    let spec = ContinuableStartSpec::new("spawn", "again", vec![ContentBlock::text("gc2")], child.clone());
+    let err = host.manager.start_continuable(spec).await.unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Draining);
+    assert!(err.to_string().contains(child_id.as_str()), "{err}");
+    // The grandchild's notice reached its closing parent without a wake.
+    assert_eq!(
+        child
+            .inbox()
+            .next_step
+            .iter()
+            .filter(|m| m.source.kind() == "subagent-settled")
+            .count(),
+        1
+    );
+    host.finish().await;
+}
+
+/// spec: CONT-40 — a scoped drain with a stale root object does not close admission for the
+/// live same-id parent.
+#[tokio::test(start_paused = true)]
+async fn cont_40_stale_root_does_not_close_admission() {
+    let mut host = Host::new(vec![chunks::text("done").into()]).await;
+    let stale_handle = host
+        .runtime
+        .create(CreateAgentOptions::new(SessionId::from("p2")))
+        .await
+        .unwrap();
+    let stale = stale_handle.agent().clone();
+    stale_handle.dispose().await;
+    let live = host.other_agent("p2").await;
+    host.manager
+        .drain_continuable_descendants(std::slice::from_ref(&stale))
+        .await
+        .unwrap();
+    let spec = ContinuableStartSpec::new("spawn", "label", vec![ContentBlock::text("task")], live);
+    host.manager.start_continuable(spec).await.unwrap();
+    host.settle().await;
+    host.finish().await;
+}
