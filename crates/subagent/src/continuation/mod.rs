@@ -53,6 +53,7 @@ use agent::{
     MessageSource, ScopeInactive, Services, SessionEvent, SessionId, Signal,
 };
 use futures::FutureExt;
+use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use serde_json::Value;
 use tokio_util::task::TaskTracker;
@@ -422,8 +423,12 @@ impl ContinuationManager {
     /// Manager-wide drain: closes admission permanently, disposes every resident child (roots
     /// first open their forests; children are released before their owners) and awaits the
     /// manager's background work. Failures aggregate as `ACTIVATION_TEARDOWN_FAILED`.
-    pub async fn dispose_all(&self) -> Result<(), SubagentError> {
-        let inner = &self.inner;
+    ///
+    /// Closing admission and opening every root's disposal (so cancellation propagates
+    /// top-down) happen **synchronously, when this is called**, before the returned future is
+    /// first polled; the future awaits the teardowns and the manager's tasks.
+    pub fn dispose_all(&self) -> BoxFuture<'static, Result<(), SubagentError>> {
+        let inner = self.inner.clone();
         inner.draining.store(true, Ordering::SeqCst);
         let all: Vec<Arc<Activation>> = inner.activations.lock().values().cloned().collect();
         let owned: std::collections::HashSet<SessionId> =
@@ -433,20 +438,23 @@ impl ContinuationManager {
             .filter(|a| !owned.contains(&a.child_id))
             .map(|a| inner.open_disposal(a))
             .collect();
-        let results = futures::future::join_all(disposals).await;
-        inner.tasks.close();
-        inner.tasks.wait().await;
-        inner.tasks.reopen();
-        let failures: Vec<_> = results.into_iter().filter_map(Result::err).collect();
-        if failures.is_empty() {
-            Ok(())
-        } else {
-            let refs: Vec<&(dyn std::error::Error + 'static)> = failures
-                .iter()
-                .map(|e| e.as_ref() as &(dyn std::error::Error + 'static))
-                .collect();
-            Err(SubagentError::teardown_failed_for("activation(s)", &refs))
+        async move {
+            let results = futures::future::join_all(disposals).await;
+            inner.tasks.close();
+            inner.tasks.wait().await;
+            inner.tasks.reopen();
+            let failures: Vec<_> = results.into_iter().filter_map(Result::err).collect();
+            if failures.is_empty() {
+                Ok(())
+            } else {
+                let refs: Vec<&(dyn std::error::Error + 'static)> = failures
+                    .iter()
+                    .map(|e| e.as_ref() as &(dyn std::error::Error + 'static))
+                    .collect();
+                Err(SubagentError::teardown_failed_for("activation(s)", &refs))
+            }
         }
+        .boxed()
     }
 
     /// The number of background tasks (watchers) still running.

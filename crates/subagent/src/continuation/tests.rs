@@ -1865,3 +1865,105 @@ async fn cont_40_stale_root_does_not_close_admission() {
     host.settle().await;
     host.finish().await;
 }
+
+/// spec: CONT-79 — scoped drain: the parent gets the "was stopped…" notice without a wake (an
+/// inbox splice is logged, no `turn/start`, the parent stays idle).
+#[tokio::test(start_paused = true)]
+async fn cont_79_scoped_drain_notice_is_injected() {
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    yield_a_while().await;
+    host.manager
+        .drain_continuable_descendants(std::slice::from_ref(&host.parent))
+        .await
+        .unwrap();
+    assert!(!host.manager.is_resident(&child_id));
+    assert_eq!(host.parent.status(), AgentStatus::Idle);
+    let inbox = host.parent.inbox();
+    assert_eq!(inbox.next_step.len(), 1);
+    assert_eq!(
+        block_texts(&inbox.next_step[0].content)[0],
+        format!("Background subagent {child_id} was stopped before it finished.")
+    );
+    let names = type_names(&live_log(&host.parent));
+    assert!(names.iter().any(|n| n == "agent/inbox/spliced"), "{names:?}");
+    assert!(!names.iter().any(|n| n == "turn/start"), "{names:?}");
+    host.finish().await;
+}
+
+/// spec: CONT-38 — a scoped drain finds a continuable descendant whose intermediate one-shot
+/// parent already left the registry.
+#[tokio::test(start_paused = true)]
+async fn cont_38_scoped_drain_reaches_past_a_departed_intermediate() {
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let mid_handle = host
+        .runtime
+        .create(CreateAgentOptions {
+            meta: SessionMeta {
+                parent_session: Some(SessionId::from("parent")),
+                origin: Some(agent::Origin::Subagent),
+                delegation_depth: Some(1),
+                ..SessionMeta::default()
+            },
+            agent_options: routed(),
+            ..CreateAgentOptions::new(SessionId::from("mid"))
+        })
+        .await
+        .unwrap();
+    let mid = mid_handle.agent().clone();
+    let spec = ContinuableStartSpec::new("spawn", "deep", vec![ContentBlock::text("task")], mid);
+    let (child_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    mid_handle.dispose().await;
+    assert!(host.get(&SessionId::from("mid")).is_none());
+    yield_a_while().await;
+    host.manager
+        .drain_continuable_descendants(std::slice::from_ref(&host.parent))
+        .await
+        .unwrap();
+    assert!(!host.manager.is_resident(&child_id));
+    assert!(host.get(&child_id).is_none());
+    host.finish().await;
+}
+
+/// spec: CONT-43 — a manager drain begun at `subagent/start` makes the start reject `DRAINING`
+/// with no inbox insertion and only the parent left.
+/// spec: CONT-83 — a start refused by a drain at `subagent/start` produces no notice.
+#[tokio::test(start_paused = true)]
+async fn cont_43_manager_drain_at_the_start_edge() {
+    let host = Host::new(vec![]).await;
+    let manager = host.manager.clone();
+    let drains = Arc::new(Mutex::new(Vec::new()));
+    let pending = drains.clone();
+    let listener = host.service.events().on(move |e: &SubagentEvent| {
+        if matches!(e, SubagentEvent::Start(_)) {
+            pending.lock().push(manager.dispose_all());
+        }
+        Ok(())
+    });
+    let inserted = Arc::new(AtomicUsize::new(0));
+    let count = inserted.clone();
+    let inbox = host.runtime.services().agent_events.on(move |e: &AgentEvent| {
+        if let AgentEvent::InboxInserted { agent, .. } = e
+            && agent.as_str() != "parent"
+        {
+            count.fetch_add(1, AtomicOrdering::SeqCst);
+        }
+        Ok(())
+    });
+    let err = host
+        .manager
+        .start_continuable(host.spec("task"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Draining);
+    let drain = drains.lock().pop().expect("drain begun");
+    drain.await.unwrap();
+    assert_eq!(inserted.load(AtomicOrdering::SeqCst), 0);
+    assert_eq!(host.agent_count(), 1);
+    assert!(
+        notices(&host.parent).is_empty() && host.parent.inbox().is_empty(),
+        "no notice"
+    );
+    drop((listener, inbox));
+    host.finish().await;
+}
