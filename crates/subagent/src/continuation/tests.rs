@@ -1967,3 +1967,112 @@ async fn cont_43_manager_drain_at_the_start_edge() {
     drop((listener, inbox));
     host.finish().await;
 }
+
+/// spec: CONT-87 — a follow-up with a pre-aborted token to a settled child rejects and is not
+/// logged.
+#[tokio::test(start_paused = true)]
+async fn cont_87_preaborted_followup_to_a_settled_child() {
+    let host = Host::new(vec![chunks::text("done").into(), chunks::text("ack").into()]).await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    let signal = Signal::new();
+    signal.cancel(agent::CancelCause::User);
+    let err = host
+        .manager
+        .followup_with(
+            &host.parent,
+            &child_id,
+            vec![ContentBlock::text("never")],
+            MessageSource::User,
+            &signal,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Cancelled);
+    assert!(host.get(&child_id).is_none());
+    assert_eq!(host.starts().len(), 1, "no second epoch");
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["task"]);
+    host.finish().await;
+}
+
+/// spec: CONT-89 — with the Activation entry removed but the agent still live, a follow-up
+/// rejects with a `SubagentError` and the live agent is not adopted.
+#[tokio::test(start_paused = true)]
+async fn cont_89_live_agent_without_activation_is_not_adopted() {
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    let child = host.get(&child_id).unwrap();
+    yield_a_while().await;
+    let removed = host.manager.inner.activations.lock().remove(&child_id).unwrap();
+    let err = host
+        .manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("adopt?")])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::NotResumable);
+    assert!(!host.manager.is_resident(&child_id));
+    assert!(Arc::ptr_eq(&child, &host.get(&child_id).unwrap()));
+    assert_eq!(host.starts().len(), 1);
+    host.manager
+        .inner
+        .activations
+        .lock()
+        .insert(child_id.clone(), removed);
+    host.finish().await;
+}
+
+/// spec: CONT-13 — cold resume in a fresh runtime of a routeless child leaves the resumed agent
+/// with no provider and no model.
+#[tokio::test(start_paused = true)]
+async fn cont_13_routeless_cold_resume_in_a_fresh_runtime() {
+    let host = Host::build(vec![], true, true, AgentOptions::default()).await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    let store = host.store.clone();
+    host.finish().await;
+    // A fresh runtime over the same store, with the parent resumed there.
+    let runtime = RuntimeBuilder::new().persistence(store.clone()).build();
+    let parent_handle = runtime
+        .resume(agent::ResumeAgentOptions {
+            session_id: SessionId::from("parent"),
+            agent_options: AgentOptions::default(),
+            signal: None,
+            setup: None,
+            owner: None,
+        })
+        .await
+        .unwrap();
+    let parent = parent_handle.agent().clone();
+    let service = SubagentService::new();
+    let manager = ContinuationManager::new(service.clone(), runtime.services().clone());
+    let options = Arc::new(Mutex::new(None));
+    let seen = options.clone();
+    let services = runtime.services().clone();
+    let target = child_id.clone();
+    let listener = service.events().on(move |e: &SubagentEvent| {
+        if let SubagentEvent::Start(info) = e
+            && info.id == target
+        {
+            *seen.lock() = services.agents.get(&info.id).map(|a| a.options().clone());
+        }
+        Ok(())
+    });
+    manager
+        .followup(&parent, &child_id, vec![ContentBlock::text("again")])
+        .await
+        .unwrap();
+    let resumed = options
+        .lock()
+        .clone()
+        .expect("resumed agent seen at its start edge");
+    assert_eq!(resumed.provider, None);
+    assert_eq!(resumed.model, None);
+    manager.dispose_all().await.unwrap();
+    parent_handle.dispose().await;
+    drop(listener);
+    runtime.shutdown().await;
+    assert_quiescent(&runtime);
+}
