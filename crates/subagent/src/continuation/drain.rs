@@ -1,9 +1,13 @@
 //! Drains (spec §2.14.11): the selected teardown `drain_continuable_children(parent, ids)` and
 //! the scoped `drain_continuable_descendants(parents)` with the admission it closes.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use agent::{Agent, AgentRef, SessionId};
+use futures::FutureExt;
+use futures::channel::oneshot;
+use futures::future::{BoxFuture, Shared};
 
 use super::{ContinuationManager, Inner};
 use crate::error::SubagentError;
@@ -20,11 +24,25 @@ impl ContinuationManager {
     /// or a resident target is not its direct child (checked for every target before any
     /// disposal begins); `ACTIVATION_TEARDOWN_FAILED` aggregating failed branches after all
     /// branches settled.
-    pub async fn drain_continuable_children(
+    ///
+    /// Authorization and opening every selected transaction happen synchronously, when this is
+    /// called; the returned future awaits the teardowns.
+    pub fn drain_continuable_children(
         &self,
         parent: &AgentRef,
         child_ids: &[SessionId],
-    ) -> Result<(), SubagentError> {
+    ) -> BoxFuture<'static, Result<(), SubagentError>> {
+        match self.open_selected(parent, child_ids) {
+            Ok(disposals) => settle_branches(disposals, "selected activation(s)").boxed(),
+            Err(e) => futures::future::ready(Err(e)).boxed(),
+        }
+    }
+
+    fn open_selected(
+        &self,
+        parent: &AgentRef,
+        child_ids: &[SessionId],
+    ) -> Result<Vec<super::activation::Disposal>, SubagentError> {
         let inner = &self.inner;
         let live = inner
             .services
@@ -50,23 +68,7 @@ impl ContinuationManager {
             }
             targets.push(activation);
         }
-        let disposals: Vec<_> = targets.iter().map(|a| inner.open_disposal(a)).collect();
-        let failures: Vec<_> = futures::future::join_all(disposals)
-            .await
-            .into_iter()
-            .filter_map(Result::err)
-            .collect();
-        if failures.is_empty() {
-            return Ok(());
-        }
-        let refs: Vec<&(dyn std::error::Error + 'static)> = failures
-            .iter()
-            .map(|e| e.as_ref() as &(dyn std::error::Error + 'static))
-            .collect();
-        Err(SubagentError::teardown_failed_for(
-            "selected activation(s)",
-            &refs,
-        ))
+        Ok(targets.iter().map(|a| inner.open_disposal(a)).collect())
     }
 }
 
@@ -79,7 +81,61 @@ pub(crate) struct ClosingRoot {
     members: Vec<Weak<dyn Agent>>,
 }
 
+/// One in-flight materialization: the delegating parent's lineage at its start, and its
+/// completion (resolved when the record's guard is dropped: installed or rolled back).
+pub(crate) struct Materializing {
+    id: u64,
+    lineage: Vec<Weak<dyn Agent>>,
+    done: Shared<oneshot::Receiver<()>>,
+}
+
+/// Removes its in-flight record and resolves its completion when dropped.
+pub(crate) struct MaterializingGuard {
+    inner: Weak<Inner>,
+    id: u64,
+    _done: oneshot::Sender<()>,
+}
+
+impl Drop for MaterializingGuard {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.upgrade() {
+            inner.materializing.lock().retain(|m| m.id != self.id);
+        }
+    }
+}
+
 impl Inner {
+    /// Registers an in-flight materialization delegated by `parent` (its exact live lineage).
+    pub(super) fn begin_materialization(self: &Arc<Self>, parent: &AgentRef) -> MaterializingGuard {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let lineage = self.lineage_of(parent).iter().map(Arc::downgrade).collect();
+        self.materializing.lock().push(Materializing {
+            id,
+            lineage,
+            done: rx.shared(),
+        });
+        MaterializingGuard {
+            inner: Arc::downgrade(self),
+            id,
+            _done: tx,
+        }
+    }
+
+    /// The completions of the in-flight materializations whose lineage satisfies `covered`.
+    pub(super) fn inflight_materializations(
+        &self,
+        covered: impl Fn(&[Weak<dyn Agent>]) -> bool,
+    ) -> Vec<futures::future::BoxFuture<'static, ()>> {
+        self.materializing
+            .lock()
+            .iter()
+            .filter(|m| covered(&m.lineage))
+            .map(|m| m.done.clone().map(|_| ()).boxed())
+            .collect()
+    }
+
     /// The exact live closing root covering `agent`, if any (pruning roots that left the
     /// registry).
     pub(super) fn closing_root_over(&self, agent: &AgentRef) -> Option<SessionId> {
@@ -134,7 +190,14 @@ impl ContinuationManager {
     /// continuable stays resident: its host still owns it), child-first. Stale root objects are
     /// ignored. Admission stays closed for a root until that exact object leaves the registry;
     /// unrelated forests stay admitting. Failures aggregate as `ACTIVATION_TEARDOWN_FAILED`.
-    pub async fn drain_continuable_descendants(&self, parents: &[AgentRef]) -> Result<(), SubagentError> {
+    ///
+    /// Closing the roots, selecting the targets and opening their transactions happen
+    /// synchronously, when this is called; the returned future awaits the in-flight
+    /// materializations below the roots, then the teardowns.
+    pub fn drain_continuable_descendants(
+        &self,
+        parents: &[AgentRef],
+    ) -> BoxFuture<'static, Result<(), SubagentError>> {
         let inner = &self.inner;
         let roots: Vec<AgentRef> = parents
             .iter()
@@ -148,7 +211,7 @@ impl ContinuationManager {
             .cloned()
             .collect();
         if roots.is_empty() {
-            return Ok(());
+            return futures::future::ready(Ok(())).boxed();
         }
         // Synchronously: close each root, select its descendants, open their disposals.
         let activations: Vec<_> = inner.activations.lock().values().cloned().collect();
@@ -185,18 +248,38 @@ impl ContinuationManager {
                 }
             }
         }
-        let failures: Vec<_> = futures::future::join_all(disposals.into_iter().map(|(_, d)| d))
-            .await
-            .into_iter()
-            .filter_map(Result::err)
-            .collect();
-        if failures.is_empty() {
-            return Ok(());
+        let inflight = inner.inflight_materializations(|lineage| {
+            lineage
+                .iter()
+                .filter_map(Weak::upgrade)
+                .any(|a| roots.iter().any(|r| Arc::ptr_eq(&a, r)))
+        });
+        let disposals: Vec<_> = disposals.into_iter().map(|(_, d)| d).collect();
+        async move {
+            futures::future::join_all(inflight).await;
+            settle_branches(disposals, "scoped activation(s)").await
         }
-        let refs: Vec<&(dyn std::error::Error + 'static)> = failures
-            .iter()
-            .map(|e| e.as_ref() as &(dyn std::error::Error + 'static))
-            .collect();
-        Err(SubagentError::teardown_failed_for("scoped activation(s)", &refs))
+        .boxed()
     }
+}
+
+/// Awaits every branch, then reports the failed ones as one `ACTIVATION_TEARDOWN_FAILED`
+/// naming `subject`.
+async fn settle_branches(
+    disposals: Vec<super::activation::Disposal>,
+    subject: &'static str,
+) -> Result<(), SubagentError> {
+    let failures: Vec<_> = futures::future::join_all(disposals)
+        .await
+        .into_iter()
+        .filter_map(Result::err)
+        .collect();
+    if failures.is_empty() {
+        return Ok(());
+    }
+    let refs: Vec<&(dyn std::error::Error + 'static)> = failures
+        .iter()
+        .map(|e| e.as_ref() as &(dyn std::error::Error + 'static))
+        .collect();
+    Err(SubagentError::teardown_failed_for(subject, &refs))
 }

@@ -23,7 +23,9 @@
 //!   [`ContinuationManager::drain_continuable_descendants`] (§2.14.11): the selected teardown,
 //!   and the scoped drain with the lineage-based admission it closes.
 //!
-//! Not yet implemented: in-flight materialization tracking, setup contributions and listing.
+//! Drains wait for in-flight materializations in their scope (spec §2.14.4 step 1).
+//!
+//! Not yet implemented: setup contributions (§2.14.12) and listing (§2.18).
 //!
 //! # Locks
 //! * `Inner::activations` (sync) — the live map `child id → Activation`; held only for lookups
@@ -153,6 +155,8 @@ pub(crate) struct Inner {
     draining: AtomicBool,
     /// Roots closed by scoped drains.
     closing: Mutex<Vec<drain::ClosingRoot>>,
+    /// In-flight materializations (creation or resume until installed or rolled back).
+    materializing: Mutex<Vec<drain::Materializing>>,
     /// Watchers and other background work.
     tasks: TaskTracker,
 }
@@ -197,6 +201,7 @@ impl ContinuationManager {
                 locks: Mutex::new(HashMap::new()),
                 draining: AtomicBool::new(false),
                 closing: Mutex::new(Vec::new()),
+                materializing: Mutex::new(Vec::new()),
                 tasks: TaskTracker::new(),
             }),
         }
@@ -289,7 +294,13 @@ impl ContinuationManager {
             inner.forget_lock(&child_id, &lock);
             return Err(e);
         }
-        // 10. Materialize.
+        // 10. Materialize: re-check admission, register the in-flight record.
+        if let Err(e) = check_signal(&spec.signal).and_then(|()| inner.admit(&parent)) {
+            drop(_guard);
+            inner.forget_lock(&child_id, &lock);
+            return Err(e);
+        }
+        let materializing = inner.begin_materialization(&parent);
         let create = CreateAgentOptions {
             session_id: child_id.clone(),
             meta: child_session_meta(parent.session().header(), child_depth, seed_length),
@@ -328,10 +339,12 @@ impl ContinuationManager {
         // Residency: under a guard that rolls back on failure.
         if let Err(e) = inner.make_resident(&activation, &parent, &spec.signal) {
             inner.rollback(&activation).await;
+            drop(materializing);
             drop(_guard);
             inner.forget_lock(&child_id, &lock);
             return Err(e);
         }
+        drop(materializing);
         inner.spawn_watcher(&activation, lock.clone());
         // 11. Submit the first prompt.
         match inner.submit(
@@ -438,7 +451,9 @@ impl ContinuationManager {
             .filter(|a| !owned.contains(&a.child_id))
             .map(|a| inner.open_disposal(a))
             .collect();
+        let inflight = inner.inflight_materializations(|_| true);
         async move {
+            futures::future::join_all(inflight).await;
             let results = futures::future::join_all(disposals).await;
             inner.tasks.close();
             inner.tasks.wait().await;

@@ -76,6 +76,8 @@ impl Inner {
             })),
             owner: None,
         };
+        self.admit(parent)?;
+        let materializing = self.begin_materialization(parent);
         let handle = self.services.agents.resume(resume).await.map_err(|e| {
             if signal.is_cancelled() {
                 check_signal(signal).expect_err("cancelled")
@@ -93,8 +95,10 @@ impl Inner {
             .insert(child_id.clone(), activation.clone());
         if let Err(e) = self.make_resident(&activation, parent, signal) {
             self.rollback(&activation).await;
+            drop(materializing);
             return Err(e);
         }
+        drop(materializing);
         self.spawn_watcher(&activation, lock.clone());
         Ok(activation)
     }

@@ -2076,3 +2076,78 @@ async fn cont_13_routeless_cold_resume_in_a_fresh_runtime() {
     runtime.shutdown().await;
     assert_quiescent(&runtime);
 }
+
+/// spec: CONT-44 — a manager drain begun at `agent/created` (before Activation install) makes
+/// the start reject `DRAINING`, and the child's disposal is observed before the drain resolves.
+#[tokio::test(start_paused = true)]
+async fn cont_44_manager_drain_at_agent_created_waits_for_the_materialization() {
+    let host = Host::new(vec![]).await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let log = order.clone();
+    let manager = host.manager.clone();
+    let listener = host.runtime.services().agent_events.on(move |e: &AgentEvent| {
+        match e {
+            AgentEvent::Created { agent } if agent.as_str() == "early" => {
+                let drain = manager.dispose_all();
+                let log = log.clone();
+                tokio::spawn(async move {
+                    drain.await.unwrap();
+                    log.lock().push("drain resolved".to_owned());
+                });
+            }
+            AgentEvent::Disposed { agent } if agent.as_str() == "early" => {
+                log.lock().push("child disposed".to_owned());
+            }
+            _ => {}
+        }
+        Ok(())
+    });
+    let mut spec = host.spec("task");
+    spec.child_id = Some(SessionId::from("early"));
+    let err = host.manager.start_continuable(spec).await.unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Draining);
+    yield_a_while().await;
+    assert_eq!(*order.lock(), vec!["child disposed", "drain resolved"]);
+    assert_eq!(host.agent_count(), 1);
+    assert!(host.starts().is_empty() && host.ends().is_empty());
+    drop(listener);
+    host.finish().await;
+}
+
+/// spec: CONT-39 — a scoped drain waits for an in-flight materialization below the root; that
+/// start then rejects `DRAINING` and its child is removed.
+#[tokio::test(start_paused = true)]
+async fn cont_39_scoped_drain_waits_for_an_inflight_materialization() {
+    let host = Host::new(vec![]).await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let log = order.clone();
+    let manager = host.manager.clone();
+    let root = host.parent.clone();
+    let listener = host.runtime.services().agent_events.on(move |e: &AgentEvent| {
+        match e {
+            AgentEvent::Created { agent } if agent.as_str() == "below" => {
+                let drain = manager.drain_continuable_descendants(std::slice::from_ref(&root));
+                let log = log.clone();
+                tokio::spawn(async move {
+                    drain.await.unwrap();
+                    log.lock().push("drain resolved".to_owned());
+                });
+            }
+            AgentEvent::Disposed { agent } if agent.as_str() == "below" => {
+                log.lock().push("child disposed".to_owned());
+            }
+            _ => {}
+        }
+        Ok(())
+    });
+    let mut spec = host.spec("task");
+    spec.child_id = Some(SessionId::from("below"));
+    let err = host.manager.start_continuable(spec).await.unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Draining);
+    assert!(err.to_string().contains("below parent \"parent\""), "{err}");
+    yield_a_while().await;
+    assert_eq!(*order.lock(), vec!["child disposed", "drain resolved"]);
+    assert!(host.get(&SessionId::from("below")).is_none());
+    drop(listener);
+    host.finish().await;
+}
