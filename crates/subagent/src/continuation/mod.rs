@@ -230,6 +230,7 @@ impl ContinuationManager {
         let inner = &self.inner;
         // 1. Admission, persistence, maxDepth.
         inner.admit(&spec.parent)?;
+        inner.check_parent_open(&spec.parent)?;
         if inner.services.persistence.is_none() {
             return Err(SubagentError::persistence_unavailable());
         }
@@ -283,6 +284,7 @@ impl ContinuationManager {
         // 7. Throw-if-aborted; admission.
         check_signal(&spec.signal)?;
         inner.admit(&parent)?;
+        inner.check_parent_open(&parent)?;
         // 8. The seed and its length (the provider's prefix only).
         let seed = prepared.seed.filter(|s| !s.is_empty());
         let seed_length = seed.as_ref().map_or(0, Vec::len) as u64;
@@ -489,6 +491,18 @@ impl Inner {
         match self.closing_root_over(agent) {
             Some(root) => Err(SubagentError::draining_below(root.as_str())),
             None => Ok(()),
+        }
+    }
+
+    /// `ACTIVATION_CLOSING` when `parent` is a resident Activation whose disposal began (it
+    /// can no longer own a new child).
+    fn check_parent_open(&self, parent: &AgentRef) -> Result<(), SubagentError> {
+        let owner = self.activations.lock().get(parent.id()).cloned();
+        match owner {
+            Some(owner) if owner.disposal().is_some() => {
+                Err(SubagentError::parent_activation_closing(parent.id().as_str()))
+            }
+            _ => Ok(()),
         }
     }
 

@@ -2151,3 +2151,73 @@ async fn cont_39_scoped_drain_waits_for_an_inflight_materialization() {
     drop(listener);
     host.finish().await;
 }
+
+/// spec: CONT-93 — starting a grandchild under a parent Activation whose disposal is marked
+/// open rejects `ACTIVATION_CLOSING` and leaves no new agent.
+#[tokio::test(start_paused = true)]
+async fn cont_93_closing_parent_activation_cannot_own_a_new_child() {
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    let child = host.get(&child_id).unwrap();
+    yield_a_while().await;
+    let activation = host
+        .manager
+        .inner
+        .activations
+        .lock()
+        .get(&child_id)
+        .cloned()
+        .unwrap();
+    let disposal = host.manager.inner.open_disposal(&activation);
+    let before = host.agent_count();
+    let spec = ContinuableStartSpec::new("spawn", "late", vec![ContentBlock::text("gc")], child);
+    let err = host.manager.start_continuable(spec).await.unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::ActivationClosing);
+    assert!(host.agent_count() <= before);
+    disposal.await.unwrap();
+    assert_eq!(host.agent_count(), 1);
+    host.finish().await;
+}
+
+/// spec: CONT-62 — a synchronous inbox observer at follow-up insertion sees the child still
+/// registered; the child makes exactly two model requests and logs the queued message.
+#[tokio::test(start_paused = true)]
+async fn cont_62_insertion_observer_sees_a_registered_child() {
+    let host = Host::new(by_session(10)).await;
+    let (child_gate, hook) = gate(&host, "observed");
+    let mut spec = host.spec("task");
+    spec.child_id = Some(SessionId::from("observed"));
+    let (child_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let services = host.runtime.services().clone();
+    let listener = host
+        .runtime
+        .services()
+        .agent_events
+        .on_scoped(child_id.clone(), move |e: &AgentEvent| {
+            if let AgentEvent::InboxInserted { agent, .. } = e {
+                sink.lock().push(services.agents.get(agent).is_some());
+            }
+            Ok(())
+        });
+    host.manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("queued")])
+        .await
+        .unwrap();
+    assert_eq!(*seen.lock(), vec![true]);
+    child_gate.send(true).unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    let child_requests = host
+        .model
+        .requests()
+        .iter()
+        .filter(|r| r.session_id.as_ref() == Some(&child_id))
+        .count();
+    assert_eq!(child_requests, 2);
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["task", "queued"]);
+    drop((listener, hook));
+    host.finish().await;
+}
