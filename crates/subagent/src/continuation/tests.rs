@@ -2221,3 +2221,194 @@ async fn cont_62_insertion_observer_sees_a_registered_child() {
     drop((listener, hook));
     host.finish().await;
 }
+
+/// What a [`StepRule`] does with the n-th step (0-based) of its agent.
+#[derive(Clone, Copy)]
+enum StepAction {
+    Pass,
+    /// Wait until the step's signal is cancelled, then pass (the driver sees the cancellation).
+    HoldUntilCancelled,
+    Fail,
+}
+
+struct StepRule {
+    steps: AtomicUsize,
+    rule: fn(usize) -> StepAction,
+}
+
+#[async_trait]
+impl agent::PreStepInterceptor for StepRule {
+    async fn pre_step(
+        &self,
+        step: agent::PreStep<'_>,
+        proposed: agent::PreStepDecision,
+    ) -> Result<agent::PreStepDecision, agent::BoxError> {
+        let n = self.steps.fetch_add(1, AtomicOrdering::SeqCst);
+        match (self.rule)(n) {
+            StepAction::Pass => Ok(proposed),
+            StepAction::HoldUntilCancelled => {
+                step.signal.cancelled().await;
+                Ok(proposed)
+            }
+            StepAction::Fail => Err("pre-step failure".into()),
+        }
+    }
+}
+
+fn step_rule(host: &Host, id: &str, rule: fn(usize) -> StepAction) -> agent::Registration {
+    host.runtime.services().pre_step.add(
+        Some(SessionId::from(id)),
+        Arc::new(StepRule {
+            steps: AtomicUsize::new(0),
+            rule,
+        }),
+    )
+}
+
+async fn start_reserved(host: &Host, id: &str) -> SessionId {
+    let mut spec = host.spec("task");
+    spec.child_id = Some(SessionId::from(id));
+    host.manager.start_continuable(spec).await.unwrap().0
+}
+
+/// spec: CONT-71 — an ancestor interrupt at the first pre-step: "was stopped…" plus no closing
+/// message.
+#[tokio::test(start_paused = true)]
+async fn cont_71_ancestor_interrupt_at_the_first_pre_step() {
+    let host = Host::new(by_session(10)).await;
+    let hook = step_rule(&host, "held", |_| StepAction::HoldUntilCancelled);
+    let child_id = start_reserved(&host, "held").await;
+    yield_a_while().await;
+    host.manager
+        .interrupt(
+            &child_id,
+            &super::InterruptAuthority::Ancestor {
+                agent: host.parent.clone(),
+            },
+        )
+        .unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    let notices = notices(&host.parent);
+    assert_eq!(notices.len(), 1);
+    assert_eq!(
+        block_texts(&notices[0].content),
+        vec![
+            format!("Background subagent {child_id} was stopped before it finished."),
+            "It left no closing message.".to_owned()
+        ]
+    );
+    drop(hook);
+    host.finish().await;
+}
+
+/// spec: CONT-69 — a later turn held at pre-step and drained: "was stopped before it
+/// finished." plus the earlier answer.
+#[tokio::test(start_paused = true)]
+async fn cont_69_later_turn_held_and_drained() {
+    let host = Host::new(by_session(10)).await;
+    let hook = step_rule(&host, "later", |n| {
+        if n == 0 {
+            StepAction::Pass
+        } else {
+            StepAction::HoldUntilCancelled
+        }
+    });
+    let child_id = start_reserved(&host, "later").await;
+    host.manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("more")])
+        .await
+        .unwrap();
+    yield_a_while().await;
+    assert!(host.manager.is_resident(&child_id));
+    host.manager.dispose_all().await.unwrap();
+    let inbox = host.parent.inbox().next_step;
+    let notice = inbox
+        .iter()
+        .find(|m| m.source.kind() == "subagent-settled")
+        .expect("notice");
+    assert_eq!(
+        block_texts(&notice.content),
+        vec![
+            format!("Background subagent {child_id} was stopped before it finished."),
+            "Its closing message:".to_owned(),
+            "later reply".to_owned()
+        ]
+    );
+    drop(hook);
+    host.finish().await;
+}
+
+/// spec: CONT-68 — a later turn failing at pre-step with an error: "failed before it
+/// finished." plus the earlier answer; the swallowed follow-up is not logged.
+#[tokio::test(start_paused = true)]
+async fn cont_68_later_turn_failing_at_pre_step() {
+    let host = Host::new(by_session(10)).await;
+    let hook = step_rule(&host, "failing", |n| {
+        if n == 0 {
+            StepAction::Pass
+        } else {
+            StepAction::Fail
+        }
+    });
+    let child_id = start_reserved(&host, "failing").await;
+    host.manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("swallowed")])
+        .await
+        .unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    let notices = notices(&host.parent);
+    assert_eq!(notices.len(), 1);
+    assert_eq!(
+        block_texts(&notices[0].content),
+        vec![
+            format!("Background subagent {child_id} failed before it finished."),
+            "Its closing message:".to_owned(),
+            "failing reply".to_owned()
+        ]
+    );
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["task"]);
+    drop(hook);
+    host.finish().await;
+}
+
+/// spec: CONT-97 — interrupting a child never cancels its running grandchild, which completes;
+/// the child stays resident until then.
+#[tokio::test(start_paused = true)]
+async fn cont_97_interrupt_spares_the_grandchild() {
+    let host = Host::new(by_session(10)).await;
+    let child_hook = step_rule(&host, "mid", |_| StepAction::HoldUntilCancelled);
+    let (gc_gate, gc_hook) = gate(&host, "leaf");
+    let child_id = start_reserved(&host, "mid").await;
+    let child = host.get(&child_id).unwrap();
+    let mut spec =
+        ContinuableStartSpec::new("spawn", "deeper", vec![ContentBlock::text("gc")], child.clone());
+    spec.child_id = Some(SessionId::from("leaf"));
+    let (gc_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    yield_a_while().await;
+    host.manager
+        .interrupt(
+            &child_id,
+            &super::InterruptAuthority::User {
+                parent_session_id: SessionId::from("parent"),
+            },
+        )
+        .unwrap();
+    child.when_idle().await;
+    yield_a_while().await;
+    assert!(host.manager.is_resident(&child_id), "waiting on its grandchild");
+    assert!(host.manager.is_resident(&gc_id));
+    drop(child_hook);
+    gc_gate.send(true).unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    let ends = host.ends();
+    let gc_end = ends.iter().find(|e| e.info.id == gc_id).expect("grandchild end");
+    assert_eq!(gc_end.stop_reason, StopReason::Completed);
+    let order: Vec<&SessionId> = ends.iter().map(|e| &e.info.id).collect();
+    assert_eq!(order, vec![&gc_id, &child_id]);
+    drop(gc_hook);
+    host.finish().await;
+}
