@@ -2229,6 +2229,7 @@ enum StepAction {
     /// Wait until the step's signal is cancelled, then pass (the driver sees the cancellation).
     HoldUntilCancelled,
     Fail,
+    Reject,
 }
 
 struct StepRule {
@@ -2251,6 +2252,7 @@ impl agent::PreStepInterceptor for StepRule {
                 Ok(proposed)
             }
             StepAction::Fail => Err("pre-step failure".into()),
+            StepAction::Reject => Ok(agent::PreStepDecision::Reject),
         }
     }
 }
@@ -2410,5 +2412,77 @@ async fn cont_97_interrupt_spares_the_grandchild() {
     let order: Vec<&SessionId> = ends.iter().map(|e| &e.info.id).collect();
     assert_eq!(order, vec![&gc_id, &child_id]);
     drop(gc_hook);
+    host.finish().await;
+}
+
+/// spec: CONT-53 — a resumed epoch whose prompt is rejected pre-step reports no message (not the
+/// previous epoch's) and `refusal`.
+#[tokio::test(start_paused = true)]
+async fn cont_53_resumed_epoch_refused_reports_no_message() {
+    let host = Host::new(by_session(10)).await;
+    let hook = step_rule(&host, "second", |n| {
+        if n == 0 {
+            StepAction::Pass
+        } else {
+            StepAction::Reject
+        }
+    });
+    let child_id = start_reserved(&host, "second").await;
+    host.settle().await;
+    host.parent.when_idle().await;
+    host.manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("again")])
+        .await
+        .unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    let ends = host.ends();
+    assert_eq!(ends.len(), 2);
+    assert_eq!(ends[0].stop_reason, StopReason::Completed);
+    assert_eq!(
+        ends[0].last_assistant_message.as_deref().map(block_texts),
+        Some(vec!["second reply".to_owned()])
+    );
+    assert_eq!(ends[1].stop_reason, StopReason::Refusal);
+    assert_eq!(ends[1].last_assistant_message, None);
+    drop(hook);
+    host.finish().await;
+}
+
+/// spec: CONT-80 — a notice delivered to a closing host parent is cancelled unread when the
+/// parent is disposed; the resumed parent has no pending notice; the persisted log shows one
+/// insert splice then one removal splice.
+#[tokio::test(start_paused = true)]
+async fn cont_80_notice_to_a_closing_parent_is_cancelled_unread() {
+    let mut host = Host::new(vec![ScriptEntry::hang()]).await;
+    host.manager.start_continuable(host.spec("task")).await.unwrap();
+    yield_a_while().await;
+    host.manager.dispose_all().await.unwrap();
+    assert_eq!(host.parent.inbox().next_step.len(), 1);
+    host.parent_handle.take().unwrap().dispose().await;
+    let log = host.persisted(&SessionId::from("parent")).await;
+    let splices: Vec<(usize, bool)> = log
+        .events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::InboxSpliced(splice) => Some((splice.inserted.len(), splice.is_cancellation())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(splices, vec![(1, false), (0, true)]);
+    assert!(!texts(&log.events).iter().any(|t| t.contains("was stopped")));
+    let resumed = host
+        .runtime
+        .resume(agent::ResumeAgentOptions {
+            session_id: SessionId::from("parent"),
+            agent_options: routed(),
+            signal: None,
+            setup: None,
+            owner: None,
+        })
+        .await
+        .unwrap();
+    assert!(resumed.agent().inbox().is_empty());
+    resumed.dispose().await;
     host.finish().await;
 }
