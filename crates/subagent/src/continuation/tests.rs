@@ -2486,3 +2486,78 @@ async fn cont_80_notice_to_a_closing_parent_is_cancelled_unread() {
     resumed.dispose().await;
     host.finish().await;
 }
+
+/// spec: CONT-52 — an epoch ending with a tool-only `max-tokens` step reports `max-tokens` and
+/// the earlier non-empty message (text plus tool-call block, no tool result).
+#[tokio::test(start_paused = true)]
+async fn cont_52_tool_only_max_tokens_step_keeps_the_earlier_message() {
+    let host = Host::new(vec![
+        chunks::text_and_tool_call("looking", "call-1", "shell", json!({})).into(),
+        chunks::max_tokens_tool_call("call-2", "shell", "{\"cmd\": \"l").into(),
+        chunks::text("ack").into(),
+    ])
+    .await;
+    let tool = host
+        .runtime
+        .services()
+        .tools
+        .register(
+            None,
+            agent::ToolDefinition {
+                name: "shell".into(),
+                description: "run a command".into(),
+                parameters: json!({"type": "object"}),
+                concurrency_safe: false,
+                handler: Arc::new(NoopTool),
+            },
+        )
+        .unwrap();
+    host.manager.start_continuable(host.spec("task")).await.unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].stop_reason, StopReason::MaxTokens);
+    let message = ends[0].last_assistant_message.clone().expect("earlier message");
+    assert_eq!(message.len(), 2, "{message:?}");
+    assert_eq!(visible_text(&message[..1]), "looking");
+    assert!(matches!(message[1], ContentBlock::ToolCall { .. }), "{message:?}");
+    drop(tool);
+    host.finish().await;
+}
+
+/// spec: CONT-59 — a delivery cancelled from its own insertion observer does not pin the
+/// Activation; it settles without a drain and the message is not logged.
+#[tokio::test(start_paused = true)]
+async fn cont_59_delivery_cancelled_at_insertion_does_not_pin() {
+    let host = Host::new(by_session(10)).await;
+    let (child_gate, hook) = gate(&host, "cancelling");
+    let child_id = start_reserved(&host, "cancelling").await;
+    let services = host.runtime.services().clone();
+    let armed = Arc::new(AtomicUsize::new(1));
+    let listener = host
+        .runtime
+        .services()
+        .agent_events
+        .on_scoped(child_id.clone(), move |e: &AgentEvent| {
+            if let AgentEvent::InboxInserted { agent, message } = e
+                && armed.fetch_sub(1, AtomicOrdering::SeqCst) == 1
+                && let Some(child) = services.agents.get(agent)
+            {
+                child.remove_pending(message)?;
+            }
+            Ok(())
+        });
+    host.manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("cancelled")])
+        .await
+        .unwrap();
+    child_gate.send(true).unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    assert_eq!(host.ends().len(), 1);
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["task"]);
+    drop((listener, hook));
+    host.finish().await;
+}
