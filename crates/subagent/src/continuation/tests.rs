@@ -2561,3 +2561,50 @@ async fn cont_59_delivery_cancelled_at_insertion_does_not_pin() {
     drop((listener, hook));
     host.finish().await;
 }
+
+/// spec: CONT-60 — a cancel during a second delivery's admission discards both queued messages
+/// and empties `accepted`; the child settles.
+#[tokio::test(start_paused = true)]
+async fn cont_60_cancel_during_second_delivery_discards_both() {
+    let host = Host::new(by_session(10)).await;
+    let hook = step_rule(&host, "cancelled", |_| StepAction::HoldUntilCancelled);
+    let child_id = start_reserved(&host, "cancelled").await;
+    yield_a_while().await;
+    host.manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("one")])
+        .await
+        .unwrap();
+    let services = host.runtime.services().clone();
+    let armed = Arc::new(AtomicUsize::new(1));
+    let listener = host
+        .runtime
+        .services()
+        .agent_events
+        .on_scoped(child_id.clone(), move |e: &AgentEvent| {
+            if let AgentEvent::InboxInserted { agent, .. } = e
+                && armed.fetch_sub(1, AtomicOrdering::SeqCst) == 1
+                && let Some(child) = services.agents.get(agent)
+            {
+                child.cancel(agent::CancelCause::User, agent::CancelOptions::default());
+            }
+            Ok(())
+        });
+    host.manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("two")])
+        .await
+        .unwrap();
+    let activation = host.manager.inner.activations.lock().get(&child_id).cloned();
+    drop(hook);
+    host.settle().await;
+    host.parent.when_idle().await;
+    if let Some(activation) = activation {
+        assert!(activation.is_settled() || activation.disposal().is_some());
+    }
+    let log = host.persisted(&child_id).await;
+    let logged = texts(&log.events);
+    assert!(!logged.iter().any(|t| t == "one" || t == "two"), "{logged:?}");
+    assert_eq!(host.ends().len(), 1);
+    assert_eq!(host.ends()[0].stop_reason, StopReason::Aborted);
+    drop(listener);
+    host.finish().await;
+}
