@@ -20,6 +20,7 @@
 //! | [`provider`], [`run`] | the provider contract, the start request and the caller-owned run (§2.4–§2.7) |
 //! | [`service`], [`events`] | `SubagentService`: the provider registry, `start`, lifecycle events (§2.1, §2.2, §2.5, §2.13) |
 //! | [`continuation`] | the continuation manager: continuable children (§2.14, first slice) |
+//! | [`listing`] | `list_children` and `list_descendants` (§2.18) |
 //! | [`out_of_process`] | out-of-process configuration checks (§2.19) |
 //!
 //! The crate depends on the spine contracts (`agent`) and never on a runtime. Child-level
@@ -39,6 +40,7 @@ pub mod continuation;
 pub mod depth;
 pub mod descriptor;
 pub mod error;
+pub mod listing;
 pub mod model_text;
 pub mod out_of_process;
 pub mod output;
