@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use agent::projection::ProjectionRegistry;
 use agent::{Origin, Session, SessionHeader, SessionId, SessionPersistence, SessionStore, Signal};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use serde_json::Value;
 
 use crate::error::SubagentError;
@@ -79,7 +79,53 @@ pub enum SubagentListEntry {
     },
 }
 
+impl Activity {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Inactive => "inactive",
+        }
+    }
+}
+
+impl DiagnosticReason {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Corrupt => "corrupt",
+            Self::Unsupported => "unsupported",
+            Self::Unavailable => "unavailable",
+        }
+    }
+}
+
 impl SubagentListEntry {
+    /// The wire shape: `{kind: 'child', id, activity, hasChildren, mode, label?}` (never a
+    /// `seq`; the `label` key only when the descriptor had one) or `{kind: 'diagnostic', id,
+    /// reason}`.
+    pub fn view(&self) -> Value {
+        match self {
+            Self::Child {
+                id,
+                activity,
+                has_children,
+                mode,
+                label,
+            } => {
+                let mut v = serde_json::json!({"kind": "child", "id": id.as_str(), "activity": activity.as_str(),
+                    "hasChildren": has_children, "mode": mode});
+                if let Some(label) = label {
+                    v["label"] = Value::String(label.clone());
+                }
+                v
+            }
+            Self::Diagnostic { id, reason } => {
+                serde_json::json!({"kind": "diagnostic", "id": id.as_str(), "reason": reason.as_str()})
+            }
+        }
+    }
+
     /// The row's session id.
     pub fn id(&self) -> &SessionId {
         match self {
@@ -110,6 +156,16 @@ pub enum ListingError {
     /// The persisted listing failed (token not aborted): the backend error, unchanged.
     #[error(transparent)]
     Persistence(#[from] agent::AgentError),
+}
+
+impl DescendantEntry {
+    /// The wire shape: the entry's view plus `parentId` and `depth`.
+    pub fn view(&self) -> Value {
+        let mut v = self.entry.view();
+        v["parentId"] = Value::String(self.parent_id.as_str().to_owned());
+        v["depth"] = Value::from(self.depth);
+        v
+    }
 }
 
 /// One corpus record: a live session (wins its id wholesale) or a persisted header.
@@ -299,12 +355,12 @@ async fn resolve_all(
     signal: &Signal,
 ) -> Result<Vec<Option<SubagentListEntry>>, SubagentError> {
     let persistence = services.persistence.as_ref();
-    let results: Vec<_> = futures::stream::iter(candidates.iter())
+    // `try_collect` stops at the first refusal (`CANCELLED`), dropping in-flight reads.
+    let rows: Vec<_> = futures::stream::iter(candidates.iter())
         .map(|record| resolve(registry, persistence, corpus, record, signal))
         .buffered(COLD_CONCURRENCY)
-        .collect()
-        .await;
-    let rows = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+        .try_collect()
+        .await?;
     check(signal)?;
     Ok(rows)
 }

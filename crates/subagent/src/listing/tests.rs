@@ -352,6 +352,22 @@ async fn one_shot_and_continuable_children_list_together() {
             child("c", Inactive, false, "continuable", Some("k")),
         ]
     );
+    let views: Vec<Value> = f
+        .children("p")
+        .await
+        .iter()
+        .map(SubagentListEntry::view)
+        .collect();
+    assert_eq!(
+        views,
+        [
+            json!({"kind": "child", "id": "a", "activity": "inactive", "hasChildren": false, "mode": "one-shot"}),
+            json!({"kind": "child", "id": "b", "activity": "inactive", "hasChildren": false, "mode": "one-shot",
+                   "label": "find bugs"}),
+            json!({"kind": "child", "id": "c", "activity": "inactive", "hasChildren": false, "mode": "continuable",
+                   "label": "k"}),
+        ]
+    );
 }
 
 /// spec: LIST-7
@@ -479,6 +495,27 @@ async fn an_inspection_with_a_different_header_is_corrupt() {
             ]
         );
     }
+}
+
+/// spec: LIST-21
+#[tokio::test(start_paused = true)]
+async fn a_fork_with_only_the_seeded_descriptor_lists_under_the_ancestor_identity() {
+    let f = Fixture::new();
+    let mut h = header("fork", Some("p"), 1, true);
+    h.seed_length = Some(2);
+    let mut events = log(&[continuable("ancestor")]);
+    events.push(SessionEvent {
+        seq: 1,
+        time: 101,
+        data: EventData::EndSeed,
+        surface: None,
+        ignorable: false,
+    });
+    f.disk.logs.lock().push(LoadedSession { header: h, events });
+    assert_eq!(
+        f.children("p").await,
+        vec![child("fork", Inactive, false, "continuable", Some("ancestor"))]
+    );
 }
 
 /// spec: LIST-22
