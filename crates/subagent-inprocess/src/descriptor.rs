@@ -13,9 +13,8 @@
 //! before it has already decided; only a child-scoped interceptor registered *after* publication
 //! could still turn an `Enter` it saw into a rejection.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use subagent::agent::EventData;
 use subagent::agent::bus::BoxError;
 use subagent::agent::hooks::{PreStep, PreStepDecision, PreStepInterceptor};
@@ -26,22 +25,21 @@ use subagent::agent::hooks::{PreStep, PreStepDecision, PreStepInterceptor};
 /// when the child is disposed.
 #[derive(Debug)]
 pub struct DescriptorAppend {
-    event: EventData,
-    appended: AtomicBool,
+    /// The event until it is appended (taken, not cloned, by the first entered step).
+    event: Mutex<Option<EventData>>,
 }
 
 impl DescriptorAppend {
     /// An interceptor that will append `event` (the resolved request's descriptor event).
     pub fn new(event: EventData) -> Self {
         Self {
-            event,
-            appended: AtomicBool::new(false),
+            event: Mutex::new(Some(event)),
         }
     }
 
     /// Whether the descriptor was appended.
     pub fn appended(&self) -> bool {
-        self.appended.load(Ordering::SeqCst)
+        self.event.lock().is_none()
     }
 }
 
@@ -52,8 +50,11 @@ impl PreStepInterceptor for DescriptorAppend {
         step: PreStep<'_>,
         proposed: PreStepDecision,
     ) -> Result<PreStepDecision, BoxError> {
-        if matches!(proposed, PreStepDecision::Enter(_)) && !self.appended.swap(true, Ordering::SeqCst) {
-            step.agent.session().append(self.event.clone(), None)?;
+        if matches!(proposed, PreStepDecision::Enter(_)) {
+            let event = self.event.lock().take();
+            if let Some(event) = event {
+                step.agent.session().append(event, None)?;
+            }
         }
         Ok(proposed)
     }

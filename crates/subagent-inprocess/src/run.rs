@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use futures::FutureExt;
+use parking_lot::Mutex;
 use subagent::SubagentResult;
 use subagent::agent::{AgentHandle, AgentRef, CancelCause, CancelOptions, SessionId, Signal};
-use subagent::run::{RunDisposeFuture, RunFailure, RunResultFuture, SubagentRun};
+use subagent::run::{RunDisposeFuture, RunFailure, RunResultFuture, SettledCallback, SubagentRun};
 use tokio_util::task::TaskTracker;
 
 use crate::result::derive_result;
@@ -37,6 +38,14 @@ pub(crate) struct RunState {
     handle: AgentHandle,
     armed: AtomicBool,
     cancelled: AtomicBool,
+    /// The observer registered by [`SubagentRun::on_settled`], until the result settles.
+    settle: Mutex<Settle>,
+}
+
+/// Whether the result settled, and who to tell when it does.
+enum Settle {
+    Open(Option<SettledCallback>),
+    Settled,
 }
 
 impl RunState {
@@ -47,7 +56,19 @@ impl RunState {
             handle,
             armed: AtomicBool::new(true),
             cancelled: AtomicBool::new(false),
+            settle: Mutex::new(Settle::Open(None)),
         })
+    }
+
+    /// Marks the result settled and calls the registered observer, if any, outside the lock.
+    fn settled(&self, outcome: &Result<SubagentResult, RunFailure>) {
+        let observer = match std::mem::replace(&mut *self.settle.lock(), Settle::Settled) {
+            Settle::Open(observer) => observer,
+            Settle::Settled => None,
+        };
+        if let Some(observer) = observer {
+            observer(outcome);
+        }
     }
 
     /// The request-signal listener's action: at most once, while armed, mark the run cancelled
@@ -80,8 +101,27 @@ pub(crate) struct Drive {
     pub(crate) structured: Option<Arc<StructuredCapture>>,
 }
 
-/// The result task: wait for the child to settle (racing the request signal), then derive the
-/// result from its own events. The listener is removed on every path.
+/// The panic of a result task, reported as the run's infrastructure fault.
+#[derive(Debug, thiserror::Error)]
+#[error("subagent result task panicked: {0}")]
+struct ResultTaskPanicked(String);
+
+/// The result task: [`drive`], then the settled observer (on every path that settles, a panic
+/// included).
+async fn settle(d: Drive) -> Result<SubagentResult, RunFailure> {
+    let state = d.state.clone();
+    let outcome = match AssertUnwindSafe(drive(d)).catch_unwind().await {
+        Ok(outcome) => outcome,
+        Err(panic) => Err(RunFailure::new(ResultTaskPanicked(
+            subagent::agent::bus::panic_message(&*panic),
+        ))),
+    };
+    state.settled(&outcome);
+    outcome
+}
+
+/// Waits for the child to settle (racing the request signal), then derives the result from its
+/// own events. The listener is removed on every path.
 async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
     let Drive {
         state,
@@ -165,7 +205,7 @@ impl LocalRun {
     /// Starts the result task on `tasks` and wraps the run.
     pub(crate) fn launch(drive_inputs: Drive, tasks: &TaskTracker) -> Self {
         let state = drive_inputs.state.clone();
-        let join = tasks.spawn(drive(drive_inputs));
+        let join = tasks.spawn(settle(drive_inputs));
         let result = async move {
             match join.await {
                 Ok(outcome) => outcome,
@@ -238,6 +278,19 @@ impl SubagentRun for LocalRun {
 
     fn dispose(&self) -> RunDisposeFuture {
         self.start_dispose()
+    }
+
+    /// Accepted until the result settles; the result task then calls it (on every path that
+    /// settles the result, a panicking derivation included). A second registration, or one
+    /// after settlement, is handed back.
+    fn on_settled(&self, callback: SettledCallback) -> Result<(), SettledCallback> {
+        match &mut *self.state.settle.lock() {
+            Settle::Open(slot @ None) => {
+                *slot = Some(callback);
+                Ok(())
+            }
+            _ => Err(callback),
+        }
     }
 }
 

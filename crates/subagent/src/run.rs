@@ -27,6 +27,11 @@ pub type RunResultFuture = Shared<BoxFuture<'static, Result<SubagentResult, RunF
 /// The memoized disposal future of a run.
 pub type RunDisposeFuture = Shared<BoxFuture<'static, Result<(), RunFailure>>>;
 
+/// A one-time observer of a run's settled result, registered with
+/// [`SubagentRun::on_settled`]. It runs synchronously on whatever task settles the result, so it
+/// must be quick and must not block.
+pub type SettledCallback = Box<dyn FnOnce(&Result<SubagentResult, RunFailure>) + Send>;
+
 /// One accepted delegation.
 ///
 /// # Contract
@@ -52,4 +57,17 @@ pub trait SubagentRun: Send + Sync + 'static {
 
     /// The disposal future.
     fn dispose(&self) -> RunDisposeFuture;
+
+    /// Asks the run to call `callback` exactly once, with the settled result, from the task that
+    /// settles it — so an observer (the service's `subagent/end` edge) needs no task of its own.
+    ///
+    /// Returns `Err(callback)`, untouched and uncalled, when the run cannot promise that (the
+    /// default, and an implementation whose result already settled may answer so too): the
+    /// caller then awaits [`result`](SubagentRun::result) itself. An implementation that
+    /// accepts must call the callback on every path on which the result settles, and drop it
+    /// uncalled only when the result can never settle (the callback's owner treats such a drop
+    /// as a failed result).
+    fn on_settled(&self, callback: SettledCallback) -> Result<(), SettledCallback> {
+        Err(callback)
+    }
 }

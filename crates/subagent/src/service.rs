@@ -6,14 +6,15 @@ use std::sync::Arc;
 use agent::{EventBus, Registration};
 use parking_lot::RwLock;
 use tokio_util::task::TaskTracker;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use crate::depth::{DepthError, assert_subagent_max_depth};
 use crate::descriptor::{DescriptorSnapshotError, SubagentDescriptor, snapshot_subagent_descriptor};
 use crate::error::SubagentError;
 use crate::events::{SubagentEvent, SubagentRunEndInfo, SubagentRunInfo};
 use crate::provider::{ResolvedSubagentStartRequest, SubagentProvider, SubagentStartRequest};
-use crate::result::StopReason;
-use crate::run::SubagentRun;
+use crate::result::{StopReason, SubagentResult};
+use crate::run::{RunFailure, SettledCallback, SubagentRun};
 use crate::schema::assert_output_schema;
 
 /// Why `start` rejected. Nothing was published and no lifecycle event was emitted.
@@ -58,8 +59,11 @@ struct Inner {
 /// * `start` validates in the fixed order of spec §2.5, then calls the provider and returns the
 ///   provider's run. Lifecycle events are emitted on [`SubagentService::events`]: `start`
 ///   synchronously before `start` returns, `end` when the run's result settles.
-/// * The service owns one task per accepted run that waits for its result to emit `end`;
-///   [`SubagentService::close`] waits for them (they finish once each run is disposed).
+/// * Each accepted run has one pending `end` emission until its result settles: the run calls
+///   it back from the task that settles the result ([`SubagentRun::on_settled`]), or, for a run
+///   that cannot, a task owned by the service awaits the result. [`SubagentService::close`]
+///   waits for every pending emission (each completes at the latest when its run is disposed)
+///   and [`SubagentService::pending_runs`] counts them.
 #[derive(Clone)]
 pub struct SubagentService {
     inner: Arc<Inner>,
@@ -200,24 +204,18 @@ impl SubagentService {
             local: run.local_agent().is_some(),
             parent,
         };
-        let result = run.result();
         self.inner.events.emit(&SubagentEvent::Start(info.clone()));
-        let inner = self.inner.clone();
-        self.inner.tasks.spawn(async move {
-            let end = match result.await {
-                Ok(r) => SubagentRunEndInfo {
-                    info,
-                    last_assistant_message: r.last_assistant_message().map(<[_]>::to_vec),
-                    stop_reason: r.stop_reason,
-                },
-                Err(_) => SubagentRunEndInfo {
-                    info,
-                    stop_reason: StopReason::Error,
-                    last_assistant_message: None,
-                },
-            };
-            inner.events.emit(&SubagentEvent::End(end));
-        });
+        let edge = EndEdge {
+            info: Some(info),
+            inner: self.inner.clone(),
+            _pending: self.inner.tasks.token(),
+        };
+        let callback: SettledCallback = Box::new(move |outcome| edge.emit(outcome));
+        if let Err(callback) = run.on_settled(callback) {
+            // The run cannot call back: wait for its result on a task of our own.
+            let result = run.result();
+            self.inner.tasks.spawn(async move { callback(&result.await) });
+        }
         Ok(run)
     }
 
@@ -235,7 +233,52 @@ impl SubagentService {
     }
 }
 
+/// The `subagent/end` emission of one accepted run. While it exists it counts as a pending run
+/// (its tracker token); dropping it without [`emit`](Self::emit) (a run that can never settle
+/// dropped its callback) emits `end` with `error`, so every `start` gets its `end`.
+struct EndEdge {
+    info: Option<SubagentRunInfo>,
+    inner: Arc<Inner>,
+    _pending: TaskTrackerToken,
+}
+
+impl EndEdge {
+    fn emit(mut self, outcome: &Result<SubagentResult, RunFailure>) {
+        if let Some(info) = self.info.take() {
+            let end = match outcome {
+                Ok(r) => SubagentRunEndInfo {
+                    info,
+                    last_assistant_message: r.last_assistant_message().map(<[_]>::to_vec),
+                    stop_reason: r.stop_reason.clone(),
+                },
+                Err(_) => Self::failed(info),
+            };
+            self.inner.events.emit(&SubagentEvent::End(end));
+        }
+    }
+
+    fn failed(info: SubagentRunInfo) -> SubagentRunEndInfo {
+        SubagentRunEndInfo {
+            info,
+            stop_reason: StopReason::Error,
+            last_assistant_message: None,
+        }
+    }
+}
+
+impl Drop for EndEdge {
+    fn drop(&mut self) {
+        if let Some(info) = self.info.take() {
+            self.inner.events.emit(&SubagentEvent::End(Self::failed(info)));
+        }
+    }
+}
+
 /// A random run id (UUID v4 text form).
 fn uuid_like() -> String {
-    uuid::Uuid::new_v4().to_string()
+    let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    uuid::Uuid::new_v4()
+        .hyphenated()
+        .encode_lower(&mut buf)
+        .to_owned()
 }

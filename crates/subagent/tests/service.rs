@@ -16,7 +16,7 @@ use subagent::error::{SubagentError, SubagentErrorCode};
 use subagent::events::SubagentEvent;
 use subagent::provider::{ResolvedSubagentStartRequest, SubagentProvider, SubagentStartRequest};
 use subagent::result::{StopReason, SubagentResult};
-use subagent::run::{RunDisposeFuture, RunFailure, RunResultFuture, SubagentRun};
+use subagent::run::{RunDisposeFuture, RunFailure, RunResultFuture, SettledCallback, SubagentRun};
 use subagent::service::{RegisterError, StartError, SubagentService};
 use tokio::sync::oneshot;
 
@@ -509,6 +509,96 @@ async fn svc_13_end_edge_carries_output_and_reason() {
     assert_eq!(max.last_assistant_message, Some(vec![ContentBlock::text("out")]));
     assert_eq!(by(StopReason::Completed).last_assistant_message, None);
     assert_eq!(by(StopReason::Error).last_assistant_message, None);
+}
+
+/// A run that accepts the service's settled observer and leaves it to the test.
+struct CallbackRun {
+    run: FakeRun,
+    observer: Arc<Mutex<Option<SettledCallback>>>,
+}
+
+impl SubagentRun for CallbackRun {
+    fn id(&self) -> &SessionId {
+        self.run.id()
+    }
+    fn local_agent(&self) -> Option<AgentRef> {
+        None
+    }
+    fn result(&self) -> RunResultFuture {
+        self.run.result()
+    }
+    fn dispose(&self) -> RunDisposeFuture {
+        self.run.dispose()
+    }
+    fn on_settled(&self, callback: SettledCallback) -> Result<(), SettledCallback> {
+        *self.observer.lock() = Some(callback);
+        Ok(())
+    }
+}
+
+/// A provider whose runs accept the settled observer (handing it to the test).
+struct CallbackProvider {
+    observers: Mutex<Vec<Arc<Mutex<Option<SettledCallback>>>>>,
+}
+
+#[async_trait]
+impl SubagentProvider for CallbackProvider {
+    fn name(&self) -> &str {
+        "cb"
+    }
+    fn capabilities(&self) -> SubagentCapabilities {
+        SubagentCapabilities::ALL
+    }
+    fn inherits_parent_context(&self) -> bool {
+        false
+    }
+    async fn start(&self, _: ResolvedSubagentStartRequest) -> Result<Box<dyn SubagentRun>, SubagentError> {
+        let observer = Arc::new(Mutex::new(None));
+        self.observers.lock().push(observer.clone());
+        Ok(Box::new(CallbackRun {
+            run: fake_run("child-cb").0,
+            observer,
+        }))
+    }
+}
+
+/// spec: SVC-13 (a run that calls the service back: the `end` edge is emitted from the
+/// settling task with the result it is given; a callback dropped uncalled still ends the run,
+/// with `error`; either way the pending count returns to zero)
+#[tokio::test]
+async fn svc_13_end_edge_through_the_settled_callback() {
+    let service = SubagentService::new();
+    let provider = Arc::new(CallbackProvider {
+        observers: Mutex::default(),
+    });
+    let _g = service.register_provider(provider.clone()).unwrap();
+    let (seen, _l) = record(&service);
+    let parent = Parent::agent("p");
+    let _a = service.start("cb", request(&parent)).await.unwrap();
+    let _b = service.start("cb", request(&parent)).await.unwrap();
+    assert_eq!(service.pending_runs(), 2, "no task, but two pending ends");
+    let observers: Vec<_> = provider.observers.lock().drain(..).collect();
+    let first = observers[0]
+        .lock()
+        .take()
+        .expect("the service registered its observer");
+    first(&Ok(SubagentResult::new(
+        vec![ContentBlock::text("out")],
+        StopReason::MaxTokens,
+    )));
+    assert_eq!(service.pending_runs(), 1);
+    drop(observers[1].lock().take());
+    assert_eq!(service.pending_runs(), 0);
+    service.close().await;
+    assert_eq!(
+        *seen.lock(),
+        [
+            "start cb child-cb p",
+            "start cb child-cb p",
+            "end cb max-tokens",
+            "end cb error"
+        ]
+    );
 }
 
 /// spec: SVC-14
