@@ -1,9 +1,15 @@
 //! A fixed number of one-shot `spawn` delegations (start → result → dispose) on an instant model,
 //! for profilers (`valgrind --tool=callgrind`, `perf stat -e instructions`): the loop of
 //! `benches/spawn.rs` without criterion. `SPAWN_DELEGATIONS` (default 2000) sets the count; it
-//! prints the mean wall time.
+//! prints the mean wall time. With `SPAWN_FLOOR` set it runs the benchmark's floor instead (one
+//! `block_on` of a tokio spawn + join per iteration), so the two instruction counts give the
+//! benchmark's ratio without timing noise:
 //!
-//! `cargo build --release -p subagent-spawn --example spawn_profile`
+//! ```text
+//! cargo build --profile bench -p subagent-spawn --example spawn_profile
+//! valgrind --tool=callgrind target/release/examples/spawn_profile              # delegations
+//! SPAWN_FLOOR=1 valgrind --tool=callgrind target/release/examples/spawn_profile # floor
+//! ```
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -37,7 +43,19 @@ fn main() {
         .enable_all()
         .build()
         .expect("a current-thread runtime builds");
-    let elapsed = rt.block_on(async {
+    if std::env::var_os("SPAWN_FLOOR").is_some() {
+        // The benchmark's floor, iteration for iteration: one `block_on` of a tokio spawn + join.
+        let start = Instant::now();
+        for _ in 0..delegations {
+            rt.block_on(async { std::hint::black_box(tokio::spawn(async { 1u8 }).await.expect("joined")) });
+        }
+        println!(
+            "{delegations} floor iterations, {:.0} ns per iteration",
+            start.elapsed().as_secs_f64() * 1e9 / delegations as f64
+        );
+        return;
+    }
+    let (runtime, parent_handle, service, provider) = rt.block_on(async {
         let runtime = Runtime::builder()
             .model("instant", Arc::new(InstantModel))
             .build();
@@ -52,25 +70,30 @@ fn main() {
             })
             .await
             .expect("parent");
-        let parent = parent_handle.agent().clone();
         let service = SubagentService::new();
         let driver = InProcessDriver::new(runtime.services().clone());
         let provider = subagent_spawn::register(&service, driver).expect("registered");
-        let start = Instant::now();
-        for _ in 0..delegations {
+        (runtime, parent_handle, service, provider)
+    });
+    let parent = parent_handle.agent().clone();
+    // One `block_on` per delegation, as in the benchmark.
+    let start = Instant::now();
+    for _ in 0..delegations {
+        rt.block_on(async {
             let request =
                 SubagentStartRequest::new(vec![ContentBlock::text("task")], parent.clone(), Signal::new());
             let run = service.start("spawn", request).await.expect("started");
             let result = run.result().await.expect("result");
             assert!(result.stop_reason.is_completed());
             run.dispose().await.expect("disposed");
-        }
-        let elapsed = start.elapsed();
+        });
+    }
+    let elapsed = start.elapsed();
+    rt.block_on(async {
         drop(provider);
         service.close().await;
         parent_handle.dispose().await;
         runtime.shutdown().await;
-        elapsed
     });
     println!(
         "{delegations} delegations, {:.0} ns per delegation",
