@@ -204,7 +204,12 @@ impl SubagentService {
             local: run.local_agent().is_some(),
             parent,
         };
-        self.inner.events.emit(&SubagentEvent::Start(info.clone()));
+        // Emit `start`, then move its info on to the `end` edge (no copy).
+        let start = SubagentEvent::Start(info);
+        self.inner.events.emit(&start);
+        let SubagentEvent::Start(info) = start else {
+            unreachable!("built as a start event just above")
+        };
         let edge = EndEdge {
             info: Some(info),
             inner: self.inner.clone(),
