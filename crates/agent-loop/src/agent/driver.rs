@@ -109,6 +109,18 @@ fn result_error_name(code: &str) -> &'static str {
     }
 }
 
+/// The next chunk of `stream`, or `None` when `signal` is cancelled first (cancellation wins).
+async fn next_or_cancelled(
+    stream: &mut agent::ModelStream,
+    signal: &Signal,
+) -> Option<Option<Result<StreamChunk, LlmFailure>>> {
+    tokio::select! {
+        biased;
+        _ = signal.cancelled() => None,
+        next = stream.next() => Some(next),
+    }
+}
+
 impl LoopAgent {
     /// Runs one opened turn to its `turn/end`. Returns whether it ended normally (so the driver
     /// may continue with pending work).
@@ -189,7 +201,7 @@ impl LoopAgent {
                     self.session
                         .append(EventData::UserMessage(message), Some(SurfaceMeta::append()))?;
                 }
-                self.step(turn, step, &prompt, signal).await
+                self.step(turn, step, prompt, signal).await
             })
             .catch_unwind()
             .await
@@ -219,6 +231,17 @@ impl LoopAgent {
         if hooks.is_empty() {
             return Ok(());
         }
+        // Boxed: the hook loop is off the common path and would otherwise enlarge every
+        // driver task.
+        Box::pin(self.run_turn_stopping(hooks, turn, signal)).await
+    }
+
+    async fn run_turn_stopping(
+        &self,
+        hooks: Vec<Arc<dyn agent::TurnStoppingHook>>,
+        turn: u64,
+        signal: &Signal,
+    ) -> Result<(), TurnFailure> {
         let me = self.agent_ref();
         for hook in hooks {
             let call = AssertUnwindSafe(hook.turn_stopping(&me, turn, signal)).catch_unwind();
@@ -243,27 +266,15 @@ impl LoopAgent {
         let (prompt, contexts) = self.assemble_prompt()?;
         check(signal)?;
         let mut messages = claimed;
-        messages.extend(prompt::snapshot_message(&contexts, &self.retained_snapshot()));
-        let mut decision = PreStepDecision::Enter(messages);
+        messages.extend(self.snapshot_message(contexts));
         let hooks = self.services.pre_step.for_agent(&self.id);
-        if !hooks.is_empty() {
-            let me = self.agent_ref();
-            for hook in hooks {
-                let view = PreStep {
-                    agent: &me,
-                    turn,
-                    step,
-                    signal,
-                };
-                let call = AssertUnwindSafe(hook.pre_step(view, decision)).catch_unwind();
-                decision = match signal.run(call).await {
-                    Err(_) => return Err(TurnFailure::Cancelled),
-                    Ok(Err(p)) => return Err(panicked("an agent/pre-step interceptor", &*p)),
-                    Ok(Ok(Err(e))) => return Err(TurnFailure::from_error(&*e)),
-                    Ok(Ok(Ok(d))) => d,
-                };
-            }
-        }
+        let decision = if hooks.is_empty() {
+            PreStepDecision::Enter(messages)
+        } else {
+            // Boxed: the interceptor chain is off the common path and would otherwise enlarge
+            // every driver task.
+            Box::pin(self.run_pre_step_hooks(hooks, turn, step, messages, signal)).await?
+        };
         check(signal)?;
         Ok(match decision {
             PreStepDecision::Reject => PreStepOutcome::Rejected,
@@ -271,23 +282,56 @@ impl LoopAgent {
         })
     }
 
+    /// The `agent/pre-step` interceptor chain, in order.
+    async fn run_pre_step_hooks(
+        &self,
+        hooks: Vec<Arc<dyn agent::PreStepInterceptor>>,
+        turn: u64,
+        step: u64,
+        messages: Vec<Message>,
+        signal: &Signal,
+    ) -> Result<PreStepDecision, TurnFailure> {
+        let mut decision = PreStepDecision::Enter(messages);
+        let me = self.agent_ref();
+        for hook in hooks {
+            let view = PreStep {
+                agent: &me,
+                turn,
+                step,
+                signal,
+            };
+            let call = AssertUnwindSafe(hook.pre_step(view, decision)).catch_unwind();
+            decision = match signal.run(call).await {
+                Err(_) => return Err(TurnFailure::Cancelled),
+                Ok(Err(p)) => return Err(panicked("an agent/pre-step interceptor", &*p)),
+                Ok(Ok(Err(e))) => return Err(TurnFailure::from_error(&*e)),
+                Ok(Ok(Ok(d))) => d,
+            };
+        }
+        Ok(decision)
+    }
+
     /// Renders the system text, collects tool schemas and renders the runtime contexts.
     fn assemble_prompt(
         &self,
     ) -> Result<(AssembledPrompt, Vec<agent::message::SnapshotSection>), TurnFailure> {
         let registry = &self.services.prompt;
-        let vars = PromptVariables {
-            model: self.options.model.clone(),
-            cwd: self
-                .session
-                .header()
-                .cwd
-                .as_ref()
-                .map(|p| p.display().to_string()),
-            provider: self.options.provider.clone(),
-        };
-        let system = prompt::render_system(&registry.sections(Some(&self.id)), &vars)
-            .map_err(|e| TurnFailure::Failed(LlmFailure::unknown(e.to_string())))?;
+        // The variables are only built when a persona section references them.
+        let mut vars: Option<PromptVariables> = None;
+        let system = prompt::render_sections(&registry.sections(Some(&self.id)), |section| {
+            let vars = vars.get_or_insert_with(|| PromptVariables {
+                model: self.options.model.clone(),
+                cwd: self
+                    .session
+                    .header()
+                    .cwd
+                    .as_ref()
+                    .map(|p| p.display().to_string()),
+                provider: self.options.provider.clone(),
+            });
+            prompt::interpolate(&section.text, vars, &section.name)
+        })
+        .map_err(|e| TurnFailure::Failed(LlmFailure::unknown(e.to_string())))?;
         let tools = self.services.tools.schemas(Some(&self.id));
         let contexts = prompt::render_contexts(&registry.runtime_contexts(Some(&self.id)), &self.id);
         Ok((
@@ -299,20 +343,24 @@ impl LoopAgent {
         ))
     }
 
-    /// The last runtime-context snapshot the log holds (scanned incrementally).
-    fn retained_snapshot(&self) -> RetainedSnapshot {
-        let events = self.session.events();
-        let mut st = self.state.lock();
-        let (scanned, retained) = &mut st.snapshot_scan;
-        for event in events.iter().skip(*scanned) {
-            if let EventData::UserMessage(m) = &event.data
-                && prompt::is_snapshot_message(m)
-            {
-                *retained = RetainedSnapshot::Last(prompt::snapshot_message_text(m));
+    /// The snapshot message to enter for the rendered `contexts`, compared with the last
+    /// runtime-context snapshot the log holds (scanned incrementally).
+    fn snapshot_message(&self, contexts: Vec<agent::message::SnapshotSection>) -> Option<Message> {
+        let text = {
+            let events = self.session.events();
+            let mut st = self.state.lock();
+            let (scanned, retained) = &mut st.snapshot_scan;
+            for event in events.iter().skip(*scanned) {
+                if let EventData::UserMessage(m) = &event.data
+                    && prompt::is_snapshot_message(m)
+                {
+                    *retained = RetainedSnapshot::Last(prompt::snapshot_message_text(m));
+                }
             }
-        }
-        *scanned = events.len();
-        retained.clone()
+            *scanned = events.len();
+            prompt::changed_snapshot_text(&contexts, retained)?
+        };
+        Some(prompt::snapshot_message_from(contexts, text))
     }
 
     /// Logs `request/header` (initial or resume first, change when it differs) and
@@ -392,11 +440,11 @@ impl LoopAgent {
         &self,
         turn: u64,
         step: u64,
-        prompt: &AssembledPrompt,
+        prompt: AssembledPrompt,
         signal: &Signal,
     ) -> Result<Option<TurnEndReason>, TurnFailure> {
         let (provider, model) = match (&self.options.provider, &self.options.model) {
-            (Some(p), Some(m)) if !p.is_empty() && !m.is_empty() => (p.clone(), m.clone()),
+            (Some(p), Some(m)) if !p.is_empty() && !m.is_empty() => (p, m),
             _ => {
                 return Err(TurnFailure::Failed(LlmFailure::unknown(format!(
                     "agent \"{}\" has no provider/model: set AgentOptions.provider and AgentOptions.model",
@@ -412,27 +460,38 @@ impl LoopAgent {
                 ..CallConfig::default()
             },
             adapter_defaults: None,
-            system: prompt.system.clone(),
-            tools: prompt.tools.clone(),
+            system: prompt.system,
+            tools: prompt.tools,
         };
         self.log_request(&header)?;
         check(signal)?;
-        let adapter = self.services.models.adapter(&provider).ok_or_else(|| {
+        let adapter = self.services.models.adapter(provider).ok_or_else(|| {
             TurnFailure::Failed(LlmFailure::new(
                 "NO_ADAPTER",
                 format!("no model adapter is registered for provider \"{provider}\""),
             ))
         })?;
+        // The header is logged; the request takes its routes, system text and tools.
+        let EpochHeader {
+            config,
+            system,
+            tools,
+            ..
+        } = header;
         let request = Arc::new(GenerateOptions {
+            provider: config.provider,
+            model: config.model,
             messages: self.derived_history(),
-            // The header is logged; the request takes its system text and tools.
-            system: header.system,
-            tools: header.tools,
-            max_tokens: header.config.max_tokens,
+            system,
+            tools,
+            temperature: None,
+            max_tokens: config.max_tokens,
+            stop: None,
+            reasoning_effort: None,
             signal: signal.clone(),
             session_id: Some(self.id.clone()),
             loop_built: true,
-            ..GenerateOptions::new(provider.clone(), model.clone(), Vec::new())
+            extra: serde_json::Map::new(),
         });
 
         let mut asm = BlockAssembler::default();
@@ -454,10 +513,11 @@ impl LoopAgent {
             }
             let next = match stream.next().now_or_never() {
                 Some(next) => next,
-                None => tokio::select! {
-                    biased;
-                    _ = signal.cancelled() => break,
-                    next = stream.next() => next,
+                // Boxed: waiting is the slow path and its future would otherwise enlarge every
+                // driver task.
+                None => match Box::pin(next_or_cancelled(&mut stream, signal)).await {
+                    Some(next) => next,
+                    None => break,
                 },
             };
             match next {
@@ -555,7 +615,8 @@ impl LoopAgent {
         if calls.is_empty() {
             return Ok(Some(TurnEndReason::Completed));
         }
-        self.run_tools(turn, step, calls, signal).await
+        // Boxed: tool execution would otherwise enlarge every driver task.
+        Box::pin(self.run_tools(turn, step, calls, signal)).await
     }
 
     /// Logs and executes one step's tool calls; results are logged in model order.
