@@ -187,6 +187,16 @@ impl LoopAgent {
         &self.tasks
     }
 
+    /// Resolves once the agent is idle (like [`Agent::when_idle`], without boxing; ready at
+    /// once when it already is).
+    pub(crate) async fn wait_idle(&self) {
+        if !*self.busy.borrow() {
+            return;
+        }
+        let mut rx = self.busy.subscribe();
+        let _ = rx.wait_for(|busy| !*busy).await;
+    }
+
     /// Marks the agent as being disposed: it takes no new work from now on.
     pub(crate) fn begin_disposal(&self) {
         self.disposed.store(true, Ordering::SeqCst);

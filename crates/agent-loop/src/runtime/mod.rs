@@ -22,8 +22,9 @@
 //! [`Runtime::shutdown`]: mark disposing (new work is refused) → `cancel(disposed)` → dispose
 //! owned agents and the agent's background jobs while awaiting `when_idle` and the agent's
 //! tasks → dispose the scope → unregister ([`AgentEvent::Disposed`]) → remove the session
-//! (`session/disposed`) → drop the owner link. The teardown runs as a task of the runtime, so
-//! it progresses even when no caller polls it.
+//! (`session/disposed`) → drop the owner link. The first `dispose` call's future drives the
+//! teardown; dropped before the teardown completed (also unpolled), it hands the rest to a
+//! task of the runtime, so the teardown progresses even when no caller polls it to the end.
 //!
 //! # Locking
 //! `registry` (the live entries in creation order) is held for short synchronous sections;
