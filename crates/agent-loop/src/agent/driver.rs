@@ -93,6 +93,14 @@ enum PreStepOutcome {
     Enter(Vec<Message>, AssembledPrompt),
 }
 
+/// How a step's stream closed.
+enum StepClose {
+    /// The step is over with this outcome.
+    Ended(Option<TurnEndReason>),
+    /// The model asked for these tool calls.
+    Tools(Vec<ToolCallRequest>),
+}
+
 /// Per-turn bookkeeping.
 struct TurnState {
     /// The turn's ending so far (`None`: the last step asked to continue).
@@ -124,17 +132,25 @@ async fn next_or_cancelled(
 impl LoopAgent {
     /// Runs one opened turn to its `turn/end`. Returns whether it ended normally (so the driver
     /// may continue with pending work).
-    pub(crate) async fn run_turn(&self, open: OpenTurn) -> bool {
-        let OpenTurn {
-            turn,
-            signal,
-            claimed,
-        } = open;
+    ///
+    /// `open` is borrowed (its claimed batch is taken) so that the driver task keeps one copy.
+    pub(crate) async fn run_turn(&self, open: &mut OpenTurn) -> bool {
+        let turn = open.turn;
+        let signal = &open.signal;
         let mut ts = TurnState { end: None, step: 0 };
-        let body = AssertUnwindSafe(self.turn_body(turn, &signal, claimed, &mut ts))
+        let first = match std::mem::replace(&mut open.claimed, Ok(Vec::new())) {
+            Ok(batch) => batch,
+            Err(failure) => return self.close_turn(turn, signal, Err(failure), ts),
+        };
+        let body = AssertUnwindSafe(self.turn_body(turn, signal, first, &mut ts))
             .catch_unwind()
             .await
             .unwrap_or_else(|p| Err(panicked("the agent loop", &*p)));
+        self.close_turn(turn, signal, body, ts)
+    }
+
+    /// Logs `turn/end` for a turn body's outcome. Returns whether the turn ended normally.
+    fn close_turn(&self, turn: u64, signal: &Signal, body: Result<bool, TurnFailure>, ts: TurnState) -> bool {
         let (reason, normal) = match body {
             Ok(normal) => (ts.end.unwrap_or(TurnEndReason::Completed), normal),
             Err(_) if signal.is_cancelled() => (
@@ -167,10 +183,10 @@ impl LoopAgent {
         &self,
         turn: u64,
         signal: &Signal,
-        claimed: Result<Vec<Message>, TurnFailure>,
+        first: Vec<Message>,
         ts: &mut TurnState,
     ) -> Result<bool, TurnFailure> {
-        let mut first = Some(claimed?);
+        let mut first = Some(first);
         let mut target = InboxTarget::NextTurn;
         loop {
             check(signal)?;
@@ -434,15 +450,13 @@ impl LoopAgent {
         st.history.messages()
     }
 
-    /// One step: request, stream, assistant message, tool calls. Returns the step outcome
-    /// (`None`: tool calls ran and none concluded the turn).
-    async fn step(
+    /// The synchronous opening of a step: the request header logged, the request built and the
+    /// model stream opened.
+    fn open_stream(
         &self,
-        turn: u64,
-        step: u64,
         prompt: AssembledPrompt,
         signal: &Signal,
-    ) -> Result<Option<TurnEndReason>, TurnFailure> {
+    ) -> Result<agent::ModelStream, TurnFailure> {
         let (provider, model) = match (&self.options.provider, &self.options.model) {
             (Some(p), Some(m)) if !p.is_empty() && !m.is_empty() => (p, m),
             _ => {
@@ -493,10 +507,24 @@ impl LoopAgent {
             loop_built: true,
             extra: serde_json::Map::new(),
         });
+        Ok(adapter.stream(request))
+    }
 
+    /// One step: request, stream, assistant message, tool calls. Returns the step outcome
+    /// (`None`: tool calls ran and none concluded the turn).
+    ///
+    /// Only the stream loop and the tool calls are asynchronous; the rest runs in synchronous
+    /// helpers, which keeps the driver task small.
+    async fn step(
+        &self,
+        turn: u64,
+        step: u64,
+        prompt: AssembledPrompt,
+        signal: &Signal,
+    ) -> Result<Option<TurnEndReason>, TurnFailure> {
+        let mut stream = self.open_stream(prompt, signal)?;
         let mut asm = BlockAssembler::default();
         let mut seqs: Vec<u64> = Vec::new();
-        let mut stream = adapter.stream(request);
         let mut log_chunk = |asm: &mut BlockAssembler, chunk: StreamChunk| -> Result<(), TurnFailure> {
             asm.push(&chunk);
             let event = self
@@ -548,7 +576,27 @@ impl LoopAgent {
             }
         }
         drop(stream);
+        match self.close_step(turn, step, asm, seqs, signal)? {
+            StepClose::Ended(end) => Ok(end),
+            // Boxed: tool execution would otherwise enlarge every driver task.
+            StepClose::Tools(calls) => Box::pin(self.run_tools(turn, step, calls, signal)).await,
+        }
+    }
 
+    /// The synchronous close of a step's stream: the assistant message logged (or the
+    /// interrupted prefix on cancellation) and the tool calls to run.
+    fn close_step(
+        &self,
+        turn: u64,
+        step: u64,
+        asm: BlockAssembler,
+        seqs: Vec<u64>,
+        signal: &Signal,
+    ) -> Result<StepClose, TurnFailure> {
+        let (provider, model) = match (&self.options.provider, &self.options.model) {
+            (Some(p), Some(m)) => (p, m),
+            _ => unreachable!("open_stream checked the routes"),
+        };
         if signal.is_cancelled() {
             let content = asm.interrupted_blocks();
             if !content.is_empty() {
@@ -610,13 +658,12 @@ impl LoopAgent {
             }),
         )?;
         if finish == FinishReason::MaxTokens {
-            return Ok(Some(TurnEndReason::MaxTokens));
+            return Ok(StepClose::Ended(Some(TurnEndReason::MaxTokens)));
         }
         if calls.is_empty() {
-            return Ok(Some(TurnEndReason::Completed));
+            return Ok(StepClose::Ended(Some(TurnEndReason::Completed)));
         }
-        // Boxed: tool execution would otherwise enlarge every driver task.
-        Box::pin(self.run_tools(turn, step, calls, signal)).await
+        Ok(StepClose::Tools(calls))
     }
 
     /// Logs and executes one step's tool calls; results are logged in model order.

@@ -269,8 +269,7 @@ impl LoopAgent {
     /// Runs the synchronous prefix of a fresh driver and spawns the rest.
     fn start_driver(&self) {
         if let Some(open) = self.open_turn().or_else(|| self.next_open_after_exit()) {
-            let me = self.arc();
-            self.tasks.spawn(async move { me.drive(open).await });
+            self.tasks.spawn(self.arc().drive(open));
         }
     }
 
@@ -371,10 +370,9 @@ impl LoopAgent {
     }
 
     /// The drain: runs turns until the agent converges to idle.
-    async fn drive(self: Arc<Self>, first: OpenTurn) {
-        let mut open = first;
+    async fn drive(self: Arc<Self>, mut open: OpenTurn) {
         loop {
-            let normal = self.run_turn(open).await;
+            let normal = self.run_turn(&mut open).await;
             match self.after_turn(normal) {
                 Some(next) => open = next,
                 None => return,
