@@ -93,6 +93,14 @@ enum PreStepOutcome {
     Enter(Vec<Message>, AssembledPrompt),
 }
 
+/// How a step's stream closed.
+enum StepClose {
+    /// The step is over with this outcome.
+    Ended(Option<TurnEndReason>),
+    /// The model asked for these tool calls.
+    Tools(Vec<ToolCallRequest>),
+}
+
 /// Per-turn bookkeeping.
 struct TurnState {
     /// The turn's ending so far (`None`: the last step asked to continue).
@@ -109,20 +117,40 @@ fn result_error_name(code: &str) -> &'static str {
     }
 }
 
+/// The next chunk of `stream`, or `None` when `signal` is cancelled first (cancellation wins).
+async fn next_or_cancelled(
+    stream: &mut agent::ModelStream,
+    signal: &Signal,
+) -> Option<Option<Result<StreamChunk, LlmFailure>>> {
+    tokio::select! {
+        biased;
+        _ = signal.cancelled() => None,
+        next = stream.next() => Some(next),
+    }
+}
+
 impl LoopAgent {
     /// Runs one opened turn to its `turn/end`. Returns whether it ended normally (so the driver
     /// may continue with pending work).
-    pub(crate) async fn run_turn(&self, open: OpenTurn) -> bool {
-        let OpenTurn {
-            turn,
-            signal,
-            claimed,
-        } = open;
+    ///
+    /// `open` is borrowed (its claimed batch is taken) so that the driver task keeps one copy.
+    pub(crate) async fn run_turn(&self, open: &mut OpenTurn) -> bool {
+        let turn = open.turn;
+        let signal = &open.signal;
         let mut ts = TurnState { end: None, step: 0 };
-        let body = AssertUnwindSafe(self.turn_body(turn, &signal, claimed, &mut ts))
+        let first = match std::mem::replace(&mut open.claimed, Ok(Vec::new())) {
+            Ok(batch) => batch,
+            Err(failure) => return self.close_turn(turn, signal, Err(failure), ts),
+        };
+        let body = AssertUnwindSafe(self.turn_body(turn, signal, first, &mut ts))
             .catch_unwind()
             .await
             .unwrap_or_else(|p| Err(panicked("the agent loop", &*p)));
+        self.close_turn(turn, signal, body, ts)
+    }
+
+    /// Logs `turn/end` for a turn body's outcome. Returns whether the turn ended normally.
+    fn close_turn(&self, turn: u64, signal: &Signal, body: Result<bool, TurnFailure>, ts: TurnState) -> bool {
         let (reason, normal) = match body {
             Ok(normal) => (ts.end.unwrap_or(TurnEndReason::Completed), normal),
             Err(_) if signal.is_cancelled() => (
@@ -155,10 +183,10 @@ impl LoopAgent {
         &self,
         turn: u64,
         signal: &Signal,
-        claimed: Result<Vec<Message>, TurnFailure>,
+        first: Vec<Message>,
         ts: &mut TurnState,
     ) -> Result<bool, TurnFailure> {
-        let mut first = Some(claimed?);
+        let mut first = Some(first);
         let mut target = InboxTarget::NextTurn;
         loop {
             check(signal)?;
@@ -189,7 +217,7 @@ impl LoopAgent {
                     self.session
                         .append(EventData::UserMessage(message), Some(SurfaceMeta::append()))?;
                 }
-                self.step(turn, step, &prompt, signal).await
+                self.step(turn, step, prompt, signal).await
             })
             .catch_unwind()
             .await
@@ -219,6 +247,17 @@ impl LoopAgent {
         if hooks.is_empty() {
             return Ok(());
         }
+        // Boxed: the hook loop is off the common path and would otherwise enlarge every
+        // driver task.
+        Box::pin(self.run_turn_stopping(hooks, turn, signal)).await
+    }
+
+    async fn run_turn_stopping(
+        &self,
+        hooks: Vec<Arc<dyn agent::TurnStoppingHook>>,
+        turn: u64,
+        signal: &Signal,
+    ) -> Result<(), TurnFailure> {
         let me = self.agent_ref();
         for hook in hooks {
             let call = AssertUnwindSafe(hook.turn_stopping(&me, turn, signal)).catch_unwind();
@@ -243,27 +282,15 @@ impl LoopAgent {
         let (prompt, contexts) = self.assemble_prompt()?;
         check(signal)?;
         let mut messages = claimed;
-        messages.extend(prompt::snapshot_message(&contexts, &self.retained_snapshot()));
-        let mut decision = PreStepDecision::Enter(messages);
+        messages.extend(self.snapshot_message(contexts));
         let hooks = self.services.pre_step.for_agent(&self.id);
-        if !hooks.is_empty() {
-            let me = self.agent_ref();
-            for hook in hooks {
-                let view = PreStep {
-                    agent: &me,
-                    turn,
-                    step,
-                    signal,
-                };
-                let call = AssertUnwindSafe(hook.pre_step(view, decision)).catch_unwind();
-                decision = match signal.run(call).await {
-                    Err(_) => return Err(TurnFailure::Cancelled),
-                    Ok(Err(p)) => return Err(panicked("an agent/pre-step interceptor", &*p)),
-                    Ok(Ok(Err(e))) => return Err(TurnFailure::from_error(&*e)),
-                    Ok(Ok(Ok(d))) => d,
-                };
-            }
-        }
+        let decision = if hooks.is_empty() {
+            PreStepDecision::Enter(messages)
+        } else {
+            // Boxed: the interceptor chain is off the common path and would otherwise enlarge
+            // every driver task.
+            Box::pin(self.run_pre_step_hooks(hooks, turn, step, messages, signal)).await?
+        };
         check(signal)?;
         Ok(match decision {
             PreStepDecision::Reject => PreStepOutcome::Rejected,
@@ -271,23 +298,56 @@ impl LoopAgent {
         })
     }
 
+    /// The `agent/pre-step` interceptor chain, in order.
+    async fn run_pre_step_hooks(
+        &self,
+        hooks: Vec<Arc<dyn agent::PreStepInterceptor>>,
+        turn: u64,
+        step: u64,
+        messages: Vec<Message>,
+        signal: &Signal,
+    ) -> Result<PreStepDecision, TurnFailure> {
+        let mut decision = PreStepDecision::Enter(messages);
+        let me = self.agent_ref();
+        for hook in hooks {
+            let view = PreStep {
+                agent: &me,
+                turn,
+                step,
+                signal,
+            };
+            let call = AssertUnwindSafe(hook.pre_step(view, decision)).catch_unwind();
+            decision = match signal.run(call).await {
+                Err(_) => return Err(TurnFailure::Cancelled),
+                Ok(Err(p)) => return Err(panicked("an agent/pre-step interceptor", &*p)),
+                Ok(Ok(Err(e))) => return Err(TurnFailure::from_error(&*e)),
+                Ok(Ok(Ok(d))) => d,
+            };
+        }
+        Ok(decision)
+    }
+
     /// Renders the system text, collects tool schemas and renders the runtime contexts.
     fn assemble_prompt(
         &self,
     ) -> Result<(AssembledPrompt, Vec<agent::message::SnapshotSection>), TurnFailure> {
         let registry = &self.services.prompt;
-        let vars = PromptVariables {
-            model: self.options.model.clone(),
-            cwd: self
-                .session
-                .header()
-                .cwd
-                .as_ref()
-                .map(|p| p.display().to_string()),
-            provider: self.options.provider.clone(),
-        };
-        let system = prompt::render_system(&registry.sections(Some(&self.id)), &vars)
-            .map_err(|e| TurnFailure::Failed(LlmFailure::unknown(e.to_string())))?;
+        // The variables are only built when a persona section references them.
+        let mut vars: Option<PromptVariables> = None;
+        let system = prompt::render_sections(&registry.sections(Some(&self.id)), |section| {
+            let vars = vars.get_or_insert_with(|| PromptVariables {
+                model: self.options.model.clone(),
+                cwd: self
+                    .session
+                    .header()
+                    .cwd
+                    .as_ref()
+                    .map(|p| p.display().to_string()),
+                provider: self.options.provider.clone(),
+            });
+            prompt::interpolate(&section.text, vars, &section.name)
+        })
+        .map_err(|e| TurnFailure::Failed(LlmFailure::unknown(e.to_string())))?;
         let tools = self.services.tools.schemas(Some(&self.id));
         let contexts = prompt::render_contexts(&registry.runtime_contexts(Some(&self.id)), &self.id);
         Ok((
@@ -299,20 +359,24 @@ impl LoopAgent {
         ))
     }
 
-    /// The last runtime-context snapshot the log holds (scanned incrementally).
-    fn retained_snapshot(&self) -> RetainedSnapshot {
-        let events = self.session.events();
-        let mut st = self.state.lock();
-        let (scanned, retained) = &mut st.snapshot_scan;
-        for event in events.iter().skip(*scanned) {
-            if let EventData::UserMessage(m) = &event.data
-                && prompt::is_snapshot_message(m)
-            {
-                *retained = RetainedSnapshot::Last(prompt::snapshot_message_text(m));
+    /// The snapshot message to enter for the rendered `contexts`, compared with the last
+    /// runtime-context snapshot the log holds (scanned incrementally).
+    fn snapshot_message(&self, contexts: Vec<agent::message::SnapshotSection>) -> Option<Message> {
+        let text = {
+            let events = self.session.events();
+            let mut st = self.state.lock();
+            let (scanned, retained) = &mut st.snapshot_scan;
+            for event in events.iter().skip(*scanned) {
+                if let EventData::UserMessage(m) = &event.data
+                    && prompt::is_snapshot_message(m)
+                {
+                    *retained = RetainedSnapshot::Last(prompt::snapshot_message_text(m));
+                }
             }
-        }
-        *scanned = events.len();
-        retained.clone()
+            *scanned = events.len();
+            prompt::changed_snapshot_text(&contexts, retained)?
+        };
+        Some(prompt::snapshot_message_from(contexts, text))
     }
 
     /// Logs `request/header` (initial or resume first, change when it differs) and
@@ -386,17 +450,15 @@ impl LoopAgent {
         st.history.messages()
     }
 
-    /// One step: request, stream, assistant message, tool calls. Returns the step outcome
-    /// (`None`: tool calls ran and none concluded the turn).
-    async fn step(
+    /// The synchronous opening of a step: the request header logged, the request built and the
+    /// model stream opened.
+    fn open_stream(
         &self,
-        turn: u64,
-        step: u64,
-        prompt: &AssembledPrompt,
+        prompt: AssembledPrompt,
         signal: &Signal,
-    ) -> Result<Option<TurnEndReason>, TurnFailure> {
+    ) -> Result<agent::ModelStream, TurnFailure> {
         let (provider, model) = match (&self.options.provider, &self.options.model) {
-            (Some(p), Some(m)) if !p.is_empty() && !m.is_empty() => (p.clone(), m.clone()),
+            (Some(p), Some(m)) if !p.is_empty() && !m.is_empty() => (p, m),
             _ => {
                 return Err(TurnFailure::Failed(LlmFailure::unknown(format!(
                     "agent \"{}\" has no provider/model: set AgentOptions.provider and AgentOptions.model",
@@ -412,32 +474,57 @@ impl LoopAgent {
                 ..CallConfig::default()
             },
             adapter_defaults: None,
-            system: prompt.system.clone(),
-            tools: prompt.tools.clone(),
+            system: prompt.system,
+            tools: prompt.tools,
         };
         self.log_request(&header)?;
         check(signal)?;
-        let adapter = self.services.models.adapter(&provider).ok_or_else(|| {
+        let adapter = self.services.models.adapter(provider).ok_or_else(|| {
             TurnFailure::Failed(LlmFailure::new(
                 "NO_ADAPTER",
                 format!("no model adapter is registered for provider \"{provider}\""),
             ))
         })?;
+        // The header is logged; the request takes its routes, system text and tools.
+        let EpochHeader {
+            config,
+            system,
+            tools,
+            ..
+        } = header;
         let request = Arc::new(GenerateOptions {
+            provider: config.provider,
+            model: config.model,
             messages: self.derived_history(),
-            // The header is logged; the request takes its system text and tools.
-            system: header.system,
-            tools: header.tools,
-            max_tokens: header.config.max_tokens,
+            system,
+            tools,
+            temperature: None,
+            max_tokens: config.max_tokens,
+            stop: None,
+            reasoning_effort: None,
             signal: signal.clone(),
             session_id: Some(self.id.clone()),
             loop_built: true,
-            ..GenerateOptions::new(provider.clone(), model.clone(), Vec::new())
+            extra: serde_json::Map::new(),
         });
+        Ok(adapter.stream(request))
+    }
 
+    /// One step: request, stream, assistant message, tool calls. Returns the step outcome
+    /// (`None`: tool calls ran and none concluded the turn).
+    ///
+    /// Only the stream loop and the tool calls are asynchronous; the rest runs in synchronous
+    /// helpers, which keeps the driver task small.
+    async fn step(
+        &self,
+        turn: u64,
+        step: u64,
+        prompt: AssembledPrompt,
+        signal: &Signal,
+    ) -> Result<Option<TurnEndReason>, TurnFailure> {
+        let mut stream = self.open_stream(prompt, signal)?;
         let mut asm = BlockAssembler::default();
         let mut seqs: Vec<u64> = Vec::new();
-        let mut stream = adapter.stream(request);
         let mut log_chunk = |asm: &mut BlockAssembler, chunk: StreamChunk| -> Result<(), TurnFailure> {
             asm.push(&chunk);
             let event = self
@@ -454,10 +541,11 @@ impl LoopAgent {
             }
             let next = match stream.next().now_or_never() {
                 Some(next) => next,
-                None => tokio::select! {
-                    biased;
-                    _ = signal.cancelled() => break,
-                    next = stream.next() => next,
+                // Boxed: waiting is the slow path and its future would otherwise enlarge every
+                // driver task.
+                None => match Box::pin(next_or_cancelled(&mut stream, signal)).await {
+                    Some(next) => next,
+                    None => break,
                 },
             };
             match next {
@@ -488,7 +576,27 @@ impl LoopAgent {
             }
         }
         drop(stream);
+        match self.close_step(turn, step, asm, seqs, signal)? {
+            StepClose::Ended(end) => Ok(end),
+            // Boxed: tool execution would otherwise enlarge every driver task.
+            StepClose::Tools(calls) => Box::pin(self.run_tools(turn, step, calls, signal)).await,
+        }
+    }
 
+    /// The synchronous close of a step's stream: the assistant message logged (or the
+    /// interrupted prefix on cancellation) and the tool calls to run.
+    fn close_step(
+        &self,
+        turn: u64,
+        step: u64,
+        asm: BlockAssembler,
+        seqs: Vec<u64>,
+        signal: &Signal,
+    ) -> Result<StepClose, TurnFailure> {
+        let (provider, model) = match (&self.options.provider, &self.options.model) {
+            (Some(p), Some(m)) => (p, m),
+            _ => unreachable!("open_stream checked the routes"),
+        };
         if signal.is_cancelled() {
             let content = asm.interrupted_blocks();
             if !content.is_empty() {
@@ -550,12 +658,12 @@ impl LoopAgent {
             }),
         )?;
         if finish == FinishReason::MaxTokens {
-            return Ok(Some(TurnEndReason::MaxTokens));
+            return Ok(StepClose::Ended(Some(TurnEndReason::MaxTokens)));
         }
         if calls.is_empty() {
-            return Ok(Some(TurnEndReason::Completed));
+            return Ok(StepClose::Ended(Some(TurnEndReason::Completed)));
         }
-        self.run_tools(turn, step, calls, signal).await
+        Ok(StepClose::Tools(calls))
     }
 
     /// Logs and executes one step's tool calls; results are logged in model order.

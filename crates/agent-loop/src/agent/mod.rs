@@ -187,6 +187,16 @@ impl LoopAgent {
         &self.tasks
     }
 
+    /// Resolves once the agent is idle (like [`Agent::when_idle`], without boxing; ready at
+    /// once when it already is).
+    pub(crate) async fn wait_idle(&self) {
+        if !*self.busy.borrow() {
+            return;
+        }
+        let mut rx = self.busy.subscribe();
+        let _ = rx.wait_for(|busy| !*busy).await;
+    }
+
     /// Marks the agent as being disposed: it takes no new work from now on.
     pub(crate) fn begin_disposal(&self) {
         self.disposed.store(true, Ordering::SeqCst);
@@ -259,8 +269,7 @@ impl LoopAgent {
     /// Runs the synchronous prefix of a fresh driver and spawns the rest.
     fn start_driver(&self) {
         if let Some(open) = self.open_turn().or_else(|| self.next_open_after_exit()) {
-            let me = self.arc();
-            self.tasks.spawn(async move { me.drive(open).await });
+            self.tasks.spawn(self.arc().drive(open));
         }
     }
 
@@ -361,10 +370,9 @@ impl LoopAgent {
     }
 
     /// The drain: runs turns until the agent converges to idle.
-    async fn drive(self: Arc<Self>, first: OpenTurn) {
-        let mut open = first;
+    async fn drive(self: Arc<Self>, mut open: OpenTurn) {
         loop {
-            let normal = self.run_turn(open).await;
+            let normal = self.run_turn(&mut open).await;
             match self.after_turn(normal) {
                 Some(next) => open = next,
                 None => return,

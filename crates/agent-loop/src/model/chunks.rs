@@ -146,7 +146,12 @@ pub fn finish_chunk(reason: FinishReason) -> StreamChunk {
 
 /// One text block, finish `stop`. An empty `text` yields an empty text block (no delta).
 pub fn text(text: impl AsRef<str>) -> Vec<StreamChunk> {
-    Builder::default().text(text.as_ref()).finish(FinishReason::Stop)
+    // Block start, delta, block end, usage, finish.
+    let mut builder = Builder {
+        chunks: Vec::with_capacity(5),
+        next: 0,
+    };
+    builder.text(text.as_ref()).finish(FinishReason::Stop)
 }
 
 /// A reasoning block then a text block, finish `stop`.

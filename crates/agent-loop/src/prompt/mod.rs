@@ -313,18 +313,38 @@ pub fn render_system(
     sections: &[PromptSection],
     vars: &PromptVariables,
 ) -> Result<Option<String>, PromptError> {
-    let mut parts = Vec::with_capacity(sections.len());
+    render_sections(sections, |section| {
+        interpolate(&section.text, vars, &section.name)
+    })
+}
+
+/// [`render_system`] with the persona interpolation supplied by `persona` (called only for a
+/// persona section, so the variables can be built lazily).
+pub(crate) fn render_sections(
+    sections: &[PromptSection],
+    mut persona: impl FnMut(&PromptSection) -> Result<String, PromptError>,
+) -> Result<Option<String>, PromptError> {
+    let mut out: Option<String> = None;
     for section in sections {
-        let text = if section.name == PERSONA_SECTION {
-            interpolate(&section.text, vars, &section.name)?
+        let interpolated;
+        let text: &str = if section.name == PERSONA_SECTION {
+            interpolated = persona(section)?;
+            &interpolated
         } else {
-            section.text.clone()
+            &section.text
         };
-        if !text.is_empty() {
-            parts.push(text);
+        if text.is_empty() {
+            continue;
+        }
+        match &mut out {
+            None => out = Some(text.to_owned()),
+            Some(joined) => {
+                joined.push_str("\n\n");
+                joined.push_str(text);
+            }
         }
     }
-    Ok((!parts.is_empty()).then(|| parts.join("\n\n")))
+    Ok(out)
 }
 
 /// Renders the runtime contexts `agent` sees (already sorted) into snapshot sections; contexts
@@ -348,12 +368,16 @@ pub fn snapshot_body(sections: &[SnapshotSection]) -> String {
     if sections.is_empty() {
         return String::new();
     }
-    let body = sections
-        .iter()
-        .map(|s| s.text.as_str())
-        .collect::<Vec<_>>()
-        .join("\n\n");
-    model_text::snapshot_text(&body)
+    const SEP: &str = "\n\n";
+    let len =
+        model_text::SNAPSHOT_HEADER.len() + sections.iter().map(|s| SEP.len() + s.text.len()).sum::<usize>();
+    let mut text = String::with_capacity(len);
+    text.push_str(model_text::SNAPSHOT_HEADER);
+    for section in sections {
+        text.push_str(SEP);
+        text.push_str(&section.text);
+    }
+    text
 }
 
 /// What the log says about the last snapshot the model saw.
@@ -383,6 +407,15 @@ pub fn snapshot_message_text(message: &Message) -> Option<String> {
 /// `None` when nothing ever was and nothing is active, or when the text is unchanged. With no
 /// active context after an earlier snapshot, the message is the cleared notice (no form).
 pub fn snapshot_message(current: &[SnapshotSection], retained: &RetainedSnapshot) -> Option<Message> {
+    let text = changed_snapshot_text(current, retained)?;
+    Some(snapshot_message_from(current.to_vec(), text))
+}
+
+/// The text of the snapshot message [`snapshot_message`] would enter, if any.
+pub(crate) fn changed_snapshot_text(
+    current: &[SnapshotSection],
+    retained: &RetainedSnapshot,
+) -> Option<String> {
     if current.is_empty() && *retained == RetainedSnapshot::Never {
         return None;
     }
@@ -396,16 +429,19 @@ pub fn snapshot_message(current: &[SnapshotSection], retained: &RetainedSnapshot
     {
         return None;
     }
-    let form = (!current.is_empty()).then(|| PluginForm::Snapshot {
-        sections: current.to_vec(),
-    });
-    Some(Message::user(
+    Some(text)
+}
+
+/// The snapshot message with `text` (from [`changed_snapshot_text`]) for `current`.
+pub(crate) fn snapshot_message_from(current: Vec<SnapshotSection>, text: String) -> Message {
+    let form = (!current.is_empty()).then_some(PluginForm::Snapshot { sections: current });
+    Message::user(
         vec![ContentBlock::text(text)],
         MessageSource::Plugin {
             plugin: PROMPT_PLUGIN.to_owned(),
             form,
         },
-    ))
+    )
 }
 
 #[cfg(test)]

@@ -29,6 +29,11 @@ pub(super) struct AgentEntry {
 
 impl AgentEntry {
     /// Starts (or joins) the memoized teardown.
+    ///
+    /// The first call's future drives the teardown when polled; if it is dropped before the
+    /// teardown completed, the rest runs as a task of the runtime, so the teardown progresses
+    /// even when no caller polls it to the end. (A teardown that completes on its first poll
+    /// needs no task.)
     pub(super) fn dispose(self: &Arc<Self>) -> BoxFuture<'static, ()> {
         let mut first = false;
         let shared = self
@@ -45,13 +50,10 @@ impl AgentEntry {
             self.disposing.cancel(CancelCause::Disposed);
             self.agent.begin_disposal();
             self.agent.cancel(CancelCause::Disposed, CancelOptions::default());
-            // Drive the teardown in the background so it progresses even if no caller polls.
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                match self.runtime.upgrade() {
-                    Some(rt) => drop(rt.tasks.spawn_on(shared.clone(), &handle)),
-                    None => drop(handle.spawn(shared.clone())),
-                }
-            }
+            return Box::pin(Teardown {
+                shared: Some(shared),
+                runtime: self.runtime.clone(),
+            });
         }
         shared.boxed()
     }
@@ -80,7 +82,7 @@ pub(super) async fn teardown(entry: Arc<AgentEntry>) {
     future::join3(
         future::join_all(children.iter().map(|c| c.dispose())),
         jobs_done,
-        agent.when_idle(),
+        agent.wait_idle(),
     )
     .await;
     agent.tasks().close();
@@ -103,6 +105,45 @@ pub(super) async fn teardown(entry: Arc<AgentEntry>) {
             .children
             .lock()
             .retain(|w| w.upgrade().is_some_and(|e| !Arc::ptr_eq(&e, &entry)));
+    }
+}
+
+/// The first caller's view of a teardown: polling drives it; dropping it unfinished hands the
+/// rest to a runtime task (or a plain tokio task when the runtime is gone; nothing without a
+/// tokio runtime).
+struct Teardown {
+    shared: Option<Shared<BoxFuture<'static, ()>>>,
+    runtime: Weak<RuntimeInner>,
+}
+
+impl Future for Teardown {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let Some(shared) = self.shared.as_mut() else {
+            return std::task::Poll::Ready(());
+        };
+        let poll = shared.poll_unpin(cx);
+        if poll.is_ready() {
+            self.shared = None;
+        }
+        poll
+    }
+}
+
+impl Drop for Teardown {
+    fn drop(&mut self) {
+        let Some(shared) = self.shared.take() else { return };
+        if shared.peek().is_some() {
+            return;
+        }
+        // Drive the teardown in the background so it progresses even if no caller polls.
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            match self.runtime.upgrade() {
+                Some(rt) => drop(rt.tasks.spawn_on(shared, &handle)),
+                None => drop(handle.spawn(shared)),
+            }
+        }
     }
 }
 

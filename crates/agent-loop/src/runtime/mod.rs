@@ -22,8 +22,9 @@
 //! [`Runtime::shutdown`]: mark disposing (new work is refused) → `cancel(disposed)` → dispose
 //! owned agents and the agent's background jobs while awaiting `when_idle` and the agent's
 //! tasks → dispose the scope → unregister ([`AgentEvent::Disposed`]) → remove the session
-//! (`session/disposed`) → drop the owner link. The teardown runs as a task of the runtime, so
-//! it progresses even when no caller polls it.
+//! (`session/disposed`) → drop the owner link. The first `dispose` call's future drives the
+//! teardown; dropped before the teardown completed (also unpolled), it hands the rest to a
+//! task of the runtime, so the teardown progresses even when no caller polls it to the end.
 //!
 //! # Locking
 //! `registry` (the live entries in creation order) is held for short synchronous sections;
@@ -265,10 +266,39 @@ impl Runtime {
     }
 
     /// Races `fut` against the creation token: the caller's signal, the owner's disposal and
-    /// runtime shutdown.
+    /// runtime shutdown (in that priority, before `fut`).
     async fn race<T>(
         &self,
         fut: impl Future<Output = T>,
+        signal: Option<&Signal>,
+        owner: Option<&Arc<AgentEntry>>,
+    ) -> Race<T> {
+        // The first round, synchronously: a cancelled token wins, then a ready `fut`. Only a
+        // pending `fut` needs the (boxed) wait on every source.
+        if let Some(s) = signal
+            && s.is_cancelled()
+        {
+            return Race::Caller(s.cause().unwrap_or(CancelCause::User));
+        }
+        if owner.is_some_and(|o| o.disposing.is_cancelled()) {
+            return Race::Owner;
+        }
+        if self.inner.shutdown.is_cancelled() {
+            return Race::Shutdown;
+        }
+        let mut fut = std::pin::pin!(fut);
+        if let std::task::Poll::Ready(out) =
+            future::poll_fn(|cx| std::task::Poll::Ready(fut.as_mut().poll(cx))).await
+        {
+            return Race::Done(out);
+        }
+        Box::pin(self.race_pending(fut, signal, owner)).await
+    }
+
+    /// [`race`](Self::race) once `fut` is pending.
+    async fn race_pending<T>(
+        &self,
+        fut: std::pin::Pin<&mut impl Future<Output = T>>,
         signal: Option<&Signal>,
         owner: Option<&Arc<AgentEntry>>,
     ) -> Race<T> {
