@@ -178,7 +178,8 @@ impl InProcessDriver {
         )?;
         let child_depth = resolve_child_depth(parent_depth, max_depth)?;
         // 4. Child id and seed boundary.
-        let child_id = SessionId::new(uuid::Uuid::new_v4().to_string());
+        let mut id = [0u8; uuid::fmt::Hyphenated::LENGTH];
+        let child_id = SessionId::new(&*uuid::Uuid::new_v4().hyphenated().encode_lower(&mut id));
         let seed = options.seed;
         let boundary = seed.as_ref().map_or(0, Vec::len);
         // 5. Delegated policy, captured now.

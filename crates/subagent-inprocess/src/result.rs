@@ -7,7 +7,7 @@
 //!    turn-end map; `dropped_unrun` deliberately ignored);
 //! 3. the driver's cancellation rule ([`StopReason::after_cancellation`]): when the run was
 //!    cancelled (request signal or disposal) anything but `completed` becomes `aborted`;
-//! 4. the output is the seam's [`final_assistant_output`], `[]` when there is none;
+//! 4. the output is the seam's output rule ([`final_assistant_output_of`]), `[]` when there is none;
 //! 5. structured runs: a committed value → `structured`; no value and a `completed` reason →
 //!    `error` (`aborted` when cancelled); otherwise the child's own failure stands.
 //!
@@ -15,7 +15,7 @@
 
 use serde_json::Value;
 use subagent::agent::AsEvent;
-use subagent::{StopReason, SubagentResult, final_assistant_output, one_shot_stop_reason};
+use subagent::{StopReason, SubagentResult, final_assistant_output_of, one_shot_stop_reason};
 
 /// Derives the result of a settled child from its own events (`own`, the suffix after the seed
 /// boundary), whether the run was `cancelled`, and — for a structured run — the committed value
@@ -26,7 +26,7 @@ pub fn derive_result<E: AsEvent>(
     structured: Option<Option<Value>>,
 ) -> SubagentResult {
     let stop_reason = one_shot_stop_reason(own.iter()).after_cancellation(cancelled);
-    let output = final_assistant_output(own.iter()).unwrap_or_default();
+    let output = final_assistant_output_of(own).unwrap_or_default();
     match structured {
         Some(Some(value)) => SubagentResult::new(output, stop_reason).with_structured(value),
         Some(None) if stop_reason.is_completed() => SubagentResult::new(

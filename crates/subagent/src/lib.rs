@@ -74,7 +74,7 @@ pub use model_text::SUBAGENT_DELEGATION_CONTEXT;
 pub use out_of_process::{
     OutOfProcessError, assert_positive_finite, assert_usable_cwd, resolve_child_cwd, validate_configured_cwd,
 };
-pub use output::{AssistantOutputFold, final_assistant_output};
+pub use output::{AssistantOutputFold, final_assistant_output, final_assistant_output_of};
 pub use policy::{
     DelegatedPolicyOverrides, PolicyServices, append_delegated_policy_overrides,
     capture_delegated_policy_overrides,

@@ -97,12 +97,41 @@ where
     fold.into_output()
 }
 
+/// [`final_assistant_output`] over a slice, without the fold's copies: the last non-empty
+/// assistant message is found from the end and cloned once; only when there is none is the
+/// streamed text concatenated.
+pub fn final_assistant_output_of<E: AsEvent>(events: &[E]) -> Option<Vec<ContentBlock>> {
+    let last_message = events.iter().rev().find_map(|e| match &e.as_event().data {
+        EventData::AssistantMessage { message, .. } if !message.content.is_empty() => Some(&message.content),
+        _ => None,
+    });
+    if let Some(content) = last_message {
+        return Some(content.clone());
+    }
+    let mut fold = AssistantOutputFold::new();
+    for event in events {
+        fold.push_event(event.as_event());
+    }
+    fold.into_output()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use agent::Message;
     use agent::event::SurfaceMeta;
     use std::sync::Arc;
+
+    /// The output rule through both entry points, which must agree.
+    fn output(events: &[SessionEvent]) -> Option<Vec<ContentBlock>> {
+        let folded = final_assistant_output(events);
+        assert_eq!(
+            final_assistant_output_of(events),
+            folded,
+            "slice form agrees with the fold"
+        );
+        folded
+    }
 
     fn event(data: EventData) -> SessionEvent {
         SessionEvent {
@@ -166,10 +195,7 @@ mod tests {
             message(vec![ContentBlock::text("step two")]),
             message(vec![]),
         ];
-        assert_eq!(
-            final_assistant_output(&events),
-            Some(vec![ContentBlock::text("step two")])
-        );
+        assert_eq!(output(&events), Some(vec![ContentBlock::text("step two")]));
     }
 
     /// spec: OUT-2 — a non-empty message wins over text streamed before and after it.
@@ -181,10 +207,7 @@ mod tests {
             text_delta("later partial"),
             message(vec![]),
         ];
-        assert_eq!(
-            final_assistant_output(&events),
-            Some(vec![ContentBlock::text("complete answer")])
-        );
+        assert_eq!(output(&events), Some(vec![ContentBlock::text("complete answer")]));
     }
 
     /// spec: OUT-3 — a textless non-empty message (reasoning only) wins over streamed text.
@@ -196,7 +219,7 @@ mod tests {
             message(content.clone()),
             text_delta("later partial"),
         ];
-        assert_eq!(final_assistant_output(&events), Some(content));
+        assert_eq!(output(&events), Some(content));
     }
 
     /// spec: OUT-4 — without messages, text deltas concatenate into one text block; reasoning
@@ -210,20 +233,14 @@ mod tests {
             text_delta("answer"),
             message(vec![]),
         ];
-        assert_eq!(
-            final_assistant_output(&events),
-            Some(vec![ContentBlock::text("partial answer")])
-        );
+        assert_eq!(output(&events), Some(vec![ContentBlock::text("partial answer")]));
     }
 
     /// spec: OUT-5 — no messages and no text (or only reasoning plus an empty message) → none.
     #[test]
     fn out_5_nothing_yields_none() {
-        assert_eq!(final_assistant_output(Vec::<SessionEvent>::new()), None);
-        assert_eq!(
-            final_assistant_output(&[reasoning_delta("thinking"), message(vec![])]),
-            None
-        );
+        assert_eq!(output(&[]), None);
+        assert_eq!(output(&[reasoning_delta("thinking"), message(vec![])]), None);
     }
 
     /// spec: OUT-6 — `push_text` pieces concatenate; empty pieces are ignored.
