@@ -323,7 +323,10 @@ fn validate_candidate(data: &EventData, surface: Option<&SurfaceMeta>) -> Result
             "temperature {t} is not lossless"
         )));
     }
-    check_lossless(&data.payload()).map_err(CandidateError::Lossless)?;
+    // The fast path only skips walks that cannot fail; anything it is unsure of is walked.
+    if !lossless::plainly_lossless(data) {
+        check_lossless(&data.payload()).map_err(CandidateError::Lossless)?;
+    }
     match (data.is_surface(), surface) {
         (true, None) | (true, Some(SurfaceMeta { surface_op: None, .. })) => {
             return Err(CandidateError::Invalid(
@@ -516,6 +519,214 @@ mod tests {
         );
         assert!(s.is_empty());
         assert_eq!(check_lossless_json(&serde_json::json!({"ok": 0.0})), Ok(()));
+    }
+
+    /// The fast path of the lossless check: every event kind that can carry a float (an
+    /// embedded `Value`, an open-union map, the request temperature) is still walked when one is
+    /// negative zero, and is refused with exactly the full walk's reason; float-free payloads
+    /// skip the walk.
+    #[test]
+    fn lossless_fast_path_never_hides_a_lossy_float() {
+        use crate::content::ContentBlock;
+        use crate::event::{CallConfig, EpochHeader, InboxSplice, InboxTarget, RequestHeaderReason};
+        use crate::message::{MessageSource, PluginForm};
+        use crate::model::{FinishReason, StreamChunk, ToolSchema};
+        use crate::signal::CancelCause;
+        use crate::turn::TurnEndReason;
+        use serde_json::{Map, json};
+
+        let bad_map = || -> Map<String, Value> {
+            json!({"kind": "x", "deep": [{"n": -0.0}]})
+                .as_object()
+                .unwrap()
+                .clone()
+        };
+        let bad = || json!({"a": [1, {"b": -0.0}]});
+        let msg = |content: Vec<ContentBlock>, source: MessageSource| Message::user(content, source);
+        let plain_msg = || Message::user_text("hi");
+        let header_with =
+            |config: CallConfig, adapter_defaults: Option<Value>, tools: Option<Vec<ToolSchema>>| {
+                EventData::RequestHeader {
+                    header: EpochHeader {
+                        config,
+                        adapter_defaults,
+                        system: None,
+                        tools,
+                    },
+                    reason: RequestHeaderReason::Initial,
+                }
+            };
+        let config = || CallConfig {
+            provider: "p".into(),
+            model: "m".into(),
+            ..CallConfig::default()
+        };
+        let user = |m: Message| EventData::UserMessage(m);
+        let assistant = |m: Message| EventData::AssistantMessage {
+            turn: 1,
+            step: 1,
+            message: m,
+            usage: None,
+            interrupted: false,
+        };
+        let tool_result = |m: Message, meta: Option<Value>| EventData::ToolResult {
+            turn: 1,
+            step: 1,
+            message: m,
+            error: None,
+            meta,
+        };
+        let chunk = |chunk: StreamChunk| EventData::AssistantChunk {
+            turn: 1,
+            step: 1,
+            chunk,
+        };
+        let turn_end = |reason: TurnEndReason| EventData::TurnEnd { turn: 1, reason };
+        let splice = |m: Message| {
+            EventData::InboxSpliced(InboxSplice {
+                target: InboxTarget::NextTurn,
+                start: 0,
+                removed_count: None,
+                inserted: vec![m],
+                outcome: None,
+            })
+        };
+        let model_source = |replay_state| MessageSource::Model {
+            provider: "p".into(),
+            model: "m".into(),
+            replay_state,
+        };
+
+        let lossy = vec![
+            EventData::other("x/y", bad()),
+            EventData::other("x/y", json!(-0.0)),
+            tool_result(plain_msg(), Some(bad())),
+            tool_result(
+                Message::tool_result("c".into(), vec![ContentBlock::Other(bad_map())], false),
+                None,
+            ),
+            header_with(config(), Some(bad()), None),
+            header_with(
+                config(),
+                None,
+                Some(vec![ToolSchema {
+                    name: "t".into(),
+                    description: "d".into(),
+                    parameters: bad(),
+                }]),
+            ),
+            user(msg(vec![ContentBlock::Other(bad_map())], MessageSource::User)),
+            user(msg(
+                vec![ContentBlock::Reasoning {
+                    text: "r".into(),
+                    extra: bad_map(),
+                }],
+                MessageSource::User,
+            )),
+            user(msg(
+                vec![ContentBlock::Image { fields: bad_map() }],
+                MessageSource::User,
+            )),
+            user(msg(
+                vec![ContentBlock::ToolResult {
+                    tool_call_id: "c".into(),
+                    content: vec![ContentBlock::Other(bad_map())],
+                    is_error: None,
+                }],
+                MessageSource::User,
+            )),
+            user(msg(vec![], MessageSource::Other(bad_map()))),
+            user(msg(
+                vec![],
+                MessageSource::Tool {
+                    call_id: "c".into(),
+                    extra: bad_map(),
+                },
+            )),
+            user(msg(
+                vec![],
+                MessageSource::Plugin {
+                    plugin: "p".into(),
+                    form: Some(PluginForm::Other(bad_map())),
+                },
+            )),
+            assistant(msg(vec![ContentBlock::text("a")], model_source(Some(bad())))),
+            chunk(StreamChunk::BlockEnd {
+                index: 0,
+                block: ContentBlock::Other(bad_map()),
+            }),
+            chunk(StreamChunk::Finish {
+                reason: FinishReason::Stop,
+                replay_state: Some(bad()),
+            }),
+            turn_end(TurnEndReason::Other(bad_map())),
+            turn_end(TurnEndReason::Aborted {
+                reason: CancelCause::Unknown(bad_map()),
+            }),
+            splice(msg(vec![ContentBlock::Other(bad_map())], MessageSource::User)),
+        ];
+        for data in lossy {
+            assert!(!lossless::plainly_lossless(&data), "{data:?}");
+            let expected = check_lossless(&data.payload()).expect_err("the walk refuses it");
+            let surface = data.is_surface().then(SurfaceMeta::append);
+            let s = Session::new(header("a"), None).unwrap();
+            let err = s.append(data.clone(), surface).unwrap_err();
+            assert_eq!(
+                err,
+                LogError::NotLossless {
+                    kind: data.type_name().to_owned(),
+                    reason: expected,
+                },
+                "{data:?}"
+            );
+            assert!(s.is_empty());
+        }
+
+        // Floats that are fine, and payloads with no float at all, take the fast path.
+        let fine = vec![
+            EventData::TurnStart { turn: 1 },
+            turn_end(TurnEndReason::Completed),
+            turn_end(TurnEndReason::Aborted {
+                reason: CancelCause::Parent,
+            }),
+            EventData::other("x/y", json!({"a": [0.0, 1.5, -2, {"b": null}]})),
+            user(plain_msg()),
+            assistant(msg(
+                vec![ContentBlock::text("a")],
+                model_source(Some(json!({"t": 0.5}))),
+            )),
+            tool_result(
+                Message::tool_result("c".into(), vec![ContentBlock::text("ok")], false),
+                Some(json!({"cost": 0.25})),
+            ),
+            header_with(
+                CallConfig {
+                    temperature: Some(0.0),
+                    ..config()
+                },
+                Some(json!({"temperature": 1.0})),
+                None,
+            ),
+            chunk(StreamChunk::TextDelta {
+                index: 0,
+                text: "t".into(),
+            }),
+            splice(plain_msg()),
+        ];
+        for data in fine {
+            assert!(lossless::plainly_lossless(&data), "{data:?}");
+            assert_eq!(check_lossless(&data.payload()), Ok(()), "{data:?}");
+        }
+        // A bad temperature is never certain on the fast path (the explicit check names it).
+        let hot = header_with(
+            CallConfig {
+                temperature: Some(f64::NAN),
+                ..config()
+            },
+            None,
+            None,
+        );
+        assert!(!lossless::plainly_lossless(&hot));
     }
 
     struct Veto;
