@@ -7,6 +7,7 @@
 //! are contained and logged, never undo the commit).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::ThreadId;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -113,6 +114,10 @@ pub struct Session {
     first_live_seq: u64,
     inner: Mutex<Inner>,
     append_lock: Mutex<()>,
+    /// Whether some append is running observers (raised before `publishing` is set, lowered
+    /// after it is cleared). While it is down no append can be reentering, so the exact check
+    /// (thread id against `publishing`) is skipped.
+    observing: AtomicBool,
     publishing: Mutex<Option<ThreadId>>,
     /// `None` until published. Replaced, never mutated in place, so an append clones only the
     /// `Arc`.
@@ -146,14 +151,15 @@ impl Session {
     /// empty and has no marker.
     pub fn new(header: SessionHeader, seed: Option<Vec<SessionEvent>>) -> Result<Self, LogError> {
         let (events, first_live_seq) = match seed {
-            None => (Vec::new(), 0),
+            None => (Vec::with_capacity(LOG_CAPACITY), 0),
             Some(seed) => {
                 for (index, ev) in seed.iter().enumerate() {
                     validate_seed_event(index, ev)?;
                 }
                 let len = seed.len() as u64;
                 let ends_with_marker = matches!(seed.last(), Some(e) if matches!(e.data, EventData::EndSeed));
-                let mut events: Vec<Arc<SessionEvent>> = seed.into_iter().map(Arc::new).collect();
+                let mut events: Vec<Arc<SessionEvent>> = Vec::with_capacity(seed.len() + 1 + LOG_CAPACITY);
+                events.extend(seed.into_iter().map(Arc::new));
                 if !ends_with_marker {
                     events.push(Arc::new(SessionEvent {
                         seq: len,
@@ -173,6 +179,7 @@ impl Session {
                 events: Arc::new(events),
             }),
             append_lock: Mutex::new(()),
+            observing: AtomicBool::new(false),
             publishing: Mutex::new(None),
             observers: RwLock::new(None),
         })
@@ -234,7 +241,7 @@ impl Session {
         data: EventData,
         surface: Option<SurfaceMeta>,
     ) -> Result<Arc<SessionEvent>, LogError> {
-        self.append_at(data, surface, now_ms())
+        self.append_impl(data, surface, None)
     }
 
     /// Appends an event with an explicit timestamp. The seq is assigned here (`== len`). On any
@@ -245,53 +252,101 @@ impl Session {
         surface: Option<SurfaceMeta>,
         time: u64,
     ) -> Result<Arc<SessionEvent>, LogError> {
-        let me = std::thread::current().id();
-        if *self.publishing.lock() == Some(me) {
+        self.append_impl(data, surface, Some(time))
+    }
+
+    /// The append itself; `time: None` reads the clock. Inlined into both entry points so the
+    /// (large) payload is moved as few times as possible.
+    #[inline(always)]
+    fn append_impl(
+        &self,
+        data: EventData,
+        surface: Option<SurfaceMeta>,
+        time: Option<u64>,
+    ) -> Result<Arc<SessionEvent>, LogError> {
+        // An append can only reenter from inside an observer, and this thread raised
+        // `observing` (program order) before calling one, so a lowered flag rules it out.
+        if self.observing.load(Ordering::Acquire)
+            && *self.publishing.lock() == Some(std::thread::current().id())
+        {
             return Err(LogError::Reentrant);
         }
+        let time = time.unwrap_or_else(now_ms);
         let _guard = self.append_lock.lock();
-        validate_candidate(&data, surface.as_ref()).map_err(|e| {
+        if let Err(e) = validate_candidate(&data, surface.as_ref()) {
             let kind = data.type_name().to_owned();
-            match e {
+            return Err(match e {
                 CandidateError::Lossless(reason) => LogError::NotLossless { kind, reason },
                 CandidateError::Invalid(reason) => LogError::Invalid { kind, reason },
-            }
-        })?;
-        let seq = self.inner.lock().events.len() as u64;
-        let event = Arc::new(SessionEvent {
-            seq,
-            time,
-            data,
-            surface,
-            ignorable: false,
-        });
-        let observers = self.observers.read().clone();
-        if let Some(observers) = &observers {
-            *self.publishing.lock() = Some(me);
-            let verdict = observers.iter().try_for_each(|o| o.check(self, &event));
-            if let Err(reason) = verdict {
-                *self.publishing.lock() = None;
-                return Err(LogError::Vetoed {
-                    kind: event.type_name().to_owned(),
-                    reason,
-                });
-            }
+            });
         }
-        {
+        // An empty observer list behaves exactly like none: nothing to consult or announce.
+        let observers = match &*self.observers.read() {
+            Some(list) if !list.is_empty() => Some(list.clone()),
+            _ => None,
+        };
+        let Some(observers) = observers else {
+            // Nobody to consult, so seq assignment and commit share one lock.
             let mut inner = self.inner.lock();
-            Arc::make_mut(&mut inner.events).push(event.clone());
+            let event = new_event(inner.events.len() as u64, time, data, surface);
+            push_event(&mut inner.events, event.clone());
+            return Ok(event);
+        };
+        let seq = self.inner.lock().events.len() as u64;
+        let event = new_event(seq, time, data, surface);
+        self.observing.store(true, Ordering::Release);
+        *self.publishing.lock() = Some(std::thread::current().id());
+        let verdict = observers.iter().try_for_each(|o| o.check(self, &event));
+        if let Err(reason) = verdict {
+            self.end_observing();
+            return Err(LogError::Vetoed {
+                kind: event.type_name().to_owned(),
+                reason,
+            });
         }
-        if let Some(observers) = &observers {
-            for o in observers.iter() {
-                let result =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| o.committed(self, &event)));
-                if result.is_err() {
-                    tracing::warn!(session = %self.id(), seq, "session observer panicked; the append stands");
-                }
+        push_event(&mut self.inner.lock().events, event.clone());
+        for o in observers.iter() {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| o.committed(self, &event)));
+            if result.is_err() {
+                tracing::warn!(session = %self.id(), seq, "session observer panicked; the append stands");
             }
-            *self.publishing.lock() = None;
         }
+        self.end_observing();
         Ok(event)
+    }
+
+    fn end_observing(&self) {
+        *self.publishing.lock() = None;
+        self.observing.store(false, Ordering::Release);
+    }
+}
+
+/// Builds the shared event. (Measured: a plain `Arc::new` of the whole event moves the large
+/// payload fewer times than allocating a placeholder and assigning the payload into it.)
+#[inline(always)]
+fn new_event(seq: u64, time: u64, data: EventData, surface: Option<SurfaceMeta>) -> Arc<SessionEvent> {
+    Arc::new(SessionEvent {
+        seq,
+        time,
+        data,
+        surface,
+        ignorable: false,
+    })
+}
+
+/// Initial capacity of a log's event list: a short session never reallocates it.
+const LOG_CAPACITY: usize = 32;
+
+/// Appends to the log, copying it first only when a snapshot still shares it (the copy gets
+/// headroom, so a reader taking a snapshot per append does not also cost a regrowth per append).
+fn push_event(events: &mut EventSnapshot, event: Arc<SessionEvent>) {
+    if let Some(list) = Arc::get_mut(events) {
+        list.push(event);
+    } else {
+        let mut list = Vec::with_capacity((events.len() * 2).max(LOG_CAPACITY));
+        list.extend(events.iter().cloned());
+        list.push(event);
+        *events = Arc::new(list);
     }
 }
 
@@ -727,6 +782,31 @@ mod tests {
             None,
         );
         assert!(!lossless::plainly_lossless(&hot));
+    }
+
+    #[test]
+    fn shared_snapshots_stay_frozen_and_empty_observer_lists_change_nothing() {
+        let s = Session::new(header("a"), None).unwrap();
+        s.publish(vec![]);
+        assert!(s.is_published());
+        let mut snaps = Vec::new();
+        for turn in 1..=40 {
+            snaps.push(s.events());
+            let e = s.append(EventData::TurnStart { turn }, None).unwrap();
+            assert_eq!(e.seq, turn - 1);
+        }
+        for (i, snap) in snaps.iter().enumerate() {
+            assert_eq!(snap.len(), i);
+        }
+        let all = s.events();
+        assert_eq!(all.len(), 40);
+        assert!(all.iter().enumerate().all(|(i, e)| e.seq == i as u64));
+        // A reentrant append is still caught once a real observer joins.
+        let re = Arc::new(Reenter(Mutex::new(None)));
+        s.add_observer(re.clone());
+        s.append(EventData::TurnStart { turn: 41 }, None).unwrap();
+        assert_eq!(*re.0.lock(), Some(LogError::Reentrant));
+        assert_eq!(s.len(), 41);
     }
 
     struct Veto;
