@@ -357,6 +357,10 @@ enum CandidateError {
 
 /// Checks that a JSON value is lossless: no negative zero anywhere.
 pub fn check_lossless_json(value: &Value) -> Result<(), String> {
+    // A direct look at the numbers decides the common (lossless) case; the walk names the path.
+    if lossless::plain_value(value) {
+        return Ok(());
+    }
     check_lossless(value)
 }
 
@@ -574,6 +578,14 @@ mod tests {
         );
         assert!(s.is_empty());
         assert_eq!(check_lossless_json(&serde_json::json!({"ok": 0.0})), Ok(()));
+        assert_eq!(
+            check_lossless_json(&serde_json::json!({"a": [1, {"b": -0.0}]})),
+            Err("-0.0 at `.a[1].b` is not lossless".to_owned())
+        );
+        assert_eq!(
+            check_lossless_json(&serde_json::json!(-0.0)),
+            Err("-0.0 at `$` is not lossless".to_owned())
+        );
     }
 
     /// The fast path of the lossless check: every event kind that can carry a float (an

@@ -146,7 +146,8 @@ fn plain_float(f: f64) -> bool {
     float(f).is_ok()
 }
 
-fn plain_value(value: &serde_json::Value) -> bool {
+/// Whether a JSON value is certainly lossless (no negative-zero float); `false` means "walk it".
+pub(super) fn plain_value(value: &serde_json::Value) -> bool {
     use serde_json::Value;
     match value {
         Value::Null | Value::Bool(_) | Value::String(_) => true,
