@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -67,8 +68,23 @@ impl fmt::Display for CancelCause {
 #[derive(Clone, Default)]
 pub struct Signal {
     token: CancellationToken,
-    cause: Arc<Mutex<Option<CancelCause>>>,
-    parent: Option<Arc<Signal>>,
+    shared: Arc<Shared>,
+}
+
+/// The state every clone of one signal shares.
+#[derive(Default)]
+struct Shared {
+    /// The first-wins cause of a direct [`Signal::cancel`].
+    cause: Mutex<Option<CancelCause>>,
+    /// The signal this one was derived from by [`Signal::child`].
+    parent: Option<Signal>,
+    /// Raised by [`Signal::cancel`] (after the cause is set, before the token is cancelled).
+    cancelled: AtomicBool,
+    /// Raised once [`Signal::token`] has handed the token out. Until then (here and in every
+    /// ancestor) the token can only be cancelled through [`Signal::cancel`] of this signal or an
+    /// ancestor, which raise `cancelled`, so [`Signal::is_cancelled`] reads flags instead of
+    /// locking the token's tree node.
+    exposed: AtomicBool,
 }
 
 impl fmt::Debug for Signal {
@@ -98,8 +114,10 @@ impl Signal {
     pub fn child(&self) -> Self {
         Self {
             token: self.token.child_token(),
-            cause: Arc::new(Mutex::new(None)),
-            parent: Some(Arc::new(self.clone())),
+            shared: Arc::new(Shared {
+                parent: Some(self.clone()),
+                ..Shared::default()
+            }),
         }
     }
 
@@ -110,19 +128,34 @@ impl Signal {
             return false;
         }
         {
-            let mut slot = self.cause.lock();
+            let mut slot = self.shared.cause.lock();
             if slot.is_some() {
                 return false;
             }
             *slot = Some(cause);
         }
+        self.shared.cancelled.store(true, Ordering::Release);
         self.token.cancel();
         true
     }
 
     /// Whether the signal (or any ancestor) is cancelled.
     pub fn is_cancelled(&self) -> bool {
-        self.token.is_cancelled()
+        let mut signal = self;
+        loop {
+            let shared = &signal.shared;
+            if shared.cancelled.load(Ordering::Acquire) {
+                return true;
+            }
+            if shared.exposed.load(Ordering::Acquire) {
+                // Someone may have cancelled this token (or an ancestor's) directly.
+                return self.token.is_cancelled();
+            }
+            match &shared.parent {
+                Some(parent) => signal = parent,
+                None => return false,
+            }
+        }
     }
 
     /// The cause, once cancelled: this signal's own cause when it was cancelled directly, else the
@@ -131,10 +164,10 @@ impl Signal {
         if !self.is_cancelled() {
             return None;
         }
-        if let Some(cause) = self.cause.lock().clone() {
+        if let Some(cause) = self.shared.cause.lock().clone() {
             return Some(cause);
         }
-        self.parent.as_ref().and_then(|p| p.cause())
+        self.shared.parent.as_ref().and_then(|p| p.cause())
     }
 
     /// Resolves once the signal is cancelled. Cancel-safe: dropping the future has no effect.
@@ -145,6 +178,7 @@ impl Signal {
     /// The underlying token, for APIs that take a [`CancellationToken`]. Cancelling it directly
     /// leaves the cause unset; prefer [`Signal::cancel`].
     pub fn token(&self) -> &CancellationToken {
+        self.shared.exposed.store(true, Ordering::Release);
         &self.token
     }
 
@@ -202,6 +236,42 @@ mod tests {
             serde_json::to_value(CancelCause::Hook { reason: "r".into() }).unwrap(),
             json!({"kind": "hook", "reason": "r"})
         );
+    }
+
+    #[test]
+    fn direct_token_cancellation_is_seen_through_the_chain() {
+        // A token cancelled behind the signal's back (no cause).
+        let s = Signal::new();
+        let clone = s.clone();
+        let child = s.child();
+        let grandchild = child.child();
+        assert!(!grandchild.is_cancelled());
+        s.token().clone().cancel();
+        assert!(s.is_cancelled() && clone.is_cancelled());
+        assert!(child.is_cancelled() && grandchild.is_cancelled());
+        assert_eq!(grandchild.cause(), None);
+        assert!(!s.cancel(CancelCause::User));
+        // A child's token cancelled directly leaves the parent alone.
+        let parent = Signal::new();
+        let child = parent.child();
+        child.token().cancel();
+        assert!(child.is_cancelled());
+        assert!(!parent.is_cancelled());
+        // A grandparent's cause reaches a grandchild at once, and the tokens follow.
+        let root = Signal::new();
+        let grandchild = root.child().child();
+        assert!(root.cancel(CancelCause::Parent));
+        assert!(grandchild.is_cancelled());
+        assert!(grandchild.token().is_cancelled());
+        assert_eq!(grandchild.cause(), Some(CancelCause::Parent));
+        // Exposure after derivation still routes through the token.
+        let root = Signal::new();
+        let child = root.child();
+        let token = root.token().clone();
+        assert!(!child.is_cancelled());
+        token.cancel();
+        assert!(child.is_cancelled());
+        assert_eq!(child.cause(), None);
     }
 
     #[tokio::test]
