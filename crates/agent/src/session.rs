@@ -339,15 +339,21 @@ const LOG_CAPACITY: usize = 32;
 
 /// Appends to the log, copying it first only when a snapshot still shares it (the copy gets
 /// headroom, so a reader taking a snapshot per append does not also cost a regrowth per append).
+#[inline(always)]
 fn push_event(events: &mut EventSnapshot, event: Arc<SessionEvent>) {
-    if let Some(list) = Arc::get_mut(events) {
-        list.push(event);
-    } else {
-        let mut list = Vec::with_capacity((events.len() * 2).max(LOG_CAPACITY));
-        list.extend(events.iter().cloned());
-        list.push(event);
-        *events = Arc::new(list);
+    match Arc::get_mut(events) {
+        Some(list) => list.push(event),
+        None => push_to_copy(events, event),
     }
+}
+
+#[cold]
+#[inline(never)]
+fn push_to_copy(events: &mut EventSnapshot, event: Arc<SessionEvent>) {
+    let mut list = Vec::with_capacity((events.len() * 2).max(LOG_CAPACITY));
+    list.extend(events.iter().cloned());
+    list.push(event);
+    *events = Arc::new(list);
 }
 
 enum CandidateError {
@@ -378,9 +384,7 @@ fn validate_candidate(data: &EventData, surface: Option<&SurfaceMeta>) -> Result
         && let Some(t) = header.config.temperature
         && (!t.is_finite() || (t == 0.0 && t.is_sign_negative()))
     {
-        return Err(CandidateError::Lossless(format!(
-            "temperature {t} is not lossless"
-        )));
+        return Err(lossy_temperature(t));
     }
     // The fast path only skips walks that cannot fail; anything it is unsure of is walked.
     if !lossless::plainly_lossless(data) {
@@ -388,13 +392,11 @@ fn validate_candidate(data: &EventData, surface: Option<&SurfaceMeta>) -> Result
     }
     match (data.is_surface(), surface) {
         (true, None) | (true, Some(SurfaceMeta { surface_op: None, .. })) => {
-            return Err(CandidateError::Invalid(
-                "surface events must declare surfaceOp".into(),
-            ));
+            return Err(invalid("surface events must declare surfaceOp"));
         }
         (false, Some(_)) => {
-            return Err(CandidateError::Invalid(
-                "only surface events may carry surfaceOp or sourceEventSeqs".into(),
+            return Err(invalid(
+                "only surface events may carry surfaceOp or sourceEventSeqs",
             ));
         }
         _ => {}
@@ -405,29 +407,38 @@ fn validate_candidate(data: &EventData, surface: Option<&SurfaceMeta>) -> Result
     }) = surface
         && !matches!(data, EventData::AssistantMessage { .. })
     {
-        return Err(CandidateError::Invalid(
-            "only assistant/message may carry sourceEventSeqs".into(),
-        ));
+        return Err(invalid("only assistant/message may carry sourceEventSeqs"));
     }
     match data {
         EventData::AssistantMessage { message, .. } => match &message.source {
             MessageSource::Model { provider, model, .. } if !provider.is_empty() && !model.is_empty() => {}
             _ => {
-                return Err(CandidateError::Invalid(
-                    "assistant messages must carry model provenance with provider and model".into(),
+                return Err(invalid(
+                    "assistant messages must carry model provenance with provider and model",
                 ));
             }
         },
         EventData::RequestHeader { header, .. }
             if header.config.provider.is_empty() || header.config.model.is_empty() =>
         {
-            return Err(CandidateError::Invalid(
-                "request headers must name provider and model".into(),
-            ));
+            return Err(invalid("request headers must name provider and model"));
         }
         _ => {}
     }
     Ok(())
+}
+
+// The error paths are kept out of line so the accepting path stays small.
+#[cold]
+#[inline(never)]
+fn lossy_temperature(t: f64) -> CandidateError {
+    CandidateError::Lossless(format!("temperature {t} is not lossless"))
+}
+
+#[cold]
+#[inline(never)]
+fn invalid(reason: &str) -> CandidateError {
+    CandidateError::Invalid(reason.to_owned())
 }
 
 fn validate_seed_event(index: usize, ev: &SessionEvent) -> Result<(), LogError> {
