@@ -223,7 +223,14 @@ impl Session {
     /// Publishes the session: from now on every append is checked by and announced to
     /// `observers`. Calling it again replaces the observer list.
     pub fn publish(&self, observers: Vec<Arc<dyn SessionObserver>>) {
-        *self.observers.write() = Some(observers.into());
+        // Sessions are often published with no observers: share one empty list.
+        static NO_OBSERVERS: std::sync::LazyLock<Observers> = std::sync::LazyLock::new(|| Arc::new([]));
+        let list = if observers.is_empty() {
+            NO_OBSERVERS.clone()
+        } else {
+            observers.into()
+        };
+        *self.observers.write() = Some(list);
     }
 
     /// Adds one observer to a published session (no-op before publication).
