@@ -2,7 +2,8 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering, fence};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -67,13 +68,19 @@ impl fmt::Display for CancelCause {
 /// immediately.
 #[derive(Clone, Default)]
 pub struct Signal {
-    token: CancellationToken,
     shared: Arc<Shared>,
 }
 
 /// The state every clone of one signal shares.
+///
+/// The token is created on first need (waiting, [`Signal::run`], [`Signal::token`]); until then
+/// cancellation lives in the flags alone, so signals that are only checked and cancelled never
+/// touch the token tree, and clones share one token handle.
 #[derive(Default)]
 struct Shared {
+    /// The token, once needed: a child of the parent's token for a child signal, cancelled at
+    /// creation when the signal already is.
+    token: OnceLock<CancellationToken>,
     /// The first-wins cause of a direct [`Signal::cancel`].
     cause: Mutex<Option<CancelCause>>,
     /// The signal this one was derived from by [`Signal::child`].
@@ -113,7 +120,6 @@ impl Signal {
     /// parent's), cancelling the child leaves `self` untouched.
     pub fn child(&self) -> Self {
         Self {
-            token: self.token.child_token(),
             shared: Arc::new(Shared {
                 parent: Some(self.clone()),
                 ..Shared::default()
@@ -134,9 +140,36 @@ impl Signal {
             }
             *slot = Some(cause);
         }
-        self.shared.cancelled.store(true, Ordering::Release);
-        self.token.cancel();
+        self.shared.cancelled.store(true, Ordering::SeqCst);
+        // Pairs with the fence in `token_ref`: either this sees the token, or its creator sees
+        // the flag (and cancels the token itself).
+        fence(Ordering::SeqCst);
+        if let Some(token) = self.shared.token.get() {
+            token.cancel();
+        }
         true
+    }
+
+    /// The token, created on first use (see [`Shared`]).
+    fn token_ref(&self) -> &CancellationToken {
+        if let Some(token) = self.shared.token.get() {
+            return token;
+        }
+        let mut created = false;
+        let token = self.shared.token.get_or_init(|| {
+            created = true;
+            match &self.shared.parent {
+                Some(parent) => parent.token_ref().child_token(),
+                None => CancellationToken::new(),
+            }
+        });
+        if created {
+            fence(Ordering::SeqCst);
+            if self.shared.cancelled.load(Ordering::SeqCst) {
+                token.cancel();
+            }
+        }
+        token
     }
 
     /// Whether the signal (or any ancestor) is cancelled.
@@ -149,7 +182,7 @@ impl Signal {
             }
             if shared.exposed.load(Ordering::Acquire) {
                 // Someone may have cancelled this token (or an ancestor's) directly.
-                return self.token.is_cancelled();
+                return self.token_ref().is_cancelled();
             }
             match &shared.parent {
                 Some(parent) => signal = parent,
@@ -172,20 +205,20 @@ impl Signal {
 
     /// Resolves once the signal is cancelled. Cancel-safe: dropping the future has no effect.
     pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
-        self.token.cancelled()
+        self.token_ref().cancelled()
     }
 
     /// The underlying token, for APIs that take a [`CancellationToken`]. Cancelling it directly
     /// leaves the cause unset; prefer [`Signal::cancel`].
     pub fn token(&self) -> &CancellationToken {
         self.shared.exposed.store(true, Ordering::Release);
-        &self.token
+        self.token_ref()
     }
 
     /// Runs `fut` until it completes or the signal is cancelled, whichever comes first; on
     /// cancellation returns `Err(cause)`.
     pub async fn run<F: Future>(&self, fut: F) -> Result<F::Output, CancelCause> {
-        tokio_util::future::FutureExt::with_cancellation_token(fut, &self.token)
+        tokio_util::future::FutureExt::with_cancellation_token(fut, self.token_ref())
             .await
             .ok_or_else(|| self.cause().unwrap_or(CancelCause::Disposed))
     }
@@ -272,6 +305,60 @@ mod tests {
         token.cancel();
         assert!(child.is_cancelled());
         assert_eq!(child.cause(), None);
+    }
+
+    #[tokio::test]
+    async fn tokens_made_late_agree_with_the_flags() {
+        // Cancelled before any token exists: the token is born cancelled, waits end at once.
+        let s = Signal::new();
+        let clone = s.clone();
+        assert!(s.cancel(CancelCause::User));
+        clone.cancelled().await;
+        assert!(clone.token().is_cancelled());
+        // A child made before the parent's token exists follows the parent's later cancel.
+        let parent = Signal::new();
+        let child = parent.child();
+        let grandchild = child.child();
+        let waiter = tokio::spawn({
+            let grandchild = grandchild.clone();
+            async move { grandchild.cancelled().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(parent.cancel(CancelCause::Parent));
+        waiter.await.unwrap();
+        assert!(grandchild.token().is_cancelled());
+        assert_eq!(grandchild.cause(), Some(CancelCause::Parent));
+        // An ancestor cancelled first: a descendant's first token is already cancelled.
+        let root = Signal::new();
+        let leaf = root.child().child();
+        root.cancel(CancelCause::Hook { reason: "r".into() });
+        leaf.cancelled().await;
+        assert_eq!(
+            leaf.run(std::future::pending::<()>()).await,
+            Err(CancelCause::Hook { reason: "r".into() })
+        );
+        // A child's own cancel does not reach its parent's token.
+        let parent = Signal::new();
+        let child = parent.child();
+        child.cancel(CancelCause::User);
+        assert!(child.token().is_cancelled());
+        assert!(!parent.token().is_cancelled() && !parent.is_cancelled());
+    }
+
+    #[test]
+    fn racing_cancel_and_token_creation_always_cancel_the_token() {
+        for _ in 0..200 {
+            let s = Signal::new();
+            let child = s.child();
+            let canceller = std::thread::spawn({
+                let s = s.clone();
+                move || s.cancel(CancelCause::User)
+            });
+            let token = child.token().clone();
+            assert!(canceller.join().unwrap());
+            assert!(token.is_cancelled());
+            assert!(child.is_cancelled());
+        }
     }
 
     #[tokio::test]
