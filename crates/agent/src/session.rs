@@ -386,6 +386,16 @@ pub fn check_lossless<T: serde::Serialize + ?Sized>(value: &T) -> Result<(), Str
 }
 
 fn validate_candidate(data: &EventData, surface: Option<&SurfaceMeta>) -> Result<(), CandidateError> {
+    // Shortcut for the float-free, non-surface boundary and status events (most appends): of
+    // the rules below only the surface-marker one can apply, with the same verdict and text.
+    if lossless::plain_non_surface(data) {
+        return match surface {
+            None => Ok(()),
+            Some(_) => Err(invalid(
+                "only surface events may carry surfaceOp or sourceEventSeqs",
+            )),
+        };
+    }
     // Typed floats that serde_json would silently turn into `null`.
     if let EventData::RequestHeader { header, .. } = data
         && let Some(t) = header.config.temperature
@@ -752,6 +762,7 @@ mod tests {
         ];
         for data in lossy {
             assert!(!lossless::plainly_lossless(&data), "{data:?}");
+            assert!(!lossless::plain_non_surface(&data), "{data:?}");
             let expected = check_lossless(&data.payload()).expect_err("the walk refuses it");
             let surface = data.is_surface().then(SurfaceMeta::append);
             let s = Session::new(header("a"), None).unwrap();
@@ -801,6 +812,19 @@ mod tests {
         for data in fine {
             assert!(lossless::plainly_lossless(&data), "{data:?}");
             assert_eq!(check_lossless(&data.payload()), Ok(()), "{data:?}");
+            // The validation shortcut covers only non-surface events, with the rule's own text.
+            if lossless::plain_non_surface(&data) {
+                assert!(!data.is_surface(), "{data:?}");
+                let s = Session::new(header("a"), None).unwrap();
+                assert_eq!(
+                    s.append(data.clone(), Some(SurfaceMeta::append())).unwrap_err(),
+                    LogError::Invalid {
+                        kind: data.type_name().to_owned(),
+                        reason: "only surface events may carry surfaceOp or sourceEventSeqs".into(),
+                    }
+                );
+                s.append(data, None).unwrap();
+            }
         }
         // A bad temperature is never certain on the fast path (the explicit check names it).
         let hot = header_with(

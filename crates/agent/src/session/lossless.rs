@@ -142,6 +142,31 @@ pub(super) fn plainly_lossless(data: &EventData) -> bool {
     }
 }
 
+/// Whether `data` is one of the typed non-surface events whose payload certainly holds no lossy
+/// float (boundaries, tool calls, request context, status events, turn ends with a known
+/// reason). A subset of [`plainly_lossless`], cheap enough to test before anything else.
+#[inline(always)]
+pub(super) fn plain_non_surface(data: &EventData) -> bool {
+    match data {
+        EventData::TurnStart { .. }
+        | EventData::StepStart { .. }
+        | EventData::StepEnd { .. }
+        | EventData::ToolCall { .. }
+        | EventData::RequestContext { .. }
+        | EventData::EndSeed
+        | EventData::SandboxMode { .. }
+        | EventData::ApprovalPolicy { .. } => true,
+        EventData::TurnEnd { reason, .. } => !matches!(
+            reason,
+            TurnEndReason::Other(_)
+                | TurnEndReason::Aborted {
+                    reason: CancelCause::Unknown(_)
+                }
+        ),
+        _ => false,
+    }
+}
+
 fn plain_float(f: f64) -> bool {
     float(f).is_ok()
 }
