@@ -173,7 +173,22 @@ impl Signal {
     }
 
     /// Whether the signal (or any ancestor) is cancelled.
+    #[inline]
     pub fn is_cancelled(&self) -> bool {
+        // The common cases (cancelled here; a root whose token was never handed out) inline.
+        let shared = &*self.shared;
+        if shared.cancelled.load(Ordering::Acquire) {
+            return true;
+        }
+        if shared.parent.is_none() && !shared.exposed.load(Ordering::Acquire) {
+            return false;
+        }
+        self.is_cancelled_through_chain()
+    }
+
+    /// [`Signal::is_cancelled`] for a child or an exposed token: the ancestors' flags, or the
+    /// token itself once any token on the chain was handed out.
+    fn is_cancelled_through_chain(&self) -> bool {
         let mut signal = self;
         loop {
             let shared = &signal.shared;
