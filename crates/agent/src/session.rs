@@ -122,6 +122,9 @@ pub struct Session {
     /// `None` until published. Replaced, never mutated in place, so an append clones only the
     /// `Arc`.
     observers: RwLock<Option<Observers>>,
+    /// Whether `observers` holds a non-empty list; written under its write lock, so an append
+    /// that reads it down skips the observer lock altogether.
+    observed: AtomicBool,
 }
 
 type Observers = Arc<[Arc<dyn SessionObserver>]>;
@@ -182,6 +185,7 @@ impl Session {
             observing: AtomicBool::new(false),
             publishing: Mutex::new(None),
             observers: RwLock::new(None),
+            observed: AtomicBool::new(false),
         })
     }
 
@@ -230,7 +234,9 @@ impl Session {
         } else {
             observers.into()
         };
-        *self.observers.write() = Some(list);
+        let mut slot = self.observers.write();
+        self.observed.store(!list.is_empty(), Ordering::Release);
+        *slot = Some(list);
     }
 
     /// Adds one observer to a published session (no-op before publication).
@@ -239,6 +245,7 @@ impl Session {
             let mut next = list.to_vec();
             next.push(observer);
             *list = next.into();
+            self.observed.store(true, Ordering::Release);
         }
     }
 
@@ -288,9 +295,13 @@ impl Session {
             });
         }
         // An empty observer list behaves exactly like none: nothing to consult or announce.
-        let observers = match &*self.observers.read() {
-            Some(list) if !list.is_empty() => Some(list.clone()),
-            _ => None,
+        let observers = if self.observed.load(Ordering::Acquire) {
+            match &*self.observers.read() {
+                Some(list) if !list.is_empty() => Some(list.clone()),
+                _ => None,
+            }
+        } else {
+            None
         };
         let Some(observers) = observers else {
             // Nobody to consult, so seq assignment and commit share one lock.
