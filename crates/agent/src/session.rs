@@ -818,6 +818,17 @@ mod tests {
                 index: 0,
                 text: "t".into(),
             }),
+            chunk(StreamChunk::BlockEnd {
+                index: 0,
+                block: ContentBlock::text("t"),
+            }),
+            chunk(StreamChunk::Finish {
+                reason: FinishReason::Stop,
+                replay_state: Some(json!({"r": 0.5})),
+            }),
+            chunk(StreamChunk::Usage {
+                usage: crate::model::TokenUsage::default(),
+            }),
             splice(plain_msg()),
         ];
         for data in fine {

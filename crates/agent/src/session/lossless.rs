@@ -115,17 +115,7 @@ pub(super) fn plainly_lossless(data: &EventData) -> bool {
         EventData::UserMessage(message) | EventData::AssistantMessage { message, .. } => {
             plain_message(message)
         }
-        EventData::AssistantChunk { chunk, .. } => match chunk {
-            StreamChunk::BlockStart { .. }
-            | StreamChunk::TextDelta { .. }
-            | StreamChunk::ReasoningDelta { .. }
-            | StreamChunk::ToolCallDelta { .. }
-            | StreamChunk::Usage { .. } => true,
-            StreamChunk::BlockEnd { block, .. } => plain_block(block),
-            StreamChunk::Finish { reason, replay_state } => {
-                finish_reason(reason) && replay_state.as_ref().is_none_or(plain_value)
-            }
-        },
+        EventData::AssistantChunk { chunk, .. } => plain_chunk(chunk),
         EventData::ToolResult { message, meta, .. } => {
             plain_message(message) && meta.as_ref().is_none_or(plain_value)
         }
@@ -144,7 +134,7 @@ pub(super) fn plainly_lossless(data: &EventData) -> bool {
 
 /// Whether `data` is one of the typed non-surface events whose payload certainly holds no lossy
 /// float (boundaries, tool calls, request context, status events, turn ends with a known
-/// reason). A subset of [`plainly_lossless`], cheap enough to test before anything else.
+/// reason, plain stream chunks and inbox splices). A subset of [`plainly_lossless`].
 #[inline(always)]
 pub(super) fn plain_non_surface(data: &EventData) -> bool {
     match data {
@@ -163,7 +153,23 @@ pub(super) fn plain_non_surface(data: &EventData) -> bool {
                     reason: CancelCause::Unknown(_)
                 }
         ),
+        EventData::AssistantChunk { chunk, .. } => plain_chunk(chunk),
+        EventData::InboxSpliced(splice) => splice.inserted.iter().all(plain_message),
         _ => false,
+    }
+}
+
+fn plain_chunk(chunk: &StreamChunk) -> bool {
+    match chunk {
+        StreamChunk::BlockStart { .. }
+        | StreamChunk::TextDelta { .. }
+        | StreamChunk::ReasoningDelta { .. }
+        | StreamChunk::ToolCallDelta { .. }
+        | StreamChunk::Usage { .. } => true,
+        StreamChunk::BlockEnd { block, .. } => plain_block(block),
+        StreamChunk::Finish { reason, replay_state } => {
+            finish_reason(reason) && replay_state.as_ref().is_none_or(plain_value)
+        }
     }
 }
 
