@@ -203,7 +203,9 @@ impl SessionMeta {
             delegation_depth: self.delegation_depth,
             agent_preset: self.agent_preset,
         };
-        header.validate()?;
+        // `header.validate()` minus what was just checked: only `createdAt` may be new.
+        check_safe("createdAt", Some(header.created_at))?;
+        debug_assert_eq!(header.validate(), Ok(()));
         Ok(header)
     }
 }
@@ -279,5 +281,18 @@ mod tests {
         let raw = json!({"version": 0, "id": "s", "createdAt": 1, "cwd": "/x", "parentSession": "p", "seedLength": 3, "origin": "subagent", "delegationDepth": 1});
         let h: SessionHeader = serde_json::from_value(raw.clone()).unwrap();
         assert_eq!(serde_json::to_value(&h).unwrap(), raw);
+    }
+
+    #[test]
+    fn into_header_checks_a_clock_supplied_created_at() {
+        let err = SessionMeta::default()
+            .into_header("s".into(), MAX_SAFE_INTEGER + 1)
+            .unwrap_err();
+        assert_eq!(err.field, "createdAt");
+        let h = SessionMeta::default().into_header("s".into(), 5).unwrap();
+        assert_eq!(h.created_at, 5);
+        assert_eq!(h.validate(), Ok(()));
+        let err = SessionMeta::default().into_header("".into(), 5).unwrap_err();
+        assert_eq!(err.field, "id");
     }
 }
