@@ -153,6 +153,7 @@ impl<E: 'static> EventBus<E> {
     }
 
     /// Whether the bus has no listener at all (then an emission is a no-op).
+    #[inline]
     fn is_silent(&self) -> bool {
         self.inner.len.load(Ordering::Acquire) == 0
     }
@@ -172,10 +173,16 @@ impl<E: 'static> EventBus<E> {
     /// Delivers `event` to every matching listener in registration order; each failure is
     /// contained and logged. The listener set is snapshotted first: listeners added or removed
     /// during delivery take effect from the next emission.
+    #[inline]
     pub fn emit_for(&self, carrier: Option<&SessionId>, event: &E) {
-        if self.is_silent() {
-            return;
+        if !self.is_silent() {
+            self.deliver(carrier, event);
         }
+    }
+
+    /// [`EventBus::emit_for`] once the bus has listeners.
+    #[inline(never)]
+    fn deliver(&self, carrier: Option<&SessionId>, event: &E) {
         let entries = self.snapshot();
         for e in entries.iter().filter(|e| Self::matches(e, carrier)) {
             if let Err(message) = Self::call(&e.listener, event) {
