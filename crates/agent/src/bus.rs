@@ -10,7 +10,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::RwLock;
 
@@ -37,6 +37,9 @@ struct Entry<E> {
 struct Inner<E> {
     next: AtomicU64,
     entries: RwLock<Arc<Vec<Entry<E>>>>,
+    /// The length of `entries`, written under its write lock: an emission to a bus with no
+    /// listeners returns after one load, without taking a snapshot.
+    len: AtomicUsize,
 }
 
 /// A listener failed during a strict emission ([`EventBus::try_emit`]).
@@ -85,6 +88,7 @@ impl<E: 'static> EventBus<E> {
             inner: Arc::new(Inner {
                 next: AtomicU64::new(0),
                 entries: RwLock::new(Arc::new(Vec::new())),
+                len: AtomicUsize::new(0),
             }),
         }
     }
@@ -116,6 +120,7 @@ impl<E: 'static> EventBus<E> {
                 })
                 .collect();
             next.push(Entry { id, scope, listener });
+            self.inner.len.store(next.len(), Ordering::Release);
             *entries = Arc::new(next);
         }
         let weak = Arc::downgrade(&self.inner);
@@ -131,6 +136,7 @@ impl<E: 'static> EventBus<E> {
                         listener: e.listener.clone(),
                     })
                     .collect();
+                inner.len.store(next.len(), Ordering::Release);
                 *entries = Arc::new(next);
             }
         })
@@ -144,6 +150,12 @@ impl<E: 'static> EventBus<E> {
     /// The listener set as of now (an `Arc` of the immutable list: registrations replace it).
     fn snapshot(&self) -> Arc<Vec<Entry<E>>> {
         self.inner.entries.read().clone()
+    }
+
+    /// Whether the bus has no listener at all (then an emission is a no-op).
+    #[inline]
+    fn is_silent(&self) -> bool {
+        self.inner.len.load(Ordering::Acquire) == 0
     }
 
     fn matches(entry: &Entry<E>, carrier: Option<&SessionId>) -> bool {
@@ -161,7 +173,16 @@ impl<E: 'static> EventBus<E> {
     /// Delivers `event` to every matching listener in registration order; each failure is
     /// contained and logged. The listener set is snapshotted first: listeners added or removed
     /// during delivery take effect from the next emission.
+    #[inline]
     pub fn emit_for(&self, carrier: Option<&SessionId>, event: &E) {
+        if !self.is_silent() {
+            self.deliver(carrier, event);
+        }
+    }
+
+    /// [`EventBus::emit_for`] once the bus has listeners.
+    #[inline(never)]
+    fn deliver(&self, carrier: Option<&SessionId>, event: &E) {
         let entries = self.snapshot();
         for e in entries.iter().filter(|e| Self::matches(e, carrier)) {
             if let Err(message) = Self::call(&e.listener, event) {
@@ -173,6 +194,9 @@ impl<E: 'static> EventBus<E> {
     /// Delivers `event` in registration order and stops at the first failure, returning it
     /// (for events whose listeners may veto, such as provider registration).
     pub fn try_emit_for(&self, carrier: Option<&SessionId>, event: &E) -> Result<(), ListenerFailed> {
+        if self.is_silent() {
+            return Ok(());
+        }
         let entries = self.snapshot();
         for e in entries.iter().filter(|e| Self::matches(e, carrier)) {
             Self::call(&e.listener, event).map_err(|message| ListenerFailed { message })?;
@@ -239,6 +263,31 @@ mod tests {
         assert_eq!(bus.listener_count(), 1);
         drop(g);
         assert_eq!(bus.listener_count(), 0);
+    }
+
+    #[test]
+    fn listeners_are_heard_across_empty_and_non_empty_spells() {
+        let bus = EventBus::<Ev>::new();
+        bus.emit(&Ev(None, 0));
+        assert!(bus.try_emit(&Ev(None, 0)).is_ok());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s1 = seen.clone();
+        let g = bus.on(move |e| {
+            s1.lock().push(e.1);
+            Ok(())
+        });
+        bus.emit(&Ev(None, 1));
+        drop(g);
+        bus.emit(&Ev(None, 2));
+        let clone = bus.clone();
+        let s2 = seen.clone();
+        let _g = clone.on(move |e| {
+            s2.lock().push(e.1 * 10);
+            Ok(())
+        });
+        bus.emit(&Ev(None, 3));
+        assert!(bus.try_emit(&Ev(None, 4)).is_ok());
+        assert_eq!(*seen.lock(), vec![1, 30, 40]);
     }
 
     #[test]

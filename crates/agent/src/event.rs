@@ -597,6 +597,7 @@ impl EventData {
     }
 
     /// Whether this is one of the three surface types.
+    #[inline]
     pub fn is_surface(&self) -> bool {
         match self {
             Self::UserMessage(_) | Self::AssistantMessage { .. } | Self::ToolResult { .. } => true,

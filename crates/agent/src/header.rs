@@ -1,6 +1,6 @@
 //! The session header (spec §5): immutable, validated metadata kept beside the log.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -104,6 +104,33 @@ fn check_safe(field: &'static str, v: Option<u64>) -> Result<(), HeaderError> {
     }
 }
 
+/// [`SessionMeta::validate`] over borrowed fields (so a header validates without cloning).
+fn validate_meta_fields(
+    created_at: Option<u64>,
+    seed_length: Option<u64>,
+    delegation_depth: Option<u64>,
+    cwd: Option<&Path>,
+    parent_session: Option<&SessionId>,
+) -> Result<(), HeaderError> {
+    check_safe("createdAt", created_at)?;
+    check_safe("seedLength", seed_length)?;
+    check_safe("delegationDepth", delegation_depth)?;
+    if let Some(cwd) = cwd
+        && !cwd.is_absolute()
+    {
+        return Err(HeaderError::new(
+            "cwd",
+            format!("{} is not an absolute path", cwd.display()),
+        ));
+    }
+    if let Some(p) = parent_session
+        && p.as_str().is_empty()
+    {
+        return Err(HeaderError::new("parentSession", "must not be empty"));
+    }
+    Ok(())
+}
+
 impl SessionMeta {
     /// Parses metadata from untrusted JSON, naming the first offending field.
     pub fn from_json(value: &Value) -> Result<Self, HeaderError> {
@@ -149,23 +176,13 @@ impl SessionMeta {
 
     /// Validates every field: safe integers, absolute `cwd`, non-empty ids.
     pub fn validate(&self) -> Result<(), HeaderError> {
-        check_safe("createdAt", self.created_at)?;
-        check_safe("seedLength", self.seed_length)?;
-        check_safe("delegationDepth", self.delegation_depth)?;
-        if let Some(cwd) = &self.cwd
-            && !cwd.is_absolute()
-        {
-            return Err(HeaderError::new(
-                "cwd",
-                format!("{} is not an absolute path", cwd.display()),
-            ));
-        }
-        if let Some(p) = &self.parent_session
-            && p.as_str().is_empty()
-        {
-            return Err(HeaderError::new("parentSession", "must not be empty"));
-        }
-        Ok(())
+        validate_meta_fields(
+            self.created_at,
+            self.seed_length,
+            self.delegation_depth,
+            self.cwd.as_deref(),
+            self.parent_session.as_ref(),
+        )
     }
 
     /// Builds the header for session `id`, validating the metadata; `now_ms` is used when no
@@ -186,7 +203,9 @@ impl SessionMeta {
             delegation_depth: self.delegation_depth,
             agent_preset: self.agent_preset,
         };
-        header.validate()?;
+        // `header.validate()` minus what was just checked: only `createdAt` may be new.
+        check_safe("createdAt", Some(header.created_at))?;
+        debug_assert_eq!(header.validate(), Ok(()));
         Ok(header)
     }
 }
@@ -198,7 +217,14 @@ impl SessionHeader {
             return Err(HeaderError::new("id", "must not be empty"));
         }
         check_safe("createdAt", Some(self.created_at))?;
-        self.meta().validate()
+        // The checks of `self.meta().validate()`, on borrowed fields.
+        validate_meta_fields(
+            Some(self.created_at),
+            self.seed_length,
+            self.delegation_depth,
+            self.cwd.as_deref(),
+            self.parent_session.as_ref(),
+        )
     }
 
     /// The header's metadata, for re-creating a session with the same fields (resume).
@@ -255,5 +281,18 @@ mod tests {
         let raw = json!({"version": 0, "id": "s", "createdAt": 1, "cwd": "/x", "parentSession": "p", "seedLength": 3, "origin": "subagent", "delegationDepth": 1});
         let h: SessionHeader = serde_json::from_value(raw.clone()).unwrap();
         assert_eq!(serde_json::to_value(&h).unwrap(), raw);
+    }
+
+    #[test]
+    fn into_header_checks_a_clock_supplied_created_at() {
+        let err = SessionMeta::default()
+            .into_header("s".into(), MAX_SAFE_INTEGER + 1)
+            .unwrap_err();
+        assert_eq!(err.field, "createdAt");
+        let h = SessionMeta::default().into_header("s".into(), 5).unwrap();
+        assert_eq!(h.created_at, 5);
+        assert_eq!(h.validate(), Ok(()));
+        let err = SessionMeta::default().into_header("".into(), 5).unwrap_err();
+        assert_eq!(err.field, "id");
     }
 }

@@ -78,7 +78,7 @@ string_id!(
 impl SessionId {
     /// Mints a fresh random session id (`ses_` followed by a UUID v4 in simple form).
     pub fn generate() -> Self {
-        Self::new(format!("ses_{}", uuid::Uuid::new_v4().simple()))
+        Self::new(prefixed_simple_uuid(*b"ses_", *uuid::Uuid::new_v4().as_bytes()).as_str())
     }
 }
 
@@ -91,13 +91,44 @@ impl MessageId {
     /// thread's sequence is a bijection of a counter, and threads start from independent
     /// 128-bit seeds); they are not meant to be unpredictable.
     pub fn generate() -> Self {
-        let uuid = uuid::Builder::from_random_bytes(fast_random_bytes()).into_uuid();
-        let mut buf = [0u8; 4 + uuid::fmt::Simple::LENGTH];
-        buf[..4].copy_from_slice(b"msg_");
-        let text = uuid.simple().encode_lower(&mut buf[4..]);
-        let len = 4 + text.len();
-        Self::new(std::str::from_utf8(&buf[..len]).expect("a simple UUID is ASCII"))
+        let mut bytes = fast_random_bytes();
+        // The version (4) and RFC 4122 variant bits, as `uuid::Builder::from_random_bytes` sets.
+        bytes[6] = (bytes[6] & 0x0f) | 0x40;
+        bytes[8] = (bytes[8] & 0x3f) | 0x80;
+        Self::new(prefixed_simple_uuid(*b"msg_", bytes).as_str())
     }
+}
+
+/// A four-byte prefix followed by the lower-case simple (32 hex digits, no hyphens) form of a
+/// UUID, formatted on the stack with a table lookup per nibble.
+struct PrefixedUuid([u8; 4 + 32]);
+
+impl PrefixedUuid {
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("the prefix and hex digits are ASCII")
+    }
+}
+
+fn prefixed_simple_uuid(prefix: [u8; 4], bytes: [u8; 16]) -> PrefixedUuid {
+    /// The two lower-case hex digits of every byte value.
+    const HEX_PAIRS: [[u8; 2]; 256] = {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut pairs = [[0u8; 2]; 256];
+        let mut i = 0;
+        while i < 256 {
+            pairs[i] = [HEX[i >> 4], HEX[i & 0x0f]];
+            i += 1;
+        }
+        pairs
+    };
+    let mut buf = [0u8; 4 + 32];
+    buf[..4].copy_from_slice(&prefix);
+    for i in 0..16 {
+        let [hi, lo] = HEX_PAIRS[usize::from(bytes[i])];
+        buf[4 + 2 * i] = hi;
+        buf[5 + 2 * i] = lo;
+    }
+    PrefixedUuid(buf)
 }
 
 /// 16 random-looking bytes from a per-thread SplitMix64 pair seeded from a UUID v4.
@@ -140,6 +171,25 @@ mod tests {
     fn generated_ids_are_unique() {
         assert_ne!(MessageId::generate(), MessageId::generate());
         assert!(SessionId::generate().as_str().starts_with("ses_"));
+    }
+
+    #[test]
+    fn stack_formatting_matches_the_uuid_crate() {
+        for seed in [[0u8; 16], [0xff; 16], *uuid::Uuid::new_v4().as_bytes()] {
+            let mut bytes = seed;
+            bytes[6] = (bytes[6] & 0x0f) | 0x40;
+            bytes[8] = (bytes[8] & 0x3f) | 0x80;
+            let expected = uuid::Builder::from_random_bytes(seed).into_uuid();
+            assert_eq!(*expected.as_bytes(), bytes);
+            assert_eq!(
+                prefixed_simple_uuid(*b"msg_", bytes).as_str(),
+                format!("msg_{}", expected.simple())
+            );
+        }
+        let id = SessionId::generate();
+        let hex = id.as_str().strip_prefix("ses_").expect("ses_ prefix");
+        assert_eq!(uuid::Uuid::parse_str(hex).unwrap().simple().to_string(), hex);
+        assert_eq!(uuid::Uuid::parse_str(hex).unwrap().get_version_num(), 4);
     }
 
     #[test]

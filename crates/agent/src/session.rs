@@ -7,6 +7,7 @@
 //! are contained and logged, never undo the commit).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::ThreadId;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -113,10 +114,17 @@ pub struct Session {
     first_live_seq: u64,
     inner: Mutex<Inner>,
     append_lock: Mutex<()>,
+    /// Whether some append is running observers (raised before `publishing` is set, lowered
+    /// after it is cleared). While it is down no append can be reentering, so the exact check
+    /// (thread id against `publishing`) is skipped.
+    observing: AtomicBool,
     publishing: Mutex<Option<ThreadId>>,
     /// `None` until published. Replaced, never mutated in place, so an append clones only the
     /// `Arc`.
     observers: RwLock<Option<Observers>>,
+    /// Whether `observers` holds a non-empty list; written under its write lock, so an append
+    /// that reads it down skips the observer lock altogether.
+    observed: AtomicBool,
 }
 
 type Observers = Arc<[Arc<dyn SessionObserver>]>;
@@ -146,14 +154,15 @@ impl Session {
     /// empty and has no marker.
     pub fn new(header: SessionHeader, seed: Option<Vec<SessionEvent>>) -> Result<Self, LogError> {
         let (events, first_live_seq) = match seed {
-            None => (Vec::new(), 0),
+            None => (Vec::with_capacity(LOG_CAPACITY), 0),
             Some(seed) => {
                 for (index, ev) in seed.iter().enumerate() {
                     validate_seed_event(index, ev)?;
                 }
                 let len = seed.len() as u64;
                 let ends_with_marker = matches!(seed.last(), Some(e) if matches!(e.data, EventData::EndSeed));
-                let mut events: Vec<Arc<SessionEvent>> = seed.into_iter().map(Arc::new).collect();
+                let mut events: Vec<Arc<SessionEvent>> = Vec::with_capacity(seed.len() + 1 + LOG_CAPACITY);
+                events.extend(seed.into_iter().map(Arc::new));
                 if !ends_with_marker {
                     events.push(Arc::new(SessionEvent {
                         seq: len,
@@ -173,8 +182,10 @@ impl Session {
                 events: Arc::new(events),
             }),
             append_lock: Mutex::new(()),
+            observing: AtomicBool::new(false),
             publishing: Mutex::new(None),
             observers: RwLock::new(None),
+            observed: AtomicBool::new(false),
         })
     }
 
@@ -216,7 +227,16 @@ impl Session {
     /// Publishes the session: from now on every append is checked by and announced to
     /// `observers`. Calling it again replaces the observer list.
     pub fn publish(&self, observers: Vec<Arc<dyn SessionObserver>>) {
-        *self.observers.write() = Some(observers.into());
+        // Sessions are often published with no observers: share one empty list.
+        static NO_OBSERVERS: std::sync::LazyLock<Observers> = std::sync::LazyLock::new(|| Arc::new([]));
+        let list = if observers.is_empty() {
+            NO_OBSERVERS.clone()
+        } else {
+            observers.into()
+        };
+        let mut slot = self.observers.write();
+        self.observed.store(!list.is_empty(), Ordering::Release);
+        *slot = Some(list);
     }
 
     /// Adds one observer to a published session (no-op before publication).
@@ -225,6 +245,7 @@ impl Session {
             let mut next = list.to_vec();
             next.push(observer);
             *list = next.into();
+            self.observed.store(true, Ordering::Release);
         }
     }
 
@@ -234,7 +255,7 @@ impl Session {
         data: EventData,
         surface: Option<SurfaceMeta>,
     ) -> Result<Arc<SessionEvent>, LogError> {
-        self.append_at(data, surface, now_ms())
+        self.append_impl(data, surface, None)
     }
 
     /// Appends an event with an explicit timestamp. The seq is assigned here (`== len`). On any
@@ -245,54 +266,112 @@ impl Session {
         surface: Option<SurfaceMeta>,
         time: u64,
     ) -> Result<Arc<SessionEvent>, LogError> {
-        let me = std::thread::current().id();
-        if *self.publishing.lock() == Some(me) {
+        self.append_impl(data, surface, Some(time))
+    }
+
+    /// The append itself; `time: None` reads the clock. Inlined into both entry points so the
+    /// (large) payload is moved as few times as possible.
+    #[inline(always)]
+    fn append_impl(
+        &self,
+        data: EventData,
+        surface: Option<SurfaceMeta>,
+        time: Option<u64>,
+    ) -> Result<Arc<SessionEvent>, LogError> {
+        // An append can only reenter from inside an observer, and this thread raised
+        // `observing` (program order) before calling one, so a lowered flag rules it out.
+        if self.observing.load(Ordering::Acquire)
+            && *self.publishing.lock() == Some(std::thread::current().id())
+        {
             return Err(LogError::Reentrant);
         }
+        let time = time.unwrap_or_else(now_ms);
         let _guard = self.append_lock.lock();
-        validate_candidate(&data, surface.as_ref()).map_err(|e| {
+        if let Err(e) = validate_candidate(&data, surface.as_ref()) {
             let kind = data.type_name().to_owned();
-            match e {
+            return Err(match e {
                 CandidateError::Lossless(reason) => LogError::NotLossless { kind, reason },
                 CandidateError::Invalid(reason) => LogError::Invalid { kind, reason },
-            }
-        })?;
-        let seq = self.inner.lock().events.len() as u64;
-        let event = Arc::new(SessionEvent {
-            seq,
-            time,
-            data,
-            surface,
-            ignorable: false,
-        });
-        let observers = self.observers.read().clone();
-        if let Some(observers) = &observers {
-            *self.publishing.lock() = Some(me);
-            let verdict = observers.iter().try_for_each(|o| o.check(self, &event));
-            if let Err(reason) = verdict {
-                *self.publishing.lock() = None;
-                return Err(LogError::Vetoed {
-                    kind: event.type_name().to_owned(),
-                    reason,
-                });
-            }
+            });
         }
-        {
+        // An empty observer list behaves exactly like none: nothing to consult or announce.
+        let observers = if self.observed.load(Ordering::Acquire) {
+            match &*self.observers.read() {
+                Some(list) if !list.is_empty() => Some(list.clone()),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        let Some(observers) = observers else {
+            // Nobody to consult, so seq assignment and commit share one lock.
             let mut inner = self.inner.lock();
-            Arc::make_mut(&mut inner.events).push(event.clone());
+            let event = new_event(inner.events.len() as u64, time, data, surface);
+            push_event(&mut inner.events, event.clone());
+            return Ok(event);
+        };
+        let seq = self.inner.lock().events.len() as u64;
+        let event = new_event(seq, time, data, surface);
+        self.observing.store(true, Ordering::Release);
+        *self.publishing.lock() = Some(std::thread::current().id());
+        let verdict = observers.iter().try_for_each(|o| o.check(self, &event));
+        if let Err(reason) = verdict {
+            self.end_observing();
+            return Err(LogError::Vetoed {
+                kind: event.type_name().to_owned(),
+                reason,
+            });
         }
-        if let Some(observers) = &observers {
-            for o in observers.iter() {
-                let result =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| o.committed(self, &event)));
-                if result.is_err() {
-                    tracing::warn!(session = %self.id(), seq, "session observer panicked; the append stands");
-                }
+        push_event(&mut self.inner.lock().events, event.clone());
+        for o in observers.iter() {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| o.committed(self, &event)));
+            if result.is_err() {
+                tracing::warn!(session = %self.id(), seq, "session observer panicked; the append stands");
             }
-            *self.publishing.lock() = None;
         }
+        self.end_observing();
         Ok(event)
     }
+
+    fn end_observing(&self) {
+        *self.publishing.lock() = None;
+        self.observing.store(false, Ordering::Release);
+    }
+}
+
+/// Builds the shared event. (Measured: a plain `Arc::new` of the whole event moves the large
+/// payload fewer times than allocating a placeholder and assigning the payload into it.)
+#[inline(always)]
+fn new_event(seq: u64, time: u64, data: EventData, surface: Option<SurfaceMeta>) -> Arc<SessionEvent> {
+    Arc::new(SessionEvent {
+        seq,
+        time,
+        data,
+        surface,
+        ignorable: false,
+    })
+}
+
+/// Initial capacity of a log's event list: a short session never reallocates it.
+const LOG_CAPACITY: usize = 32;
+
+/// Appends to the log, copying it first only when a snapshot still shares it (the copy gets
+/// headroom, so a reader taking a snapshot per append does not also cost a regrowth per append).
+#[inline(always)]
+fn push_event(events: &mut EventSnapshot, event: Arc<SessionEvent>) {
+    match Arc::get_mut(events) {
+        Some(list) => list.push(event),
+        None => push_to_copy(events, event),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn push_to_copy(events: &mut EventSnapshot, event: Arc<SessionEvent>) {
+    let mut list = Vec::with_capacity((events.len() * 2).max(LOG_CAPACITY));
+    list.extend(events.iter().cloned());
+    list.push(event);
+    *events = Arc::new(list);
 }
 
 enum CandidateError {
@@ -302,6 +381,10 @@ enum CandidateError {
 
 /// Checks that a JSON value is lossless: no negative zero anywhere.
 pub fn check_lossless_json(value: &Value) -> Result<(), String> {
+    // A direct look at the numbers decides the common (lossless) case; the walk names the path.
+    if lossless::plain_value(value) {
+        return Ok(());
+    }
     check_lossless(value)
 }
 
@@ -314,25 +397,34 @@ pub fn check_lossless<T: serde::Serialize + ?Sized>(value: &T) -> Result<(), Str
 }
 
 fn validate_candidate(data: &EventData, surface: Option<&SurfaceMeta>) -> Result<(), CandidateError> {
+    // Shortcut for the float-free, non-surface boundary and status events (most appends): of
+    // the rules below only the surface-marker one can apply, with the same verdict and text.
+    if lossless::plain_non_surface(data) {
+        return match surface {
+            None => Ok(()),
+            Some(_) => Err(invalid(
+                "only surface events may carry surfaceOp or sourceEventSeqs",
+            )),
+        };
+    }
     // Typed floats that serde_json would silently turn into `null`.
     if let EventData::RequestHeader { header, .. } = data
         && let Some(t) = header.config.temperature
         && (!t.is_finite() || (t == 0.0 && t.is_sign_negative()))
     {
-        return Err(CandidateError::Lossless(format!(
-            "temperature {t} is not lossless"
-        )));
+        return Err(lossy_temperature(t));
     }
-    check_lossless(&data.payload()).map_err(CandidateError::Lossless)?;
+    // The fast path only skips walks that cannot fail; anything it is unsure of is walked.
+    if !lossless::plainly_lossless(data) {
+        check_lossless(&data.payload()).map_err(CandidateError::Lossless)?;
+    }
     match (data.is_surface(), surface) {
         (true, None) | (true, Some(SurfaceMeta { surface_op: None, .. })) => {
-            return Err(CandidateError::Invalid(
-                "surface events must declare surfaceOp".into(),
-            ));
+            return Err(invalid("surface events must declare surfaceOp"));
         }
         (false, Some(_)) => {
-            return Err(CandidateError::Invalid(
-                "only surface events may carry surfaceOp or sourceEventSeqs".into(),
+            return Err(invalid(
+                "only surface events may carry surfaceOp or sourceEventSeqs",
             ));
         }
         _ => {}
@@ -343,29 +435,38 @@ fn validate_candidate(data: &EventData, surface: Option<&SurfaceMeta>) -> Result
     }) = surface
         && !matches!(data, EventData::AssistantMessage { .. })
     {
-        return Err(CandidateError::Invalid(
-            "only assistant/message may carry sourceEventSeqs".into(),
-        ));
+        return Err(invalid("only assistant/message may carry sourceEventSeqs"));
     }
     match data {
         EventData::AssistantMessage { message, .. } => match &message.source {
             MessageSource::Model { provider, model, .. } if !provider.is_empty() && !model.is_empty() => {}
             _ => {
-                return Err(CandidateError::Invalid(
-                    "assistant messages must carry model provenance with provider and model".into(),
+                return Err(invalid(
+                    "assistant messages must carry model provenance with provider and model",
                 ));
             }
         },
         EventData::RequestHeader { header, .. }
             if header.config.provider.is_empty() || header.config.model.is_empty() =>
         {
-            return Err(CandidateError::Invalid(
-                "request headers must name provider and model".into(),
-            ));
+            return Err(invalid("request headers must name provider and model"));
         }
         _ => {}
     }
     Ok(())
+}
+
+// The error paths are kept out of line so the accepting path stays small.
+#[cold]
+#[inline(never)]
+fn lossy_temperature(t: f64) -> CandidateError {
+    CandidateError::Lossless(format!("temperature {t} is not lossless"))
+}
+
+#[cold]
+#[inline(never)]
+fn invalid(reason: &str) -> CandidateError {
+    CandidateError::Invalid(reason.to_owned())
 }
 
 fn validate_seed_event(index: usize, ev: &SessionEvent) -> Result<(), LogError> {
@@ -516,6 +617,272 @@ mod tests {
         );
         assert!(s.is_empty());
         assert_eq!(check_lossless_json(&serde_json::json!({"ok": 0.0})), Ok(()));
+        assert_eq!(
+            check_lossless_json(&serde_json::json!({"a": [1, {"b": -0.0}]})),
+            Err("-0.0 at `.a[1].b` is not lossless".to_owned())
+        );
+        assert_eq!(
+            check_lossless_json(&serde_json::json!(-0.0)),
+            Err("-0.0 at `$` is not lossless".to_owned())
+        );
+    }
+
+    /// The fast path of the lossless check: every event kind that can carry a float (an
+    /// embedded `Value`, an open-union map, the request temperature) is still walked when one is
+    /// negative zero, and is refused with exactly the full walk's reason; float-free payloads
+    /// skip the walk.
+    #[test]
+    fn lossless_fast_path_never_hides_a_lossy_float() {
+        use crate::content::ContentBlock;
+        use crate::event::{CallConfig, EpochHeader, InboxSplice, InboxTarget, RequestHeaderReason};
+        use crate::message::{MessageSource, PluginForm};
+        use crate::model::{FinishReason, StreamChunk, ToolSchema};
+        use crate::signal::CancelCause;
+        use crate::turn::TurnEndReason;
+        use serde_json::{Map, json};
+
+        let bad_map = || -> Map<String, Value> {
+            json!({"kind": "x", "deep": [{"n": -0.0}]})
+                .as_object()
+                .unwrap()
+                .clone()
+        };
+        let bad = || json!({"a": [1, {"b": -0.0}]});
+        let msg = |content: Vec<ContentBlock>, source: MessageSource| Message::user(content, source);
+        let plain_msg = || Message::user_text("hi");
+        let header_with =
+            |config: CallConfig, adapter_defaults: Option<Value>, tools: Option<Vec<ToolSchema>>| {
+                EventData::RequestHeader {
+                    header: EpochHeader {
+                        config,
+                        adapter_defaults,
+                        system: None,
+                        tools,
+                    },
+                    reason: RequestHeaderReason::Initial,
+                }
+            };
+        let config = || CallConfig {
+            provider: "p".into(),
+            model: "m".into(),
+            ..CallConfig::default()
+        };
+        let user = |m: Message| EventData::UserMessage(m);
+        let assistant = |m: Message| EventData::AssistantMessage {
+            turn: 1,
+            step: 1,
+            message: m,
+            usage: None,
+            interrupted: false,
+        };
+        let tool_result = |m: Message, meta: Option<Value>| EventData::ToolResult {
+            turn: 1,
+            step: 1,
+            message: m,
+            error: None,
+            meta,
+        };
+        let chunk = |chunk: StreamChunk| EventData::AssistantChunk {
+            turn: 1,
+            step: 1,
+            chunk,
+        };
+        let turn_end = |reason: TurnEndReason| EventData::TurnEnd { turn: 1, reason };
+        let splice = |m: Message| {
+            EventData::InboxSpliced(InboxSplice {
+                target: InboxTarget::NextTurn,
+                start: 0,
+                removed_count: None,
+                inserted: vec![m],
+                outcome: None,
+            })
+        };
+        let model_source = |replay_state| MessageSource::Model {
+            provider: "p".into(),
+            model: "m".into(),
+            replay_state,
+        };
+
+        let lossy = vec![
+            EventData::other("x/y", bad()),
+            EventData::other("x/y", json!(-0.0)),
+            tool_result(plain_msg(), Some(bad())),
+            tool_result(
+                Message::tool_result("c".into(), vec![ContentBlock::Other(bad_map())], false),
+                None,
+            ),
+            header_with(config(), Some(bad()), None),
+            header_with(
+                config(),
+                None,
+                Some(vec![ToolSchema {
+                    name: "t".into(),
+                    description: "d".into(),
+                    parameters: bad(),
+                }]),
+            ),
+            user(msg(vec![ContentBlock::Other(bad_map())], MessageSource::User)),
+            user(msg(
+                vec![ContentBlock::Reasoning {
+                    text: "r".into(),
+                    extra: bad_map(),
+                }],
+                MessageSource::User,
+            )),
+            user(msg(
+                vec![ContentBlock::Image { fields: bad_map() }],
+                MessageSource::User,
+            )),
+            user(msg(
+                vec![ContentBlock::ToolResult {
+                    tool_call_id: "c".into(),
+                    content: vec![ContentBlock::Other(bad_map())],
+                    is_error: None,
+                }],
+                MessageSource::User,
+            )),
+            user(msg(vec![], MessageSource::Other(bad_map()))),
+            user(msg(
+                vec![],
+                MessageSource::Tool {
+                    call_id: "c".into(),
+                    extra: bad_map(),
+                },
+            )),
+            user(msg(
+                vec![],
+                MessageSource::Plugin {
+                    plugin: "p".into(),
+                    form: Some(PluginForm::Other(bad_map())),
+                },
+            )),
+            assistant(msg(vec![ContentBlock::text("a")], model_source(Some(bad())))),
+            chunk(StreamChunk::BlockEnd {
+                index: 0,
+                block: ContentBlock::Other(bad_map()),
+            }),
+            chunk(StreamChunk::Finish {
+                reason: FinishReason::Stop,
+                replay_state: Some(bad()),
+            }),
+            turn_end(TurnEndReason::Other(bad_map())),
+            turn_end(TurnEndReason::Aborted {
+                reason: CancelCause::Unknown(bad_map()),
+            }),
+            splice(msg(vec![ContentBlock::Other(bad_map())], MessageSource::User)),
+        ];
+        for data in lossy {
+            assert!(!lossless::plainly_lossless(&data), "{data:?}");
+            assert!(!lossless::plain_non_surface(&data), "{data:?}");
+            let expected = check_lossless(&data.payload()).expect_err("the walk refuses it");
+            let surface = data.is_surface().then(SurfaceMeta::append);
+            let s = Session::new(header("a"), None).unwrap();
+            let err = s.append(data.clone(), surface).unwrap_err();
+            assert_eq!(
+                err,
+                LogError::NotLossless {
+                    kind: data.type_name().to_owned(),
+                    reason: expected,
+                },
+                "{data:?}"
+            );
+            assert!(s.is_empty());
+        }
+
+        // Floats that are fine, and payloads with no float at all, take the fast path.
+        let fine = vec![
+            EventData::TurnStart { turn: 1 },
+            turn_end(TurnEndReason::Completed),
+            turn_end(TurnEndReason::Aborted {
+                reason: CancelCause::Parent,
+            }),
+            EventData::other("x/y", json!({"a": [0.0, 1.5, -2, {"b": null}]})),
+            user(plain_msg()),
+            assistant(msg(
+                vec![ContentBlock::text("a")],
+                model_source(Some(json!({"t": 0.5}))),
+            )),
+            tool_result(
+                Message::tool_result("c".into(), vec![ContentBlock::text("ok")], false),
+                Some(json!({"cost": 0.25})),
+            ),
+            header_with(
+                CallConfig {
+                    temperature: Some(0.0),
+                    ..config()
+                },
+                Some(json!({"temperature": 1.0})),
+                None,
+            ),
+            chunk(StreamChunk::TextDelta {
+                index: 0,
+                text: "t".into(),
+            }),
+            chunk(StreamChunk::BlockEnd {
+                index: 0,
+                block: ContentBlock::text("t"),
+            }),
+            chunk(StreamChunk::Finish {
+                reason: FinishReason::Stop,
+                replay_state: Some(json!({"r": 0.5})),
+            }),
+            chunk(StreamChunk::Usage {
+                usage: crate::model::TokenUsage::default(),
+            }),
+            splice(plain_msg()),
+        ];
+        for data in fine {
+            assert!(lossless::plainly_lossless(&data), "{data:?}");
+            assert_eq!(check_lossless(&data.payload()), Ok(()), "{data:?}");
+            // The validation shortcut covers only non-surface events, with the rule's own text.
+            if lossless::plain_non_surface(&data) {
+                assert!(!data.is_surface(), "{data:?}");
+                let s = Session::new(header("a"), None).unwrap();
+                assert_eq!(
+                    s.append(data.clone(), Some(SurfaceMeta::append())).unwrap_err(),
+                    LogError::Invalid {
+                        kind: data.type_name().to_owned(),
+                        reason: "only surface events may carry surfaceOp or sourceEventSeqs".into(),
+                    }
+                );
+                s.append(data, None).unwrap();
+            }
+        }
+        // A bad temperature is never certain on the fast path (the explicit check names it).
+        let hot = header_with(
+            CallConfig {
+                temperature: Some(f64::NAN),
+                ..config()
+            },
+            None,
+            None,
+        );
+        assert!(!lossless::plainly_lossless(&hot));
+    }
+
+    #[test]
+    fn shared_snapshots_stay_frozen_and_empty_observer_lists_change_nothing() {
+        let s = Session::new(header("a"), None).unwrap();
+        s.publish(vec![]);
+        assert!(s.is_published());
+        let mut snaps = Vec::new();
+        for turn in 1..=40 {
+            snaps.push(s.events());
+            let e = s.append(EventData::TurnStart { turn }, None).unwrap();
+            assert_eq!(e.seq, turn - 1);
+        }
+        for (i, snap) in snaps.iter().enumerate() {
+            assert_eq!(snap.len(), i);
+        }
+        let all = s.events();
+        assert_eq!(all.len(), 40);
+        assert!(all.iter().enumerate().all(|(i, e)| e.seq == i as u64));
+        // A reentrant append is still caught once a real observer joins.
+        let re = Arc::new(Reenter(Mutex::new(None)));
+        s.add_observer(re.clone());
+        s.append(EventData::TurnStart { turn: 41 }, None).unwrap();
+        assert_eq!(*re.0.lock(), Some(LogError::Reentrant));
+        assert_eq!(s.len(), 41);
     }
 
     struct Veto;

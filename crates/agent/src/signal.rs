@@ -2,6 +2,8 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering, fence};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -66,9 +68,30 @@ impl fmt::Display for CancelCause {
 /// immediately.
 #[derive(Clone, Default)]
 pub struct Signal {
-    token: CancellationToken,
-    cause: Arc<Mutex<Option<CancelCause>>>,
-    parent: Option<Arc<Signal>>,
+    shared: Arc<Shared>,
+}
+
+/// The state every clone of one signal shares.
+///
+/// The token is created on first need (waiting, [`Signal::run`], [`Signal::token`]); until then
+/// cancellation lives in the flags alone, so signals that are only checked and cancelled never
+/// touch the token tree, and clones share one token handle.
+#[derive(Default)]
+struct Shared {
+    /// The token, once needed: a child of the parent's token for a child signal, cancelled at
+    /// creation when the signal already is.
+    token: OnceLock<CancellationToken>,
+    /// The first-wins cause of a direct [`Signal::cancel`].
+    cause: Mutex<Option<CancelCause>>,
+    /// The signal this one was derived from by [`Signal::child`].
+    parent: Option<Signal>,
+    /// Raised by [`Signal::cancel`] (after the cause is set, before the token is cancelled).
+    cancelled: AtomicBool,
+    /// Raised once [`Signal::token`] has handed the token out. Until then (here and in every
+    /// ancestor) the token can only be cancelled through [`Signal::cancel`] of this signal or an
+    /// ancestor, which raise `cancelled`, so [`Signal::is_cancelled`] reads flags instead of
+    /// locking the token's tree node.
+    exposed: AtomicBool,
 }
 
 impl fmt::Debug for Signal {
@@ -97,9 +120,10 @@ impl Signal {
     /// parent's), cancelling the child leaves `self` untouched.
     pub fn child(&self) -> Self {
         Self {
-            token: self.token.child_token(),
-            cause: Arc::new(Mutex::new(None)),
-            parent: Some(Arc::new(self.clone())),
+            shared: Arc::new(Shared {
+                parent: Some(self.clone()),
+                ..Shared::default()
+            }),
         }
     }
 
@@ -110,19 +134,76 @@ impl Signal {
             return false;
         }
         {
-            let mut slot = self.cause.lock();
+            let mut slot = self.shared.cause.lock();
             if slot.is_some() {
                 return false;
             }
             *slot = Some(cause);
         }
-        self.token.cancel();
+        self.shared.cancelled.store(true, Ordering::SeqCst);
+        // Pairs with the fence in `token_ref`: either this sees the token, or its creator sees
+        // the flag (and cancels the token itself).
+        fence(Ordering::SeqCst);
+        if let Some(token) = self.shared.token.get() {
+            token.cancel();
+        }
         true
     }
 
+    /// The token, created on first use (see [`Shared`]).
+    fn token_ref(&self) -> &CancellationToken {
+        if let Some(token) = self.shared.token.get() {
+            return token;
+        }
+        let mut created = false;
+        let token = self.shared.token.get_or_init(|| {
+            created = true;
+            match &self.shared.parent {
+                Some(parent) => parent.token_ref().child_token(),
+                None => CancellationToken::new(),
+            }
+        });
+        if created {
+            fence(Ordering::SeqCst);
+            if self.shared.cancelled.load(Ordering::SeqCst) {
+                token.cancel();
+            }
+        }
+        token
+    }
+
     /// Whether the signal (or any ancestor) is cancelled.
+    #[inline]
     pub fn is_cancelled(&self) -> bool {
-        self.token.is_cancelled()
+        // The common cases (cancelled here; a root whose token was never handed out) inline.
+        let shared = &*self.shared;
+        if shared.cancelled.load(Ordering::Acquire) {
+            return true;
+        }
+        if shared.parent.is_none() && !shared.exposed.load(Ordering::Acquire) {
+            return false;
+        }
+        self.is_cancelled_through_chain()
+    }
+
+    /// [`Signal::is_cancelled`] for a child or an exposed token: the ancestors' flags, or the
+    /// token itself once any token on the chain was handed out.
+    fn is_cancelled_through_chain(&self) -> bool {
+        let mut signal = self;
+        loop {
+            let shared = &signal.shared;
+            if shared.cancelled.load(Ordering::Acquire) {
+                return true;
+            }
+            if shared.exposed.load(Ordering::Acquire) {
+                // Someone may have cancelled this token (or an ancestor's) directly.
+                return self.token_ref().is_cancelled();
+            }
+            match &shared.parent {
+                Some(parent) => signal = parent,
+                None => return false,
+            }
+        }
     }
 
     /// The cause, once cancelled: this signal's own cause when it was cancelled directly, else the
@@ -131,27 +212,28 @@ impl Signal {
         if !self.is_cancelled() {
             return None;
         }
-        if let Some(cause) = self.cause.lock().clone() {
+        if let Some(cause) = self.shared.cause.lock().clone() {
             return Some(cause);
         }
-        self.parent.as_ref().and_then(|p| p.cause())
+        self.shared.parent.as_ref().and_then(|p| p.cause())
     }
 
     /// Resolves once the signal is cancelled. Cancel-safe: dropping the future has no effect.
     pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
-        self.token.cancelled()
+        self.token_ref().cancelled()
     }
 
     /// The underlying token, for APIs that take a [`CancellationToken`]. Cancelling it directly
     /// leaves the cause unset; prefer [`Signal::cancel`].
     pub fn token(&self) -> &CancellationToken {
-        &self.token
+        self.shared.exposed.store(true, Ordering::Release);
+        self.token_ref()
     }
 
     /// Runs `fut` until it completes or the signal is cancelled, whichever comes first; on
     /// cancellation returns `Err(cause)`.
     pub async fn run<F: Future>(&self, fut: F) -> Result<F::Output, CancelCause> {
-        tokio_util::future::FutureExt::with_cancellation_token(fut, &self.token)
+        tokio_util::future::FutureExt::with_cancellation_token(fut, self.token_ref())
             .await
             .ok_or_else(|| self.cause().unwrap_or(CancelCause::Disposed))
     }
@@ -202,6 +284,96 @@ mod tests {
             serde_json::to_value(CancelCause::Hook { reason: "r".into() }).unwrap(),
             json!({"kind": "hook", "reason": "r"})
         );
+    }
+
+    #[test]
+    fn direct_token_cancellation_is_seen_through_the_chain() {
+        // A token cancelled behind the signal's back (no cause).
+        let s = Signal::new();
+        let clone = s.clone();
+        let child = s.child();
+        let grandchild = child.child();
+        assert!(!grandchild.is_cancelled());
+        s.token().clone().cancel();
+        assert!(s.is_cancelled() && clone.is_cancelled());
+        assert!(child.is_cancelled() && grandchild.is_cancelled());
+        assert_eq!(grandchild.cause(), None);
+        assert!(!s.cancel(CancelCause::User));
+        // A child's token cancelled directly leaves the parent alone.
+        let parent = Signal::new();
+        let child = parent.child();
+        child.token().cancel();
+        assert!(child.is_cancelled());
+        assert!(!parent.is_cancelled());
+        // A grandparent's cause reaches a grandchild at once, and the tokens follow.
+        let root = Signal::new();
+        let grandchild = root.child().child();
+        assert!(root.cancel(CancelCause::Parent));
+        assert!(grandchild.is_cancelled());
+        assert!(grandchild.token().is_cancelled());
+        assert_eq!(grandchild.cause(), Some(CancelCause::Parent));
+        // Exposure after derivation still routes through the token.
+        let root = Signal::new();
+        let child = root.child();
+        let token = root.token().clone();
+        assert!(!child.is_cancelled());
+        token.cancel();
+        assert!(child.is_cancelled());
+        assert_eq!(child.cause(), None);
+    }
+
+    #[tokio::test]
+    async fn tokens_made_late_agree_with_the_flags() {
+        // Cancelled before any token exists: the token is born cancelled, waits end at once.
+        let s = Signal::new();
+        let clone = s.clone();
+        assert!(s.cancel(CancelCause::User));
+        clone.cancelled().await;
+        assert!(clone.token().is_cancelled());
+        // A child made before the parent's token exists follows the parent's later cancel.
+        let parent = Signal::new();
+        let child = parent.child();
+        let grandchild = child.child();
+        let waiter = tokio::spawn({
+            let grandchild = grandchild.clone();
+            async move { grandchild.cancelled().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(parent.cancel(CancelCause::Parent));
+        waiter.await.unwrap();
+        assert!(grandchild.token().is_cancelled());
+        assert_eq!(grandchild.cause(), Some(CancelCause::Parent));
+        // An ancestor cancelled first: a descendant's first token is already cancelled.
+        let root = Signal::new();
+        let leaf = root.child().child();
+        root.cancel(CancelCause::Hook { reason: "r".into() });
+        leaf.cancelled().await;
+        assert_eq!(
+            leaf.run(std::future::pending::<()>()).await,
+            Err(CancelCause::Hook { reason: "r".into() })
+        );
+        // A child's own cancel does not reach its parent's token.
+        let parent = Signal::new();
+        let child = parent.child();
+        child.cancel(CancelCause::User);
+        assert!(child.token().is_cancelled());
+        assert!(!parent.token().is_cancelled() && !parent.is_cancelled());
+    }
+
+    #[test]
+    fn racing_cancel_and_token_creation_always_cancel_the_token() {
+        for _ in 0..200 {
+            let s = Signal::new();
+            let child = s.child();
+            let canceller = std::thread::spawn({
+                let s = s.clone();
+                move || s.cancel(CancelCause::User)
+            });
+            let token = child.token().clone();
+            assert!(canceller.join().unwrap());
+            assert!(token.is_cancelled());
+            assert!(child.is_cancelled());
+        }
     }
 
     #[tokio::test]

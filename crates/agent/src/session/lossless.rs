@@ -17,6 +17,13 @@ use std::fmt;
 use serde::Serialize;
 use serde::ser::{self, Impossible};
 
+use crate::content::ContentBlock;
+use crate::event::EventData;
+use crate::message::{Message, MessageSource, PluginForm};
+use crate::model::{FinishReason, StreamChunk};
+use crate::signal::CancelCause;
+use crate::turn::TurnEndReason;
+
 /// One step of the path to the offending number.
 enum Segment {
     Key(String),
@@ -82,6 +89,169 @@ impl ser::Error for Fault {
             what: What::Unserializable(msg.to_string()),
             path: Vec::new(),
         }
+    }
+}
+
+/// Whether `data`'s payload is certainly lossless, decided without driving its `Serialize`
+/// implementation: only the places a float can hide are visited (embedded
+/// [`serde_json::Value`]s, open-union maps and the one typed float, the request temperature);
+/// every other field is a string, integer, boolean or closed enum and can never be at fault.
+///
+/// `true` means the full walk ([`check`]) would find nothing. `false` means "not certain": the
+/// caller runs the full walk, which decides and, on a fault, names its path. So this fast path
+/// can change cost, never verdicts or error texts. The matches below are exhaustive on purpose:
+/// a new variant or field shape must be classified here before the crate compiles.
+pub(super) fn plainly_lossless(data: &EventData) -> bool {
+    match data {
+        EventData::TurnStart { .. }
+        | EventData::StepStart { .. }
+        | EventData::StepEnd { .. }
+        | EventData::ToolCall { .. }
+        | EventData::RequestContext { .. }
+        | EventData::EndSeed
+        | EventData::SandboxMode { .. }
+        | EventData::ApprovalPolicy { .. } => true,
+        EventData::TurnEnd { reason, .. } => turn_end_reason(reason),
+        EventData::UserMessage(message) | EventData::AssistantMessage { message, .. } => {
+            plain_message(message)
+        }
+        EventData::AssistantChunk { chunk, .. } => plain_chunk(chunk),
+        EventData::ToolResult { message, meta, .. } => {
+            plain_message(message) && meta.as_ref().is_none_or(plain_value)
+        }
+        EventData::RequestHeader { header, .. } => {
+            header.config.temperature.is_none_or(plain_float)
+                && header.adapter_defaults.as_ref().is_none_or(plain_value)
+                && header
+                    .tools
+                    .as_ref()
+                    .is_none_or(|tools| tools.iter().all(|t| plain_value(&t.parameters)))
+        }
+        EventData::InboxSpliced(splice) => splice.inserted.iter().all(plain_message),
+        EventData::Other { data, .. } => plain_value(data),
+    }
+}
+
+/// Whether `data` is one of the typed non-surface events whose payload certainly holds no lossy
+/// float (boundaries, tool calls, request context, status events, turn ends with a known
+/// reason, plain stream chunks and inbox splices). A subset of [`plainly_lossless`].
+#[inline(always)]
+pub(super) fn plain_non_surface(data: &EventData) -> bool {
+    match data {
+        EventData::TurnStart { .. }
+        | EventData::StepStart { .. }
+        | EventData::StepEnd { .. }
+        | EventData::ToolCall { .. }
+        | EventData::RequestContext { .. }
+        | EventData::EndSeed
+        | EventData::SandboxMode { .. }
+        | EventData::ApprovalPolicy { .. } => true,
+        EventData::TurnEnd { reason, .. } => !matches!(
+            reason,
+            TurnEndReason::Other(_)
+                | TurnEndReason::Aborted {
+                    reason: CancelCause::Unknown(_)
+                }
+        ),
+        EventData::AssistantChunk { chunk, .. } => plain_chunk(chunk),
+        EventData::InboxSpliced(splice) => splice.inserted.iter().all(plain_message),
+        _ => false,
+    }
+}
+
+fn plain_chunk(chunk: &StreamChunk) -> bool {
+    match chunk {
+        StreamChunk::BlockStart { .. }
+        | StreamChunk::TextDelta { .. }
+        | StreamChunk::ReasoningDelta { .. }
+        | StreamChunk::ToolCallDelta { .. }
+        | StreamChunk::Usage { .. } => true,
+        StreamChunk::BlockEnd { block, .. } => plain_block(block),
+        StreamChunk::Finish { reason, replay_state } => {
+            finish_reason(reason) && replay_state.as_ref().is_none_or(plain_value)
+        }
+    }
+}
+
+fn plain_float(f: f64) -> bool {
+    float(f).is_ok()
+}
+
+/// Whether a JSON value is certainly lossless (no negative-zero float); `false` means "walk it".
+pub(super) fn plain_value(value: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match value {
+        Value::Null | Value::Bool(_) | Value::String(_) => true,
+        // Integers always pass; a float is checked like the walk checks it.
+        Value::Number(n) => !n.is_f64() || n.as_f64().is_some_and(plain_float),
+        Value::Array(items) => items.iter().all(plain_value),
+        Value::Object(map) => plain_map(map),
+    }
+}
+
+fn plain_map(map: &serde_json::Map<String, serde_json::Value>) -> bool {
+    map.values().all(plain_value)
+}
+
+fn plain_message(message: &Message) -> bool {
+    message.content.iter().all(plain_block)
+        && match &message.source {
+            MessageSource::User => true,
+            MessageSource::Plugin { form, .. } => match form {
+                None
+                | Some(
+                    PluginForm::Instructions
+                    | PluginForm::Catalog
+                    | PluginForm::Snapshot { .. }
+                    | PluginForm::Notice { .. }
+                    | PluginForm::Relay
+                    | PluginForm::Recall,
+                ) => true,
+                Some(PluginForm::Other(map)) => plain_map(map),
+            },
+            MessageSource::Model { replay_state, .. } => replay_state.as_ref().is_none_or(plain_value),
+            MessageSource::Tool { extra, .. } => plain_map(extra),
+            MessageSource::Other(map) => plain_map(map),
+        }
+}
+
+fn plain_block(block: &ContentBlock) -> bool {
+    match block {
+        ContentBlock::Text { .. } | ContentBlock::ToolCall { .. } => true,
+        ContentBlock::Reasoning { extra, .. } => plain_map(extra),
+        ContentBlock::Image { fields } => plain_map(fields),
+        ContentBlock::ToolResult { content, .. } => content.iter().all(plain_block),
+        ContentBlock::Other(map) => plain_map(map),
+    }
+}
+
+fn turn_end_reason(reason: &TurnEndReason) -> bool {
+    match reason {
+        TurnEndReason::Completed
+        | TurnEndReason::Blocked
+        | TurnEndReason::Error { .. }
+        | TurnEndReason::MaxTokens
+        | TurnEndReason::Interrupted => true,
+        TurnEndReason::Aborted { reason } => match reason {
+            CancelCause::User
+            | CancelCause::Parent
+            | CancelCause::Hook { .. }
+            | CancelCause::Disposed
+            | CancelCause::Legacy
+            | CancelCause::Other { .. } => true,
+            CancelCause::Unknown(map) => plain_map(map),
+        },
+        TurnEndReason::Other(map) => plain_map(map),
+    }
+}
+
+fn finish_reason(reason: &FinishReason) -> bool {
+    match reason {
+        FinishReason::Stop
+        | FinishReason::ToolCalls
+        | FinishReason::MaxTokens
+        | FinishReason::Aborted { .. }
+        | FinishReason::Error { .. } => true,
     }
 }
 
