@@ -26,17 +26,25 @@ pub(crate) struct OpenTurn {
 }
 
 /// Why a turn stopped early.
+///
+/// The failure facts are boxed: every `Result` of the driver carries this type, and a small
+/// error keeps the driver task (which holds several of them across suspensions) small.
 #[derive(Debug)]
 pub(crate) enum TurnFailure {
     /// The turn's signal was cancelled.
     Cancelled,
     /// Anything else, as structured failure facts.
-    Failed(LlmFailure),
+    Failed(Box<LlmFailure>),
 }
 
 impl TurnFailure {
     pub(crate) fn from_error(err: &(dyn std::error::Error + 'static)) -> Self {
-        Self::Failed(failure_of(err))
+        Self::failed(failure_of(err))
+    }
+
+    /// A failure with these facts.
+    pub(crate) fn failed(failure: LlmFailure) -> Self {
+        Self::Failed(Box::new(failure))
     }
 }
 
@@ -76,7 +84,7 @@ fn check(signal: &Signal) -> Result<(), TurnFailure> {
 }
 
 fn panicked(what: &str, payload: &(dyn std::any::Any + Send)) -> TurnFailure {
-    TurnFailure::Failed(LlmFailure::unknown(format!(
+    TurnFailure::failed(LlmFailure::unknown(format!(
         "{what} panicked: {}",
         panic_message(payload)
     )))
@@ -93,10 +101,29 @@ enum PreStepOutcome {
     Enter(Vec<Message>, AssembledPrompt),
 }
 
+/// The endings a turn body can record before its `turn/end` (the failure endings travel as
+/// [`TurnFailure`]); one byte, where a [`TurnEndReason`] would enlarge the driver task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TurnEnd {
+    Completed,
+    Blocked,
+    MaxTokens,
+}
+
+impl TurnEnd {
+    fn reason(self) -> TurnEndReason {
+        match self {
+            Self::Completed => TurnEndReason::Completed,
+            Self::Blocked => TurnEndReason::Blocked,
+            Self::MaxTokens => TurnEndReason::MaxTokens,
+        }
+    }
+}
+
 /// How a step's stream closed.
 enum StepClose {
     /// The step is over with this outcome.
-    Ended(Option<TurnEndReason>),
+    Ended(Option<TurnEnd>),
     /// The model asked for these tool calls.
     Tools(Vec<ToolCallRequest>),
 }
@@ -104,7 +131,7 @@ enum StepClose {
 /// Per-turn bookkeeping.
 struct TurnState {
     /// The turn's ending so far (`None`: the last step asked to continue).
-    end: Option<TurnEndReason>,
+    end: Option<TurnEnd>,
     /// The number of the last opened step.
     step: u64,
 }
@@ -152,7 +179,7 @@ impl LoopAgent {
     /// Logs `turn/end` for a turn body's outcome. Returns whether the turn ended normally.
     fn close_turn(&self, turn: u64, signal: &Signal, body: Result<bool, TurnFailure>, ts: TurnState) -> bool {
         let (reason, normal) = match body {
-            Ok(normal) => (ts.end.unwrap_or(TurnEndReason::Completed), normal),
+            Ok(normal) => (ts.end.map_or(TurnEndReason::Completed, TurnEnd::reason), normal),
             Err(_) if signal.is_cancelled() => (
                 TurnEndReason::Aborted {
                     reason: signal.cause().unwrap_or(agent::CancelCause::Disposed),
@@ -166,6 +193,7 @@ impl LoopAgent {
                 false,
             ),
             Err(TurnFailure::Failed(failure)) => {
+                let failure = *failure;
                 self.report_error(failure.clone());
                 (TurnEndReason::Error { error: failure }, false)
             }
@@ -197,7 +225,7 @@ impl LoopAgent {
             };
             let (messages, prompt) = match self.pre_step(turn, step, claimed, signal).await? {
                 PreStepOutcome::Rejected => {
-                    ts.end = Some(TurnEndReason::Blocked);
+                    ts.end = Some(TurnEnd::Blocked);
                     return Ok(false);
                 }
                 PreStepOutcome::Enter(messages, prompt) => (messages, prompt),
@@ -206,26 +234,34 @@ impl LoopAgent {
                 break;
             }
             if ts.step == 0 && messages.is_empty() {
-                ts.end = Some(TurnEndReason::Completed);
+                ts.end = Some(TurnEnd::Completed);
                 return Ok(false);
             }
             check(signal)?;
             self.session.append(EventData::StepStart { turn, step }, None)?;
             ts.step = step;
-            let ran = AssertUnwindSafe(async {
+            // The step's synchronous opening (entered messages, request, stream) runs outside
+            // the step future, which keeps the driver task small; a panic in either part is
+            // the step's.
+            let opened = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 for message in messages {
                     self.session
                         .append(EventData::UserMessage(message), Some(SurfaceMeta::append()))?;
                 }
-                self.step(turn, step, prompt, signal).await
-            })
-            .catch_unwind()
-            .await
+                self.open_stream(prompt, signal)
+            }))
             .unwrap_or_else(|p| Err(panicked("a model step", &*p)));
+            let ran = match opened {
+                Ok(stream) => AssertUnwindSafe(self.step(turn, step, stream, signal))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|p| Err(panicked("a model step", &*p))),
+                Err(failure) => Err(failure),
+            };
             let closed = self.session.append(EventData::StepEnd { turn, step }, None);
             let step_end = ran?;
             closed?;
-            if ts.end != Some(TurnEndReason::MaxTokens) {
+            if ts.end != Some(TurnEnd::MaxTokens) {
                 ts.end = step_end;
             }
             check(signal)?;
@@ -347,7 +383,7 @@ impl LoopAgent {
             });
             prompt::interpolate(&section.text, vars, &section.name)
         })
-        .map_err(|e| TurnFailure::Failed(LlmFailure::unknown(e.to_string())))?;
+        .map_err(|e| TurnFailure::failed(LlmFailure::unknown(e.to_string())))?;
         let tools = self.services.tools.schemas(Some(&self.id));
         let contexts = prompt::render_contexts(&registry.runtime_contexts(Some(&self.id)), &self.id);
         Ok((
@@ -460,7 +496,7 @@ impl LoopAgent {
         let (provider, model) = match (&self.options.provider, &self.options.model) {
             (Some(p), Some(m)) if !p.is_empty() && !m.is_empty() => (p, m),
             _ => {
-                return Err(TurnFailure::Failed(LlmFailure::unknown(format!(
+                return Err(TurnFailure::failed(LlmFailure::unknown(format!(
                     "agent \"{}\" has no provider/model: set AgentOptions.provider and AgentOptions.model",
                     self.id
                 ))));
@@ -480,7 +516,7 @@ impl LoopAgent {
         self.log_request(&header)?;
         check(signal)?;
         let adapter = self.services.models.adapter(provider).ok_or_else(|| {
-            TurnFailure::Failed(LlmFailure::new(
+            TurnFailure::failed(LlmFailure::new(
                 "NO_ADAPTER",
                 format!("no model adapter is registered for provider \"{provider}\""),
             ))
@@ -510,19 +546,19 @@ impl LoopAgent {
         Ok(adapter.stream(request))
     }
 
-    /// One step: request, stream, assistant message, tool calls. Returns the step outcome
-    /// (`None`: tool calls ran and none concluded the turn).
+    /// One step over its opened `stream`: chunks, assistant message, tool calls. Returns the
+    /// step outcome (`None`: tool calls ran and none concluded the turn).
     ///
     /// Only the stream loop and the tool calls are asynchronous; the rest runs in synchronous
-    /// helpers, which keeps the driver task small.
+    /// helpers ([`open_stream`](Self::open_stream), [`close_step`](Self::close_step)), which
+    /// keeps the driver task small.
     async fn step(
         &self,
         turn: u64,
         step: u64,
-        prompt: AssembledPrompt,
+        mut stream: agent::ModelStream,
         signal: &Signal,
-    ) -> Result<Option<TurnEndReason>, TurnFailure> {
-        let mut stream = self.open_stream(prompt, signal)?;
+    ) -> Result<Option<TurnEnd>, TurnFailure> {
         let mut asm = BlockAssembler::default();
         let mut seqs: Vec<u64> = Vec::new();
         let mut log_chunk = |asm: &mut BlockAssembler, chunk: StreamChunk| -> Result<(), TurnFailure> {
@@ -539,14 +575,17 @@ impl LoopAgent {
             if signal.is_cancelled() {
                 break;
             }
-            let next = match stream.next().now_or_never() {
-                Some(next) => next,
+            // (An `if let`, whose scrutinee is gone before the `else`: the ready chunk does not
+            // stay in the task across the wait.)
+            let next = if let Some(next) = stream.next().now_or_never() {
+                next
+            } else {
                 // Boxed: waiting is the slow path and its future would otherwise enlarge every
                 // driver task.
-                None => match Box::pin(next_or_cancelled(&mut stream, signal)).await {
+                match Box::pin(next_or_cancelled(&mut stream, signal)).await {
                     Some(next) => next,
                     None => break,
-                },
+                }
             };
             match next {
                 None => break,
@@ -576,11 +615,13 @@ impl LoopAgent {
             }
         }
         drop(stream);
-        match self.close_step(turn, step, asm, seqs, signal)? {
-            StepClose::Ended(end) => Ok(end),
-            // Boxed: tool execution would otherwise enlarge every driver task.
-            StepClose::Tools(calls) => Box::pin(self.run_tools(turn, step, calls, signal)).await,
-        }
+        let calls = match self.close_step(turn, step, asm, seqs, signal) {
+            Ok(StepClose::Ended(end)) => return Ok(end),
+            Ok(StepClose::Tools(calls)) => calls,
+            Err(failure) => return Err(failure),
+        };
+        // Boxed: tool execution would otherwise enlarge every driver task.
+        Box::pin(self.run_tools(turn, step, calls, signal)).await
     }
 
     /// The synchronous close of a step's stream: the assistant message logged (or the
@@ -618,11 +659,11 @@ impl LoopAgent {
         }
         let finish = asm.finish();
         match finish {
-            FinishReason::Error { failure } => return Err(TurnFailure::Failed(failure)),
+            FinishReason::Error { failure } => return Err(TurnFailure::failed(failure)),
             // An abort the turn's signal did not cause is a failure coded `ABORTED`.
             FinishReason::Aborted { mut failure } => {
                 failure.code = "ABORTED".to_owned();
-                return Err(TurnFailure::Failed(failure));
+                return Err(TurnFailure::failed(failure));
             }
             _ => {}
         }
@@ -658,10 +699,10 @@ impl LoopAgent {
             }),
         )?;
         if finish == FinishReason::MaxTokens {
-            return Ok(StepClose::Ended(Some(TurnEndReason::MaxTokens)));
+            return Ok(StepClose::Ended(Some(TurnEnd::MaxTokens)));
         }
         if calls.is_empty() {
-            return Ok(StepClose::Ended(Some(TurnEndReason::Completed)));
+            return Ok(StepClose::Ended(Some(TurnEnd::Completed)));
         }
         Ok(StepClose::Tools(calls))
     }
@@ -673,7 +714,7 @@ impl LoopAgent {
         step: u64,
         calls: Vec<ToolCallRequest>,
         signal: &Signal,
-    ) -> Result<Option<TurnEndReason>, TurnFailure> {
+    ) -> Result<Option<TurnEnd>, TurnFailure> {
         for call in &calls {
             self.session.append(
                 EventData::ToolCall {
@@ -721,6 +762,6 @@ impl LoopAgent {
         for message in deferred {
             self.inbox.append(InboxTarget::NextStep, message)?;
         }
-        Ok((concluded).then_some(TurnEndReason::Completed))
+        Ok((concluded).then_some(TurnEnd::Completed))
     }
 }

@@ -370,12 +370,18 @@ impl LoopAgent {
     }
 
     /// The drain: runs turns until the agent converges to idle.
-    async fn drive(self: Arc<Self>, mut open: OpenTurn) {
-        loop {
-            let normal = self.run_turn(&mut open).await;
-            match self.after_turn(normal) {
-                Some(next) => open = next,
-                None => return,
+    ///
+    /// (An `async` block over the captured turn rather than an `async fn`, whose arguments
+    /// would be stored twice in the driver task.)
+    #[allow(clippy::manual_async_fn)]
+    fn drive(self: Arc<Self>, mut open: OpenTurn) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            loop {
+                let normal = self.run_turn(&mut open).await;
+                match self.after_turn(normal) {
+                    Some(next) => open = next,
+                    None => return,
+                }
             }
         }
     }
