@@ -423,10 +423,23 @@ impl LoopAgent {
         // outstanding snapshot would make the append copy the whole log.
         let (reason, logged, context_changed) = {
             let events = self.session.events();
-            let baseline = events.iter().rev().find_map(|e| match &e.data {
-                EventData::RequestHeader { header, .. } => Some(header),
-                _ => None,
-            });
+            // One backward scan finds the last header and the last context.
+            let mut baseline = None;
+            let mut previous = None;
+            for event in events.iter().rev() {
+                match &event.data {
+                    EventData::RequestHeader { header, .. } if baseline.is_none() => baseline = Some(header),
+                    EventData::RequestContext {
+                        provider,
+                        model,
+                        context_window,
+                    } if previous.is_none() => previous = Some((provider, model, context_window)),
+                    _ => continue,
+                }
+                if baseline.is_some() && previous.is_some() {
+                    break;
+                }
+            }
             let logged = std::mem::replace(&mut self.state.lock().request_header_logged, true);
             let reason = if !logged {
                 Some(if self.resumed || baseline.is_some() {
@@ -439,14 +452,6 @@ impl LoopAgent {
             } else {
                 None
             };
-            let previous = events.iter().rev().find_map(|e| match &e.data {
-                EventData::RequestContext {
-                    provider,
-                    model,
-                    context_window,
-                } => Some((provider, model, context_window)),
-                _ => None,
-            });
             let changed = previous.is_none_or(|(p, m, w)| {
                 *p != header.config.provider || *m != header.config.model || w.is_some()
             });
