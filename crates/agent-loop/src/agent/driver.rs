@@ -565,7 +565,8 @@ impl LoopAgent {
         signal: &Signal,
     ) -> Result<Option<TurnEnd>, TurnFailure> {
         let mut asm = BlockAssembler::default();
-        let mut seqs: Vec<u64> = Vec::new();
+        // Presized for a typical short stream, so it does not regrow chunk by chunk.
+        let mut seqs: Vec<u64> = Vec::with_capacity(8);
         let mut log_chunk = |asm: &mut BlockAssembler, chunk: StreamChunk| -> Result<(), TurnFailure> {
             asm.push(&chunk);
             let event = self
