@@ -128,6 +128,22 @@ enum StepClose {
     Tools(Vec<ToolCallRequest>),
 }
 
+/// A step's stream being drained: the stream, the blocks assembled so far and the seqs of the
+/// logged chunks.
+struct Draining {
+    stream: agent::ModelStream,
+    asm: BlockAssembler,
+    seqs: Vec<u64>,
+}
+
+/// What the synchronous part of a step's stream came to.
+enum Streamed {
+    /// The stream is over and the step closed.
+    Closed(StepClose),
+    /// The next chunk is not ready: the rest waits (boxed, off the driver task).
+    Pending(Box<Draining>),
+}
+
 /// Per-turn bookkeeping.
 struct TurnState {
     /// The turn's ending so far (`None`: the last step asked to continue).
@@ -554,80 +570,167 @@ impl LoopAgent {
     /// One step over its opened `stream`: chunks, assistant message, tool calls. Returns the
     /// step outcome (`None`: tool calls ran and none concluded the turn).
     ///
-    /// Only the stream loop and the tool calls are asynchronous; the rest runs in synchronous
-    /// helpers ([`open_stream`](Self::open_stream), [`close_step`](Self::close_step)), which
-    /// keeps the driver task small.
+    /// Only waiting for a chunk and the tool calls are asynchronous, and both are boxed; the
+    /// rest runs in synchronous helpers ([`open_stream`](Self::open_stream),
+    /// [`stream_ready`](Self::stream_ready), [`close_step`](Self::close_step)), which keeps the
+    /// driver task small.
     async fn step(
         &self,
         turn: u64,
         step: u64,
-        mut stream: agent::ModelStream,
+        stream: agent::ModelStream,
         signal: &Signal,
     ) -> Result<Option<TurnEnd>, TurnFailure> {
-        let mut asm = BlockAssembler::default();
-        // Presized for a typical short stream, so it does not regrow chunk by chunk.
-        let mut seqs: Vec<u64> = Vec::with_capacity(8);
-        let mut log_chunk = |asm: &mut BlockAssembler, chunk: StreamChunk| -> Result<(), TurnFailure> {
-            asm.push(&chunk);
-            let event = self
-                .session
-                .append(EventData::AssistantChunk { turn, step, chunk }, None)?;
-            seqs.push(event.seq);
-            Ok(())
+        let close = match self.stream_ready(turn, step, stream, signal)? {
+            Streamed::Closed(close) => close,
+            // Boxed: waiting is the slow path, and the draining state (assembler, chunk seqs)
+            // would otherwise enlarge every driver task.
+            Streamed::Pending(draining) => Box::pin(self.stream_rest(turn, step, draining, signal)).await?,
         };
-        loop {
-            // Cancellation wins over a ready chunk. A chunk that is ready now is taken without
-            // registering a cancellation waiter; otherwise wait for whichever comes first.
-            if signal.is_cancelled() {
-                break;
-            }
-            // (An `if let`, whose scrutinee is gone before the `else`: the ready chunk does not
-            // stay in the task across the wait.)
-            let next = if let Some(next) = stream.next().now_or_never() {
-                next
-            } else {
-                // Boxed: waiting is the slow path and its future would otherwise enlarge every
-                // driver task.
-                match Box::pin(next_or_cancelled(&mut stream, signal)).await {
-                    Some(next) => next,
-                    None => break,
-                }
-            };
-            match next {
-                None => break,
-                Some(Ok(chunk)) => {
-                    let finish = matches!(chunk, StreamChunk::Finish { .. });
-                    log_chunk(&mut asm, chunk)?;
-                    if finish {
-                        break;
-                    }
-                }
-                Some(Err(failure)) => {
-                    // An adapter throw becomes a terminal finish.
-                    let reason = if signal.is_cancelled() || failure.code == "ABORTED" {
-                        FinishReason::Aborted { failure }
-                    } else {
-                        FinishReason::Error { failure }
-                    };
-                    log_chunk(
-                        &mut asm,
-                        StreamChunk::Finish {
-                            reason,
-                            replay_state: None,
-                        },
-                    )?;
-                    break;
-                }
-            }
-        }
-        drop(stream);
-        let calls = match self.close_step(turn, step, asm, seqs, signal) {
-            Ok(StepClose::Ended(end)) => return Ok(end),
-            Ok(StepClose::Tools(calls)) => calls,
-            Err(failure) => return Err(failure),
+        let calls = match close {
+            StepClose::Ended(end) => return Ok(end),
+            StepClose::Tools(calls) => calls,
         };
         // Boxed: tool execution would otherwise enlarge every driver task.
         Box::pin(self.run_tools(turn, step, calls, signal)).await
+    }
+
+    /// Drains the chunks of `stream` that are ready now; when the stream is over, closes the
+    /// step, otherwise hands the draining state on for [`stream_rest`](Self::stream_rest).
+    fn stream_ready(
+        &self,
+        turn: u64,
+        step: u64,
+        stream: agent::ModelStream,
+        signal: &Signal,
+    ) -> Result<Streamed, TurnFailure> {
+        let mut draining = Draining {
+            stream,
+            asm: BlockAssembler::default(),
+            // Presized for a typical short stream, so it does not regrow chunk by chunk.
+            seqs: Vec::with_capacity(8),
+        };
+        if self.drain_ready(turn, step, &mut draining, signal)? {
+            return self
+                .close_drained(turn, step, draining, signal)
+                .map(Streamed::Closed);
+        }
+        Ok(Streamed::Pending(Box::new(draining)))
+    }
+
+    /// The rest of a stream whose next chunk was not ready: waits for chunks (cancellation
+    /// wins), then closes the step.
+    async fn stream_rest(
+        &self,
+        turn: u64,
+        step: u64,
+        mut draining: Box<Draining>,
+        signal: &Signal,
+    ) -> Result<StepClose, TurnFailure> {
+        loop {
+            match next_or_cancelled(&mut draining.stream, signal).await {
+                None => break,
+                Some(next) => {
+                    if self.take_chunk(turn, step, &mut draining, next, signal)? {
+                        break;
+                    }
+                }
+            }
+            if self.drain_ready(turn, step, &mut draining, signal)? {
+                break;
+            }
+        }
+        self.close_drained(turn, step, *draining, signal)
+    }
+
+    /// Takes the chunks that are ready now. Returns whether the stream is over (ended, finished,
+    /// failed, or the signal cancelled — cancellation wins over a ready chunk); `false` when
+    /// the next chunk is not ready.
+    fn drain_ready(
+        &self,
+        turn: u64,
+        step: u64,
+        draining: &mut Draining,
+        signal: &Signal,
+    ) -> Result<bool, TurnFailure> {
+        loop {
+            if signal.is_cancelled() {
+                return Ok(true);
+            }
+            let Some(next) = draining.stream.next().now_or_never() else {
+                return Ok(false);
+            };
+            if self.take_chunk(turn, step, draining, next, signal)? {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Logs one item of the stream. Returns whether the stream is over: its end, a finish
+    /// chunk, or an adapter throw (logged as a terminal finish).
+    fn take_chunk(
+        &self,
+        turn: u64,
+        step: u64,
+        draining: &mut Draining,
+        next: Option<Result<StreamChunk, LlmFailure>>,
+        signal: &Signal,
+    ) -> Result<bool, TurnFailure> {
+        match next {
+            None => Ok(true),
+            Some(Ok(chunk)) => {
+                let finish = matches!(chunk, StreamChunk::Finish { .. });
+                self.log_chunk(turn, step, draining, chunk)?;
+                Ok(finish)
+            }
+            Some(Err(failure)) => {
+                // An adapter throw becomes a terminal finish.
+                let reason = if signal.is_cancelled() || failure.code == "ABORTED" {
+                    FinishReason::Aborted { failure }
+                } else {
+                    FinishReason::Error { failure }
+                };
+                self.log_chunk(
+                    turn,
+                    step,
+                    draining,
+                    StreamChunk::Finish {
+                        reason,
+                        replay_state: None,
+                    },
+                )?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Assembles and logs one chunk, keeping its seq.
+    fn log_chunk(
+        &self,
+        turn: u64,
+        step: u64,
+        draining: &mut Draining,
+        chunk: StreamChunk,
+    ) -> Result<(), TurnFailure> {
+        draining.asm.push(&chunk);
+        let event = self
+            .session
+            .append(EventData::AssistantChunk { turn, step, chunk }, None)?;
+        draining.seqs.push(event.seq);
+        Ok(())
+    }
+
+    /// Closes a drained stream: the stream dropped, then [`close_step`](Self::close_step).
+    fn close_drained(
+        &self,
+        turn: u64,
+        step: u64,
+        draining: Draining,
+        signal: &Signal,
+    ) -> Result<StepClose, TurnFailure> {
+        let Draining { stream, asm, seqs } = draining;
+        drop(stream);
+        self.close_step(turn, step, asm, seqs, signal)
     }
 
     /// The synchronous close of a step's stream: the assistant message logged (or the
