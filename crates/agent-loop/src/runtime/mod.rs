@@ -292,7 +292,7 @@ impl Runtime {
         {
             return Race::Caller(s.cause().unwrap_or(CancelCause::User));
         }
-        if owner.is_some_and(|o| o.disposing.is_cancelled()) {
+        if owner.is_some_and(|o| o.disposing.is_set()) {
             return Race::Owner;
         }
         if self.inner.shutdown.is_cancelled() {
@@ -325,7 +325,7 @@ impl Runtime {
         };
         let owner = async {
             match owner {
-                Some(o) => o.disposing.cancelled().await,
+                Some(o) => o.disposing.wait().await,
                 None => future::pending().await,
             }
         };
@@ -353,7 +353,7 @@ impl Runtime {
                 cause: s.cause().unwrap_or(CancelCause::User),
             });
         }
-        if owner.is_some_and(|o| o.disposing.is_cancelled()) {
+        if owner.is_some_and(|o| o.disposing.is_set()) {
             return Err(AgentError::OwnerDisposed(id.clone()));
         }
         if self.inner.shutdown.is_cancelled() {
@@ -372,7 +372,7 @@ impl Runtime {
             .find(|e| e.is_agent(owner))
             .cloned();
         match found {
-            Some(e) if !e.disposing.is_cancelled() => Ok(Some(e)),
+            Some(e) if !e.disposing.is_set() => Ok(Some(e)),
             _ => Err(AgentError::Inactive(ScopeInactive(owner.id().clone()))),
         }
     }
@@ -565,7 +565,7 @@ impl Runtime {
                     session_guard: Mutex::new(Some(session_guard)),
                     owner: owner.as_ref().map(Arc::downgrade),
                     children: Mutex::new(Vec::new()),
-                    disposing: Signal::new(),
+                    disposing: dispose::Latch::default(),
                     announced: std::sync::atomic::AtomicBool::new(false),
                     teardown: OnceLock::new(),
                 });
@@ -593,7 +593,7 @@ impl Runtime {
                 source,
             });
             self.recheck(&id, signal.as_ref(), owner.as_ref())?;
-            if entry.disposing.is_cancelled() {
+            if entry.disposing.is_set() {
                 return Err(AgentError::Disposed(id));
             }
             rollback.set(Stage::Done);
