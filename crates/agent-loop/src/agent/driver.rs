@@ -26,17 +26,25 @@ pub(crate) struct OpenTurn {
 }
 
 /// Why a turn stopped early.
+///
+/// The failure facts are boxed: every `Result` of the driver carries this type, and a small
+/// error keeps the driver task (which holds several of them across suspensions) small.
 #[derive(Debug)]
 pub(crate) enum TurnFailure {
     /// The turn's signal was cancelled.
     Cancelled,
     /// Anything else, as structured failure facts.
-    Failed(LlmFailure),
+    Failed(Box<LlmFailure>),
 }
 
 impl TurnFailure {
     pub(crate) fn from_error(err: &(dyn std::error::Error + 'static)) -> Self {
-        Self::Failed(failure_of(err))
+        Self::failed(failure_of(err))
+    }
+
+    /// A failure with these facts.
+    pub(crate) fn failed(failure: LlmFailure) -> Self {
+        Self::Failed(Box::new(failure))
     }
 }
 
@@ -76,7 +84,7 @@ fn check(signal: &Signal) -> Result<(), TurnFailure> {
 }
 
 fn panicked(what: &str, payload: &(dyn std::any::Any + Send)) -> TurnFailure {
-    TurnFailure::Failed(LlmFailure::unknown(format!(
+    TurnFailure::failed(LlmFailure::unknown(format!(
         "{what} panicked: {}",
         panic_message(payload)
     )))
@@ -93,18 +101,53 @@ enum PreStepOutcome {
     Enter(Vec<Message>, AssembledPrompt),
 }
 
+/// The endings a turn body can record before its `turn/end` (the failure endings travel as
+/// [`TurnFailure`]); one byte, where a [`TurnEndReason`] would enlarge the driver task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TurnEnd {
+    Completed,
+    Blocked,
+    MaxTokens,
+}
+
+impl TurnEnd {
+    fn reason(self) -> TurnEndReason {
+        match self {
+            Self::Completed => TurnEndReason::Completed,
+            Self::Blocked => TurnEndReason::Blocked,
+            Self::MaxTokens => TurnEndReason::MaxTokens,
+        }
+    }
+}
+
 /// How a step's stream closed.
 enum StepClose {
     /// The step is over with this outcome.
-    Ended(Option<TurnEndReason>),
+    Ended(Option<TurnEnd>),
     /// The model asked for these tool calls.
     Tools(Vec<ToolCallRequest>),
+}
+
+/// A step's stream being drained: the stream, the blocks assembled so far and the seqs of the
+/// logged chunks.
+struct Draining {
+    stream: agent::ModelStream,
+    asm: BlockAssembler,
+    seqs: Vec<u64>,
+}
+
+/// What the synchronous part of a step's stream came to.
+enum Streamed {
+    /// The stream is over and the step closed.
+    Closed(StepClose),
+    /// The next chunk is not ready: the rest waits (boxed, off the driver task).
+    Pending(Box<Draining>),
 }
 
 /// Per-turn bookkeeping.
 struct TurnState {
     /// The turn's ending so far (`None`: the last step asked to continue).
-    end: Option<TurnEndReason>,
+    end: Option<TurnEnd>,
     /// The number of the last opened step.
     step: u64,
 }
@@ -152,7 +195,7 @@ impl LoopAgent {
     /// Logs `turn/end` for a turn body's outcome. Returns whether the turn ended normally.
     fn close_turn(&self, turn: u64, signal: &Signal, body: Result<bool, TurnFailure>, ts: TurnState) -> bool {
         let (reason, normal) = match body {
-            Ok(normal) => (ts.end.unwrap_or(TurnEndReason::Completed), normal),
+            Ok(normal) => (ts.end.map_or(TurnEndReason::Completed, TurnEnd::reason), normal),
             Err(_) if signal.is_cancelled() => (
                 TurnEndReason::Aborted {
                     reason: signal.cause().unwrap_or(agent::CancelCause::Disposed),
@@ -166,6 +209,7 @@ impl LoopAgent {
                 false,
             ),
             Err(TurnFailure::Failed(failure)) => {
+                let failure = *failure;
                 self.report_error(failure.clone());
                 (TurnEndReason::Error { error: failure }, false)
             }
@@ -197,7 +241,7 @@ impl LoopAgent {
             };
             let (messages, prompt) = match self.pre_step(turn, step, claimed, signal).await? {
                 PreStepOutcome::Rejected => {
-                    ts.end = Some(TurnEndReason::Blocked);
+                    ts.end = Some(TurnEnd::Blocked);
                     return Ok(false);
                 }
                 PreStepOutcome::Enter(messages, prompt) => (messages, prompt),
@@ -206,26 +250,34 @@ impl LoopAgent {
                 break;
             }
             if ts.step == 0 && messages.is_empty() {
-                ts.end = Some(TurnEndReason::Completed);
+                ts.end = Some(TurnEnd::Completed);
                 return Ok(false);
             }
             check(signal)?;
             self.session.append(EventData::StepStart { turn, step }, None)?;
             ts.step = step;
-            let ran = AssertUnwindSafe(async {
+            // The step's synchronous opening (entered messages, request, stream) runs outside
+            // the step future, which keeps the driver task small; a panic in either part is
+            // the step's.
+            let opened = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 for message in messages {
                     self.session
                         .append(EventData::UserMessage(message), Some(SurfaceMeta::append()))?;
                 }
-                self.step(turn, step, prompt, signal).await
-            })
-            .catch_unwind()
-            .await
+                self.open_stream(prompt, signal)
+            }))
             .unwrap_or_else(|p| Err(panicked("a model step", &*p)));
+            let ran = match opened {
+                Ok(stream) => AssertUnwindSafe(self.step(turn, step, stream, signal))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|p| Err(panicked("a model step", &*p))),
+                Err(failure) => Err(failure),
+            };
             let closed = self.session.append(EventData::StepEnd { turn, step }, None);
             let step_end = ran?;
             closed?;
-            if ts.end != Some(TurnEndReason::MaxTokens) {
+            if ts.end != Some(TurnEnd::MaxTokens) {
                 ts.end = step_end;
             }
             check(signal)?;
@@ -347,7 +399,7 @@ impl LoopAgent {
             });
             prompt::interpolate(&section.text, vars, &section.name)
         })
-        .map_err(|e| TurnFailure::Failed(LlmFailure::unknown(e.to_string())))?;
+        .map_err(|e| TurnFailure::failed(LlmFailure::unknown(e.to_string())))?;
         let tools = self.services.tools.schemas(Some(&self.id));
         let contexts = prompt::render_contexts(&registry.runtime_contexts(Some(&self.id)), &self.id);
         Ok((
@@ -387,10 +439,23 @@ impl LoopAgent {
         // outstanding snapshot would make the append copy the whole log.
         let (reason, logged, context_changed) = {
             let events = self.session.events();
-            let baseline = events.iter().rev().find_map(|e| match &e.data {
-                EventData::RequestHeader { header, .. } => Some(header),
-                _ => None,
-            });
+            // One backward scan finds the last header and the last context.
+            let mut baseline = None;
+            let mut previous = None;
+            for event in events.iter().rev() {
+                match &event.data {
+                    EventData::RequestHeader { header, .. } if baseline.is_none() => baseline = Some(header),
+                    EventData::RequestContext {
+                        provider,
+                        model,
+                        context_window,
+                    } if previous.is_none() => previous = Some((provider, model, context_window)),
+                    _ => continue,
+                }
+                if baseline.is_some() && previous.is_some() {
+                    break;
+                }
+            }
             let logged = std::mem::replace(&mut self.state.lock().request_header_logged, true);
             let reason = if !logged {
                 Some(if self.resumed || baseline.is_some() {
@@ -403,14 +468,6 @@ impl LoopAgent {
             } else {
                 None
             };
-            let previous = events.iter().rev().find_map(|e| match &e.data {
-                EventData::RequestContext {
-                    provider,
-                    model,
-                    context_window,
-                } => Some((provider, model, context_window)),
-                _ => None,
-            });
             let changed = previous.is_none_or(|(p, m, w)| {
                 *p != header.config.provider || *m != header.config.model || w.is_some()
             });
@@ -460,7 +517,7 @@ impl LoopAgent {
         let (provider, model) = match (&self.options.provider, &self.options.model) {
             (Some(p), Some(m)) if !p.is_empty() && !m.is_empty() => (p, m),
             _ => {
-                return Err(TurnFailure::Failed(LlmFailure::unknown(format!(
+                return Err(TurnFailure::failed(LlmFailure::unknown(format!(
                     "agent \"{}\" has no provider/model: set AgentOptions.provider and AgentOptions.model",
                     self.id
                 ))));
@@ -480,7 +537,7 @@ impl LoopAgent {
         self.log_request(&header)?;
         check(signal)?;
         let adapter = self.services.models.adapter(provider).ok_or_else(|| {
-            TurnFailure::Failed(LlmFailure::new(
+            TurnFailure::failed(LlmFailure::new(
                 "NO_ADAPTER",
                 format!("no model adapter is registered for provider \"{provider}\""),
             ))
@@ -510,77 +567,170 @@ impl LoopAgent {
         Ok(adapter.stream(request))
     }
 
-    /// One step: request, stream, assistant message, tool calls. Returns the step outcome
-    /// (`None`: tool calls ran and none concluded the turn).
+    /// One step over its opened `stream`: chunks, assistant message, tool calls. Returns the
+    /// step outcome (`None`: tool calls ran and none concluded the turn).
     ///
-    /// Only the stream loop and the tool calls are asynchronous; the rest runs in synchronous
-    /// helpers, which keeps the driver task small.
+    /// Only waiting for a chunk and the tool calls are asynchronous, and both are boxed; the
+    /// rest runs in synchronous helpers ([`open_stream`](Self::open_stream),
+    /// [`stream_ready`](Self::stream_ready), [`close_step`](Self::close_step)), which keeps the
+    /// driver task small.
     async fn step(
         &self,
         turn: u64,
         step: u64,
-        prompt: AssembledPrompt,
+        stream: agent::ModelStream,
         signal: &Signal,
-    ) -> Result<Option<TurnEndReason>, TurnFailure> {
-        let mut stream = self.open_stream(prompt, signal)?;
-        let mut asm = BlockAssembler::default();
-        let mut seqs: Vec<u64> = Vec::new();
-        let mut log_chunk = |asm: &mut BlockAssembler, chunk: StreamChunk| -> Result<(), TurnFailure> {
-            asm.push(&chunk);
-            let event = self
-                .session
-                .append(EventData::AssistantChunk { turn, step, chunk }, None)?;
-            seqs.push(event.seq);
-            Ok(())
+    ) -> Result<Option<TurnEnd>, TurnFailure> {
+        let close = match self.stream_ready(turn, step, stream, signal)? {
+            Streamed::Closed(close) => close,
+            // Boxed: waiting is the slow path, and the draining state (assembler, chunk seqs)
+            // would otherwise enlarge every driver task.
+            Streamed::Pending(draining) => Box::pin(self.stream_rest(turn, step, draining, signal)).await?,
         };
+        let calls = match close {
+            StepClose::Ended(end) => return Ok(end),
+            StepClose::Tools(calls) => calls,
+        };
+        // Boxed: tool execution would otherwise enlarge every driver task.
+        Box::pin(self.run_tools(turn, step, calls, signal)).await
+    }
+
+    /// Drains the chunks of `stream` that are ready now; when the stream is over, closes the
+    /// step, otherwise hands the draining state on for [`stream_rest`](Self::stream_rest).
+    fn stream_ready(
+        &self,
+        turn: u64,
+        step: u64,
+        stream: agent::ModelStream,
+        signal: &Signal,
+    ) -> Result<Streamed, TurnFailure> {
+        let mut draining = Draining {
+            stream,
+            asm: BlockAssembler::default(),
+            // Presized for a typical short stream, so it does not regrow chunk by chunk.
+            seqs: Vec::with_capacity(8),
+        };
+        if self.drain_ready(turn, step, &mut draining, signal)? {
+            return self
+                .close_drained(turn, step, draining, signal)
+                .map(Streamed::Closed);
+        }
+        Ok(Streamed::Pending(Box::new(draining)))
+    }
+
+    /// The rest of a stream whose next chunk was not ready: waits for chunks (cancellation
+    /// wins), then closes the step.
+    async fn stream_rest(
+        &self,
+        turn: u64,
+        step: u64,
+        mut draining: Box<Draining>,
+        signal: &Signal,
+    ) -> Result<StepClose, TurnFailure> {
         loop {
-            // Cancellation wins over a ready chunk. A chunk that is ready now is taken without
-            // registering a cancellation waiter; otherwise wait for whichever comes first.
-            if signal.is_cancelled() {
-                break;
-            }
-            let next = match stream.next().now_or_never() {
-                Some(next) => next,
-                // Boxed: waiting is the slow path and its future would otherwise enlarge every
-                // driver task.
-                None => match Box::pin(next_or_cancelled(&mut stream, signal)).await {
-                    Some(next) => next,
-                    None => break,
-                },
-            };
-            match next {
+            match next_or_cancelled(&mut draining.stream, signal).await {
                 None => break,
-                Some(Ok(chunk)) => {
-                    let finish = matches!(chunk, StreamChunk::Finish { .. });
-                    log_chunk(&mut asm, chunk)?;
-                    if finish {
+                Some(next) => {
+                    if self.take_chunk(turn, step, &mut draining, next, signal)? {
                         break;
                     }
                 }
-                Some(Err(failure)) => {
-                    // An adapter throw becomes a terminal finish.
-                    let reason = if signal.is_cancelled() || failure.code == "ABORTED" {
-                        FinishReason::Aborted { failure }
-                    } else {
-                        FinishReason::Error { failure }
-                    };
-                    log_chunk(
-                        &mut asm,
-                        StreamChunk::Finish {
-                            reason,
-                            replay_state: None,
-                        },
-                    )?;
-                    break;
-                }
+            }
+            if self.drain_ready(turn, step, &mut draining, signal)? {
+                break;
             }
         }
-        drop(stream);
-        match self.close_step(turn, step, asm, seqs, signal)? {
-            StepClose::Ended(end) => Ok(end),
-            // Boxed: tool execution would otherwise enlarge every driver task.
-            StepClose::Tools(calls) => Box::pin(self.run_tools(turn, step, calls, signal)).await,
+        self.close_drained(turn, step, *draining, signal)
+    }
+
+    /// Takes the chunks that are ready now. Returns whether the stream is over (ended, finished,
+    /// failed, or the signal cancelled — cancellation wins over a ready chunk); `false` when
+    /// the next chunk is not ready.
+    fn drain_ready(
+        &self,
+        turn: u64,
+        step: u64,
+        draining: &mut Draining,
+        signal: &Signal,
+    ) -> Result<bool, TurnFailure> {
+        loop {
+            if signal.is_cancelled() {
+                return Ok(true);
+            }
+            let Some(next) = draining.stream.next().now_or_never() else {
+                return Ok(false);
+            };
+            if self.take_chunk(turn, step, draining, next, signal)? {
+                return Ok(true);
+            }
         }
+    }
+
+    /// Logs one item of the stream. Returns whether the stream is over: its end, a finish
+    /// chunk, or an adapter throw (logged as a terminal finish).
+    fn take_chunk(
+        &self,
+        turn: u64,
+        step: u64,
+        draining: &mut Draining,
+        next: Option<Result<StreamChunk, LlmFailure>>,
+        signal: &Signal,
+    ) -> Result<bool, TurnFailure> {
+        match next {
+            None => Ok(true),
+            Some(Ok(chunk)) => {
+                let finish = matches!(chunk, StreamChunk::Finish { .. });
+                self.log_chunk(turn, step, draining, chunk)?;
+                Ok(finish)
+            }
+            Some(Err(failure)) => {
+                // An adapter throw becomes a terminal finish.
+                let reason = if signal.is_cancelled() || failure.code == "ABORTED" {
+                    FinishReason::Aborted { failure }
+                } else {
+                    FinishReason::Error { failure }
+                };
+                self.log_chunk(
+                    turn,
+                    step,
+                    draining,
+                    StreamChunk::Finish {
+                        reason,
+                        replay_state: None,
+                    },
+                )?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Assembles and logs one chunk, keeping its seq.
+    fn log_chunk(
+        &self,
+        turn: u64,
+        step: u64,
+        draining: &mut Draining,
+        chunk: StreamChunk,
+    ) -> Result<(), TurnFailure> {
+        draining.asm.push(&chunk);
+        let event = self
+            .session
+            .append(EventData::AssistantChunk { turn, step, chunk }, None)?;
+        draining.seqs.push(event.seq);
+        Ok(())
+    }
+
+    /// Closes a drained stream: the stream dropped, then [`close_step`](Self::close_step).
+    fn close_drained(
+        &self,
+        turn: u64,
+        step: u64,
+        draining: Draining,
+        signal: &Signal,
+    ) -> Result<StepClose, TurnFailure> {
+        let Draining { stream, asm, seqs } = draining;
+        drop(stream);
+        self.close_step(turn, step, asm, seqs, signal)
     }
 
     /// The synchronous close of a step's stream: the assistant message logged (or the
@@ -618,11 +768,11 @@ impl LoopAgent {
         }
         let finish = asm.finish();
         match finish {
-            FinishReason::Error { failure } => return Err(TurnFailure::Failed(failure)),
+            FinishReason::Error { failure } => return Err(TurnFailure::failed(failure)),
             // An abort the turn's signal did not cause is a failure coded `ABORTED`.
             FinishReason::Aborted { mut failure } => {
                 failure.code = "ABORTED".to_owned();
-                return Err(TurnFailure::Failed(failure));
+                return Err(TurnFailure::failed(failure));
             }
             _ => {}
         }
@@ -658,10 +808,10 @@ impl LoopAgent {
             }),
         )?;
         if finish == FinishReason::MaxTokens {
-            return Ok(StepClose::Ended(Some(TurnEndReason::MaxTokens)));
+            return Ok(StepClose::Ended(Some(TurnEnd::MaxTokens)));
         }
         if calls.is_empty() {
-            return Ok(StepClose::Ended(Some(TurnEndReason::Completed)));
+            return Ok(StepClose::Ended(Some(TurnEnd::Completed)));
         }
         Ok(StepClose::Tools(calls))
     }
@@ -673,7 +823,7 @@ impl LoopAgent {
         step: u64,
         calls: Vec<ToolCallRequest>,
         signal: &Signal,
-    ) -> Result<Option<TurnEndReason>, TurnFailure> {
+    ) -> Result<Option<TurnEnd>, TurnFailure> {
         for call in &calls {
             self.session.append(
                 EventData::ToolCall {
@@ -721,6 +871,6 @@ impl LoopAgent {
         for message in deferred {
             self.inbox.append(InboxTarget::NextStep, message)?;
         }
-        Ok((concluded).then_some(TurnEndReason::Completed))
+        Ok((concluded).then_some(TurnEnd::Completed))
     }
 }

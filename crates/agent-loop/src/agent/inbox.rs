@@ -83,10 +83,19 @@ impl Lists {
     }
 
     /// Applies a validated splice; returns the removed messages.
+    ///
+    /// A pure removal of the whole list (such as a claim) hands the list itself over instead of
+    /// copying it into a fresh vector.
     fn apply(&mut self, splice: &InboxSplice) -> Vec<Message> {
         let start = splice.start as usize;
         let removed = splice.removed_count.unwrap_or(0) as usize;
         let list = self.list_mut(splice.target);
+        if splice.inserted.is_empty() {
+            if start == 0 && removed == list.len() {
+                return std::mem::take(list);
+            }
+            return list.drain(start..start + removed).collect();
+        }
         list.splice(start..start + removed, splice.inserted.iter().cloned())
             .collect()
     }
@@ -175,7 +184,12 @@ impl Inbox {
             (lists.next_step.len(), lists.next_turn.len())
         };
         let mut removed = self.mutate(InboxTarget::NextStep, 0, steps, Vec::new(), true)?;
-        removed.extend(self.mutate(InboxTarget::NextTurn, 0, turns, Vec::new(), true)?);
+        let turns = self.mutate(InboxTarget::NextTurn, 0, turns, Vec::new(), true)?;
+        if removed.is_empty() {
+            removed = turns;
+        } else {
+            removed.extend(turns);
+        }
         Ok(removed)
     }
 
@@ -208,7 +222,12 @@ impl Inbox {
             let steps = self.lists.lock().next_step.len();
             let mut claimed = self.mutate(InboxTarget::NextStep, 0, steps, Vec::new(), false)?;
             if target == InboxTarget::NextTurn {
-                claimed.extend(self.mutate(InboxTarget::NextTurn, 0, 1, Vec::new(), false)?);
+                let prompt = self.mutate(InboxTarget::NextTurn, 0, 1, Vec::new(), false)?;
+                if claimed.is_empty() {
+                    claimed = prompt;
+                } else {
+                    claimed.extend(prompt);
+                }
             }
             claimed
         };

@@ -35,7 +35,7 @@ use std::sync::{Arc, Weak};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use parking_lot::{Mutex, ReentrantMutex};
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio_util::task::TaskTracker;
 
 use agent::history::DerivedHistory;
@@ -58,6 +58,42 @@ pub struct LoopConfig {
 impl Default for LoopConfig {
     fn default() -> Self {
         Self { tool_pool: 8 }
+    }
+}
+
+/// The busy flag behind [`Agent::when_idle`], shared with the idle waiters so that a waiter never
+/// keeps the agent alive. (A flag and one [`Notify`] rather than a `watch` channel: setting it
+/// is an atomic store, and only becoming idle wakes anyone.)
+#[derive(Default)]
+struct IdleFlag {
+    busy: AtomicBool,
+    idle: Notify,
+}
+
+impl IdleFlag {
+    fn set(&self, busy: bool) {
+        self.busy.store(busy, Ordering::SeqCst);
+        if !busy {
+            self.idle.notify_waiters();
+        }
+    }
+
+    fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once the flag is clear (at once when it is).
+    async fn wait(&self) {
+        loop {
+            let notified = self.idle.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the check, so a clear between the check and the wait wakes it.
+            notified.as_mut().enable();
+            if !self.is_busy() {
+                return;
+            }
+            notified.await;
+        }
     }
 }
 
@@ -101,7 +137,7 @@ pub struct LoopAgent {
     resumed: bool,
     inbox: Inbox,
     state: Mutex<State>,
-    busy: watch::Sender<bool>,
+    busy: Arc<IdleFlag>,
     status: ReentrantMutex<Cell<AgentStatus>>,
     tasks: TaskTracker,
     disposed: AtomicBool,
@@ -131,7 +167,7 @@ impl LoopAgent {
         options.validate()?;
         let inbox = Inbox::new(session.clone(), services.agent_events.clone())?;
         let last_turn = agent::next_turn_number(session.events().iter()) - 1;
-        let (busy, _) = watch::channel(false);
+        let busy = Arc::new(IdleFlag::default());
         Ok(Arc::new_cyclic(|me| Self {
             me: me.clone(),
             id: session.id().clone(),
@@ -190,11 +226,10 @@ impl LoopAgent {
     /// Resolves once the agent is idle (like [`Agent::when_idle`], without boxing; ready at
     /// once when it already is).
     pub(crate) async fn wait_idle(&self) {
-        if !*self.busy.borrow() {
+        if !self.busy.is_busy() {
             return;
         }
-        let mut rx = self.busy.subscribe();
-        let _ = rx.wait_for(|busy| !*busy).await;
+        self.busy.wait().await;
     }
 
     /// Marks the agent as being disposed: it takes no new work from now on.
@@ -255,7 +290,7 @@ impl LoopAgent {
                         signal: Signal::new(),
                         wake_requested: false,
                     };
-                    self.busy.send_replace(true);
+                    self.busy.set(true);
                     true
                 }
             }
@@ -293,7 +328,7 @@ impl LoopAgent {
                 };
             } else {
                 st.phase = Phase::Idle;
-                self.busy.send_replace(false);
+                self.busy.set(false);
             }
             replay
         };
@@ -370,12 +405,18 @@ impl LoopAgent {
     }
 
     /// The drain: runs turns until the agent converges to idle.
-    async fn drive(self: Arc<Self>, mut open: OpenTurn) {
-        loop {
-            let normal = self.run_turn(&mut open).await;
-            match self.after_turn(normal) {
-                Some(next) => open = next,
-                None => return,
+    ///
+    /// (An `async` block over the captured turn rather than an `async fn`, whose arguments
+    /// would be stored twice in the driver task.)
+    #[allow(clippy::manual_async_fn)]
+    fn drive(self: Arc<Self>, mut open: OpenTurn) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            loop {
+                let normal = self.run_turn(&mut open).await;
+                match self.after_turn(normal) {
+                    Some(next) => open = next,
+                    None => return,
+                }
             }
         }
     }
@@ -385,6 +426,14 @@ impl LoopAgent {
             agent: self.id.clone(),
             failure,
         });
+    }
+}
+
+impl Drop for LoopAgent {
+    /// Idle waiters resolve when the agent goes away (even one dropped while running, say with
+    /// its runtime).
+    fn drop(&mut self) {
+        self.busy.set(false);
     }
 }
 
@@ -467,11 +516,8 @@ impl Agent for LoopAgent {
     }
 
     fn when_idle(&self) -> BoxFuture<'static, ()> {
-        let mut rx = self.busy.subscribe();
-        async move {
-            let _ = rx.wait_for(|busy| !*busy).await;
-        }
-        .boxed()
+        let busy = self.busy.clone();
+        async move { busy.wait().await }.boxed()
     }
 
     fn is_live(&self) -> bool {

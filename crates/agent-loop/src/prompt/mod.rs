@@ -76,15 +76,19 @@ fn resolve<T: Clone>(
     name: impl Fn(&T) -> &str,
     order: impl Fn(&T) -> i32,
 ) -> Vec<T> {
+    let is_visible = |entry: &&Entry<T>| match &entry.scope {
+        None => true,
+        Some(scope) => Some(scope) == agent,
+    };
+    // Nothing or a single entry to show (the common cases) needs no choosing.
+    let mut visible = entries.iter().filter(is_visible);
+    match (visible.next(), visible.next()) {
+        (None, _) => return Vec::new(),
+        (Some(only), None) => return vec![only.item.clone()],
+        _ => {}
+    }
     let mut chosen: Vec<&Entry<T>> = Vec::new();
-    for entry in entries {
-        let visible = match &entry.scope {
-            None => true,
-            Some(scope) => Some(scope) == agent,
-        };
-        if !visible {
-            continue;
-        }
+    for entry in entries.iter().filter(is_visible) {
         match chosen.iter().position(|c| name(&c.item) == name(&entry.item)) {
             Some(i) => {
                 // A scoped entry beats a global one; within a layer the later one wins.

@@ -59,11 +59,25 @@ impl RuntimeLink {
 
 #[async_trait]
 impl AgentRuntime for RuntimeLink {
-    async fn create(&self, options: CreateAgentOptions) -> Result<AgentHandle, AgentError> {
-        match self.get() {
-            Some(rt) => rt.create(options).await,
-            None => Err(inactive(&options.session_id)),
-        }
+    fn create<'life0, 'async_trait>(
+        &'life0 self,
+        options: CreateAgentOptions,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<AgentHandle, AgentError>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        // Written out (not `async fn`), as one box over the runtime's staged creation rather
+        // than a box around the runtime's boxed `create`.
+        Box::pin(async move {
+            match self.get() {
+                Some(rt) => {
+                    let staged = rt.stage_create(options)?;
+                    rt.finish(staged).await
+                }
+                None => Err(inactive(&options.session_id)),
+            }
+        })
     }
 
     async fn resume(&self, options: ResumeAgentOptions) -> Result<AgentHandle, AgentError> {

@@ -1,12 +1,14 @@
 //! The memoized quiescence transaction of one registered agent (spec §9.4).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, future};
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 
-use agent::{Agent, AgentEvent, AgentRef, CancelCause, CancelOptions, Disposer, Registration, Signal};
+use agent::{Agent, AgentEvent, AgentRef, CancelCause, CancelOptions, Disposer, Registration};
 
 use super::RuntimeInner;
 use crate::agent::LoopAgent;
@@ -20,8 +22,8 @@ pub(super) struct AgentEntry {
     pub(super) owner: Option<Weak<AgentEntry>>,
     /// Published agents this one created.
     pub(super) children: Mutex<Vec<Weak<AgentEntry>>>,
-    /// Cancelled when the teardown begins (aborts pending creations it owns).
-    pub(super) disposing: Signal,
+    /// Set when the teardown begins (aborts pending creations it owns).
+    pub(super) disposing: Latch,
     /// Whether `AgentEvent::Created` was emitted (so `Disposed` pairs with it).
     pub(super) announced: std::sync::atomic::AtomicBool,
     pub(super) teardown: OnceLock<Shared<BoxFuture<'static, ()>>>,
@@ -47,7 +49,7 @@ impl AgentEntry {
             // The synchronous part, outside the cell's initialisation (listeners it triggers
             // may call `dispose` again): no new work from now on, the active turn aborted and
             // the inbox cleared (no wake latch under `disposed`).
-            self.disposing.cancel(CancelCause::Disposed);
+            self.disposing.set();
             self.agent.begin_disposal();
             self.agent.cancel(CancelCause::Disposed, CancelOptions::default());
             return Box::pin(Teardown {
@@ -60,6 +62,41 @@ impl AgentEntry {
 
     pub(super) fn is_agent(&self, agent: &AgentRef) -> bool {
         std::ptr::addr_eq(Arc::as_ptr(&self.agent), Arc::as_ptr(agent))
+    }
+}
+
+/// A one-way flag with waiters: set once, never cleared. (An atomic and a [`Notify`] inside the
+/// entry, where a [`Signal`](agent::Signal) would be two more allocations per agent.)
+#[derive(Default)]
+pub(super) struct Latch {
+    set: AtomicBool,
+    notify: Notify,
+}
+
+impl Latch {
+    /// Sets the flag and wakes every waiter.
+    pub(super) fn set(&self) {
+        self.set.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    /// Whether the flag is set.
+    pub(super) fn is_set(&self) -> bool {
+        self.set.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once the flag is set (at once when it is).
+    pub(super) async fn wait(&self) {
+        loop {
+            let notified = self.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the check, so a `set` between the check and the wait wakes it.
+            notified.as_mut().enable();
+            if self.is_set() {
+                return;
+            }
+            notified.await;
+        }
     }
 }
 

@@ -130,6 +130,18 @@ struct Plan {
     source: SessionStartSource,
 }
 
+/// A staged creation: the agent built, its rollback armed, publication pending.
+pub(crate) struct Staged {
+    rollback: Rollback,
+    agent: Arc<LoopAgent>,
+    session: Arc<Session>,
+    signal: Option<Signal>,
+    setup: Option<agent::runtime::Setup>,
+    owner: Option<Arc<AgentEntry>>,
+    persisted: Option<usize>,
+    source: SessionStartSource,
+}
+
 /// How far a creation got, for its rollback.
 enum Stage {
     /// Constructed, unpublished.
@@ -280,7 +292,7 @@ impl Runtime {
         {
             return Race::Caller(s.cause().unwrap_or(CancelCause::User));
         }
-        if owner.is_some_and(|o| o.disposing.is_cancelled()) {
+        if owner.is_some_and(|o| o.disposing.is_set()) {
             return Race::Owner;
         }
         if self.inner.shutdown.is_cancelled() {
@@ -313,7 +325,7 @@ impl Runtime {
         };
         let owner = async {
             match owner {
-                Some(o) => o.disposing.cancelled().await,
+                Some(o) => o.disposing.wait().await,
                 None => future::pending().await,
             }
         };
@@ -341,7 +353,7 @@ impl Runtime {
                 cause: s.cause().unwrap_or(CancelCause::User),
             });
         }
-        if owner.is_some_and(|o| o.disposing.is_cancelled()) {
+        if owner.is_some_and(|o| o.disposing.is_set()) {
             return Err(AgentError::OwnerDisposed(id.clone()));
         }
         if self.inner.shutdown.is_cancelled() {
@@ -360,13 +372,20 @@ impl Runtime {
             .find(|e| e.is_agent(owner))
             .cloned();
         match found {
-            Some(e) if !e.disposing.is_cancelled() => Ok(Some(e)),
+            Some(e) if !e.disposing.is_set() => Ok(Some(e)),
             _ => Err(AgentError::Inactive(ScopeInactive(owner.id().clone()))),
         }
     }
 
     /// The shared transaction after session preparation.
     async fn transact(&self, plan: Plan) -> Result<AgentHandle, AgentError> {
+        let staged = self.stage(plan)?;
+        self.finish(staged).await
+    }
+
+    /// The synchronous part of the transaction: checks, the agent built and the rollback
+    /// armed.
+    fn stage(&self, plan: Plan) -> Result<Staged, AgentError> {
         let Plan {
             session,
             options,
@@ -399,127 +418,67 @@ impl Runtime {
             self.inner.config.clone(),
             source == SessionStartSource::Resume,
         )?;
-        let mut rollback = Rollback {
+        let rollback = Rollback {
             stage: Stage::Armed {
                 agent: agent.clone(),
                 scope,
             },
         };
-        let result = self
-            .publish(
-                &mut rollback,
-                agent,
-                session,
-                signal,
-                setup,
-                owner,
-                persisted,
-                source,
-            )
-            .await;
-        match result {
-            Ok(handle) => Ok(handle),
-            Err(err) => {
-                rollback.run().await;
-                Err(err)
-            }
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn publish(
-        &self,
-        rollback: &mut Rollback,
-        agent: Arc<LoopAgent>,
-        session: Arc<Session>,
-        signal: Option<Signal>,
-        setup: Option<agent::runtime::Setup>,
-        owner: Option<Arc<AgentEntry>>,
-        persisted: Option<usize>,
-        source: SessionStartSource,
-    ) -> Result<AgentHandle, AgentError> {
-        let id = agent.id().clone();
-        if let Some(setup) = setup {
-            let ctx = Ctx::scoped(self.inner.services.clone(), agent.clone());
-            let composed = std::panic::AssertUnwindSafe(setup(ctx)).catch_unwind();
-            match self.race(composed, signal.as_ref(), owner.as_ref()).await {
-                Race::Done(Ok(Ok(commit))) => {
-                    if let Some(commit) = commit {
-                        commit().map_err(|source| AgentError::Setup {
-                            id: id.clone(),
-                            source,
-                        })?;
-                    }
-                }
-                Race::Done(Ok(Err(source))) => return Err(AgentError::Setup { id, source }),
-                Race::Done(Err(panic)) => {
-                    return Err(AgentError::Setup {
-                        id,
-                        source: agent::bus::panic_message(&*panic).into(),
-                    });
-                }
-                Race::Caller(cause) => return Err(AgentError::CreationAborted { id, cause }),
-                Race::Owner => return Err(AgentError::OwnerDisposed(id)),
-                Race::Shutdown => return Err(inactive(&id)),
-            }
-        }
-        self.recheck(&id, signal.as_ref(), owner.as_ref())?;
-
-        // Publication: enter the session, then the agent.
-        let session_guard = self.inner.sessions.enter_persisted(session.clone(), persisted)?;
-        let entry = {
-            let mut registry = self.inner.registry.lock();
-            if registry.iter().any(|e| e.agent.id() == &id) {
-                drop(registry);
-                drop(session_guard);
-                return Err(AgentError::Duplicate(id));
-            }
-            let entry = Arc::new(AgentEntry {
-                agent: agent.clone(),
-                runtime: Arc::downgrade(&self.inner),
-                session_guard: Mutex::new(Some(session_guard)),
-                owner: owner.as_ref().map(Arc::downgrade),
-                children: Mutex::new(Vec::new()),
-                disposing: Signal::new(),
-                announced: std::sync::atomic::AtomicBool::new(false),
-                teardown: OnceLock::new(),
-            });
-            registry.push(entry.clone());
-            entry
-        };
-        if let Some(owner) = &owner {
-            owner.children.lock().push(Arc::downgrade(&entry));
-        }
-        rollback.set(Stage::Published(entry.clone()));
-
-        self.inner
-            .sessions
-            .announce(&session)
-            .map_err(|e| AgentError::Other(Box::new(e)))?;
-        self.recheck(&id, signal.as_ref(), owner.as_ref())?;
-        entry.announced.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.inner
-            .services
-            .agent_events
-            .emit(&AgentEvent::Created { agent: id.clone() });
-        self.recheck(&id, signal.as_ref(), owner.as_ref())?;
-        self.inner.services.agent_events.emit(&AgentEvent::SessionStart {
-            agent: id.clone(),
+        Ok(Staged {
+            rollback,
+            agent,
+            session,
+            signal,
+            setup,
+            owner,
+            persisted,
             source,
-        });
-        self.recheck(&id, signal.as_ref(), owner.as_ref())?;
-        if entry.disposing.is_cancelled() {
-            return Err(AgentError::Disposed(id));
-        }
-        rollback.set(Stage::Done);
-        agent.activate();
-        Ok(AgentHandle::new(agent, Arc::new(EntryDisposer(entry))))
+        })
     }
-}
 
-#[async_trait]
-impl AgentRuntime for Runtime {
-    async fn create(&self, options: CreateAgentOptions) -> Result<AgentHandle, AgentError> {
+    /// The asynchronous part of the transaction: publication, or the rollback.
+    ///
+    /// (Functions returning `async` blocks over the destructured state rather than `async fn`s,
+    /// whose arguments would be stored twice in the creation future.)
+    pub(crate) fn finish(
+        &self,
+        staged: Staged,
+    ) -> impl Future<Output = Result<AgentHandle, AgentError>> + Send + '_ {
+        let Staged {
+            mut rollback,
+            agent,
+            session,
+            signal,
+            setup,
+            owner,
+            persisted,
+            source,
+        } = staged;
+        async move {
+            let result = self
+                .publish(
+                    &mut rollback,
+                    agent,
+                    session,
+                    signal,
+                    setup,
+                    owner,
+                    persisted,
+                    source,
+                )
+                .await;
+            match result {
+                Ok(handle) => Ok(handle),
+                Err(err) => {
+                    rollback.run().await;
+                    Err(err)
+                }
+            }
+        }
+    }
+
+    /// Creation up to the transaction: the session prepared from `options`.
+    fn plan_create(&self, options: CreateAgentOptions) -> Result<Plan, AgentError> {
         let CreateAgentOptions {
             session_id,
             meta,
@@ -533,7 +492,7 @@ impl AgentRuntime for Runtime {
             return Err(inactive(&session_id));
         }
         let session = self.inner.sessions.prepare(session_id, seed, meta)?;
-        self.transact(Plan {
+        Ok(Plan {
             session,
             options: agent_options,
             signal,
@@ -542,7 +501,125 @@ impl AgentRuntime for Runtime {
             persisted: None,
             source: SessionStartSource::Startup,
         })
-        .await
+    }
+
+    /// The synchronous part of [`AgentRuntime::create`]: the session prepared and the
+    /// transaction staged. [`finish`](Self::finish) completes it.
+    pub(crate) fn stage_create(&self, options: CreateAgentOptions) -> Result<Staged, AgentError> {
+        self.stage(self.plan_create(options)?)
+    }
+
+    /// Publication: the setup raced, the session and agent entered, the announcements.
+    #[allow(clippy::too_many_arguments, clippy::manual_async_fn)]
+    fn publish<'a>(
+        &'a self,
+        rollback: &'a mut Rollback,
+        agent: Arc<LoopAgent>,
+        session: Arc<Session>,
+        signal: Option<Signal>,
+        setup: Option<agent::runtime::Setup>,
+        owner: Option<Arc<AgentEntry>>,
+        persisted: Option<usize>,
+        source: SessionStartSource,
+    ) -> impl Future<Output = Result<AgentHandle, AgentError>> + Send + 'a {
+        async move {
+            let id = agent.id().clone();
+            if let Some(setup) = setup {
+                let ctx = Ctx::scoped(self.inner.services.clone(), agent.clone());
+                let composed = std::panic::AssertUnwindSafe(setup(ctx)).catch_unwind();
+                match self.race(composed, signal.as_ref(), owner.as_ref()).await {
+                    Race::Done(Ok(Ok(commit))) => {
+                        if let Some(commit) = commit {
+                            commit().map_err(|source| AgentError::Setup {
+                                id: id.clone(),
+                                source,
+                            })?;
+                        }
+                    }
+                    Race::Done(Ok(Err(source))) => return Err(AgentError::Setup { id, source }),
+                    Race::Done(Err(panic)) => {
+                        return Err(AgentError::Setup {
+                            id,
+                            source: agent::bus::panic_message(&*panic).into(),
+                        });
+                    }
+                    Race::Caller(cause) => return Err(AgentError::CreationAborted { id, cause }),
+                    Race::Owner => return Err(AgentError::OwnerDisposed(id)),
+                    Race::Shutdown => return Err(inactive(&id)),
+                }
+            }
+            self.recheck(&id, signal.as_ref(), owner.as_ref())?;
+
+            // Publication: enter the session, then the agent.
+            let session_guard = self.inner.sessions.enter_persisted(session.clone(), persisted)?;
+            let entry = {
+                let mut registry = self.inner.registry.lock();
+                if registry.iter().any(|e| e.agent.id() == &id) {
+                    drop(registry);
+                    drop(session_guard);
+                    return Err(AgentError::Duplicate(id));
+                }
+                let entry = Arc::new(AgentEntry {
+                    agent: agent.clone(),
+                    runtime: Arc::downgrade(&self.inner),
+                    session_guard: Mutex::new(Some(session_guard)),
+                    owner: owner.as_ref().map(Arc::downgrade),
+                    children: Mutex::new(Vec::new()),
+                    disposing: dispose::Latch::default(),
+                    announced: std::sync::atomic::AtomicBool::new(false),
+                    teardown: OnceLock::new(),
+                });
+                registry.push(entry.clone());
+                entry
+            };
+            if let Some(owner) = &owner {
+                owner.children.lock().push(Arc::downgrade(&entry));
+            }
+            rollback.set(Stage::Published(entry.clone()));
+
+            self.inner
+                .sessions
+                .announce(&session)
+                .map_err(|e| AgentError::Other(Box::new(e)))?;
+            self.recheck(&id, signal.as_ref(), owner.as_ref())?;
+            entry.announced.store(true, std::sync::atomic::Ordering::SeqCst);
+            self.inner
+                .services
+                .agent_events
+                .emit(&AgentEvent::Created { agent: id.clone() });
+            self.recheck(&id, signal.as_ref(), owner.as_ref())?;
+            self.inner.services.agent_events.emit(&AgentEvent::SessionStart {
+                agent: id.clone(),
+                source,
+            });
+            self.recheck(&id, signal.as_ref(), owner.as_ref())?;
+            if entry.disposing.is_set() {
+                return Err(AgentError::Disposed(id));
+            }
+            rollback.set(Stage::Done);
+            agent.activate();
+            Ok(AgentHandle::new(agent, Arc::new(EntryDisposer(entry))))
+        }
+    }
+}
+
+#[async_trait]
+impl AgentRuntime for Runtime {
+    fn create<'life0, 'async_trait>(
+        &'life0 self,
+        options: CreateAgentOptions,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<AgentHandle, AgentError>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        // Written out (not `async fn`): the generated body would store the options twice. The
+        // options are staged synchronously on the first poll, so the future keeps only them
+        // and the publication.
+        Box::pin(async move {
+            let staged = self.stage_create(options)?;
+            self.finish(staged).await
+        })
     }
 
     async fn resume(&self, options: ResumeAgentOptions) -> Result<AgentHandle, AgentError> {

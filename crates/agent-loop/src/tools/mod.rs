@@ -215,8 +215,7 @@ impl Tools for ToolRegistry {
     }
 
     fn schemas(&self, scope: Option<&SessionId>) -> Vec<ToolSchema> {
-        let visible = self.inner.state.lock().visible(scope);
-        visible.values().map(ToolDefinition::schema).collect()
+        self.inner.state.lock().schemas(scope)
     }
 
     async fn execute(&self, scope: &SessionId, call: ToolCallRequest, ctx_signal: Signal) -> ExecutedTool {

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use agent::SessionId;
+use agent::model::ToolSchema;
 use agent::tools::{
     PostExecutePolicy, PreExecutePolicy, RESERVED_TOOL_NAME, ToolDefinition, ToolGuard, ToolRegistryError,
     ToolRestriction, ToolResultObserver,
@@ -379,16 +380,19 @@ impl State {
         self.chain_admits(&chain, name).then(|| inherited.1.clone())
     }
 
-    /// Every definition `scope` sees, by name.
-    pub(super) fn visible(&self, scope: Option<&SessionId>) -> BTreeMap<String, ToolDefinition> {
+    /// The schemas of every definition `scope` sees, by name (own shadows inherited; nearer
+    /// ancestors shadow farther ones; restricted-away inherited tools are absent). The
+    /// definitions are not copied, and a scope without ancestors builds no scope chain when
+    /// nothing is registered globally.
+    pub(super) fn schemas(&self, scope: Option<&SessionId>) -> Vec<ToolSchema> {
         let Some(scope) = scope else {
-            return self
-                .global
-                .tools
-                .iter()
-                .map(|(n, (_, d))| (n.clone(), d.clone()))
-                .collect();
+            return self.global.tools.values().map(|(_, d)| d.schema()).collect();
         };
+        let own = self.scopes.get(scope);
+        if self.global.tools.is_empty() && !self.parents.contains_key(scope) {
+            // Nothing to inherit: the scope's own tools.
+            return own.map_or_else(Vec::new, |l| l.tools.values().map(|(_, d)| d.schema()).collect());
+        }
         let chain = self.chain(scope);
         let mut inherited: BTreeMap<&String, &ToolDefinition> =
             self.global.tools.iter().map(|(n, (_, d))| (n, d)).collect();
@@ -397,15 +401,11 @@ impl State {
                 inherited.extend(layer.tools.iter().map(|(n, (_, d))| (n, d)));
             }
         }
-        let mut visible: BTreeMap<String, ToolDefinition> = inherited
-            .into_iter()
-            .filter(|(n, _)| self.chain_admits(&chain, n))
-            .map(|(n, d)| (n.clone(), d.clone()))
-            .collect();
-        if let Some(own) = self.scopes.get(scope) {
-            visible.extend(own.tools.iter().map(|(n, (_, d))| (n.clone(), d.clone())));
+        inherited.retain(|n, _| self.chain_admits(&chain, n));
+        if let Some(own) = own {
+            inherited.extend(own.tools.iter().map(|(n, (_, d))| (n, d)));
         }
-        visible
+        inherited.values().map(|d| d.schema()).collect()
     }
 
     /// Guards that apply to `agent`'s calls: global first, then the scope chain farthest first.
