@@ -175,11 +175,13 @@ async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
 /// * **Cancellation.** The request signal is the only channel: once it fires the child is
 ///   cancelled with cause `parent` and the result reports `aborted` (a turn that already
 ///   completed stays `completed`). There is no steer, resume or follow-up.
-/// * **Dispose** is memoized: it removes the signal listener, marks the run cancelled, starts the
-///   handle's quiescence transaction (cancel `disposed`, wait for idle, unwind the child's scope,
-///   unregister it and remove its session) and waits for both that and the result, each settled
-///   independently. It fails only when the handle's teardown failed; a result failure stays on
-///   [`result`](SubagentRun::result).
+/// * **Dispose** is memoized: at the call it removes the signal listener, marks the run
+///   cancelled and starts the handle's quiescence transaction (the child is cancelled with cause
+///   `disposed` at once); the rest of that transaction (wait for idle, unwind the child's scope,
+///   unregister it and remove its session) runs while the returned future — or any clone of it —
+///   is polled, like any Rust future, and that future resolves when both it and the result have
+///   settled, each independently. Await it. It fails only when the handle's teardown failed; a
+///   result failure stays on [`result`](SubagentRun::result).
 /// * **Drop** without dispose starts the same disposal in the background (a task on the
 ///   driver's tracker, so [`InProcessDriver::wait`](crate::InProcessDriver::wait) awaits it) and
 ///   logs a warning.
