@@ -160,6 +160,20 @@ fn result_error_name(code: &str) -> &'static str {
     }
 }
 
+/// [`Signal::run`] that creates the signal's token only when `fut` does not complete on its first
+/// poll (hooks usually do): a signal cancelled at the call wins at once, otherwise the future is
+/// polled first, as `Signal::run` does.
+async fn run_signalled<F: Future>(signal: &Signal, fut: F) -> Result<F::Output, agent::CancelCause> {
+    if signal.is_cancelled() {
+        return Err(signal.cause().unwrap_or(agent::CancelCause::Disposed));
+    }
+    let mut fut = std::pin::pin!(fut);
+    if let std::task::Poll::Ready(output) = futures::poll!(fut.as_mut()) {
+        return Ok(output);
+    }
+    signal.run(fut).await
+}
+
 /// The next chunk of `stream`, or `None` when `signal` is cancelled first (cancellation wins).
 async fn next_or_cancelled(
     stream: &mut agent::ModelStream,
@@ -313,7 +327,7 @@ impl LoopAgent {
         let me = self.agent_ref();
         for hook in hooks {
             let call = AssertUnwindSafe(hook.turn_stopping(&me, turn, signal)).catch_unwind();
-            match signal.run(call).await {
+            match run_signalled(signal, call).await {
                 Err(_) => return Err(TurnFailure::Cancelled),
                 Ok(Err(p)) => return Err(panicked("an agent/turn-stopping hook", &*p)),
                 Ok(Ok(Err(e))) => return Err(TurnFailure::from_error(&*e)),
@@ -369,7 +383,7 @@ impl LoopAgent {
                 signal,
             };
             let call = AssertUnwindSafe(hook.pre_step(view, decision)).catch_unwind();
-            decision = match signal.run(call).await {
+            decision = match run_signalled(signal, call).await {
                 Err(_) => return Err(TurnFailure::Cancelled),
                 Ok(Err(p)) => return Err(panicked("an agent/pre-step interceptor", &*p)),
                 Ok(Ok(Err(e))) => return Err(TurnFailure::from_error(&*e)),
@@ -872,5 +886,39 @@ impl LoopAgent {
             self.inbox.append(InboxTarget::NextStep, message)?;
         }
         Ok((concluded).then_some(TurnEnd::Completed))
+    }
+}
+
+#[cfg(test)]
+mod run_signalled_tests {
+    use super::*;
+    use agent::CancelCause;
+
+    /// A signal cancelled at the call wins over a ready future; a ready future completes; a
+    /// pending one loses to a later cancellation (as with `Signal::run`).
+    #[tokio::test(start_paused = true)]
+    async fn matches_signal_run() {
+        let cancelled = Signal::cancelled_with(CancelCause::Parent);
+        assert_eq!(
+            run_signalled(&cancelled, async { 1 }).await,
+            Err(CancelCause::Parent)
+        );
+        let live = Signal::new();
+        assert_eq!(run_signalled(&live, async { 2 }).await, Ok(2));
+        let canceller = live.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            canceller.cancel(CancelCause::User);
+        });
+        assert_eq!(
+            run_signalled(&live, futures::future::pending::<()>()).await,
+            Err(CancelCause::User)
+        );
+        let slow = Signal::new();
+        let later = run_signalled(&slow, async {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            3
+        });
+        assert_eq!(later.await, Ok(3));
     }
 }

@@ -1,10 +1,10 @@
 //! The memoized quiescence transaction of one registered agent (spec §9.4).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll, Wake, Waker};
 
-use futures::future::{BoxFuture, Shared};
-use futures::{FutureExt, future};
+use futures::future::{self, BoxFuture};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
@@ -26,38 +26,111 @@ pub(super) struct AgentEntry {
     pub(super) disposing: Latch,
     /// Whether `AgentEvent::Created` was emitted (so `Disposed` pairs with it).
     pub(super) announced: std::sync::atomic::AtomicBool,
-    pub(super) teardown: OnceLock<Shared<BoxFuture<'static, ()>>>,
+    pub(super) teardown: TeardownCell,
 }
 
 impl AgentEntry {
     /// Starts (or joins) the memoized teardown.
     ///
-    /// The first call's future drives the teardown when polled; if it is dropped before the
-    /// teardown completed, the rest runs as a task of the runtime, so the teardown progresses
-    /// even when no caller polls it to the end. (A teardown that completes on its first poll
-    /// needs no task.)
+    /// Every returned future awaits the same transaction, and whichever of them is polled drives
+    /// it. If the first call's future is dropped before the teardown completed, the rest runs as
+    /// a task of the runtime, so the teardown progresses even when no caller polls it to the end.
+    /// (A teardown that completes on its first poll needs no task.)
     pub(super) fn dispose(self: &Arc<Self>) -> BoxFuture<'static, ()> {
-        let mut first = false;
-        let shared = self
-            .teardown
-            .get_or_init(|| {
-                first = true;
-                teardown(self.clone()).boxed().shared()
-            })
-            .clone();
+        let first = {
+            let mut state = self.teardown.0.lock();
+            match *state {
+                TeardownState::Unstarted => {
+                    *state = TeardownState::Running {
+                        future: Some(Box::pin(teardown(self.clone()))),
+                        notified: false,
+                        wakers: Vec::new(),
+                    };
+                    true
+                }
+                _ => false,
+            }
+        };
         if first {
-            // The synchronous part, outside the cell's initialisation (listeners it triggers
-            // may call `dispose` again): no new work from now on, the active turn aborted and
-            // the inbox cleared (no wake latch under `disposed`).
+            // The synchronous part, outside the cell's lock (listeners it triggers may call
+            // `dispose` again): no new work from now on, the active turn aborted and the inbox
+            // cleared (no wake latch under `disposed`).
             self.disposing.set();
             self.agent.begin_disposal();
             self.agent.cancel(CancelCause::Disposed, CancelOptions::default());
-            return Box::pin(Teardown {
-                shared: Some(shared),
-                runtime: self.runtime.clone(),
-            });
         }
-        shared.boxed()
+        Box::pin(Teardown {
+            entry: Some(self.clone()),
+            first,
+        })
+    }
+
+    /// Polls the memoized teardown on behalf of one of its futures.
+    fn poll_teardown(self: &Arc<Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut future = {
+            let mut state = self.teardown.0.lock();
+            match &mut *state {
+                TeardownState::Done => return Poll::Ready(()),
+                TeardownState::Unstarted => unreachable!("polled before dispose started it"),
+                TeardownState::Poisoned => panic!("the agent's teardown panicked while polled"),
+                TeardownState::Running {
+                    future,
+                    notified,
+                    wakers,
+                } => match future.take() {
+                    Some(future) => {
+                        *notified = false;
+                        future
+                    }
+                    None => {
+                        // Another holder is polling it right now: wait for its wake-ups.
+                        register(wakers, cx.waker());
+                        return Poll::Pending;
+                    }
+                },
+            }
+        };
+        let waker = Waker::from(self.clone());
+        let mut inner = Context::from_waker(&waker);
+        let poisoner = Poisoner(self);
+        if future.as_mut().poll(&mut inner).is_ready() {
+            std::mem::forget(poisoner);
+            let wakers = match std::mem::replace(&mut *self.teardown.0.lock(), TeardownState::Done) {
+                TeardownState::Running { wakers, .. } => wakers,
+                _ => Vec::new(),
+            };
+            drop(future);
+            wakers.into_iter().for_each(Waker::wake);
+            return Poll::Ready(());
+        }
+        std::mem::forget(poisoner);
+        let mut state = self.teardown.0.lock();
+        let TeardownState::Running {
+            future: slot,
+            notified,
+            wakers,
+        } = &mut *state
+        else {
+            unreachable!("only the poller leaves the running state");
+        };
+        *slot = Some(future);
+        if std::mem::take(notified) {
+            // Woken while it was polled (the wake found no waker of ours): poll again soon,
+            // through the scheduler (a self-waking poll, e.g. out of coop budget, must yield).
+            drop(state);
+            cx.waker().wake_by_ref();
+        } else {
+            register(wakers, cx.waker());
+        }
+        Poll::Pending
+    }
+
+    /// Whether the teardown completed (or can never complete).
+    fn teardown_settled(&self) -> bool {
+        matches!(
+            *self.teardown.0.lock(),
+            TeardownState::Done | TeardownState::Poisoned
+        )
     }
 
     pub(super) fn is_agent(&self, agent: &AgentRef) -> bool {
@@ -145,24 +218,87 @@ pub(super) async fn teardown(entry: Arc<AgentEntry>) {
     }
 }
 
-/// The first caller's view of a teardown: polling drives it; dropping it unfinished hands the
-/// rest to a runtime task (or a plain tokio task when the runtime is gone; nothing without a
-/// tokio runtime).
+/// The memoized teardown of one entry: unstarted until the first `dispose`, then the boxed
+/// transaction that any of its futures polls (the others wait on the list of wakers), then
+/// done. (What [`futures::future::Shared`] would give, without its extra allocations.)
+#[derive(Default)]
+pub(super) struct TeardownCell(Mutex<TeardownState>);
+
+#[derive(Default)]
+enum TeardownState {
+    #[default]
+    Unstarted,
+    Running {
+        /// `None` while one holder polls it.
+        future: Option<BoxFuture<'static, ()>>,
+        /// Set by a wake-up of the transaction (see the entry's [`Wake`] impl).
+        notified: bool,
+        /// The holders waiting for the next wake-up.
+        wakers: Vec<Waker>,
+    },
+    Done,
+    /// The transaction panicked while polled.
+    Poisoned,
+}
+
+/// Adds a holder's waker to the waiting list (once).
+fn register(wakers: &mut Vec<Waker>, waker: &Waker) {
+    if !wakers.iter().any(|w| w.will_wake(waker)) {
+        wakers.push(waker.clone());
+    }
+}
+
+/// The transaction's own waker: wakes every waiting holder (the next to poll drives it).
+impl Wake for AgentEntry {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let wakers = match &mut *self.teardown.0.lock() {
+            TeardownState::Running { notified, wakers, .. } => {
+                *notified = true;
+                std::mem::take(wakers)
+            }
+            _ => return,
+        };
+        wakers.into_iter().for_each(Waker::wake);
+    }
+}
+
+/// Marks the teardown poisoned (and wakes its waiters) if polling it unwinds (forgotten
+/// otherwise).
+struct Poisoner<'a>(&'a Arc<AgentEntry>);
+
+impl Drop for Poisoner<'_> {
+    fn drop(&mut self) {
+        let wakers = match std::mem::replace(&mut *self.0.teardown.0.lock(), TeardownState::Poisoned) {
+            TeardownState::Running { wakers, .. } => wakers,
+            _ => Vec::new(),
+        };
+        wakers.into_iter().for_each(Waker::wake);
+    }
+}
+
+/// One caller's view of the teardown: polling drives it. The first caller's view, dropped
+/// unfinished, hands the rest to a runtime task (or a plain tokio task when the runtime is gone;
+/// nothing without a tokio runtime).
 struct Teardown {
-    shared: Option<Shared<BoxFuture<'static, ()>>>,
-    runtime: Weak<RuntimeInner>,
+    /// `None` once the teardown completed.
+    entry: Option<Arc<AgentEntry>>,
+    first: bool,
 }
 
 impl Future for Teardown {
     type Output = ();
 
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
-        let Some(shared) = self.shared.as_mut() else {
-            return std::task::Poll::Ready(());
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(entry) = self.entry.as_ref() else {
+            return Poll::Ready(());
         };
-        let poll = shared.poll_unpin(cx);
+        let poll = entry.poll_teardown(cx);
         if poll.is_ready() {
-            self.shared = None;
+            self.entry = None;
         }
         poll
     }
@@ -170,15 +306,20 @@ impl Future for Teardown {
 
 impl Drop for Teardown {
     fn drop(&mut self) {
-        let Some(shared) = self.shared.take() else { return };
-        if shared.peek().is_some() {
+        let Some(entry) = self.entry.take() else { return };
+        if !self.first || entry.teardown_settled() {
             return;
         }
         // Drive the teardown in the background so it progresses even if no caller polls.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            match self.runtime.upgrade() {
-                Some(rt) => drop(rt.tasks.spawn_on(shared, &handle)),
-                None => drop(handle.spawn(shared)),
+            let runtime = entry.runtime.upgrade();
+            let rest = Teardown {
+                entry: Some(entry),
+                first: false,
+            };
+            match runtime {
+                Some(rt) => drop(rt.tasks.spawn_on(rest, &handle)),
+                None => drop(handle.spawn(rest)),
             }
         }
     }

@@ -22,9 +22,10 @@
 //! [`Runtime::shutdown`]: mark disposing (new work is refused) → `cancel(disposed)` → dispose
 //! owned agents and the agent's background jobs while awaiting `when_idle` and the agent's
 //! tasks → dispose the scope → unregister ([`AgentEvent::Disposed`]) → remove the session
-//! (`session/disposed`) → drop the owner link. The first `dispose` call's future drives the
-//! teardown; dropped before the teardown completed (also unpolled), it hands the rest to a
-//! task of the runtime, so the teardown progresses even when no caller polls it to the end.
+//! (`session/disposed`) → drop the owner link. Every `dispose` call's future drives the
+//! teardown when polled; the first one, dropped before the teardown completed (also unpolled),
+//! hands the rest to a task of the runtime, so the teardown progresses even when no caller polls
+//! it to the end.
 //!
 //! # Locking
 //! `registry` (the live entries in creation order) is held for short synchronous sections;
@@ -40,7 +41,7 @@ pub(crate) mod testkit;
 #[cfg(test)]
 mod tests;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 
@@ -567,7 +568,7 @@ impl Runtime {
                     children: Mutex::new(Vec::new()),
                     disposing: dispose::Latch::default(),
                     announced: std::sync::atomic::AtomicBool::new(false),
-                    teardown: OnceLock::new(),
+                    teardown: Default::default(),
                 });
                 registry.push(entry.clone());
                 entry

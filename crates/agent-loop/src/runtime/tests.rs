@@ -666,6 +666,95 @@ async fn reentrant_dispose_and_dropped_handles_tear_down() {
     finish(&rt, []).await;
 }
 
+/// A later disposer drives the memoized teardown while the first call's future is held
+/// unpolled; the first future then resolves at once and dropping it starts no task.
+#[tokio::test(start_paused = true)]
+async fn a_later_disposer_drives_the_teardown_while_the_first_is_held() {
+    let model = ScriptedModel::new([ScriptEntry::hang_slow()]);
+    let rt = runtime(&model);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let g = record_lifecycle(&rt, log.clone());
+    let handle = create(&rt, "a").await;
+    handle.agent().followup(user("work")).unwrap();
+    settle().await;
+    let first = handle.dispose();
+    handle.dispose().await;
+    assert!(handle.agent().when_idle().now_or_never().is_some());
+    assert!(
+        first.now_or_never().is_some(),
+        "the first future sees the same completion"
+    );
+    assert_eq!(
+        log.lock().iter().filter(|e| *e == "agent/disposed:a").count(),
+        1,
+        "one teardown"
+    );
+    drop(g);
+    finish(&rt, [handle]).await;
+}
+
+/// The first disposer, polled once and dropped unfinished, hands the teardown to a runtime task;
+/// a waiting disposer sees its completion, and so does one that joins later.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_first_disposer_hands_the_teardown_on() {
+    let model = ScriptedModel::new([ScriptEntry::hang_slow()]);
+    let rt = runtime(&model);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let g = record_lifecycle(&rt, log.clone());
+    let handle = create(&rt, "a").await;
+    handle.agent().followup(user("work")).unwrap();
+    settle().await;
+    let mut first = handle.dispose();
+    assert!(
+        (&mut first).now_or_never().is_none(),
+        "the slow stream delays quiescence"
+    );
+    let mut waiting = handle.dispose();
+    assert!((&mut waiting).now_or_never().is_none());
+    drop(first);
+    waiting.await;
+    handle.dispose().await;
+    assert_eq!(
+        log.lock().iter().filter(|e| *e == "agent/disposed:a").count(),
+        1,
+        "one teardown"
+    );
+    drop(g);
+    finish(&rt, [handle]).await;
+}
+
+/// Concurrent disposers on a multi-threaded runtime (one of them dropped after a first poll)
+/// all complete on one teardown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_disposers_on_a_multi_threaded_runtime() {
+    let model = ScriptedModel::new((0..8).map(|i| chunks::text(format!("reply {i}"))));
+    let rt = runtime(&model);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let g = record_lifecycle(&rt, log.clone());
+    for round in 0..8 {
+        let id = format!("a{round}");
+        let handle = Arc::new(create(&rt, &id).await);
+        handle.agent().followup(user("go")).unwrap();
+        let mut dropped = handle.dispose();
+        let _ = (&mut dropped).now_or_never();
+        let disposers: Vec<_> = (0..3)
+            .map(|_| {
+                let h = handle.clone();
+                tokio::spawn(async move { h.dispose().await })
+            })
+            .collect();
+        drop(dropped);
+        for d in disposers {
+            d.await.unwrap();
+        }
+        assert!(handle.agent().when_idle().now_or_never().is_some());
+        let disposed = format!("agent/disposed:{id}");
+        assert_eq!(log.lock().iter().filter(|e| **e == disposed).count(), 1);
+    }
+    drop(g);
+    finish(&rt, []).await;
+}
+
 /// A pending idle `inject()` survives persistence and resume without a synthetic turn.
 #[tokio::test(start_paused = true)]
 async fn pending_inject_survives_resume() {
