@@ -134,13 +134,16 @@ async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
         if delivered? {
             let idle = state.child.when_idle();
             tokio::pin!(idle);
+            // A child that already settled needs no wait on the signal (and no token for it):
+            // a cancellation that also landed is handled by the level check below, with the same
+            // outcome as the signal branch.
             tokio::select! {
                 biased;
+                () = &mut idle => {}
                 () = signal.cancelled() => {
                     state.fire();
                     idle.await;
                 }
-                () = &mut idle => {}
             }
         }
         // The token is level-triggered: a cancellation that landed while the child was settling
