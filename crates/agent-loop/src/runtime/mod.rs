@@ -134,6 +134,11 @@ struct Plan {
 /// A staged creation: the agent built, its rollback armed, publication pending.
 pub(crate) struct Staged {
     rollback: Rollback,
+    publication: Publication,
+}
+
+/// What the publication of a staged creation consumes.
+struct Publication {
     agent: Arc<LoopAgent>,
     session: Arc<Session>,
     signal: Option<Signal>,
@@ -427,13 +432,15 @@ impl Runtime {
         };
         Ok(Staged {
             rollback,
-            agent,
-            session,
-            signal,
-            setup,
-            owner,
-            persisted,
-            source,
+            publication: Publication {
+                agent,
+                session,
+                signal,
+                setup,
+                owner,
+                persisted,
+                source,
+            },
         })
     }
 
@@ -447,27 +454,10 @@ impl Runtime {
     ) -> impl Future<Output = Result<AgentHandle, AgentError>> + Send + '_ {
         let Staged {
             mut rollback,
-            agent,
-            session,
-            signal,
-            setup,
-            owner,
-            persisted,
-            source,
+            publication,
         } = staged;
         async move {
-            let result = self
-                .publish(
-                    &mut rollback,
-                    agent,
-                    session,
-                    signal,
-                    setup,
-                    owner,
-                    persisted,
-                    source,
-                )
-                .await;
+            let result = self.publish(&mut rollback, publication).await;
             match result {
                 Ok(handle) => Ok(handle),
                 Err(err) => {
@@ -511,18 +501,21 @@ impl Runtime {
     }
 
     /// Publication: the setup raced, the session and agent entered, the announcements.
-    #[allow(clippy::too_many_arguments, clippy::manual_async_fn)]
+    #[allow(clippy::manual_async_fn)]
     fn publish<'a>(
         &'a self,
         rollback: &'a mut Rollback,
-        agent: Arc<LoopAgent>,
-        session: Arc<Session>,
-        signal: Option<Signal>,
-        setup: Option<agent::runtime::Setup>,
-        owner: Option<Arc<AgentEntry>>,
-        persisted: Option<usize>,
-        source: SessionStartSource,
+        publication: Publication,
     ) -> impl Future<Output = Result<AgentHandle, AgentError>> + Send + 'a {
+        let Publication {
+            agent,
+            session,
+            signal,
+            setup,
+            owner,
+            persisted,
+            source,
+        } = publication;
         async move {
             let id = agent.id().clone();
             if let Some(setup) = setup {
