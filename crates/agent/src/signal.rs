@@ -87,11 +87,70 @@ struct Shared {
     parent: Option<Signal>,
     /// Raised by [`Signal::cancel`] (after the cause is set, before the token is cancelled).
     cancelled: AtomicBool,
+    /// The synchronous listeners registered by [`Signal::on_cancel`] on this signal or on a
+    /// descendant; drained by the [`Signal::cancel`] that cancels this signal.
+    listeners: Mutex<Vec<Arc<ListenerSlot>>>,
     /// Raised once [`Signal::token`] has handed the token out. Until then (here and in every
     /// ancestor) the token can only be cancelled through [`Signal::cancel`] of this signal or an
     /// ancestor, which raise `cancelled`, so [`Signal::is_cancelled`] reads flags instead of
     /// locking the token's tree node.
     exposed: AtomicBool,
+}
+
+/// One registered [`Signal::on_cancel`] action, shared by every signal of the chain it was
+/// registered on; whichever runs or removes it first takes the action.
+struct ListenerSlot {
+    action: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl ListenerSlot {
+    /// Runs the action if nobody took it yet, containing a panic.
+    fn run(&self) {
+        let action = self.action.lock().take();
+        if let Some(action) = action
+            && std::panic::catch_unwind(std::panic::AssertUnwindSafe(action)).is_err()
+        {
+            tracing::warn!("a signal's cancel listener panicked; the cancellation stands");
+        }
+    }
+}
+
+/// The registration of a [`Signal::on_cancel`] action: dropping it removes the action from the
+/// signal (and its ancestors) unrun.
+#[must_use = "dropping the listener removes it"]
+pub struct CancelListener {
+    signal: Signal,
+    slot: Arc<ListenerSlot>,
+}
+
+impl CancelListener {
+    /// Takes the action (so it never runs) and removes the slot from every list of the chain.
+    fn unregister(&self) {
+        drop(self.slot.action.lock().take());
+        let mut chain = Some(&self.signal);
+        while let Some(signal) = chain {
+            signal
+                .shared
+                .listeners
+                .lock()
+                .retain(|slot| !Arc::ptr_eq(slot, &self.slot));
+            chain = signal.shared.parent.as_ref();
+        }
+    }
+}
+
+impl Drop for CancelListener {
+    fn drop(&mut self) {
+        self.unregister();
+    }
+}
+
+impl fmt::Debug for CancelListener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CancelListener")
+            .field("pending", &self.slot.action.lock().is_some())
+            .finish()
+    }
 }
 
 impl fmt::Debug for Signal {
@@ -147,7 +206,56 @@ impl Signal {
         if let Some(token) = self.shared.token.get() {
             token.cancel();
         }
+        // The flag is up, so `on_cancel` (which checks it under this lock) adds no more.
+        let listeners = std::mem::take(&mut *self.shared.listeners.lock());
+        for slot in listeners {
+            slot.run();
+        }
         true
+    }
+
+    /// Registers `action` to run **synchronously**, at most once, inside the [`Signal::cancel`]
+    /// call that cancels this signal or one of its ancestors, on the cancelling thread, after the
+    /// cause is set and the token is cancelled.
+    ///
+    /// # Contract
+    /// * **Already cancelled.** When the signal is already cancelled at registration (by a
+    ///   `cancel` on it or an ancestor), the action is dropped without running; check
+    ///   [`is_cancelled`](Signal::is_cancelled) after registering, as the spec's listener handoff
+    ///   does, to close that window.
+    /// * **Removal.** Dropping the returned [`CancelListener`] removes the registration; the
+    ///   action is then dropped unrun. A `cancel` racing the drop on another thread may still
+    ///   run it (once).
+    /// * **Direct token cancellation** (through [`Signal::token`], which sets no cause) runs no
+    ///   listener; a caller that must see it also awaits [`cancelled`](Signal::cancelled).
+    /// * **Panics** in the action are caught and logged; the remaining listeners still run and
+    ///   `cancel` returns normally.
+    /// * The action must not block: it runs inside whichever call cancels the signal.
+    pub fn on_cancel(&self, action: impl FnOnce() + Send + 'static) -> CancelListener {
+        let slot = Arc::new(ListenerSlot {
+            action: Mutex::new(Some(Box::new(action))),
+        });
+        let mut chain = Some(self);
+        while let Some(signal) = chain {
+            let mut listeners = signal.shared.listeners.lock();
+            if signal.shared.cancelled.load(Ordering::SeqCst) {
+                drop(listeners);
+                let listener = CancelListener {
+                    signal: self.clone(),
+                    slot,
+                };
+                // Undo the registrations made so far and drop the action unrun.
+                listener.unregister();
+                return listener;
+            }
+            listeners.push(slot.clone());
+            drop(listeners);
+            chain = signal.shared.parent.as_ref();
+        }
+        CancelListener {
+            signal: self.clone(),
+            slot,
+        }
     }
 
     /// The token, created on first use (see [`Shared`]).
@@ -373,6 +481,143 @@ mod tests {
             assert!(canceller.join().unwrap());
             assert!(token.is_cancelled());
             assert!(child.is_cancelled());
+        }
+    }
+
+    fn counter() -> (
+        Arc<std::sync::atomic::AtomicUsize>,
+        impl Fn() + Send + Sync + Clone + 'static,
+    ) {
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let bump = {
+            let count = count.clone();
+            move || {
+                count.fetch_add(1, Ordering::SeqCst);
+            }
+        };
+        (count, bump)
+    }
+
+    #[test]
+    fn listeners_run_synchronously_once_inside_cancel() {
+        let s = Signal::new();
+        let (count, bump) = counter();
+        let seen = Arc::new(Mutex::new(None));
+        let _a = s.on_cancel(bump.clone());
+        let _b = s.on_cancel({
+            let s = s.clone();
+            let seen = seen.clone();
+            // Inside the action the cancellation is already visible, cause included.
+            move || *seen.lock() = Some((s.is_cancelled(), s.cause()))
+        });
+        assert_eq!(count.load(Ordering::SeqCst), 0);
+        assert!(s.cancel(CancelCause::User));
+        assert_eq!(count.load(Ordering::SeqCst), 1, "ran before cancel returned");
+        assert_eq!(*seen.lock(), Some((true, Some(CancelCause::User))));
+        assert!(!s.cancel(CancelCause::Parent));
+        assert_eq!(count.load(Ordering::SeqCst), 1, "at most once");
+    }
+
+    #[test]
+    fn an_ancestors_cancel_runs_a_descendants_listener() {
+        let root = Signal::new();
+        let leaf = root.child().child();
+        let (count, bump) = counter();
+        let _l = leaf.on_cancel(bump);
+        root.cancel(CancelCause::Parent);
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+        // The leaf's own later cancel finds the action taken.
+        leaf.cancel(CancelCause::User);
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+        // A descendant's cancel does not run an ancestor's listener.
+        let root = Signal::new();
+        let child = root.child();
+        let (count, bump) = counter();
+        let _l = root.on_cancel(bump);
+        child.cancel(CancelCause::User);
+        assert_eq!(count.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn listeners_on_cancelled_signals_or_dropped_guards_never_run() {
+        let (count, bump) = counter();
+        let s = Signal::cancelled_with(CancelCause::User);
+        drop(s.on_cancel(bump.clone()));
+        let root = Signal::new();
+        let child = root.child();
+        root.cancel(CancelCause::User);
+        let kept = child.on_cancel(bump.clone());
+        child.cancel(CancelCause::Parent);
+        assert_eq!(count.load(Ordering::SeqCst), 0, "registered after cancellation");
+        drop(kept);
+        let s = Signal::new();
+        drop(s.on_cancel(bump.clone()));
+        assert!(
+            s.shared.listeners.lock().is_empty(),
+            "the guard's drop removes the slot"
+        );
+        let leaf = Signal::new().child();
+        let guard = leaf.on_cancel(bump.clone());
+        drop(guard);
+        assert!(leaf.shared.listeners.lock().is_empty());
+        assert!(
+            leaf.shared
+                .parent
+                .as_ref()
+                .unwrap()
+                .shared
+                .listeners
+                .lock()
+                .is_empty()
+        );
+        s.cancel(CancelCause::User);
+        leaf.cancel(CancelCause::User);
+        assert_eq!(count.load(Ordering::SeqCst), 0);
+        // Direct token cancellation sets no cause and runs no listener.
+        let s = Signal::new();
+        let _l = s.on_cancel(bump);
+        s.token().cancel();
+        assert!(s.is_cancelled());
+        assert_eq!(count.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_panicking_listener_is_contained() {
+        let s = Signal::new();
+        let (count, bump) = counter();
+        let _a = s.on_cancel(|| panic!("listener failure"));
+        let _b = s.on_cancel(bump);
+        assert!(s.cancel(CancelCause::User));
+        assert_eq!(count.load(Ordering::SeqCst), 1, "later listeners still run");
+        assert!(s.is_cancelled());
+    }
+
+    #[test]
+    fn racing_registration_and_cancel_run_the_action_at_most_once() {
+        for _ in 0..200 {
+            let root = Signal::new();
+            let leaf = root.child();
+            let (count, bump) = counter();
+            let canceller = std::thread::spawn({
+                let root = root.clone();
+                move || root.cancel(CancelCause::User)
+            });
+            let guard = leaf.on_cancel(bump.clone());
+            assert!(canceller.join().unwrap());
+            assert!(count.load(Ordering::SeqCst) <= 1);
+            drop(guard);
+            // Registered strictly before the cancel: it always runs.
+            let s = Signal::new();
+            let (count, bump) = counter();
+            let guard = s.on_cancel(bump);
+            std::thread::spawn({
+                let s = s.clone();
+                move || s.cancel(CancelCause::User)
+            })
+            .join()
+            .unwrap();
+            assert_eq!(count.load(Ordering::SeqCst), 1);
+            drop(guard);
         }
     }
 
