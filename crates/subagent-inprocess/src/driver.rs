@@ -226,9 +226,10 @@ impl InProcessDriver {
         } = plan;
         // 6. The creation transaction: fulfilment is publication.
         let handle: AgentHandle = self.inner.services.agents.create(create).await?;
-        // 7. Hand the signal over to the live run: the listener is armed from here on; the
+        // 7. Hand the signal over to the live run: the listener is installed from here on; the
         //    signal is checked once more (an already-cancelled token fires no listener).
         let state = RunState::new(handle);
+        state.listen(&signal);
         if signal.is_cancelled() {
             state.fire();
         }

@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use futures::FutureExt;
 use parking_lot::Mutex;
 use subagent::SubagentResult;
-use subagent::agent::{AgentHandle, AgentRef, CancelCause, CancelOptions, SessionId, Signal};
+use subagent::agent::{AgentHandle, AgentRef, CancelCause, CancelListener, CancelOptions, SessionId, Signal};
 use subagent::run::{RunDisposeFuture, RunFailure, RunResultFuture, SettledCallback, SubagentRun};
 use tokio_util::task::TaskTracker;
 
@@ -29,15 +29,19 @@ pub struct HandleDisposalFailed {
 
 /// State shared by the run, its result task and its disposal.
 ///
-/// `armed` is the request-signal listener: while set, the signal firing runs the cancel action
-/// once. `cancelled` is the driver's cancellation flag (set by that action or by disposal) read
-/// when the result is derived. Both are atomics; no lock is held anywhere.
+/// `armed` gates the request-signal listener: while set, the signal firing runs the cancel action
+/// once. The action runs synchronously inside the `Signal::cancel` call (through `listener`), or
+/// from the result task for a token cancelled behind the signal's back. `cancelled` is the
+/// driver's cancellation flag (set by that action or by disposal) read when the result is
+/// derived. Both are atomics; the action takes no lock.
 pub(crate) struct RunState {
     pub(crate) id: SessionId,
     pub(crate) child: AgentRef,
     handle: AgentHandle,
     armed: AtomicBool,
     cancelled: AtomicBool,
+    /// The synchronous request-signal listener, until disarmed.
+    listener: Mutex<Option<CancelListener>>,
     /// The observer registered by [`SubagentRun::on_settled`], until the result settles.
     settle: Mutex<Settle>,
 }
@@ -56,6 +60,7 @@ impl RunState {
             handle,
             armed: AtomicBool::new(true),
             cancelled: AtomicBool::new(false),
+            listener: Mutex::new(None),
             settle: Mutex::new(Settle::Open(None)),
         })
     }
@@ -80,9 +85,24 @@ impl RunState {
         }
     }
 
+    /// Installs the request-signal listener (spec §3.2 step 7): a `cancel` of `signal` (or of an
+    /// ancestor) runs [`fire`](Self::fire) synchronously, inside that call, so a child that is
+    /// still running when the signal fires is always cancelled before it can finish. The caller
+    /// checks the signal once more afterwards: an already-cancelled signal runs no listener.
+    pub(crate) fn listen(self: &Arc<Self>, signal: &Signal) {
+        let state = Arc::downgrade(self);
+        let listener = signal.on_cancel(move || {
+            if let Some(state) = state.upgrade() {
+                state.fire();
+            }
+        });
+        *self.listener.lock() = Some(listener);
+    }
+
     /// Removes the listener without running it.
     fn disarm(&self) {
         self.armed.store(false, Ordering::SeqCst);
+        drop(self.listener.lock().take());
     }
 
     pub(crate) fn is_cancelled(&self) -> bool {
@@ -134,8 +154,10 @@ async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
         if delivered? {
             let idle = state.child.when_idle();
             tokio::pin!(idle);
-            // A child that already settled needs no wait on the signal (and no token for it):
-            // a cancellation that also landed is handled by the level check below, with the same
+            // A `Signal::cancel` already ran the action through the listener; the signal branch
+            // is the backstop for a token cancelled directly (no listener runs for that). A
+            // child that already settled needs no wait on the signal (and no token for it): a
+            // cancellation that also landed is handled by the level check below, with the same
             // outcome as the signal branch.
             tokio::select! {
                 biased;
