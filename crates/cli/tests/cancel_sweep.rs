@@ -1,0 +1,220 @@
+//! End to end, in process: a parent turn that delegates through the model-facing `subagent`
+//! tool (provider `spawn`) is cancelled by its user at **every** scheduling point of its life,
+//! once per point, on the full host (JSON-lines store, delegation tools, online invariant
+//! checks, the seam's lifecycle companion).
+//!
+//! The model yields to the scheduler twice before every chunk (the loop's first look at a
+//! stream is a probe whose wake-up it does not wait for), so the points fall between chunks of
+//! the parent's and the child's streams, across the delegation's start and its result, not only
+//! between whole steps. At each point:
+//!
+//! * the parent's turn ends `completed` when it had already ended, else `aborted {user}`;
+//! * a child that was still running ends `aborted {parent}` (the user's cancel reaches it
+//!   through the tool call's signal synchronously), one that had finished keeps `completed`;
+//! * every session append passed the online checks, every run that started also ended, and
+//!   the store replays clean through the offline checker after shutdown.
+
+use std::sync::Arc;
+
+use agent::{
+    AgentRef, CancelCause, CancelOptions, ContentBlock, EventData, GenerateOptions, Message, ModelAdapter,
+    ModelStream, SessionId, StreamChunk, TurnEndReason,
+};
+use agent_loop::model::chunks;
+use futures::StreamExt;
+use invariants::{InvariantObserver, SeamLifecycleCompanion};
+use subagent::service::SubagentService;
+use subagent_cli::host::{HostOptions, build_host};
+
+/// The parent delegates once, then answers; the child answers at once.
+struct Script;
+
+impl Script {
+    fn reply(request: &GenerateOptions) -> Vec<StreamChunk> {
+        if request.session_id.as_ref().map(SessionId::as_str) != Some("coordinator") {
+            return chunks::text("child done");
+        }
+        let answered = request
+            .messages
+            .iter()
+            .flat_map(|m| &m.content)
+            .any(|b| matches!(b, ContentBlock::ToolResult { .. }));
+        if answered {
+            chunks::text("parent done")
+        } else {
+            chunks::tool_call(
+                "c1",
+                "subagent",
+                serde_json::json!({"description": "sweep", "prompt": "do it"}),
+            )
+        }
+    }
+}
+
+impl ModelAdapter for Script {
+    fn stream(&self, request: Arc<GenerateOptions>) -> ModelStream {
+        futures::stream::iter(Self::reply(&request))
+            .then(|chunk| async move {
+                tokio::task::yield_now().await;
+                tokio::task::yield_now().await;
+                Ok(chunk)
+            })
+            .boxed()
+    }
+}
+
+/// The last `turn/end` reason of a log, if any.
+fn last_turn_end(agent: &AgentRef) -> Option<TurnEndReason> {
+    agent.session().events().iter().rev().find_map(|e| match &e.data {
+        EventData::TurnEnd { reason, .. } => Some(reason.clone()),
+        _ => None,
+    })
+}
+
+/// The live children of the parent (the agents other than the parent).
+fn children(host: &subagent_cli::host::Host) -> Vec<AgentRef> {
+    agent::AgentRuntime::list(host.runtime())
+        .into_iter()
+        .filter(|a| a.id().as_str() != "coordinator")
+        .collect()
+}
+
+/// What one point observed: whether the parent's turn completed, and the child's end (if a
+/// child was published before the host shut down).
+#[derive(Debug, PartialEq)]
+struct Point {
+    parent_completed: bool,
+    child: Option<TurnEndReason>,
+}
+
+async fn cancel_at(point: usize) -> Point {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut options = HostOptions::new(dir.path(), Arc::new(Script), "mock", "mock");
+    let observer = InvariantObserver::shared();
+    options.session_observers.push(observer.clone());
+    let service = SubagentService::new();
+    let seam = SeamLifecycleCompanion::new();
+    let seam_listening = seam.listen(&service);
+    options.subagents = Some(service);
+    let host = build_host(options).expect("the host composes");
+    let handle = host
+        .create_agent(SessionId::from("coordinator"))
+        .await
+        .expect("parent");
+    let parent = handle.agent().clone();
+    parent.followup(Message::user_text("go")).expect("delivered");
+    for _ in 0..point {
+        tokio::task::yield_now().await;
+    }
+    // What had ended before the interruption.
+    let parent_ended = last_turn_end(&parent).is_some();
+    let child_before: Vec<(AgentRef, bool)> = children(&host)
+        .into_iter()
+        .map(|c| {
+            let ended = last_turn_end(&c).is_some();
+            (c, ended)
+        })
+        .collect();
+    parent.cancel(CancelCause::User, CancelOptions::default());
+    host.settle(&parent).await;
+
+    let parent_end = last_turn_end(&parent).expect("the parent's turn ended");
+    if parent_ended {
+        assert_eq!(parent_end, TurnEndReason::Completed, "point {point}");
+    } else {
+        assert_eq!(
+            parent_end,
+            TurnEndReason::Aborted {
+                reason: CancelCause::User
+            },
+            "point {point}: the parent was still running"
+        );
+    }
+    // A foreground delegation's child is disposed by the tool before the parent's turn ends;
+    // judge the child seen before the interruption by its own log.
+    let mut child = None;
+    for (c, ended_before) in &child_before {
+        let end = last_turn_end(c);
+        if *ended_before {
+            assert_eq!(end, Some(TurnEndReason::Completed), "point {point}");
+        } else if let Some(end) = &end {
+            assert!(
+                matches!(end, TurnEndReason::Aborted { reason } if *reason == CancelCause::Parent),
+                "point {point}: a child still running when the user cancelled ended {end:?}"
+            );
+        }
+        child = end;
+    }
+    assert!(
+        children(&host).is_empty(),
+        "point {point}: the foreground child outlived its tool call"
+    );
+    handle.dispose().await;
+    host.shutdown().await.expect("shutdown");
+    drop(seam_listening);
+    assert!(
+        observer.violations().is_empty(),
+        "point {point}: {:#?}",
+        observer.violations()
+    );
+    assert!(
+        seam.violations().is_empty(),
+        "point {point}: {:#?}",
+        seam.violations()
+    );
+    assert_eq!(
+        seam.open_runs(),
+        0,
+        "point {point}: every run that started also ended"
+    );
+    let report = invariants::check_store(dir.path()).expect("store");
+    assert!(report.is_clean(), "point {point}: {:#?}", report.violations);
+    Point {
+        parent_completed: parent_end == TurnEndReason::Completed,
+        child,
+    }
+}
+
+/// spec: TOOL-2, DRV-16 — a user's cancel of the delegating turn, at every scheduling point:
+/// the parent's turn and a still-running child both abort (the child with cause `parent`), a
+/// finished one keeps its ending, nothing outlives the call, and every log stays valid.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn user_cancel_of_a_delegating_turn_at_every_point() {
+    let mut points = Vec::new();
+    for point in 0..1000 {
+        let seen = cancel_at(point).await;
+        let done = seen.parent_completed;
+        if let Some(previous) = points.last() {
+            let previous: &Point = previous;
+            assert!(
+                !previous.parent_completed || done,
+                "point {point}: a later cancel un-completed the parent"
+            );
+        }
+        points.push(seen);
+        if done {
+            break;
+        }
+    }
+    let last = points.last().expect("points");
+    assert!(
+        last.parent_completed,
+        "the parent never completed within 1000 points"
+    );
+    // The sweep crossed the child's whole life: points before the delegation started (no
+    // child yet), points while the child ran (aborted by the parent's cancel), and points after
+    // the tool call returned (the child already disposed, the parent's second step aborted).
+    let first_child = points
+        .iter()
+        .position(
+            |p| matches!(&p.child, Some(TurnEndReason::Aborted { reason }) if *reason == CancelCause::Parent),
+        )
+        .expect("some point cancelled a running child");
+    assert!(first_child > 0, "{points:?}");
+    assert!(
+        points[first_child..]
+            .iter()
+            .any(|p| p.child.is_none() && !p.parent_completed),
+        "some point fell between the delegation's end and the parent's: {points:?}"
+    );
+}
