@@ -1,16 +1,19 @@
 //! End to end, in process: a parent turn that delegates through the model-facing `subagent`
-//! tool (provider `spawn`) is cancelled by its user at **every** scheduling point of its life,
-//! once per point, on the full host (JSON-lines store, delegation tools, online invariant
-//! checks, the seam's lifecycle companion).
+//! tool (provider `spawn`) is interrupted at **every** scheduling point of its life, once per
+//! point, on the full host (JSON-lines store, delegation tools, background jobs, online
+//! invariant checks, the seam's lifecycle companion): by its user's cancel (a foreground
+//! delegation), and by the parent's disposal (a background delegation).
 //!
 //! The model yields to the scheduler twice before every chunk (the loop's first look at a
 //! stream is a probe whose wake-up it does not wait for), so the points fall between chunks of
 //! the parent's and the child's streams, across the delegation's start and its result, not only
 //! between whole steps. At each point:
 //!
-//! * the parent's turn ends `completed` when it had already ended, else `aborted {user}`;
+//! * (user cancel) the parent's turn ends `completed` when it had already ended, else
+//!   `aborted {user}`;
 //! * a child that was still running ends `aborted {parent}` (the user's cancel reaches it
 //!   through the tool call's signal synchronously), one that had finished keeps `completed`;
+//! * (parent disposal) the background child is drained with its parent and its job settles;
 //! * every session append passed the online checks, every run that started also ended, and
 //!   the store replays clean through the offline checker after shutdown.
 
@@ -26,11 +29,14 @@ use invariants::{InvariantObserver, SeamLifecycleCompanion};
 use subagent::service::SubagentService;
 use subagent_cli::host::{HostOptions, build_host};
 
-/// The parent delegates once, then answers; the child answers at once.
-struct Script;
+/// The parent delegates once (in the foreground, or in the background with `background`), then
+/// answers; the child answers at once.
+struct Script {
+    background: bool,
+}
 
 impl Script {
-    fn reply(request: &GenerateOptions) -> Vec<StreamChunk> {
+    fn reply(&self, request: &GenerateOptions) -> Vec<StreamChunk> {
         if request.session_id.as_ref().map(SessionId::as_str) != Some("coordinator") {
             return chunks::text("child done");
         }
@@ -42,18 +48,18 @@ impl Script {
         if answered {
             chunks::text("parent done")
         } else {
-            chunks::tool_call(
-                "c1",
-                "subagent",
-                serde_json::json!({"description": "sweep", "prompt": "do it"}),
-            )
+            let mut args = serde_json::json!({"description": "sweep", "prompt": "do it"});
+            if self.background {
+                args["run_in_background"] = serde_json::json!(true);
+            }
+            chunks::tool_call("c1", "subagent", args)
         }
     }
 }
 
 impl ModelAdapter for Script {
     fn stream(&self, request: Arc<GenerateOptions>) -> ModelStream {
-        futures::stream::iter(Self::reply(&request))
+        futures::stream::iter(self.reply(&request))
             .then(|chunk| async move {
                 tokio::task::yield_now().await;
                 tokio::task::yield_now().await;
@@ -89,7 +95,7 @@ struct Point {
 
 async fn cancel_at(point: usize) -> Point {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut options = HostOptions::new(dir.path(), Arc::new(Script), "mock", "mock");
+    let mut options = HostOptions::new(dir.path(), Arc::new(Script { background: false }), "mock", "mock");
     let observer = InvariantObserver::shared();
     options.session_observers.push(observer.clone());
     let service = SubagentService::new();
@@ -217,4 +223,81 @@ async fn user_cancel_of_a_delegating_turn_at_every_point() {
             .any(|p| p.child.is_none() && !p.parent_completed),
         "some point fell between the delegation's end and the parent's: {points:?}"
     );
+}
+
+/// A parent that delegates in the background, disposed (its handle) at every scheduling point:
+/// the background child is owned by the parent's scope, so it is cancelled and disposed with the
+/// parent whatever it was doing; its job settles; every run that started also ended; and every
+/// log replays clean.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn disposal_of_a_parent_with_a_background_child_at_every_point() {
+    let mut saw_child = false;
+    for point in 0..1000 {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut options = HostOptions::new(dir.path(), Arc::new(Script { background: true }), "mock", "mock");
+        let observer = InvariantObserver::shared();
+        options.session_observers.push(observer.clone());
+        let service = SubagentService::new();
+        let seam = SeamLifecycleCompanion::new();
+        let seam_listening = seam.listen(&service);
+        options.subagents = Some(service);
+        let host = build_host(options).expect("the host composes");
+        let handle = host
+            .create_agent(SessionId::from("coordinator"))
+            .await
+            .expect("parent");
+        let parent = handle.agent().clone();
+        parent.followup(Message::user_text("go")).expect("delivered");
+        for _ in 0..point {
+            tokio::task::yield_now().await;
+        }
+        let parent_ended = last_turn_end(&parent).is_some();
+        let live: Vec<AgentRef> = children(&host);
+        let child_ended = live.iter().all(|c| last_turn_end(c).is_some());
+        saw_child |= !live.is_empty();
+        handle.dispose().await;
+        // The parent's scope drained its background child.
+        assert!(
+            children(&host).is_empty(),
+            "point {point}: a child outlived its parent"
+        );
+        for child in &live {
+            let end = last_turn_end(child);
+            assert!(
+                end.is_some() || child.session().events().is_empty(),
+                "point {point}: the child's turn never closed"
+            );
+        }
+        assert!(
+            host.jobs()
+                .snapshots(parent.id())
+                .iter()
+                .all(|j| j.status.is_terminal()),
+            "point {point}: a job outlived its owner"
+        );
+        host.shutdown().await.expect("shutdown");
+        drop(seam_listening);
+        assert!(
+            observer.violations().is_empty(),
+            "point {point}: {:#?}",
+            observer.violations()
+        );
+        assert!(
+            seam.violations().is_empty(),
+            "point {point}: {:#?}",
+            seam.violations()
+        );
+        assert_eq!(
+            seam.open_runs(),
+            0,
+            "point {point}: every run that started also ended"
+        );
+        let report = invariants::check_store(dir.path()).expect("store");
+        assert!(report.is_clean(), "point {point}: {:#?}", report.violations);
+        if parent_ended && child_ended {
+            assert!(saw_child, "the sweep reached the background child");
+            return;
+        }
+    }
+    panic!("the parent and its child never both finished within 1000 points");
 }
