@@ -32,6 +32,8 @@ use subagent_cli::host::{HostOptions, build_host};
 /// The parent delegates once (in the foreground, or in the background with `background`), then
 /// answers; the child answers at once.
 struct Script {
+    /// The delegation tool the parent calls (`subagent` → `spawn`, `fork` → `fork`).
+    tool: &'static str,
     background: bool,
 }
 
@@ -52,7 +54,7 @@ impl Script {
             if self.background {
                 args["run_in_background"] = serde_json::json!(true);
             }
-            chunks::tool_call("c1", "subagent", args)
+            chunks::tool_call("c1", self.tool, args)
         }
     }
 }
@@ -93,9 +95,17 @@ struct Point {
     child: Option<TurnEndReason>,
 }
 
-async fn cancel_at(point: usize) -> Point {
+async fn cancel_at(tool: &'static str, point: usize) -> Point {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut options = HostOptions::new(dir.path(), Arc::new(Script { background: false }), "mock", "mock");
+    let mut options = HostOptions::new(
+        dir.path(),
+        Arc::new(Script {
+            tool,
+            background: false,
+        }),
+        "mock",
+        "mock",
+    );
     let observer = InvariantObserver::shared();
     options.session_observers.push(observer.clone());
     let service = SubagentService::new();
@@ -181,14 +191,11 @@ async fn cancel_at(point: usize) -> Point {
     }
 }
 
-/// spec: TOOL-2, DRV-16 — a user's cancel of the delegating turn, at every scheduling point:
-/// the parent's turn and a still-running child both abort (the child with cause `parent`), a
-/// finished one keeps its ending, nothing outlives the call, and every log stays valid.
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn user_cancel_of_a_delegating_turn_at_every_point() {
+/// Cancels the parent's turn at every point until one lands after the turn completed.
+async fn sweep_user_cancel(tool: &'static str) {
     let mut points = Vec::new();
     for point in 0..1000 {
-        let seen = cancel_at(point).await;
+        let seen = cancel_at(tool, point).await;
         let done = seen.parent_completed;
         if let Some(previous) = points.last() {
             let previous: &Point = previous;
@@ -225,6 +232,22 @@ async fn user_cancel_of_a_delegating_turn_at_every_point() {
     );
 }
 
+/// spec: DRV-16 — a user's cancel of a turn delegating through `spawn`, at every
+/// scheduling point: the parent's turn and a still-running child both abort (the child with
+/// cause `parent`), a finished one keeps its ending, nothing outlives the call, and every log
+/// stays valid.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn user_cancel_of_a_spawn_delegation_at_every_point() {
+    sweep_user_cancel("subagent").await;
+}
+
+/// spec: DRV-16 — the same sweep through `fork`: the seeded child is
+/// cancelled the same way at every point, and its copied prefix keeps every log valid.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn user_cancel_of_a_fork_delegation_at_every_point() {
+    sweep_user_cancel("fork").await;
+}
+
 /// A parent that delegates in the background, disposed (its handle) at every scheduling point:
 /// the background child is owned by the parent's scope, so it is cancelled and disposed with the
 /// parent whatever it was doing; its job settles; every run that started also ended; and every
@@ -234,7 +257,15 @@ async fn disposal_of_a_parent_with_a_background_child_at_every_point() {
     let mut saw_child = false;
     for point in 0..1000 {
         let dir = tempfile::tempdir().expect("temp dir");
-        let mut options = HostOptions::new(dir.path(), Arc::new(Script { background: true }), "mock", "mock");
+        let mut options = HostOptions::new(
+            dir.path(),
+            Arc::new(Script {
+                tool: "subagent",
+                background: true,
+            }),
+            "mock",
+            "mock",
+        );
         let observer = InvariantObserver::shared();
         options.session_observers.push(observer.clone());
         let service = SubagentService::new();

@@ -282,7 +282,7 @@ fn count(outcomes: &[Outcome], wanted: &Outcome) -> usize {
     outcomes.iter().filter(|o| *o == wanted).count()
 }
 
-/// spec: DRV-14, DRV-16, DRV-18 — the request signal, cancelled at every scheduling point from
+/// spec: DRV-16 — the request signal, cancelled at every scheduling point from
 /// before the start to after the child settled: an early cancellation rejects the start
 /// (`CANCELLED`, nothing published), any later one before the child settles reports `aborted`,
 /// and one after it reports `completed` with the final text.
