@@ -13,6 +13,8 @@
 //!   may still finish first;
 //! * once an interruption point yields `completed`, every later point does too (the outcome is
 //!   monotonic in the point, so no window reports a finished child as aborted or the reverse);
+//! * with an output schema (the child's last step is the capture call), a structured value is
+//!   reported exactly when its capture committed in the child's log;
 //! * the child's log satisfies every online invariant, and the host ends quiescent (no agent,
 //!   session, task or registration left) — both checked by `Host::finish`.
 //!
@@ -40,6 +42,7 @@ use futures::StreamExt;
 use subagent::run::SubagentRun;
 use subagent::{StopReason, SubagentErrorCode};
 use subagent_inprocess::InProcessRunOptions;
+use subagent_inprocess::model_text::STRUCTURED_OUTPUT_TOOL;
 
 /// A tool that yields to the scheduler a few times before answering, so the child's tool step
 /// has interleaving points of its own.
@@ -96,12 +99,21 @@ enum Outcome {
     Settled(StopReason),
 }
 
-/// Runs the child once, interrupted after `point` yields of the interrupting task.
-async fn run_once(interrupt: Interrupt, point: usize) -> Outcome {
-    let script = ScriptedModel::new(vec![
-        chunks::tool_call("c1", "look", serde_json::json!({})),
-        chunks::text("done"),
-    ]);
+/// The captured value of the structured sweep.
+fn answer() -> serde_json::Value {
+    serde_json::json!({"answer": 42})
+}
+
+/// Runs the child once, interrupted after `point` yields of the interrupting task. With
+/// `structured`, the request carries an output schema and the child's second step is the
+/// capture call instead of a text answer.
+async fn run_once(interrupt: Interrupt, point: usize, structured: bool) -> Outcome {
+    let last = if structured {
+        chunks::tool_call("c2", STRUCTURED_OUTPUT_TOOL, answer())
+    } else {
+        chunks::text("done")
+    };
+    let script = ScriptedModel::new(vec![chunks::tool_call("c1", "look", serde_json::json!({})), last]);
     let mut host = Host::build(
         vec![],
         RuntimeBuilder::new().model(TRICKLE, Arc::new(Trickle(script.adapter()))),
@@ -123,10 +135,18 @@ async fn run_once(interrupt: Interrupt, point: usize) -> Outcome {
         },
     );
     let signal = Signal::new();
-    let start = tokio::spawn(host.driver.start(
-        resolve(request_from(&host.parent, signal.clone()), "spawn"),
-        InProcessRunOptions::fresh(),
-    ));
+    let mut request = request_from(&host.parent, signal.clone());
+    if structured {
+        request.output_schema = Some(serde_json::json!({
+            "type": "object",
+            "properties": {"answer": {"type": "number"}},
+            "required": ["answer"]
+        }));
+    }
+    let start = tokio::spawn(
+        host.driver
+            .start(resolve(request, "spawn"), InProcessRunOptions::fresh()),
+    );
     let mut parent_handle: Option<AgentHandle> = host.parent_handle.take();
     let mut start = Some(start);
     let mut run = None;
@@ -218,10 +238,22 @@ async fn run_once(interrupt: Interrupt, point: usize) -> Outcome {
         );
     }
     match result.stop_reason {
+        StopReason::Completed if structured => assert_eq!(result.structured, Some(answer())),
         StopReason::Completed => assert_eq!(result.output, vec![ContentBlock::text("done")]),
         StopReason::Aborted => {}
         ref other => panic!("{interrupt:?} at point {point}: unexpected stop reason {other:?}"),
     }
+    // A structured value is reported exactly when its capture committed: the capture call has a
+    // successful result in the child's own log.
+    let committed = tool_results(&run.local_agent().expect("local"))
+        .iter()
+        .any(|(id, is_error, _)| id == "c2" && !is_error);
+    assert_eq!(
+        result.structured.is_some(),
+        committed,
+        "{interrupt:?} at point {point}: structured {:?}",
+        result.structured
+    );
     // An aborted turn names who stopped it (spec §3.4: the request signal cancels with cause
     // `parent`; the run's disposal with `disposed`).
     let child = run.local_agent().expect("local");
@@ -256,10 +288,10 @@ async fn run_once(interrupt: Interrupt, point: usize) -> Outcome {
 
 /// Sweeps every interruption point until the child has completed before the interruption twice
 /// in a row, checking the outcome is monotonic. Returns the outcomes, one per point.
-async fn sweep(interrupt: Interrupt) -> Vec<Outcome> {
+async fn sweep(interrupt: Interrupt, structured: bool) -> Vec<Outcome> {
     let mut outcomes = Vec::new();
     for point in 0..500 {
-        let outcome = run_once(interrupt, point).await;
+        let outcome = run_once(interrupt, point, structured).await;
         if let Some(Outcome::Settled(StopReason::Completed)) = outcomes.last() {
             assert_eq!(
                 outcome,
@@ -288,7 +320,7 @@ fn count(outcomes: &[Outcome], wanted: &Outcome) -> usize {
 /// and one after it reports `completed` with the final text.
 #[tokio::test(start_paused = true)]
 async fn signal_at_every_point() {
-    let outcomes = sweep(Interrupt::Signal).await;
+    let outcomes = sweep(Interrupt::Signal, false).await;
     assert_eq!(
         outcomes[0],
         Outcome::Rejected,
@@ -304,7 +336,7 @@ async fn signal_at_every_point() {
 /// resolves `aborted` until the child settled, `completed` after, and disposal always quiesces.
 #[tokio::test(start_paused = true)]
 async fn run_disposal_at_every_point() {
-    let outcomes = sweep(Interrupt::DisposeRun).await;
+    let outcomes = sweep(Interrupt::DisposeRun, false).await;
     assert_eq!(
         count(&outcomes, &Outcome::Rejected),
         0,
@@ -322,10 +354,25 @@ async fn run_disposal_at_every_point() {
 /// `completed`.
 #[tokio::test(start_paused = true)]
 async fn parent_disposal_at_every_point() {
-    let outcomes = sweep(Interrupt::DisposeParent).await;
+    let outcomes = sweep(Interrupt::DisposeParent, false).await;
     assert_eq!(outcomes[0], Outcome::Rejected, "{outcomes:?}");
     assert!(
         count(&outcomes, &Outcome::Settled(StopReason::Aborted)) > 0,
         "{outcomes:?}"
     );
+}
+
+/// spec: DRV-16 — structured output under cancellation: the request signal and the run's
+/// disposal at every point of a child whose last step is the capture call. A completed run
+/// carries the captured value; a structured value is reported exactly when the capture
+/// committed in the child's log (never a value from a call that did not commit).
+#[tokio::test(start_paused = true)]
+async fn structured_capture_at_every_point() {
+    for interrupt in [Interrupt::Signal, Interrupt::DisposeRun] {
+        let outcomes = sweep(interrupt, true).await;
+        assert!(
+            count(&outcomes, &Outcome::Settled(StopReason::Aborted)) > 0,
+            "{interrupt:?}: {outcomes:?}"
+        );
+    }
 }
