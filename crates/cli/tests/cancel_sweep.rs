@@ -332,3 +332,123 @@ async fn disposal_of_a_parent_with_a_background_child_at_every_point() {
     }
     panic!("the parent and its child never both finished within 1000 points");
 }
+
+/// A parent that delegates in the background; every unsettled job of the parent is killed
+/// (`job_kill`'s registry call) at every scheduling point. A child still running at the kill
+/// ends `aborted {parent}` and its job `killed`; a job that had already settled keeps its status;
+/// nothing outlives its job; every run that started also ended; every log replays clean.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn job_kill_of_a_background_child_at_every_point() {
+    let mut killed_running = 0;
+    for point in 0..1000 {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut options = HostOptions::new(
+            dir.path(),
+            Arc::new(Script {
+                tool: "subagent",
+                background: true,
+            }),
+            "mock",
+            "mock",
+        );
+        let observer = InvariantObserver::shared();
+        options.session_observers.push(observer.clone());
+        let service = SubagentService::new();
+        let seam = SeamLifecycleCompanion::new();
+        let seam_listening = seam.listen(&service);
+        options.subagents = Some(service);
+        let host = build_host(options).expect("the host composes");
+        let handle = host
+            .create_agent(SessionId::from("coordinator"))
+            .await
+            .expect("parent");
+        let parent = handle.agent().clone();
+        parent.followup(Message::user_text("go")).expect("delivered");
+        for _ in 0..point {
+            tokio::task::yield_now().await;
+        }
+        let live: Vec<(AgentRef, bool)> = children(&host)
+            .into_iter()
+            .map(|c| {
+                let ended = last_turn_end(&c).is_some();
+                (c, ended)
+            })
+            .collect();
+        let jobs = host.jobs().snapshots(parent.id());
+        for job in &jobs {
+            if !job.status.is_terminal() {
+                host.jobs()
+                    .kill_job(parent.id(), &job.id, Some("sweep".into()))
+                    .expect("kill");
+            }
+        }
+        // Let the kills and the parent's turn settle (virtual yields only).
+        let mut spins = 0;
+        while !host
+            .jobs()
+            .snapshots(parent.id())
+            .iter()
+            .all(|j| j.status.is_terminal())
+            || parent.status() != agent::AgentStatus::Idle
+        {
+            tokio::task::yield_now().await;
+            spins += 1;
+            assert!(spins < 100_000, "point {point}: the kill never settled");
+        }
+        for (child, ended_before) in &live {
+            let end = last_turn_end(child);
+            if *ended_before {
+                assert_eq!(end, Some(TurnEndReason::Completed), "point {point}");
+            } else if jobs.iter().any(|j| !j.status.is_terminal()) {
+                killed_running += 1;
+                assert_eq!(
+                    end,
+                    Some(TurnEndReason::Aborted {
+                        reason: CancelCause::Parent
+                    }),
+                    "point {point}: a killed child still running"
+                );
+            }
+        }
+        for job in host.jobs().snapshots(parent.id()) {
+            let before = jobs.iter().find(|j| j.id == job.id).map(|j| j.status);
+            match before {
+                Some(status) if status.is_terminal() => assert_eq!(job.status, status, "point {point}"),
+                Some(_) => assert_eq!(job.status, agent::jobs::JobStatus::Killed, "point {point}"),
+                None => {}
+            }
+        }
+        assert!(
+            children(&host).is_empty(),
+            "point {point}: a child outlived its job"
+        );
+        let done = last_turn_end(&parent).is_some()
+            && jobs.iter().all(|j| j.status.is_terminal())
+            && !jobs.is_empty();
+        handle.dispose().await;
+        host.shutdown().await.expect("shutdown");
+        drop(seam_listening);
+        assert!(
+            observer.violations().is_empty(),
+            "point {point}: {:#?}",
+            observer.violations()
+        );
+        assert!(
+            seam.violations().is_empty(),
+            "point {point}: {:#?}",
+            seam.violations()
+        );
+        assert_eq!(
+            seam.open_runs(),
+            0,
+            "point {point}: every run that started also ended"
+        );
+        let report = invariants::check_store(dir.path()).expect("store");
+        assert!(report.is_clean(), "point {point}: {:#?}", report.violations);
+        if done {
+            assert!(killed_running > 0, "some point killed a running child");
+            return;
+        }
+    }
+    panic!("the job never settled on its own within 1000 points");
+}
