@@ -111,9 +111,26 @@ impl Host {
         continuable: bool,
         parent: AgentOptions,
     ) -> Self {
+        Self::build_with(script, persistence, continuable, parent, false).await
+    }
+
+    /// [`Host::build`]; with `trickle`, the model yields to the scheduler twice before every
+    /// chunk (see `sweep`), so each chunk is a scheduling point of its own.
+    async fn build_with(
+        script: Vec<ScriptEntry>,
+        persistence: bool,
+        continuable: bool,
+        parent: AgentOptions,
+        trickle: bool,
+    ) -> Self {
         let model = ScriptedModel::new(script);
         let store = Arc::new(MemoryStore::new());
-        let mut builder = RuntimeBuilder::new().model(MODEL, model.adapter());
+        let adapter = if trickle {
+            Arc::new(sweep::Trickle(model.adapter()))
+        } else {
+            model.adapter()
+        };
+        let mut builder = RuntimeBuilder::new().model(MODEL, adapter);
         if persistence {
             builder = builder.persistence(store.clone());
         }
@@ -2607,4 +2624,240 @@ async fn cont_60_cancel_during_second_delivery_discards_both() {
     assert_eq!(host.ends()[0].stop_reason, StopReason::Aborted);
     drop(listener);
     host.finish().await;
+}
+
+/// Sweeps: one continuable child's life interrupted at **every** scheduling point (counted in
+/// `yield_now` calls of the test task on a current-thread runtime with a paused clock, with a
+/// model that yields before every chunk), once per point.
+mod sweep {
+    use futures::StreamExt;
+
+    use super::*;
+
+    /// The scripted model's stream with two yields before every chunk (the loop's first look at
+    /// a stream is a probe whose wake-up it does not wait for, which spends one).
+    pub(super) struct Trickle(pub(super) Arc<dyn agent::ModelAdapter>);
+
+    impl agent::ModelAdapter for Trickle {
+        fn stream(&self, request: Arc<agent::GenerateOptions>) -> agent::ModelStream {
+            self.0
+                .stream(request)
+                .then(|item| async move {
+                    tokio::task::yield_now().await;
+                    tokio::task::yield_now().await;
+                    item
+                })
+                .boxed()
+        }
+    }
+
+    async fn host() -> Host {
+        Host::build_with(by_session(20), true, true, routed(), true).await
+    }
+
+    /// The user-role texts of the child's persisted log and whether each was answered (an
+    /// assistant message follows it before the next user text).
+    fn answered(events: &[SessionEvent]) -> Vec<(String, bool)> {
+        let mut out: Vec<(String, bool)> = Vec::new();
+        for event in events {
+            match &event.data {
+                EventData::UserMessage(message) if message.source.kind() == "user" => {
+                    out.push((visible_text(&message.content), false));
+                }
+                EventData::AssistantMessage { message, .. } if !message.content.is_empty() => {
+                    if let Some(last) = out.last_mut() {
+                        last.1 = true;
+                    }
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// spec: CONT-25 — a follow-up issued at every scheduling point of a continuable child's first
+    /// epoch (while it runs, as it settles, after it was released) is accepted and answered
+    /// exactly once, after the first task; every epoch's start edge has its end edge; the parent
+    /// hears of every epoch; and the host ends quiescent.
+    #[tokio::test(start_paused = true)]
+    async fn followup_at_every_point() {
+        let mut resumed = 0;
+        for point in 0..500 {
+            let host = host().await;
+            let (child_id, _) = host.manager.start_continuable(host.spec("first")).await.unwrap();
+            for _ in 0..point {
+                tokio::task::yield_now().await;
+            }
+            let released_first = !host.manager.is_resident(&child_id);
+            host.manager
+                .followup(&host.parent, &child_id, vec![ContentBlock::text("second")])
+                .await
+                .unwrap_or_else(|e| panic!("point {point}: the follow-up was refused: {e}"));
+            host.settle().await;
+            host.parent.when_idle().await;
+            host.settle().await;
+            let log = host.persisted(&child_id).await;
+            assert_eq!(
+                answered(&log.events),
+                vec![("first".to_owned(), true), ("second".to_owned(), true)],
+                "point {point}"
+            );
+            let (starts, ends) = (host.starts().len(), host.ends().len());
+            assert_eq!(starts, ends, "point {point}: every epoch's start has its end");
+            assert!((1..=2).contains(&starts), "point {point}: {starts} epochs");
+            assert_eq!(
+                notices(&host.parent).len(),
+                ends,
+                "point {point}: one notice per settled epoch"
+            );
+            host.finish().await;
+            if released_first {
+                resumed += 1;
+                assert_eq!(starts, 2, "point {point}: a released child is cold-resumed");
+                if resumed == 2 {
+                    return;
+                }
+            }
+        }
+        panic!("the child was never released within 500 points");
+    }
+
+    /// Whether the child's persisted log (or live log) has ended its first turn.
+    fn first_turn_ended(host: &Host, child_id: &SessionId) -> bool {
+        host.get(child_id).is_some_and(|child| {
+            child
+                .session()
+                .events()
+                .iter()
+                .any(|e| e.data.type_name() == "turn/end")
+        }) || !host.manager.is_resident(child_id)
+    }
+
+    /// spec: CONT-78 — a manager drain at every scheduling point of a continuable child's first
+    /// epoch: a child still running ends `aborted` (cause `parent`, as a drain cancels — CONT-34),
+    /// one that had finished
+    /// keeps `completed`; every start edge has its end edge; the parent hears of the epoch once;
+    /// the persisted log loads with every turn closed; and the host ends quiescent.
+    #[tokio::test(start_paused = true)]
+    async fn drain_at_every_point() {
+        for point in 0..500 {
+            let host = host().await;
+            let (child_id, _) = host.manager.start_continuable(host.spec("first")).await.unwrap();
+            for _ in 0..point {
+                tokio::task::yield_now().await;
+            }
+            let ended_first = first_turn_ended(&host, &child_id);
+            host.manager
+                .dispose_all()
+                .await
+                .unwrap_or_else(|e| panic!("point {point}: the drain failed: {e}"));
+            host.parent.when_idle().await;
+            assert!(!host.manager.is_resident(&child_id), "point {point}");
+            assert!(
+                host.get(&child_id).is_none(),
+                "point {point}: the child outlived the drain"
+            );
+            let log = host.persisted(&child_id).await;
+            let reasons = turn_end_reasons(&log.events);
+            let opened = type_names(&log.events)
+                .iter()
+                .filter(|t| *t == "turn/start")
+                .count();
+            assert_eq!(reasons.len(), opened, "point {point}: every turn closed");
+            let expected = if ended_first {
+                json!({"kind": "completed"})
+            } else {
+                json!({"kind": "aborted", "reason": {"kind": "parent"}})
+            };
+            assert_eq!(reasons, vec![expected], "point {point}");
+            assert_eq!(
+                host.starts().len(),
+                host.ends().len(),
+                "point {point}: paired edges"
+            );
+            // A completed epoch's notice opened a parent turn; a drained one waits in the
+            // parent's inbox for its next step (CONT-78).
+            let queued = host
+                .parent
+                .inbox()
+                .next_step
+                .iter()
+                .filter(|m| m.source.kind() == "subagent-settled")
+                .count();
+            assert_eq!(
+                notices(&host.parent).len() + queued,
+                1,
+                "point {point}: one notice"
+            );
+            host.finish().await;
+            if ended_first {
+                assert!(point > 0, "some point drained a running child");
+                return;
+            }
+        }
+        panic!("the child never finished within 500 points");
+    }
+
+    /// spec: CONT-96, CONT-102 — a user interrupt at every scheduling point of a continuable
+    /// child's first epoch: a running turn ends `aborted {user}`, a finished or released child is
+    /// left alone (a no-op); a follow-up afterwards is answered; edges stay paired; and the host
+    /// ends quiescent.
+    #[tokio::test(start_paused = true)]
+    async fn interrupt_at_every_point() {
+        for point in 0..500 {
+            let host = host().await;
+            let (child_id, _) = host.manager.start_continuable(host.spec("first")).await.unwrap();
+            for _ in 0..point {
+                tokio::task::yield_now().await;
+            }
+            let ended_first = first_turn_ended(&host, &child_id);
+            host.manager
+                .interrupt(
+                    &child_id,
+                    &super::super::InterruptAuthority::User {
+                        parent_session_id: SessionId::from("parent"),
+                    },
+                )
+                .unwrap_or_else(|e| panic!("point {point}: the interrupt was refused: {e}"));
+            if let Some(child) = host.get(&child_id) {
+                child.when_idle().await;
+            }
+            host.manager
+                .followup(&host.parent, &child_id, vec![ContentBlock::text("second")])
+                .await
+                .unwrap_or_else(|e| panic!("point {point}: the follow-up was refused: {e}"));
+            host.settle().await;
+            host.parent.when_idle().await;
+            host.settle().await;
+            let log = host.persisted(&child_id).await;
+            let reasons = turn_end_reasons(&log.events);
+            let first = if ended_first {
+                json!({"kind": "completed"})
+            } else {
+                json!({"kind": "aborted", "reason": {"kind": "user"}})
+            };
+            assert_eq!(
+                reasons,
+                vec![first, json!({"kind": "completed"})],
+                "point {point}"
+            );
+            let answers = answered(&log.events);
+            assert_eq!(
+                answers.last(),
+                Some(&("second".to_owned(), true)),
+                "point {point}"
+            );
+            assert_eq!(
+                host.starts().len(),
+                host.ends().len(),
+                "point {point}: paired edges"
+            );
+            host.finish().await;
+            if ended_first {
+                assert!(point > 0, "some point interrupted a running turn");
+                return;
+            }
+        }
+        panic!("the child never finished within 500 points");
+    }
 }
