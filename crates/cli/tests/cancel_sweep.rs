@@ -4,9 +4,8 @@
 //! invariant checks, the seam's lifecycle companion): by its user's cancel (a foreground
 //! delegation), and by the parent's disposal (a background delegation).
 //!
-//! The model yields to the scheduler twice before every chunk (the loop's first look at a
-//! stream is a probe whose wake-up it does not wait for), so the points fall between chunks of
-//! the parent's and the child's streams, across the delegation's start and its result, not only
+//! The model's chunks arrive one scheduling point apart ([`agent_loop::model::Trickle`]), so the
+//! points fall between chunks of the parent's and the child's streams, across the delegation's start and its result, not only
 //! between whole steps. At each point:
 //!
 //! * (user cancel) the parent's turn ends `completed` when it had already ended, else
@@ -20,14 +19,14 @@
 use std::sync::Arc;
 
 use agent::{
-    AgentRef, CancelCause, CancelOptions, ContentBlock, EventData, GenerateOptions, Message, ModelAdapter,
-    ModelStream, SessionId, StreamChunk, TurnEndReason,
+    AgentHandle, AgentRef, CancelCause, CancelOptions, ContentBlock, EventData, GenerateOptions, Message,
+    ModelAdapter, ModelStream, SessionId, StreamChunk, TurnEndReason,
 };
-use agent_loop::model::chunks;
+use agent_loop::model::{Trickle, chunks};
 use futures::StreamExt;
 use invariants::{InvariantObserver, SeamLifecycleCompanion};
 use subagent::service::SubagentService;
-use subagent_cli::host::{HostOptions, build_host};
+use subagent_cli::host::{Host, HostOptions, build_host};
 
 /// The parent delegates once (in the foreground, or in the background with `background`), then
 /// answers; the child answers at once.
@@ -61,15 +60,15 @@ impl Script {
 
 impl ModelAdapter for Script {
     fn stream(&self, request: Arc<GenerateOptions>) -> ModelStream {
-        futures::stream::iter(self.reply(&request))
-            .then(|chunk| async move {
-                tokio::task::yield_now().await;
-                tokio::task::yield_now().await;
-                Ok(chunk)
-            })
-            .boxed()
+        futures::stream::iter(self.reply(&request).into_iter().map(Ok)).boxed()
     }
 }
+
+/// The parent's script for the background sweeps.
+const BACKGROUND: Script = Script {
+    tool: "subagent",
+    background: true,
+};
 
 /// The last `turn/end` reason of a log, if any.
 fn last_turn_end(agent: &AgentRef) -> Option<TurnEndReason> {
@@ -79,12 +78,84 @@ fn last_turn_end(agent: &AgentRef) -> Option<TurnEndReason> {
     })
 }
 
-/// The live children of the parent (the agents other than the parent).
-fn children(host: &subagent_cli::host::Host) -> Vec<AgentRef> {
-    agent::AgentRuntime::list(host.runtime())
-        .into_iter()
-        .filter(|a| a.id().as_str() != "coordinator")
-        .collect()
+/// One run of the full host with the online checks: the host, a parent `coordinator` whose
+/// first turn (`go`) has been delivered, and what [`Sweep::finish`] checks at the end.
+struct Sweep {
+    dir: tempfile::TempDir,
+    host: Host,
+    handle: AgentHandle,
+    parent: AgentRef,
+    observer: Arc<InvariantObserver>,
+    seam: Arc<SeamLifecycleCompanion>,
+    seam_listening: agent::Registration,
+}
+
+impl Sweep {
+    async fn new(script: Script) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let adapter = Arc::new(Trickle::new(Arc::new(script)));
+        let mut options = HostOptions::new(dir.path(), adapter, "mock", "mock");
+        let observer = InvariantObserver::shared();
+        options.session_observers.push(observer.clone());
+        let service = SubagentService::new();
+        let seam = SeamLifecycleCompanion::new();
+        let seam_listening = seam.listen(&service);
+        options.subagents = Some(service);
+        let host = build_host(options).expect("the host composes");
+        let handle = host
+            .create_agent(SessionId::from("coordinator"))
+            .await
+            .expect("parent");
+        let parent = handle.agent().clone();
+        parent.followup(Message::user_text("go")).expect("delivered");
+        Self {
+            dir,
+            host,
+            handle,
+            parent,
+            observer,
+            seam,
+            seam_listening,
+        }
+    }
+
+    /// The live children of the parent (the agents other than the parent).
+    fn children(&self) -> Vec<AgentRef> {
+        agent::AgentRuntime::list(self.host.runtime())
+            .into_iter()
+            .filter(|a| a.id().as_str() != "coordinator")
+            .collect()
+    }
+
+    /// The live children and whether each had ended its turn.
+    fn children_ended(&self) -> Vec<(AgentRef, bool)> {
+        self.children()
+            .into_iter()
+            .map(|c| {
+                let ended = last_turn_end(&c).is_some();
+                (c, ended)
+            })
+            .collect()
+    }
+
+    /// Disposes the parent, shuts the host down and checks: no online violation, every run that
+    /// started also ended, and the store replays clean.
+    async fn finish(self, point: usize) {
+        self.handle.dispose().await;
+        self.host.shutdown().await.expect("shutdown");
+        drop(self.seam_listening);
+        let violations = self.observer.violations();
+        assert!(violations.is_empty(), "point {point}: {violations:#?}");
+        let violations = self.seam.violations();
+        assert!(violations.is_empty(), "point {point}: {violations:#?}");
+        assert_eq!(
+            self.seam.open_runs(),
+            0,
+            "point {point}: every run that started also ended"
+        );
+        let report = invariants::check_store(self.dir.path()).expect("store");
+        assert!(report.is_clean(), "point {point}: {:#?}", report.violations);
+    }
 }
 
 /// What one point observed: whether the parent's turn completed, and the child's end (if a
@@ -96,43 +167,20 @@ struct Point {
 }
 
 async fn cancel_at(tool: &'static str, point: usize) -> Point {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let mut options = HostOptions::new(
-        dir.path(),
-        Arc::new(Script {
-            tool,
-            background: false,
-        }),
-        "mock",
-        "mock",
-    );
-    let observer = InvariantObserver::shared();
-    options.session_observers.push(observer.clone());
-    let service = SubagentService::new();
-    let seam = SeamLifecycleCompanion::new();
-    let seam_listening = seam.listen(&service);
-    options.subagents = Some(service);
-    let host = build_host(options).expect("the host composes");
-    let handle = host
-        .create_agent(SessionId::from("coordinator"))
-        .await
-        .expect("parent");
-    let parent = handle.agent().clone();
-    parent.followup(Message::user_text("go")).expect("delivered");
+    let sweep = Sweep::new(Script {
+        tool,
+        background: false,
+    })
+    .await;
+    let parent = sweep.parent.clone();
     for _ in 0..point {
         tokio::task::yield_now().await;
     }
     // What had ended before the interruption.
     let parent_ended = last_turn_end(&parent).is_some();
-    let child_before: Vec<(AgentRef, bool)> = children(&host)
-        .into_iter()
-        .map(|c| {
-            let ended = last_turn_end(&c).is_some();
-            (c, ended)
-        })
-        .collect();
+    let child_before = sweep.children_ended();
     parent.cancel(CancelCause::User, CancelOptions::default());
-    host.settle(&parent).await;
+    sweep.host.settle(&parent).await;
 
     let parent_end = last_turn_end(&parent).expect("the parent's turn ended");
     if parent_ended {
@@ -162,29 +210,10 @@ async fn cancel_at(tool: &'static str, point: usize) -> Point {
         child = end;
     }
     assert!(
-        children(&host).is_empty(),
+        sweep.children().is_empty(),
         "point {point}: the foreground child outlived its tool call"
     );
-    handle.dispose().await;
-    host.shutdown().await.expect("shutdown");
-    drop(seam_listening);
-    assert!(
-        observer.violations().is_empty(),
-        "point {point}: {:#?}",
-        observer.violations()
-    );
-    assert!(
-        seam.violations().is_empty(),
-        "point {point}: {:#?}",
-        seam.violations()
-    );
-    assert_eq!(
-        seam.open_runs(),
-        0,
-        "point {point}: every run that started also ended"
-    );
-    let report = invariants::check_store(dir.path()).expect("store");
-    assert!(report.is_clean(), "point {point}: {:#?}", report.violations);
+    sweep.finish(point).await;
     Point {
         parent_completed: parent_end == TurnEndReason::Completed,
         child,
@@ -256,75 +285,37 @@ async fn user_cancel_of_a_fork_delegation_at_every_point() {
 async fn disposal_of_a_parent_with_a_background_child_at_every_point() {
     let mut saw_child = false;
     for point in 0..1000 {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let mut options = HostOptions::new(
-            dir.path(),
-            Arc::new(Script {
-                tool: "subagent",
-                background: true,
-            }),
-            "mock",
-            "mock",
-        );
-        let observer = InvariantObserver::shared();
-        options.session_observers.push(observer.clone());
-        let service = SubagentService::new();
-        let seam = SeamLifecycleCompanion::new();
-        let seam_listening = seam.listen(&service);
-        options.subagents = Some(service);
-        let host = build_host(options).expect("the host composes");
-        let handle = host
-            .create_agent(SessionId::from("coordinator"))
-            .await
-            .expect("parent");
-        let parent = handle.agent().clone();
-        parent.followup(Message::user_text("go")).expect("delivered");
+        let sweep = Sweep::new(BACKGROUND).await;
+        let parent = sweep.parent.clone();
         for _ in 0..point {
             tokio::task::yield_now().await;
         }
         let parent_ended = last_turn_end(&parent).is_some();
-        let live: Vec<AgentRef> = children(&host);
+        let live = sweep.children();
         let child_ended = live.iter().all(|c| last_turn_end(c).is_some());
         saw_child |= !live.is_empty();
-        handle.dispose().await;
+        sweep.handle.dispose().await;
         // The parent's scope drained its background child.
         assert!(
-            children(&host).is_empty(),
+            sweep.children().is_empty(),
             "point {point}: a child outlived its parent"
         );
         for child in &live {
-            let end = last_turn_end(child);
             assert!(
-                end.is_some() || child.session().events().is_empty(),
+                last_turn_end(child).is_some() || child.session().events().is_empty(),
                 "point {point}: the child's turn never closed"
             );
         }
         assert!(
-            host.jobs()
+            sweep
+                .host
+                .jobs()
                 .snapshots(parent.id())
                 .iter()
                 .all(|j| j.status.is_terminal()),
             "point {point}: a job outlived its owner"
         );
-        host.shutdown().await.expect("shutdown");
-        drop(seam_listening);
-        assert!(
-            observer.violations().is_empty(),
-            "point {point}: {:#?}",
-            observer.violations()
-        );
-        assert!(
-            seam.violations().is_empty(),
-            "point {point}: {:#?}",
-            seam.violations()
-        );
-        assert_eq!(
-            seam.open_runs(),
-            0,
-            "point {point}: every run that started also ended"
-        );
-        let report = invariants::check_store(dir.path()).expect("store");
-        assert!(report.is_clean(), "point {point}: {:#?}", report.violations);
+        sweep.finish(point).await;
         if parent_ended && child_ended {
             assert!(saw_child, "the sweep reached the background child");
             return;
@@ -341,51 +332,23 @@ async fn disposal_of_a_parent_with_a_background_child_at_every_point() {
 async fn job_kill_of_a_background_child_at_every_point() {
     let mut killed_running = 0;
     for point in 0..1000 {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let mut options = HostOptions::new(
-            dir.path(),
-            Arc::new(Script {
-                tool: "subagent",
-                background: true,
-            }),
-            "mock",
-            "mock",
-        );
-        let observer = InvariantObserver::shared();
-        options.session_observers.push(observer.clone());
-        let service = SubagentService::new();
-        let seam = SeamLifecycleCompanion::new();
-        let seam_listening = seam.listen(&service);
-        options.subagents = Some(service);
-        let host = build_host(options).expect("the host composes");
-        let handle = host
-            .create_agent(SessionId::from("coordinator"))
-            .await
-            .expect("parent");
-        let parent = handle.agent().clone();
-        parent.followup(Message::user_text("go")).expect("delivered");
+        let sweep = Sweep::new(BACKGROUND).await;
+        let (parent, jobs_of) = (sweep.parent.clone(), sweep.host.jobs().clone());
         for _ in 0..point {
             tokio::task::yield_now().await;
         }
-        let live: Vec<(AgentRef, bool)> = children(&host)
-            .into_iter()
-            .map(|c| {
-                let ended = last_turn_end(&c).is_some();
-                (c, ended)
-            })
-            .collect();
-        let jobs = host.jobs().snapshots(parent.id());
+        let live = sweep.children_ended();
+        let jobs = jobs_of.snapshots(parent.id());
         for job in &jobs {
             if !job.status.is_terminal() {
-                host.jobs()
+                jobs_of
                     .kill_job(parent.id(), &job.id, Some("sweep".into()))
                     .expect("kill");
             }
         }
         // Let the kills and the parent's turn settle (virtual yields only).
         let mut spins = 0;
-        while !host
-            .jobs()
+        while !jobs_of
             .snapshots(parent.id())
             .iter()
             .all(|j| j.status.is_terminal())
@@ -395,11 +358,12 @@ async fn job_kill_of_a_background_child_at_every_point() {
             spins += 1;
             assert!(spins < 100_000, "point {point}: the kill never settled");
         }
+        let killed_now = jobs.iter().any(|j| !j.status.is_terminal());
         for (child, ended_before) in &live {
             let end = last_turn_end(child);
             if *ended_before {
                 assert_eq!(end, Some(TurnEndReason::Completed), "point {point}");
-            } else if jobs.iter().any(|j| !j.status.is_terminal()) {
+            } else if killed_now {
                 killed_running += 1;
                 assert_eq!(
                     end,
@@ -410,42 +374,20 @@ async fn job_kill_of_a_background_child_at_every_point() {
                 );
             }
         }
-        for job in host.jobs().snapshots(parent.id()) {
-            let before = jobs.iter().find(|j| j.id == job.id).map(|j| j.status);
-            match before {
+        for job in jobs_of.snapshots(parent.id()) {
+            match jobs.iter().find(|j| j.id == job.id).map(|j| j.status) {
                 Some(status) if status.is_terminal() => assert_eq!(job.status, status, "point {point}"),
                 Some(_) => assert_eq!(job.status, agent::jobs::JobStatus::Killed, "point {point}"),
                 None => {}
             }
         }
         assert!(
-            children(&host).is_empty(),
+            sweep.children().is_empty(),
             "point {point}: a child outlived its job"
         );
-        let done = last_turn_end(&parent).is_some()
-            && jobs.iter().all(|j| j.status.is_terminal())
-            && !jobs.is_empty();
-        handle.dispose().await;
-        host.shutdown().await.expect("shutdown");
-        drop(seam_listening);
-        assert!(
-            observer.violations().is_empty(),
-            "point {point}: {:#?}",
-            observer.violations()
-        );
-        assert!(
-            seam.violations().is_empty(),
-            "point {point}: {:#?}",
-            seam.violations()
-        );
-        assert_eq!(
-            seam.open_runs(),
-            0,
-            "point {point}: every run that started also ended"
-        );
-        let report = invariants::check_store(dir.path()).expect("store");
-        assert!(report.is_clean(), "point {point}: {:#?}", report.violations);
-        if done {
+        let settled_alone = !jobs.is_empty() && !killed_now;
+        sweep.finish(point).await;
+        if settled_alone {
             assert!(killed_running > 0, "some point killed a running child");
             return;
         }

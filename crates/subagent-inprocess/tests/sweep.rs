@@ -29,16 +29,12 @@ mod common;
 use std::sync::Arc;
 
 use agent::tools::{ToolContext, ToolDefinition, ToolError, ToolHandler, ToolOutput};
-use agent::{
-    AgentHandle, AgentOptions, CancelCause, ContentBlock, GenerateOptions, ModelAdapter, ModelStream, Signal,
-    TurnEndReason,
-};
+use agent::{AgentHandle, AgentOptions, CancelCause, ContentBlock, Signal, TurnEndReason};
 use agent_loop::ScriptedModel;
-use agent_loop::model::chunks;
+use agent_loop::model::{Trickle, chunks};
 use agent_loop::runtime::RuntimeBuilder;
 use async_trait::async_trait;
 use common::*;
-use futures::StreamExt;
 use subagent::run::SubagentRun;
 use subagent::{StopReason, SubagentErrorCode};
 use subagent_inprocess::InProcessRunOptions;
@@ -55,24 +51,6 @@ impl ToolHandler for Yielding {
             tokio::task::yield_now().await;
         }
         Ok(ToolOutput::text("looked"))
-    }
-}
-
-/// The scripted model's stream with a yield to the scheduler before every chunk.
-struct Trickle(Arc<dyn ModelAdapter>);
-
-impl ModelAdapter for Trickle {
-    fn stream(&self, request: Arc<GenerateOptions>) -> ModelStream {
-        self.0
-            .stream(request)
-            .then(|item| async move {
-                // Twice: the driver first probes the stream for a ready chunk (a poll whose
-                // wake-up it does not wait for), so one yield would be spent by that probe.
-                tokio::task::yield_now().await;
-                tokio::task::yield_now().await;
-                item
-            })
-            .boxed()
     }
 }
 
@@ -118,7 +96,7 @@ async fn run_once(interrupt: Interrupt, point: usize, structured: bool, exact: b
     let script = ScriptedModel::new(vec![chunks::tool_call("c1", "look", serde_json::json!({})), last]);
     let mut host = Host::build(
         vec![],
-        RuntimeBuilder::new().model(TRICKLE, Arc::new(Trickle(script.adapter()))),
+        RuntimeBuilder::new().model(TRICKLE, Arc::new(Trickle::new(script.adapter()))),
         AgentOptions {
             provider: Some(TRICKLE.into()),
             model: Some(TRICKLE.into()),

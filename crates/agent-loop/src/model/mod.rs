@@ -1,5 +1,6 @@
-//! Model adapters: the deterministic [`ScriptedModel`] test double and, behind the `openai`
-//! feature, `OpenAiCompatible` for any OpenAI-compatible chat-completions endpoint.
+//! Model adapters: the deterministic [`ScriptedModel`] test double (and [`Trickle`], which spaces
+//! any adapter's chunks one scheduling point apart) and, behind the `openai` feature,
+//! `OpenAiCompatible` for any OpenAI-compatible chat-completions endpoint.
 //!
 //! Both implement [`agent::ModelAdapter`]: every stream they return obeys the grammar of spec
 //! §13.2 (block-start / delta / block-end carrying the assembled block, at most one usage,
@@ -7,11 +8,13 @@
 
 pub mod chunks;
 mod scripted;
+mod trickle;
 
 #[cfg(feature = "openai")]
 mod openai;
 
 pub use scripted::{HANG_SLOW_DELAY, Responder, ScriptEntry, ScriptedModel};
+pub use trickle::Trickle;
 
 #[cfg(feature = "openai")]
 pub use openai::{OpenAiCompatible, OpenAiConfig};

@@ -114,8 +114,8 @@ impl Host {
         Self::build_with(script, persistence, continuable, parent, false).await
     }
 
-    /// [`Host::build`]; with `trickle`, the model yields to the scheduler twice before every
-    /// chunk (see `sweep`), so each chunk is a scheduling point of its own.
+    /// [`Host::build`]; with `trickle`, the model's chunks arrive one scheduling point apart
+    /// ([`agent_loop::model::Trickle`]).
     async fn build_with(
         script: Vec<ScriptEntry>,
         persistence: bool,
@@ -126,7 +126,7 @@ impl Host {
         let model = ScriptedModel::new(script);
         let store = Arc::new(MemoryStore::new());
         let adapter = if trickle {
-            Arc::new(sweep::Trickle(model.adapter()))
+            Arc::new(agent_loop::model::Trickle::new(model.adapter()))
         } else {
             model.adapter()
         };
@@ -2630,26 +2630,7 @@ async fn cont_60_cancel_during_second_delivery_discards_both() {
 /// `yield_now` calls of the test task on a current-thread runtime with a paused clock, with a
 /// model that yields before every chunk), once per point.
 mod sweep {
-    use futures::StreamExt;
-
     use super::*;
-
-    /// The scripted model's stream with two yields before every chunk (the loop's first look at
-    /// a stream is a probe whose wake-up it does not wait for, which spends one).
-    pub(super) struct Trickle(pub(super) Arc<dyn agent::ModelAdapter>);
-
-    impl agent::ModelAdapter for Trickle {
-        fn stream(&self, request: Arc<agent::GenerateOptions>) -> agent::ModelStream {
-            self.0
-                .stream(request)
-                .then(|item| async move {
-                    tokio::task::yield_now().await;
-                    tokio::task::yield_now().await;
-                    item
-                })
-                .boxed()
-        }
-    }
 
     async fn host() -> Host {
         Host::build_with(by_session(20), true, true, routed(), true).await
@@ -2722,31 +2703,33 @@ mod sweep {
         panic!("the child was never released within 500 points");
     }
 
-    /// Whether the child's persisted log (or live log) has ended its first turn.
-    fn first_turn_ended(host: &Host, child_id: &SessionId) -> bool {
-        host.get(child_id).is_some_and(|child| {
-            child
-                .session()
-                .events()
-                .iter()
-                .any(|e| e.data.type_name() == "turn/end")
-        }) || !host.manager.is_resident(child_id)
+    /// A host whose continuable child (prompt `first`) ran for `point` scheduling points, the
+    /// child's id, and whether its first turn had ended (or it was already released) by then.
+    async fn started_until(point: usize) -> (Host, SessionId, bool) {
+        let host = host().await;
+        let (child_id, _) = host.manager.start_continuable(host.spec("first")).await.unwrap();
+        for _ in 0..point {
+            tokio::task::yield_now().await;
+        }
+        let ended = !host.manager.is_resident(&child_id)
+            || host.get(&child_id).is_some_and(|child| {
+                child
+                    .session()
+                    .events()
+                    .iter()
+                    .any(|e| e.data.type_name() == "turn/end")
+            });
+        (host, child_id, ended)
     }
 
     /// spec: CONT-78 — a manager drain at every scheduling point of a continuable child's first
     /// epoch: a child still running ends `aborted` (cause `parent`, as a drain cancels — CONT-34),
-    /// one that had finished
-    /// keeps `completed`; every start edge has its end edge; the parent hears of the epoch once;
+    /// one that had finished keeps `completed`; every start edge has its end edge; the parent hears of the epoch once;
     /// the persisted log loads with every turn closed; and the host ends quiescent.
     #[tokio::test(start_paused = true)]
     async fn drain_at_every_point() {
         for point in 0..500 {
-            let host = host().await;
-            let (child_id, _) = host.manager.start_continuable(host.spec("first")).await.unwrap();
-            for _ in 0..point {
-                tokio::task::yield_now().await;
-            }
-            let ended_first = first_turn_ended(&host, &child_id);
+            let (host, child_id, ended_first) = started_until(point).await;
             host.manager
                 .dispose_all()
                 .await
@@ -2805,12 +2788,7 @@ mod sweep {
     #[tokio::test(start_paused = true)]
     async fn interrupt_at_every_point() {
         for point in 0..500 {
-            let host = host().await;
-            let (child_id, _) = host.manager.start_continuable(host.spec("first")).await.unwrap();
-            for _ in 0..point {
-                tokio::task::yield_now().await;
-            }
-            let ended_first = first_turn_ended(&host, &child_id);
+            let (host, child_id, ended_first) = started_until(point).await;
             host.manager
                 .interrupt(
                     &child_id,
