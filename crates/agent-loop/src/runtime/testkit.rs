@@ -38,11 +38,15 @@ thread_local! {
 /// A builder with `model` serving [`MOCK`] and the online invariant checker installed into
 /// every session ([`finish`] asserts it recorded no violation).
 pub(crate) fn builder(model: &ScriptedModel) -> RuntimeBuilder {
+    builder_over(model.adapter())
+}
+
+/// [`builder`] over any adapter serving [`MOCK`] (a [`Trickle`](crate::model::Trickle)-wrapped
+/// script, say).
+pub(crate) fn builder_over(adapter: Arc<dyn agent::ModelAdapter>) -> RuntimeBuilder {
     let checker = invariants::InvariantObserver::shared();
     CHECKERS.with(|c| c.borrow_mut().push(checker.clone()));
-    Runtime::builder()
-        .model(MOCK, model.adapter())
-        .session_observer(checker)
+    Runtime::builder().model(MOCK, adapter).session_observer(checker)
 }
 
 /// Options routed to the scripted model.

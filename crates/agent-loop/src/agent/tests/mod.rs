@@ -3,6 +3,7 @@
 
 mod delivery;
 mod driver;
+mod sweep;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
