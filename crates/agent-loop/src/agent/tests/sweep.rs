@@ -1,5 +1,6 @@
 //! Sweeps: one two-step turn (a tool call whose body yields, then a text answer) interrupted at
-//! **every** scheduling point of its life, once per point, by a cancel, a steer and a follow-up.
+//! **every** scheduling point of its life, once per point, by a cancel, a steer, a follow-up and
+//! the agent's disposal.
 //! The model's chunks arrive one scheduling point apart ([`Trickle`]), so the points fall between
 //! chunks, inside the tool call and at every boundary of the turn. Every run must end with a
 //! log the online invariant checker accepts and a quiescent runtime (checked by `finish`).
@@ -7,7 +8,7 @@
 use std::sync::Arc;
 
 use agent::tools::ToolOutput;
-use agent::{ContentBlock, GenerateOptions, Message, TurnEndReason};
+use agent::{AgentError, AgentRuntime, ContentBlock, GenerateOptions, Message, TurnEndReason};
 
 use super::*;
 use crate::model::{ScriptEntry, ScriptedModel, Trickle, chunks};
@@ -202,6 +203,40 @@ async fn followup_at_every_point() {
         finish(&rt, [handle]).await;
         if ended {
             assert!(point > 0);
+            return;
+        }
+    }
+    panic!("the turn never completed within 500 points");
+}
+
+/// The agent's disposal (spec §9.4) at every scheduling point of a two-step turn: a running
+/// turn ends `aborted {disposed}`, a finished one keeps `completed`; the disposal always reaches
+/// quiescence (the agent and its session unregistered, no task left) with a log the checker
+/// accepts, and the disposed agent rejects new work.
+#[tokio::test(start_paused = true)]
+async fn disposal_at_every_point() {
+    for point in 0..500 {
+        let (rt, handle, agent, look) = started().await;
+        let ended = at_point(point, &agent, |_| {}).await;
+        handle.dispose().await;
+        let expected = if ended {
+            TurnEndReason::Completed
+        } else {
+            aborted(CancelCause::Disposed)
+        };
+        assert_eq!(turn_ends(&*agent), [expected], "point {point}");
+        assert!(
+            AgentRuntime::get(&rt, agent.id()).is_none(),
+            "point {point}: still registered"
+        );
+        assert!(
+            matches!(agent.followup(user("late")), Err(AgentError::Disposed(_))),
+            "point {point}: a disposed agent took new work"
+        );
+        drop(look);
+        finish(&rt, [handle]).await;
+        if ended {
+            assert!(point > 0, "some point disposed a running turn");
             return;
         }
     }
