@@ -102,7 +102,9 @@ impl RunState {
     /// Removes the listener without running it.
     fn disarm(&self) {
         self.armed.store(false, Ordering::SeqCst);
-        drop(self.listener.lock().take());
+        // Dropped outside the lock: unregistering takes the signal chain's locks.
+        let listener = self.listener.lock().take();
+        drop(listener);
     }
 
     pub(crate) fn is_cancelled(&self) -> bool {
