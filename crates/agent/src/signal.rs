@@ -89,7 +89,7 @@ struct Shared {
     cancelled: AtomicBool,
     /// The synchronous listeners registered by [`Signal::on_cancel`] on this signal or on a
     /// descendant; drained by the [`Signal::cancel`] that cancels this signal.
-    listeners: Mutex<Vec<Arc<ListenerSlot>>>,
+    listeners: Mutex<Vec<Arc<dyn ListenerSlot>>>,
     /// Raised once [`Signal::token`] has handed the token out. Until then (here and in every
     /// ancestor) the token can only be cancelled through [`Signal::cancel`] of this signal or an
     /// ancestor, which raise `cancelled`, so [`Signal::is_cancelled`] reads flags instead of
@@ -98,13 +98,22 @@ struct Shared {
 }
 
 /// One registered [`Signal::on_cancel`] action, shared by every signal of the chain it was
-/// registered on; whichever runs or removes it first takes the action.
-struct ListenerSlot {
-    action: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+/// registered on; whichever runs or removes it first takes the action. (One allocation holds
+/// the slot and the action.)
+trait ListenerSlot: Send + Sync {
+    /// Runs the action if nobody took it yet, containing a panic.
+    fn run(&self);
+    /// Drops the action unrun if nobody took it yet.
+    fn discard(&self);
+    /// Whether the action is still there.
+    fn pending(&self) -> bool;
 }
 
-impl ListenerSlot {
-    /// Runs the action if nobody took it yet, containing a panic.
+struct Slot<F> {
+    action: Mutex<Option<F>>,
+}
+
+impl<F: FnOnce() + Send + 'static> ListenerSlot for Slot<F> {
     fn run(&self) {
         let action = self.action.lock().take();
         if let Some(action) = action
@@ -113,6 +122,20 @@ impl ListenerSlot {
             tracing::warn!("a signal's cancel listener panicked; the cancellation stands");
         }
     }
+
+    fn discard(&self) {
+        let action = self.action.lock().take();
+        drop(action);
+    }
+
+    fn pending(&self) -> bool {
+        self.action.lock().is_some()
+    }
+}
+
+/// Whether two slots are the same registration (data pointers; vtables may differ).
+fn same_slot(a: &Arc<dyn ListenerSlot>, b: &Arc<dyn ListenerSlot>) -> bool {
+    std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
 }
 
 /// The registration of a [`Signal::on_cancel`] action: dropping it removes the action from the
@@ -120,20 +143,20 @@ impl ListenerSlot {
 #[must_use = "dropping the listener removes it"]
 pub struct CancelListener {
     signal: Signal,
-    slot: Arc<ListenerSlot>,
+    slot: Arc<dyn ListenerSlot>,
 }
 
 impl CancelListener {
     /// Takes the action (so it never runs) and removes the slot from every list of the chain.
     fn unregister(&self) {
-        drop(self.slot.action.lock().take());
+        self.slot.discard();
         let mut chain = Some(&self.signal);
         while let Some(signal) = chain {
             signal
                 .shared
                 .listeners
                 .lock()
-                .retain(|slot| !Arc::ptr_eq(slot, &self.slot));
+                .retain(|slot| !same_slot(slot, &self.slot));
             chain = signal.shared.parent.as_ref();
         }
     }
@@ -148,7 +171,7 @@ impl Drop for CancelListener {
 impl fmt::Debug for CancelListener {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CancelListener")
-            .field("pending", &self.slot.action.lock().is_some())
+            .field("pending", &self.slot.pending())
             .finish()
     }
 }
@@ -232,8 +255,8 @@ impl Signal {
     ///   `cancel` returns normally.
     /// * The action must not block: it runs inside whichever call cancels the signal.
     pub fn on_cancel(&self, action: impl FnOnce() + Send + 'static) -> CancelListener {
-        let slot = Arc::new(ListenerSlot {
-            action: Mutex::new(Some(Box::new(action))),
+        let slot: Arc<dyn ListenerSlot> = Arc::new(Slot {
+            action: Mutex::new(Some(action)),
         });
         let mut chain = Some(self);
         while let Some(signal) = chain {
