@@ -394,3 +394,42 @@ async fn job_kill_of_a_background_child_at_every_point() {
     }
     panic!("the job never settled on its own within 1000 points");
 }
+
+/// A user's cancel of a turn that delegated in the background, at every scheduling point: the
+/// call's token does not own a background child, so a child that was started always runs to
+/// `completed` and its job completes, whenever the parent's turn was cancelled.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn user_cancel_never_reaches_a_background_child() {
+    let mut saw_child = false;
+    for point in 0..1000 {
+        let sweep = Sweep::new(BACKGROUND).await;
+        let (parent, jobs) = (sweep.parent.clone(), sweep.host.jobs().clone());
+        for _ in 0..point {
+            tokio::task::yield_now().await;
+        }
+        let parent_ended = last_turn_end(&parent).is_some();
+        parent.cancel(CancelCause::User, CancelOptions::default());
+        parent.when_idle().await;
+        // Wait (virtual yields only) for the jobs the turn started to settle on their own.
+        let mut spins = 0;
+        while !jobs.snapshots(parent.id()).iter().all(|j| j.status.is_terminal()) {
+            tokio::task::yield_now().await;
+            spins += 1;
+            assert!(spins < 100_000, "point {point}: a background job never settled");
+        }
+        for job in jobs.snapshots(parent.id()) {
+            saw_child = true;
+            assert_eq!(
+                job.status,
+                agent::jobs::JobStatus::Completed,
+                "point {point}: the user's cancel reached the background child"
+            );
+        }
+        sweep.finish(point).await;
+        if parent_ended {
+            assert!(saw_child, "some point started the background child");
+            return;
+        }
+    }
+    panic!("the parent's turn never completed within 1000 points");
+}
