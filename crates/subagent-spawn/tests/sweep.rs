@@ -108,9 +108,9 @@ async fn cancel_at(point: usize) -> Option<StopReason> {
 }
 
 /// spec: SEAM-105, SEAM-107, SEAM-108 — lifecycle after fulfilment only, start before end, one
-/// end per start (carrying the output, omitted when empty), at
-/// every point a request signal can fire: rejected starts are silent, aborted and completed
-/// runs each end once with their own stop reason and output.
+/// end per start (carrying the output, omitted when empty), at every point a request signal can
+/// fire: rejected starts are silent, aborted and completed runs each end once with their own
+/// stop reason and output.
 #[tokio::test(start_paused = true)]
 async fn lifecycle_at_every_cancellation_point() {
     let mut outcomes = Vec::new();
