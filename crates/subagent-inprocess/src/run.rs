@@ -201,7 +201,10 @@ async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
 ///   prompt could not be delivered (an infrastructure fault). Await it any number of times.
 /// * **Cancellation.** The request signal is the only channel: once it fires the child is
 ///   cancelled with cause `parent` and the result reports `aborted` (a turn that already
-///   completed stays `completed`). There is no steer, resume or follow-up.
+///   completed stays `completed`). A [`Signal::cancel`] of the request signal or of an ancestor
+///   cancels the child inside that call, so a child still running at the cancel can never
+///   finish as `completed`; a token cancelled directly (through [`Signal::token`]) is noticed by
+///   the result task instead. There is no steer, resume or follow-up.
 /// * **Dispose** is memoized: at the call it removes the signal listener, marks the run
 ///   cancelled and starts the handle's quiescence transaction (the child is cancelled with cause
 ///   `disposed` at once); the rest of that transaction (wait for idle, unwind the child's scope,
