@@ -20,9 +20,10 @@
 //!
 //! The interruption point is counted in `yield_now` calls of the interrupting task on a
 //! current-thread runtime with a paused clock, so each point is one deterministic interleaving.
-//! The model yields to the scheduler before every chunk and the tool yields before answering, so
-//! the points fall between chunks, inside the tool call and at every boundary of the child's
-//! turn, not only between whole steps.
+//! The model's chunks arrive one scheduling point apart ([`Trickle`]) and the tool yields before
+//! answering, so the points fall between chunks, inside the tool call and at every boundary of
+//! the child's turn, not only between whole steps. A last test lets the same interruptions race
+//! for real on a multi-threaded runtime, where only the timing-independent checks apply.
 
 mod common;
 
