@@ -214,7 +214,9 @@ async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
 ///   result failure stays on [`result`](SubagentRun::result).
 /// * **Drop** without dispose starts the same disposal in the background (a task on the
 ///   driver's tracker, so [`InProcessDriver::wait`](crate::InProcessDriver::wait) awaits it) and
-///   logs a warning.
+///   logs a warning — unless the request signal had already fired: a caller that drops the run
+///   because its own token was cancelled (a cancelled tool call's future is dropped mid-await)
+///   made no mistake, so that drop is logged at debug level only.
 pub struct LocalRun {
     state: Arc<RunState>,
     result: RunResultFuture,
@@ -331,7 +333,13 @@ impl Drop for LocalRun {
         if self.dispose.get().is_some() {
             return;
         }
-        tracing::warn!(child = %self.state.id, "subagent run dropped without dispose(); disposing in the background");
+        if self.state.is_cancelled() {
+            // The request signal fired (disposal returned above): the caller dropping the run
+            // because its own token was cancelled — as a cancelled tool call does — is expected.
+            tracing::debug!(child = %self.state.id, "cancelled subagent run dropped; disposing in the background");
+        } else {
+            tracing::warn!(child = %self.state.id, "subagent run dropped without dispose(); disposing in the background");
+        }
         let fut = self.start_dispose();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             drop(self.tasks.spawn_on(fut, &rt));
