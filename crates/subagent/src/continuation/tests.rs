@@ -2724,8 +2724,9 @@ mod sweep {
 
     /// spec: CONT-78 — a manager drain at every scheduling point of a continuable child's first
     /// epoch: a child still running ends `aborted` (cause `parent`, as a drain cancels — CONT-34),
-    /// one that had finished keeps `completed`; every start edge has its end edge; the parent hears of the epoch once;
-    /// the persisted log loads with every turn closed; and the host ends quiescent.
+    /// one that had finished keeps `completed`; every start edge has its end edge; the parent
+    /// hears of the epoch once; the persisted log loads with every turn closed; and the host ends
+    /// quiescent.
     #[tokio::test(start_paused = true)]
     async fn drain_at_every_point() {
         for point in 0..500 {
@@ -2779,6 +2780,61 @@ mod sweep {
             }
         }
         panic!("the child never finished within 500 points");
+    }
+
+    /// spec: CONT-17 — a manager drain at every scheduling point of a **cold-resumed** epoch: the
+    /// first epoch completed and was released, a follow-up resumed the child from its persisted
+    /// log, and the drain lands somewhere in the second epoch. The persisted log keeps the first
+    /// epoch intact and closes the second (`completed` if it had finished, else `aborted`),
+    /// every start edge has its end edge, and the host ends quiescent.
+    #[tokio::test(start_paused = true)]
+    async fn drain_at_every_point_of_a_resumed_epoch() {
+        for point in 0..500 {
+            let host = host().await;
+            let (child_id, _) = host.manager.start_continuable(host.spec("first")).await.unwrap();
+            host.settle().await;
+            host.parent.when_idle().await;
+            host.manager
+                .followup(&host.parent, &child_id, vec![ContentBlock::text("second")])
+                .await
+                .expect("cold resume");
+            for _ in 0..point {
+                tokio::task::yield_now().await;
+            }
+            let ended = !host.manager.is_resident(&child_id)
+                || host
+                    .get(&child_id)
+                    .is_some_and(|child| turn_end_reasons(&live_log(&child)).len() == 2);
+            host.manager
+                .dispose_all()
+                .await
+                .unwrap_or_else(|e| panic!("point {point}: the drain failed: {e}"));
+            host.parent.when_idle().await;
+            let log = host.persisted(&child_id).await;
+            let second = if ended {
+                json!({"kind": "completed"})
+            } else {
+                json!({"kind": "aborted", "reason": {"kind": "parent"}})
+            };
+            assert_eq!(
+                turn_end_reasons(&log.events),
+                vec![json!({"kind": "completed"}), second],
+                "point {point}"
+            );
+            assert_eq!(
+                answered(&log.events)[0],
+                ("first".to_owned(), true),
+                "point {point}"
+            );
+            assert_eq!(host.starts().len(), 2, "point {point}: two epochs");
+            assert_eq!(host.ends().len(), 2, "point {point}: paired edges");
+            host.finish().await;
+            if ended {
+                assert!(point > 0, "some point drained the resumed child while it ran");
+                return;
+            }
+        }
+        panic!("the resumed child never finished within 500 points");
     }
 
     /// spec: CONT-96, CONT-102 — a user interrupt at every scheduling point of a continuable
