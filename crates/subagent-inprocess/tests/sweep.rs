@@ -20,20 +20,20 @@
 //!
 //! The interruption point is counted in `yield_now` calls of the interrupting task on a
 //! current-thread runtime with a paused clock, so each point is one deterministic interleaving.
-//! The model's chunks arrive one scheduling point apart ([`Trickle`]) and the tool yields before
-//! answering, so the points fall between chunks, inside the tool call and at every boundary of
-//! the child's turn, not only between whole steps. A last test lets the same interruptions race
-//! for real on a multi-threaded runtime, where only the timing-independent checks apply.
+//! The model's chunks arrive one scheduling point apart ([`agent_loop::model::Trickle`], through
+//! `Host::trickled`) and the tool yields before answering, so the points fall between chunks,
+//! inside the tool call and at every boundary of the child's turn, not only between whole
+//! steps. A last test lets the same interruptions race for real on a multi-threaded runtime,
+//! where only the timing-independent checks apply.
 
 mod common;
 
 use std::sync::Arc;
 
 use agent::tools::{ToolContext, ToolDefinition, ToolError, ToolHandler, ToolOutput};
-use agent::{AgentHandle, AgentOptions, CancelCause, ContentBlock, Signal, TurnEndReason};
+use agent::{AgentHandle, CancelCause, ContentBlock, Signal, TurnEndReason};
 use agent_loop::ScriptedModel;
-use agent_loop::model::{Trickle, chunks};
-use agent_loop::runtime::RuntimeBuilder;
+use agent_loop::model::chunks;
 use async_trait::async_trait;
 use common::*;
 use subagent::run::SubagentRun;
@@ -54,9 +54,6 @@ impl ToolHandler for Yielding {
         Ok(ToolOutput::text("looked"))
     }
 }
-
-/// The route served by [`Trickle`].
-const TRICKLE: &str = "trickle";
 
 /// How the run is interrupted.
 #[derive(Clone, Copy, Debug)]
@@ -95,16 +92,7 @@ async fn run_once(interrupt: Interrupt, point: usize, structured: bool, exact: b
         chunks::text("done")
     };
     let script = ScriptedModel::new(vec![chunks::tool_call("c1", "look", serde_json::json!({})), last]);
-    let mut host = Host::build(
-        vec![],
-        RuntimeBuilder::new().model(TRICKLE, Arc::new(Trickle::new(script.adapter()))),
-        AgentOptions {
-            provider: Some(TRICKLE.into()),
-            model: Some(TRICKLE.into()),
-            ..AgentOptions::default()
-        },
-    )
-    .await;
+    let mut host = Host::trickled(&script).await;
     let tool = global_tool(
         &host,
         ToolDefinition {

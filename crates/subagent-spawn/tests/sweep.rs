@@ -13,33 +13,20 @@ mod common;
 
 use std::sync::Arc;
 
-use agent::{AgentOptions, CancelCause, Signal};
+use agent::{CancelCause, Signal};
 use agent_loop::ScriptedModel;
-use agent_loop::model::{Trickle, chunks};
-use agent_loop::runtime::RuntimeBuilder;
+use agent_loop::model::chunks;
 use common::*;
 use invariants::SeamLifecycleCompanion;
 use parking_lot::Mutex;
 use subagent::StopReason;
 use subagent::events::{SubagentEvent, SubagentRunEndInfo};
 
-/// The route served by the trickled script.
-const TRICKLE: &str = "trickle";
-
 /// Starts one delegation through the service and cancels its request signal after `point`
 /// yields. Returns the run's stop reason, or `None` when the start rejected.
 async fn cancel_at(point: usize) -> Option<StopReason> {
     let script = ScriptedModel::new(vec![chunks::text("done")]);
-    let host = Host::build(
-        vec![],
-        RuntimeBuilder::new().model(TRICKLE, Arc::new(Trickle::new(script.adapter()))),
-        AgentOptions {
-            provider: Some(TRICKLE.into()),
-            model: Some(TRICKLE.into()),
-            ..AgentOptions::default()
-        },
-    )
-    .await;
+    let host = Host::trickled(&script).await;
     let provider = subagent_spawn::register(&host.service, host.driver.clone()).expect("registered");
     let seam = SeamLifecycleCompanion::new();
     let listening = seam.listen(&host.service);

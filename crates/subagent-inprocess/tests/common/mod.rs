@@ -55,6 +55,24 @@ impl Host {
         Self::build(script, agent_loop::runtime::RuntimeBuilder::new(), routed()).await
     }
 
+    /// A host whose parent (and so every child) is routed to `script` served through
+    /// [`agent_loop::model::Trickle`]: each chunk arrives one scheduling point after the last
+    /// (for the cancellation sweeps).
+    pub async fn trickled(script: &ScriptedModel) -> Self {
+        const TRICKLE: &str = "trickle";
+        let adapter = Arc::new(agent_loop::model::Trickle::new(script.adapter()));
+        Self::build(
+            vec![],
+            agent_loop::runtime::RuntimeBuilder::new().model(TRICKLE, adapter),
+            AgentOptions {
+                provider: Some(TRICKLE.into()),
+                model: Some(TRICKLE.into()),
+                ..AgentOptions::default()
+            },
+        )
+        .await
+    }
+
     /// A host with parent options `parent_options`.
     pub async fn with_parent(script: Vec<ScriptEntry>, parent_options: AgentOptions) -> Self {
         Self::build(script, agent_loop::runtime::RuntimeBuilder::new(), parent_options).await

@@ -2703,6 +2703,22 @@ mod sweep {
         panic!("the child was never released within 500 points");
     }
 
+    /// Runs `run(point)` for the points 0, 1, 2, … until it reports that its interruption
+    /// landed after the child's epoch had ended (`true`); the first point must land inside it.
+    async fn until_epoch_ended<F, Fut>(mut run: F)
+    where
+        F: FnMut(usize) -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        for point in 0..500 {
+            if run(point).await {
+                assert!(point > 0, "the first point already found the epoch ended");
+                return;
+            }
+        }
+        panic!("the child's epoch never ended within 500 points");
+    }
+
     /// A host whose continuable child (prompt `first`) ran for `point` scheduling points, the
     /// child's id, and whether its first turn had ended (or it was already released) by then.
     async fn started_until(point: usize) -> (Host, SessionId, bool) {
@@ -2729,7 +2745,7 @@ mod sweep {
     /// quiescent.
     #[tokio::test(start_paused = true)]
     async fn drain_at_every_point() {
-        for point in 0..500 {
+        until_epoch_ended(|point| async move {
             let (host, child_id, ended_first) = started_until(point).await;
             host.manager
                 .dispose_all()
@@ -2774,12 +2790,9 @@ mod sweep {
                 "point {point}: one notice"
             );
             host.finish().await;
-            if ended_first {
-                assert!(point > 0, "some point drained a running child");
-                return;
-            }
-        }
-        panic!("the child never finished within 500 points");
+            ended_first
+        })
+        .await;
     }
 
     /// spec: CONT-17 — a manager drain at every scheduling point of a **cold-resumed** epoch: the
@@ -2789,7 +2802,7 @@ mod sweep {
     /// every start edge has its end edge, and the host ends quiescent.
     #[tokio::test(start_paused = true)]
     async fn drain_at_every_point_of_a_resumed_epoch() {
-        for point in 0..500 {
+        until_epoch_ended(|point| async move {
             let host = host().await;
             let (child_id, _) = host.manager.start_continuable(host.spec("first")).await.unwrap();
             host.settle().await;
@@ -2829,12 +2842,9 @@ mod sweep {
             assert_eq!(host.starts().len(), 2, "point {point}: two epochs");
             assert_eq!(host.ends().len(), 2, "point {point}: paired edges");
             host.finish().await;
-            if ended {
-                assert!(point > 0, "some point drained the resumed child while it ran");
-                return;
-            }
-        }
-        panic!("the resumed child never finished within 500 points");
+            ended
+        })
+        .await;
     }
 
     /// spec: CONT-96, CONT-102 — a user interrupt at every scheduling point of a continuable
@@ -2843,7 +2853,7 @@ mod sweep {
     /// ends quiescent.
     #[tokio::test(start_paused = true)]
     async fn interrupt_at_every_point() {
-        for point in 0..500 {
+        until_epoch_ended(|point| async move {
             let (host, child_id, ended_first) = started_until(point).await;
             host.manager
                 .interrupt(
@@ -2887,11 +2897,8 @@ mod sweep {
                 "point {point}: paired edges"
             );
             host.finish().await;
-            if ended_first {
-                assert!(point > 0, "some point interrupted a running turn");
-                return;
-            }
-        }
-        panic!("the child never finished within 500 points");
+            ended_first
+        })
+        .await;
     }
 }

@@ -75,6 +75,22 @@ async fn at_point(point: usize, agent: &AgentRef, act: impl FnOnce(&AgentRef)) -
     ended
 }
 
+/// Runs `run(point)` for the points 0, 1, 2, … until it reports that its interruption landed
+/// after the first turn had ended (`true`); the first point must land inside the turn.
+async fn until_turn_ended<F, Fut>(mut run: F)
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for point in 0..500 {
+        if run(point).await {
+            assert!(point > 0, "the first point already found the turn ended");
+            return;
+        }
+    }
+    panic!("the turn never completed within 500 points");
+}
+
 /// The user texts of the log, each with whether an assistant message with text followed it
 /// before the next user text.
 fn answers(agent: &dyn Agent) -> Vec<(String, bool)> {
@@ -99,7 +115,7 @@ fn answers(agent: &dyn Agent) -> Vec<(String, bool)> {
 /// left alone (a no-op); the agent ends idle with an empty inbox; and the next prompt runs.
 #[tokio::test(start_paused = true)]
 async fn cancel_at_every_point() {
-    for point in 0..500 {
+    until_turn_ended(|point| async move {
         let (rt, handle, agent, look) = started().await;
         let ended = at_point(point, &agent, |a| {
             a.cancel(CancelCause::User, CancelOptions::default())
@@ -129,12 +145,9 @@ async fn cancel_at_every_point() {
         );
         drop(look);
         finish(&rt, [handle]).await;
-        if ended {
-            assert!(point > 0, "some point cancelled a running turn");
-            return;
-        }
-    }
-    panic!("the turn never completed within 500 points");
+        ended
+    })
+    .await;
 }
 
 /// spec: SPN-29 — a steer at every scheduling point: while the turn runs it enters at the next
@@ -142,7 +155,7 @@ async fn cancel_at_every_point() {
 /// is answered exactly once and no message is lost.
 #[tokio::test(start_paused = true)]
 async fn steer_at_every_point() {
-    for point in 0..500 {
+    until_turn_ended(|point| async move {
         let (rt, handle, agent, look) = started().await;
         let ended = at_point(point, &agent, |a| {
             a.steer(user("steer")).expect("steered");
@@ -165,19 +178,16 @@ async fn steer_at_every_point() {
         );
         drop(look);
         finish(&rt, [handle]).await;
-        if ended {
-            assert!(point > 0);
-            return;
-        }
-    }
-    panic!("the turn never completed within 500 points");
+        ended
+    })
+    .await;
 }
 
 /// A follow-up at every scheduling point (spec §8, `next-turn`): it waits for the running turn and then
 /// runs as exactly one later turn of its own (never merged into the running one), answered once.
 #[tokio::test(start_paused = true)]
 async fn followup_at_every_point() {
-    for point in 0..500 {
+    until_turn_ended(|point| async move {
         let (rt, handle, agent, look) = started().await;
         let ended = at_point(point, &agent, |a| {
             a.followup(Message::user_text("later")).expect("queued");
@@ -201,12 +211,9 @@ async fn followup_at_every_point() {
         );
         drop(look);
         finish(&rt, [handle]).await;
-        if ended {
-            assert!(point > 0);
-            return;
-        }
-    }
-    panic!("the turn never completed within 500 points");
+        ended
+    })
+    .await;
 }
 
 /// The agent's disposal (spec §9.4) at every scheduling point of a two-step turn: a running
@@ -215,7 +222,7 @@ async fn followup_at_every_point() {
 /// accepts, and the disposed agent rejects new work.
 #[tokio::test(start_paused = true)]
 async fn disposal_at_every_point() {
-    for point in 0..500 {
+    until_turn_ended(|point| async move {
         let (rt, handle, agent, look) = started().await;
         let ended = at_point(point, &agent, |_| {}).await;
         handle.dispose().await;
@@ -235,10 +242,7 @@ async fn disposal_at_every_point() {
         );
         drop(look);
         finish(&rt, [handle]).await;
-        if ended {
-            assert!(point > 0, "some point disposed a running turn");
-            return;
-        }
-    }
-    panic!("the turn never completed within 500 points");
+        ended
+    })
+    .await;
 }
