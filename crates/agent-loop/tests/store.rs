@@ -243,6 +243,13 @@ async fn torn_last_line_is_dropped_and_truncated_before_the_next_append() {
     assert!(loaded.repaired);
     assert_eq!(loaded.events, events);
     assert_eq!(fs::read(&path).unwrap(), bytes, "load never rewrites");
+    // Nor does a flush with nothing appended (a host flushing every session at shutdown).
+    store.flush(&"s".into()).await.unwrap();
+    assert_eq!(
+        fs::read(&path).unwrap(),
+        bytes,
+        "a flush of nothing never rewrites"
+    );
 
     // Appending continues after the intact prefix: the torn bytes are cut first.
     let mut more = LogBuilder::new("s");

@@ -224,14 +224,16 @@ impl SessionFile {
     }
 
     /// Makes every accepted line durable (opening the log if needed); shares the sync with
-    /// concurrent callers.
+    /// concurrent callers. A loaded log nothing was appended to is left as it is on disk: its
+    /// file is not opened, so a torn last line stays until the next append cuts it.
     pub(crate) async fn flush(self: &Arc<Self>) -> Result<(), StoreError> {
         let target = {
             let mut st = self.state.lock();
             if let Some(err) = &st.failed {
                 return Err(err.clone());
             }
-            if st.synced >= st.accepted {
+            let only_reads = matches!(st.plan, Some(Plan::Existing(_))) && st.accepted == 1;
+            if only_reads || st.synced >= st.accepted {
                 return Ok(());
             }
             st.sync_wanted = st.sync_wanted.max(st.accepted);
