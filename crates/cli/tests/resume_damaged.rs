@@ -1,0 +1,257 @@
+//! Cold resume of a continuable child from a **damaged** log, end to end on the host's JSON-lines
+//! store: a child runs to settlement and is released, the host shuts down, the child's log file
+//! is damaged (torn at a byte offset, a line deleted, duplicated, swapped with its neighbour, or
+//! garbled), and a fresh host resumes the parent and sends the child a follow-up.
+//!
+//! For every damage:
+//! * the follow-up either resumes the child or rejects with a typed seam error; nothing panics;
+//! * a rejected resume leaves the file byte for byte as it was;
+//! * an accepted resume keeps every intact line of the damaged file as the prefix of the new one
+//!   (a torn last line is the only thing a resume may drop), the resumed epoch answers the
+//!   follow-up, and every session append passes the online invariant checker;
+//! * the host shuts down clean either way.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use agent::{
+    AgentOptions, AgentRuntime, ContentBlock, GenerateOptions, ModelAdapter, ModelStream, ResumeAgentOptions,
+    SessionId,
+};
+use agent_loop::model::chunks;
+use futures::StreamExt;
+use invariants::InvariantObserver;
+use subagent::SubagentErrorCode;
+use subagent::continuation::{ContinuableStartSpec, ContinuationManager};
+use subagent_cli::host::{Host, HostOptions, build_host};
+
+/// Every call answers with a short text.
+struct Answer;
+
+impl ModelAdapter for Answer {
+    fn stream(&self, _: Arc<GenerateOptions>) -> ModelStream {
+        futures::stream::iter(chunks::text("answer").into_iter().map(Ok)).boxed()
+    }
+}
+
+const PARENT: &str = "coordinator";
+
+fn host(dir: &Path) -> (Host, Arc<InvariantObserver>) {
+    let mut options = HostOptions::new(dir, Arc::new(Answer), "mock", "mock");
+    let observer = InvariantObserver::shared();
+    options.session_observers.push(observer.clone());
+    (build_host(options).expect("the host composes"), observer)
+}
+
+fn manager(host: &Host) -> ContinuationManager {
+    ContinuationManager::new(host.subagents().clone(), host.runtime().services().clone())
+}
+
+/// Waits (virtual time) until the manager has released every child.
+async fn released(manager: &ContinuationManager) {
+    for _ in 0..10_000 {
+        if manager.resident().is_empty() && manager.task_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    panic!("the child was never released");
+}
+
+/// Runs one continuable child of `coordinator` to settlement in `dir` and shuts the host down.
+/// Returns the child's id.
+async fn settled_child(dir: &Path) -> SessionId {
+    let (host, observer) = host(dir);
+    let parent = host.create_agent(SessionId::from(PARENT)).await.expect("parent");
+    let manager = manager(&host);
+    let (child, _) = manager
+        .start_continuable(ContinuableStartSpec::new(
+            "spawn",
+            "research",
+            vec![ContentBlock::text("first")],
+            parent.agent().clone(),
+        ))
+        .await
+        .expect("started");
+    released(&manager).await;
+    host.settle(parent.agent()).await;
+    manager.dispose_all().await.expect("drained");
+    parent.dispose().await;
+    host.shutdown().await.expect("shutdown");
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+    child
+}
+
+/// One way to damage a log.
+#[derive(Clone, Debug)]
+enum Damage {
+    /// Cut the file after this many bytes.
+    TearAt(usize),
+    /// Delete line `n` (0 is the header).
+    Delete(usize),
+    /// Write line `n` twice.
+    Duplicate(usize),
+    /// Swap lines `n` and `n + 1`.
+    Swap(usize),
+    /// Replace the first `"` of line `n` with `#`.
+    Garble(usize),
+}
+
+impl Damage {
+    fn apply(&self, bytes: &[u8]) -> Vec<u8> {
+        let text = std::str::from_utf8(bytes).expect("a log is UTF-8");
+        let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        match *self {
+            Damage::TearAt(at) => return bytes[..at].to_vec(),
+            Damage::Delete(n) => {
+                lines.remove(n);
+            }
+            Damage::Duplicate(n) => {
+                let line = lines[n].clone();
+                lines.insert(n, line);
+            }
+            Damage::Swap(n) => lines.swap(n, n + 1),
+            Damage::Garble(n) => lines[n] = lines[n].replacen('"', "#", 1),
+        }
+        let mut out = lines.join("\n").into_bytes();
+        out.push(b'\n');
+        out
+    }
+}
+
+/// The lines of `bytes` the store keeps: all but a torn last one (an event line that does not
+/// parse, whether or not it ends in `\n` — the store's crash-repair rule).
+fn intact_lines(bytes: &[u8]) -> Vec<&[u8]> {
+    let mut lines: Vec<&[u8]> = bytes.split_inclusive(|b| *b == b'\n').collect();
+    let torn = lines.len() > 1
+        && lines.last().is_some_and(|line| {
+            let json = line.strip_suffix(b"\n").unwrap_or(line);
+            serde_json::from_slice::<agent::SessionEvent>(json).is_err()
+        });
+    if torn {
+        lines.pop();
+    }
+    lines
+}
+
+/// Resumes the parent in a fresh host over `dir` and sends the child a follow-up.
+async fn resume_damaged(dir: &Path, child: &SessionId, damage: &Damage) {
+    let (host, observer) = host(dir);
+    let path = host.store().path_of(child).expect("path");
+    let before = std::fs::read(&path).expect("damaged log");
+    let parent = host
+        .runtime()
+        .resume(ResumeAgentOptions {
+            session_id: SessionId::from(PARENT),
+            agent_options: AgentOptions {
+                provider: Some("mock".into()),
+                model: Some("mock".into()),
+                ..AgentOptions::default()
+            },
+            signal: None,
+            setup: None,
+            owner: None,
+        })
+        .await
+        .expect("the parent's own log is intact");
+    let manager = manager(&host);
+    let outcome = manager
+        .followup(parent.agent(), child, vec![ContentBlock::text("second")])
+        .await;
+    match &outcome {
+        Ok(_) => {
+            released(&manager).await;
+            host.settle(parent.agent()).await;
+        }
+        Err(error) => {
+            assert!(
+                matches!(
+                    error.code(),
+                    SubagentErrorCode::NotResumable | SubagentErrorCode::ProviderFailed
+                ),
+                "{damage:?}: unexpected rejection {:?}: {error}",
+                error.code()
+            );
+        }
+    }
+    manager.dispose_all().await.expect("drained");
+    parent.dispose().await;
+    host.shutdown().await.expect("shutdown");
+    let after = std::fs::read(&path).expect("log");
+    match outcome {
+        Err(_) => assert!(
+            after == before,
+            "{damage:?}: a rejected resume changed the log from\n{}\nto\n{}",
+            String::from_utf8_lossy(&before),
+            String::from_utf8_lossy(&after)
+        ),
+        Ok(_) => {
+            let kept = intact_lines(&before);
+            let now = intact_lines(&after);
+            assert!(
+                now.len() > kept.len() && now[..kept.len()] == kept[..],
+                "{damage:?}: an accepted resume rewrote the intact lines"
+            );
+            assert!(
+                String::from_utf8_lossy(&after).contains("\"second\""),
+                "{damage:?}: the follow-up is not in the log"
+            );
+            assert!(
+                observer.violations().is_empty(),
+                "{damage:?}: {:#?}",
+                observer.violations()
+            );
+        }
+    }
+}
+
+/// Cold resume from every kind of damage at every line of a settled child's log (and a tear at
+/// every line boundary and inside every line): typed rejections that leave the file untouched,
+/// or resumes that keep what was intact.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn cold_resume_from_damaged_logs() {
+    let pristine_dir = tempfile::tempdir().expect("temp dir");
+    let child = settled_child(pristine_dir.path()).await;
+    let child_file = format!("{}.jsonl", child.as_str());
+    let pristine = std::fs::read(pristine_dir.path().join(&child_file)).expect("child log");
+    let lines = intact_lines(&pristine).len();
+    assert!(lines > 5, "a settled child's log has a header and a turn");
+
+    let mut damages = Vec::new();
+    let mut offset = 0;
+    for line in intact_lines(&pristine) {
+        // At the boundary (a clean truncation) and in the middle of the line (a torn write).
+        damages.push(Damage::TearAt(offset));
+        damages.push(Damage::TearAt(offset + line.len() / 2));
+        offset += line.len();
+    }
+    for n in 0..lines {
+        damages.push(Damage::Delete(n));
+        damages.push(Damage::Duplicate(n));
+        damages.push(Damage::Garble(n));
+        if n + 1 < lines {
+            damages.push(Damage::Swap(n));
+        }
+    }
+    let (mut accepted, mut rejected) = (0, 0);
+    for damage in &damages {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for entry in std::fs::read_dir(pristine_dir.path()).expect("store") {
+            let entry = entry.expect("entry");
+            std::fs::copy(entry.path(), dir.path().join(entry.file_name())).expect("copy");
+        }
+        std::fs::write(dir.path().join(&child_file), damage.apply(&pristine)).expect("damage");
+        let before = std::fs::read(dir.path().join(&child_file)).expect("damaged");
+        resume_damaged(dir.path(), &child, damage).await;
+        let after = std::fs::read(dir.path().join(&child_file)).expect("log");
+        if after == before {
+            rejected += 1;
+        } else {
+            accepted += 1;
+        }
+    }
+    assert!(
+        accepted > 0 && rejected > 0,
+        "accepted {accepted}, rejected {rejected}"
+    );
+}
