@@ -247,7 +247,8 @@ pub fn tool_result_text(message: &agent::Message) -> String {
 /// Reads every session of the store at `dir`.
 ///
 /// Fails when `dir` does not exist, is not a directory or cannot be listed. Individual logs
-/// that cannot be read are reported in [`Catalog::unreadable`].
+/// that cannot be read — a damaged header included, which the store's listing skips — are
+/// reported in [`Catalog::unreadable`].
 pub async fn read_catalog(dir: &Path) -> Result<Catalog, CliError> {
     check_store_dir(dir)?;
     let store = JsonlStore::new(dir);
@@ -256,6 +257,16 @@ pub async fn read_catalog(dir: &Path) -> Result<Catalog, CliError> {
         reason: e.to_string(),
     })?;
     let mut catalog = Catalog::default();
+    // The store's listing skips a log whose header cannot be read; name those too, with the
+    // error reading it gives, so a damaged log is never silently left out.
+    let listed: std::collections::HashSet<SessionId> = summaries.iter().map(|s| s.id.clone()).collect();
+    for id in log_ids(dir)? {
+        if !listed.contains(&id)
+            && let Err(e) = store.inspect(&id).await
+        {
+            catalog.unreadable.push((id, e.to_string()));
+        }
+    }
     let mut logs: BTreeMap<SessionId, Vec<SessionEvent>> = BTreeMap::new();
     for summary in summaries {
         match store.load(&summary.id).await {
@@ -292,6 +303,30 @@ pub async fn read_catalog(dir: &Path) -> Result<Catalog, CliError> {
         catalog.sessions[i].background_job = job;
     }
     Ok(catalog)
+}
+
+/// The ids of the session logs (`<id>.jsonl`) in `dir`, sorted.
+fn log_ids(dir: &Path) -> Result<Vec<SessionId>, CliError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| CliError::Store {
+        dir: dir.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let mut ids = Vec::new();
+    for entry in entries {
+        let path = entry
+            .map_err(|e| CliError::Store {
+                dir: dir.to_owned(),
+                reason: e.to_string(),
+            })?
+            .path();
+        if path.extension().and_then(|e| e.to_str()) == Some("jsonl")
+            && let Some(stem) = path.file_stem().and_then(|s| s.to_str())
+        {
+            ids.push(SessionId::from(stem));
+        }
+    }
+    ids.sort();
+    Ok(ids)
 }
 
 /// Fails unless `dir` is an existing, listable directory.
