@@ -4,6 +4,8 @@
 //! garbled), and a fresh host resumes the parent and sends the child a follow-up.
 //!
 //! For every damage:
+//! * the read-only tools (the `agents` catalog, the offline checker) report the damaged log and
+//!   leave it untouched;
 //! * the follow-up either resumes the child or rejects with a typed seam error; nothing panics;
 //! * a rejected resume leaves the file byte for byte as it was;
 //! * an accepted resume keeps every intact line of the damaged file as the prefix of the new one
@@ -205,6 +207,33 @@ async fn resume_damaged(dir: &Path, child: &SessionId, damage: &Damage) {
     }
 }
 
+/// The read-only tools over a damaged store: the `agents` catalog lists the parent and either
+/// lists the child or names it unreadable, and the offline checker reports instead of failing
+/// (and never passes a log the catalog could not read).
+async fn read_damaged_store(dir: &Path, child: &SessionId, damage: &Damage) {
+    let catalog = subagent_cli::catalog::read_catalog(dir)
+        .await
+        .unwrap_or_else(|e| panic!("{damage:?}: the catalog failed as a whole: {e}"));
+    assert!(
+        catalog.get(&SessionId::from(PARENT)).is_some(),
+        "{damage:?}: the parent is listed"
+    );
+    let listed = catalog.get(child).is_some();
+    let unreadable = catalog.unreadable.iter().any(|(id, _)| id == child);
+    assert!(
+        listed != unreadable,
+        "{damage:?}: the child is listed or named unreadable"
+    );
+    let report =
+        invariants::check_store(dir).unwrap_or_else(|e| panic!("{damage:?}: the checker failed: {e}"));
+    if unreadable {
+        assert!(
+            !report.is_clean(),
+            "{damage:?}: the checker passed an unreadable log"
+        );
+    }
+}
+
 /// Cold resume from every kind of damage at every line of a settled child's log (and a tear at
 /// every line boundary and inside every line): typed rejections that leave the file untouched,
 /// or resumes that keep what was intact.
@@ -242,6 +271,12 @@ async fn cold_resume_from_damaged_logs() {
         }
         std::fs::write(dir.path().join(&child_file), damage.apply(&pristine)).expect("damage");
         let before = std::fs::read(dir.path().join(&child_file)).expect("damaged");
+        read_damaged_store(dir.path(), &child, damage).await;
+        assert_eq!(
+            std::fs::read(dir.path().join(&child_file)).expect("log"),
+            before,
+            "{damage:?}: reading the store changed the log"
+        );
         resume_damaged(dir.path(), &child, damage).await;
         let after = std::fs::read(dir.path().join(&child_file)).expect("log");
         if after == before {
