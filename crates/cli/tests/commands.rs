@@ -246,3 +246,28 @@ fn run_help_documents_the_environment() {
         assert!(help.contains(var), "{var} missing from:\n{help}");
     }
 }
+
+#[test]
+fn agents_names_a_log_whose_header_is_damaged() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = dir.path().to_str().expect("utf-8 path");
+    std::fs::write(
+        dir.path().join("good.jsonl"),
+        concat!(r#"{"version":0,"id":"good","createdAt":1}"#, "\n"),
+    )
+    .expect("write");
+    // A crash during creation left an empty file; another log's header was overwritten.
+    std::fs::write(dir.path().join("empty.jsonl"), "").expect("write");
+    std::fs::write(dir.path().join("garbled.jsonl"), "#not a header\n").expect("write");
+    let agents = subagent(&["agents", "--store", store]);
+    assert!(agents.status.success(), "{}", stderr(&agents));
+    assert!(stdout(&agents).contains("good"), "{}", stdout(&agents));
+    let err = stderr(&agents);
+    for id in ["empty", "garbled"] {
+        assert!(
+            err.contains(&format!("skipping unreadable session `{id}`")),
+            "{id} is named: {err}"
+        );
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}
