@@ -86,8 +86,8 @@ impl RunState {
     }
 
     /// Installs the request-signal listener (spec §3.2 step 7): a `cancel` of `signal` (or of an
-    /// ancestor) runs [`fire`](Self::fire) synchronously, inside that call, so a child that is
-    /// still running when the signal fires is always cancelled before it can finish. The caller
+    /// ancestor) runs [`fire`](Self::fire) synchronously, inside that call, so the child's turn
+    /// is cancelled before that call returns (not when the result task next runs). The caller
     /// checks the signal once more afterwards: an already-cancelled signal runs no listener.
     pub(crate) fn listen(self: &Arc<Self>, signal: &Signal) {
         let state = Arc::downgrade(self);
@@ -202,9 +202,10 @@ async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
 /// * **Cancellation.** The request signal is the only channel: once it fires the child is
 ///   cancelled with cause `parent` and the result reports `aborted` (a turn that already
 ///   completed stays `completed`). A [`Signal::cancel`] of the request signal or of an ancestor
-///   cancels the child inside that call, so a child still running at the cancel can never
-///   finish as `completed`; a token cancelled directly (through [`Signal::token`]) is noticed by
-///   the result task instead. There is no steer, resume or follow-up.
+///   cancels the child inside that call, not when the result task next runs, so the child's
+///   next look at its turn signal already sees it; a token cancelled directly (through
+///   [`Signal::token`]) is noticed by the result task instead. There is no steer, resume or
+///   follow-up.
 /// * **Dispose** is memoized: at the call it removes the signal listener, marks the run
 ///   cancelled and starts the handle's quiescence transaction (the child is cancelled with cause
 ///   `disposed` at once); the rest of that transaction (wait for idle, unwind the child's scope,
