@@ -12,6 +12,8 @@
 //!   (a torn last line is the only thing a resume may drop), the resumed epoch answers the
 //!   follow-up, and every session append passes the online invariant checker;
 //! * the host shuts down clean either way.
+//!
+//! A second test damages the parent's own log the same ways and resumes it through the runtime.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -234,6 +236,41 @@ async fn read_damaged_store(dir: &Path, child: &SessionId, damage: &Damage) {
     }
 }
 
+/// Every damage this test applies to a log `pristine`: a tear at every line boundary and inside
+/// every line, and each line deleted, duplicated, garbled and swapped with the next.
+fn every_damage(pristine: &[u8]) -> Vec<Damage> {
+    let lines = intact_lines(pristine);
+    let mut damages = Vec::new();
+    let mut offset = 0;
+    for line in &lines {
+        // At the boundary (a clean truncation) and in the middle of the line (a torn write).
+        damages.push(Damage::TearAt(offset));
+        damages.push(Damage::TearAt(offset + line.len() / 2));
+        offset += line.len();
+    }
+    for n in 0..lines.len() {
+        damages.push(Damage::Delete(n));
+        damages.push(Damage::Duplicate(n));
+        damages.push(Damage::Garble(n));
+        if n + 1 < lines.len() {
+            damages.push(Damage::Swap(n));
+        }
+    }
+    damages
+}
+
+/// A copy of the store at `from` whose log `file` is damaged by `damage`.
+fn damaged_copy(from: &Path, file: &str, damage: &Damage) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for entry in std::fs::read_dir(from).expect("store") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).expect("copy");
+    }
+    let pristine = std::fs::read(from.join(file)).expect("log");
+    std::fs::write(dir.path().join(file), damage.apply(&pristine)).expect("damage");
+    dir
+}
+
 /// Cold resume from every kind of damage at every line of a settled child's log (and a tear at
 /// every line boundary and inside every line): typed rejections that leave the file untouched,
 /// or resumes that keep what was intact.
@@ -243,33 +280,13 @@ async fn cold_resume_from_damaged_logs() {
     let child = settled_child(pristine_dir.path()).await;
     let child_file = format!("{}.jsonl", child.as_str());
     let pristine = std::fs::read(pristine_dir.path().join(&child_file)).expect("child log");
-    let lines = intact_lines(&pristine).len();
-    assert!(lines > 5, "a settled child's log has a header and a turn");
-
-    let mut damages = Vec::new();
-    let mut offset = 0;
-    for line in intact_lines(&pristine) {
-        // At the boundary (a clean truncation) and in the middle of the line (a torn write).
-        damages.push(Damage::TearAt(offset));
-        damages.push(Damage::TearAt(offset + line.len() / 2));
-        offset += line.len();
-    }
-    for n in 0..lines {
-        damages.push(Damage::Delete(n));
-        damages.push(Damage::Duplicate(n));
-        damages.push(Damage::Garble(n));
-        if n + 1 < lines {
-            damages.push(Damage::Swap(n));
-        }
-    }
+    assert!(
+        intact_lines(&pristine).len() > 5,
+        "a settled child's log has a header and a turn"
+    );
     let (mut accepted, mut rejected) = (0, 0);
-    for damage in &damages {
-        let dir = tempfile::tempdir().expect("temp dir");
-        for entry in std::fs::read_dir(pristine_dir.path()).expect("store") {
-            let entry = entry.expect("entry");
-            std::fs::copy(entry.path(), dir.path().join(entry.file_name())).expect("copy");
-        }
-        std::fs::write(dir.path().join(&child_file), damage.apply(&pristine)).expect("damage");
+    for damage in &every_damage(&pristine) {
+        let dir = damaged_copy(pristine_dir.path(), &child_file, damage);
         let before = std::fs::read(dir.path().join(&child_file)).expect("damaged");
         read_damaged_store(dir.path(), &child, damage).await;
         assert_eq!(
@@ -283,6 +300,86 @@ async fn cold_resume_from_damaged_logs() {
             rejected += 1;
         } else {
             accepted += 1;
+        }
+    }
+    assert!(
+        accepted > 0 && rejected > 0,
+        "accepted {accepted}, rejected {rejected}"
+    );
+}
+
+/// Resuming the **parent** (a top-level agent, through the runtime) from every damage of its
+/// own log: a typed [`agent::AgentError`] that leaves the file untouched, or a live agent whose
+/// next turn runs and keeps every intact line of the damaged file.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn resume_of_a_top_level_agent_from_damaged_logs() {
+    let pristine_dir = tempfile::tempdir().expect("temp dir");
+    settled_child(pristine_dir.path()).await;
+    let parent_file = format!("{PARENT}.jsonl");
+    let pristine = std::fs::read(pristine_dir.path().join(&parent_file)).expect("parent log");
+    assert!(
+        intact_lines(&pristine).len() > 5,
+        "the parent ran a turn for the notice"
+    );
+    let (mut accepted, mut rejected) = (0, 0);
+    for damage in &every_damage(&pristine) {
+        let dir = damaged_copy(pristine_dir.path(), &parent_file, damage);
+        let path = dir.path().join(&parent_file);
+        let before = std::fs::read(&path).expect("damaged");
+        let (host, observer) = host(dir.path());
+        let resumed = host
+            .runtime()
+            .resume(ResumeAgentOptions {
+                session_id: SessionId::from(PARENT),
+                agent_options: AgentOptions {
+                    provider: Some("mock".into()),
+                    model: Some("mock".into()),
+                    ..AgentOptions::default()
+                },
+                signal: None,
+                setup: None,
+                owner: None,
+            })
+            .await;
+        let ran = match resumed {
+            Ok(handle) => {
+                host.run_turn(handle.agent(), "again").await.expect("a turn runs");
+                handle.dispose().await;
+                true
+            }
+            Err(error) => {
+                // A typed refusal naming what is wrong, never a panic.
+                assert!(!error.to_string().is_empty(), "{damage:?}");
+                false
+            }
+        };
+        host.shutdown().await.expect("shutdown");
+        let after = std::fs::read(&path).expect("log");
+        if ran {
+            accepted += 1;
+            let kept = intact_lines(&before);
+            let now = intact_lines(&after);
+            assert!(
+                now.len() > kept.len() && now[..kept.len()] == kept[..],
+                "{damage:?}: a resume rewrote the intact lines"
+            );
+            assert!(
+                String::from_utf8_lossy(&after).contains("\"again\""),
+                "{damage:?}"
+            );
+            assert!(
+                observer.violations().is_empty(),
+                "{damage:?}: {:#?}",
+                observer.violations()
+            );
+        } else {
+            rejected += 1;
+            assert!(
+                after == before,
+                "{damage:?}: a refused resume changed the log from\n{}\nto\n{}",
+                String::from_utf8_lossy(&before),
+                String::from_utf8_lossy(&after)
+            );
         }
     }
     assert!(
