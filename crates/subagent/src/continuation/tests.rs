@@ -1872,7 +1872,22 @@ async fn cont_40_stale_root_does_not_close_admission() {
         .unwrap();
     let stale = stale_handle.agent().clone();
     stale_handle.dispose().await;
-    let live = host.other_agent("p2").await;
+    // The live same-id parent is the persisted session resumed. (Creating `p2` again would
+    // collide with the persisted log, unless both headers happened to carry the same
+    // millisecond — a test must not depend on that.)
+    let live_handle = host
+        .runtime
+        .resume(agent::ResumeAgentOptions {
+            session_id: SessionId::from("p2"),
+            agent_options: routed(),
+            signal: None,
+            setup: None,
+            owner: None,
+        })
+        .await
+        .unwrap();
+    let live = live_handle.agent().clone();
+    host.extra.push(live_handle);
     host.manager
         .drain_continuable_descendants(std::slice::from_ref(&stale))
         .await
