@@ -361,6 +361,7 @@ impl ContinuationManager {
                 let disposal = inner.open_disposal(&activation);
                 drop(_guard);
                 let _ = disposal.await;
+                inner.forget_lock(&child_id, &lock);
                 Err(e)
             }
         }
@@ -416,6 +417,7 @@ impl ContinuationManager {
             if let Some(disposal) = activation.disposal() {
                 drop(guard);
                 let _ = disposal.await;
+                inner.forget_lock(child_id, &lock);
                 check_signal(signal)?;
                 inner.admit(parent)?;
                 continue;
@@ -429,6 +431,7 @@ impl ContinuationManager {
                     if let Some(disposal) = disposal {
                         let _ = disposal.await;
                     }
+                    inner.forget_lock(child_id, &lock);
                     Err(e)
                 }
             };
@@ -711,6 +714,7 @@ impl Inner {
                     activation.notified().await;
                 }
             }
+            inner.forget_lock(&activation.child_id, &lock);
         });
     }
 
@@ -783,7 +787,18 @@ impl Inner {
             self.deliver_notice(&activation, &stop_reason, output.as_deref());
         }
         self.release_ownership(&child_id);
-        self.locks.lock().remove(&child_id);
+        // The per-child lock entry goes only when nobody else holds it: a follow-up that took it
+        // to cold-resume the child must keep excluding every later one (a fresh entry would let
+        // two cold resumes race). The watcher drops the entry on its way out otherwise.
+        {
+            let mut locks = self.locks.lock();
+            if locks
+                .get(&child_id)
+                .is_some_and(|lock| Arc::strong_count(lock) == 1)
+            {
+                locks.remove(&child_id);
+            }
+        }
         if let Some(info) = activation.epoch() {
             self.service
                 .events()

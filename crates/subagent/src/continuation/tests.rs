@@ -2862,6 +2862,74 @@ mod sweep {
         .await;
     }
 
+    /// Follow-ups from several tasks racing each other and the child's settlement, release and
+    /// cold resume for real on a multi-threaded runtime: every follow-up is accepted, lands in
+    /// the child's persisted log exactly once after the first task, and is answered; every epoch's
+    /// start edge has its end edge; the host ends quiescent. (Nothing waits on time: timing only
+    /// changes the interleaving; the timeout only turns a hang into a failure.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_followups_race_settlement_on_a_multi_threaded_runtime() {
+        for round in 0..8usize {
+            let host = Host::build_with(by_session(200), true, true, routed(), true).await;
+            let (child_id, _) = host.manager.start_continuable(host.spec("first")).await.unwrap();
+            let senders: Vec<_> = (0..4usize)
+                .map(|task| {
+                    let (manager, parent, child_id) =
+                        (host.manager.clone(), host.parent.clone(), child_id.clone());
+                    tokio::spawn(async move {
+                        for j in 0..3usize {
+                            for _ in 0..(round * 3 + task * 5 + j * 7) % 23 {
+                                tokio::task::yield_now().await;
+                            }
+                            let text = format!("m{task}-{j}");
+                            manager
+                                .followup(&parent, &child_id, vec![ContentBlock::text(text.clone())])
+                                .await
+                                .unwrap_or_else(|e| {
+                                    panic!("round {round}: {text} refused: {}", crate::error_chain(&e))
+                                });
+                        }
+                    })
+                })
+                .collect();
+            for sender in senders {
+                sender.await.expect("sender");
+            }
+            tokio::time::timeout(std::time::Duration::from_secs(60), async {
+                loop {
+                    let quiet = host.manager.resident().is_empty()
+                        && host.manager.task_count() == 0
+                        && host.parent.status() == AgentStatus::Idle;
+                    if quiet {
+                        return;
+                    }
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the child never settled"));
+            let log = host.persisted(&child_id).await;
+            let answers = answered(&log.events);
+            assert_eq!(answers[0].0, "first", "round {round}");
+            let mut texts: Vec<&str> = answers.iter().map(|(t, _)| t.as_str()).collect();
+            texts.sort_unstable();
+            let mut expected = vec!["first".to_owned()];
+            expected.extend((0..4).flat_map(|t| (0..3).map(move |j| format!("m{t}-{j}"))));
+            expected.sort_unstable();
+            assert_eq!(texts, expected, "round {round}: every follow-up exactly once");
+            assert!(
+                answers.iter().all(|(_, answered)| *answered),
+                "round {round}: {answers:?}"
+            );
+            assert_eq!(
+                host.starts().len(),
+                host.ends().len(),
+                "round {round}: paired edges"
+            );
+            host.finish().await;
+        }
+    }
+
     /// spec: CONT-96, CONT-102 — a user interrupt at every scheduling point of a continuable
     /// child's first epoch: a running turn ends `aborted {user}`, a finished or released child is
     /// left alone (a no-op); a follow-up afterwards is answered; edges stay paired; and the host
