@@ -30,7 +30,8 @@
 //! # Locks
 //! * `Inner::activations` (sync) — the live map `child id → Activation`; held only for lookups
 //!   and inserts/removals, never across an `.await`.
-//! * `Inner::locks` (sync) — the per-child async locks by child id.
+//! * `Inner::locks` (sync) — the per-child async locks by child id; an entry lives exactly as
+//!   long as some [`ChildLock`] holds it.
 //! * `Inner::closing` (sync) — the roots closed by scoped drains; held while their liveness and
 //!   an agent's lineage are read from the registry, never across an `.await`.
 //! * the per-child `tokio::sync::Mutex<()>` — serializes the residency decisions of one child
@@ -149,7 +150,7 @@ pub(crate) struct Inner {
     policy: PolicyServices,
     /// The live map of resident Activations.
     activations: Mutex<HashMap<SessionId, Arc<Activation>>>,
-    /// Per-child locks (removed when the Activation is released).
+    /// Per-child locks, each removed when its last [`ChildLock`] holder drops.
     locks: Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<()>>>>,
     /// Permanent manager-wide drain flag.
     draining: AtomicBool,
@@ -293,13 +294,11 @@ impl ContinuationManager {
         let _guard = lock.lock().await;
         if let Err(e) = inner.reserve(&parent, &child_id, reserved, &spec.signal).await {
             drop(_guard);
-            inner.forget_lock(&child_id, &lock);
             return Err(e);
         }
         // 10. Materialize: re-check admission, register the in-flight record.
         if let Err(e) = check_signal(&spec.signal).and_then(|()| inner.admit(&parent)) {
             drop(_guard);
-            inner.forget_lock(&child_id, &lock);
             return Err(e);
         }
         let materializing = inner.begin_materialization(&parent);
@@ -324,7 +323,6 @@ impl ContinuationManager {
             Ok(handle) => handle,
             Err(e) => {
                 drop(_guard);
-                inner.forget_lock(&child_id, &lock);
                 return Err(e);
             }
         };
@@ -343,7 +341,6 @@ impl ContinuationManager {
             inner.rollback(&activation).await;
             drop(materializing);
             drop(_guard);
-            inner.forget_lock(&child_id, &lock);
             return Err(e);
         }
         drop(materializing);
@@ -361,7 +358,6 @@ impl ContinuationManager {
                 let disposal = inner.open_disposal(&activation);
                 drop(_guard);
                 let _ = disposal.await;
-                inner.forget_lock(&child_id, &lock);
                 Err(e)
             }
         }
@@ -409,7 +405,6 @@ impl ContinuationManager {
                     Ok(activation) => activation,
                     Err(e) => {
                         drop(guard);
-                        inner.forget_lock(child_id, &lock);
                         return Err(e);
                     }
                 },
@@ -417,7 +412,6 @@ impl ContinuationManager {
             if let Some(disposal) = activation.disposal() {
                 drop(guard);
                 let _ = disposal.await;
-                inner.forget_lock(child_id, &lock);
                 check_signal(signal)?;
                 inner.admit(parent)?;
                 continue;
@@ -431,7 +425,6 @@ impl ContinuationManager {
                     if let Some(disposal) = disposal {
                         let _ = disposal.await;
                     }
-                    inner.forget_lock(child_id, &lock);
                     Err(e)
                 }
             };
@@ -595,16 +588,13 @@ impl Inner {
         Ok(())
     }
 
-    fn child_lock(&self, id: &SessionId) -> Arc<tokio::sync::Mutex<()>> {
-        self.locks.lock().entry(id.clone()).or_default().clone()
-    }
-
-    /// Drops the lock entry for `id` when nothing else uses it.
-    fn forget_lock(&self, id: &SessionId, lock: &Arc<tokio::sync::Mutex<()>>) {
-        let mut locks = self.locks.lock();
-        // The map's entry and `lock` itself: no other holder.
-        if locks.get(id).is_some_and(|l| Arc::ptr_eq(l, lock)) && Arc::strong_count(lock) <= 2 {
-            locks.remove(id);
+    /// A holder of `id`'s per-child lock (the map's entry, created on first need).
+    fn child_lock(self: &Arc<Self>, id: &SessionId) -> ChildLock {
+        let lock = self.locks.lock().entry(id.clone()).or_default().clone();
+        ChildLock {
+            inner: self.clone(),
+            id: id.clone(),
+            lock: Some(lock),
         }
     }
 
@@ -685,7 +675,7 @@ impl Inner {
     }
 
     /// Starts the settlement watcher of `activation` (spec §2.14.6).
-    fn spawn_watcher(self: &Arc<Self>, activation: &Arc<Activation>, lock: Arc<tokio::sync::Mutex<()>>) {
+    fn spawn_watcher(self: &Arc<Self>, activation: &Arc<Activation>, lock: ChildLock) {
         let inner = self.clone();
         let activation = activation.clone();
         self.tasks.spawn(async move {
@@ -714,7 +704,6 @@ impl Inner {
                     activation.notified().await;
                 }
             }
-            inner.forget_lock(&activation.child_id, &lock);
         });
     }
 
@@ -787,18 +776,6 @@ impl Inner {
             self.deliver_notice(&activation, &stop_reason, output.as_deref());
         }
         self.release_ownership(&child_id);
-        // The per-child lock entry goes only when nobody else holds it: a follow-up that took it
-        // to cold-resume the child must keep excluding every later one (a fresh entry would let
-        // two cold resumes race). The watcher drops the entry on its way out otherwise.
-        {
-            let mut locks = self.locks.lock();
-            if locks
-                .get(&child_id)
-                .is_some_and(|lock| Arc::strong_count(lock) == 1)
-            {
-                locks.remove(&child_id);
-            }
-        }
         if let Some(info) = activation.epoch() {
             self.service
                 .events()
@@ -829,6 +806,50 @@ impl Inner {
             if owner.disown(child_id) {
                 owner.wake();
             }
+        }
+    }
+}
+
+/// One holder of a child's per-child lock entry in `Inner::locks`. Holders are made only by
+/// [`Inner::child_lock`] and [`Clone`], and every drop happens under the map's lock, so the
+/// holder dropped last — whichever it is — sees itself as the only one and removes the entry:
+/// an entry never outlives its holders, and is never removed while someone holds it (a removal
+/// under a waiting holder would let a newcomer take a fresh entry and run beside it).
+pub(super) struct ChildLock {
+    inner: Arc<Inner>,
+    id: SessionId,
+    /// `None` only inside `drop`.
+    lock: Option<Arc<tokio::sync::Mutex<()>>>,
+}
+
+impl ChildLock {
+    /// Waits for the lock.
+    pub(super) async fn lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.lock.as_ref().expect("held until drop").lock().await
+    }
+}
+
+impl Clone for ChildLock {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            id: self.id.clone(),
+            lock: self.lock.clone(),
+        }
+    }
+}
+
+impl Drop for ChildLock {
+    fn drop(&mut self) {
+        let Some(lock) = self.lock.take() else { return };
+        let mut locks = self.inner.locks.lock();
+        // The map's reference and this one: nobody else holds it, and nobody can take it while
+        // the map is locked.
+        let last = locks.get(&self.id).is_some_and(|entry| Arc::ptr_eq(entry, &lock))
+            && Arc::strong_count(&lock) == 2;
+        drop(lock);
+        if last {
+            locks.remove(&self.id);
         }
     }
 }

@@ -22,7 +22,7 @@ impl Inner {
         self: &Arc<Self>,
         parent: &AgentRef,
         child_id: &SessionId,
-        lock: &Arc<tokio::sync::Mutex<()>>,
+        lock: &super::ChildLock,
         signal: &Signal,
     ) -> Result<Arc<Activation>, SubagentError> {
         let persistence = self

@@ -2930,6 +2930,105 @@ mod sweep {
         }
     }
 
+    /// Starts with one reserved child id racing each other for real on a multi-threaded
+    /// runtime: exactly one wins, every other rejects `DUPLICATE_CHILD`, and nothing is left
+    /// behind (one child agent, its lock entry released with it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reserved_id_starts_race_on_a_multi_threaded_runtime() {
+        for round in 0..8usize {
+            let host = Host::build_with(by_session(50), true, true, routed(), true).await;
+            let id = SessionId::from(format!("reserved-{round}"));
+            let starts: Vec<_> = (0..4usize)
+                .map(|task| {
+                    let manager = host.manager.clone();
+                    let mut spec = host.spec(&format!("task {task}"));
+                    spec.child_id = Some(id.clone());
+                    tokio::spawn(async move {
+                        for _ in 0..(round + task * 3) % 7 {
+                            tokio::task::yield_now().await;
+                        }
+                        manager.start_continuable(spec).await
+                    })
+                })
+                .collect();
+            let mut won = 0;
+            for start in starts {
+                match start.await.expect("start task") {
+                    Ok((child, _)) => {
+                        assert_eq!(child, id);
+                        won += 1;
+                    }
+                    Err(e) => assert_eq!(
+                        e.code(),
+                        SubagentErrorCode::DuplicateChild,
+                        "round {round}: {}",
+                        crate::error_chain(&e)
+                    ),
+                }
+            }
+            assert_eq!(won, 1, "round {round}: exactly one start wins the id");
+            host.manager.dispose_all().await.expect("drained");
+            host.finish().await;
+        }
+    }
+
+    /// Follow-ups racing a scoped drain of their parent on a multi-threaded runtime: each
+    /// follow-up is either accepted before the drain closed admission or rejected with a typed
+    /// code (never a half-resumed child); the drain leaves no resident child; and the host ends
+    /// quiescent.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn followups_race_a_scoped_drain_on_a_multi_threaded_runtime() {
+        for round in 0..8usize {
+            let host = Host::build_with(by_session(200), true, true, routed(), true).await;
+            let (child_id, _) = host.manager.start_continuable(host.spec("first")).await.unwrap();
+            let senders: Vec<_> = (0..3usize)
+                .map(|task| {
+                    let (manager, parent, child_id) =
+                        (host.manager.clone(), host.parent.clone(), child_id.clone());
+                    tokio::spawn(async move {
+                        let mut outcomes = Vec::new();
+                        for j in 0..3usize {
+                            for _ in 0..(round * 5 + task * 3 + j) % 11 {
+                                tokio::task::yield_now().await;
+                            }
+                            let text = format!("m{task}-{j}");
+                            outcomes.push(
+                                manager
+                                    .followup(&parent, &child_id, vec![ContentBlock::text(text)])
+                                    .await,
+                            );
+                        }
+                        outcomes
+                    })
+                })
+                .collect();
+            for _ in 0..round * 4 {
+                tokio::task::yield_now().await;
+            }
+            host.manager
+                .drain_continuable_descendants(std::slice::from_ref(&host.parent))
+                .await
+                .expect("drained");
+            for sender in senders {
+                for outcome in sender.await.expect("sender") {
+                    if let Err(e) = outcome {
+                        assert_eq!(
+                            e.code(),
+                            SubagentErrorCode::Draining,
+                            "round {round}: {}",
+                            crate::error_chain(&e)
+                        );
+                    }
+                }
+            }
+            assert!(
+                !host.manager.is_resident(&child_id),
+                "round {round}: the drain released the child"
+            );
+            host.finish().await;
+        }
+    }
+
     /// spec: CONT-96, CONT-102 — a user interrupt at every scheduling point of a continuable
     /// child's first epoch: a running turn ends `aborted {user}`, a finished or released child is
     /// left alone (a no-op); a follow-up afterwards is answered; edges stay paired; and the host
