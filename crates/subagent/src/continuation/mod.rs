@@ -31,7 +31,7 @@
 //! * `Inner::activations` (sync) — the live map `child id → Activation`; held only for lookups
 //!   and inserts/removals, never across an `.await`.
 //! * `Inner::locks` (sync) — the per-child async locks by child id; an entry lives exactly as
-//!   long as some [`ChildLock`] holds it.
+//!   long as some `ChildLock` holds it.
 //! * `Inner::closing` (sync) — the roots closed by scoped drains; held while their liveness and
 //!   an agent's lineage are read from the registry, never across an `.await`.
 //! * the per-child `tokio::sync::Mutex<()>` — serializes the residency decisions of one child
