@@ -3029,6 +3029,175 @@ mod sweep {
         }
     }
 
+    /// Waits (yields only; the timeout turns a hang into a failure) until the manager has no
+    /// resident child and the parent is idle.
+    async fn quiet(host: &Host, what: &str) {
+        tokio::time::timeout(std::time::Duration::from_secs(60), async {
+            while !(host.manager.resident().is_empty()
+                && host.manager.task_count() == 0
+                && host.parent.status() == AgentStatus::Idle)
+            {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the host never went quiet"));
+    }
+
+    /// Follow-ups and user interrupts racing for real on a multi-threaded runtime: every
+    /// follow-up is accepted (inserted into the child's inbox exactly once, and delivered at most
+    /// once); every turn ends
+    /// `completed` or `aborted {user}`; a last follow-up after the interrupts wakes whatever they
+    /// parked and is answered; edges stay paired and the host ends quiescent.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn interrupts_race_followups_on_a_multi_threaded_runtime() {
+        for round in 0..8usize {
+            let host = Host::build_with(by_session(200), true, true, routed(), true).await;
+            let (child_id, _) = host.manager.start_continuable(host.spec("first")).await.unwrap();
+            let sender = {
+                let (manager, parent, child_id) =
+                    (host.manager.clone(), host.parent.clone(), child_id.clone());
+                tokio::spawn(async move {
+                    for j in 0..6usize {
+                        for _ in 0..(round * 3 + j * 5) % 13 {
+                            tokio::task::yield_now().await;
+                        }
+                        manager
+                            .followup(&parent, &child_id, vec![ContentBlock::text(format!("m{j}"))])
+                            .await
+                            .unwrap_or_else(|e| {
+                                panic!("round {round}: m{j} refused: {}", crate::error_chain(&e))
+                            });
+                    }
+                })
+            };
+            let interrupter = {
+                let (manager, child_id) = (host.manager.clone(), child_id.clone());
+                tokio::spawn(async move {
+                    for k in 0..4usize {
+                        for _ in 0..(round * 7 + k * 11) % 17 {
+                            tokio::task::yield_now().await;
+                        }
+                        manager
+                            .interrupt(
+                                &child_id,
+                                &super::super::InterruptAuthority::User {
+                                    parent_session_id: SessionId::from("parent"),
+                                },
+                            )
+                            .expect("a user interrupt is accepted");
+                    }
+                })
+            };
+            sender.await.expect("sender");
+            interrupter.await.expect("interrupter");
+            host.manager
+                .followup(&host.parent, &child_id, vec![ContentBlock::text("last")])
+                .await
+                .expect("the last follow-up");
+            quiet(&host, &format!("round {round}")).await;
+            let log = host.persisted(&child_id).await;
+            // Every accepted message was inserted into the inbox exactly once (the durable record
+            // of acceptance). One claimed by a turn an interrupt then stopped before its first
+            // step is dropped by design (SPN-14), so it need not reach a `user/message`; none
+            // reaches one twice.
+            let mut accepted: Vec<String> = log
+                .events
+                .iter()
+                .filter_map(|e| match &e.data {
+                    EventData::InboxSpliced(splice) => Some(splice.inserted.iter().map(|m| m.text())),
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            accepted.sort_unstable();
+            let mut expected = vec!["first".to_owned(), "last".to_owned()];
+            expected.extend((0..6).map(|j| format!("m{j}")));
+            expected.sort_unstable();
+            assert_eq!(accepted, expected, "round {round}: every message accepted once");
+            let answers = answered(&log.events);
+            let mut delivered: Vec<&str> = answers.iter().map(|(t, _)| t.as_str()).collect();
+            delivered.sort_unstable();
+            delivered.dedup();
+            assert_eq!(
+                delivered.len(),
+                answers.len(),
+                "round {round}: a message delivered twice"
+            );
+            assert_eq!(answers.last(), Some(&("last".to_owned(), true)), "round {round}");
+            for reason in turn_end_reasons(&log.events) {
+                assert!(
+                    reason == json!({"kind": "completed"})
+                        || reason == json!({"kind": "aborted", "reason": {"kind": "user"}}),
+                    "round {round}: {reason}"
+                );
+            }
+            assert_eq!(
+                host.starts().len(),
+                host.ends().len(),
+                "round {round}: paired edges"
+            );
+            host.finish().await;
+        }
+    }
+
+    /// Continuable starts racing a manager drain for real on a multi-threaded runtime: each start
+    /// either fulfils before the drain closed admission or rejects `DRAINING`; the drain leaves
+    /// no resident child and no live child agent; every child that was created has a closed log
+    /// (as many `turn/end` as `turn/start`); and the host ends quiescent.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn starts_race_a_manager_drain_on_a_multi_threaded_runtime() {
+        for round in 0..8usize {
+            let host = Host::build_with(by_session(200), true, true, routed(), true).await;
+            let starts: Vec<_> = (0..4usize)
+                .map(|task| {
+                    let manager = host.manager.clone();
+                    let spec = host.spec(&format!("task {task}"));
+                    tokio::spawn(async move {
+                        for _ in 0..(round * 5 + task * 3) % 11 {
+                            tokio::task::yield_now().await;
+                        }
+                        manager.start_continuable(spec).await
+                    })
+                })
+                .collect();
+            for _ in 0..round * 2 {
+                tokio::task::yield_now().await;
+            }
+            host.manager.dispose_all().await.expect("drained");
+            let mut started = Vec::new();
+            for start in starts {
+                match start.await.expect("start task") {
+                    Ok((child, _)) => started.push(child),
+                    Err(e) => assert_eq!(
+                        e.code(),
+                        SubagentErrorCode::Draining,
+                        "round {round}: {}",
+                        crate::error_chain(&e)
+                    ),
+                }
+            }
+            assert!(host.manager.resident().is_empty(), "round {round}");
+            for child in &started {
+                assert!(
+                    host.get(child).is_none(),
+                    "round {round}: {child} outlived the drain"
+                );
+                let log = host.persisted(child).await;
+                let opened = type_names(&log.events)
+                    .iter()
+                    .filter(|t| *t == "turn/start")
+                    .count();
+                assert_eq!(
+                    turn_end_reasons(&log.events).len(),
+                    opened,
+                    "round {round}: {child}"
+                );
+            }
+            host.finish().await;
+        }
+    }
+
     /// spec: CONT-96, CONT-102 — a user interrupt at every scheduling point of a continuable
     /// child's first epoch: a running turn ends `aborted {user}`, a finished or released child is
     /// left alone (a no-op); a follow-up afterwards is answered; edges stay paired; and the host
