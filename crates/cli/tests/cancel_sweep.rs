@@ -474,3 +474,49 @@ async fn user_cancel_races_on_a_multi_threaded_runtime() {
         }
     }
 }
+
+/// `job_kill` of a background child racing its settlement for real on a multi-threaded
+/// runtime: whatever the timing, a killed job ends `killed` (or `completed`, when the kill lost
+/// the race to its settlement), never stuck `stopping`; an untouched job completes; and every
+/// log passes the online and offline checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_kill_races_settlement_on_a_multi_threaded_runtime() {
+    for point in 0..24 {
+        let sweep = Sweep::new(BACKGROUND).await;
+        let (parent, jobs) = (sweep.parent.clone(), sweep.host.jobs().clone());
+        for _ in 0..point {
+            tokio::task::yield_now().await;
+        }
+        let mut killed = Vec::new();
+        for job in jobs.snapshots(parent.id()) {
+            if let Ok(agent_loop::jobs::KillOutcome::Requested(_)) =
+                jobs.kill_job(parent.id(), &job.id, Some("race".into()))
+            {
+                killed.push(job.id.clone());
+            }
+        }
+        sweep.host.settle(&parent).await;
+        tokio::time::timeout(std::time::Duration::from_secs(60), async {
+            while !jobs.snapshots(parent.id()).iter().all(|j| j.status.is_terminal()) {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("point {point}: a job never settled"));
+        for job in jobs.snapshots(parent.id()) {
+            let expected: &[agent::jobs::JobStatus] = if killed.contains(&job.id) {
+                // A kill that raced the job's own settlement may find it already completed.
+                &[agent::jobs::JobStatus::Killed, agent::jobs::JobStatus::Completed]
+            } else {
+                &[agent::jobs::JobStatus::Completed]
+            };
+            assert!(
+                expected.contains(&job.status),
+                "point {point}: {:?} ended {:?}",
+                job.id,
+                job.status
+            );
+        }
+        sweep.finish(point).await;
+    }
+}
