@@ -144,7 +144,21 @@ impl SessionObserver for InvariantObserver {
         let state = &mut *state;
         let mut primed_violations = Vec::new();
         let tracked = match state.sessions.entry(session.id().clone()) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Occupied(o) => {
+                let tracked = o.into_mut();
+                let len = session.len() as u64;
+                if candidate.seq == len && tracked.replay.events_seen() != len {
+                    // The candidate continues the session's log but not this state: the id now
+                    // names another session object (resumed, or created again after a
+                    // disposal) whose log this observer did not follow. The log is the truth:
+                    // start over from it. (A candidate that does not continue the log is judged
+                    // against the state as it is.)
+                    let (replay, violations) = replay_session(session);
+                    primed_violations = violations;
+                    *tracked = Tracked { replay, staged: None };
+                }
+                tracked
+            }
             std::collections::hash_map::Entry::Vacant(v) => {
                 let (replay, violations) = replay_session(session);
                 primed_violations = violations;

@@ -415,6 +415,31 @@ fn ises_154_a_new_observer_rebuilds_open_turn_state_from_the_log() {
     assert_eq!(third.open_turn(&"reload".into()), Some(1));
 }
 
+/// One observer serving a session id across two session objects: the first is dropped, the
+/// second is the same log resumed (its seed copied, an end-seed marker appended before
+/// publication). The observer follows the new object's log, not its state for the old one, so
+/// the resumed session's appends are judged against what the log really holds.
+#[test]
+fn a_resumed_session_under_a_known_id_is_judged_by_its_own_log() {
+    let (first, obs) = live("again");
+    append(&first, turn_start(1)).unwrap();
+    append(&first, turn_end(1)).unwrap();
+    let seed: Vec<SessionEvent> = first.events().iter().map(|e| (**e).clone()).collect();
+    drop(first);
+    let resumed = Session::new(synthetic::header("again"), Some(seed)).unwrap();
+    assert_eq!(resumed.len(), 3, "the seed and its end-seed marker");
+    resumed.publish(vec![obs.clone()]);
+    append(&resumed, turn_start(2)).unwrap();
+    // Still checked: a second open turn is refused.
+    let reason = veto_reason(append(&resumed, turn_start(3)));
+    assert!(reason.contains("turn 2 is still open"), "{reason}");
+    assert!(
+        obs.violations().iter().all(|v| v.rule.as_str() != "SEQ"),
+        "{:#?}",
+        obs.violations()
+    );
+}
+
 /// spec: ISES-155
 #[test]
 fn ises_155_end_seed_is_accepted_anywhere_and_moves_no_cursor() {
