@@ -72,7 +72,6 @@ impl AgentRuntime for RuntimeLink {
         Box::pin(async move {
             match self.get() {
                 Some(rt) => {
-                    rt.reject_persisted(&options.session_id).await?;
                     let staged = rt.stage_create(options)?;
                     rt.finish(staged).await
                 }

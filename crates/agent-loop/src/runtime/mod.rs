@@ -496,20 +496,6 @@ impl Runtime {
 
     /// The synchronous part of [`AgentRuntime::create`]: the session prepared and the
     /// transaction staged. [`finish`](Self::finish) completes it.
-    /// With persistence, an id that already has a persisted session is
-    /// [`AgentError::Duplicate`]: `create` starts a new log, and continuing an existing one is
-    /// `resume`'s job. (Left to the store, an equal header — the same id created again within
-    /// the same millisecond — would be adopted, and the new agent's appends would then collide
-    /// with the stored events.) Without persistence there is nothing to check.
-    pub(crate) async fn reject_persisted(&self, id: &SessionId) -> Result<(), AgentError> {
-        match &self.inner.services.persistence {
-            Some(persistence) if persistence.inspect(id).await?.is_some() => {
-                Err(AgentError::Duplicate(id.clone()))
-            }
-            _ => Ok(()),
-        }
-    }
-
     pub(crate) fn stage_create(&self, options: CreateAgentOptions) -> Result<Staged, AgentError> {
         self.stage(self.plan_create(options)?)
     }
@@ -625,7 +611,6 @@ impl AgentRuntime for Runtime {
         // options are staged synchronously on the first poll, so the future keeps only them
         // and the publication.
         Box::pin(async move {
-            self.reject_persisted(&options.session_id).await?;
             let staged = self.stage_create(options)?;
             self.finish(staged).await
         })

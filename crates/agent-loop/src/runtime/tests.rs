@@ -755,48 +755,6 @@ async fn concurrent_disposers_on_a_multi_threaded_runtime() {
     finish(&rt, []).await;
 }
 
-/// With persistence, `create` refuses an id whose session is already persisted (resume it
-/// instead), whatever the two headers' timestamps: the stored log is left as it was, and a
-/// resume of the id continues it.
-#[tokio::test(start_paused = true)]
-async fn create_refuses_a_persisted_id() {
-    let model = ScriptedModel::new([chunks::text("one"), chunks::text("two")]);
-    let persistence = Arc::new(TestPersistence::default());
-    let rt = builder(&model).persistence(persistence.clone()).build();
-    let first = create(&rt, "x").await;
-    first.agent().followup(user("hello")).unwrap();
-    first.agent().when_idle().await;
-    first.dispose().await;
-    let stored = persistence.events(&"x".into());
-    let err = rt.create(options("x")).await.unwrap_err();
-    assert!(
-        matches!(&err, AgentError::Duplicate(id) if id.as_str() == "x"),
-        "{err}"
-    );
-    assert_eq!(
-        persistence.events(&"x".into()),
-        stored,
-        "the stored log is untouched"
-    );
-    let resumed = rt
-        .resume(ResumeAgentOptions {
-            session_id: "x".into(),
-            agent_options: mock_options(),
-            signal: None,
-            setup: None,
-            owner: None,
-        })
-        .await
-        .expect("the persisted id resumes");
-    resumed.agent().followup(user("again")).unwrap();
-    resumed.agent().when_idle().await;
-    assert_eq!(
-        persistence.events(&"x".into()).len(),
-        resumed.agent().session().len()
-    );
-    finish(&rt, [resumed]).await;
-}
-
 /// A pending idle `inject()` survives persistence and resume without a synthetic turn.
 #[tokio::test(start_paused = true)]
 async fn pending_inject_survives_resume() {
