@@ -2895,19 +2895,7 @@ mod sweep {
             for sender in senders {
                 sender.await.expect("sender");
             }
-            tokio::time::timeout(std::time::Duration::from_secs(60), async {
-                loop {
-                    let quiet = host.manager.resident().is_empty()
-                        && host.manager.task_count() == 0
-                        && host.parent.status() == AgentStatus::Idle;
-                    if quiet {
-                        return;
-                    }
-                    tokio::task::yield_now().await;
-                }
-            })
-            .await
-            .unwrap_or_else(|_| panic!("round {round}: the child never settled"));
+            quiet(&host, &format!("round {round}")).await;
             let log = host.persisted(&child_id).await;
             let answers = answered(&log.events);
             assert_eq!(answers[0].0, "first", "round {round}");
