@@ -116,3 +116,36 @@ async fn lifecycle_at_every_cancellation_point() {
     }
     panic!("the child never completed within 500 points");
 }
+
+/// Two `close()` calls waiting at once on the same pending run both return once its `end`
+/// edge is out (neither reopening the service under the other's wait).
+#[tokio::test(start_paused = true)]
+async fn concurrent_closes_both_return() {
+    let script = ScriptedModel::new(vec![chunks::text("done")]);
+    let host = Host::trickled(&script).await;
+    let provider = subagent_spawn::register(&host.service, host.driver.clone()).expect("registered");
+    let run = host
+        .service
+        .start("spawn", request_from(&host.parent, Signal::new()))
+        .await
+        .expect("started");
+    let first = tokio::spawn({
+        let service = host.service.clone();
+        async move { service.close().await }
+    });
+    let second = tokio::spawn({
+        let service = host.service.clone();
+        async move { service.close().await }
+    });
+    tokio::task::yield_now().await;
+    run.result().await.expect("result");
+    run.dispose().await.expect("disposed");
+    tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        first.await.expect("first close");
+        second.await.expect("second close");
+    })
+    .await
+    .expect("both closes return");
+    drop(provider);
+    host.finish().await;
+}
