@@ -246,3 +246,48 @@ async fn disposal_at_every_point() {
     })
     .await;
 }
+
+/// A model adapter that panics: in `stream()` itself (`at == None`) or while yielding item
+/// `at` of an otherwise normal text answer.
+struct PanicAt(Option<usize>);
+
+impl agent::ModelAdapter for PanicAt {
+    fn stream(&self, _: Arc<GenerateOptions>) -> agent::ModelStream {
+        use futures::StreamExt;
+        let Some(at) = self.0 else {
+            panic!("adapter failure in stream()");
+        };
+        futures::stream::iter(chunks::text("never whole").into_iter().enumerate())
+            .map(move |(i, chunk)| {
+                assert!(i != at, "adapter failure at item {at}");
+                Ok(chunk)
+            })
+            .boxed()
+    }
+}
+
+/// A panicking model adapter, at every point of its stream (and in `stream()` itself), is a
+/// contained turn failure: the turn ends `error`, the log stays valid (the online checker), the
+/// agent takes its next prompt, and the runtime still shuts down quiescent.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_model_at_every_point_fails_only_the_turn() {
+    let items = chunks::text("never whole").len();
+    for at in std::iter::once(None).chain((0..items).map(Some)) {
+        let rt = builder_over(Arc::new(PanicAt(at))).build();
+        let handle = create(&rt, "a").await;
+        let agent = handle.agent().clone();
+        agent.followup(user("go")).expect("delivered");
+        agent.when_idle().await;
+        assert!(
+            matches!(turn_ends(&*agent).as_slice(), [TurnEndReason::Error { .. }]),
+            "panic at {at:?}: {:?}",
+            turn_ends(&*agent)
+        );
+        agent
+            .followup(user("again"))
+            .expect("the agent takes its next prompt");
+        agent.when_idle().await;
+        assert_eq!(turn_ends(&*agent).len(), 2, "panic at {at:?}");
+        finish(&rt, [handle]).await;
+    }
+}
