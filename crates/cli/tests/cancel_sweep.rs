@@ -92,8 +92,13 @@ struct Sweep {
 
 impl Sweep {
     async fn new(script: Script) -> Self {
+        Self::over(Arc::new(script)).await
+    }
+
+    /// [`Sweep::new`] over any parent/child script.
+    async fn over(script: Arc<dyn ModelAdapter>) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let adapter = Arc::new(Trickle::new(Arc::new(script)));
+        let adapter = Arc::new(Trickle::new(script));
         let mut options = HostOptions::new(dir.path(), adapter, "mock", "mock");
         let observer = InvariantObserver::shared();
         options.session_observers.push(observer.clone());
@@ -517,6 +522,70 @@ async fn job_kill_races_settlement_on_a_multi_threaded_runtime() {
                 job.status
             );
         }
+        sweep.finish(point).await;
+    }
+}
+
+/// The parent delegates four times in one response — two `subagent` and two `fork` calls, run
+/// side by side — then answers; every child answers at once.
+struct Parallel;
+
+impl ModelAdapter for Parallel {
+    fn stream(&self, request: Arc<GenerateOptions>) -> ModelStream {
+        let chunks = if request.session_id.as_ref().map(SessionId::as_str) != Some("coordinator") {
+            chunks::text("child done")
+        } else if request
+            .messages
+            .iter()
+            .flat_map(|m| &m.content)
+            .any(|b| matches!(b, ContentBlock::ToolResult { .. }))
+        {
+            chunks::text("parent done")
+        } else {
+            let call = |id: &str, tool: &str| {
+                chunks::call(
+                    id,
+                    tool,
+                    serde_json::json!({"description": id, "prompt": "do it"}),
+                )
+            };
+            chunks::tool_calls(
+                None,
+                vec![
+                    call("s1", "subagent"),
+                    call("f1", "fork"),
+                    call("s2", "subagent"),
+                    call("f2", "fork"),
+                ],
+            )
+        };
+        futures::stream::iter(chunks.into_iter().map(Ok)).boxed()
+    }
+}
+
+/// A user's cancel racing four parallel delegations (two `spawn`, two `fork`) for real on a
+/// multi-threaded runtime: whatever the timing, the parent's turn ends `completed` or
+/// `aborted {user}`, and the host shuts down clean with every log passing the online and
+/// offline checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_cancel_races_parallel_delegations_on_a_multi_threaded_runtime() {
+    for point in 0..24 {
+        let sweep = Sweep::over(Arc::new(Parallel)).await;
+        let parent = sweep.parent.clone();
+        for _ in 0..point {
+            tokio::task::yield_now().await;
+        }
+        parent.cancel(CancelCause::User, CancelOptions::default());
+        sweep.host.settle(&parent).await;
+        let end = last_turn_end(&parent).expect("the parent's turn ended");
+        assert!(
+            end == TurnEndReason::Completed
+                || end
+                    == TurnEndReason::Aborted {
+                        reason: CancelCause::User
+                    },
+            "point {point}: {end:?}"
+        );
         sweep.finish(point).await;
     }
 }
