@@ -589,3 +589,50 @@ async fn user_cancel_races_parallel_delegations_on_a_multi_threaded_runtime() {
         sweep.finish(point).await;
     }
 }
+
+/// The same four parallel delegations with the user's cancel at every scheduling point on a
+/// paused current-thread runtime: the parent's turn ends `aborted {user}` until it had
+/// completed, every child that was still running then ends `aborted {parent}`, and every log
+/// passes the online and offline checks.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn user_cancel_of_parallel_delegations_at_every_point() {
+    for point in 0..2000 {
+        let sweep = Sweep::over(Arc::new(Parallel)).await;
+        let parent = sweep.parent.clone();
+        for _ in 0..point {
+            tokio::task::yield_now().await;
+        }
+        let parent_ended = last_turn_end(&parent).is_some();
+        let children = sweep.children_ended();
+        parent.cancel(CancelCause::User, CancelOptions::default());
+        sweep.host.settle(&parent).await;
+        let expected = if parent_ended {
+            TurnEndReason::Completed
+        } else {
+            TurnEndReason::Aborted {
+                reason: CancelCause::User,
+            }
+        };
+        assert_eq!(last_turn_end(&parent), Some(expected), "point {point}");
+        for (child, ended_before) in &children {
+            let end = last_turn_end(child);
+            if *ended_before {
+                assert_eq!(end, Some(TurnEndReason::Completed), "point {point}");
+            } else if let Some(end) = end {
+                assert_eq!(
+                    end,
+                    TurnEndReason::Aborted {
+                        reason: CancelCause::Parent
+                    },
+                    "point {point}: a child still running when the user cancelled"
+                );
+            }
+        }
+        sweep.finish(point).await;
+        if parent_ended {
+            assert!(point > 0);
+            return;
+        }
+    }
+    panic!("the parent never completed within 2000 points");
+}
