@@ -31,7 +31,9 @@ struct Tracked {
 /// primed from its current log by [`InvariantObserver::prime`] (call it when the session is
 /// created, so a bad seed fails creation) or lazily at its first check. Lazy priming that finds
 /// violations in the existing log vetoes that first append and then carries on from the
-/// resynchronised state.
+/// resynchronised state. A candidate that continues its session's log but not the state kept
+/// under that id (the id now names another session object: resumed, or created again after a
+/// disposal) primes the state again from that log the same way.
 ///
 /// The veto reason is the reference's failure text, `invariant violated by "<owner>": …`, for
 /// each violation, joined by `; `.
