@@ -143,6 +143,25 @@ impl Sweep {
             .collect()
     }
 
+    /// After `point` yields, cancels the parent's turn as its user would and waits for it to
+    /// settle; whatever the timing, the turn ends `completed` or `aborted {user}`.
+    async fn cancel_after(&self, point: usize) {
+        for _ in 0..point {
+            tokio::task::yield_now().await;
+        }
+        self.parent.cancel(CancelCause::User, CancelOptions::default());
+        self.host.settle(&self.parent).await;
+        let end = last_turn_end(&self.parent).expect("the parent's turn ended");
+        assert!(
+            end == TurnEndReason::Completed
+                || end
+                    == TurnEndReason::Aborted {
+                        reason: CancelCause::User
+                    },
+            "point {point}: {end:?}"
+        );
+    }
+
     /// Disposes the parent, shuts the host down and checks: no online violation, every run that
     /// started also ended, and the store replays clean.
     async fn finish(self, point: usize) {
@@ -458,21 +477,7 @@ async fn user_cancel_races_on_a_multi_threaded_runtime() {
                 background: false,
             })
             .await;
-            let parent = sweep.parent.clone();
-            for _ in 0..point {
-                tokio::task::yield_now().await;
-            }
-            parent.cancel(CancelCause::User, CancelOptions::default());
-            sweep.host.settle(&parent).await;
-            let end = last_turn_end(&parent).expect("the parent's turn ended");
-            assert!(
-                end == TurnEndReason::Completed
-                    || end
-                        == TurnEndReason::Aborted {
-                            reason: CancelCause::User
-                        },
-                "point {point} ({tool}): {end:?}"
-            );
+            sweep.cancel_after(point).await;
             // A dropped run's background disposal may still be finishing on the other worker;
             // the host's shutdown awaits it, and `finish` checks what it left.
             sweep.finish(point).await;
@@ -571,21 +576,7 @@ impl ModelAdapter for Parallel {
 async fn user_cancel_races_parallel_delegations_on_a_multi_threaded_runtime() {
     for point in 0..24 {
         let sweep = Sweep::over(Arc::new(Parallel)).await;
-        let parent = sweep.parent.clone();
-        for _ in 0..point {
-            tokio::task::yield_now().await;
-        }
-        parent.cancel(CancelCause::User, CancelOptions::default());
-        sweep.host.settle(&parent).await;
-        let end = last_turn_end(&parent).expect("the parent's turn ended");
-        assert!(
-            end == TurnEndReason::Completed
-                || end
-                    == TurnEndReason::Aborted {
-                        reason: CancelCause::User
-                    },
-            "point {point}: {end:?}"
-        );
+        sweep.cancel_after(point).await;
         sweep.finish(point).await;
     }
 }

@@ -138,6 +138,36 @@ fn intact_lines(bytes: &[u8]) -> Vec<&[u8]> {
     lines
 }
 
+/// A refused resume left the log byte for byte as it was.
+fn assert_untouched(before: &[u8], after: &[u8], damage: &Damage) {
+    assert!(
+        after == before,
+        "{damage:?}: a refused resume changed the log from\n{}\nto\n{}",
+        String::from_utf8_lossy(before),
+        String::from_utf8_lossy(after)
+    );
+}
+
+/// An accepted resume kept every intact line of the damaged log as the prefix of the new one,
+/// logged the prompt `text` it was given, and passed the online checks.
+fn assert_continued(before: &[u8], after: &[u8], text: &str, observer: &InvariantObserver, damage: &Damage) {
+    let kept = intact_lines(before);
+    let now = intact_lines(after);
+    assert!(
+        now.len() > kept.len() && now[..kept.len()] == kept[..],
+        "{damage:?}: a resume rewrote the intact lines"
+    );
+    assert!(
+        String::from_utf8_lossy(after).contains(&format!("\"{text}\"")),
+        "{damage:?}: the prompt is not in the log"
+    );
+    assert!(
+        observer.violations().is_empty(),
+        "{damage:?}: {:#?}",
+        observer.violations()
+    );
+}
+
 /// Resumes the parent in a fresh host over `dir` and sends the child a follow-up.
 async fn resume_damaged(dir: &Path, child: &SessionId, damage: &Damage) {
     let (host, observer) = host(dir);
@@ -183,29 +213,8 @@ async fn resume_damaged(dir: &Path, child: &SessionId, damage: &Damage) {
     host.shutdown().await.expect("shutdown");
     let after = std::fs::read(&path).expect("log");
     match outcome {
-        Err(_) => assert!(
-            after == before,
-            "{damage:?}: a rejected resume changed the log from\n{}\nto\n{}",
-            String::from_utf8_lossy(&before),
-            String::from_utf8_lossy(&after)
-        ),
-        Ok(_) => {
-            let kept = intact_lines(&before);
-            let now = intact_lines(&after);
-            assert!(
-                now.len() > kept.len() && now[..kept.len()] == kept[..],
-                "{damage:?}: an accepted resume rewrote the intact lines"
-            );
-            assert!(
-                String::from_utf8_lossy(&after).contains("\"second\""),
-                "{damage:?}: the follow-up is not in the log"
-            );
-            assert!(
-                observer.violations().is_empty(),
-                "{damage:?}: {:#?}",
-                observer.violations()
-            );
-        }
+        Err(_) => assert_untouched(&before, &after, damage),
+        Ok(_) => assert_continued(&before, &after, "second", &observer, damage),
     }
 }
 
@@ -357,29 +366,10 @@ async fn resume_of_a_top_level_agent_from_damaged_logs() {
         let after = std::fs::read(&path).expect("log");
         if ran {
             accepted += 1;
-            let kept = intact_lines(&before);
-            let now = intact_lines(&after);
-            assert!(
-                now.len() > kept.len() && now[..kept.len()] == kept[..],
-                "{damage:?}: a resume rewrote the intact lines"
-            );
-            assert!(
-                String::from_utf8_lossy(&after).contains("\"again\""),
-                "{damage:?}"
-            );
-            assert!(
-                observer.violations().is_empty(),
-                "{damage:?}: {:#?}",
-                observer.violations()
-            );
+            assert_continued(&before, &after, "again", &observer, damage);
         } else {
             rejected += 1;
-            assert!(
-                after == before,
-                "{damage:?}: a refused resume changed the log from\n{}\nto\n{}",
-                String::from_utf8_lossy(&before),
-                String::from_utf8_lossy(&after)
-            );
+            assert_untouched(&before, &after, damage);
         }
     }
     assert!(
