@@ -9,6 +9,7 @@ use futures::FutureExt;
 use futures::channel::oneshot;
 use futures::future::{BoxFuture, Shared};
 
+use super::activation::Activation;
 use super::{ContinuationManager, Inner};
 use crate::error::SubagentError;
 
@@ -217,11 +218,16 @@ impl ContinuationManager {
         let activations: Vec<_> = inner.activations.lock().values().cloned().collect();
         let mut disposals = Vec::new();
         for root in &roots {
-            let targets: Vec<_> = activations
+            let mut targets: Vec<_> = activations
                 .iter()
                 .filter(|a| a.has_ancestor(root) && !Arc::ptr_eq(&a.agent, root))
                 .cloned()
                 .collect();
+            // Ancestors first, so cancellation runs top-down (spec §2.14.6): opening a target's
+            // transaction opens its owned children's, and a descendant opened later only joins
+            // its already-open transaction. (The map's order would sometimes cancel a grandchild
+            // while its parent still ran.)
+            targets.sort_by_cached_key(|a| covered_ancestors(a, &activations, root));
             {
                 let mut closing = inner.closing.lock();
                 let index = match closing
@@ -261,6 +267,24 @@ impl ContinuationManager {
         }
         .boxed()
     }
+}
+
+/// How many of `root`'s other covered descendants in `activations` are recorded ancestors of
+/// `activation` (its depth below `root` among them).
+fn covered_ancestors(
+    activation: &Arc<Activation>,
+    activations: &[Arc<Activation>],
+    root: &AgentRef,
+) -> usize {
+    activations
+        .iter()
+        .filter(|other| {
+            !Arc::ptr_eq(other, activation)
+                && !Arc::ptr_eq(&other.agent, root)
+                && other.has_ancestor(root)
+                && activation.has_ancestor(&other.agent)
+        })
+        .count()
 }
 
 /// Awaits every branch, then reports the failed ones as one `ACTIVATION_TEARDOWN_FAILED`

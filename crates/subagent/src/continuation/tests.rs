@@ -2641,6 +2641,322 @@ async fn cont_60_cancel_during_second_delivery_discards_both() {
     host.finish().await;
 }
 
+/// Holds the first step of the agents it is scoped to until their turn is cancelled, and records
+/// — synchronously, inside the cancel — whose turn it was and how many flushes that child's
+/// session had seen by then.
+struct CancelRecorder {
+    order: CancelOrder,
+    store: Arc<MemoryStore>,
+}
+
+#[async_trait]
+impl agent::PreStepInterceptor for CancelRecorder {
+    async fn pre_step(
+        &self,
+        step: agent::PreStep<'_>,
+        proposed: agent::PreStepDecision,
+    ) -> Result<agent::PreStepDecision, agent::BoxError> {
+        let order = self.order.clone();
+        let store = self.store.clone();
+        let id = step.agent.id().clone();
+        let _listener = step.signal.on_cancel(move || {
+            let flushes = store.flush_count(&id);
+            order.lock().push((id.as_str().to_owned(), flushes));
+        });
+        step.signal.cancelled().await;
+        Ok(proposed)
+    }
+}
+
+/// What [`CancelRecorder`]s saw, in order: (agent id, that session's flush count at the cancel).
+type CancelOrder = Arc<Mutex<Vec<(String, u64)>>>;
+
+/// Records the cancels of the turns of `ids` (each held at its first step until cancelled).
+fn record_cancels(host: &Host, ids: &[&str]) -> (CancelOrder, Vec<agent::Registration>) {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let registrations = ids
+        .iter()
+        .map(|id| {
+            host.runtime.services().pre_step.add(
+                Some(SessionId::from(*id)),
+                Arc::new(CancelRecorder {
+                    order: order.clone(),
+                    store: host.store.clone(),
+                }),
+            )
+        })
+        .collect();
+    (order, registrations)
+}
+
+fn cancelled_ids(order: &Mutex<Vec<(String, u64)>>) -> Vec<String> {
+    order.lock().iter().map(|(id, _)| id.clone()).collect()
+}
+
+/// spec: CONT-6 — aborting the caller's token inside the child's creation window (at
+/// `agent/created`, before publication) rejects the start and leaves only the parent
+/// registered: no Activation, no lifecycle edge, no model request, no notice.
+#[tokio::test(start_paused = true)]
+async fn cont_6_abort_in_the_creation_window_rolls_back() {
+    let host = Host::new(vec![]).await;
+    let mut spec = host.spec("task");
+    spec.child_id = Some(SessionId::from("early"));
+    let signal = spec.signal.clone();
+    let listener = host.runtime.services().agent_events.on(move |e: &AgentEvent| {
+        if matches!(e, AgentEvent::Created { agent } if agent.as_str() == "early") {
+            signal.cancel(agent::CancelCause::User);
+        }
+        Ok(())
+    });
+    let err = host.manager.start_continuable(spec).await.unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Cancelled, "{err}");
+    yield_a_while().await;
+    let ids: Vec<SessionId> = AgentRuntime::list(&host.runtime)
+        .iter()
+        .map(|a| a.id().clone())
+        .collect();
+    assert_eq!(ids, vec![SessionId::from("parent")]);
+    assert!(host.manager.resident().is_empty());
+    assert!(host.starts().is_empty() && host.ends().is_empty());
+    assert_eq!(host.model.requests().len(), 0);
+    assert!(notices(&host.parent).is_empty());
+    drop(listener);
+    host.finish().await;
+}
+
+/// spec: CONT-32 — a scoped drain of `parent`: its synchronous cancels are exactly
+/// [child, grandchild]; the sibling forest (under another parent) stays resident and accepts a
+/// follow-up; new starts and follow-ups under the drained parent reject `DRAINING`; two
+/// concurrent drains both resolve; target and grandchild are gone afterwards; the root stays
+/// closed after its descendants are gone; the sibling is untouched.
+#[tokio::test(start_paused = true)]
+async fn cont_32_scoped_drain_spares_the_sibling_forest() {
+    let mut host = Host::new(by_session(12)).await;
+    let sibling_parent = host.other_agent("sibling-parent").await;
+    let (order, recorders) = record_cancels(&host, &["target", "gc"]);
+    let (open_sibling, sibling_gate) = gate(&host, "sibling");
+    let target_id = start_reserved(&host, "target").await;
+    let mut spec = ContinuableStartSpec::new(
+        "spawn",
+        "sib",
+        vec![ContentBlock::text("task")],
+        sibling_parent.clone(),
+    );
+    spec.child_id = Some(SessionId::from("sibling"));
+    let (sibling_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    let target = host.get(&target_id).unwrap();
+    let sibling = host.get(&sibling_id).unwrap();
+    let mut spec =
+        ContinuableStartSpec::new("spawn", "deeper", vec![ContentBlock::text("gc")], target.clone());
+    spec.child_id = Some(SessionId::from("gc"));
+    let (gc_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    yield_a_while().await;
+    assert!(order.lock().is_empty());
+
+    let drained = host
+        .manager
+        .drain_continuable_descendants(std::slice::from_ref(&host.parent));
+    let converged = host
+        .manager
+        .drain_continuable_descendants(std::slice::from_ref(&host.parent));
+    assert_eq!(
+        cancelled_ids(&order),
+        vec!["target", "gc"],
+        "synchronous, child first"
+    );
+    assert!(Arc::ptr_eq(&target, &host.get(&target_id).unwrap()));
+    assert!(host.get(&gc_id).is_some());
+    assert!(Arc::ptr_eq(&sibling, &host.get(&sibling_id).unwrap()));
+    host.manager
+        .followup(
+            &sibling_parent,
+            &sibling_id,
+            vec![ContentBlock::text("still live")],
+        )
+        .await
+        .expect("the sibling forest still accepts work");
+    let err = host
+        .manager
+        .start_continuable(host.spec("late"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Draining, "{err}");
+    let err = host
+        .manager
+        .followup(&host.parent, &target_id, vec![ContentBlock::text("too late")])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Draining, "{err}");
+
+    let (first, second) = futures::join!(drained, converged);
+    first.unwrap();
+    second.unwrap();
+    assert!(host.get(&target_id).is_none() && host.get(&gc_id).is_none());
+    assert!(!host.manager.is_resident(&target_id) && !host.manager.is_resident(&gc_id));
+    let err = host
+        .manager
+        .start_continuable(host.spec("later"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        SubagentErrorCode::Draining,
+        "the root stays closed: {err}"
+    );
+    assert!(Arc::ptr_eq(&sibling, &host.get(&sibling_id).unwrap()));
+    assert!(host.manager.is_resident(&sibling_id));
+    assert_eq!(
+        cancelled_ids(&order),
+        vec!["target", "gc"],
+        "nothing else was cancelled"
+    );
+
+    open_sibling.send(true).unwrap();
+    host.settle().await;
+    sibling_parent.when_idle().await;
+    let log = host.persisted(&sibling_id).await;
+    assert_eq!(texts(&log.events), vec!["task", "still live"]);
+    assert_eq!(
+        turn_end_reasons(&log.events)
+            .iter()
+            .map(|r| r["kind"].clone())
+            .collect::<Vec<_>>(),
+        vec![json!("completed"); turn_end_reasons(&log.events).len()]
+    );
+    drop((recorders, sibling_gate));
+    host.finish().await;
+}
+
+/// spec: CONT-45 — a follow-up that reached its admission point before a manager drain
+/// resolves with an id, and its inbox insertion is observed before the drain's cancel.
+/// spec: CONT-46 — that accepted but still queued follow-up is absent from the persisted log.
+#[tokio::test(start_paused = true)]
+async fn cont_45_admitted_followup_is_inserted_before_the_drain_cancels() {
+    let host = Host::new(by_session(4)).await;
+    let (order, recorders) = record_cancels(&host, &["held"]);
+    let child_id = start_reserved(&host, "held").await;
+    yield_a_while().await;
+    let inserted = order.clone();
+    let listener = host
+        .runtime
+        .services()
+        .agent_events
+        .on_scoped(child_id.clone(), move |e: &AgentEvent| {
+            if matches!(e, AgentEvent::InboxInserted { .. }) {
+                inserted.lock().push(("enqueue".to_owned(), 0));
+            }
+            Ok(())
+        });
+    let mut delivery = Box::pin(host.manager.followup(
+        &host.parent,
+        &child_id,
+        vec![ContentBlock::text("before drain")],
+    ));
+    // Let the follow-up reach its admission point (admission and insertion are one
+    // synchronous span, so one poll may already finish it), then begin the drain.
+    let first = futures::poll!(delivery.as_mut());
+    let drained = host.manager.dispose_all();
+    match first {
+        std::task::Poll::Ready(id) => id.expect("admitted before the drain"),
+        std::task::Poll::Pending => delivery.as_mut().await.expect("admitted before the drain"),
+    };
+    drained.await.unwrap();
+    assert_eq!(cancelled_ids(&order), vec!["enqueue", "held"]);
+    let log = host.persisted(&child_id).await;
+    let logged = texts(&log.events);
+    assert!(!logged.iter().any(|t| t == "before drain"), "{logged:?}");
+    drop((delivery, listener, recorders));
+    host.finish().await;
+}
+
+/// spec: CONT-57 — the drain cancels the child's running turn before the best-effort final
+/// flush: no flush of the child's session happened before the cancel, exactly one after it, and
+/// the flushed log holds the aborted `turn/end` the cancel produced.
+#[tokio::test(start_paused = true)]
+async fn cont_57_cancel_precedes_the_final_flush() {
+    let host = Host::new(vec![]).await;
+    let (order, recorders) = record_cancels(&host, &["slow"]);
+    let child_id = start_reserved(&host, "slow").await;
+    yield_a_while().await;
+    let before = host.store.flush_count(&child_id);
+    host.manager.dispose_all().await.unwrap();
+    let recorded = order.lock().clone();
+    assert_eq!(
+        recorded,
+        vec![("slow".to_owned(), before)],
+        "cancelled before any final flush"
+    );
+    assert_eq!(
+        host.store.flush_count(&child_id),
+        before + 1,
+        "one final flush, after the cancel"
+    );
+    let log = host.persisted(&child_id).await;
+    assert_eq!(
+        turn_end_reasons(&log.events),
+        vec![json!({"kind": "aborted", "reason": {"kind": "parent"}})]
+    );
+    drop(recorders);
+    host.finish().await;
+}
+
+/// spec: CONT-91 — once a manager drain has begun a child's teardown, starting a grandchild
+/// under that child rejects `DRAINING` and leaves no new agent.
+#[tokio::test(start_paused = true)]
+async fn cont_91_grandchild_under_a_child_in_teardown_rejects_draining() {
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    let child = host.get(&child_id).unwrap();
+    yield_a_while().await;
+    let drained = host.manager.dispose_all();
+    let before = host.agent_count();
+    let spec = ContinuableStartSpec::new("spawn", "late", vec![ContentBlock::text("gc")], child);
+    let err = host.manager.start_continuable(spec).await.unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Draining, "{err}");
+    assert!(host.agent_count() <= before, "no new agent");
+    drained.await.unwrap();
+    assert_eq!(host.agent_count(), 1);
+    assert_eq!(
+        host.model.requests().len(),
+        1,
+        "the grandchild never reached the model"
+    );
+    host.finish().await;
+}
+
+/// spec: CONT-103 — after a scoped drain opened the child's transaction (its one cancel, cause
+/// `parent`, issued before the drain call returns), an interrupt is an accepted no-op: it
+/// returns at once, issues no cancel of its own (the turn ends with the drain's cause, not the
+/// interrupt's `user`), and the drain completes.
+#[tokio::test(start_paused = true)]
+async fn cont_103_interrupt_after_a_scoped_drain_is_a_no_op() {
+    let host = Host::new(vec![]).await;
+    let (order, recorders) = record_cancels(&host, &["target"]);
+    let child_id = start_reserved(&host, "target").await;
+    yield_a_while().await;
+    let drained = host
+        .manager
+        .drain_continuable_descendants(std::slice::from_ref(&host.parent));
+    assert_eq!(cancelled_ids(&order), vec!["target"]);
+    host.manager
+        .interrupt(
+            &child_id,
+            &super::InterruptAuthority::User {
+                parent_session_id: SessionId::from("parent"),
+            },
+        )
+        .expect("an accepted no-op");
+    drained.await.unwrap();
+    assert_eq!(cancelled_ids(&order), vec!["target"]);
+    let log = host.persisted(&child_id).await;
+    assert_eq!(
+        turn_end_reasons(&log.events),
+        vec![json!({"kind": "aborted", "reason": {"kind": "parent"}})]
+    );
+    drop(recorders);
+    host.finish().await;
+}
+
 /// Sweeps: one continuable child's life interrupted at **every** scheduling point (counted in
 /// `yield_now` calls of the test task on a current-thread runtime with a paused clock, with a
 /// model that yields before every chunk), once per point.
