@@ -221,14 +221,39 @@ impl ContinuationManager {
     /// Starts a continuable child and resolves at the first prompt's inbox acceptance with
     /// `(child id, message id)` (spec §2.14.2).
     ///
+    /// Steps 1–5 — admission, the persistence and `maxDepth` checks, the child id, depth, the
+    /// descriptor snapshot and the **delegated-policy capture** — run synchronously, when this
+    /// is called, before the returned future is first polled (as in the one-shot driver's
+    /// `start`): a parent policy switch after the call does not reach the child, and a failure
+    /// there is already decided when the future is created. The future does the rest.
+    ///
     /// Any failure rejects with no ids and leaves no Activation, no live child and no ownership
     /// entry. After acceptance the manager owns the child: cancelling `spec.signal` no longer
     /// affects it.
-    pub async fn start_continuable(
+    pub fn start_continuable(
         &self,
         spec: ContinuableStartSpec,
-    ) -> Result<(SessionId, MessageId), SubagentError> {
-        let inner = &self.inner;
+    ) -> impl Future<Output = Result<(SessionId, MessageId), SubagentError>> + Send + 'static {
+        let admitted = self.inner.admit_start(&spec);
+        let inner = self.inner.clone();
+        async move { inner.finish_start(spec, admitted?).await }
+    }
+}
+
+/// What the synchronous part of a continuable start (steps 1–5) decided.
+struct AdmittedStart {
+    reserved: bool,
+    child_id: SessionId,
+    parent: AgentRef,
+    child_depth: u64,
+    descriptor_event: EventData,
+    policy: DelegatedPolicyOverrides,
+}
+
+impl Inner {
+    /// Steps 1–5 of a continuable start, synchronous.
+    fn admit_start(&self, spec: &ContinuableStartSpec) -> Result<AdmittedStart, SubagentError> {
+        let inner = self;
         // 1. Admission, persistence, maxDepth.
         inner.admit(&spec.parent)?;
         inner.check_parent_open(&spec.parent)?;
@@ -265,6 +290,32 @@ impl ContinuationManager {
         })?;
         // 5. Delegated policy, before the first suspension point.
         let policy = capture_delegated_policy_overrides(parent.session(), inner.policy);
+        Ok(AdmittedStart {
+            reserved,
+            child_id,
+            parent,
+            child_depth,
+            descriptor_event,
+            policy,
+        })
+    }
+
+    /// Steps 6–11 of a continuable start.
+    async fn finish_start(
+        self: Arc<Self>,
+        spec: ContinuableStartSpec,
+        admitted: AdmittedStart,
+    ) -> Result<(SessionId, MessageId), SubagentError> {
+        let inner = &self;
+        let AdmittedStart {
+            reserved,
+            child_id,
+            parent,
+            child_depth,
+            descriptor_event,
+            policy,
+        } = admitted;
+        let requested = spec.agent_options.as_ref();
         // 6. The provider's preparation.
         let provider = inner
             .service
@@ -362,7 +413,9 @@ impl ContinuationManager {
             }
         }
     }
+}
 
+impl ContinuationManager {
     /// Delivers `content` to the continuable child `child_id` as one `followup` (next-turn) turn,
     /// with the source `{kind: "user"}` (see [`followup_with`](Self::followup_with)).
     pub async fn followup(

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 
 use agent::content::visible_text;
+use agent::policy::{ApprovalPolicy, SandboxMode, approval_override, sandbox_override};
 use agent::{
     AgentEvent, AgentHandle, AgentOptions, AgentRef, AgentRuntime, AgentStatus, ContentBlock,
     CreateAgentOptions, EventData, MessageSource, SessionEvent, SessionId, SessionMeta, SessionPersistence,
@@ -2954,6 +2955,160 @@ async fn cont_103_interrupt_after_a_scoped_drain_is_a_no_op() {
         vec![json!({"kind": "aborted", "reason": {"kind": "parent"}})]
     );
     drop(recorders);
+    host.finish().await;
+}
+
+/// A host whose manager composes both policy services (sandbox policy and approval).
+async fn policy_host(script: Vec<ScriptEntry>) -> Host {
+    let mut host = Host::new(script).await;
+    host.manager = ContinuationManager::with_policy(
+        host.service.clone(),
+        host.runtime.services().clone(),
+        crate::policy::PolicyServices::ALL,
+    );
+    host
+}
+
+/// The parent's own (non-delegated) sandbox switch.
+fn switch_sandbox(agent: &AgentRef, mode: SandboxMode) {
+    agent
+        .session()
+        .append(
+            EventData::SandboxMode {
+                mode: mode.as_str().into(),
+                source: None,
+            },
+            None,
+        )
+        .expect("the switch is logged");
+}
+
+/// The `sandbox/mode` and `approval/policy` events: (type, value, source).
+fn policy_events(events: &[SessionEvent]) -> Vec<(String, String, Option<String>)> {
+    events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::SandboxMode { mode, source } => {
+                Some(("sandbox/mode".into(), mode.clone(), source.clone()))
+            }
+            EventData::ApprovalPolicy { policy, source } => {
+                Some(("approval/policy".into(), policy.clone(), source.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn delegated(kind: &str, value: &str) -> (String, String, Option<String>) {
+    (kind.into(), value.into(), Some("delegation".into()))
+}
+
+/// spec: INH-1 — a parent override `danger-full-access` and no approval override: at
+/// acceptance the continuable child already has sandbox `danger-full-access` and approval
+/// `never`; its persisted log has exactly `sandbox/mode` then `approval/policy`, both
+/// `source: delegation`; the reloaded log folds to the same policy; the parent still has no
+/// approval override; the child's runtime context carries the delegation statement.
+#[tokio::test(start_paused = true)]
+async fn inh_1_parent_override_and_pinned_approval_reach_the_child() {
+    let host = policy_host(vec![chunks::text("child done").into()]).await;
+    switch_sandbox(&host.parent, SandboxMode::DangerFullAccess);
+    assert_eq!(approval_override(host.parent.session().events().iter()), None);
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    let child = host.get(&child_id).expect("resident at acceptance");
+    let live = child.session().events();
+    assert_eq!(sandbox_override(live.iter()), Some(SandboxMode::DangerFullAccess));
+    assert_eq!(approval_override(live.iter()), Some(ApprovalPolicy::Never));
+    host.settle().await;
+    let loaded = host.persisted(&child_id).await;
+    assert_eq!(
+        policy_events(&loaded.events),
+        vec![
+            delegated("sandbox/mode", "danger-full-access"),
+            delegated("approval/policy", "never")
+        ]
+    );
+    assert_eq!(
+        sandbox_override(loaded.events.iter()),
+        Some(SandboxMode::DangerFullAccess)
+    );
+    assert_eq!(
+        approval_override(loaded.events.iter()),
+        Some(ApprovalPolicy::Never)
+    );
+    assert_eq!(approval_override(host.parent.session().events().iter()), None);
+    let context: Vec<String> = loaded
+        .events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::UserMessage(m) if m.source.kind() != "user" => Some(visible_text(&m.content)),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        context
+            .iter()
+            .any(|t| t.contains(crate::model_text::SUBAGENT_DELEGATION_CONTEXT)),
+        "{context:?}"
+    );
+    host.parent.when_idle().await;
+    host.finish().await;
+}
+
+/// spec: INH-2 — the policy is captured when `start_continuable` is called: a parent switch
+/// after the call and before the future is awaited does not reach the child (`read-only`).
+#[tokio::test(start_paused = true)]
+async fn inh_2_policy_is_captured_at_the_call() {
+    let host = policy_host(vec![chunks::text("child done").into()]).await;
+    switch_sandbox(&host.parent, SandboxMode::ReadOnly);
+    let starting = host.manager.start_continuable(host.spec("task"));
+    switch_sandbox(&host.parent, SandboxMode::DangerFullAccess);
+    let (child_id, _) = starting.await.unwrap();
+    host.settle().await;
+    let loaded = host.persisted(&child_id).await;
+    assert_eq!(
+        sandbox_override(host.parent.session().events().iter()),
+        Some(SandboxMode::DangerFullAccess)
+    );
+    assert_eq!(
+        sandbox_override(loaded.events.iter()),
+        Some(SandboxMode::ReadOnly)
+    );
+    host.parent.when_idle().await;
+    host.finish().await;
+}
+
+/// spec: INH-6 — a cold resume after the parent widened replays the child's own persisted
+/// snapshot: exactly one delegation `sandbox/mode` (`read-only`) and one `approval/policy`.
+#[tokio::test(start_paused = true)]
+async fn inh_6_cold_resume_keeps_the_delegation_snapshot() {
+    let host = policy_host(by_session(6)).await;
+    switch_sandbox(&host.parent, SandboxMode::ReadOnly);
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    host.settle().await;
+    switch_sandbox(&host.parent, SandboxMode::DangerFullAccess);
+    host.manager
+        .followup(
+            &host.parent,
+            &child_id,
+            vec![ContentBlock::text("continue please")],
+        )
+        .await
+        .unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    let loaded = host.persisted(&child_id).await;
+    assert_eq!(texts(&loaded.events), vec!["task", "continue please"]);
+    assert_eq!(
+        policy_events(&loaded.events),
+        vec![
+            delegated("sandbox/mode", "read-only"),
+            delegated("approval/policy", "never")
+        ]
+    );
+    assert_eq!(
+        sandbox_override(loaded.events.iter()),
+        Some(SandboxMode::ReadOnly)
+    );
     host.finish().await;
 }
 
