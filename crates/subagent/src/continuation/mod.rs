@@ -37,6 +37,12 @@
 //! * the per-child `tokio::sync::Mutex<()>` — serializes the residency decisions of one child
 //!   (materialize-and-submit, follow-up routing, the watcher's settle decision); it is an async
 //!   lock by design and may be held across the creation's `.await`.
+//! * `Inner::admission` (sync, reentrant) — makes a submission's admission span (the checks
+//!   through the inbox insertion) and the synchronous opening of a disposal transaction (its
+//!   cancel) mutually atomic across threads, as both are one synchronous span in the spec: a
+//!   follow-up admitted before a drain's cancel is inserted before it (CONT-45), and one that
+//!   is not sees the closed admission (`DRAINING`). Reentrant, because an insertion observer
+//!   may itself drain; never held across an `.await`. Taken before any lock above.
 //! * `Activation` fields (sync) — each protects only its own small set.
 
 mod activation;
@@ -160,6 +166,9 @@ pub(crate) struct Inner {
     materializing: Mutex<Vec<drain::Materializing>>,
     /// Watchers and other background work.
     tasks: TaskTracker,
+    /// Serializes submission spans with the opening of disposal transactions (see the module's
+    /// lock list).
+    admission: parking_lot::ReentrantMutex<()>,
 }
 
 /// The continuation manager (spec §2.14). Cheap to clone (shared).
@@ -204,6 +213,7 @@ impl ContinuationManager {
                 closing: Mutex::new(Vec::new()),
                 materializing: Mutex::new(Vec::new()),
                 tasks: TaskTracker::new(),
+                admission: parking_lot::ReentrantMutex::new(()),
             }),
         }
     }
@@ -702,6 +712,8 @@ impl Inner {
         signal: &Signal,
     ) -> Result<MessageId, SubagentError> {
         let child_id = activation.child_id.as_str();
+        // One span with respect to every disposal's opening (and its cancel).
+        let _admission = self.admission.lock();
         check_signal(signal)?;
         self.admit(parent)?;
         if activation.disposal().is_some() {
@@ -763,6 +775,7 @@ impl Inner {
     /// Opens (or joins) the memoized disposal transaction of `activation` (spec §2.14.6): the
     /// synchronous part (wake, cancel, open owned children's transactions) runs now.
     fn open_disposal(self: &Arc<Self>, activation: &Arc<Activation>) -> activation::Disposal {
+        let _admission = self.admission.lock();
         let inner = self.clone();
         activation.open_disposal(&self.tasks, move |activation| {
             activation.wake();
