@@ -1,0 +1,576 @@
+//! Robustness of the model-facing arguments: the delegation tool (`acp-and-tools.md` §3.4–§3.8)
+//! and the job tools it hands its background runs to (`job_output`, `job_kill`).
+//!
+//! Every test runs on a real host: the reference runtime with a scripted model, the real `spawn`
+//! provider (children are real agents), the real job registry and job tools, and the online
+//! invariant checker. The property is always the same: a malformed call gets a typed tool error
+//! naming the problem and leaves nothing behind — no child agent or session, no model call, no
+//! pending run, no job — while a well-formed call runs, settles and leaves the host quiescent.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use agent::content::visible_text;
+use agent::tools::{ToolCallRequest, ToolResult};
+use agent::{
+    AgentHandle, AgentOptions, AgentRuntime, CreateAgentOptions, Registration, SessionId, SessionMeta,
+    SessionStore, Signal,
+};
+use agent_loop::ScriptedModel;
+use agent_loop::jobs::{JobRegistry, job_tools};
+use agent_loop::model::{ScriptEntry, chunks};
+use agent_loop::runtime::{Runtime, assert_quiescent};
+use invariants::InvariantObserver;
+use serde_json::{Value, json};
+use subagent::service::SubagentService;
+use subagent_inprocess::InProcessDriver;
+use tool_subagent::model_text;
+use tool_subagent::{SubagentToolConfig, SubagentToolPlugin};
+
+/// The model route every agent of the rig uses.
+const MODEL: &str = "mock";
+/// What every child answers.
+const ANSWER: &str = "child answer";
+/// The first parent's id.
+const PARENT: &str = "parent";
+
+/// A real host with one delegation tool instance over the `spawn` provider.
+struct Rig {
+    rt: Runtime,
+    model: ScriptedModel,
+    observer: Arc<InvariantObserver>,
+    subagents: SubagentService,
+    driver: InProcessDriver,
+    jobs: Arc<JobRegistry>,
+    plugin: Option<SubagentToolPlugin>,
+    registrations: Vec<Registration>,
+    parents: Vec<AgentHandle>,
+}
+
+impl Rig {
+    /// A rig whose tool instance is configured by `config` (config defaulting), with parent
+    /// [`PARENT`].
+    async fn new(config: Value) -> Self {
+        let model = ScriptedModel::default();
+        let observer = InvariantObserver::shared();
+        let jobs = Arc::new(JobRegistry::new());
+        let rt = Runtime::builder()
+            .model(MODEL, model.adapter())
+            .session_observer(observer.clone())
+            .jobs(jobs.clone())
+            .build();
+        let mut registrations: Vec<Registration> = job_tools(jobs.clone())
+            .into_iter()
+            .map(|def| {
+                rt.services()
+                    .tools
+                    .register(None, def)
+                    .expect("job tool registers")
+            })
+            .collect();
+        let subagents = SubagentService::new();
+        let driver = InProcessDriver::new(rt.services().clone());
+        registrations.push(subagent_spawn::register(&subagents, driver.clone()).expect("spawn registers"));
+        let config = SubagentToolConfig::from_json(&config).expect("valid configuration");
+        let plugin = SubagentToolPlugin::load(rt.services(), &subagents, config).expect("tool loads");
+        let mut rig = Self {
+            rt,
+            model,
+            observer,
+            subagents,
+            driver,
+            jobs,
+            plugin: Some(plugin),
+            registrations,
+            parents: Vec::new(),
+        };
+        rig.parent(PARENT).await;
+        rig
+    }
+
+    /// A default rig: tool `subagent` over `spawn`, background enabled in one-shot mode.
+    async fn default() -> Self {
+        Self::new(json!({"provider": "spawn"})).await
+    }
+
+    /// Creates another live top-level agent routed to the scripted model.
+    async fn parent(&mut self, id: &str) -> SessionId {
+        let handle = self
+            .rt
+            .create(CreateAgentOptions {
+                meta: SessionMeta {
+                    cwd: Some(PathBuf::from("/workspace")),
+                    ..SessionMeta::default()
+                },
+                agent_options: AgentOptions {
+                    provider: Some(MODEL.into()),
+                    model: Some(MODEL.into()),
+                    ..AgentOptions::default()
+                },
+                ..CreateAgentOptions::new(SessionId::from(id))
+            })
+            .await
+            .expect("parent is created");
+        let id = handle.id().clone();
+        self.parents.push(handle);
+        id
+    }
+
+    /// Scripts `n` more child answers.
+    fn answers(&self, n: usize) {
+        for _ in 0..n {
+            self.model.push(chunks::text(ANSWER));
+        }
+    }
+
+    /// Calls tool `name` as `agent` with the raw argument text `raw`.
+    async fn call_raw(&self, name: &str, agent: &str, raw: &str) -> ToolResult {
+        let call = ToolCallRequest {
+            call_id: "call".into(),
+            name: name.to_owned(),
+            arguments: raw.to_owned(),
+        };
+        self.rt
+            .services()
+            .tools
+            .execute(&SessionId::from(agent), call, Signal::new())
+            .await
+            .result
+    }
+
+    /// Calls tool `name` as `agent` with `arguments`.
+    async fn call(&self, name: &str, agent: &str, arguments: &Value) -> ToolResult {
+        self.call_raw(name, agent, &arguments.to_string()).await
+    }
+
+    /// Calls the delegation tool as [`PARENT`].
+    async fn delegate(&self, arguments: &Value) -> ToolResult {
+        self.call("subagent", PARENT, arguments).await
+    }
+
+    /// The ids of the live agents, sorted.
+    fn agents(&self) -> Vec<String> {
+        let mut ids: Vec<String> = AgentRuntime::list(&self.rt)
+            .iter()
+            .map(|a| a.id().to_string())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// The ids of the live sessions, sorted.
+    fn sessions(&self) -> Vec<String> {
+        let mut ids: Vec<String> = SessionStore::list(self.rt.sessions())
+            .iter()
+            .map(|s| s.id().to_string())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// The ids of the parents, sorted.
+    fn parent_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.parents.iter().map(|h| h.id().to_string()).collect();
+        ids.sort();
+        ids
+    }
+
+    /// Nothing was started, stored or left running by the calls so far: only the parents live,
+    /// no model call was made, no run is pending, no job exists and no foreground run is in
+    /// flight.
+    fn assert_untouched(&self, context: &str) {
+        assert_eq!(self.agents(), self.parent_ids(), "{context}: live agents");
+        assert_eq!(self.sessions(), self.parent_ids(), "{context}: live sessions");
+        assert!(
+            self.model.requests().is_empty(),
+            "{context}: the model was called"
+        );
+        assert_eq!(self.subagents.pending_runs(), 0, "{context}: pending runs");
+        assert!(
+            self.jobs.counts().is_empty(),
+            "{context}: jobs {:?}",
+            self.jobs.counts()
+        );
+        assert_eq!(self.driver.task_count(), 0, "{context}: driver tasks");
+        assert_eq!(self.plugin().foreground_runs(), 0, "{context}: foreground runs");
+    }
+
+    /// After settled delegations: only the parents live, no run is pending and no job is
+    /// active.
+    async fn assert_settled(&self, context: &str) {
+        self.driver.wait().await;
+        assert_eq!(self.agents(), self.parent_ids(), "{context}: live agents");
+        assert_eq!(self.sessions(), self.parent_ids(), "{context}: live sessions");
+        assert_eq!(self.subagents.pending_runs(), 0, "{context}: pending runs");
+        assert_eq!(self.jobs.counts().active, 0, "{context}: active jobs");
+        assert_eq!(
+            self.jobs.counts().pending_starts,
+            0,
+            "{context}: pending job starts"
+        );
+        assert_eq!(self.plugin().foreground_runs(), 0, "{context}: foreground runs");
+    }
+
+    fn plugin(&self) -> &SubagentToolPlugin {
+        self.plugin.as_ref().expect("plugin loaded")
+    }
+
+    /// Disposes everything and asserts quiescence and a clean invariant record.
+    async fn finish(mut self) {
+        if let Some(plugin) = self.plugin.take() {
+            plugin.shutdown().await;
+        }
+        for handle in self.parents.drain(..) {
+            handle.dispose().await;
+        }
+        self.jobs.shutdown().await;
+        self.driver.wait().await;
+        self.subagents.close().await;
+        self.registrations.clear();
+        self.rt.shutdown().await;
+        assert_eq!(self.driver.task_count(), 0, "driver tasks left");
+        assert_eq!(self.subagents.pending_runs(), 0, "service tasks left");
+        assert!(
+            self.jobs.counts().is_empty(),
+            "jobs left: {:?}",
+            self.jobs.counts()
+        );
+        assert_quiescent(&self.rt);
+        let violations = self.observer.violations();
+        assert!(violations.is_empty(), "invariant violations: {violations:?}");
+    }
+}
+
+/// The model-visible text of a result.
+fn text(result: &ToolResult) -> String {
+    visible_text(&result.content)
+}
+
+/// The error code and message of a failed result.
+fn error(result: &ToolResult) -> (String, String) {
+    assert!(result.is_error, "expected an error, got {}", text(result));
+    let facts = result.error.clone().expect("error facts");
+    assert_eq!(text(result), format!("Error: {}", facts.message));
+    (facts.code, facts.message)
+}
+
+/// Asserts `result` is an `INVALID_ARGS` error with exactly `message`.
+fn assert_invalid(result: &ToolResult, message: &str) {
+    assert_eq!(error(result), ("INVALID_ARGS".to_owned(), message.to_owned()));
+}
+
+fn string_required(name: &str) -> String {
+    model_text::string_param_required(name)
+}
+
+// ---- the delegation tool: hand-picked malformed arguments ---------------------------------
+
+/// Every malformed shape of the three parameters is refused with `INVALID_ARGS` and a message
+/// naming the parameter, before a child, a run or a job exists.
+#[tokio::test(start_paused = true)]
+async fn malformed_arguments_start_nothing() {
+    let rig = Rig::default().await;
+    let not_object = model_text::ARGUMENTS_NOT_OBJECT;
+    let not_boolean = model_text::RUN_IN_BACKGROUND_NOT_BOOLEAN;
+    let cases: Vec<(&str, String)> = vec![
+        // Not an object at all.
+        ("null", not_object.into()),
+        ("[]", not_object.into()),
+        (r#"[{"description": "d", "prompt": "p"}]"#, not_object.into()),
+        ("\"go research X\"", not_object.into()),
+        ("42", not_object.into()),
+        ("true", not_object.into()),
+        // The arguments double-encoded as a JSON string (a common model slip).
+        (
+            r#""{\"description\": \"d\", \"prompt\": \"p\"}""#,
+            not_object.into(),
+        ),
+        // Not JSON: truncated, single-quoted, trailing text.
+        (r#"{"description": "d", "prompt": "p""#, not_object.into()),
+        ("{'description': 'd', 'prompt': 'p'}", not_object.into()),
+        (
+            r#"{"description": "d", "prompt": "p"} trailing"#,
+            not_object.into(),
+        ),
+        // Empty arguments read as `{}`.
+        ("", string_required("description")),
+        ("   ", string_required("description")),
+        ("{}", string_required("description")),
+        // Missing or mistyped required strings.
+        (r#"{"prompt": "p"}"#, string_required("description")),
+        (r#"{"description": "d"}"#, string_required("prompt")),
+        (
+            r#"{"description": null, "prompt": "p"}"#,
+            string_required("description"),
+        ),
+        (
+            r#"{"description": 3, "prompt": "p"}"#,
+            string_required("description"),
+        ),
+        (
+            r#"{"description": ["d"], "prompt": "p"}"#,
+            string_required("description"),
+        ),
+        (
+            r#"{"description": {"text": "d"}, "prompt": "p"}"#,
+            string_required("description"),
+        ),
+        (
+            r#"{"description": "d", "prompt": null}"#,
+            string_required("prompt"),
+        ),
+        (
+            r#"{"description": "d", "prompt": false}"#,
+            string_required("prompt"),
+        ),
+        (
+            r#"{"description": "d", "prompt": 1e3}"#,
+            string_required("prompt"),
+        ),
+        (
+            r#"{"description": "d", "prompt": ["p"]}"#,
+            string_required("prompt"),
+        ),
+        (
+            r#"{"description": "d", "prompt": [{"type": "text", "text": "p"}]}"#,
+            string_required("prompt"),
+        ),
+        // Case and spelling variants are not the parameters.
+        (
+            r#"{"Description": "d", "Prompt": "p"}"#,
+            string_required("description"),
+        ),
+        (r#"{"description": "d", "task": "p"}"#, string_required("prompt")),
+        // A mistyped `run_in_background`.
+        (
+            r#"{"description": "d", "prompt": "p", "run_in_background": "true"}"#,
+            not_boolean.into(),
+        ),
+        (
+            r#"{"description": "d", "prompt": "p", "run_in_background": "false"}"#,
+            not_boolean.into(),
+        ),
+        (
+            r#"{"description": "d", "prompt": "p", "run_in_background": 1}"#,
+            not_boolean.into(),
+        ),
+        (
+            r#"{"description": "d", "prompt": "p", "run_in_background": 0}"#,
+            not_boolean.into(),
+        ),
+        (
+            r#"{"description": "d", "prompt": "p", "run_in_background": []}"#,
+            not_boolean.into(),
+        ),
+        (
+            r#"{"description": "d", "prompt": "p", "run_in_background": {}}"#,
+            not_boolean.into(),
+        ),
+    ];
+    for (raw, message) in &cases {
+        let result = rig.call_raw("subagent", PARENT, raw).await;
+        assert_invalid(&result, message);
+        rig.assert_untouched(raw);
+    }
+    rig.finish().await;
+}
+
+/// The parameters are checked in schema order, so the first malformed one is named.
+#[tokio::test(start_paused = true)]
+async fn the_first_malformed_parameter_is_named() {
+    let rig = Rig::default().await;
+    let result = rig
+        .delegate(&json!({"description": 1, "prompt": 2, "run_in_background": "x"}))
+        .await;
+    assert_invalid(&result, &string_required("description"));
+    let result = rig
+        .delegate(&json!({"description": "d", "prompt": 2, "run_in_background": "x"}))
+        .await;
+    assert_invalid(&result, &string_required("prompt"));
+    rig.assert_untouched("mixed");
+    rig.finish().await;
+}
+
+/// Argument errors win over every later refusal: a malformed call by an unknown caller, or
+/// asking for a background run on a disabled instance, is still `INVALID_ARGS`.
+#[tokio::test(start_paused = true)]
+async fn argument_errors_come_before_caller_and_route_checks() {
+    let rig = Rig::new(json!({"provider": "spawn", "enableRunInBackground": false})).await;
+    let result = rig.call("subagent", "nobody", &json!({"description": "d"})).await;
+    assert_invalid(&result, &string_required("prompt"));
+    let result = rig
+        .delegate(&json!({"description": "d", "prompt": "p", "run_in_background": "yes"}))
+        .await;
+    assert_invalid(&result, model_text::RUN_IN_BACKGROUND_NOT_BOOLEAN);
+    rig.assert_untouched("ordering");
+    rig.finish().await;
+}
+
+/// spec: TOOL-5 — on an instance with background runs disabled, a forced `true` is refused
+/// with the spec's exact text (code `INVALID_ARGS`) and nothing starts, while an explicit
+/// `false` or `null` runs in the foreground.
+#[tokio::test(start_paused = true)]
+async fn tool_5_disabled_background_refuses_forced_true_and_accepts_false_and_null() {
+    let rig = Rig::new(json!({"provider": "spawn", "enableRunInBackground": false})).await;
+    let forced = rig
+        .delegate(&json!({"description": "d", "prompt": "p", "run_in_background": true}))
+        .await;
+    assert_invalid(
+        &forced,
+        "run_in_background is disabled for this tool instance (enableRunInBackground: false)",
+    );
+    rig.assert_untouched("forced background");
+    rig.answers(2);
+    for flag in [json!(false), Value::Null] {
+        let result = rig
+            .delegate(&json!({"description": "d", "prompt": "p", "run_in_background": flag}))
+            .await;
+        assert!(!result.is_error, "{flag}: {}", text(&result));
+        assert_eq!(text(&result), ANSWER);
+        assert_eq!(
+            result.value.as_ref().map(|v| v["kind"].clone()),
+            Some(json!("foreground"))
+        );
+    }
+    rig.assert_settled("foreground").await;
+    assert!(
+        rig.jobs.snapshots(&PARENT.into()).is_empty(),
+        "no job was created"
+    );
+    rig.finish().await;
+}
+
+/// spec: TOOL-14 — a well-formed call from a caller that is not a live agent fails with the
+/// spec's text and starts nothing.
+#[tokio::test(start_paused = true)]
+async fn tool_14_unknown_caller_starts_nothing() {
+    let rig = Rig::default().await;
+    for flag in [json!(false), json!(true)] {
+        let result = rig
+            .call(
+                "subagent",
+                "nobody",
+                &json!({"description": "d", "prompt": "p", "run_in_background": flag}),
+            )
+            .await;
+        assert_eq!(
+            error(&result).1,
+            "subagent tool requires a calling agent (exec.agent was undefined)"
+        );
+        rig.assert_untouched("unknown caller");
+    }
+    rig.finish().await;
+}
+
+/// A background call that exceeds the owner's job limit is refused by the registry's preflight
+/// (spec §3.8 step 2) with the spec's text, and the refused call starts no child.
+#[tokio::test(start_paused = true)]
+async fn background_limit_refusal_starts_no_child() {
+    let rig = Rig::default().await;
+    let limit = rig.jobs.limit();
+    for _ in 0..limit {
+        rig.model.push(ScriptEntry::hang());
+    }
+    let args = json!({"description": "d", "prompt": "p", "run_in_background": true});
+    for n in 1..=limit {
+        let result = rig.delegate(&args).await;
+        assert_eq!(
+            text(&result),
+            format!("started background subagent job subagent-{n}")
+        );
+    }
+    tokio::task::yield_now().await;
+    let before = rig.agents().len();
+    let refused = rig.delegate(&args).await;
+    assert_eq!(
+        error(&refused).1,
+        format!(
+            "background job limit reached for this owner (limit: {limit}); use job_kill to stop an unneeded job, wait for it to finish, then retry"
+        )
+    );
+    assert_eq!(rig.jobs.snapshots(&PARENT.into()).len(), limit);
+    assert_eq!(rig.agents().len(), before, "the refused call started no child");
+    for n in 1..=limit {
+        rig.call("job_kill", PARENT, &json!({"job_id": format!("subagent-{n}")}))
+            .await;
+        let out = rig
+            .call(
+                "job_output",
+                PARENT,
+                &json!({"job_id": format!("subagent-{n}"), "wait": true}),
+            )
+            .await;
+        assert_eq!(text(&out), "(no new output)\n[status: killed]");
+    }
+    rig.assert_settled("after kills").await;
+    rig.finish().await;
+}
+
+/// Undeclared keys (the schema permits them), duplicated keys, huge and unusual strings are
+/// accepted: the child receives the prompt verbatim and the job carries the description.
+#[tokio::test(start_paused = true)]
+async fn unusual_but_valid_arguments_run_verbatim() {
+    let rig = Rig::default().await;
+    let huge = "x".repeat(256 * 1024);
+    let unicode = "résumé 🦀 \u{202e}rtl\u{0000}nul \"quoted\" \\ backslash\nnewline";
+    let cases: Vec<(String, String, String)> = vec![
+        (
+            json!({"description": "d", "prompt": "p", "provider": "acp", "mode": "fork", "other": {"deep": [1, 2, {"x": null}]}})
+                .to_string(),
+            "d".into(),
+            "p".into(),
+        ),
+        // Duplicate keys: the last one wins, as in JavaScript's JSON.parse.
+        (
+            r#"{"description": "first", "prompt": "p1", "prompt": "p2", "description": "second"}"#.into(),
+            "second".into(),
+            "p2".into(),
+        ),
+        (json!({"description": huge, "prompt": huge}).to_string(), huge.clone(), huge.clone()),
+        (
+            json!({"description": unicode, "prompt": unicode}).to_string(),
+            unicode.into(),
+            unicode.into(),
+        ),
+    ];
+    for (n, (raw, description, prompt)) in cases.iter().enumerate() {
+        for background in [false, true] {
+            rig.answers(1);
+            let raw = if background {
+                // Keep the duplicate keys of the raw text: append the flag textually.
+                let open = raw.trim_end().strip_suffix('}').expect("an object");
+                format!("{open},\"run_in_background\":true}}")
+            } else {
+                raw.clone()
+            };
+            let before = rig.model.requests().len();
+            let result = rig.call_raw("subagent", PARENT, &raw).await;
+            assert!(!result.is_error, "case {n}: {}", text(&result));
+            if background {
+                let id = format!("subagent-{}", rig.jobs.snapshots(&PARENT.into()).len());
+                assert_eq!(text(&result), format!("started background subagent job {id}"));
+                let out = rig
+                    .call("job_output", PARENT, &json!({"job_id": id, "wait": true}))
+                    .await;
+                assert_eq!(text(&out), format!("{ANSWER}\n[status: completed]"));
+                let job = rig
+                    .jobs
+                    .get(&PARENT.into(), &agent::jobs::JobId(id))
+                    .expect("job");
+                assert_eq!(&job.label, description, "case {n}");
+            } else {
+                assert_eq!(text(&result), ANSWER, "case {n}");
+            }
+            let requests = rig.model.requests();
+            assert_eq!(requests.len(), before + 1, "case {n}: one child model call");
+            let first_user = requests[before]
+                .messages
+                .iter()
+                .find(|m| m.role == agent::Role::User)
+                .map(agent::Message::text);
+            assert_eq!(first_user.as_deref(), Some(prompt.as_str()), "case {n}");
+            rig.assert_settled(&format!("case {n}")).await;
+        }
+    }
+    rig.finish().await;
+}
