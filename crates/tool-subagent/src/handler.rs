@@ -64,6 +64,11 @@ impl DelegationArgs {
         };
         let description = string(model_text::DESCRIPTION_PARAM)?;
         let prompt = string(model_text::PROMPT_PARAM)?;
+        // A blank prompt is no task: refuse it here rather than start a child (and spend a model
+        // call, or register a job) on an empty user message.
+        if prompt.trim().is_empty() {
+            return Err(ToolError::invalid_args(model_text::PROMPT_BLANK));
+        }
         let run_in_background = match args.get(model_text::RUN_IN_BACKGROUND_PARAM) {
             None | Some(Value::Null) => None,
             Some(Value::Bool(b)) => Some(*b),
@@ -165,6 +170,10 @@ mod tests {
             (
                 json!({"description": "d", "prompt": 3}),
                 model_text::string_param_required("prompt"),
+            ),
+            (
+                json!({"description": "d", "prompt": " \n\t"}),
+                model_text::PROMPT_BLANK.to_owned(),
             ),
             (
                 json!({"description": "d", "prompt": "p", "run_in_background": "yes"}),

@@ -252,6 +252,10 @@ pub fn string_param_required(name: &str) -> String {
     format!("subagent argument `{name}` is required and must be a string")
 }
 
+/// `prompt` is a string without any non-whitespace character: there is no task to delegate.
+pub const PROMPT_BLANK: &str =
+    "subagent argument `prompt` must contain the task: it is empty or only whitespace";
+
 /// `run_in_background` is present but not a boolean.
 pub const RUN_IN_BACKGROUND_NOT_BOOLEAN: &str =
     "subagent argument `run_in_background` must be a boolean when present";
@@ -333,6 +337,7 @@ mod tests {
         lines.push(DEFAULT_KILL_REASON.to_owned());
         lines.push(ARGUMENTS_NOT_OBJECT.to_owned());
         lines.push(string_param_required(PROMPT_PARAM));
+        lines.push(PROMPT_BLANK.to_owned());
         lines.push(RUN_IN_BACKGROUND_NOT_BOOLEAN.to_owned());
         lines.push(foreground_task_failed("panicked"));
         insta::assert_snapshot!(lines.join("\n---\n"));

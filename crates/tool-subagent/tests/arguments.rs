@@ -574,3 +574,35 @@ async fn unusual_but_valid_arguments_run_verbatim() {
     }
     rig.finish().await;
 }
+
+/// A prompt that is empty or only whitespace is no task: it is refused as `INVALID_ARGS`
+/// naming `prompt`, on both routes, before a child is created, the model is called or a job is
+/// registered.
+#[tokio::test(start_paused = true)]
+async fn a_blank_prompt_starts_nothing() {
+    let rig = Rig::default().await;
+    rig.answers(4);
+    for prompt in ["", " ", "\n\t  \r\n", "\u{3000}\u{2003}"] {
+        for background in [false, true] {
+            let result = rig
+                .delegate(&json!({"description": "d", "prompt": prompt, "run_in_background": background}))
+                .await;
+            assert_invalid(&result, model_text::PROMPT_BLANK);
+            assert!(
+                result
+                    .error
+                    .as_ref()
+                    .is_some_and(|e| e.message.contains("`prompt`"))
+            );
+            assert_eq!(rig.model.remaining(), 4);
+            assert!(
+                rig.model.requests().is_empty(),
+                "{prompt:?}: the child's model was called"
+            );
+            assert_eq!(rig.agents(), rig.parent_ids(), "{prompt:?}");
+            assert!(rig.jobs.counts().is_empty(), "{prompt:?}: a job was registered");
+        }
+    }
+    rig.assert_untouched("blank prompts");
+    rig.finish().await;
+}
