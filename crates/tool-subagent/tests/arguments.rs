@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use agent::content::visible_text;
+use agent::jobs::JobId;
 use agent::tools::{ToolCallRequest, ToolResult};
 use agent::{
     AgentHandle, AgentOptions, AgentRuntime, CreateAgentOptions, Registration, SessionId, SessionMeta,
@@ -21,7 +22,8 @@ use agent_loop::jobs::{JobRegistry, job_tools};
 use agent_loop::model::{ScriptEntry, chunks};
 use agent_loop::runtime::{Runtime, assert_quiescent};
 use invariants::InvariantObserver;
-use serde_json::{Value, json};
+use proptest::prelude::*;
+use serde_json::{Map, Value, json};
 use subagent::service::SubagentService;
 use subagent_inprocess::InProcessDriver;
 use tool_subagent::model_text;
@@ -605,4 +607,241 @@ async fn a_blank_prompt_starts_nothing() {
     }
     rig.assert_untouched("blank prompts");
     rig.finish().await;
+}
+
+/// Every proper prefix of a well-formed argument text (a model's output cut off mid-stream) is
+/// refused and starts nothing; only the whole text starts a child.
+#[tokio::test(start_paused = true)]
+async fn truncated_argument_texts_start_nothing() {
+    let rig = Rig::default().await;
+    let whole = r#"{"description": "dig", "prompt": "go research X", "run_in_background": false}"#;
+    for end in 0..whole.len() {
+        let prefix = &whole[..end];
+        let result = rig.call_raw("subagent", PARENT, prefix).await;
+        let (code, message) = error(&result);
+        assert_eq!(code, "INVALID_ARGS", "{prefix}");
+        assert!(message.starts_with("subagent argument"), "{prefix}: {message}");
+        rig.assert_untouched(prefix);
+    }
+    rig.answers(1);
+    let result = rig.call_raw("subagent", PARENT, whole).await;
+    assert_eq!(text(&result), ANSWER);
+    rig.assert_settled("whole").await;
+    rig.finish().await;
+}
+
+// ---- the delegation tool: arbitrary arguments (property) ----------------------------------
+
+/// What a call with some arguments must do.
+#[derive(Debug, PartialEq)]
+enum Expected {
+    /// `INVALID_ARGS` with exactly this message.
+    Invalid(String),
+    /// A foreground run answering [`ANSWER`].
+    Foreground,
+    /// A one-shot background job answering [`ANSWER`].
+    Background,
+}
+
+/// The oracle: the documented parse of §3.4 (two required strings, the prompt not blank, an
+/// optional boolean) and route of §3.5, independent of the handler's code.
+fn expected(arguments: &Value, background_enabled: bool) -> Expected {
+    let Some(map) = arguments.as_object() else {
+        return Expected::Invalid(model_text::ARGUMENTS_NOT_OBJECT.into());
+    };
+    let Some(Value::String(_)) = map.get("description") else {
+        return Expected::Invalid(string_required("description"));
+    };
+    let Some(Value::String(prompt)) = map.get("prompt") else {
+        return Expected::Invalid(string_required("prompt"));
+    };
+    if prompt.trim().is_empty() {
+        return Expected::Invalid(model_text::PROMPT_BLANK.into());
+    }
+    match map.get("run_in_background") {
+        None | Some(Value::Null | Value::Bool(false)) => Expected::Foreground,
+        Some(Value::Bool(true)) if background_enabled => Expected::Background,
+        Some(Value::Bool(true)) => Expected::Invalid(model_text::BACKGROUND_DISABLED.into()),
+        Some(_) => Expected::Invalid(model_text::RUN_IN_BACKGROUND_NOT_BOOLEAN.into()),
+    }
+}
+
+/// Strings a model might put anywhere: empty, blank, ordinary, arbitrary Unicode (controls
+/// included), and rarely a huge one.
+fn any_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        1 => Just(String::new()),
+        2 => "[ \t\r\n\u{3000}]{1,6}",
+        6 => "[a-zA-Z0-9 ,.:!?-]{1,40}",
+        3 => any::<String>(),
+        1 => (1usize..100_000).prop_map(|n| "y".repeat(n)),
+    ]
+}
+
+/// Arbitrary JSON values, nested up to four levels.
+fn any_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        (-1e12f64..1e12).prop_map(Value::from),
+        any_text().prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 32, 5, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+            prop::collection::btree_map("[a-z_]{0,12}", inner, 0..5)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// A value for `description` or `prompt`: absent, an ordinary string, any string, or any JSON
+/// value.
+fn any_string_param() -> impl Strategy<Value = Option<Value>> {
+    prop_oneof![
+        1 => Just(None),
+        10 => "[a-zA-Z0-9 ,.:!?-]*[a-zA-Z][a-zA-Z0-9 ,.:!?-]*".prop_map(|s| Some(Value::String(s))),
+        3 => any_text().prop_map(|s| Some(Value::String(s))),
+        2 => any_json().prop_map(Some),
+    ]
+}
+
+/// A value for `run_in_background`: absent, `null`, a boolean, or any JSON value.
+fn any_flag() -> impl Strategy<Value = Option<Value>> {
+    prop_oneof![
+        3 => Just(None),
+        1 => Just(Some(Value::Null)),
+        6 => any::<bool>().prop_map(|b| Some(Value::Bool(b))),
+        1 => any_json().prop_map(Some),
+    ]
+}
+
+/// Argument values: mostly objects with the real field names (and undeclared extras, which may
+/// shadow nothing since the real fields are inserted last), sometimes any JSON value at all.
+fn any_arguments() -> impl Strategy<Value = Value> {
+    let object = (
+        any_string_param(),
+        any_string_param(),
+        any_flag(),
+        prop::collection::btree_map("[a-z_]{1,12}", any_json(), 0..3),
+    )
+        .prop_map(|(description, prompt, flag, extras)| {
+            let mut map: Map<String, Value> = extras.into_iter().collect();
+            for (key, value) in [
+                ("description", description),
+                ("prompt", prompt),
+                ("run_in_background", flag),
+            ] {
+                map.remove(key);
+                if let Some(value) = value {
+                    map.insert(key.to_owned(), value);
+                }
+            }
+            Value::Object(map)
+        });
+    prop_oneof![8 => object, 1 => any_json()]
+}
+
+/// Runs `future` on a fresh current-thread runtime with a paused clock.
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("runtime")
+        .block_on(future)
+}
+
+/// One delegation call with `arguments` on a fresh rig, checked against [`expected`]: a typed
+/// error that starts nothing, or a run that reaches the child verbatim and settles; the rig
+/// ends quiescent either way.
+async fn check_one_call(arguments: Value, background_enabled: bool) {
+    let rig = Rig::new(json!({"provider": "spawn", "enableRunInBackground": background_enabled})).await;
+    rig.answers(1);
+    let result = rig.delegate(&arguments).await;
+    match expected(&arguments, background_enabled) {
+        Expected::Invalid(message) => {
+            assert_invalid(&result, &message);
+            rig.assert_untouched("invalid");
+        }
+        outcome => {
+            assert!(!result.is_error, "{}", text(&result));
+            let description = arguments["description"].as_str().unwrap_or_default();
+            if outcome == Expected::Background {
+                assert_eq!(text(&result), "started background subagent job subagent-1");
+                assert_eq!(
+                    result.value,
+                    Some(json!({"kind": "background", "jobId": "subagent-1"}))
+                );
+                let job = rig.jobs.get(&PARENT.into(), &JobId("subagent-1".into()));
+                assert_eq!(job.map(|j| j.label).ok().as_deref(), Some(description));
+                let out = rig
+                    .call(
+                        "job_output",
+                        PARENT,
+                        &json!({"job_id": "subagent-1", "wait": true}),
+                    )
+                    .await;
+                assert_eq!(text(&out), format!("{ANSWER}\n[status: completed]"));
+            } else {
+                assert_eq!(text(&result), ANSWER);
+                assert_eq!(
+                    result.value.as_ref().map(|v| v["kind"].clone()),
+                    Some(json!("foreground"))
+                );
+                assert!(rig.jobs.counts().is_empty(), "a foreground call registered a job");
+            }
+            let requests = rig.model.requests();
+            assert_eq!(requests.len(), 1, "exactly one child model call");
+            let first_user = requests[0]
+                .messages
+                .iter()
+                .find(|m| m.role == agent::Role::User)
+                .map(agent::Message::text);
+            assert_eq!(first_user.as_deref(), arguments["prompt"].as_str());
+            rig.assert_settled("after the run").await;
+        }
+    }
+    rig.finish().await;
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 128,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Arbitrary argument values never panic and never leak: each call is either a typed
+    /// `INVALID_ARGS` error with the documented message (nothing started, stored or left
+    /// running) or a start that settles, and the host is quiescent afterwards.
+    #[test]
+    fn arbitrary_arguments_are_refused_cleanly_or_run_and_settle(
+        arguments in any_arguments(),
+        background_enabled in prop::bool::weighted(0.8),
+    ) {
+        block_on(check_one_call(arguments, background_enabled));
+    }
+
+    /// Arbitrary raw argument text (not necessarily JSON) is parsed by the registry's rule
+    /// (blank → `{}`, invalid JSON → the raw string) and then behaves like that value.
+    #[test]
+    fn arbitrary_raw_argument_text_is_refused_cleanly_or_runs(raw in any::<String>()) {
+        block_on(async {
+            let rig = Rig::default().await;
+            let result = rig.call_raw("subagent", PARENT, &raw).await;
+            let value = if raw.trim().is_empty() {
+                json!({})
+            } else {
+                serde_json::from_str(&raw).unwrap_or_else(|_| Value::String(raw.clone()))
+            };
+            match expected(&value, true) {
+                Expected::Invalid(message) => assert_invalid(&result, &message),
+                other => panic!("random text {raw:?} parsed as valid arguments ({other:?})"),
+            }
+            rig.assert_untouched("raw");
+            rig.finish().await;
+        });
+    }
 }
