@@ -11,14 +11,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use agent::content::visible_text;
-use agent::jobs::JobId;
+use agent::jobs::{JobId, JobStatus};
 use agent::tools::{ToolCallRequest, ToolResult};
 use agent::{
     AgentHandle, AgentOptions, AgentRuntime, CreateAgentOptions, Registration, SessionId, SessionMeta,
     SessionStore, Signal,
 };
 use agent_loop::ScriptedModel;
-use agent_loop::jobs::{JobRegistry, job_tools};
+use agent_loop::jobs::{JOB_NOT_FOUND, JobRegistry, job_tools};
 use agent_loop::model::{ScriptEntry, chunks};
 use agent_loop::runtime::{Runtime, assert_quiescent};
 use invariants::InvariantObserver;
@@ -287,7 +287,11 @@ async fn malformed_arguments_start_nothing() {
             r#""{\"description\": \"d\", \"prompt\": \"p\"}""#,
             not_object.into(),
         ),
-        // Not JSON: truncated, single-quoted, trailing text.
+        // Not JSON: fenced as Markdown, truncated, single-quoted, trailing text.
+        (
+            "```json\n{\"description\": \"d\", \"prompt\": \"p\"}\n```",
+            not_object.into(),
+        ),
         (r#"{"description": "d", "prompt": "p""#, not_object.into()),
         ("{'description': 'd', 'prompt': 'p'}", not_object.into()),
         (
@@ -627,6 +631,291 @@ async fn truncated_argument_texts_start_nothing() {
     let result = rig.call_raw("subagent", PARENT, whole).await;
     assert_eq!(text(&result), ANSWER);
     rig.assert_settled("whole").await;
+    rig.finish().await;
+}
+
+// ---- the job tools -------------------------------------------------------------------------
+
+/// Starts one hanging background delegation as `owner` and returns its job id.
+async fn hanging_job(rig: &Rig, owner: &str) -> String {
+    rig.model.push(ScriptEntry::hang());
+    let result = rig
+        .call(
+            "subagent",
+            owner,
+            &json!({"description": "hang", "prompt": "wait for a kill", "run_in_background": true}),
+        )
+        .await;
+    let id = result
+        .value
+        .as_ref()
+        .and_then(|v| v["jobId"].as_str())
+        .unwrap_or_else(|| panic!("a job id: {}", text(&result)))
+        .to_owned();
+    // Let the child start and reach its model call.
+    while rig.model.requests().len() < rig.jobs.counts().jobs {
+        tokio::task::yield_now().await;
+    }
+    id
+}
+
+/// The status of `owner`'s job `id`.
+fn status(rig: &Rig, owner: &str, id: &str) -> JobStatus {
+    rig.jobs
+        .get(&owner.into(), &JobId(id.to_owned()))
+        .expect("the job exists")
+        .status
+}
+
+/// Kills `owner`'s job `id` and waits for it to settle `killed`.
+async fn kill_and_collect(rig: &Rig, owner: &str, id: &str) {
+    let kill = rig.call("job_kill", owner, &json!({"job_id": id})).await;
+    assert_eq!(text(&kill), format!("requested cancellation of job {id}"));
+    let out = rig
+        .call("job_output", owner, &json!({"job_id": id, "wait": true}))
+        .await;
+    assert_eq!(text(&out), "(no new output)\n[status: killed]");
+}
+
+/// Malformed `job_output` / `job_kill` arguments are `INVALID_ARGS` with a message naming the
+/// argument and echoing what was sent; the running job is neither read, waited on nor killed.
+#[tokio::test(start_paused = true)]
+async fn malformed_job_tool_arguments_touch_no_job() {
+    let rig = Rig::default().await;
+    let id = hanging_job(&rig, PARENT).await;
+    let requests = rig.model.requests().len();
+    let cases: Vec<(&str, &str, &str)> = vec![
+        (
+            "job_output",
+            "",
+            "invalid job_id: expected a non-empty string, got null",
+        ),
+        (
+            "job_output",
+            "{}",
+            "invalid job_id: expected a non-empty string, got null",
+        ),
+        (
+            "job_output",
+            r#"{"job_id": null}"#,
+            "invalid job_id: expected a non-empty string, got null",
+        ),
+        (
+            "job_output",
+            r#"{"job_id": ""}"#,
+            r#"invalid job_id: expected a non-empty string, got """#,
+        ),
+        (
+            "job_output",
+            r#"{"job_id": 1}"#,
+            "invalid job_id: expected a non-empty string, got 1",
+        ),
+        (
+            "job_output",
+            r#"{"job_id": ["subagent-1"]}"#,
+            r#"invalid job_id: expected a non-empty string, got ["subagent-1"]"#,
+        ),
+        (
+            "job_output",
+            r#"{"jobId": "subagent-1"}"#,
+            "invalid job_id: expected a non-empty string, got null",
+        ),
+        (
+            "job_output",
+            r#"{"job_id": "subagent-1", "wait": "true"}"#,
+            r#"invalid wait: expected a boolean, got "true""#,
+        ),
+        (
+            "job_output",
+            r#"{"job_id": "subagent-1", "wait": 1}"#,
+            "invalid wait: expected a boolean, got 1",
+        ),
+        (
+            "job_output",
+            r#""subagent-1""#,
+            r#"invalid arguments: expected an object, got "subagent-1""#,
+        ),
+        (
+            "job_output",
+            "subagent-1",
+            r#"invalid arguments: expected an object, got "subagent-1""#,
+        ),
+        (
+            "job_output",
+            "[]",
+            "invalid arguments: expected an object, got []",
+        ),
+        (
+            "job_kill",
+            "{}",
+            "invalid job_id: expected a non-empty string, got null",
+        ),
+        (
+            "job_kill",
+            r#"{"job_id": ""}"#,
+            r#"invalid job_id: expected a non-empty string, got """#,
+        ),
+        (
+            "job_kill",
+            r#"{"job_id": 1}"#,
+            "invalid job_id: expected a non-empty string, got 1",
+        ),
+        (
+            "job_kill",
+            r#"{"job_id": "subagent-1", "reason": 7}"#,
+            "invalid reason: expected a string, got 7",
+        ),
+        (
+            "job_kill",
+            r#"{"job_id": "subagent-1", "reason": ["stop"]}"#,
+            r#"invalid reason: expected a string, got ["stop"]"#,
+        ),
+        (
+            "job_kill",
+            "null",
+            "invalid arguments: expected an object, got null",
+        ),
+        (
+            "job_kill",
+            r#"{"job_id": "subagent-1""#,
+            r#"invalid arguments: expected an object, got "{\"job_id\": \"subagent-1\"""#,
+        ),
+    ];
+    for (tool, raw, message) in cases {
+        let result = rig.call_raw(tool, PARENT, raw).await;
+        assert_invalid(&result, message);
+        assert_eq!(status(&rig, PARENT, &id), JobStatus::Running, "{tool} {raw}");
+    }
+    assert_eq!(rig.model.requests().len(), requests);
+    assert_eq!(rig.agents().len(), 2, "the child still runs");
+    kill_and_collect(&rig, PARENT, &id).await;
+    rig.assert_settled("after the kill").await;
+    rig.finish().await;
+}
+
+/// Unknown, malformed-looking and foreign job ids read as `JOB_NOT_FOUND` with one and the
+/// same text (`no job <id> for this agent`): another parent can neither read, wait on nor kill
+/// a job, and learns nothing about whether it exists. The owner's job is untouched.
+#[tokio::test(start_paused = true)]
+async fn unknown_and_foreign_job_ids_are_not_found() {
+    let mut rig = Rig::default().await;
+    let other = rig.parent("other-parent").await;
+    let id = hanging_job(&rig, PARENT).await;
+    let huge = format!("subagent-{}", "9".repeat(4096));
+    let unknown = [
+        "subagent-2",
+        "subagent-0",
+        "subagent--1",
+        "subagent-01",
+        "SUBAGENT-1",
+        " subagent-1",
+        "subagent-1 ",
+        "subagent-1\n",
+        "subagent",
+        "bash-1",
+        "../subagent-1",
+        "*",
+        huge.as_str(),
+    ];
+    let mut asked: Vec<(String, &str)> = unknown.iter().map(|u| ((*u).to_owned(), PARENT)).collect();
+    asked.push((id.clone(), other.as_str()));
+    for (job, caller) in &asked {
+        for (tool, args) in [
+            ("job_output", json!({"job_id": job})),
+            ("job_output", json!({"job_id": job, "wait": true})),
+            ("job_kill", json!({"job_id": job, "reason": "not yours"})),
+        ] {
+            let result = rig.call(tool, caller, &args).await;
+            assert_eq!(
+                error(&result),
+                (JOB_NOT_FOUND.to_owned(), format!("no job {job} for this agent")),
+                "{tool} {caller}"
+            );
+        }
+    }
+    assert_eq!(
+        status(&rig, PARENT, &id),
+        JobStatus::Running,
+        "the owner's job is untouched"
+    );
+    assert!(rig.jobs.snapshots(&other).is_empty());
+    let listed = rig.call("job_list", other.as_str(), &json!({})).await;
+    assert_eq!(text(&listed), "(no background jobs)");
+    kill_and_collect(&rig, PARENT, &id).await;
+    rig.assert_settled("after the kill").await;
+    rig.finish().await;
+}
+
+/// spec: TOOL-44 — a kill renders `requested cancellation of job <id>` and the job settles
+/// `killed`; a repeated kill before settlement is acknowledged again without error, a kill
+/// after settlement reports the final status (repeatably), and the child is gone afterwards.
+#[tokio::test(start_paused = true)]
+async fn tool_44_repeated_kills_and_kill_after_settlement() {
+    let rig = Rig::default().await;
+    let id = hanging_job(&rig, PARENT).await;
+    let first = rig
+        .call("job_kill", PARENT, &json!({"job_id": id, "reason": "superseded"}))
+        .await;
+    assert_eq!(text(&first), format!("requested cancellation of job {id}"));
+    assert_eq!(status(&rig, PARENT, &id), JobStatus::Stopping);
+    let second = rig
+        .call("job_kill", PARENT, &json!({"job_id": id, "reason": "again"}))
+        .await;
+    assert_eq!(text(&second), format!("requested cancellation of job {id}"));
+    let out = rig
+        .call("job_output", PARENT, &json!({"job_id": id, "wait": true}))
+        .await;
+    assert_eq!(text(&out), "(no new output)\n[status: killed]");
+    assert!(
+        rig.model.requests()[0].signal.is_cancelled(),
+        "the kill reached the child's model call"
+    );
+    for _ in 0..2 {
+        let late = rig.call("job_kill", PARENT, &json!({"job_id": id})).await;
+        assert!(!late.is_error, "{}", text(&late));
+        assert_eq!(
+            text(&late),
+            format!("job {id} had already finished [status: killed]")
+        );
+    }
+    rig.assert_settled("after the kills").await;
+    rig.finish().await;
+}
+
+/// Killing a job that already completed changes nothing: the kill reports the completion and
+/// the answer can still be read.
+#[tokio::test(start_paused = true)]
+async fn kill_after_completion_keeps_the_answer() {
+    let rig = Rig::default().await;
+    rig.answers(1);
+    let started = rig
+        .delegate(&json!({"description": "d", "prompt": "p", "run_in_background": true}))
+        .await;
+    assert_eq!(text(&started), "started background subagent job subagent-1");
+    let out = rig
+        .call(
+            "job_output",
+            PARENT,
+            &json!({"job_id": "subagent-1", "wait": true}),
+        )
+        .await;
+    assert_eq!(text(&out), format!("{ANSWER}\n[status: completed]"));
+    let kill = rig
+        .call(
+            "job_kill",
+            PARENT,
+            &json!({"job_id": "subagent-1", "reason": "late"}),
+        )
+        .await;
+    assert_eq!(
+        text(&kill),
+        "job subagent-1 had already finished [status: completed]"
+    );
+    let again = rig
+        .call("job_output", PARENT, &json!({"job_id": "subagent-1"}))
+        .await;
+    assert_eq!(text(&again), format!("{ANSWER}\n[status: completed]"));
+    rig.assert_settled("after the late kill").await;
     rig.finish().await;
 }
 
