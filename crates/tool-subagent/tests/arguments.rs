@@ -930,11 +930,34 @@ enum Expected {
     Foreground,
     /// A one-shot background job answering [`ANSWER`].
     Background,
+    /// The continuable route, which this service cannot serve yet: `CONTINUATION_UNAVAILABLE`.
+    ContinuationUnavailable,
+}
+
+/// The background setting of the tool instance under test.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    /// `enableRunInBackground: true`, `backgroundMode: one-shot` (the default).
+    OneShot,
+    /// `enableRunInBackground: false`.
+    Disabled,
+    /// `backgroundMode: continuable`.
+    Continuable,
+}
+
+impl Mode {
+    fn config(self) -> Value {
+        match self {
+            Self::OneShot => json!({"provider": "spawn"}),
+            Self::Disabled => json!({"provider": "spawn", "enableRunInBackground": false}),
+            Self::Continuable => json!({"provider": "spawn", "backgroundMode": "continuable"}),
+        }
+    }
 }
 
 /// The oracle: the documented parse of §3.4 (two required strings, the prompt not blank, an
-/// optional boolean) and route of §3.5, independent of the handler's code.
-fn expected(arguments: &Value, background_enabled: bool) -> Expected {
+/// optional boolean) and the route table of §3.5 for `mode`, independent of the handler's code.
+fn expected(arguments: &Value, mode: Mode) -> Expected {
     let Some(map) = arguments.as_object() else {
         return Expected::Invalid(model_text::ARGUMENTS_NOT_OBJECT.into());
     };
@@ -947,11 +970,16 @@ fn expected(arguments: &Value, background_enabled: bool) -> Expected {
     if prompt.trim().is_empty() {
         return Expected::Invalid(model_text::PROMPT_BLANK.into());
     }
-    match map.get("run_in_background") {
-        None | Some(Value::Null | Value::Bool(false)) => Expected::Foreground,
-        Some(Value::Bool(true)) if background_enabled => Expected::Background,
-        Some(Value::Bool(true)) => Expected::Invalid(model_text::BACKGROUND_DISABLED.into()),
-        Some(_) => Expected::Invalid(model_text::RUN_IN_BACKGROUND_NOT_BOOLEAN.into()),
+    let flag = match map.get("run_in_background") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(flag)) => Some(*flag),
+        Some(_) => return Expected::Invalid(model_text::RUN_IN_BACKGROUND_NOT_BOOLEAN.into()),
+    };
+    match (mode, flag) {
+        (_, Some(false)) | (Mode::OneShot | Mode::Disabled, None) => Expected::Foreground,
+        (Mode::OneShot, Some(true)) => Expected::Background,
+        (Mode::Disabled, Some(true)) => Expected::Invalid(model_text::BACKGROUND_DISABLED.into()),
+        (Mode::Continuable, None | Some(true)) => Expected::ContinuationUnavailable,
     }
 }
 
@@ -1045,11 +1073,21 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
 /// One delegation call with `arguments` on a fresh rig, checked against [`expected`]: a typed
 /// error that starts nothing, or a run that reaches the child verbatim and settles; the rig
 /// ends quiescent either way.
-async fn check_one_call(arguments: Value, background_enabled: bool) {
-    let rig = Rig::new(json!({"provider": "spawn", "enableRunInBackground": background_enabled})).await;
+async fn check_one_call(arguments: Value, mode: Mode) {
+    let rig = Rig::new(mode.config()).await;
     rig.answers(1);
     let result = rig.delegate(&arguments).await;
-    match expected(&arguments, background_enabled) {
+    match expected(&arguments, mode) {
+        Expected::ContinuationUnavailable => {
+            assert_eq!(
+                error(&result),
+                (
+                    "CONTINUATION_UNAVAILABLE".to_owned(),
+                    "continuable subagents require the agents service".to_owned()
+                )
+            );
+            rig.assert_untouched("continuable");
+        }
         Expected::Invalid(message) => {
             assert_invalid(&result, &message);
             rig.assert_untouched("invalid");
@@ -1102,15 +1140,17 @@ proptest! {
         ..ProptestConfig::default()
     })]
 
-    /// Arbitrary argument values never panic and never leak: each call is either a typed
-    /// `INVALID_ARGS` error with the documented message (nothing started, stored or left
-    /// running) or a start that settles, and the host is quiescent afterwards.
+    /// Arbitrary argument values, on a one-shot, a background-disabled and a continuable
+    /// instance, never panic and never leak: each call is either a typed error with the
+    /// documented code and message (`INVALID_ARGS`, or `CONTINUATION_UNAVAILABLE` for the
+    /// continuable route; nothing started, stored or left running) or a start that settles,
+    /// and the host is quiescent afterwards.
     #[test]
     fn arbitrary_arguments_are_refused_cleanly_or_run_and_settle(
         arguments in any_arguments(),
-        background_enabled in prop::bool::weighted(0.8),
+        mode in prop_oneof![6 => Just(Mode::OneShot), 2 => Just(Mode::Disabled), 1 => Just(Mode::Continuable)],
     ) {
-        block_on(check_one_call(arguments, background_enabled));
+        block_on(check_one_call(arguments, mode));
     }
 
     /// Arbitrary raw argument text (not necessarily JSON) is parsed by the registry's rule
@@ -1125,7 +1165,7 @@ proptest! {
             } else {
                 serde_json::from_str(&raw).unwrap_or_else(|_| Value::String(raw.clone()))
             };
-            match expected(&value, true) {
+            match expected(&value, Mode::OneShot) {
                 Expected::Invalid(message) => assert_invalid(&result, &message),
                 other => panic!("random text {raw:?} parsed as valid arguments ({other:?})"),
             }
