@@ -144,6 +144,7 @@ impl ToolHandler for DelegationTool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
     use subagent::agent::tools::codes;
 
@@ -183,6 +184,100 @@ mod tests {
             let error = DelegationArgs::parse(&args).expect_err("malformed");
             assert_eq!(error.code, codes::INVALID_ARGS);
             assert_eq!(error.message, message);
+        }
+    }
+
+    /// Arbitrary JSON, biased towards objects with the real field names.
+    fn any_arguments() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            prop_oneof![Just(String::new()), "[ \t\n]{1,3}", any::<String>()].prop_map(Value::String),
+        ];
+        let json = leaf.prop_recursive(3, 16, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map("[a-z_]{0,8}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        });
+        let text = prop_oneof![
+            Just(String::new()),
+            "[ \t\n\u{3000}]{1,3}",
+            "[a-z ]{0,8}",
+            any::<String>(),
+        ];
+        let string_field = prop_oneof![
+            1 => Just(None),
+            4 => text.prop_map(|s| Some(Value::String(s))),
+            2 => json.clone().prop_map(Some),
+        ];
+        let flag = prop_oneof![
+            2 => Just(None),
+            1 => Just(Some(Value::Null)),
+            2 => any::<bool>().prop_map(|b| Some(Value::Bool(b))),
+            2 => json.clone().prop_map(Some),
+        ];
+        let object = (string_field.clone(), string_field, flag).prop_map(|(d, p, b)| {
+            let mut map = serde_json::Map::new();
+            for (key, value) in [
+                (model_text::DESCRIPTION_PARAM, d),
+                (model_text::PROMPT_PARAM, p),
+                (model_text::RUN_IN_BACKGROUND_PARAM, b),
+            ] {
+                if let Some(value) = value {
+                    map.insert(key.to_owned(), value);
+                }
+            }
+            Value::Object(map)
+        });
+        prop_oneof![3 => object, 1 => json]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 512,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        /// The parse never panics, accepts exactly two string fields with a non-blank prompt
+        /// and an optional boolean flag, keeps them verbatim, and refuses everything else as
+        /// `INVALID_ARGS` naming the offending parameter.
+        #[test]
+        fn parse_accepts_exactly_the_documented_shape(arguments in any_arguments()) {
+            let parsed = DelegationArgs::parse(&arguments);
+            let field = |name: &str| arguments.get(name);
+            let description = field(model_text::DESCRIPTION_PARAM).and_then(Value::as_str);
+            let prompt = field(model_text::PROMPT_PARAM).and_then(Value::as_str);
+            let flag = field(model_text::RUN_IN_BACKGROUND_PARAM);
+            let flag_ok = matches!(flag, None | Some(Value::Null | Value::Bool(_)));
+            match (description, prompt) {
+                (Some(d), Some(p)) if !p.trim().is_empty() && flag_ok => {
+                    let args = parsed.expect("the documented shape parses");
+                    prop_assert_eq!(args.description.as_str(), d);
+                    prop_assert_eq!(args.prompt.as_str(), p);
+                    prop_assert_eq!(args.run_in_background, flag.and_then(Value::as_bool));
+                }
+                _ => {
+                    let error = parsed.expect_err("anything else is refused");
+                    prop_assert_eq!(error.code.as_str(), codes::INVALID_ARGS);
+                    let named = if !arguments.is_object() {
+                        "JSON object"
+                    } else if description.is_none() {
+                        "`description`"
+                    } else if prompt.is_none_or(|p| p.trim().is_empty()) {
+                        "`prompt`"
+                    } else {
+                        "`run_in_background`"
+                    };
+                    prop_assert!(error.message.contains(named), "{} lacks {}", error.message, named);
+                }
+            }
         }
     }
 }
