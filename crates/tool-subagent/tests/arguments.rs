@@ -634,6 +634,136 @@ async fn truncated_argument_texts_start_nothing() {
     rig.finish().await;
 }
 
+/// One assistant step of a real parent turn mixes well-formed and malformed delegations (run in
+/// parallel, the tool being concurrency-safe): each malformed call gets its own typed error in
+/// model order, the well-formed siblings run to completion, and only they reach a child.
+#[tokio::test(start_paused = true)]
+async fn a_parent_step_mixing_malformed_and_valid_delegations() {
+    let rig = Rig::default().await;
+    let calls = vec![
+        chunks::call(
+            "c1",
+            "subagent",
+            r#"{"description": "one", "prompt": "first task"}"#,
+        ),
+        chunks::call("c2", "subagent", r#"{"description": "two"}"#),
+        chunks::call("c3", "subagent", r#"{"description": "three", "prompt": "  "}"#),
+        chunks::call(
+            "c4",
+            "subagent",
+            r#"{"description": "four", "prompt": "fourth task", "run_in_background": true}"#,
+        ),
+        chunks::call("c5", "subagent", r#"{"description": "five", "prompt": "fif"#),
+        chunks::call(
+            "c6",
+            "subagent",
+            r#"{"description": "six", "prompt": "p", "run_in_background": "true"}"#,
+        ),
+    ];
+    let parent = SessionId::from(PARENT);
+    for _ in 0..8 {
+        let (parent, calls) = (parent.clone(), calls.clone());
+        rig.model.push(ScriptEntry::respond(move |request| {
+            if request.session_id.as_ref() != Some(&parent) {
+                return chunks::text(ANSWER);
+            }
+            let answered = request.messages.iter().any(|m| {
+                m.content
+                    .iter()
+                    .any(|b| matches!(b, agent::ContentBlock::ToolResult { .. }))
+            });
+            if answered {
+                chunks::text("parent done")
+            } else {
+                chunks::tool_calls(None, calls.clone())
+            }
+        }));
+    }
+    let handle = &rig.parents[0];
+    handle
+        .agent()
+        .followup(agent::Message::user_text("delegate"))
+        .expect("delivered");
+    handle.agent().when_idle().await;
+    let out = rig
+        .call(
+            "job_output",
+            PARENT,
+            &json!({"job_id": "subagent-1", "wait": true}),
+        )
+        .await;
+    assert_eq!(text(&out), format!("{ANSWER}\n[status: completed]"));
+    handle.agent().when_idle().await;
+    let requests = rig.model.requests();
+    let second_step = requests
+        .iter()
+        .find(|r| {
+            r.session_id.as_ref() == Some(&parent)
+                && r.messages.iter().any(|m| {
+                    m.content
+                        .iter()
+                        .any(|b| matches!(b, agent::ContentBlock::ToolResult { .. }))
+                })
+        })
+        .expect("the parent's second step");
+    let results: Vec<(String, bool, String)> = second_step
+        .messages
+        .iter()
+        .flat_map(|m| m.content.iter())
+        .filter_map(|b| match b {
+            agent::ContentBlock::ToolResult {
+                tool_call_id,
+                content,
+                is_error,
+            } => Some((
+                tool_call_id.to_string(),
+                is_error.unwrap_or(false),
+                visible_text(content),
+            )),
+            _ => None,
+        })
+        .collect();
+    let error = |message: &str| format!("Error: {message}");
+    assert_eq!(
+        results,
+        vec![
+            ("c1".into(), false, ANSWER.into()),
+            ("c2".into(), true, error(&string_required("prompt"))),
+            ("c3".into(), true, error(model_text::PROMPT_BLANK)),
+            (
+                "c4".into(),
+                false,
+                "started background subagent job subagent-1".into()
+            ),
+            ("c5".into(), true, error(model_text::ARGUMENTS_NOT_OBJECT)),
+            (
+                "c6".into(),
+                true,
+                error(model_text::RUN_IN_BACKGROUND_NOT_BOOLEAN)
+            ),
+        ]
+    );
+    let mut child_prompts: Vec<String> = requests
+        .iter()
+        .filter(|r| r.session_id.as_ref() != Some(&parent))
+        .filter_map(|r| {
+            r.messages
+                .iter()
+                .find(|m| m.role == agent::Role::User)
+                .map(agent::Message::text)
+        })
+        .collect();
+    child_prompts.sort();
+    assert_eq!(
+        child_prompts,
+        ["first task", "fourth task"],
+        "only the well-formed calls reached a child"
+    );
+    assert_eq!(rig.jobs.snapshots(&parent).len(), 1, "one job");
+    rig.assert_settled("after the turn").await;
+    rig.finish().await;
+}
+
 // ---- the job tools -------------------------------------------------------------------------
 
 /// Starts one hanging background delegation as `owner` and returns its job id.
