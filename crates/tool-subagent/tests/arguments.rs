@@ -969,8 +969,11 @@ async fn unknown_and_foreign_job_ids_are_not_found() {
         "the owner's job is untouched"
     );
     assert!(rig.jobs.snapshots(&other).is_empty());
-    let listed = rig.call("job_list", other.as_str(), &json!({})).await;
-    assert_eq!(text(&listed), "(no background jobs)");
+    // `job_list` takes no arguments: naming another owner lists only the caller's own jobs.
+    for args in [json!({}), json!({"owner": PARENT}), json!({"job_id": id})] {
+        let listed = rig.call("job_list", other.as_str(), &args).await;
+        assert_eq!(text(&listed), "(no background jobs)", "{args}");
+    }
     kill_and_collect(&rig, PARENT, &id).await;
     rig.assert_settled("after the kill").await;
     rig.finish().await;
