@@ -124,16 +124,30 @@ impl Host {
         parent: AgentOptions,
         trickle: bool,
     ) -> Self {
-        let model = ScriptedModel::new(script);
         let store = Arc::new(MemoryStore::new());
+        let persistence: Option<Arc<dyn SessionPersistence>> = persistence.then(|| store.clone() as _);
+        Self::build_on(script, store, persistence, continuable, parent, trickle).await
+    }
+
+    /// A host whose runtime persists through `persistence` (which writes to `store`, or is
+    /// `None`).
+    async fn build_on(
+        script: Vec<ScriptEntry>,
+        store: Arc<MemoryStore>,
+        persistence: Option<Arc<dyn SessionPersistence>>,
+        continuable: bool,
+        parent: AgentOptions,
+        trickle: bool,
+    ) -> Self {
+        let model = ScriptedModel::new(script);
         let adapter = if trickle {
             Arc::new(agent_loop::model::Trickle::new(model.adapter()))
         } else {
             model.adapter()
         };
         let mut builder = RuntimeBuilder::new().model(MODEL, adapter);
-        if persistence {
-            builder = builder.persistence(store.clone());
+        if let Some(persistence) = persistence {
+            builder = builder.persistence(persistence);
         }
         let runtime = builder.build();
         let parent_handle = runtime
@@ -3108,6 +3122,122 @@ async fn inh_6_cold_resume_keeps_the_delegation_snapshot() {
     assert_eq!(
         sandbox_override(loaded.events.iter()),
         Some(SandboxMode::ReadOnly)
+    );
+    host.finish().await;
+}
+
+/// Persistence over a [`MemoryStore`] whose `flush` of a subagent child's session fails.
+struct FailingChildFlush(Arc<MemoryStore>);
+
+#[async_trait]
+impl SessionPersistence for FailingChildFlush {
+    fn create(&self, header: &agent::SessionHeader) -> Result<(), agent::AgentError> {
+        SessionPersistence::create(self.0.as_ref(), header)
+    }
+    fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), agent::AgentError> {
+        SessionPersistence::append(self.0.as_ref(), id, event)
+    }
+    async fn flush(&self, id: &SessionId) -> Result<(), agent::AgentError> {
+        if id.as_str() == "parent" {
+            SessionPersistence::flush(self.0.as_ref(), id).await
+        } else {
+            Err(agent::AgentError::Persistence("disk full".into()))
+        }
+    }
+    async fn list(&self) -> Result<Vec<agent::SessionHeader>, agent::AgentError> {
+        SessionPersistence::list(self.0.as_ref()).await
+    }
+    async fn inspect(&self, id: &SessionId) -> Result<Option<agent::SessionHeader>, agent::AgentError> {
+        SessionPersistence::inspect(self.0.as_ref(), id).await
+    }
+    async fn load(&self, id: &SessionId) -> Result<agent::store::LoadedSession, agent::AgentError> {
+        SessionPersistence::load(self.0.as_ref(), id).await
+    }
+}
+
+/// A `tracing` subscriber that keeps the messages of the WARN events emitted on this thread.
+struct Warnings(Arc<Mutex<Vec<String>>>);
+
+impl tracing::Subscriber for Warnings {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Message<'a>(&'a mut String);
+        impl tracing::field::Visit for Message<'_> {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    *self.0 = format!("{value:?}");
+                }
+            }
+        }
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut message = String::new();
+            event.record(&mut Message(&mut message));
+            self.0.lock().push(message);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// spec: CONT-28 — a child whose final flush succeeds settles (notice, `completed` end edge)
+/// and no final-flush warning — no warning at all — is logged.
+#[tokio::test(start_paused = true)]
+async fn cont_28_a_clean_final_flush_logs_no_warning() {
+    let warnings = Arc::new(Mutex::new(Vec::new()));
+    let _subscriber = tracing::subscriber::set_default(Warnings(warnings.clone()));
+    let host = Host::new(vec![chunks::text("done").into(), chunks::text("ack").into()]).await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    assert!(host.store.flush_count(&child_id) >= 1, "the final flush ran");
+    assert_eq!(host.ends().len(), 1);
+    assert_eq!(host.ends()[0].stop_reason, StopReason::Completed);
+    assert_eq!(notices(&host.parent).len(), 1);
+    assert!(warnings.lock().is_empty(), "{:?}", warnings.lock());
+    host.finish().await;
+}
+
+/// spec: CONT-29 — a failing best-effort final flush is logged as a warning ("best-effort
+/// final session flush failed") and does not fail the child: the Activation is released, the
+/// parent still gets its notice and the end edge says `completed`.
+#[tokio::test(start_paused = true)]
+async fn cont_29_a_failing_final_flush_is_logged_and_settles() {
+    let warnings = Arc::new(Mutex::new(Vec::new()));
+    let _subscriber = tracing::subscriber::set_default(Warnings(warnings.clone()));
+    let store = Arc::new(MemoryStore::new());
+    let persistence: Arc<dyn SessionPersistence> = Arc::new(FailingChildFlush(store.clone()));
+    let host = Host::build_on(
+        vec![chunks::text("done").into(), chunks::text("ack").into()],
+        store,
+        Some(persistence),
+        true,
+        routed(),
+        false,
+    )
+    .await;
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    assert!(!host.manager.is_resident(&child_id));
+    assert!(host.get(&child_id).is_none());
+    assert_eq!(host.ends().len(), 1);
+    assert_eq!(host.ends()[0].stop_reason, StopReason::Completed);
+    assert_eq!(notices(&host.parent).len(), 1);
+    let logged = warnings.lock().clone();
+    assert_eq!(
+        logged
+            .iter()
+            .filter(|w| w.contains("best-effort final session flush failed"))
+            .count(),
+        1,
+        "{logged:?}"
     );
     host.finish().await;
 }
