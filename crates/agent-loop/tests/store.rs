@@ -499,6 +499,8 @@ async fn a_fresh_store_continues_an_existing_log_and_checks_the_seq_when_it_open
     b.flush(&"s".into()).await.unwrap();
     assert_eq!(b.load(&"s".into()).await.unwrap().events, all[..events.len() + 2]);
     let before = fs::read(&path).unwrap();
+    // A store keeps the log it writes locked until it lets go of it.
+    b.close(&"s".into()).await.unwrap();
 
     // A gap: reported by the flush, the file is untouched, the writer stays poisoned.
     let c = JsonlStore::new(dir.path());
@@ -517,6 +519,7 @@ async fn a_fresh_store_continues_an_existing_log_and_checks_the_seq_when_it_open
     c.append(&"s".into(), &all[events.len() + 2]).unwrap();
     c.flush(&"s".into()).await.unwrap();
     assert_eq!(c.load(&"s".into()).await.unwrap().events, all[..events.len() + 3]);
+    c.close(&"s".into()).await.unwrap();
 
     // After a load, the seq is checked at once.
     let d = JsonlStore::new(dir.path());
@@ -621,4 +624,97 @@ fn creating_and_appending_work_outside_a_runtime() {
             events
         );
     });
+}
+
+/// One writer per log at a time: a second store (in this process or another) can read a log
+/// that another store is writing, but its appends fail with `Locked` at the flush and nothing
+/// of theirs reaches the file; the first store writes on undisturbed; once it closes the log,
+/// the second can continue it.
+#[tokio::test]
+async fn a_log_is_written_by_one_store_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = sample_log("s");
+    let all = continued(&events, 4);
+    let path = dir.path().join("s.jsonl");
+    let a = JsonlStore::new(dir.path());
+    write_log(&a, "s", &events).await;
+    let n = events.len();
+
+    let b = JsonlStore::new(dir.path());
+    assert_eq!(
+        b.load(&"s".into()).await.unwrap().events,
+        events,
+        "reading is not locked"
+    );
+    let before = fs::read(&path).unwrap();
+    b.append(&"s".into(), &all[n]).unwrap();
+    let err = b.flush(&"s".into()).await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Locked { id, .. } if id.as_str() == "s"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("locked"), "{err}");
+    assert_eq!(
+        fs::read(&path).unwrap(),
+        before,
+        "nothing of the second store's was written"
+    );
+    assert!(
+        b.append(&"s".into(), &all[n + 1]).is_err(),
+        "its writer stays poisoned"
+    );
+
+    a.append(&"s".into(), &all[n]).unwrap();
+    a.flush(&"s".into()).await.unwrap();
+    assert_eq!(a.load(&"s".into()).await.unwrap().events, all[..=n]);
+
+    a.close(&"s".into()).await.unwrap();
+    assert!(matches!(
+        b.close(&"s".into()).await,
+        Err(StoreError::Locked { .. })
+    ));
+    assert_eq!(b.load(&"s".into()).await.unwrap().events, all[..=n]);
+    b.append(&"s".into(), &all[n + 1]).unwrap();
+    b.flush(&"s".into()).await.unwrap();
+    assert_eq!(b.load(&"s".into()).await.unwrap().events, all[..n + 2]);
+}
+
+/// A store that read a log, then let another store continue it, must not append after its
+/// stale reading: the writer reads the log again under the lock and reports the gap, and the
+/// file keeps exactly what the other store wrote (no event twice, no seq twice).
+#[tokio::test]
+async fn a_log_changed_since_it_was_read_is_read_again_before_appending() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = sample_log("s");
+    let all = continued(&events, 2);
+    let path = dir.path().join("s.jsonl");
+    write_log(&JsonlStore::new(dir.path()), "s", &events).await;
+    let n = events.len();
+
+    let stale = JsonlStore::new(dir.path());
+    assert_eq!(stale.load(&"s".into()).await.unwrap().events.len(), n);
+
+    let other = JsonlStore::new(dir.path());
+    other.load(&"s".into()).await.unwrap();
+    other.append(&"s".into(), &all[n]).unwrap();
+    other.flush(&"s".into()).await.unwrap();
+    other.close(&"s".into()).await.unwrap();
+    let before = fs::read(&path).unwrap();
+
+    // Accepted against the stale length (seq n), refused when the writer opens the file.
+    stale.append(&"s".into(), &all[n]).unwrap();
+    let err = stale.flush(&"s".into()).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::SeqMismatch { expected, got, .. } if expected == n as u64 + 1 && got == n as u64),
+        "{err}"
+    );
+    assert_eq!(fs::read(&path).unwrap(), before);
+    assert_eq!(
+        JsonlStore::new(dir.path())
+            .load(&"s".into())
+            .await
+            .unwrap()
+            .events,
+        all[..=n]
+    );
 }

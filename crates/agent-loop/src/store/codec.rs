@@ -35,6 +35,8 @@ pub(crate) struct ParsedLog {
     pub torn: bool,
     /// Whether the last kept line lacks its trailing `\n`.
     pub needs_newline: bool,
+    /// Byte length of the whole file as read (torn bytes included).
+    pub file_len: u64,
 }
 
 /// Splits `bytes` into lines: `(start, end_without_newline, terminated)`.
@@ -136,6 +138,7 @@ pub(crate) fn parse_log(path: &Path, id: &SessionId, bytes: &[u8]) -> Result<Par
         good_len,
         torn,
         needs_newline,
+        file_len: bytes.len() as u64,
     })
 }
 

@@ -62,6 +62,17 @@ pub enum StoreError {
         /// The seq the event carried.
         got: u64,
     },
+    /// Another writer holds the session's log: a different store instance — in this process
+    /// or another — has it open for appending (an advisory lock on the file). Nothing was
+    /// written or repaired. Like an I/O failure it poisons this store's writer for the session
+    /// until [`close`](super::JsonlStore::close); the other writer's log is untouched.
+    #[error("session `{id}` is being written by another store (its log {} is locked); nothing was written", path.display())]
+    Locked {
+        /// The session.
+        id: SessionId,
+        /// The log file.
+        path: PathBuf,
+    },
     /// The session id cannot name a file (empty, `.`/`..`, or containing a path separator or
     /// NUL).
     #[error("session id {0:?} cannot be used as a file name")]

@@ -34,6 +34,17 @@ const EXTENSION: &str = "jsonl";
 /// * After an I/O failure a session's writer is poisoned: its appends and flushes fail with the
 ///   same error until [`close`](Self::close) or [`remove`](Self::remove).
 ///
+/// # One writer per log
+/// The writer takes an exclusive advisory lock on a log (`flock`, through [`std::fs::File::try_lock`])
+/// when it first opens it for writing, before reading, repairing or appending anything, and
+/// holds it until [`close`](Self::close) (or until the store is dropped and its writer's last
+/// I/O finished; a process that exits or crashes releases it). Meanwhile another store — in
+/// this process or another — can still read the log, but its writer fails with
+/// [`StoreError::Locked`] (surfacing at its flush) and writes nothing. A log that grew since
+/// this store read it is read again under the lock, so appends continuing the stale reading
+/// fail with [`StoreError::SeqMismatch`] instead of writing a second event with the same seq.
+/// On a file system without advisory locks the log is written unlocked.
+///
 /// # Crash repair
 /// A torn **last** line (an interrupted write) is dropped on load with a `tracing` warning and
 /// reported as [`LoadedSession::repaired`]; the file is only rewritten by the next append, which
@@ -270,13 +281,18 @@ impl JsonlStore {
     }
 
     /// Forgets session `id`'s writer state and closes its file after every accepted append has
-    /// reached the file (not a durability checkpoint: flush first for that). Also clears a
-    /// writer poisoned by a failure, returning that failure. A later append reopens the log.
-    /// No-op for a session this store holds no state for.
+    /// reached the file (not a durability checkpoint: flush first for that), releasing the
+    /// log's lock before it returns. Also clears a writer poisoned by a failure, returning that
+    /// failure. A later append reopens the log. No-op for a session this store holds no state
+    /// for.
     pub async fn close(&self, id: &SessionId) -> Result<(), StoreError> {
         let cached = self.files.lock().remove(id);
         match cached {
-            Some(file) => file.settle().await,
+            Some(file) => {
+                let settled = file.settle().await;
+                file.release();
+                settled
+            }
             None => Ok(()),
         }
     }

@@ -44,6 +44,9 @@ pub(crate) struct Known {
     pub torn: bool,
     /// Whether the last intact line lacks its `\n`.
     pub needs_newline: bool,
+    /// The whole file's byte length when it was read: if the file has another length when the
+    /// writer opens it, someone else appended since, and the log is read again.
+    pub file_len: u64,
 }
 
 impl From<&ParsedLog> for Known {
@@ -53,8 +56,17 @@ impl From<&ParsedLog> for Known {
             good_len: p.good_len,
             torn: p.torn,
             needs_newline: p.needs_newline,
+            file_len: p.file_len,
         }
     }
+}
+
+/// What [`SessionFile::create`] found.
+enum Created {
+    /// A new log, header written.
+    New,
+    /// An existing log with an equal header, locked, to be continued.
+    Adopted(File, Known),
 }
 
 /// How the drainer opens the file.
@@ -168,6 +180,17 @@ impl SessionFile {
     /// Whether the writer is poisoned.
     pub(crate) fn is_failed(&self) -> bool {
         self.state.lock().failed.is_some()
+    }
+
+    /// Lets go of the log's advisory lock now, rather than when the last holder of this writer
+    /// (possibly a drainer finishing its loop) drops it. Only for a writer that will write
+    /// nothing more: its store has forgotten it and everything it accepted is written.
+    pub(crate) fn release(&self) {
+        if let Some(file) = self.file.get()
+            && let Err(e) = file.unlock()
+        {
+            tracing::debug!(session = %self.id, error = %e, "could not release a session log's lock; it goes with the file");
+        }
     }
 
     /// How many `fdatasync`s this writer has issued.
@@ -332,18 +355,36 @@ impl SessionFile {
         StoreError::io(&self.path, e)
     }
 
-    /// Opens (or creates) the file and makes it ready for appending.
+    /// Opens (or creates) the file and makes it ready for appending, holding its advisory lock
+    /// from before anything is read or repaired until this writer is dropped.
     fn open(&self, plan: Plan) -> Result<(), StoreError> {
-        let known = match plan {
+        let (file, known) = match plan {
             Plan::Create(header) => match self.create(&header)? {
-                None => return Ok(()),
-                Some(existing) => existing,
+                Created::New => return Ok(()),
+                Created::Adopted(file, known) => (file, known),
             },
-            Plan::Existing(Some(known)) => known,
-            Plan::Existing(None) => {
-                let parsed = read_log(&self.path, &self.id)?;
-                self.set_header(parsed.header.clone());
-                Known::from(&parsed)
+            Plan::Existing(known) => {
+                let file = OpenOptions::new()
+                    .append(true)
+                    .open(&self.path)
+                    .map_err(|e| match e.kind() {
+                        io::ErrorKind::NotFound => StoreError::NotFound(self.id.clone()),
+                        _ => self.io(e),
+                    })?;
+                self.lock(&file)?;
+                let len = file.metadata().map_err(|e| self.io(e))?.len();
+                let known = match known {
+                    // Read by this store and unchanged since.
+                    Some(known) if known.file_len == len => known,
+                    // Never read, or another writer appended after our read: read it now,
+                    // under the lock, so the seq check below sees what is really there.
+                    _ => {
+                        let parsed = read_log(&self.path, &self.id)?;
+                        self.set_header(parsed.header.clone());
+                        Known::from(&parsed)
+                    }
+                };
+                (file, known)
             }
         };
         {
@@ -364,13 +405,6 @@ impl SessionFile {
                 st.assumed_len = Some(known.events);
             }
         }
-        let file = OpenOptions::new()
-            .append(true)
-            .open(&self.path)
-            .map_err(|e| match e.kind() {
-                io::ErrorKind::NotFound => StoreError::NotFound(self.id.clone()),
-                _ => self.io(e),
-            })?;
         if known.torn {
             tracing::warn!(path = %self.path.display(), "truncating the torn last line of a session log before appending");
             file.set_len(known.good_len).map_err(|e| self.io(e))?;
@@ -382,29 +416,53 @@ impl SessionFile {
         Ok(())
     }
 
-    /// Creates the file with its header line. An existing log with an equal header is adopted
-    /// (returned as `Some` for the caller to open); a different one is a duplicate; a file whose
-    /// header write never completed is replaced.
-    fn create(&self, header: &SessionHeader) -> Result<Option<Known>, StoreError> {
+    /// Takes the log's exclusive advisory lock without waiting: another writer holding it is
+    /// [`StoreError::Locked`]. A file system without advisory locks writes unlocked (debug log).
+    fn lock(&self, file: &File) -> Result<(), StoreError> {
+        match file.try_lock() {
+            Ok(()) => Ok(()),
+            Err(fs::TryLockError::WouldBlock) => Err(StoreError::Locked {
+                id: self.id.clone(),
+                path: self.path.clone(),
+            }),
+            Err(fs::TryLockError::Error(e)) if e.kind() == io::ErrorKind::Unsupported => {
+                tracing::debug!(path = %self.path.display(), "file system has no advisory locks; writing the session log unlocked");
+                Ok(())
+            }
+            Err(fs::TryLockError::Error(e)) => Err(self.io(e)),
+        }
+    }
+
+    /// Creates the file, locks it and writes the header line. An existing log with an equal
+    /// header is adopted (locked, returned for the caller to continue); a different one is a
+    /// duplicate; a file whose header write never completed is replaced.
+    fn create(&self, header: &SessionHeader) -> Result<Created, StoreError> {
         fs::create_dir_all(&self.dir).map_err(|e| StoreError::io(&self.dir, e))?;
         let create = || OpenOptions::new().append(true).create_new(true).open(&self.path);
         let file = match create() {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let existing = OpenOptions::new()
+                    .append(true)
+                    .open(&self.path)
+                    .map_err(|e| self.io(e))?;
+                self.lock(&existing)?;
                 let bytes = fs::read(&self.path).map_err(|e| self.io(e))?;
                 if bytes.contains(&b'\n') || parse_header(&self.path, &self.id, &bytes).is_ok() {
                     let parsed = parse_log(&self.path, &self.id, &bytes)?;
                     if &parsed.header != header {
                         return Err(StoreError::Duplicate(self.id.clone()));
                     }
-                    return Ok(Some(Known::from(&parsed)));
+                    return Ok(Created::Adopted(existing, Known::from(&parsed)));
                 }
                 tracing::warn!(path = %self.path.display(), "replacing a session log whose header write was interrupted");
                 fs::remove_file(&self.path).map_err(|e| self.io(e))?;
+                drop(existing);
                 create().map_err(|e| self.io(e))?
             }
             Err(e) => return Err(self.io(e)),
         };
+        self.lock(&file)?;
         let line = encode_line(header).map_err(|e| StoreError::Encode {
             id: self.id.clone(),
             seq: 0,
@@ -412,7 +470,7 @@ impl SessionFile {
         })?;
         (&file).write_all(&line).map_err(|e| self.io(e))?;
         let _ = self.file.set(file);
-        Ok(None)
+        Ok(Created::New)
     }
 
     fn write(&self, buf: &[u8]) -> Result<(), StoreError> {
