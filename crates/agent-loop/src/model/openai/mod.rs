@@ -2,6 +2,8 @@
 
 mod assemble;
 mod request;
+#[cfg(test)]
+mod robustness;
 mod sse;
 
 use std::collections::VecDeque;
@@ -157,8 +159,7 @@ impl ModelAdapter for OpenAiCompatible {
             phase: Phase::Start(Some(Box::new(http))),
             signal: request.signal.clone(),
             queue: VecDeque::new(),
-            asm: Assembler::default(),
-            decoder: SseDecoder::default(),
+            body: BodyParser::default(),
         };
         stream::unfold(call, |mut call| async move {
             loop {
@@ -190,8 +191,7 @@ struct Call {
     signal: Signal,
     /// Chunks ready to be yielded.
     queue: VecDeque<StreamChunk>,
-    asm: Assembler,
-    decoder: SseDecoder,
+    body: BodyParser,
 }
 
 impl Call {
@@ -200,14 +200,14 @@ impl Call {
         match &mut self.phase {
             Phase::Start(builder) => {
                 let Some(builder) = builder.take() else {
-                    return self.end(self.asm.fail_chunk("UNKNOWN", "request already sent"));
+                    return self.end(self.body.asm.fail_chunk("UNKNOWN", "request already sent"));
                 };
                 let response = match race(&self.signal, builder.send()).await {
                     None => return self.abort(),
                     Some(Ok(r)) => r,
                     Some(Err(e)) => return self.end(transport_failure(&e)),
                 };
-                self.asm.request_id = header_str(response.headers(), "x-request-id");
+                self.body.asm.request_id = header_str(response.headers(), "x-request-id");
                 if !response.status().is_success() {
                     let status = response.status();
                     let headers = response.headers().clone();
@@ -231,55 +231,24 @@ impl Call {
                 };
                 match next {
                     Some(Ok(bytes)) => {
-                        for data in self.decoder.feed(&bytes) {
-                            if self.on_event(&data) {
-                                return;
-                            }
+                        if self.body.feed(&bytes, &mut self.queue) {
+                            self.phase = Phase::Done;
                         }
                     }
                     Some(Err(e)) => {
-                        let chunk = self.asm.fail_chunk(
+                        let chunk = self.body.asm.fail_chunk(
                             "STREAM_ERROR",
                             format!("reading the response stream failed: {}", error_chain(&e)),
                         );
                         self.end(chunk);
                     }
                     None => {
-                        if let Some(data) = self.decoder.finish()
-                            && self.on_event(&data)
-                        {
-                            return;
-                        }
-                        let chunks = self.asm.finish(false);
-                        self.queue.extend(chunks);
+                        self.body.end(&mut self.queue);
                         self.phase = Phase::Done;
                     }
                 }
             }
             Phase::Done => {}
-        }
-    }
-
-    /// Handles one event's data; returns whether the stream ended.
-    fn on_event(&mut self, data: &str) -> bool {
-        if data.trim() == "[DONE]" {
-            let chunks = self.asm.finish(true);
-            self.queue.extend(chunks);
-            self.phase = Phase::Done;
-            return true;
-        }
-        match self.asm.on_data(data) {
-            Ok(chunks) => {
-                self.queue.extend(chunks);
-                false
-            }
-            Err(failure) => {
-                self.end(StreamChunk::Finish {
-                    reason: FinishReason::Error { failure },
-                    replay_state: None,
-                });
-                true
-            }
         }
     }
 
@@ -295,6 +264,58 @@ impl Call {
             },
             replay_state: None,
         });
+    }
+}
+
+/// The event stream of a successful response, parsed incrementally. It does no I/O: [`Call`]
+/// feeds it each read of the body, so any framing of the same bytes yields the same chunks.
+#[derive(Debug, Default)]
+struct BodyParser {
+    decoder: SseDecoder,
+    asm: Assembler,
+}
+
+impl BodyParser {
+    /// Feeds one read of the body and appends the chunks it completes to `out`; returns
+    /// whether the stream ended (its `finish` is then the last chunk in `out`, and the rest of
+    /// the body must be ignored).
+    fn feed(&mut self, bytes: &[u8], out: &mut VecDeque<StreamChunk>) -> bool {
+        self.decoder
+            .feed(bytes)
+            .into_iter()
+            .any(|data| self.on_event(&data, out))
+    }
+
+    /// The body ended (without [`feed`](Self::feed) having ended the stream): appends the
+    /// final chunks, the last of them a `finish`.
+    fn end(&mut self, out: &mut VecDeque<StreamChunk>) {
+        if let Some(data) = self.decoder.finish()
+            && self.on_event(&data, out)
+        {
+            return;
+        }
+        out.extend(self.asm.finish(false));
+    }
+
+    /// Handles one event's data; returns whether the stream ended.
+    fn on_event(&mut self, data: &str, out: &mut VecDeque<StreamChunk>) -> bool {
+        if data.trim() == "[DONE]" {
+            out.extend(self.asm.finish(true));
+            return true;
+        }
+        match self.asm.on_data(data) {
+            Ok(chunks) => {
+                out.extend(chunks);
+                false
+            }
+            Err(failure) => {
+                out.push_back(StreamChunk::Finish {
+                    reason: FinishReason::Error { failure },
+                    replay_state: None,
+                });
+                true
+            }
+        }
     }
 }
 

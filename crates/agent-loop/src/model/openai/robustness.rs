@@ -1,0 +1,292 @@
+//! The response parser ([`BodyParser`], the I/O-free half of the adapter) against oddly framed
+//! and damaged server-sent-event bodies: every framing of a body parses alike, the SSE syntax
+//! variants parse like the plain form, and damage ends in a typed failure (or a documented
+//! tolerance), always as a grammatical stream.
+
+use std::collections::VecDeque;
+
+use agent::stream_grammar::validate_stream;
+use agent::{ContentBlock, FinishReason, StreamChunk, TokenUsage};
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+use super::BodyParser;
+
+/// Parses a body delivered in `parts` exactly as `Call` does (a part that ends the stream ends
+/// the parse), and checks the result against the stream grammar.
+fn parse_parts<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> Vec<StreamChunk> {
+    let mut parser = BodyParser::default();
+    let mut out = VecDeque::new();
+    let mut ended = false;
+    for part in parts {
+        if parser.feed(part, &mut out) {
+            ended = true;
+            break;
+        }
+    }
+    if !ended {
+        parser.end(&mut out);
+    }
+    let chunks = Vec::from(out);
+    if let Err(e) = validate_stream(&chunks) {
+        panic!("{e}: {chunks:#?}");
+    }
+    chunks
+}
+
+fn parse(body: &[u8]) -> Vec<StreamChunk> {
+    parse_parts([body])
+}
+
+/// One chat-completion chunk event, shaped like OpenAI's.
+fn event(delta: Value, finish_reason: Option<&str>) -> Value {
+    json!({
+        "id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 1_700_000_000u64,
+        "model": "gpt-test", "system_fingerprint": "fp_1",
+        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}],
+    })
+}
+
+fn content(text: &str) -> Value {
+    event(json!({"content": text}), None)
+}
+
+fn finish_event(reason: &str) -> Value {
+    event(json!({}), Some(reason))
+}
+
+fn usage_event() -> Value {
+    json!({"id": "chatcmpl-9", "object": "chat.completion.chunk", "choices": [], "usage": {
+        "prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19,
+        "prompt_tokens_details": {"cached_tokens": 4},
+        "completion_tokens_details": {"reasoning_tokens": 2},
+    }})
+}
+
+fn usage() -> TokenUsage {
+    TokenUsage {
+        input_tokens: 12,
+        output_tokens: 7,
+        cache_read_tokens: Some(4),
+        cache_write_tokens: None,
+        reasoning_tokens: Some(2),
+    }
+}
+
+fn tool_delta(index: u64, id: Option<&str>, name: Option<&str>, arguments: &str) -> Value {
+    let mut call = json!({"index": index, "function": {"arguments": arguments}});
+    if let Some(id) = id {
+        call["id"] = json!(id);
+        call["type"] = json!("function");
+    }
+    if let Some(name) = name {
+        call["function"]["name"] = json!(name);
+    }
+    event(json!({"tool_calls": [call]}), None)
+}
+
+/// A body of `data:` events (`\n` line ends), with the `[DONE]` marker when `done`.
+fn body(events: &[Value], done: bool) -> Vec<u8> {
+    let mut out = String::new();
+    for e in events {
+        out.push_str(&format!("data: {e}\n\n"));
+    }
+    if done {
+        out.push_str("data: [DONE]\n\n");
+    }
+    out.into_bytes()
+}
+
+/// The assembled blocks and the outcome (a finish kind, or an error's code) of a stream.
+fn outcome(chunks: &[StreamChunk]) -> (Vec<ContentBlock>, String) {
+    let blocks = chunks
+        .iter()
+        .filter_map(|c| match c {
+            StreamChunk::BlockEnd { block, .. } => Some(block.clone()),
+            _ => None,
+        })
+        .collect();
+    let end = match chunks.last() {
+        Some(StreamChunk::Finish { reason, .. }) => match reason {
+            FinishReason::Stop => "stop".to_owned(),
+            FinishReason::ToolCalls => "tool-calls".to_owned(),
+            FinishReason::MaxTokens => "max-tokens".to_owned(),
+            FinishReason::Error { failure } | FinishReason::Aborted { failure } => failure.code.clone(),
+            other => format!("{other:?}"),
+        },
+        other => panic!("no finish: {other:?}"),
+    };
+    (blocks, end)
+}
+
+/// A recorded stream and what it must parse to.
+struct Recorded {
+    name: &'static str,
+    body: Vec<u8>,
+    blocks: Vec<ContentBlock>,
+    end: &'static str,
+}
+
+/// Valid streams covering text (with multi-byte UTF-8), reasoning, parallel tool calls with
+/// argument deltas, usage and every finish reason.
+fn recorded() -> Vec<Recorded> {
+    vec![
+        Recorded {
+            name: "text",
+            body: body(
+                &[
+                    event(json!({"role": "assistant", "content": ""}), None),
+                    content("héllo "),
+                    content("😀"),
+                    content(" wörld ✓"),
+                    finish_event("stop"),
+                    usage_event(),
+                ],
+                true,
+            ),
+            blocks: vec![ContentBlock::text("héllo 😀 wörld ✓")],
+            end: "stop",
+        },
+        Recorded {
+            name: "reasoning",
+            body: body(
+                &[
+                    event(
+                        json!({"role": "assistant", "reasoning_content": "Let me think… "}),
+                        None,
+                    ),
+                    event(json!({"reasoning_content": "🤔"}), None),
+                    event(json!({"reasoning": " (alt field)"}), None),
+                    content("42"),
+                    finish_event("stop"),
+                ],
+                true,
+            ),
+            blocks: vec![
+                ContentBlock::reasoning("Let me think… 🤔 (alt field)"),
+                ContentBlock::text("42"),
+            ],
+            end: "stop",
+        },
+        Recorded {
+            name: "tool calls",
+            body: body(
+                &[
+                    content("Checking."),
+                    tool_delta(0, Some("call_a"), Some("read"), ""),
+                    tool_delta(0, None, None, "{\"pa"),
+                    tool_delta(1, Some("call_b"), Some("list"), "{}"),
+                    tool_delta(0, None, None, "th\":\"é😀\"}"),
+                    finish_event("tool_calls"),
+                    usage_event(),
+                ],
+                true,
+            ),
+            blocks: vec![
+                ContentBlock::text("Checking."),
+                ContentBlock::tool_call("call_a", "read", "{\"path\":\"é😀\"}"),
+                ContentBlock::tool_call("call_b", "list", "{}"),
+            ],
+            end: "tool-calls",
+        },
+        Recorded {
+            name: "length",
+            body: body(&[content("trunc"), finish_event("length"), usage_event()], true),
+            blocks: vec![ContentBlock::text("trunc")],
+            end: "max-tokens",
+        },
+        Recorded {
+            name: "content filter",
+            body: body(&[content("no"), finish_event("content_filter")], true),
+            blocks: vec![ContentBlock::text("no")],
+            end: "CONTENT_FILTERED",
+        },
+        Recorded {
+            name: "empty",
+            body: body(
+                &[event(json!({"role": "assistant"}), None), finish_event("stop")],
+                true,
+            ),
+            blocks: vec![],
+            end: "EMPTY_RESPONSE",
+        },
+        Recorded {
+            name: "provider error mid-stream",
+            body: body(
+                &[
+                    content("par"),
+                    json!({"error": {"message": "overloaded", "code": "overloaded_error"}}),
+                    content("never seen"),
+                ],
+                true,
+            ),
+            blocks: vec![],
+            end: "OVERLOADED_ERROR",
+        },
+        Recorded {
+            name: "no [DONE] after the finish reason",
+            body: body(&[content("ok"), finish_event("stop")], false),
+            blocks: vec![ContentBlock::text("ok")],
+            end: "stop",
+        },
+        Recorded {
+            name: "interrupted",
+            body: body(&[content("par")], false),
+            blocks: vec![],
+            end: "STREAM_INTERRUPTED",
+        },
+    ]
+}
+
+#[test]
+fn recorded_streams_parse_to_their_outcomes() {
+    for r in recorded() {
+        assert_eq!(
+            outcome(&parse(&r.body)),
+            (r.blocks, r.end.to_owned()),
+            "{}",
+            r.name
+        );
+    }
+    let text = parse(&recorded()[0].body);
+    assert!(text.contains(&StreamChunk::Usage { usage: usage() }));
+}
+
+#[test]
+fn every_two_part_split_parses_like_the_whole_body() {
+    for r in recorded() {
+        let whole = parse(&r.body);
+        for at in 0..=r.body.len() {
+            let (a, b) = r.body.split_at(at);
+            assert_eq!(parse_parts([a, b]), whole, "{} split at byte {at}", r.name);
+        }
+    }
+}
+
+#[test]
+fn one_byte_parts_parse_like_the_whole_body() {
+    for r in recorded() {
+        let whole = parse(&r.body);
+        assert_eq!(parse_parts(r.body.chunks(1)), whole, "{}", r.name);
+    }
+}
+
+proptest! {
+    #[test]
+    fn any_framing_parses_like_the_whole_body(
+        which in 0..9usize,
+        cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..40),
+    ) {
+        let r = &recorded()[which];
+        let mut at: Vec<usize> = cuts.iter().map(|i| i.index(r.body.len() + 1)).collect();
+        at.sort_unstable();
+        let mut parts = Vec::new();
+        let mut from = 0;
+        for cut in at {
+            parts.push(&r.body[from..cut]);
+            from = cut;
+        }
+        parts.push(&r.body[from..]);
+        prop_assert_eq!(parse_parts(parts), parse(&r.body));
+    }
+}
