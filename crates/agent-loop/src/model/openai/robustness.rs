@@ -290,3 +290,113 @@ proptest! {
         prop_assert_eq!(parse_parts(parts), parse(&r.body));
     }
 }
+
+/// `body` with every `\n` line end rewritten to `end`.
+fn with_line_ends(body: &[u8], end: &str) -> Vec<u8> {
+    String::from_utf8(body.to_vec())
+        .unwrap()
+        .replace('\n', end)
+        .into_bytes()
+}
+
+#[test]
+fn crlf_and_bare_cr_line_ends_parse_like_lf_at_any_split() {
+    for r in recorded() {
+        let whole = parse(&r.body);
+        for end in ["\r\n", "\r"] {
+            let body = with_line_ends(&r.body, end);
+            assert_eq!(parse(&body), whole, "{} with {end:?}", r.name);
+            for at in 0..=body.len() {
+                let (a, b) = body.split_at(at);
+                assert_eq!(
+                    parse_parts([a, b]),
+                    whole,
+                    "{} with {end:?} split at {at}",
+                    r.name
+                );
+            }
+        }
+    }
+    // Mixed line ends in one body, including a `\r` `\n` pair split across two reads.
+    let plain = body(&[content("a"), content("b"), finish_event("stop")], true);
+    let mixed = format!(
+        "data: {}\r\n\rdata: {}\n\r\ndata: {}\r\r",
+        content("a"),
+        content("b"),
+        finish_event("stop")
+    ) + "data: [DONE]\r\n\r\n";
+    let mixed = mixed.as_bytes();
+    assert_eq!(parse(mixed), parse(&plain));
+    let cr = mixed.iter().position(|&b| b == b'\r').unwrap();
+    assert_eq!(parse_parts([&mixed[..=cr], &mixed[cr + 1..]]), parse(&plain));
+}
+
+#[test]
+fn sse_syntax_variants_parse_like_the_plain_form() {
+    let first = content("héllo ").to_string();
+    let (head, tail) = first.split_at(first.find(",\"choices\"").unwrap() + 1);
+    let variants = format!(
+        concat!(
+            ": keep-alive\n",
+            ":\n",
+            "\n",
+            "retry: 3000\n",
+            "id: 1\n",
+            "event: message\n",
+            // A data field split over two lines (joined with `\n`, JSON whitespace).
+            "data: {head}\n",
+            "data: {tail}\n",
+            "\n",
+            // No space after the colon; an unknown field; a bare `data` field (appends an
+            // empty line); a comment inside the event.
+            "data:{second}\n",
+            "x-unknown: 1\n",
+            "data\n",
+            ": inside an event\n",
+            "\n",
+            "id\n",
+            "event: message\n",
+            "data:  {finish}\n",
+            "\n",
+            "data:[DONE]\n",
+            "\n",
+        ),
+        head = head,
+        tail = tail,
+        second = content("😀"),
+        finish = finish_event("stop"),
+    );
+    let plain = body(&[content("héllo "), content("😀"), finish_event("stop")], true);
+    let whole = parse(&plain);
+    assert_eq!(
+        outcome(&whole),
+        (vec![ContentBlock::text("héllo 😀")], "stop".to_owned())
+    );
+    assert_eq!(parse(variants.as_bytes()), whole);
+    assert_eq!(parse_parts(variants.as_bytes().chunks(1)), whole);
+}
+
+#[test]
+fn a_leading_byte_order_mark_is_skipped() {
+    let plain = body(&[content("héllo"), finish_event("stop")], true);
+    let whole = parse(&plain);
+    assert_eq!(
+        outcome(&whole),
+        (vec![ContentBlock::text("héllo")], "stop".to_owned())
+    );
+    let mut with_bom = "\u{feff}".as_bytes().to_vec();
+    with_bom.extend_from_slice(&plain);
+    assert_eq!(parse(&with_bom), whole);
+    // However the mark is framed.
+    for at in 0..=4 {
+        let (a, b) = with_bom.split_at(at);
+        assert_eq!(parse_parts([a, b]), whole, "split at {at}");
+    }
+    assert_eq!(parse_parts(with_bom.chunks(1)), whole);
+    // Only a leading mark is skipped: elsewhere it is part of a field name (an unknown field,
+    // ignored as the SSE spec says), so the event it starts carries no data.
+    let mut inner = body(&[content("a")], false);
+    inner.extend_from_slice("\u{feff}".as_bytes());
+    inner.extend_from_slice(&body(&[content("b"), finish_event("stop")], true));
+    assert_eq!(outcome(&parse(&inner)).0, vec![ContentBlock::text("a")]);
+}

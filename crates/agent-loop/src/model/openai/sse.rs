@@ -2,7 +2,9 @@
 //!
 //! Bytes are fed in arbitrary pieces; complete events come out. Only `data:` fields matter
 //! (multiple `data:` lines of one event are joined with `\n`); `event:`, `id:`, `retry:` and
-//! comments (`:`) are ignored. Lines end in `\n`, `\r\n` or `\r`.
+//! comments (`:`) are ignored. Lines end in `\n`, `\r\n` or `\r`. A byte-order mark at the
+//! very start of the stream is skipped (as the SSE spec says; anywhere else it is part of a
+//! field name).
 
 /// Incremental SSE decoder.
 #[derive(Debug, Default)]
@@ -13,7 +15,12 @@ pub(crate) struct SseDecoder {
     data: Option<String>,
     /// Whether the previous byte was a `\r` (so a following `\n` is part of the same break).
     after_cr: bool,
+    /// Whether the first line has been completed (only it may start with a byte-order mark).
+    past_first_line: bool,
 }
+
+/// The UTF-8 byte-order mark.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 impl SseDecoder {
     /// Feeds bytes; returns the `data` of every event completed by them.
@@ -48,7 +55,11 @@ impl SseDecoder {
         self.data.take()
     }
 
-    fn line_done(&mut self, line: &[u8]) -> Option<String> {
+    fn line_done(&mut self, mut line: &[u8]) -> Option<String> {
+        if !self.past_first_line {
+            self.past_first_line = true;
+            line = line.strip_prefix(BOM).unwrap_or(line);
+        }
         if line.is_empty() {
             return self.data.take();
         }
