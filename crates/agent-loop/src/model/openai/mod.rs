@@ -85,7 +85,7 @@ impl fmt::Debug for OpenAiConfig {
 /// with code `CONTENT_FILTERED`, unknown reasons like `stop`. A completion with no content at
 /// all is an `error` with code `EMPTY_RESPONSE` (spec §13.3); a body that ends before any
 /// finish reason or `[DONE]` is an `error` with code `STREAM_INTERRUPTED`; an event that is not
-/// JSON is `BAD_RESPONSE`.
+/// JSON (or not valid UTF-8) is `BAD_RESPONSE`.
 ///
 /// # Failures
 /// Every failure ends the stream in-band with `finish {error {failure}}` (never an `Err` item):
@@ -298,7 +298,17 @@ impl BodyParser {
     }
 
     /// Handles one event's data; returns whether the stream ended.
-    fn on_event(&mut self, data: &str, out: &mut VecDeque<StreamChunk>) -> bool {
+    fn on_event(&mut self, data: &[u8], out: &mut VecDeque<StreamChunk>) -> bool {
+        let data = match std::str::from_utf8(data) {
+            Ok(data) => data,
+            Err(e) => {
+                out.push_back(self.asm.fail_chunk(
+                    "BAD_RESPONSE",
+                    format!("the provider sent an event that is not valid UTF-8: {e}"),
+                ));
+                return true;
+            }
+        };
         if data.trim() == "[DONE]" {
             out.extend(self.asm.finish(true));
             return true;

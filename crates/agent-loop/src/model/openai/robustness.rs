@@ -400,3 +400,60 @@ fn a_leading_byte_order_mark_is_skipped() {
     inner.extend_from_slice(&body(&[content("b"), finish_event("stop")], true));
     assert_eq!(outcome(&parse(&inner)).0, vec![ContentBlock::text("a")]);
 }
+/// The error code a stream failed with, if it did.
+fn error_code(chunks: &[StreamChunk]) -> Option<String> {
+    match chunks.last() {
+        Some(StreamChunk::Finish {
+            reason: FinishReason::Error { failure },
+            ..
+        }) => Some(failure.code.clone()),
+        _ => None,
+    }
+}
+
+/// The text deltas of a stream, joined.
+fn streamed_text(chunks: &[StreamChunk]) -> String {
+    chunks
+        .iter()
+        .filter_map(|c| match c {
+            StreamChunk::TextDelta { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn invalid_utf8_in_an_event_is_a_bad_response_not_replacement_characters() {
+    // A lone continuation byte, a truncated 4-byte sequence, an overlong `/`, a surrogate, 0xFF.
+    for bad in [
+        &b"\x80"[..],
+        b"\xF0\x9F\x98",
+        b"\xC0\xAF",
+        b"\xED\xA0\x80",
+        b"\xFF",
+    ] {
+        let mut raw = body(&[content("ok ")], false);
+        raw.extend_from_slice(b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a");
+        raw.extend_from_slice(bad);
+        raw.extend_from_slice(b"b\"}}]}\n\n");
+        raw.extend_from_slice(&body(&[content("never"), finish_event("stop")], true));
+        let chunks = parse(&raw);
+        assert_eq!(
+            error_code(&chunks).as_deref(),
+            Some("BAD_RESPONSE"),
+            "{bad:?}: {chunks:?}"
+        );
+        assert_eq!(streamed_text(&chunks), "ok ", "{bad:?}");
+        for at in 0..=raw.len() {
+            let (a, b) = raw.split_at(at);
+            assert_eq!(parse_parts([a, b]), chunks, "{bad:?} split at {at}");
+        }
+    }
+    // In a comment or an ignored field such bytes are harmless.
+    let mut raw = b": \xFF\xFE keep-alive\nevent: \x80\n".to_vec();
+    raw.extend_from_slice(&body(&[content("fine"), finish_event("stop")], true));
+    assert_eq!(
+        outcome(&parse(&raw)),
+        (vec![ContentBlock::text("fine")], "stop".to_owned())
+    );
+}

@@ -1,7 +1,8 @@
 //! A minimal server-sent-events decoder (the subset chat-completion streams use).
 //!
-//! Bytes are fed in arbitrary pieces; complete events come out. Only `data:` fields matter
-//! (multiple `data:` lines of one event are joined with `\n`); `event:`, `id:`, `retry:` and
+//! Bytes are fed in arbitrary pieces; complete events come out, as the raw bytes of their
+//! data (UTF-8 is the caller's to check, so a damaged byte is never silently replaced). Only
+//! `data:` fields matter (multiple `data:` lines of one event are joined with `\n`); `event:`, `id:`, `retry:` and
 //! comments (`:`) are ignored. Lines end in `\n`, `\r\n` or `\r`. A byte-order mark at the
 //! very start of the stream is skipped (as the SSE spec says; anywhere else it is part of a
 //! field name).
@@ -12,7 +13,7 @@ pub(crate) struct SseDecoder {
     /// Bytes of the current, unterminated line.
     line: Vec<u8>,
     /// `data` of the event being assembled.
-    data: Option<String>,
+    data: Option<Vec<u8>>,
     /// Whether the previous byte was a `\r` (so a following `\n` is part of the same break).
     after_cr: bool,
     /// Whether the first line has been completed (only it may start with a byte-order mark).
@@ -24,7 +25,7 @@ const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 impl SseDecoder {
     /// Feeds bytes; returns the `data` of every event completed by them.
-    pub(crate) fn feed(&mut self, bytes: &[u8]) -> Vec<String> {
+    pub(crate) fn feed(&mut self, bytes: &[u8]) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
         for &b in bytes {
             match b {
@@ -47,7 +48,7 @@ impl SseDecoder {
 
     /// Ends the input: returns the pending event's data, if any (a stream that ended without
     /// the blank line that terminates its last event).
-    pub(crate) fn finish(&mut self) -> Option<String> {
+    pub(crate) fn finish(&mut self) -> Option<Vec<u8>> {
         let line = std::mem::take(&mut self.line);
         if !line.is_empty() {
             self.line_done(&line);
@@ -55,7 +56,7 @@ impl SseDecoder {
         self.data.take()
     }
 
-    fn line_done(&mut self, mut line: &[u8]) -> Option<String> {
+    fn line_done(&mut self, mut line: &[u8]) -> Option<Vec<u8>> {
         if !self.past_first_line {
             self.past_first_line = true;
             line = line.strip_prefix(BOM).unwrap_or(line);
@@ -63,22 +64,21 @@ impl SseDecoder {
         if line.is_empty() {
             return self.data.take();
         }
-        let line = String::from_utf8_lossy(line);
-        let (field, value) = match line.find(':') {
+        let (field, value) = match line.iter().position(|&b| b == b':') {
             Some(0) => return None,
             Some(i) => {
                 let v = &line[i + 1..];
-                (&line[..i], v.strip_prefix(' ').unwrap_or(v))
+                (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
             }
-            None => (&*line, ""),
+            None => (line, &[][..]),
         };
-        if field == "data" {
+        if field == b"data" {
             match &mut self.data {
                 Some(d) => {
-                    d.push('\n');
-                    d.push_str(value);
+                    d.push(b'\n');
+                    d.extend_from_slice(value);
                 }
-                None => self.data = Some(value.to_owned()),
+                None => self.data = Some(value.to_vec()),
             }
         }
         None
@@ -98,7 +98,7 @@ mod tests {
         for piece in raw.chunks(3) {
             out.extend(d.feed(piece));
         }
-        assert_eq!(out, vec!["{\"a\":1}", "x\ny", "[DONE]"]);
+        assert_eq!(out, [&b"{\"a\":1}"[..], b"x\ny", b"[DONE]"]);
         assert_eq!(d.finish(), None);
     }
 
@@ -106,6 +106,6 @@ mod tests {
     fn finish_returns_an_unterminated_event() {
         let mut d = SseDecoder::default();
         assert!(d.feed(b"data: tail").is_empty());
-        assert_eq!(d.finish().as_deref(), Some("tail"));
+        assert_eq!(d.finish().as_deref(), Some(&b"tail"[..]));
     }
 }
