@@ -5,6 +5,7 @@
 //! | first `delta.content` | `block-start {text}` then `text-delta` (later ones: `text-delta`) |
 //! | `delta.reasoning_content` / `delta.reasoning` | a `reasoning` block, likewise |
 //! | `delta.tool_calls[i]` (keyed by `index`) | one `tool-call` block per index: `block-start`, then `tool-call-delta {id, name?, argumentsDelta}` |
+//! | an event of another shape (no `choices`, only other choices, a `delta` field of another type) | nothing: ignored |
 //! | `usage` | one `usage` (`prompt_tokens`, `completion_tokens`, cached and reasoning details) |
 //! | `finish_reason` | remembered; at `[DONE]` (or the end of the body) every open block is closed in index order with its assembled block, then `usage`, then `finish` |
 //! | `{"error": …}` event | `finish {error}` (open blocks allowed) |
@@ -14,6 +15,12 @@
 //! `max-tokens`, `content_filter` → `error` with code `CONTENT_FILTERED`, anything else is
 //! treated like `stop`. A body that ends before any finish reason or `[DONE]` is an `error`
 //! with code `STREAM_INTERRUPTED`.
+//!
+//! A tool call is keyed by its `index` alone: its id and name are the first ones sent (an id
+//! changing mid-call does not split it; a name repeated in every delta is not concatenated),
+//! a call that never sent an id gets `call_<index>`, and its arguments are passed on as sent,
+//! JSON or not (the loop's tool pipeline judges them). `tool_calls` entries that are not
+//! objects, or that open no call and carry nothing, are ignored.
 
 use std::collections::BTreeMap;
 
@@ -118,8 +125,17 @@ impl Assembler {
         Ok(out)
     }
 
+    /// Handles one entry of `delta.tool_calls` (at `position` in its array).
+    ///
+    /// An entry that is not an object, or opens no call and carries no id, name or arguments,
+    /// is ignored. The first id and the first name are the call's: servers that repeat them in
+    /// every delta (or mint a new id per delta) neither grow the name nor split the call.
     fn on_tool_delta(&mut self, call: &Value, position: u64, out: &mut Vec<StreamChunk>) {
+        let Some(call) = call.as_object() else {
+            return;
+        };
         let key = call.get("index").and_then(Value::as_u64).unwrap_or(position);
+        let id = call.get("id").and_then(Value::as_str).filter(|s| !s.is_empty());
         let function = call.get("function");
         let name = function
             .and_then(|f| f.get("name"))
@@ -130,13 +146,12 @@ impl Assembler {
             .and_then(Value::as_str)
             .unwrap_or("");
         if !self.tools.contains_key(&key) {
+            if id.is_none() && name.is_none() && arguments.is_empty() {
+                return;
+            }
             let index = self.next_index;
             self.next_index += 1;
-            let id = call
-                .get("id")
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-                .map_or_else(|| CallId::new(format!("call_{key}")), CallId::from);
+            let id = id.map_or_else(|| CallId::new(format!("call_{key}")), CallId::from);
             out.push(StreamChunk::BlockStart {
                 index,
                 block_type: BlockType::ToolCall,
@@ -152,15 +167,16 @@ impl Assembler {
             );
         }
         let slot = self.tools.get_mut(&key).expect("inserted above");
-        if let Some(name) = name {
-            slot.name.push_str(name);
+        let new_name = name.filter(|_| slot.name.is_empty());
+        if let Some(name) = new_name {
+            slot.name = name.to_owned();
         }
         slot.arguments.push_str(arguments);
-        if name.is_some() || !arguments.is_empty() {
+        if new_name.is_some() || !arguments.is_empty() {
             out.push(StreamChunk::ToolCallDelta {
                 index: slot.index,
                 id: slot.id.clone(),
-                name: name.map(|_| slot.name.clone()),
+                name: new_name.map(str::to_owned),
                 arguments_delta: arguments.to_owned(),
             });
         }

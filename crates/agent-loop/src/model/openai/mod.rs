@@ -76,7 +76,7 @@ impl fmt::Debug for OpenAiConfig {
 /// |---|---|
 /// | `delta.content` | a `text` block: `block-start` on the first piece, then `text-delta`s |
 /// | `delta.reasoning_content` / `delta.reasoning` | a `reasoning` block, likewise |
-/// | `delta.tool_calls[i]` | one `tool-call` block per `index`: `block-start`, then `tool-call-delta {id, name?, argumentsDelta}` |
+/// | `delta.tool_calls[i]` | one `tool-call` block per `index`: `block-start`, then `tool-call-delta {id, name?, argumentsDelta}` (the call's id and name are the first ones sent) |
 /// | `usage` | one `usage` |
 /// | `finish_reason` then `[DONE]` | every open block closed in index order with its assembled block, then `usage`, then `finish` |
 ///

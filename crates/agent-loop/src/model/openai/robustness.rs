@@ -457,3 +457,334 @@ fn invalid_utf8_in_an_event_is_a_bad_response_not_replacement_characters() {
         (vec![ContentBlock::text("fine")], "stop".to_owned())
     );
 }
+
+/// The tool-call deltas of a stream, as `(index, id, name, arguments delta)`.
+fn tool_deltas(chunks: &[StreamChunk]) -> Vec<(u32, String, Option<String>, String)> {
+    chunks
+        .iter()
+        .filter_map(|c| match c {
+            StreamChunk::ToolCallDelta {
+                index,
+                id,
+                name,
+                arguments_delta,
+            } => Some((
+                *index,
+                id.as_str().to_owned(),
+                name.clone(),
+                arguments_delta.clone(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_tool_name_repeated_in_every_delta_is_kept_once() {
+    // Some servers (vLLM's harmony path, for one) repeat the id and name in every delta.
+    let raw = body(
+        &[
+            tool_delta(0, Some("call_a"), Some("read"), "{\"pa"),
+            tool_delta(0, Some("call_a"), Some("read"), "th\":1}"),
+            finish_event("tool_calls"),
+        ],
+        true,
+    );
+    let chunks = parse(&raw);
+    assert_eq!(
+        outcome(&chunks),
+        (
+            vec![ContentBlock::tool_call("call_a", "read", "{\"path\":1}")],
+            "tool-calls".to_owned()
+        )
+    );
+    assert_eq!(
+        tool_deltas(&chunks),
+        [
+            (
+                0,
+                "call_a".to_owned(),
+                Some("read".to_owned()),
+                "{\"pa".to_owned()
+            ),
+            (0, "call_a".to_owned(), None, "th\":1}".to_owned()),
+        ]
+    );
+}
+
+#[test]
+fn a_tool_call_id_change_mid_call_keeps_the_first_id() {
+    // Servers that mint a fresh id per delta exist (the index is what OpenAI's clients key
+    // on); the call stays one call under its first id.
+    let raw = body(
+        &[
+            tool_delta(0, Some("call_a"), Some("read"), "{\"a\":"),
+            tool_delta(0, Some("call_z"), None, "1}"),
+            finish_event("tool_calls"),
+        ],
+        true,
+    );
+    let chunks = parse(&raw);
+    assert_eq!(
+        outcome(&chunks).0,
+        vec![ContentBlock::tool_call("call_a", "read", "{\"a\":1}")]
+    );
+    assert!(tool_deltas(&chunks).iter().all(|d| d.1 == "call_a"));
+}
+
+#[test]
+fn tool_call_index_gaps_missing_ids_and_bad_arguments_are_passed_through() {
+    let raw = body(
+        &[
+            tool_delta(3, Some("call_3"), Some("read"), "{\"path\":"),
+            // No id: one is made up from the index.
+            tool_delta(7, None, Some("list"), "not json"),
+            tool_delta(3, None, None, "\"a\""),
+            // Arguments cut off: not JSON at the end; the loop's tool pipeline rejects them.
+            finish_event("tool_calls"),
+        ],
+        true,
+    );
+    let chunks = parse(&raw);
+    assert_eq!(
+        outcome(&chunks),
+        (
+            vec![
+                ContentBlock::tool_call("call_3", "read", "{\"path\":\"a\""),
+                ContentBlock::tool_call("call_7", "list", "not json"),
+            ],
+            "tool-calls".to_owned()
+        )
+    );
+    // Block indexes follow first appearance, whatever the provider's indexes.
+    assert_eq!(
+        tool_deltas(&chunks).iter().map(|d| d.0).collect::<Vec<_>>(),
+        [0, 1, 0]
+    );
+}
+
+#[test]
+fn events_of_unknown_shape_are_ignored() {
+    let odd = [
+        json!({"object": "something.new", "payload": [1, 2]}),
+        json!({"choices": []}),
+        json!({"choices": {}}),
+        json!({"choices": null}),
+        json!({"choices": [{"index": 1, "delta": {"content": "another choice"}}]}),
+        json!({"choices": [{"index": 0}]}),
+        json!({"choices": [{"index": 0, "delta": null}]}),
+        json!({"choices": [{"index": 0, "delta": {"content": 42, "tool_calls": {}}}]}),
+        json!({"error": null, "choices": [{"index": 0, "delta": {"content": "b"}}]}),
+        json!({"usage": "lots"}),
+        json!([]),
+        json!(42),
+        json!(null),
+    ];
+    let mut events = vec![content("a")];
+    events.extend(odd.iter().cloned());
+    events.push(finish_event("stop"));
+    let chunks = parse(&body(&events, true));
+    let (blocks, end) = outcome(&chunks);
+    assert_eq!(end, "stop");
+    assert_eq!(blocks[0], ContentBlock::text("ab"));
+    assert!(!chunks.iter().any(|c| matches!(c, StreamChunk::Usage { .. })));
+}
+
+#[test]
+fn tool_call_entries_without_a_call_in_them_open_no_call() {
+    // Not objects, or objects with no id, no name and no arguments: nothing to call.
+    let raw = body(
+        &[
+            content("a"),
+            event(
+                json!({"tool_calls": [17, "x", null, {"function": null}, {"index": 4, "type": "function"}]}),
+                None,
+            ),
+            event(
+                json!({"tool_calls": [{"index": 5, "function": {"arguments": ""}}]}),
+                None,
+            ),
+            finish_event("stop"),
+        ],
+        true,
+    );
+    let chunks = parse(&raw);
+    assert_eq!(
+        outcome(&chunks),
+        (vec![ContentBlock::text("a")], "stop".to_owned())
+    );
+}
+
+#[test]
+fn truncated_or_unparsable_events_are_bad_responses() {
+    let good = content("kept").to_string();
+    for bad in [
+        &good[..good.len() - 1],
+        &good[..good.len() / 2],
+        "{",
+        "",
+        "[DONE",
+        "{\"choices\": [] } trailing",
+    ] {
+        let raw = format!(
+            "data: {good}\n\ndata: {bad}\n\ndata: {}\n\ndata: [DONE]\n\n",
+            content("never")
+        );
+        let chunks = parse(raw.as_bytes());
+        assert_eq!(error_code(&chunks).as_deref(), Some("BAD_RESPONSE"), "{bad:?}");
+        assert_eq!(streamed_text(&chunks), "kept", "{bad:?}");
+    }
+}
+
+#[test]
+fn a_body_that_ends_early_is_interrupted() {
+    let text = content("par").to_string();
+    // Between events, before any finish reason: no finish reason, no `[DONE]`.
+    let between = format!("data: {text}\n\n");
+    // Mid-event: the last line cut inside the JSON, or inside the field name, or complete but
+    // without the blank line that ends the event.
+    let mid_json = format!("data: {text}\n\ndata: {}", &text[..20]);
+    let mid_name = format!("data: {text}\n\nda");
+    let unterminated = format!("data: {text}\n\ndata: {text}");
+    for (raw, code, streamed) in [
+        (between, "STREAM_INTERRUPTED", "par"),
+        (mid_json, "BAD_RESPONSE", "par"),
+        (mid_name, "STREAM_INTERRUPTED", "par"),
+        (unterminated, "STREAM_INTERRUPTED", "parpar"),
+    ] {
+        let chunks = parse(raw.as_bytes());
+        assert_eq!(error_code(&chunks).as_deref(), Some(code), "{raw}");
+        assert_eq!(streamed_text(&chunks), streamed, "{raw}");
+    }
+    // After the finish reason the reply is complete; only the usage that follows it is lost.
+    let raw = body(&[content("done"), finish_event("stop"), usage_event()], true);
+    let cut = String::from_utf8(raw.clone())
+        .unwrap()
+        .find("data: {\"id\":\"chatcmpl-9\",\"object\":\"chat.completion.chunk\",\"choices\":[]")
+        .unwrap();
+    let chunks = parse(&raw[..cut]);
+    assert_eq!(
+        outcome(&chunks),
+        (vec![ContentBlock::text("done")], "stop".to_owned())
+    );
+    assert!(!chunks.iter().any(|c| matches!(c, StreamChunk::Usage { .. })));
+}
+
+#[test]
+fn a_huge_single_line_arrives_whole() {
+    let big: String = "é😀x".repeat(600_000);
+    let raw = body(&[content(&big), finish_event("stop")], true);
+    assert!(raw.len() > 4 << 20);
+    let whole = parse(&raw);
+    assert_eq!(
+        outcome(&whole),
+        (vec![ContentBlock::text(big.clone())], "stop".to_owned())
+    );
+    assert_eq!(parse_parts(raw.chunks(65_521)), whole);
+}
+
+/// Every chunk of `chunks` but the `usage`.
+fn without_usage(chunks: &[StreamChunk]) -> Vec<StreamChunk> {
+    chunks
+        .iter()
+        .filter(|c| !matches!(c, StreamChunk::Usage { .. }))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn every_truncation_is_the_whole_reply_or_a_typed_failure() {
+    for r in recorded() {
+        let whole = parse(&r.body);
+        for at in 0..r.body.len() {
+            let cut = parse(&r.body[..at]);
+            let (last, before) = cut.split_last().unwrap();
+            let failed = matches!(
+                last,
+                StreamChunk::Finish { reason: FinishReason::Error { failure }, .. }
+                    if ["STREAM_INTERRUPTED", "BAD_RESPONSE"].contains(&failure.code.as_str())
+            );
+            assert!(
+                cut == whole
+                    // Cut after the finish reason: complete but for the usage that follows it.
+                    || without_usage(&cut) == without_usage(&whole)
+                    // A failure after some of the reply's own chunks.
+                    || (failed && whole.starts_with(before)),
+                "{} cut at {at}: {cut:#?}\nwhole: {whole:#?}",
+                r.name
+            );
+        }
+    }
+}
+
+/// One kind of damage to a body.
+#[derive(Clone, Debug)]
+enum Damage {
+    /// Replace the byte at this position.
+    Replace(prop::sample::Index, u8),
+    /// Insert a byte before this position.
+    Insert(prop::sample::Index, u8),
+    /// Delete up to this many bytes from this position.
+    Delete(prop::sample::Index, usize),
+    /// Repeat up to this many bytes from this position.
+    Repeat(prop::sample::Index, usize),
+}
+
+fn damage() -> impl Strategy<Value = Damage> {
+    // Bytes that matter to the framing or to JSON, and any byte.
+    let byte = prop_oneof![
+        prop::sample::select(b"\n\r:{}[]\",\\ 0a".to_vec()),
+        prop::sample::select(vec![0x80u8, 0xC3, 0xE2, 0xF0, 0xFF, 0xEF, 0xBB, 0xBF]),
+        any::<u8>(),
+    ];
+    prop_oneof![
+        (any::<prop::sample::Index>(), byte.clone()).prop_map(|(i, b)| Damage::Replace(i, b)),
+        (any::<prop::sample::Index>(), byte).prop_map(|(i, b)| Damage::Insert(i, b)),
+        (any::<prop::sample::Index>(), 1..64usize).prop_map(|(i, n)| Damage::Delete(i, n)),
+        (any::<prop::sample::Index>(), 1..64usize).prop_map(|(i, n)| Damage::Repeat(i, n)),
+    ]
+}
+
+fn apply(body: &mut Vec<u8>, damage: &Damage) {
+    match damage {
+        Damage::Replace(i, b) if !body.is_empty() => {
+            let i = i.index(body.len());
+            body[i] = *b;
+        }
+        Damage::Insert(i, b) => body.insert(i.index(body.len() + 1), *b),
+        Damage::Delete(i, n) if !body.is_empty() => {
+            let i = i.index(body.len());
+            body.drain(i..(i + n).min(body.len()));
+        }
+        Damage::Repeat(i, n) if !body.is_empty() => {
+            let i = i.index(body.len());
+            let piece = body[i..(i + n).min(body.len())].to_vec();
+            body.splice(i..i, piece);
+        }
+        _ => {}
+    }
+}
+
+proptest! {
+    /// Damaged bodies (however framed) never panic or hang, and always parse to a grammatical
+    /// stream (checked by `parse_parts`) that ends with a finish.
+    #[test]
+    fn damaged_bodies_parse_to_grammatical_streams(
+        which in 0..9usize,
+        damages in proptest::collection::vec(damage(), 1..6),
+        truncate in proptest::option::of(any::<prop::sample::Index>()),
+        part in 1..300usize,
+    ) {
+        let mut raw = recorded()[which].body.clone();
+        for d in &damages {
+            apply(&mut raw, d);
+        }
+        if let Some(t) = truncate {
+            raw.truncate(t.index(raw.len() + 1));
+        }
+        let whole = parse(&raw);
+        let ends_with_finish = matches!(whole.last(), Some(StreamChunk::Finish { .. }));
+        prop_assert!(ends_with_finish, "no finish: {:?}", whole);
+        prop_assert_eq!(parse_parts(raw.chunks(part)), whole);
+    }
+}
