@@ -8,6 +8,9 @@ use agent::{
 };
 use serde_json::json;
 
+#[cfg(feature = "openai")]
+pub mod openai;
+
 /// A valid header for `id`, created at `created_at`.
 pub fn header_at(id: &str, created_at: u64) -> SessionHeader {
     SessionMeta {
