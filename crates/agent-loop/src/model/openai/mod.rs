@@ -107,9 +107,10 @@ impl fmt::Debug for OpenAiConfig {
 ///
 /// # Cancellation and ownership
 /// Every await (connecting, reading the error body, each read of the event stream) is raced
-/// against `request.signal`; once it is cancelled the stream ends at once with
-/// `finish {aborted {failure: {code: ABORTED, message: <cause>}}}` and the connection is
-/// dropped. Dropping the stream drops the connection too; no task is spawned. The adapter is
+/// against `request.signal`, and the signal is checked before each chunk is yielded; once it is
+/// cancelled the stream ends at once with
+/// `finish {aborted {failure: {code: ABORTED, message: <cause>}}}` (chunks parsed but not yet
+/// yielded are dropped) and the connection is dropped. Dropping the stream drops the connection too; no task is spawned. The adapter is
 /// cheap to clone (the HTTP client's connection pool is shared) and safe to call concurrently.
 #[derive(Clone, Debug)]
 pub struct OpenAiCompatible {
@@ -160,10 +161,18 @@ impl ModelAdapter for OpenAiCompatible {
             signal: request.signal.clone(),
             queue: VecDeque::new(),
             body: BodyParser::default(),
+            finished: false,
+            aborted: false,
         };
         stream::unfold(call, |mut call| async move {
             loop {
+                // Cancellation ends the stream at once, even between chunks parsed from one read.
+                if !call.finished && !call.aborted && call.signal.is_cancelled() {
+                    call.queue.clear();
+                    call.abort();
+                }
                 if let Some(chunk) = call.queue.pop_front() {
+                    call.finished = matches!(chunk, StreamChunk::Finish { .. });
                     return Some((Ok(chunk), call));
                 }
                 if matches!(call.phase, Phase::Done) {
@@ -192,6 +201,10 @@ struct Call {
     /// Chunks ready to be yielded.
     queue: VecDeque<StreamChunk>,
     body: BodyParser,
+    /// Whether the `finish` has been yielded.
+    finished: bool,
+    /// Whether the `finish` queued is the one for a cancellation.
+    aborted: bool,
 }
 
 impl Call {
@@ -258,6 +271,7 @@ impl Call {
     }
 
     fn abort(&mut self) {
+        self.aborted = true;
         self.end(StreamChunk::Finish {
             reason: FinishReason::Aborted {
                 failure: aborted_failure(&self.signal),
