@@ -18,7 +18,7 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::Value;
 
 use self::assemble::Assembler;
-use self::sse::SseDecoder;
+use self::sse::{MAX_EVENT_BYTES, SseDecoder};
 use super::aborted_failure;
 
 /// Failure messages are capped at this many UTF-8 bytes (on a char boundary).
@@ -85,7 +85,7 @@ impl fmt::Debug for OpenAiConfig {
 /// with code `CONTENT_FILTERED`, unknown reasons like `stop`. A completion with no content at
 /// all is an `error` with code `EMPTY_RESPONSE` (spec §13.3); a body that ends before any
 /// finish reason or `[DONE]` is an `error` with code `STREAM_INTERRUPTED`; an event that is not
-/// JSON (or not valid UTF-8) is `BAD_RESPONSE`.
+/// JSON (or not valid UTF-8, or larger than 16 MiB) is `BAD_RESPONSE`.
 ///
 /// # Failures
 /// Every failure ends the stream in-band with `finish {error {failure}}` (never an `Err` item):
@@ -294,15 +294,33 @@ impl BodyParser {
     /// whether the stream ended (its `finish` is then the last chunk in `out`, and the rest of
     /// the body must be ignored).
     fn feed(&mut self, bytes: &[u8], out: &mut VecDeque<StreamChunk>) -> bool {
-        self.decoder
+        let ended = self
+            .decoder
             .feed(bytes)
             .into_iter()
-            .any(|data| self.on_event(&data, out))
+            .any(|data| self.on_event(&data, out));
+        ended || self.check_size(out)
+    }
+
+    /// Ends the stream with `BAD_RESPONSE` when an event outgrew [`MAX_EVENT_BYTES`]; returns
+    /// whether it did.
+    fn check_size(&mut self, out: &mut VecDeque<StreamChunk>) -> bool {
+        if !self.decoder.too_large() {
+            return false;
+        }
+        out.push_back(self.asm.fail_chunk(
+            "BAD_RESPONSE",
+            format!("the provider sent an event of more than {MAX_EVENT_BYTES} bytes"),
+        ));
+        true
     }
 
     /// The body ended (without [`feed`](Self::feed) having ended the stream): appends the
     /// final chunks, the last of them a `finish`.
     fn end(&mut self, out: &mut VecDeque<StreamChunk>) {
+        if self.check_size(out) {
+            return;
+        }
         if let Some(data) = self.decoder.finish()
             && self.on_event(&data, out)
         {

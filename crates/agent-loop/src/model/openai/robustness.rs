@@ -788,3 +788,34 @@ proptest! {
         prop_assert_eq!(parse_parts(raw.chunks(part)), whole);
     }
 }
+
+#[test]
+fn an_endless_line_fails_once_it_outgrows_the_event_limit() {
+    use super::sse::MAX_EVENT_BYTES;
+    let mut parser = BodyParser::default();
+    let mut out = VecDeque::new();
+    assert!(!parser.feed(&body(&[content("a")], false), &mut out));
+    assert!(!parser.feed(
+        b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"",
+        &mut out
+    ));
+    // A server that never ends the line: the parse stops as soon as the event is too large,
+    // without waiting for the body to end.
+    let piece = vec![b'x'; 1 << 20];
+    let mut fed = 0;
+    let ended = loop {
+        if parser.feed(&piece, &mut out) {
+            break true;
+        }
+        fed += piece.len();
+        if fed > 2 * MAX_EVENT_BYTES {
+            break false;
+        }
+    };
+    assert!(ended, "still buffering after {fed} bytes");
+    assert!(fed <= MAX_EVENT_BYTES, "{fed}");
+    let chunks = Vec::from(out);
+    validate_stream(&chunks).unwrap();
+    assert_eq!(error_code(&chunks).as_deref(), Some("BAD_RESPONSE"));
+    assert_eq!(streamed_text(&chunks), "a");
+}

@@ -5,10 +5,15 @@
 //! `data:` fields matter (multiple `data:` lines of one event are joined with `\n`); `event:`, `id:`, `retry:` and
 //! comments (`:`) are ignored. Lines end in `\n`, `\r\n` or `\r`. A byte-order mark at the
 //! very start of the stream is skipped (as the SSE spec says; anywhere else it is part of a
-//! field name).
+//! field name). An event (its data and current line) may hold at most [`MAX_EVENT_BYTES`]: a
+//! server that sends more without ending the event stops the decoding (see
+//! [`SseDecoder::too_large`]) instead of growing the buffer without bound.
+
+/// The most bytes one event may buffer (16 MiB).
+pub(crate) const MAX_EVENT_BYTES: usize = 16 << 20;
 
 /// Incremental SSE decoder.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct SseDecoder {
     /// Bytes of the current, unterminated line.
     line: Vec<u8>,
@@ -18,15 +23,46 @@ pub(crate) struct SseDecoder {
     after_cr: bool,
     /// Whether the first line has been completed (only it may start with a byte-order mark).
     past_first_line: bool,
+    /// The most bytes the current event may buffer.
+    limit: usize,
+    /// Whether an event outgrew `limit` (nothing more is decoded).
+    too_large: bool,
+}
+
+impl Default for SseDecoder {
+    fn default() -> Self {
+        Self::with_limit(MAX_EVENT_BYTES)
+    }
 }
 
 /// The UTF-8 byte-order mark.
 const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 impl SseDecoder {
-    /// Feeds bytes; returns the `data` of every event completed by them.
+    /// A decoder whose events may buffer at most `limit` bytes.
+    pub(crate) fn with_limit(limit: usize) -> Self {
+        Self {
+            line: Vec::new(),
+            data: None,
+            after_cr: false,
+            past_first_line: false,
+            limit,
+            too_large: false,
+        }
+    }
+
+    /// Whether an event outgrew the limit; the decoder then ignores all further input.
+    pub(crate) fn too_large(&self) -> bool {
+        self.too_large
+    }
+
+    /// Feeds bytes; returns the `data` of every event completed by them (before the limit was
+    /// outgrown, if it was).
     pub(crate) fn feed(&mut self, bytes: &[u8]) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
+        if self.too_large {
+            return out;
+        }
         for &b in bytes {
             match b {
                 b'\n' if self.after_cr => self.after_cr = false,
@@ -39,6 +75,12 @@ impl SseDecoder {
                 }
                 _ => {
                     self.after_cr = false;
+                    if self.line.len() + self.data.as_ref().map_or(0, Vec::len) >= self.limit {
+                        self.too_large = true;
+                        self.line = Vec::new();
+                        self.data = None;
+                        return out;
+                    }
                     self.line.push(b);
                 }
             }
@@ -49,6 +91,9 @@ impl SseDecoder {
     /// Ends the input: returns the pending event's data, if any (a stream that ended without
     /// the blank line that terminates its last event).
     pub(crate) fn finish(&mut self) -> Option<Vec<u8>> {
+        if self.too_large {
+            return None;
+        }
         let line = std::mem::take(&mut self.line);
         if !line.is_empty() {
             self.line_done(&line);
@@ -100,6 +145,35 @@ mod tests {
         }
         assert_eq!(out, [&b"{\"a\":1}"[..], b"x\ny", b"[DONE]"]);
         assert_eq!(d.finish(), None);
+    }
+
+    #[test]
+    fn an_event_may_not_outgrow_the_limit() {
+        // Exactly at the limit (line plus data) is fine, whatever the framing.
+        let mut d = SseDecoder::with_limit(16);
+        let raw = b"data: 0123456789\ndata\n\n";
+        let mut out = Vec::new();
+        for piece in raw.chunks(1) {
+            out.extend(d.feed(piece));
+        }
+        assert_eq!(out, [&b"0123456789\n"[..]]);
+        assert!(!d.too_large());
+        // One byte more: in one line, across data lines, or in a comment. Events completed
+        // before the overflow still come out; nothing after it does.
+        for raw in [
+            &b"data: 0123456789A"[..],
+            b"data: 012345\ndata: 6789A\n",
+            b": keep-alive, padded out\n",
+        ] {
+            let mut d = SseDecoder::with_limit(16);
+            let mut input = b"data: x\n\n".to_vec();
+            input.extend_from_slice(raw);
+            input.extend_from_slice(b"\n\ndata: y\n\n");
+            assert_eq!(d.feed(&input), [b"x"], "{raw:?}");
+            assert!(d.too_large(), "{raw:?}");
+            assert!(d.feed(b"data: z\n\n").is_empty());
+            assert_eq!(d.finish(), None);
+        }
     }
 
     #[test]
