@@ -66,6 +66,7 @@ impl Assembler {
             let message = error
                 .get("message")
                 .and_then(Value::as_str)
+                .or_else(|| error.as_str())
                 .map_or_else(|| error.to_string(), str::to_owned);
             let code = error
                 .get("code")

@@ -819,3 +819,32 @@ fn an_endless_line_fails_once_it_outgrows_the_event_limit() {
     assert_eq!(error_code(&chunks).as_deref(), Some("BAD_RESPONSE"));
     assert_eq!(streamed_text(&chunks), "a");
 }
+
+#[test]
+fn provider_error_events_of_any_shape_are_typed_failures() {
+    for (error, code, message) in [
+        (
+            json!({"message": "slow down", "code": "rate_limit_exceeded"}),
+            "RATE_LIMIT_EXCEEDED",
+            "slow down",
+        ),
+        (
+            json!({"message": "oops", "type": "server_error", "code": 500}),
+            "SERVER_ERROR",
+            "oops",
+        ),
+        (json!({"message": "no code"}), "PROVIDER_ERROR", "no code"),
+        (json!("plain words"), "PROVIDER_ERROR", "plain words"),
+        (json!({"detail": 1}), "PROVIDER_ERROR", "{\"detail\":1}"),
+    ] {
+        let raw = body(&[content("a"), json!({ "error": error })], true);
+        let chunks = parse(&raw);
+        match chunks.last() {
+            Some(StreamChunk::Finish {
+                reason: FinishReason::Error { failure },
+                ..
+            }) => assert_eq!((failure.code.as_str(), failure.message.as_str()), (code, message)),
+            other => panic!("{other:?}"),
+        }
+    }
+}
