@@ -224,3 +224,54 @@ async fn cancelled_between_chunks_of_one_read_the_stream_aborts_at_once() {
     // Cancelling after the finish changes nothing.
     assert_eq!(cancel_after(&a, total, None).await, whole);
 }
+
+/// A server that ignores `stream: true` answers 200 with one JSON document: the stream ends with
+/// a typed failure saying so — the provider's own error when the document is one — instead of
+/// `STREAM_INTERRUPTED` after parsing nothing; `+json` media types count too.
+#[tokio::test]
+async fn a_json_document_instead_of_an_event_stream_is_a_typed_failure() {
+    let completion = json!({
+        "id": "chatcmpl-1", "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+    });
+    let error = json!({"error": {"message": "quota exceeded", "type": "insufficient_quota"}});
+    let cases: Vec<(&'static str, Value, &str, &str)> = vec![
+        (
+            "application/json",
+            completion.clone(),
+            "BAD_RESPONSE",
+            "instead of an event stream",
+        ),
+        (
+            "application/json; charset=utf-8",
+            error,
+            "INSUFFICIENT_QUOTA",
+            "quota exceeded",
+        ),
+        (
+            "application/problem+json",
+            completion,
+            "BAD_RESPONSE",
+            "instead of an event stream",
+        ),
+    ];
+    for (content_type, document, code, message) in cases {
+        let reply = Reply {
+            status: 200,
+            headers: vec![("content-type", content_type), ("x-request-id", "req_json")],
+            parts: vec![Part::Data(document.to_string().into_bytes())],
+        };
+        let (base, _) = serve(vec![reply]).await;
+        let chunks = tokio::time::timeout(HANG_GUARD, run(&adapter(&base), Signal::new()))
+            .await
+            .expect("no hang");
+        let failure = failure(&chunks);
+        assert_eq!(failure.code, code, "{content_type}: {failure:?}");
+        assert!(failure.message.contains(message), "{content_type}: {failure:?}");
+        assert_eq!(failure.request_id.as_deref(), Some("req_json"));
+        assert!(
+            !chunks.iter().any(|c| matches!(c, StreamChunk::TextDelta { .. })),
+            "nothing was streamed: {chunks:?}"
+        );
+    }
+}

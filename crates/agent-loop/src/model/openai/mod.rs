@@ -100,6 +100,11 @@ impl fmt::Debug for OpenAiConfig {
 /// | connection failure / timeout | `CONNECTION_FAILED` / `TIMEOUT` | — |
 /// | read error mid-stream | `STREAM_ERROR` | `requestId` |
 /// | an `{"error": …}` event | the provider's code (upper-cased) or `PROVIDER_ERROR` | `requestId` |
+/// | a 2xx answer with a JSON body (`application/json`) instead of an event stream | the provider's code when the body is `{"error": …}`, else `BAD_RESPONSE` | `requestId` |
+/// | an event that is not JSON, not valid UTF-8 or over 16 MiB | `BAD_RESPONSE` | `requestId` |
+/// | the body ends before a finish reason or `[DONE]` | `STREAM_INTERRUPTED` | `requestId` |
+///
+/// An event with no data (`data:` alone, as a keep-alive) is ignored.
 ///
 /// `message` is the provider's error message when it sent one (capped at 1024 bytes), else the
 /// status line. `providerRetryAfterMs` comes from `retry-after-ms`, else `retry-after` (seconds
@@ -110,8 +115,8 @@ impl fmt::Debug for OpenAiConfig {
 /// against `request.signal`, and the signal is checked before each chunk is yielded; once it is
 /// cancelled the stream ends at once with
 /// `finish {aborted {failure: {code: ABORTED, message: <cause>}}}` (chunks parsed but not yet
-/// yielded are dropped) and the connection is dropped. Dropping the stream drops the connection too; no task is spawned. The adapter is
-/// cheap to clone (the HTTP client's connection pool is shared) and safe to call concurrently.
+/// yielded are dropped) and the connection is dropped. Dropping the stream drops the connection
+/// too; no task is spawned. The adapter is cheap to clone (the HTTP client's connection pool is shared) and safe to call concurrently.
 #[derive(Clone, Debug)]
 pub struct OpenAiCompatible {
     config: Arc<OpenAiConfig>,
@@ -234,6 +239,20 @@ impl Call {
                         replay_state: None,
                     });
                 }
+                if is_json(response.headers()) {
+                    // A server that ignored `stream: true` (or reports an error with a 200):
+                    // its one JSON document is not an event stream.
+                    let headers = response.headers().clone();
+                    let body = match race(&self.signal, read_capped(response)).await {
+                        None => return self.abort(),
+                        Some(body) => body,
+                    };
+                    let failure = json_instead_of_stream(&headers, &body);
+                    return self.end(StreamChunk::Finish {
+                        reason: FinishReason::Error { failure },
+                        replay_state: None,
+                    });
+                }
                 let body = response.bytes_stream().map_ok(|b| b.to_vec()).boxed();
                 self.phase = Phase::Streaming(body);
             }
@@ -341,6 +360,10 @@ impl BodyParser {
                 return true;
             }
         };
+        // An event without data (`data:` alone) carries nothing: a keep-alive, not damage.
+        if data.trim().is_empty() {
+            return false;
+        }
         if data.trim() == "[DONE]" {
             out.extend(self.asm.finish(true));
             return true;
@@ -449,6 +472,53 @@ fn http_failure(status: u16, reason: Option<&str>, headers: &HeaderMap, body: &[
         message: cap(message),
         code,
         status: Some(status),
+        provider_retry_after_ms: retry_after_ms(headers),
+        request_id: header_str(headers, "x-request-id"),
+    }
+}
+
+/// Whether a successful response says its body is JSON (`application/json` or a `+json`
+/// type) rather than an event stream.
+fn is_json(headers: &HeaderMap) -> bool {
+    header_str(headers, "content-type").is_some_and(|value| {
+        let media = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        media == "application/json" || (media.starts_with("application/") && media.ends_with("+json"))
+    })
+}
+
+/// The failure for a successful response whose body is one JSON document instead of an event
+/// stream: the provider's own error when the document is one (`{"error": …}`), else
+/// `BAD_RESPONSE` saying the server did not stream.
+fn json_instead_of_stream(headers: &HeaderMap, body: &[u8]) -> LlmFailure {
+    let document = serde_json::from_slice::<Value>(body).ok();
+    let error = document
+        .as_ref()
+        .and_then(|v| v.get("error"))
+        .filter(|e| !e.is_null());
+    let (code, message) = match error {
+        Some(error) => (
+            error
+                .get("code")
+                .and_then(Value::as_str)
+                .or_else(|| error.get("type").and_then(Value::as_str))
+                .map_or_else(|| "PROVIDER_ERROR".to_owned(), |c| c.to_ascii_uppercase()),
+            error
+                .get("message")
+                .and_then(Value::as_str)
+                .or_else(|| error.as_str())
+                .map_or_else(|| error.to_string(), str::to_owned),
+        ),
+        None => (
+            "BAD_RESPONSE".to_owned(),
+            "the provider answered with one JSON document instead of an event stream (does the \
+             server support `stream: true`?)"
+                .to_owned(),
+        ),
+    };
+    LlmFailure {
+        message: cap(message),
+        code,
+        status: None,
         provider_retry_after_ms: retry_after_ms(headers),
         request_id: header_str(headers, "x-request-id"),
     }

@@ -633,7 +633,6 @@ fn truncated_or_unparsable_events_are_bad_responses() {
         &good[..good.len() - 1],
         &good[..good.len() / 2],
         "{",
-        "",
         "[DONE",
         "{\"choices\": [] } trailing",
     ] {
@@ -858,5 +857,20 @@ fn provider_error_events_of_any_shape_are_typed_failures() {
             }) => assert_eq!((failure.code.as_str(), failure.message.as_str()), (code, message)),
             other => panic!("{other:?}"),
         }
+    }
+}
+
+/// An event with no data (`data:` alone, or only blanks, as some servers send to keep a
+/// connection alive) carries nothing: it is skipped wherever it appears, not a `BAD_RESPONSE`.
+#[test]
+fn events_without_data_are_keep_alives() {
+    let plain = body(&[content("hello"), finish_event("stop")], true);
+    let expected = parse(&plain);
+    for keep_alive in ["data:\n\n", "data: \n\n", "data:  \r\n\r\n", "data:\ndata:\n\n"] {
+        let mut with = keep_alive.as_bytes().to_vec();
+        with.extend_from_slice(&body(&[content("hello")], false));
+        with.extend_from_slice(keep_alive.as_bytes());
+        with.extend_from_slice(&body(&[finish_event("stop")], true));
+        assert_eq!(parse(&with), expected, "{keep_alive:?}");
     }
 }
