@@ -37,8 +37,9 @@ const EXTENSION: &str = "jsonl";
 /// # One writer per log
 /// The writer takes an exclusive advisory lock on a log (`flock`, through [`std::fs::File::try_lock`])
 /// when it first opens it for writing, before reading, repairing or appending anything, and
-/// holds it until [`close`](Self::close) (or until the store is dropped and its writer's last
-/// I/O finished; a process that exits or crashes releases it). Meanwhile another store — in
+/// holds it until [`close`](Self::close) or until the store is dropped (at once when everything
+/// it accepted has been written, else after its writer's last write; a process that exits or
+/// crashes releases it too). Meanwhile another store — in
 /// this process or another — can still read the log, but its writer fails with
 /// [`StoreError::Locked`] (surfacing at its flush) and writes nothing. A log that grew since
 /// this store read it is read again under the lock, so appends continuing the stale reading
@@ -53,8 +54,8 @@ const EXTENSION: &str = "jsonl";
 /// validated with [`agent::session::validate_log`].
 ///
 /// # Ownership and concurrency
-/// `Send + Sync`, shared as `Arc<JsonlStore>`. One store instance must be the only writer of its
-/// directory (readers in other processes are fine). It keeps per-session writer state for every
+/// `Send + Sync`, shared as `Arc<JsonlStore>`. A log has one writing store at a time (see
+/// below); readers are never blocked. It keeps per-session writer state for every
 /// session it created, appended to or loaded, and an open file handle for those it wrote to;
 /// [`close`](Self::close) releases one. Async methods do their file I/O on tokio's blocking pool
 /// and must run inside a tokio runtime; `create`/`append` called outside one write on a plain
@@ -306,6 +307,17 @@ impl JsonlStore {
 
     fn cached(&self, id: &SessionId) -> Option<Arc<SessionFile>> {
         self.files.lock().get(id).cloned()
+    }
+}
+
+impl Drop for JsonlStore {
+    /// Releases the lock of every log whose accepted lines have all been written, so another
+    /// store can continue it at once; a writer still writing keeps its lock until its last
+    /// write.
+    fn drop(&mut self) {
+        for file in self.files.get_mut().values() {
+            file.release_if_written();
+        }
     }
 }
 

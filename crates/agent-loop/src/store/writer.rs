@@ -193,6 +193,19 @@ impl SessionFile {
         }
     }
 
+    /// [`release`](Self::release) when the file is open and every accepted line has been
+    /// handed to the OS (only a sync can still be pending). For a writer whose store is going
+    /// away: nothing can be accepted any more, so nothing more will be written.
+    pub(crate) fn release_if_written(&self) {
+        let written = {
+            let st = self.state.lock();
+            st.plan.is_none() && st.written >= st.accepted
+        };
+        if written {
+            self.release();
+        }
+    }
+
     /// How many `fdatasync`s this writer has issued.
     pub(crate) fn syncs(&self) -> u64 {
         self.syncs.load(Ordering::Relaxed)
