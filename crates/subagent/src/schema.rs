@@ -330,6 +330,57 @@ fn nesting_depth(value: &Value) -> usize {
     deepest
 }
 
+/// The schema the validator compiles for a subset schema: the same constraints with every
+/// annotation keyword removed and `required` deduplicated.
+///
+/// The subset accepts some annotations and `required` lists that the validator's meta-schema
+/// (JSON Schema 2020-12) refuses — `examples` that is not an array, a property named twice in
+/// `required` — although neither changes which values are valid. Compiling the schema verbatim
+/// would make every value of such an accepted schema fail as "schema not usable", so a
+/// structured run could never capture. Only called on schemas that passed
+/// [`assert_output_schema`] and the nesting bound, so the recursion is bounded.
+fn validation_schema(node: &Value) -> Value {
+    let Some(map) = node.as_object() else {
+        return node.clone();
+    };
+    let mut out = Map::new();
+    for (key, value) in map {
+        let value = match key.as_str() {
+            k if ANNOTATION_KEYWORDS.contains(&k) => continue,
+            "properties" => match value.as_object() {
+                Some(props) => Value::Object(
+                    props
+                        .iter()
+                        .map(|(name, child)| (name.clone(), validation_schema(child)))
+                        .collect(),
+                ),
+                None => value.clone(),
+            },
+            "items" => validation_schema(value),
+            "oneOf" => match value.as_array() {
+                Some(branches) => Value::Array(branches.iter().map(validation_schema).collect()),
+                None => value.clone(),
+            },
+            "required" => match value.as_array() {
+                Some(names) => {
+                    let mut seen = std::collections::HashSet::new();
+                    Value::Array(
+                        names
+                            .iter()
+                            .filter(|name| seen.insert(name.as_str()))
+                            .cloned()
+                            .collect(),
+                    )
+                }
+                None => value.clone(),
+            },
+            _ => value.clone(),
+        };
+        out.insert(key.clone(), value);
+    }
+    Value::Object(out)
+}
+
 /// Why a structured value was refused by [`validate_structured`].
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -367,7 +418,7 @@ pub fn validate_structured(schema: &Value, value: &Value) -> Result<(), Structur
             violations: vec![format!("value nests deeper than {MAX_VALIDATION_DEPTH} levels")],
         });
     }
-    let validator = jsonschema::validator_for(schema).map_err(|e| {
+    let validator = jsonschema::validator_for(&validation_schema(schema)).map_err(|e| {
         StructuredValueError::Schema(SubagentError::unsupported_schema(&[format!(
             "schema is not usable for validation: {e}"
         )]))
@@ -566,6 +617,35 @@ mod tests {
         assert_eq!(err.code(), SubagentErrorCode::UnsupportedSchema);
     }
 
+    /// spec: §2.10 (seam) — annotations take any lossless JSON and `required` only has to name
+    /// declared properties: schemas the subset accepts but JSON Schema's meta-schema refuses
+    /// (non-array `examples`, a repeated `required` name) still validate values, so a structured
+    /// run with such a schema can capture.
+    #[test]
+    fn accepted_schemas_outside_the_meta_schema_still_validate() {
+        for schema in [
+            json!({"type": "object", "examples": 5, "properties": {"a": {"type": "string", "examples": {"x": 1}}}}),
+            json!({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "a"]}),
+            json!({"type": "object", "properties": {"a": {"oneOf": [
+                {"type": "object", "properties": {"b": {"type": "null"}}, "required": ["b", "b"]},
+                {"type": "string", "examples": "s"}
+            ]}}}),
+        ] {
+            assert_output_schema(&schema).unwrap();
+            validate_structured(&schema, &json!({"a": "x"})).unwrap();
+            let Err(StructuredValueError::Invalid { violations }) = validate_structured(&schema, &json!({"a": 1}))
+            else {
+                panic!("{schema}: a mismatching value is an Invalid error, not a Schema error");
+            };
+            assert!(violations.iter().any(|v| v.starts_with("value/a")), "{violations:?}");
+        }
+        // A property named like an annotation keyword keeps its schema.
+        let schema = json!({"type": "object", "properties": {"examples": {"type": "integer"}}, "required": ["examples"]});
+        validate_structured(&schema, &json!({"examples": 1})).unwrap();
+        assert!(validate_structured(&schema, &json!({"examples": "no"})).is_err());
+        assert!(validate_structured(&schema, &json!({})).is_err());
+    }
+
     fn arb_json() -> impl Strategy<Value = Value> {
         let leaf = prop_oneof![
             Just(Value::Null),
@@ -628,10 +708,15 @@ mod tests {
         fn subset_check_never_panics(schema in arb_json(), value in arb_json()) {
             let v = schema_violations(&schema, true);
             let _ = assert_supported_schema(&schema);
+            let validated = validate_structured(&schema, &value);
             if v.is_empty() {
                 prop_assert!(assert_output_schema(&schema).is_ok());
+                // An accepted schema is always usable: values are judged, never the schema.
+                prop_assert!(
+                    !matches!(validated, Err(StructuredValueError::Schema(_))),
+                    "{schema} accepted but {validated:?}"
+                );
             }
-            let _ = validate_structured(&schema, &value);
         }
     }
 }
