@@ -150,11 +150,16 @@ impl BlockAssembler {
     }
 
     /// Every block in stream order; a `max-tokens` finish drops every tool call (a truncated call
-    /// is unsafe to dispatch).
+    /// is unsafe to dispatch), and so does a stream that ended without a `finish` chunk for
+    /// every tool call it left open (no `block-end`): its arguments may be cut anywhere, so
+    /// dispatching it could run a different call than the model meant. Tool calls the stream
+    /// closed are kept (adapters may omit `finish`).
     pub(crate) fn blocks(&self) -> Vec<ContentBlock> {
         let truncated = matches!(self.finish(), FinishReason::MaxTokens);
+        let unfinished = self.finish.is_none();
         self.partials
             .iter()
+            .filter(|p| !(unfinished && p.block.is_none() && p.kind == Some(BlockType::ToolCall)))
             .filter_map(Partial::assemble)
             .filter(|b| !(truncated && matches!(b, ContentBlock::ToolCall { .. })))
             .collect()
@@ -180,6 +185,36 @@ impl BlockAssembler {
 mod tests {
     use super::*;
     use crate::model::chunks;
+
+    /// spec: §13.2, §13.3 — a stream that ends without `finish` while a tool call is still open
+    /// never yields that call (its arguments may be cut anywhere, even at a point where they
+    /// parse); closed calls and text of such a stream are kept.
+    #[test]
+    fn drops_open_tool_calls_of_a_stream_without_finish() {
+        let mut a = BlockAssembler::default();
+        for c in chunks::text_and_tool_call("hi", "c1", "read", serde_json::json!({"path": "a"})) {
+            if !matches!(c, StreamChunk::Finish { .. } | StreamChunk::Usage { .. }) {
+                a.push(&c);
+            }
+        }
+        a.push(&StreamChunk::BlockStart {
+            index: 7,
+            block_type: BlockType::ToolCall,
+        });
+        a.push(&StreamChunk::ToolCallDelta {
+            index: 7,
+            id: "c2".into(),
+            name: Some("rm".into()),
+            arguments_delta: "{\"path\": \"/\"}".into(),
+        });
+        let blocks = a.blocks();
+        assert_eq!(blocks.len(), 2, "{blocks:?}");
+        assert_eq!(blocks[0], ContentBlock::text("hi"));
+        assert!(matches!(&blocks[1], ContentBlock::ToolCall { id, .. } if id.as_str() == "c1"));
+        // With a finish, an unclosed call is the adapter's (tolerated) shorthand and is kept.
+        a.push(&chunks::finish_chunk(FinishReason::ToolCalls));
+        assert_eq!(a.blocks().len(), 3);
+    }
 
     #[test]
     fn assembles_closed_blocks_and_drops_calls_on_max_tokens() {
