@@ -16,7 +16,8 @@ use subagent::provider::ResolvedSubagentStartRequest;
 use subagent::run::RunFailure;
 use subagent::{
     ChildComposition, DelegatedPolicyOverrides, PolicyServices, SubagentError,
-    append_delegated_policy_overrides, assert_subagent_max_depth, capture_delegated_policy_overrides,
+    append_delegated_policy_overrides, assert_output_schema, assert_subagent_max_depth,
+    capture_delegated_policy_overrides,
     child_session_meta, delegation_depth_of, resolve_child_agent_options, resolve_child_depth,
 };
 use tokio_util::task::TaskTracker;
@@ -123,7 +124,8 @@ impl InProcessDriver {
     /// Starts one in-process one-shot child (spec §3.2).
     ///
     /// Runs synchronously, **at call time** (before the returned future is first polled):
-    /// `maxDepth` validation, the already-cancelled check (`subagent request was aborted before
+    /// the output-schema assertion (`UNSUPPORTED_SCHEMA`, as the service does), `maxDepth`
+    /// validation, the already-cancelled check (`subagent request was aborted before
     /// child publication`, nothing created), the child-depth resolution, and the capture of the
     /// parent's delegated policy — so a parent switch made after this call belongs to the
     /// parent's future. The future then creates the child through `services.agents` with the
@@ -140,6 +142,13 @@ impl InProcessDriver {
         request: ResolvedSubagentStartRequest,
         options: InProcessRunOptions,
     ) -> BoxFuture<'static, Result<LocalRun, SubagentError>> {
+        // The output schema (already asserted by the service; re-checked for direct callers,
+        // which would otherwise start a child whose every capture fails).
+        if let Some(schema) = &request.request.output_schema
+            && let Err(e) = assert_output_schema(schema)
+        {
+            return futures::future::ready(Err(e)).boxed();
+        }
         match self.prepare(request, options) {
             Ok(plan) => {
                 let driver = self.clone();
