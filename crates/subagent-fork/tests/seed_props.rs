@@ -31,9 +31,8 @@ use agent::model::StreamChunk;
 use agent::prefix::is_balanced;
 use agent::tools::{ToolContext, ToolDefinition, ToolError, ToolHandler, ToolOutput};
 use agent::{
-    AgentRuntime,
-    AgentRef, CallId, CancelCause, CancelOptions, CreateAgentOptions, EventData, InboxSplice, InboxTarget,
-    LlmFailure, Message, MessageId, MessageSource, Role, SessionEvent, SessionId, SessionMeta,
+    AgentRef, AgentRuntime, CallId, CancelCause, CancelOptions, CreateAgentOptions, EventData, InboxSplice,
+    InboxTarget, LlmFailure, Message, MessageId, MessageSource, Role, SessionEvent, SessionId, SessionMeta,
     SurfaceMeta, SurfaceOp, TurnEndReason, balanced_completed_turn_prefix, next_turn_number,
 };
 use agent_loop::model::{ScriptEntry, chunks};
@@ -263,11 +262,13 @@ impl Seed {
             None,
             false,
         );
-        let calls: Vec<CallId> = (0..plan.calls)
-            .map(|_| CallId::new(self.id("call")))
-            .collect();
+        let calls: Vec<CallId> = (0..plan.calls).map(|_| CallId::new(self.id("call"))).collect();
         let mut content = vec![ContentBlock::text(&text)];
-        content.extend(calls.iter().map(|c| ContentBlock::tool_call(c.clone(), "echo", "{}")));
+        content.extend(
+            calls
+                .iter()
+                .map(|c| ContentBlock::tool_call(c.clone(), "echo", "{}")),
+        );
         let message = Message {
             id: MessageId::new(self.id("msg")),
             role: Role::Assistant,
@@ -468,7 +469,11 @@ fn case() -> impl Strategy<Value = Case> {
         any::<bool>(),
         prop::collection::vec(action(), 0..4),
         prop::sample::select(vec![ForkAt::Idle, ForkAt::Hanging, ForkAt::InTool]),
-        prop::sample::select(vec![ChildReply::Text, ChildReply::Empty, ChildReply::ToolThenText]),
+        prop::sample::select(vec![
+            ChildReply::Text,
+            ChildReply::Empty,
+            ChildReply::ToolThenText,
+        ]),
     )
         .prop_map(|(seed, fork_child_header, actions, at, child)| Case {
             seed,
@@ -486,7 +491,10 @@ const CHILD_TEXT: &str = "the child's own answer";
 async fn delegate(host_parent: &AgentRef, service: &subagent::service::SubagentService) -> Delegation {
     let snapshot = events_of(host_parent);
     let run = service
-        .start(subagent_fork::DEFAULT_NAME, request_from(host_parent, agent::Signal::new()))
+        .start(
+            subagent_fork::DEFAULT_NAME,
+            request_from(host_parent, agent::Signal::new()),
+        )
         .await
         .expect("fork started");
     let result = run.result().await.expect("result resolves");
@@ -699,8 +707,15 @@ async fn run_case(case: Case, dir: PathBuf) -> Result<(), TestCaseError> {
 
     // The seed: exactly the balanced completed-turn prefix of the parent's log at delegation.
     let prefix = balanced_completed_turn_prefix(&d.snapshot);
-    prop_assert!(is_balanced(prefix) || seed.is_some(), "an unseeded parent's prefix is balanced");
-    prop_assert!(d.snapshot[prefix.len()..].iter().all(|e| e.type_name() != "turn/end"));
+    prop_assert!(
+        is_balanced(prefix) || seed.is_some(),
+        "an unseeded parent's prefix is balanced"
+    );
+    prop_assert!(
+        d.snapshot[prefix.len()..]
+            .iter()
+            .all(|e| e.type_name() != "turn/end")
+    );
     let n = prefix.len();
     if n == 0 {
         prop_assert_eq!(d.header.seed_length, None);
@@ -741,7 +756,11 @@ async fn run_case(case: Case, dir: PathBuf) -> Result<(), TestCaseError> {
     std::fs::write(dir.join("child.jsonl"), child_log.to_jsonl()).expect("written");
     let store = check_store(&dir).expect("store read");
     prop_assert!(store.violations.is_empty(), "{:#?}", store.violations);
-    prop_assert!(host.observer.violations().is_empty(), "{:?}", host.observer.violations());
+    prop_assert!(
+        host.observer.violations().is_empty(),
+        "{:?}",
+        host.observer.violations()
+    );
 
     drop((echo, delegate_reg));
     *delegate_tool.parent.lock() = None;

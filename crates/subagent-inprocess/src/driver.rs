@@ -17,8 +17,8 @@ use subagent::run::RunFailure;
 use subagent::{
     ChildComposition, DelegatedPolicyOverrides, PolicyServices, SubagentError,
     append_delegated_policy_overrides, assert_output_schema, assert_subagent_max_depth,
-    capture_delegated_policy_overrides,
-    child_session_meta, delegation_depth_of, resolve_child_agent_options, resolve_child_depth,
+    capture_delegated_policy_overrides, child_session_meta, delegation_depth_of, resolve_child_agent_options,
+    resolve_child_depth,
 };
 use tokio_util::task::TaskTracker;
 

@@ -196,7 +196,11 @@ async fn out_of_subset_schemas_reject_before_anything_starts() {
         let subagent::service::StartError::Subagent(err) = err else {
             panic!("{schema}: a schema error expected, got {err}");
         };
-        assert_eq!(err.code(), SubagentErrorCode::UnsupportedSchema, "{schema}: {err}");
+        assert_eq!(
+            err.code(),
+            SubagentErrorCode::UnsupportedSchema,
+            "{schema}: {err}"
+        );
         assert!(err.to_string().starts_with("unsupported JSON schema: "), "{err}");
         assert_eq!(
             (host.agent_count(), host.session_count(), events_of(&host.parent)),
@@ -224,7 +228,11 @@ async fn direct_driver_start_rejects_an_out_of_subset_schema() {
         else {
             panic!("{schema}: the direct start must reject");
         };
-        assert_eq!(err.code(), SubagentErrorCode::UnsupportedSchema, "{schema}: {err}");
+        assert_eq!(
+            err.code(),
+            SubagentErrorCode::UnsupportedSchema,
+            "{schema}: {err}"
+        );
         assert_eq!((host.agent_count(), host.session_count()), before);
     }
     assert!(host.model.requests().is_empty());
@@ -321,7 +329,11 @@ async fn invalid_then_valid_capture_in_one_step() {
     ])
     .await;
     let _p = host.register_inline("spawn", CAPS);
-    let run = host.service.start("spawn", request(&host, schema())).await.unwrap();
+    let run = host
+        .service
+        .start("spawn", request(&host, schema()))
+        .await
+        .unwrap();
     let result = run.result().await.unwrap();
     assert_eq!(result.stop_reason, StopReason::Completed);
     assert_eq!(result.structured, Some(json!({"answer": 3})));
@@ -351,7 +363,11 @@ async fn capture_between_parallel_tools() {
     let _p = host.register_inline("spawn", CAPS);
     let ran = Arc::new(AtomicUsize::new(0));
     let echo = global_tool(&host, counting_tool("echo", ran.clone()));
-    let run = host.service.start("spawn", request(&host, schema())).await.unwrap();
+    let run = host
+        .service
+        .start("spawn", request(&host, schema()))
+        .await
+        .unwrap();
     let result = run.result().await.unwrap();
     assert_eq!(result.structured, Some(json!({"answer": 4})));
     assert_eq!(result.stop_reason, StopReason::Completed);
@@ -386,12 +402,18 @@ async fn steering_after_a_capture_cannot_replace_it() {
                 && once.fetch_add(1, Ordering::SeqCst) == 0
                 && let Some(child) = AgentRuntime::get(&runtime, &exec.agent)
             {
-                child.steer(Message::user_text("one more thing")).expect("steered");
+                child
+                    .steer(Message::user_text("one more thing"))
+                    .expect("steered");
             }
             decision
         }),
     );
-    let run = host.service.start("spawn", request(&host, schema())).await.unwrap();
+    let run = host
+        .service
+        .start("spawn", request(&host, schema()))
+        .await
+        .unwrap();
     let result = run.result().await.unwrap();
     assert_eq!(result.stop_reason, StopReason::Completed);
     assert_eq!(result.structured, Some(json!({"answer": 1})));
@@ -428,7 +450,10 @@ fn partial_capture(arguments: &str) -> Vec<StreamChunk> {
 async fn stream_ending_mid_capture_never_dispatches_it() {
     for cut in [r#"{"answer": 4"#, r#"{"answer": 4}"#] {
         let (result, results, requests) = run_structured(
-            vec![ScriptEntry::Chunks(partial_capture(cut)), chunks::text("MUST NOT BE CONSUMED").into()],
+            vec![
+                ScriptEntry::Chunks(partial_capture(cut)),
+                chunks::text("MUST NOT BE CONSUMED").into(),
+            ],
             schema(),
         )
         .await;
@@ -474,7 +499,6 @@ async fn cancel_mid_capture_stream_is_aborted() {
     host.finish().await;
 }
 
-
 /// How the misbehaving-capture sweep interrupts the run.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Interrupt {
@@ -501,7 +525,8 @@ async fn misbehaving_capture_once(interrupt: Interrupt, point: usize) -> Option<
     let mut r = request_from(&host.parent, signal.clone());
     r.output_schema = Some(schema());
     let mut start = Some(tokio::spawn(
-        host.driver.start(resolve(r, "spawn"), InProcessRunOptions::fresh()),
+        host.driver
+            .start(resolve(r, "spawn"), InProcessRunOptions::fresh()),
     ));
     let mut run = None;
     for _ in 0..point {
@@ -538,7 +563,11 @@ async fn misbehaving_capture_once(interrupt: Interrupt, point: usize) -> Option<
     }
     // A value is reported exactly when the valid capture committed, and it is never the
     // invalid one's or the second capture's.
-    assert_eq!(result.structured.is_some(), committed, "{interrupt:?} at point {point}");
+    assert_eq!(
+        result.structured.is_some(),
+        committed,
+        "{interrupt:?} at point {point}"
+    );
     assert!(
         results.iter().all(|(id, is_error, _)| id == "c2" || *is_error),
         "{interrupt:?} at point {point}: {results:?}"
@@ -564,7 +593,11 @@ async fn misbehaving_capture_cancelled_at_every_point() {
         for point in 0..500 {
             let outcome = misbehaving_capture_once(interrupt, point).await;
             if outcomes.last() == Some(&Some(StopReason::Completed)) {
-                assert_eq!(outcome, Some(StopReason::Completed), "{interrupt:?} regressed at {point}");
+                assert_eq!(
+                    outcome,
+                    Some(StopReason::Completed),
+                    "{interrupt:?} regressed at {point}"
+                );
             }
             let done = outcome == Some(StopReason::Completed) && outcomes.last() == Some(&outcome);
             outcomes.push(outcome);
@@ -572,7 +605,14 @@ async fn misbehaving_capture_cancelled_at_every_point() {
                 break;
             }
         }
-        assert_eq!(outcomes.last(), Some(&Some(StopReason::Completed)), "{interrupt:?}: {outcomes:?}");
-        assert!(outcomes.contains(&Some(StopReason::Aborted)), "{interrupt:?}: {outcomes:?}");
+        assert_eq!(
+            outcomes.last(),
+            Some(&Some(StopReason::Completed)),
+            "{interrupt:?}: {outcomes:?}"
+        );
+        assert!(
+            outcomes.contains(&Some(StopReason::Aborted)),
+            "{interrupt:?}: {outcomes:?}"
+        );
     }
 }

@@ -633,11 +633,15 @@ mod tests {
         ] {
             assert_output_schema(&schema).unwrap();
             validate_structured(&schema, &json!({"a": "x"})).unwrap();
-            let Err(StructuredValueError::Invalid { violations }) = validate_structured(&schema, &json!({"a": 1}))
+            let Err(StructuredValueError::Invalid { violations }) =
+                validate_structured(&schema, &json!({"a": 1}))
             else {
                 panic!("{schema}: a mismatching value is an Invalid error, not a Schema error");
             };
-            assert!(violations.iter().any(|v| v.starts_with("value/a")), "{violations:?}");
+            assert!(
+                violations.iter().any(|v| v.starts_with("value/a")),
+                "{violations:?}"
+            );
         }
         // A property named like an annotation keyword keeps its schema.
         let schema = json!({"type": "object", "properties": {"examples": {"type": "integer"}}, "required": ["examples"]});
