@@ -40,7 +40,9 @@ impl Inner {
                 None => error,
             }
         };
-        let header = match persistence.inspect(child_id).await {
+        // The store's reads are raced with the signal: an abort during a slow inspection or
+        // load rejects at once (the read is dropped; reads have no effects to undo).
+        let header = match until_cancelled(signal, persistence.inspect(child_id)).await? {
             Ok(Some(header)) => header,
             Ok(None) => return Err(unavailable(None)),
             Err(e) => return Err(unavailable(Some(e))),
@@ -48,9 +50,8 @@ impl Inner {
         check_signal(signal)?;
         self.admit(parent)?;
         self.authorize(parent, child_id, header.parent_session.as_ref())?;
-        let loaded = persistence
-            .load(child_id)
-            .await
+        let loaded = until_cancelled(signal, persistence.load(child_id))
+            .await?
             .map_err(|e| unavailable(Some(e)))?;
         check_signal(signal)?;
         let own = loaded
@@ -114,4 +115,18 @@ fn resume_setup(composition: ChildComposition) -> Setup {
         }
         .boxed()
     })
+}
+
+/// `read`'s output, unless `signal` is cancelled first (then the `CANCELLED` rejection, and
+/// `read` is dropped).
+async fn until_cancelled<F: std::future::Future>(
+    signal: &Signal,
+    read: F,
+) -> Result<F::Output, SubagentError> {
+    check_signal(signal)?;
+    tokio::select! {
+        biased;
+        () = signal.cancelled() => Err(check_signal(signal).expect_err("cancelled")),
+        output = read => Ok(output),
+    }
 }

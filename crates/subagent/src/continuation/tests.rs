@@ -3242,6 +3242,85 @@ async fn cont_29_a_failing_final_flush_is_logged_and_settles() {
     host.finish().await;
 }
 
+/// Persistence over a [`MemoryStore`] whose `inspect` of one session, once armed, announces
+/// itself and then never finishes (a store stuck on a slow disk).
+struct StuckInspect {
+    store: Arc<MemoryStore>,
+    stuck: Arc<Mutex<Option<SessionId>>>,
+    entered: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait]
+impl SessionPersistence for StuckInspect {
+    fn create(&self, header: &agent::SessionHeader) -> Result<(), agent::AgentError> {
+        SessionPersistence::create(self.store.as_ref(), header)
+    }
+    fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), agent::AgentError> {
+        SessionPersistence::append(self.store.as_ref(), id, event)
+    }
+    async fn flush(&self, id: &SessionId) -> Result<(), agent::AgentError> {
+        SessionPersistence::flush(self.store.as_ref(), id).await
+    }
+    async fn list(&self) -> Result<Vec<agent::SessionHeader>, agent::AgentError> {
+        SessionPersistence::list(self.store.as_ref()).await
+    }
+    async fn inspect(&self, id: &SessionId) -> Result<Option<agent::SessionHeader>, agent::AgentError> {
+        if self.stuck.lock().as_ref() == Some(id) {
+            self.entered.notify_one();
+            std::future::pending::<()>().await;
+        }
+        SessionPersistence::inspect(self.store.as_ref(), id).await
+    }
+    async fn load(&self, id: &SessionId) -> Result<agent::store::LoadedSession, agent::AgentError> {
+        SessionPersistence::load(self.store.as_ref(), id).await
+    }
+}
+
+/// spec: CONT-23 — the cold inspection of a follow-up runs under the follow-up's signal: an
+/// abort while the store is still reading rejects the follow-up at once with `CANCELLED` naming
+/// the abort's cause (it does not wait for the store), and the message is never logged.
+#[tokio::test(start_paused = true)]
+async fn cont_23_abort_during_cold_inspection_rejects_at_once() {
+    let store = Arc::new(MemoryStore::new());
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let stuck = Arc::new(Mutex::new(None));
+    let persistence: Arc<dyn SessionPersistence> = Arc::new(StuckInspect {
+        store: store.clone(),
+        stuck: stuck.clone(),
+        entered: entered.clone(),
+    });
+    let host = Host::build_on(by_session(4), store, Some(persistence), true, routed(), false).await;
+    let child_id = start_reserved(&host, "cold").await;
+    host.settle().await;
+    host.parent.when_idle().await;
+    *stuck.lock() = Some(child_id.clone());
+    let signal = Signal::new();
+    let followup = host.manager.followup_with(
+        &host.parent,
+        &child_id,
+        vec![ContentBlock::text("too late")],
+        MessageSource::User,
+        &signal,
+    );
+    let abort = async {
+        entered.notified().await;
+        signal.cancel(agent::CancelCause::User);
+    };
+    let (outcome, ()) = tokio::time::timeout(std::time::Duration::from_secs(3600), async {
+        tokio::join!(followup, abort)
+    })
+    .await
+    .expect("the follow-up does not wait for the stuck store");
+    let err = outcome.unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Cancelled, "{err}");
+    assert!(err.to_string().contains("User"), "{err}");
+    assert!(!host.manager.is_resident(&child_id));
+    assert!(host.get(&child_id).is_none());
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["task"]);
+    host.finish().await;
+}
+
 /// Sweeps: one continuable child's life interrupted at **every** scheduling point (counted in
 /// `yield_now` calls of the test task on a current-thread runtime with a paused clock, with a
 /// model that yields before every chunk), once per point.
