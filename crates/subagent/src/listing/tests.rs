@@ -840,3 +840,5 @@ async fn descendants_without_the_projection_registry_are_refused() {
         SubagentErrorCode::SubagentControlProjectionsUnavailable
     );
 }
+
+mod robust;

@@ -1,0 +1,524 @@
+//! Robustness tests for listing (spec §2.18) over the reference runtime's live store and
+//! persistence: persisted children damaged byte by byte in a JSON-lines store, cancellation at
+//! every scheduling point, listing under concurrent churn on a multi-threaded runtime, and
+//! descendant walks over hostile trees.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use agent::TurnEndReason;
+use agent_loop::JsonlStore;
+use agent_loop::runtime::{Runtime, assert_quiescent};
+
+use super::*;
+use crate::projection::SubagentIdentity;
+
+const P: &str = "p";
+
+fn meta(parent: Option<&str>, created_at: u64, origin: bool) -> SessionMeta {
+    SessionMeta {
+        parent_session: parent.map(SessionId::from),
+        created_at: Some(created_at),
+        origin: origin.then_some(Origin::Subagent),
+        ..SessionMeta::default()
+    }
+}
+
+fn descriptor(d: Value) -> EventData {
+    EventData::other(crate::SUBAGENT_DESCRIPTOR_EVENT, d)
+}
+
+/// Creates session `id` the way the reference runtime does (prepared, entered into the live
+/// store, which persists it) and appends `events`. Dropping the guard disposes of it; it stays
+/// persisted.
+fn enter(runtime: &Runtime, id: &str, meta: SessionMeta, events: Vec<EventData>) -> Registration {
+    let store = runtime.sessions();
+    let session = store.prepare(SessionId::from(id), None, meta).unwrap();
+    let guard = store.enter(session.clone()).unwrap();
+    for (i, data) in events.into_iter().enumerate() {
+        session.append_at(data, None, 1_000 + i as u64).unwrap();
+    }
+    guard
+}
+
+fn services_of(
+    runtime: &Runtime,
+    registry: &ProjectionRegistry,
+    persistence: Arc<dyn SessionPersistence>,
+) -> ListingServices {
+    ListingServices {
+        projections: Some(registry.clone()),
+        store: Some(Arc::new(runtime.sessions().clone())),
+        persistence: Some(persistence),
+    }
+}
+
+/// Disposes of `guards`, shuts `runtime` down and checks that nothing is left.
+async fn finish(runtime: Runtime, guards: Vec<Registration>) {
+    drop(guards);
+    runtime.shutdown().await;
+    assert_quiescent(&runtime);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Damaged persisted children (JSON lines, byte level)
+// ---------------------------------------------------------------------------------------------
+
+/// The victim's log: a superseded descriptor, one complete turn, then its current descriptor.
+fn victim_events() -> Vec<EventData> {
+    vec![
+        descriptor(continuable("b-old")),
+        EventData::TurnStart { turn: 1 },
+        EventData::other("note", json!({"text": "working"})),
+        EventData::TurnEnd {
+            turn: 1,
+            reason: TurnEndReason::Completed,
+        },
+        descriptor(continuable("b")),
+    ]
+}
+
+/// The bytes of `p.jsonl` (ordinary parent), `a.jsonl` (healthy settled child) and `b.jsonl`
+/// (the victim), as the reference runtime persists them.
+async fn pristine_logs() -> BTreeMap<String, Vec<u8>> {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(JsonlStore::new(dir.path()));
+    let runtime = Runtime::builder().persistence(store.clone()).build();
+    let guards = vec![
+        enter(&runtime, P, meta(None, 1, false), vec![]),
+        enter(
+            &runtime,
+            "a",
+            meta(Some(P), 2, true),
+            vec![descriptor(continuable("a"))],
+        ),
+        enter(&runtime, "b", meta(Some(P), 3, true), victim_events()),
+    ];
+    finish(runtime, guards).await;
+    let mut logs = BTreeMap::new();
+    for id in [P, "a", "b"] {
+        store.flush(&SessionId::from(id)).await.unwrap();
+        logs.insert(
+            id.to_owned(),
+            std::fs::read(dir.path().join(format!("{id}.jsonl"))).unwrap(),
+        );
+    }
+    logs
+}
+
+/// `listed` plus one header whose log does not exist (a store listing a missing file).
+struct Phantom {
+    inner: Arc<JsonlStore>,
+    extra: Option<SessionHeader>,
+}
+
+#[async_trait]
+impl SessionPersistence for Phantom {
+    fn create(&self, header: &SessionHeader) -> Result<(), AgentError> {
+        SessionPersistence::create(&*self.inner, header)
+    }
+    fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), AgentError> {
+        SessionPersistence::append(&*self.inner, id, event)
+    }
+    async fn flush(&self, id: &SessionId) -> Result<(), AgentError> {
+        SessionPersistence::flush(&*self.inner, id).await
+    }
+    async fn list(&self) -> Result<Vec<SessionHeader>, AgentError> {
+        let mut headers = SessionPersistence::list(&*self.inner).await?;
+        headers.extend(self.extra.clone());
+        Ok(headers)
+    }
+    async fn inspect(&self, id: &SessionId) -> Result<Option<SessionHeader>, AgentError> {
+        SessionPersistence::inspect(&*self.inner, id).await
+    }
+    async fn load(&self, id: &SessionId) -> Result<LoadedSession, AgentError> {
+        SessionPersistence::load(&*self.inner, id).await
+    }
+}
+
+/// Every regular file in `dir` with its bytes (directories as `None`).
+fn contents(dir: &Path) -> BTreeMap<String, Option<Vec<u8>>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let path = e.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let bytes = path.is_file().then(|| std::fs::read(&path).unwrap());
+            (name, bytes)
+        })
+        .collect()
+}
+
+/// The rows §2.18 prescribes for `parent`'s children, derived from what a separate store instance
+/// can read of `dir` (plus `extra`) and the live child `live`: each readable origin-subagent
+/// header naming `parent` is a candidate; a log the store cannot load is `unavailable`; a loaded
+/// log without an identity is `corrupt`.
+async fn oracle(
+    dir: &Path,
+    extra: Option<&SessionHeader>,
+    live: &SessionHeader,
+    parent: &str,
+) -> Vec<SubagentListEntry> {
+    let store = JsonlStore::new(dir);
+    let mut headers: Vec<SessionHeader> = store
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.header)
+        .filter(|h| h.id != live.id)
+        .collect();
+    headers.extend(extra.cloned());
+    headers.push(live.clone());
+    let has_children = |id: &SessionId| {
+        headers
+            .iter()
+            .any(|h| is_subagent(h) && h.parent_session.as_ref() == Some(id))
+    };
+    let mut candidates: Vec<&SessionHeader> = headers
+        .iter()
+        .filter(|h| is_subagent(h) && h.parent_session.as_ref().map(SessionId::as_str) == Some(parent))
+        .collect();
+    candidates.sort_by(|a, b| (a.created_at, a.id.as_str()).cmp(&(b.created_at, b.id.as_str())));
+    let mut rows = Vec::new();
+    for h in candidates {
+        let id = h.id.clone();
+        let identity = if h == live {
+            Some((Running, Some("c".to_owned()), "continuable"))
+        } else {
+            match store.load(&id).await {
+                Err(_) => {
+                    rows.push(diagnostic(id.as_str(), Unavailable));
+                    continue;
+                }
+                Ok(loaded) => SubagentIdentity::fold(&loaded.events).map(|i| (Inactive, i.label, i.mode)),
+            }
+        };
+        rows.push(match identity {
+            None => diagnostic(id.as_str(), Corrupt),
+            Some((activity, label, mode)) => SubagentListEntry::Child {
+                has_children: has_children(&id),
+                id,
+                activity,
+                mode,
+                label,
+            },
+        });
+    }
+    rows
+}
+
+/// What one damaged variant produced for the victim (for coverage).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Outcome {
+    Absent,
+    Label(String),
+    Corrupt,
+    Unavailable,
+}
+
+/// Lists `p`'s children and descendants over `files` written to a fresh directory (a directory
+/// entry where the bytes are `None`), with a live child `c` beside them; checks the children
+/// against [`oracle`], the descendants for termination and uniqueness, and that nothing stored
+/// changed. Returns the victim `b`'s outcome.
+async fn run_variant(
+    name: &str,
+    files: &BTreeMap<String, Option<Vec<u8>>>,
+    extra: Option<SessionHeader>,
+) -> Outcome {
+    let dir = tempfile::tempdir().unwrap();
+    for (id, bytes) in files {
+        let path = dir.path().join(format!("{id}.jsonl"));
+        match bytes {
+            Some(bytes) => std::fs::write(path, bytes).unwrap(),
+            None => std::fs::create_dir(path).unwrap(),
+        }
+    }
+    let store = Arc::new(JsonlStore::new(dir.path()));
+    let persistence = Arc::new(Phantom {
+        inner: store.clone(),
+        extra: extra.clone(),
+    });
+    let runtime = Runtime::builder().persistence(persistence.clone()).build();
+    let registry = ProjectionRegistry::new();
+    let _units = register_projections(&registry).unwrap();
+    let live = enter(
+        &runtime,
+        "c",
+        meta(Some(P), 4, true),
+        vec![descriptor(continuable("c"))],
+    );
+    store.flush(&SessionId::from("c")).await.unwrap();
+    let live_header = runtime
+        .sessions()
+        .get(&SessionId::from("c"))
+        .unwrap()
+        .header()
+        .clone();
+    let expected = oracle(dir.path(), extra.as_ref(), &live_header, P).await;
+    let before = contents(dir.path());
+
+    let services = services_of(&runtime, &registry, persistence);
+    let rows = list_children(&services, &SessionId::from(P), &Signal::new())
+        .await
+        .unwrap_or_else(|e| panic!("{name}: listing failed: {e}"));
+    assert_eq!(rows, expected, "{name}");
+    let descendants = list_descendants(&services, &SessionId::from(P), &Signal::new())
+        .await
+        .unwrap_or_else(|e| panic!("{name}: descendants failed: {e}"));
+    let mut seen = HashSet::new();
+    for d in &descendants {
+        assert!(
+            seen.insert(d.entry.id().clone()),
+            "{name}: {:?} twice",
+            d.entry.id()
+        );
+    }
+    let direct: Vec<_> = descendants
+        .iter()
+        .filter(|d| d.depth == 1)
+        .map(|d| d.entry.clone())
+        .collect();
+    assert_eq!(direct, expected, "{name}: depth-1 descendants are the children");
+    assert_eq!(contents(dir.path()), before, "{name}: listing changed the store");
+
+    finish(runtime, vec![live]).await;
+    let outcome = rows.iter().find(|r| r.id().as_str() == "b");
+    match outcome {
+        None => Outcome::Absent,
+        Some(SubagentListEntry::Child { label, .. }) => Outcome::Label(label.clone().unwrap()),
+        Some(SubagentListEntry::Diagnostic { reason: Corrupt, .. }) => Outcome::Corrupt,
+        Some(SubagentListEntry::Diagnostic { reason, .. }) => {
+            assert_eq!(*reason, Unavailable, "{name}");
+            Outcome::Unavailable
+        }
+    }
+}
+
+/// The `\n`-terminated lines of `bytes` (the last one may lack its `\n`).
+fn split_lines(bytes: &[u8]) -> Vec<Vec<u8>> {
+    bytes
+        .split_inclusive(|b| *b == b'\n')
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+fn with(
+    logs: &BTreeMap<String, Vec<u8>>,
+    id: &str,
+    bytes: Option<Vec<u8>>,
+) -> BTreeMap<String, Option<Vec<u8>>> {
+    let mut files: BTreeMap<String, Option<Vec<u8>>> =
+        logs.iter().map(|(k, v)| (k.clone(), Some(v.clone()))).collect();
+    match bytes {
+        Some(b) => files.insert(id.to_owned(), Some(b)),
+        None => files.remove(id),
+    };
+    files
+}
+
+/// `log` with its header line's JSON edited by `edit`.
+fn edit_header(log: &[u8], edit: impl FnOnce(&mut Value)) -> Vec<u8> {
+    let mut lines = split_lines(log);
+    let mut header: Value = serde_json::from_slice(&lines[0]).unwrap();
+    edit(&mut header);
+    let mut line = serde_json::to_vec(&header).unwrap();
+    line.push(b'\n');
+    lines[0] = line;
+    lines.concat()
+}
+
+/// spec: LIST-6, LIST-13, LIST-18, LIST-26 — a persisted child whose JSON-lines log is damaged in
+/// every way (torn at and around every line boundary and inside every line; each line deleted,
+/// duplicated, swapped with the next, garbled, preceded by a blank line; trailing garbage; an
+/// empty file, a directory, a header naming another id or no id, a header whose parent link
+/// points at itself, at a live sibling or into a cycle with a sibling, without `origin`, with
+/// another `createdAt`; a listed log whose file is missing) lists exactly as the store can read
+/// it: absent when its header is unreadable, its surviving identity when the log loads, `corrupt`
+/// when a loaded log has no identity, `unavailable` when the log cannot be loaded. It never
+/// panics, never drops, duplicates or alters a healthy sibling (a settled one and a live one),
+/// never lists a child twice among the descendants, and never changes a byte in the store.
+#[tokio::test(start_paused = true)]
+async fn a_damaged_persisted_child_never_harms_its_siblings_or_the_store() {
+    let logs = pristine_logs().await;
+    let victim = &logs["b"];
+    let lines = split_lines(victim);
+    assert_eq!(lines.len(), 6, "a header and five events");
+    let mut variants: Vec<(String, BTreeMap<String, Option<Vec<u8>>>, Option<SessionHeader>)> = Vec::new();
+    let mut push = |name: String, files| variants.push((name, files, None));
+    push("intact".into(), with(&logs, "b", Some(victim.clone())));
+    // Tears at, around and inside every line.
+    let mut cuts = std::collections::BTreeSet::new();
+    let mut end = 0;
+    for line in &lines {
+        let start = end;
+        end += line.len();
+        for cut in [start + 1, start + line.len() / 2, end - 2, end - 1, end] {
+            cuts.insert(cut.min(victim.len()));
+        }
+    }
+    cuts.insert(0);
+    for cut in cuts {
+        push(
+            format!("torn at byte {cut}"),
+            with(&logs, "b", Some(victim[..cut].to_vec())),
+        );
+    }
+    for i in 0..lines.len() {
+        let mut edited = lines.clone();
+        edited.remove(i);
+        push(
+            format!("line {i} deleted"),
+            with(&logs, "b", Some(edited.concat())),
+        );
+        let mut edited = lines.clone();
+        edited.insert(i, lines[i].clone());
+        push(
+            format!("line {i} duplicated"),
+            with(&logs, "b", Some(edited.concat())),
+        );
+        if i + 1 < lines.len() {
+            let mut edited = lines.clone();
+            edited.swap(i, i + 1);
+            push(
+                format!("lines {i} and {} swapped", i + 1),
+                with(&logs, "b", Some(edited.concat())),
+            );
+        }
+        for (what, byte) in [("garbled", b'#'), ("non-UTF-8", 0xff)] {
+            let mut edited = lines.clone();
+            let mid = edited[i].len() / 2;
+            edited[i][mid] = byte;
+            push(
+                format!("line {i} {what}"),
+                with(&logs, "b", Some(edited.concat())),
+            );
+        }
+        let mut edited = lines.clone();
+        edited.insert(i, b"\n".to_vec());
+        push(
+            format!("blank line before line {i}"),
+            with(&logs, "b", Some(edited.concat())),
+        );
+    }
+    for tail in [&b"{\"seq\":5,"[..], b"{\"seq\":5,\n", b"null\n", b"\xff\xfe"] {
+        let mut bytes = victim.clone();
+        bytes.extend_from_slice(tail);
+        push(
+            format!("trailing {:?}", String::from_utf8_lossy(tail)),
+            with(&logs, "b", Some(bytes)),
+        );
+    }
+    push("empty file".into(), with(&logs, "b", Some(Vec::new())));
+    push("only a newline".into(), with(&logs, "b", Some(b"\n".to_vec())));
+    let mut dir = with(&logs, "b", None);
+    dir.insert("b".into(), None);
+    push("a directory".into(), dir);
+    let header_edits: [(&str, fn(&mut Value)); 8] = [
+        ("header names the sibling a", |h| h["id"] = json!("a")),
+        ("header names an unknown id", |h| h["id"] = json!("zz")),
+        ("header without an id", |h| {
+            h.as_object_mut().unwrap().remove("id");
+        }),
+        ("header is its own parent", |h| h["parentSession"] = json!("b")),
+        ("header's parent is the live sibling", |h| {
+            h["parentSession"] = json!("c")
+        }),
+        ("header without origin", |h| {
+            h.as_object_mut().unwrap().remove("origin");
+        }),
+        ("header created first", |h| h["createdAt"] = json!(0)),
+        ("header is not an object", |h| *h = json!([1, 2])),
+    ];
+    for (name, edit) in header_edits {
+        push(name.into(), with(&logs, "b", Some(edit_header(victim, edit))));
+    }
+    let mut cycle = with(
+        &logs,
+        "b",
+        Some(edit_header(victim, |h| h["parentSession"] = json!("a"))),
+    );
+    cycle.insert(
+        "a".into(),
+        Some(edit_header(&logs["a"], |h| h["parentSession"] = json!("b"))),
+    );
+    push("a and b form a parent cycle".into(), cycle);
+    variants.push((
+        "a listed log whose file is missing".into(),
+        with(&logs, "b", Some(victim.clone())),
+        Some(header("ghost", Some(P), 5, true)),
+    ));
+
+    let mut outcomes = std::collections::BTreeSet::new();
+    for (name, files, extra) in &variants {
+        outcomes.insert(run_variant(name, files, extra.clone()).await);
+    }
+    // The sweep reached every kind of outcome.
+    assert_eq!(
+        outcomes.into_iter().collect::<Vec<_>>(),
+        [
+            Outcome::Absent,
+            Outcome::Label("b".into()),
+            Outcome::Label("b-old".into()),
+            Outcome::Corrupt,
+            Outcome::Unavailable,
+        ]
+    );
+}
+
+/// spec: LIST-46 — damaged headers that form parent cycles (a self-parented child; two children
+/// naming each other; a root that names its own descendant) never loop: every listing
+/// terminates, lists each session at most once and never lists the root under itself.
+#[tokio::test(start_paused = true)]
+async fn damaged_parent_cycles_terminate() {
+    let logs = pristine_logs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let write = |id: &str, parent: &str| {
+        let bytes = edit_header(&logs["a"], |h| {
+            h["id"] = json!(id);
+            h["parentSession"] = json!(parent);
+        });
+        std::fs::write(dir.path().join(format!("{id}.jsonl")), bytes).unwrap();
+    };
+    write("self", "self");
+    write("m", "n");
+    write("n", "m");
+    write("r", "y");
+    write("x", "r");
+    write("y", "x");
+    let store = Arc::new(JsonlStore::new(dir.path()));
+    let runtime = Runtime::builder().persistence(store.clone()).build();
+    let registry = ProjectionRegistry::new();
+    let _units = register_projections(&registry).unwrap();
+    let services = services_of(&runtime, &registry, store);
+    let before = contents(dir.path());
+    let walk = |root: &'static str| {
+        let services = services.clone();
+        async move {
+            list_descendants(&services, &SessionId::from(root), &Signal::new())
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|d| {
+                    (
+                        d.entry.id().as_str().to_owned(),
+                        d.parent_id.as_str().to_owned(),
+                        d.depth,
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let row = |id: &str, parent: &str, depth| (id.to_owned(), parent.to_owned(), depth);
+    assert_eq!(walk("self").await, []);
+    assert_eq!(walk("m").await, [row("n", "m", 1)]);
+    assert_eq!(walk("n").await, [row("m", "n", 1)]);
+    assert_eq!(walk("r").await, [row("x", "r", 1), row("y", "x", 2)]);
+    assert_eq!(walk("y").await, [row("r", "y", 1), row("x", "r", 2)]);
+    let children = list_children(&services, &SessionId::from("m"), &Signal::new())
+        .await
+        .unwrap();
+    assert_eq!(children, [child("n", Inactive, true, "continuable", Some("a"))]);
+    assert_eq!(contents(dir.path()), before);
+    finish(runtime, vec![]).await;
+}
