@@ -355,9 +355,16 @@ async fn resolve_all(
     signal: &Signal,
 ) -> Result<Vec<Option<SubagentListEntry>>, SubagentError> {
     let persistence = services.persistence.as_ref();
-    // `try_collect` stops at the first refusal (`CANCELLED`), dropping in-flight reads.
-    let rows: Vec<_> = futures::stream::iter(candidates.iter())
+    // The (lazy, not yet polled) reads are collected before they meet the stream: with the
+    // creating closure inside the stream's type, the compiler cannot prove the listing future
+    // `Send` (rust-lang/rust#102211), which made listings unspawnable on a multi-threaded
+    // runtime. `buffered` still starts each read only when one of its slots is free.
+    let reads: Vec<_> = candidates
+        .iter()
         .map(|record| resolve(registry, persistence, corpus, record, signal))
+        .collect();
+    // `try_collect` stops at the first refusal (`CANCELLED`), dropping in-flight reads.
+    let rows: Vec<_> = futures::stream::iter(reads)
         .buffered(COLD_CONCURRENCY)
         .try_collect()
         .await?;

@@ -522,3 +522,37 @@ async fn damaged_parent_cycles_terminate() {
     assert_eq!(contents(dir.path()), before);
     finish(runtime, vec![]).await;
 }
+
+/// Both listings run in a task spawned on a multi-threaded runtime (their futures are `Send`),
+/// as a host serving listings from request handlers does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_run_in_spawned_tasks() {
+    let f = Fixture::new();
+    f.disk.add(header("a", Some(P), 1, true), &[continuable("x")]);
+    f.disk.add(header("g", Some("a"), 2, true), &[one_shot(None)]);
+    f.live.add(header("b", Some(P), 3, true), &[continuable("y")]);
+    let services = f.services();
+    let children = tokio::spawn({
+        let services = services.clone();
+        async move { list_children(&services, &SessionId::from(P), &Signal::new()).await }
+    });
+    let descendants = tokio::spawn({
+        let services = services.clone();
+        async move { list_descendants(&services, &SessionId::from(P), &Signal::new()).await }
+    });
+    assert_eq!(
+        children.await.unwrap().unwrap(),
+        [
+            child("a", Inactive, true, "continuable", Some("x")),
+            child("b", Running, false, "continuable", Some("y")),
+        ]
+    );
+    let ids: Vec<_> = descendants
+        .await
+        .unwrap()
+        .unwrap()
+        .iter()
+        .map(|d| (d.entry.id().as_str().to_owned(), d.depth))
+        .collect();
+    assert_eq!(ids, [("a".into(), 1), ("g".into(), 2), ("b".into(), 1)]);
+}
