@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use agent::TurnEndReason;
-use agent_loop::JsonlStore;
 use agent_loop::runtime::{Runtime, assert_quiescent};
+use agent_loop::{JsonlStore, MemoryStore};
 
 use super::*;
 use crate::projection::SubagentIdentity;
@@ -51,6 +51,10 @@ fn services_of(
         store: Some(Arc::new(runtime.sessions().clone())),
         persistence: Some(persistence),
     }
+}
+
+fn views<T>(rows: &[T], view: fn(&T) -> Value) -> Vec<Value> {
+    rows.iter().map(view).collect()
 }
 
 /// Disposes of `guards`, shuts `runtime` down and checks that nothing is left.
@@ -555,4 +559,245 @@ async fn listings_run_in_spawned_tasks() {
         .map(|d| (d.entry.id().as_str().to_owned(), d.depth))
         .collect();
     assert_eq!(ids, [("a".into(), 1), ("g".into(), 2), ("b".into(), 1)]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cancellation at every scheduling point
+// ---------------------------------------------------------------------------------------------
+
+/// Counts one read in flight until dropped (completed or abandoned).
+struct InFlight<'a>(&'a Slow);
+
+impl<'a> InFlight<'a> {
+    fn new(slow: &'a Slow) -> Self {
+        let now = slow.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        slow.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        Self(slow)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A [`MemoryStore`] whose `list` and `load` take a few scheduling points each (one to three
+/// `yield_now`s, by id), so that on a current-thread runtime another task can act between any
+/// two steps of a listing; it counts reads started and in flight. `list` also reports `extra`
+/// (a header without a log).
+struct Slow {
+    inner: MemoryStore,
+    extra: SessionHeader,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    reads: AtomicUsize,
+}
+
+async fn points(n: usize) {
+    for _ in 0..n {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[async_trait]
+impl SessionPersistence for Slow {
+    fn create(&self, header: &SessionHeader) -> Result<(), AgentError> {
+        SessionPersistence::create(&self.inner, header)
+    }
+    fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), AgentError> {
+        SessionPersistence::append(&self.inner, id, event)
+    }
+    async fn flush(&self, id: &SessionId) -> Result<(), AgentError> {
+        SessionPersistence::flush(&self.inner, id).await
+    }
+    async fn list(&self) -> Result<Vec<SessionHeader>, AgentError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        let _flight = InFlight::new(self);
+        points(2).await;
+        let mut headers = SessionPersistence::list(&self.inner).await?;
+        headers.push(self.extra.clone());
+        Ok(headers)
+    }
+    async fn inspect(&self, id: &SessionId) -> Result<Option<SessionHeader>, AgentError> {
+        SessionPersistence::inspect(&self.inner, id).await
+    }
+    async fn load(&self, id: &SessionId) -> Result<LoadedSession, AgentError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        let _flight = InFlight::new(self);
+        points(1 + id.as_str().bytes().map(usize::from).sum::<usize>() % 3).await;
+        SessionPersistence::load(&self.inner, id).await
+    }
+}
+
+/// A parent `p` with twelve settled continuable children (`k00`..`k11`), two running ones, one in
+/// its creation window, one settled without a descriptor (`corrupt`), one listed without a log
+/// (`unavailable`), a settled grandchild under `k03` and an ordinary fork with a continuable
+/// child; every child persisted by the reference runtime. Returns the runtime, the guards of the
+/// live sessions, the projection registry (with its units' guard) and the persistence.
+async fn crowd() -> (
+    Runtime,
+    Vec<Registration>,
+    ProjectionRegistry,
+    Registration,
+    Arc<Slow>,
+) {
+    let slow = Arc::new(Slow {
+        inner: MemoryStore::new(),
+        extra: header("ghost", Some(P), 30, true),
+        in_flight: AtomicUsize::new(0),
+        max_in_flight: AtomicUsize::new(0),
+        reads: AtomicUsize::new(0),
+    });
+    let runtime = Runtime::builder().persistence(slow.clone()).build();
+    let registry = ProjectionRegistry::new();
+    let units = register_projections(&registry).unwrap();
+    let mut settled = vec![enter(&runtime, P, meta(None, 1, false), vec![])];
+    for i in 0..12u64 {
+        let id = format!("k{i:02}");
+        settled.push(enter(
+            &runtime,
+            &id,
+            meta(Some(P), 10 + i, true),
+            vec![descriptor(continuable(&id))],
+        ));
+    }
+    settled.push(enter(&runtime, "bare", meta(Some(P), 25, true), vec![]));
+    settled.push(enter(
+        &runtime,
+        "g",
+        meta(Some("k03"), 26, true),
+        vec![descriptor(one_shot(None))],
+    ));
+    settled.push(enter(&runtime, "fork", meta(Some(P), 27, false), vec![]));
+    settled.push(enter(
+        &runtime,
+        "fc",
+        meta(Some("fork"), 28, true),
+        vec![descriptor(continuable("fc"))],
+    ));
+    drop(settled);
+    let live = vec![
+        enter(
+            &runtime,
+            "run1",
+            meta(Some(P), 21, true),
+            vec![descriptor(continuable("run1"))],
+        ),
+        enter(&runtime, "window", meta(Some(P), 22, true), vec![]),
+        enter(
+            &runtime,
+            "run2",
+            meta(Some(P), 23, true),
+            vec![descriptor(one_shot(Some("r2")))],
+        ),
+    ];
+    (runtime, live, registry, units, slow)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Children,
+    Descendants,
+}
+
+async fn listing(op: Op, services: &ListingServices, signal: &Signal) -> Result<Vec<Value>, ListingError> {
+    let root = SessionId::from(P);
+    Ok(match op {
+        Op::Children => views(
+            &list_children(services, &root, signal).await?,
+            SubagentListEntry::view,
+        ),
+        Op::Descendants => views(
+            &list_descendants(services, &root, signal).await?,
+            DescendantEntry::view,
+        ),
+    })
+}
+
+/// spec: LIST-36, LIST-37, LIST-38, LIST-39, LIST-40, LIST-29 — the listing's token cancelled at
+/// every scheduling point of `listChildren` and `listDescendants` over a crowd of children (cold
+/// reads four at a time, so several are in flight at once): a listing that had not finished
+/// when its token was cancelled is `CANCELLED`, one that had is exactly the uncancelled listing,
+/// nothing in between; no read starts after the
+/// cancellation and no read outlives the listing; the uncancelled listing reads each cold
+/// candidate once, at most four at a time; and the host ends quiescent.
+#[tokio::test(start_paused = true)]
+async fn cancellation_at_every_point_is_all_or_nothing() {
+    let (runtime, live, registry, _units, slow) = crowd().await;
+    let services = services_of(&runtime, &registry, slow.clone());
+    for op in [Op::Children, Op::Descendants] {
+        slow.reads.store(0, Ordering::SeqCst);
+        slow.max_in_flight.store(0, Ordering::SeqCst);
+        let expected = listing(op, &services, &Signal::new()).await.unwrap();
+        // One list plus one read per cold candidate (14 children, or 16 descendants).
+        let cold = match op {
+            Op::Children => 14,
+            Op::Descendants => 16,
+        };
+        assert_eq!(slow.reads.load(Ordering::SeqCst), 1 + cold, "{op:?}");
+        assert_eq!(
+            slow.max_in_flight.load(Ordering::SeqCst),
+            4,
+            "{op:?}: bounded parallel reads"
+        );
+        let kinds: HashSet<String> = expected
+            .iter()
+            .map(|v| format!("{}/{}", v["kind"], v.get("activity").or(v.get("reason")).unwrap()))
+            .collect();
+        assert_eq!(
+            kinds.len(),
+            4,
+            "{op:?}: running, inactive, corrupt and unavailable rows: {kinds:?}"
+        );
+        let mut cancelled = 0;
+        let mut most_in_flight_at_cancel = 0;
+        for point in 0.. {
+            assert!(point < 1_000, "{op:?}: the listing never completed");
+            slow.reads.store(0, Ordering::SeqCst);
+            let signal = Signal::new();
+            let task = tokio::spawn({
+                let (services, signal) = (services.clone(), signal.clone());
+                async move { listing(op, &services, &signal).await }
+            });
+            points(point).await;
+            most_in_flight_at_cancel = most_in_flight_at_cancel.max(slow.in_flight.load(Ordering::SeqCst));
+            // The listing has no await after its final token check: a listing not finished
+            // by now must see this cancellation.
+            let finished = task.is_finished();
+            signal.cancel(CancelCause::User);
+            let reads_at_cancel = slow.reads.load(Ordering::SeqCst);
+            let result = task.await.unwrap();
+            assert_eq!(
+                slow.in_flight.load(Ordering::SeqCst),
+                0,
+                "{op:?} point {point}: a read outlived the listing"
+            );
+            match result {
+                Ok(rows) => {
+                    assert!(finished, "{op:?} point {point}: success after the cancellation");
+                    assert_eq!(rows, expected, "{op:?} point {point}");
+                    break;
+                }
+                Err(err) => {
+                    assert_eq!(code(err), SubagentErrorCode::Cancelled, "{op:?} point {point}");
+                    assert_eq!(
+                        slow.reads.load(Ordering::SeqCst),
+                        reads_at_cancel,
+                        "{op:?} point {point}: a read started after the cancellation"
+                    );
+                    cancelled += 1;
+                }
+            }
+        }
+        assert!(
+            cancelled >= 10,
+            "{op:?}: only {cancelled} points fell inside the listing"
+        );
+        assert_eq!(
+            most_in_flight_at_cancel, 4,
+            "{op:?}: some cancellation lands while four reads are in flight"
+        );
+    }
+    finish(runtime, live).await;
 }
