@@ -801,3 +801,176 @@ async fn cancellation_at_every_point_is_all_or_nothing() {
     }
     finish(runtime, live).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Listing under concurrent churn
+// ---------------------------------------------------------------------------------------------
+
+/// What the churn has finished doing, updated after each step completes.
+#[derive(Default)]
+struct Churned {
+    described: HashSet<String>,
+    disposed: HashSet<String>,
+    done: bool,
+}
+
+const CHURN: usize = 48;
+
+/// Creates `CHURN` children of `p` from two tasks, `pace` scheduling points apart per step: enter,
+/// append the descriptor, run a turn, then dispose of two in three (the rest stay live until the
+/// end). Returns the guards of the live ones.
+async fn churn(runtime: Runtime, state: Arc<Mutex<Churned>>, lane: usize, pace: usize) -> Vec<Registration> {
+    let mut kept = Vec::new();
+    for i in (lane..CHURN).step_by(2) {
+        let id = format!("c{i:03}");
+        let store = runtime.sessions();
+        let session = store
+            .prepare(
+                SessionId::from(id.as_str()),
+                None,
+                meta(Some(P), 10 + i as u64, true),
+            )
+            .unwrap();
+        let guard = store.enter(session.clone()).unwrap();
+        points(pace).await;
+        session.append(descriptor(continuable(&id)), None).unwrap();
+        state.lock().described.insert(id.clone());
+        points(pace).await;
+        session.append(EventData::TurnStart { turn: 1 }, None).unwrap();
+        session
+            .append(
+                EventData::TurnEnd {
+                    turn: 1,
+                    reason: TurnEndReason::Completed,
+                },
+                None,
+            )
+            .unwrap();
+        if i % 3 == 0 {
+            kept.push(guard);
+        } else {
+            drop(guard);
+            state.lock().disposed.insert(id.clone());
+        }
+        points(pace).await;
+    }
+    kept
+}
+
+/// Checks one listing taken while the churn ran: children in id (= creation) order, each once;
+/// each a continuable child labelled with its id (no diagnostic: every child is described
+/// before it can settle); every child described before the listing began is listed, and every
+/// child disposed of before it began is listed `inactive`.
+fn check_churned(rows: &[SubagentListEntry], described: &HashSet<String>, disposed: &HashSet<String>) {
+    let ids: Vec<&str> = rows.iter().map(|r| r.id().as_str()).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "order or duplicate: {ids:?}");
+    for row in rows {
+        let SubagentListEntry::Child {
+            id,
+            activity,
+            mode,
+            label,
+            has_children,
+        } = row
+        else {
+            panic!("a diagnostic row under churn: {row:?} in {ids:?}");
+        };
+        assert_eq!(
+            (*mode, label.as_deref(), *has_children),
+            ("continuable", Some(id.as_str()), false)
+        );
+        if disposed.contains(id.as_str()) {
+            assert_eq!(*activity, Inactive, "{id:?} was disposed of before the listing");
+        }
+    }
+    for id in described {
+        assert!(
+            ids.contains(&id.as_str()),
+            "{id} was described before the listing but is missing"
+        );
+    }
+}
+
+/// spec: LIST-7, LIST-8, LIST-10 — on a multi-threaded runtime, children are created, described,
+/// settled and disposed of (by the reference runtime's live store over a memory or a JSON-lines
+/// store) while `listChildren` and `listDescendants` run again and again: every listing
+/// completes, lists each child once (live or persisted, never both), in order, with its own
+/// label, never drops a child that existed before it began and never lists a disposed one as
+/// running; the final listing has every child `inactive`, and the host ends quiescent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_during_churn_is_well_formed() {
+    for jsonl in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let persistence: Arc<dyn SessionPersistence> = if jsonl {
+            Arc::new(JsonlStore::new(dir.path()))
+        } else {
+            Arc::new(MemoryStore::new())
+        };
+        let runtime = Runtime::builder().persistence(persistence.clone()).build();
+        let registry = ProjectionRegistry::new();
+        let _units = register_projections(&registry).unwrap();
+        let services = services_of(&runtime, &registry, persistence);
+        let parent = enter(&runtime, P, meta(None, 1, false), vec![]);
+        let state = Arc::new(Mutex::new(Churned::default()));
+        // Scheduling points between two churn steps, so that listings overlap the churn (a
+        // JSON-lines listing is slower: it reads files on the blocking pool).
+        let pace = if jsonl { 200 } else { 20 };
+        let lanes: Vec<_> = (0..2)
+            .map(|lane| tokio::spawn(churn(runtime.clone(), state.clone(), lane, pace)))
+            .collect();
+        let lister = tokio::spawn({
+            let (services, state) = (services.clone(), state.clone());
+            async move {
+                let mut partial = 0;
+                loop {
+                    let (described, disposed, done) = {
+                        let s = state.lock();
+                        (s.described.clone(), s.disposed.clone(), s.done)
+                    };
+                    if !described.is_empty() && described.len() < CHURN {
+                        partial += 1;
+                    }
+                    let root = SessionId::from(P);
+                    let rows = list_children(&services, &root, &Signal::new()).await.unwrap();
+                    check_churned(&rows, &described, &disposed);
+                    let below = list_descendants(&services, &root, &Signal::new()).await.unwrap();
+                    assert!(below.iter().all(|d| d.depth == 1 && d.parent_id == root));
+                    let below: Vec<_> = below.into_iter().map(|d| d.entry).collect();
+                    check_churned(&below, &described, &disposed);
+                    if done {
+                        return partial;
+                    }
+                    // Over a memory store a listing never suspends: let the churn run (tasks
+                    // that yielded on this worker wait for it to return to the scheduler).
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        let work = async {
+            let mut kept = Vec::new();
+            for lane in lanes {
+                kept.extend(lane.await.unwrap());
+            }
+            state.lock().done = true;
+            let partial = lister.await.unwrap();
+            assert!(partial > 0, "no listing overlapped the churn");
+            kept
+        };
+        let mut kept = tokio::time::timeout(std::time::Duration::from_secs(60), work)
+            .await
+            .expect("a listing deadlocked");
+        kept.push(parent);
+        finish(runtime, kept).await;
+        let rows = list_children(&services, &SessionId::from(P), &Signal::new())
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), CHURN, "jsonl: {jsonl}");
+        assert!(rows.iter().all(|r| matches!(
+            r,
+            SubagentListEntry::Child {
+                activity: Inactive,
+                ..
+            }
+        )));
+    }
+}
