@@ -974,3 +974,250 @@ async fn listing_during_churn_is_well_formed() {
         )));
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Descendant walks over hostile trees
+// ---------------------------------------------------------------------------------------------
+
+/// A deterministic pseudo-random sequence (an LCG), so failures replay.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// An ordinary session (traversed, never a row).
+    Ordinary,
+    /// A settled, described child.
+    Settled,
+    /// A settled child without a descriptor (`corrupt`).
+    Bare,
+    /// A live, described child.
+    Running,
+    /// A live child inside its creation window (omitted).
+    Window,
+}
+
+struct Node {
+    id: String,
+    parent: String,
+    created_at: u64,
+    kind: Kind,
+}
+
+/// The §2.18 descendant listing of `root` over `nodes`, computed recursively: stable pre-order
+/// (siblings by `createdAt` then id), each node visited once (the root never), every node
+/// traversed, only subagent nodes with a row emitted.
+fn reference_walk(nodes: &[Node], root: &str) -> Vec<(SubagentListEntry, String, usize)> {
+    fn visit<'a>(
+        nodes: &'a [Node],
+        at: &str,
+        depth: usize,
+        visited: &mut HashSet<&'a str>,
+        out: &mut Vec<(SubagentListEntry, String, usize)>,
+    ) {
+        let mut below: Vec<&Node> = nodes.iter().filter(|n| n.parent == at).collect();
+        below.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        for node in below {
+            if !visited.insert(&node.id) {
+                continue;
+            }
+            let has_children = nodes
+                .iter()
+                .any(|n| n.kind != Kind::Ordinary && n.parent == node.id);
+            let label = Some(node.id.as_str());
+            let row = match node.kind {
+                Kind::Ordinary | Kind::Window => None,
+                Kind::Settled => Some(child(&node.id, Inactive, has_children, "continuable", label)),
+                Kind::Running => Some(child(&node.id, Running, has_children, "continuable", label)),
+                Kind::Bare => Some(diagnostic(&node.id, Corrupt)),
+            };
+            if let Some(row) = row {
+                out.push((row, node.parent.clone(), depth));
+            }
+            visit(nodes, &node.id, depth + 1, visited, out);
+        }
+    }
+    let mut out = Vec::new();
+    visit(nodes, root, 1, &mut HashSet::from([root]), &mut out);
+    out
+}
+
+fn fixture_of(nodes: &[Node]) -> Fixture {
+    let f = Fixture::new();
+    for node in nodes {
+        let h = header(
+            &node.id,
+            Some(&node.parent),
+            node.created_at,
+            node.kind != Kind::Ordinary,
+        );
+        let described = [continuable(&node.id)];
+        match node.kind {
+            Kind::Ordinary | Kind::Bare => f.disk.add(h, &[]),
+            Kind::Settled => f.disk.add(h, &described),
+            Kind::Running => f.live.add(h, &described),
+            Kind::Window => f.live.add(h, &[]),
+        }
+    }
+    f
+}
+
+/// spec: LIST-43, LIST-45, LIST-46, LIST-48, LIST-49 — over pseudo-random forests of live,
+/// settled, corrupt, creation-window and ordinary sessions whose parent links may point at the
+/// root, at earlier or later nodes (cycles and self-loops included) or at a session that no
+/// longer exists, `listDescendants` from the root, from a missing parent and from every node
+/// equals a recursive pre-order reference (siblings by `createdAt` then id, each session at most
+/// once, the root never), and its depth-1 rows equal `listChildren` (less a self-parented
+/// root).
+#[tokio::test(start_paused = true)]
+async fn descendant_walks_match_a_recursive_pre_order() {
+    for seed in 0..12 {
+        let mut rng = Lcg(seed);
+        let n = 40;
+        let nodes: Vec<Node> = (0..n)
+            .map(|i| {
+                let parent = match rng.below(10) {
+                    0..=2 => "r".to_owned(),
+                    3..=6 if i > 0 => format!("n{:02}", rng.below(i)),
+                    7 => "gone".to_owned(),
+                    _ => format!("n{:02}", rng.below(n)),
+                };
+                let kind = [
+                    Kind::Ordinary,
+                    Kind::Settled,
+                    Kind::Settled,
+                    Kind::Bare,
+                    Kind::Running,
+                    Kind::Window,
+                ][rng.below(6) as usize];
+                Node {
+                    id: format!("n{i:02}"),
+                    parent,
+                    created_at: rng.below(5),
+                    kind,
+                }
+            })
+            .collect();
+        let f = fixture_of(&nodes);
+        let roots = ["r", "gone"]
+            .into_iter()
+            .map(str::to_owned)
+            .chain(nodes.iter().map(|n| n.id.clone()));
+        for root in roots {
+            let got: Vec<_> =
+                list_descendants(&f.services(), &SessionId::from(root.as_str()), &Signal::new())
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|d| (d.entry, d.parent_id.as_str().to_owned(), d.depth))
+                    .collect();
+            assert_eq!(got, reference_walk(&nodes, &root), "seed {seed} root {root}");
+            let mut seen = HashSet::new();
+            assert!(got.iter().all(|(row, _, _)| seen.insert(row.id().clone())));
+            assert!(!seen.contains(&SessionId::from(root.as_str())));
+            let direct: Vec<_> = got
+                .into_iter()
+                .filter(|(_, _, depth)| *depth == 1)
+                .map(|(row, _, _)| row)
+                .collect();
+            // A self-parented root is its own child (§2.18's candidate rule has no exception)
+            // but never its own descendant.
+            let mut children = f.children(&root).await;
+            children.retain(|row| row.id().as_str() != root);
+            assert_eq!(children, direct, "seed {seed} root {root}");
+        }
+    }
+}
+
+/// spec: LIST-46, LIST-47 — a 10,000-deep chain of continuable children (every seventh live,
+/// the rest settled in the reference memory store) whose root names the leaf as its parent,
+/// with a thousand settled siblings beside the chain's head: the walk terminates, lists every
+/// child exactly once in pre-order at its depth, reads each settled one once, and never lists
+/// the root.
+#[tokio::test(start_paused = true)]
+async fn a_deep_cyclic_chain_and_a_wide_level_list_once_in_pre_order() {
+    const DEEP: usize = 10_000;
+    const WIDE: usize = 1_000;
+    let store = Arc::new(MemoryStore::new());
+    let live = Arc::new(LiveStore::default());
+    let registry = ProjectionRegistry::new();
+    let _units = register_projections(&registry).unwrap();
+    let persist = |h: SessionHeader, label: &str| {
+        SessionPersistence::create(&*store, &h).unwrap();
+        SessionPersistence::append(&*store, &h.id, &log(&[continuable(label)])[0]).unwrap();
+    };
+    persist(header("r", Some(&format!("d{}", DEEP - 1)), 0, true), "root");
+    for i in 0..DEEP {
+        let id = format!("d{i}");
+        let parent = if i == 0 {
+            "r".to_owned()
+        } else {
+            format!("d{}", i - 1)
+        };
+        let h = header(&id, Some(&parent), 1, true);
+        if i % 7 == 3 {
+            live.add(h, &[continuable(&id)]);
+        } else {
+            persist(h, &id);
+        }
+    }
+    // Siblings of the chain's head, created at the same time (ordered by id) or later.
+    for i in 0..WIDE {
+        let id = format!("w{i:04}");
+        persist(header(&id, Some("r"), (i % 3) as u64, true), &id);
+    }
+    let services = ListingServices {
+        projections: Some(registry.clone()),
+        store: Some(live.clone()),
+        persistence: Some(store.clone()),
+    };
+    let rows = list_descendants(&services, &SessionId::from("r"), &Signal::new())
+        .await
+        .unwrap();
+    let mut expected: Vec<(String, String, usize)> = Vec::new();
+    let wide = |i: usize| (format!("w{i:04}"), "r".to_owned(), 1);
+    // createdAt 0 first, then createdAt 1 by id ("d0" sorts before "w…"), then createdAt 2.
+    expected.extend((0..WIDE).filter(|i| i % 3 == 0).map(wide));
+    for i in 0..DEEP {
+        let parent = if i == 0 {
+            "r".to_owned()
+        } else {
+            format!("d{}", i - 1)
+        };
+        expected.push((format!("d{i}"), parent, i + 1));
+    }
+    expected.extend((0..WIDE).filter(|i| i % 3 == 1).map(wide));
+    expected.extend((0..WIDE).filter(|i| i % 3 == 2).map(wide));
+    let got: Vec<(String, String, usize)> = rows
+        .iter()
+        .map(|d| {
+            (
+                d.entry.id().as_str().to_owned(),
+                d.parent_id.as_str().to_owned(),
+                d.depth,
+            )
+        })
+        .collect();
+    assert_eq!(got.len(), expected.len());
+    assert!(got == expected, "the walk is not the expected pre-order");
+    for d in &rows {
+        let id = d.entry.id().as_str();
+        let SubagentListEntry::Child { label, activity, .. } = &d.entry else {
+            panic!("{id}: {:?}", d.entry);
+        };
+        assert_eq!(label.as_deref(), Some(id));
+        let running = id
+            .strip_prefix('d')
+            .is_some_and(|i| i.parse::<usize>().unwrap() % 7 == 3);
+        assert_eq!(*activity == Running, running, "{id}");
+    }
+}
