@@ -1221,3 +1221,77 @@ async fn a_deep_cyclic_chain_and_a_wide_level_list_once_in_pre_order() {
         assert_eq!(*activity == Running, running, "{id}");
     }
 }
+
+/// A [`MemoryStore`] that runs `hook` when a listing starts, before it reads anything.
+struct Hooked {
+    inner: MemoryStore,
+    hook: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+#[async_trait]
+impl SessionPersistence for Hooked {
+    fn create(&self, header: &SessionHeader) -> Result<(), AgentError> {
+        SessionPersistence::create(&self.inner, header)
+    }
+    fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), AgentError> {
+        SessionPersistence::append(&self.inner, id, event)
+    }
+    async fn flush(&self, id: &SessionId) -> Result<(), AgentError> {
+        SessionPersistence::flush(&self.inner, id).await
+    }
+    async fn list(&self) -> Result<Vec<SessionHeader>, AgentError> {
+        let hook = self.hook.lock().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+        SessionPersistence::list(&self.inner).await
+    }
+    async fn inspect(&self, id: &SessionId) -> Result<Option<SessionHeader>, AgentError> {
+        SessionPersistence::inspect(&self.inner, id).await
+    }
+    async fn load(&self, id: &SessionId) -> Result<LoadedSession, AgentError> {
+        SessionPersistence::load(&self.inner, id).await
+    }
+}
+
+/// spec: LIST-8 — a child the reference runtime creates while the persisted listing runs (its
+/// header already persisted, its descriptor not yet appended) is in its creation window: the
+/// live store, read after the persisted listing, wins its id and the child is omitted — never
+/// inspected cold and reported `corrupt`. Its settled sibling lists as before.
+#[tokio::test(start_paused = true)]
+async fn a_child_created_during_the_persisted_listing_is_in_its_creation_window() {
+    let persistence = Arc::new(Hooked {
+        inner: MemoryStore::new(),
+        hook: Mutex::new(None),
+    });
+    let runtime = Runtime::builder().persistence(persistence.clone()).build();
+    let registry = ProjectionRegistry::new();
+    let _units = register_projections(&registry).unwrap();
+    let settled = enter(
+        &runtime,
+        "old",
+        meta(Some(P), 1, true),
+        vec![descriptor(continuable("old"))],
+    );
+    drop(settled);
+    let created = Arc::new(Mutex::new(None));
+    *persistence.hook.lock() = Some(Box::new({
+        let (runtime, created) = (runtime.clone(), created.clone());
+        move || *created.lock() = Some(enter(&runtime, "new", meta(Some(P), 2, true), vec![]))
+    }));
+    let services = services_of(&runtime, &registry, persistence.clone());
+    let rows = list_children(&services, &SessionId::from(P), &Signal::new())
+        .await
+        .unwrap();
+    assert!(created.lock().is_some(), "the hook ran");
+    assert!(
+        SessionPersistence::inspect(&persistence.inner, &SessionId::from("new"))
+            .await
+            .unwrap()
+            .is_some(),
+        "the new child's header is persisted"
+    );
+    assert_eq!(rows, [child("old", Inactive, false, "continuable", Some("old"))]);
+    let guard = created.lock().take().unwrap();
+    finish(runtime, vec![guard]).await;
+}
