@@ -299,6 +299,9 @@ async fn run_variant(
     }
 }
 
+/// Log files by session id: their bytes, or `None` for a directory in the file's place.
+type Files = BTreeMap<String, Option<Vec<u8>>>;
+
 /// The `\n`-terminated lines of `bytes` (the last one may lack its `\n`).
 fn split_lines(bytes: &[u8]) -> Vec<Vec<u8>> {
     bytes
@@ -348,7 +351,7 @@ async fn a_damaged_persisted_child_never_harms_its_siblings_or_the_store() {
     let victim = &logs["b"];
     let lines = split_lines(victim);
     assert_eq!(lines.len(), 6, "a header and five events");
-    let mut variants: Vec<(String, BTreeMap<String, Option<Vec<u8>>>, Option<SessionHeader>)> = Vec::new();
+    let mut variants: Vec<(String, Files, Option<SessionHeader>)> = Vec::new();
     let mut push = |name: String, files| variants.push((name, files, None));
     push("intact".into(), with(&logs, "b", Some(victim.clone())));
     // Tears at, around and inside every line.
@@ -418,7 +421,8 @@ async fn a_damaged_persisted_child_never_harms_its_siblings_or_the_store() {
     let mut dir = with(&logs, "b", None);
     dir.insert("b".into(), None);
     push("a directory".into(), dir);
-    let header_edits: [(&str, fn(&mut Value)); 8] = [
+    type Edit = (&'static str, fn(&mut Value));
+    let header_edits: [Edit; 8] = [
         ("header names the sibling a", |h| h["id"] = json!("a")),
         ("header names an unknown id", |h| h["id"] = json!("zz")),
         ("header without an id", |h| {
