@@ -106,17 +106,14 @@ pub fn effective_policy(child: &Session) -> (Option<SandboxMode>, Option<Approva
     (sandbox_override(events.iter()), approval_override(events.iter()))
 }
 
+/// Helpers for this crate's policy tests.
 #[cfg(test)]
-mod tests {
+pub(crate) mod test_support {
     use super::*;
-    use agent::{SessionEvent, SessionMeta};
+    use agent::SessionEvent;
 
-    fn session(id: &str, seed: Option<Vec<SessionEvent>>) -> Session {
-        let header = SessionMeta::default().into_header(id.into(), 1).unwrap();
-        Session::new(header, seed).unwrap()
-    }
-
-    fn switch_sandbox(s: &Session, mode: SandboxMode) {
+    /// Logs a session's own (non-delegated) sandbox switch.
+    pub(crate) fn switch_sandbox(s: &Session, mode: SandboxMode) {
         s.append(
             EventData::SandboxMode {
                 mode: mode.as_str().into(),
@@ -127,13 +124,12 @@ mod tests {
         .unwrap();
     }
 
-    fn sandbox_of(s: &Session) -> Option<SandboxMode> {
-        effective_policy(s).0
-    }
-
-    fn policy_events(s: &Session) -> Vec<(String, String, Option<String>)> {
-        s.events()
-            .iter()
+    /// The `sandbox/mode` and `approval/policy` events among `events`: (type, value, source).
+    pub(crate) fn policy_events<'a>(
+        events: impl IntoIterator<Item = &'a SessionEvent>,
+    ) -> Vec<(String, String, Option<String>)> {
+        events
+            .into_iter()
             .filter_map(|e| match &e.data {
                 EventData::SandboxMode { mode, source } => {
                     Some(("sandbox/mode".into(), mode.clone(), source.clone()))
@@ -144,6 +140,26 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::switch_sandbox;
+    use super::*;
+    use agent::{SessionEvent, SessionMeta};
+
+    fn session(id: &str, seed: Option<Vec<SessionEvent>>) -> Session {
+        let header = SessionMeta::default().into_header(id.into(), 1).unwrap();
+        Session::new(header, seed).unwrap()
+    }
+
+    fn sandbox_of(s: &Session) -> Option<SandboxMode> {
+        effective_policy(s).0
+    }
+
+    fn policy_events(s: &Session) -> Vec<(String, String, Option<String>)> {
+        test_support::policy_events(s.events().iter().map(|e| &**e))
     }
 
     /// spec: §2.15 — a parent override `danger-full-access` with no approval override gives the

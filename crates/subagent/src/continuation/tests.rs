@@ -2985,32 +2985,12 @@ async fn policy_host(script: Vec<ScriptEntry>) -> Host {
 
 /// The parent's own (non-delegated) sandbox switch.
 fn switch_sandbox(agent: &AgentRef, mode: SandboxMode) {
-    agent
-        .session()
-        .append(
-            EventData::SandboxMode {
-                mode: mode.as_str().into(),
-                source: None,
-            },
-            None,
-        )
-        .expect("the switch is logged");
+    crate::policy::test_support::switch_sandbox(agent.session(), mode);
 }
 
 /// The `sandbox/mode` and `approval/policy` events: (type, value, source).
 fn policy_events(events: &[SessionEvent]) -> Vec<(String, String, Option<String>)> {
-    events
-        .iter()
-        .filter_map(|e| match &e.data {
-            EventData::SandboxMode { mode, source } => {
-                Some(("sandbox/mode".into(), mode.clone(), source.clone()))
-            }
-            EventData::ApprovalPolicy { policy, source } => {
-                Some(("approval/policy".into(), policy.clone(), source.clone()))
-            }
-            _ => None,
-        })
-        .collect()
+    crate::policy::test_support::policy_events(events)
 }
 
 fn delegated(kind: &str, value: &str) -> (String, String, Option<String>) {
