@@ -292,6 +292,9 @@ async fn resolve(
     record: &Record,
     signal: &Signal,
 ) -> Result<Option<SubagentListEntry>, SubagentError> {
+    // One unit of tokio's cooperative budget per row: a listing of many children whose reads
+    // all complete at once (an in-memory store) still lets other tasks on its thread run.
+    tokio::task::consume_budget().await;
     let header = record.header();
     let id = header.id.clone();
     let has_children = corpus.with_subagent_children.contains(&id);

@@ -842,3 +842,30 @@ async fn descendants_without_the_projection_registry_are_refused() {
 }
 
 mod robust;
+
+/// A listing of many children whose reads complete at once still yields to the other tasks of
+/// its thread (tokio's cooperative budget): a task spawned before the listing runs before the
+/// listing finishes.
+#[tokio::test(start_paused = true)]
+async fn a_long_listing_lets_other_tasks_run() {
+    let f = Fixture::new();
+    f.disk.add(header("p", None, 1, false), &[]);
+    for i in 0..1_000u64 {
+        f.disk.add(
+            header(&format!("c{i:04}"), Some("p"), 2 + i, true),
+            &[continuable("work")],
+        );
+    }
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = {
+        let done = done.clone();
+        tokio::spawn(async move { done.load(std::sync::atomic::Ordering::SeqCst) })
+    };
+    let rows = f.children("p").await;
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(rows.len(), 1_000);
+    assert!(
+        !seen.await.unwrap(),
+        "the spawned task ran only after the listing"
+    );
+}
