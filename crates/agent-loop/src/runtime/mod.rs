@@ -11,7 +11,9 @@
 //!    disposal and runtime shutdown — then `commit()`;
 //! 5. publish in order: enter the session, enter the agent, `session/created`,
 //!    [`AgentEvent::Created`], [`AgentEvent::SessionStart`]; liveness is re-checked after each
-//!    edge; finally the agent's driver gate opens.
+//!    edge; then the session is made durable (header and every event so far, when persistence
+//!    is configured — nothing is written before, so a rolled-back creation stores nothing);
+//!    finally the agent's driver gate opens.
 //!
 //! Any failure or cancellation (including dropping the `create` future) before the handle is
 //! returned rolls back: the scope unwinds, announced entries are paired with their disposal
@@ -35,6 +37,8 @@ mod builder;
 mod dispose;
 pub mod fork;
 mod models;
+#[cfg(test)]
+mod robust;
 mod store;
 #[cfg(test)]
 pub(crate) mod testkit;
@@ -545,7 +549,9 @@ impl Runtime {
             self.recheck(&id, signal.as_ref(), owner.as_ref())?;
 
             // Publication: enter the session, then the agent.
-            let session_guard = self.inner.sessions.enter_persisted(session.clone(), persisted)?;
+            // Durable writes wait for the commit below: a rollback stores nothing.
+            let (session_guard, durability) =
+                self.inner.sessions.enter_deferred(session.clone(), persisted)?;
             let entry = {
                 let mut registry = self.inner.registry.lock();
                 if registry.iter().any(|e| e.agent.id() == &id) {
@@ -590,6 +596,7 @@ impl Runtime {
             if entry.disposing.is_set() {
                 return Err(AgentError::Disposed(id));
             }
+            durability.commit()?;
             rollback.set(Stage::Done);
             agent.activate();
             Ok(AgentHandle::new(agent, Arc::new(EntryDisposer(entry))))

@@ -47,14 +47,70 @@ struct State {
 }
 
 /// Appends every committed event to durable persistence (post-commit; a failure is logged).
+///
+/// Installed when the session is entered but *deferred* until the creation commits
+/// ([`Durability::commit`]): a creation rolled back before then writes nothing durable (no
+/// header, no event), so its id stays free in persistence as well.
 struct PersistObserver {
     persistence: Arc<dyn SessionPersistence>,
+    /// The seq of the next event to write; `None` while deferred (the commit writes the
+    /// backlog). Taken by every write, so each event is written once and in order.
+    next: Mutex<Option<u64>>,
+}
+
+impl PersistObserver {
+    /// Writes the header (a new session, `persisted == None`) and every event not yet durable,
+    /// then writes each later commit as it happens. Idempotent.
+    fn commit(&self, session: &Session, persisted: Option<usize>) -> Result<(), AgentError> {
+        let mut next = self.next.lock();
+        if next.is_some() {
+            return Ok(());
+        }
+        let events = session.events();
+        let from = match persisted {
+            Some(n) => n.min(events.len()),
+            None => {
+                self.persistence.create(session.header())?;
+                0
+            }
+        };
+        for event in &events[from..] {
+            self.persistence.append(session.id(), event)?;
+        }
+        *next = Some(events.len() as u64);
+        Ok(())
+    }
 }
 
 impl SessionObserver for PersistObserver {
     fn committed(&self, session: &Session, event: &Arc<SessionEvent>) {
+        let mut next = self.next.lock();
+        // Deferred: the commit writes it. Already written by the commit: skip.
+        let Some(n) = next.as_mut().filter(|n| event.seq >= **n) else {
+            return;
+        };
+        *n = event.seq + 1;
         if let Err(err) = self.persistence.append(session.id(), event) {
             tracing::warn!(session = %session.id(), seq = event.seq, %err, "persisting a session event failed");
+        }
+    }
+}
+
+/// The durable side of a session entered by [`MemorySessionStore::enter_deferred`]: nothing is
+/// written until [`commit`](Self::commit).
+pub(crate) struct Durability {
+    session: Arc<Session>,
+    persisted: Option<usize>,
+    observer: Option<Arc<PersistObserver>>,
+}
+
+impl Durability {
+    /// Makes the session durable: its header (unless resumed), every event so far, and from now
+    /// on every commit. Without persistence, nothing.
+    pub(crate) fn commit(&self) -> Result<(), AgentError> {
+        match &self.observer {
+            Some(observer) => observer.commit(&self.session, self.persisted),
+            None => Ok(()),
         }
     }
 }
@@ -141,6 +197,19 @@ impl MemorySessionStore {
         session: Arc<Session>,
         persisted: Option<usize>,
     ) -> Result<Registration, AgentError> {
+        let (guard, durability) = self.enter_deferred(session, persisted)?;
+        durability.commit()?;
+        Ok(guard)
+    }
+
+    /// [`enter_persisted`](Self::enter_persisted) with the durable writes deferred until
+    /// [`Durability::commit`] (the creation transaction commits only once every publication edge
+    /// passed; a rollback before then leaves nothing in persistence).
+    pub(crate) fn enter_deferred(
+        &self,
+        session: Arc<Session>,
+        persisted: Option<usize>,
+    ) -> Result<(Registration, Durability), AgentError> {
         let key = {
             let mut state = self.inner.state.lock();
             if state.entries.iter().any(|e| e.session.id() == session.id()) {
@@ -157,25 +226,25 @@ impl MemorySessionStore {
         };
         let guard = self.removal_guard(key);
         let mut observers: Vec<Arc<dyn SessionObserver>> = Vec::new();
-        if let Some(persistence) = &self.inner.persistence {
-            let events = session.events();
-            let from = match persisted {
-                Some(n) => n.min(events.len()),
-                None => {
-                    persistence.create(session.header())?;
-                    0
-                }
-            };
-            for event in &events[from..] {
-                persistence.append(session.id(), event)?;
-            }
-            observers.push(Arc::new(PersistObserver {
+        let persist = self.inner.persistence.as_ref().map(|persistence| {
+            Arc::new(PersistObserver {
                 persistence: persistence.clone(),
-            }));
+                next: Mutex::new(None),
+            })
+        });
+        if let Some(p) = &persist {
+            observers.push(p.clone());
         }
         observers.extend(self.inner.observers.read().iter().cloned());
         session.publish(observers);
-        Ok(guard)
+        Ok((
+            guard,
+            Durability {
+                session,
+                persisted,
+                observer: persist,
+            },
+        ))
     }
 
     /// The optional store fork (spec §6 `fork(source, boundary?, childId?)`): the seed a new

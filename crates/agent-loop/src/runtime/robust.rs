@@ -1,0 +1,426 @@
+//! Robustness of the creation transaction under cancellation and concurrency (spec §9.1, §9.3,
+//! §9.4): interruptions at every scheduling point of `create` and `resume`, interruptions from
+//! inside the publication's own listeners, and races on a multi-threaded runtime. Every outcome
+//! is either a published agent or a typed error with nothing left behind: no registry entry, no
+//! live session, nothing written to durable persistence, every announcement paired with its
+//! disposal, and a quiescent runtime.
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use parking_lot::Mutex;
+
+use agent::runtime::Setup;
+use agent::{
+    AgentError, AgentEvent, AgentHandle, AgentRuntime, CancelCause, CreateAgentOptions, Registration,
+    ResumeAgentOptions, SessionId, SessionPersistence, SessionStore, Signal,
+};
+
+use super::*;
+use crate::model::{ScriptedModel, chunks};
+use crate::runtime::testkit::*;
+use crate::{JsonlStore, MemoryStore};
+
+fn options(id: &str) -> CreateAgentOptions {
+    let mut o = CreateAgentOptions::new(id.into());
+    o.agent_options = mock_options();
+    o
+}
+
+fn resume_options(id: &str) -> ResumeAgentOptions {
+    ResumeAgentOptions {
+        session_id: id.into(),
+        agent_options: mock_options(),
+        signal: None,
+        setup: None,
+        owner: None,
+    }
+}
+
+/// A setup that appends to the session and yields between its steps (so every step is a
+/// scheduling point), then commits.
+fn appending_setup() -> Option<Setup> {
+    Some(Box::new(|ctx: Ctx| {
+        async move {
+            let agent = ctx.agent().expect("setup runs with the agent's context").clone();
+            for i in 0..3 {
+                agent.followup(user(&format!("setup {i}")))?;
+                tokio::task::yield_now().await;
+            }
+            let commit: agent::runtime::Commit = Box::new(|| Ok(()));
+            Ok(Some(commit))
+        }
+        .boxed()
+    }))
+}
+
+/// Records store and lifecycle notifications as `kind:id` strings.
+fn record(rt: &Runtime) -> (Arc<Mutex<Vec<String>>>, [Registration; 2]) {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let l = log.clone();
+    let store = rt.sessions().events().on(move |e| {
+        l.lock().push(match e {
+            SessionStoreEvent::Created(s) => format!("session/created:{}", s.id()),
+            SessionStoreEvent::Disposed(id) => format!("session/disposed:{id}"),
+        });
+        Ok(())
+    });
+    let l = log.clone();
+    let agents = rt.services().agent_events.on(move |e| {
+        match e {
+            AgentEvent::Created { agent } => l.lock().push(format!("agent/created:{agent}")),
+            AgentEvent::Disposed { agent } => l.lock().push(format!("agent/disposed:{agent}")),
+            _ => {}
+        }
+        Ok(())
+    });
+    (log, [store, agents])
+}
+
+/// Every `created` is followed by exactly one matching `disposed` (and no `disposed` comes
+/// without its `created`).
+fn assert_paired(log: &[String], context: &str) {
+    for kind in ["session", "agent"] {
+        let mut open: Vec<&str> = Vec::new();
+        for entry in log {
+            if let Some(id) = entry.strip_prefix(&format!("{kind}/created:")) {
+                assert!(
+                    !open.contains(&id),
+                    "{context}: {kind} {id} created twice: {log:?}"
+                );
+                open.push(id);
+            } else if let Some(id) = entry.strip_prefix(&format!("{kind}/disposed:")) {
+                let at = open.iter().position(|o| *o == id);
+                let at = at.unwrap_or_else(|| panic!("{context}: {kind} {id} disposed unannounced: {log:?}"));
+                open.remove(at);
+            }
+        }
+        assert!(
+            open.is_empty(),
+            "{context}: {kind}s never disposed: {open:?} in {log:?}"
+        );
+    }
+}
+
+fn nothing_live(rt: &Runtime, id: &str, context: &str) {
+    let id: SessionId = id.into();
+    assert!(
+        AgentRuntime::get(rt, &id).is_none(),
+        "{context}: agent {id} registered"
+    );
+    assert!(rt.loop_agent(&id).is_none(), "{context}: agent {id} registered");
+    assert!(rt.sessions().get(&id).is_none(), "{context}: session {id} live");
+}
+
+/// Whether `persistence` holds a header for `id`.
+async fn stored(persistence: &dyn SessionPersistence, id: &str) -> bool {
+    persistence.inspect(&id.into()).await.expect("inspect").is_some()
+}
+
+/// How a creation is interrupted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Interrupt {
+    /// The caller's creation signal is cancelled.
+    Signal,
+    /// The `create`/`resume` future is dropped (its task aborted).
+    Drop,
+    /// The creating owner is disposed.
+    Owner,
+    /// The runtime shuts down.
+    Shutdown,
+}
+
+const INTERRUPTS: [Interrupt; 4] = [
+    Interrupt::Signal,
+    Interrupt::Drop,
+    Interrupt::Owner,
+    Interrupt::Shutdown,
+];
+
+/// Whether `err` is the typed error `interrupt` must produce.
+fn expected_error(interrupt: Interrupt, err: &AgentError) -> bool {
+    match interrupt {
+        Interrupt::Signal => matches!(
+            err,
+            AgentError::CreationAborted {
+                cause: CancelCause::User,
+                ..
+            }
+        ),
+        Interrupt::Owner => matches!(err, AgentError::OwnerDisposed(_) | AgentError::Inactive(_)),
+        // Shutdown also disposes the owner; either cause is reported.
+        Interrupt::Shutdown => {
+            err.to_string()
+                .ends_with("creation aborted: agent loop is not active")
+                || matches!(err, AgentError::OwnerDisposed(_))
+        }
+        Interrupt::Drop => false,
+    }
+}
+
+/// One creation (`resume == false`) or resumption of `child`, owned by a fresh `owner`,
+/// interrupted after `point` scheduling points. Returns whether the creation had finished
+/// before the interruption.
+async fn interrupted(point: usize, interrupt: Interrupt, resume: bool) -> bool {
+    let context = format!("{interrupt:?} at point {point} (resume: {resume})");
+    let model = ScriptedModel::new((0..8).map(|_| chunks::text("ok")));
+    let persistence = Arc::new(MemoryStore::new());
+    let rt = builder(&model).persistence(persistence.clone()).build();
+    let mut stored_before = Vec::new();
+    if resume {
+        let first = create(&rt, "child").await;
+        first.agent().followup(user("go")).unwrap();
+        first.agent().when_idle().await;
+        first.dispose().await;
+        stored_before = persistence.load(&"child".into()).await.unwrap().events;
+    }
+    let (log, guards) = record(&rt);
+    let owner = create(&rt, "owner").await;
+    let signal = Signal::new();
+    let rt2 = rt.clone();
+    let (o_signal, o_owner) = (Some(signal.clone()), Some(owner.agent().clone()));
+    let task = tokio::spawn(async move {
+        if resume {
+            let mut o = resume_options("child");
+            (o.signal, o.owner, o.setup) = (o_signal, o_owner, appending_setup());
+            rt2.resume(o).await
+        } else {
+            let mut o = options("child");
+            (o.signal, o.owner, o.setup) = (o_signal, o_owner, appending_setup());
+            rt2.create(o).await
+        }
+    });
+    for _ in 0..point {
+        tokio::task::yield_now().await;
+    }
+    let finished_before = task.is_finished();
+    let mut owner_disposal = None;
+    let mut shutdown = None;
+    match interrupt {
+        Interrupt::Signal => drop(signal.cancel(CancelCause::User)),
+        Interrupt::Drop => task.abort(),
+        // `dispose` starts the teardown synchronously; awaited below.
+        Interrupt::Owner => owner_disposal = Some(owner.dispose()),
+        Interrupt::Shutdown => {
+            let rt3 = rt.clone();
+            shutdown = Some(tokio::spawn(async move { rt3.shutdown().await }));
+        }
+    }
+    let outcome = task.await;
+    if let Some(d) = owner_disposal {
+        d.await;
+    }
+    if let Some(s) = shutdown {
+        s.await.unwrap();
+    }
+    // A dropped creation hands a published entry's teardown to a runtime task.
+    settle().await;
+    let published: Option<AgentHandle> = match outcome {
+        Ok(Ok(handle)) => Some(handle),
+        Ok(Err(err)) => {
+            assert!(!finished_before, "{context}: finished, then failed: {err}");
+            assert!(
+                expected_error(interrupt, &err),
+                "{context}: unexpected error {err:?}"
+            );
+            None
+        }
+        Err(join) => {
+            assert!(
+                join.is_cancelled() && interrupt == Interrupt::Drop,
+                "{context}: {join}"
+            );
+            None
+        }
+    };
+    match &published {
+        Some(handle) => {
+            // A published agent carries every setup append and is durable.
+            let texts = user_texts(&**handle.agent());
+            assert!(
+                texts.ends_with(&["setup 0".into(), "setup 1".into(), "setup 2".into()])
+                    || !handle.agent().is_live(),
+                "{context}: {texts:?}"
+            );
+            assert!(
+                stored(&*persistence, "child").await,
+                "{context}: published but not stored"
+            );
+        }
+        None => {
+            nothing_live(&rt, "child", &context);
+            if resume {
+                // A rolled-back resumption writes nothing.
+                let after = persistence.load(&"child".into()).await.unwrap().events;
+                assert_eq!(after, stored_before, "{context}: the stored log changed");
+            } else {
+                assert!(
+                    !stored(&*persistence, "child").await,
+                    "{context}: a rolled-back creation left a stored header"
+                );
+                // The id is immediately reusable.
+                if rt.is_active() {
+                    let again = create(&rt, "child").await;
+                    again.dispose().await;
+                }
+            }
+        }
+    }
+    owner.dispose().await;
+    if let Some(handle) = published {
+        handle.dispose().await;
+    }
+    rt.shutdown().await;
+    drop(guards);
+    assert_paired(&log.lock(), &context);
+    finish(&rt, []).await;
+    finished_before
+}
+
+/// spec: SPN-49, SPN-50, SPN-51, SPN-55 — `create` interrupted at every scheduling point of its
+/// setup window (its signal cancelled, its future dropped, its owner disposed, the runtime shut
+/// down): either the agent is published with every setup append, or the creation fails with the
+/// interruption's typed error and leaves nothing — no registry entry, no live session, no stored
+/// header, every announcement paired with its disposal — and the id is reusable at once.
+#[tokio::test(start_paused = true)]
+async fn create_interrupted_at_every_point() {
+    for interrupt in INTERRUPTS {
+        let mut finished = false;
+        for point in 0..64 {
+            if interrupted(point, interrupt, false).await {
+                assert!(point > 0, "{interrupt:?}: creation finished without yielding");
+                finished = true;
+                break;
+            }
+        }
+        assert!(finished, "{interrupt:?}: creation never finished");
+    }
+}
+
+/// `resume` (spec §9.3: the same transaction after a load) interrupted at every scheduling
+/// point: either resumed with every setup append, or a typed error with nothing live and the
+/// stored log unchanged.
+#[tokio::test(start_paused = true)]
+async fn resume_interrupted_at_every_point() {
+    for interrupt in INTERRUPTS {
+        let mut finished = false;
+        for point in 0..64 {
+            if interrupted(point, interrupt, true).await {
+                finished = true;
+                break;
+            }
+        }
+        assert!(finished, "{interrupt:?}: resumption never finished");
+    }
+}
+
+/// Where inside the publication a listener interrupts the creation.
+#[derive(Clone, Copy, Debug)]
+enum Edge {
+    SessionCreated,
+    AgentCreated,
+    SessionStart,
+}
+
+/// spec: SPN-49, SPN-55 (§9.1 step 6, "liveness is re-checked after each edge") — a creation
+/// interrupted from a listener of each publication edge (its signal cancelled, its owner
+/// disposed, the runtime shut down) fails with the typed error, pairs every announcement with
+/// its disposal and leaves nothing: no live entry and no header in durable persistence (memory
+/// and JSON lines), so the id is immediately reusable.
+#[tokio::test(start_paused = true)]
+async fn interrupted_from_a_publication_listener_stores_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    for (n, jsonl) in [false, true].into_iter().enumerate() {
+        for edge in [Edge::SessionCreated, Edge::AgentCreated, Edge::SessionStart] {
+            for interrupt in [Interrupt::Signal, Interrupt::Owner, Interrupt::Shutdown] {
+                let context = format!("{interrupt:?} from {edge:?} (jsonl: {jsonl})");
+                let persistence: Arc<dyn SessionPersistence> = if jsonl {
+                    Arc::new(JsonlStore::new(
+                        dir.path().join(format!("{n}-{edge:?}-{interrupt:?}")),
+                    ))
+                } else {
+                    Arc::new(MemoryStore::new())
+                };
+                let model = ScriptedModel::default();
+                let rt = builder(&model).persistence(persistence.clone()).build();
+                let (log, guards) = record(&rt);
+                let owner = Arc::new(create(&rt, "owner").await);
+                let signal = Signal::new();
+                let owner_disposal = Arc::new(Mutex::new(None));
+                let act = {
+                    let (signal, owner, rt, disposal) =
+                        (signal.clone(), owner.clone(), rt.clone(), owner_disposal.clone());
+                    move |id: &SessionId| {
+                        if id.as_str() != "child" {
+                            return;
+                        }
+                        match interrupt {
+                            Interrupt::Signal => drop(signal.cancel(CancelCause::User)),
+                            Interrupt::Owner => *disposal.lock() = Some(owner.dispose()),
+                            // The first poll of `shutdown` cancels the creation token.
+                            Interrupt::Shutdown => {
+                                *disposal.lock() = Some(Box::pin({
+                                    let rt = rt.clone();
+                                    async move { rt.shutdown().await }
+                                })
+                                    as futures::future::BoxFuture<'static, ()>)
+                            }
+                            Interrupt::Drop => unreachable!(),
+                        }
+                        let mut slot = disposal.lock();
+                        if slot.as_mut().is_some_and(|d| d.now_or_never().is_some()) {
+                            *slot = None;
+                        }
+                    }
+                };
+                let act = Arc::new(Mutex::new(Some(act)));
+                let fire = move |id: &SessionId| {
+                    if let Some(act) = act.lock().take() {
+                        act(id);
+                    }
+                };
+                let guard = match edge {
+                    Edge::SessionCreated => rt.sessions().events().on(move |e| {
+                        if let SessionStoreEvent::Created(s) = e {
+                            fire(s.id());
+                        }
+                        Ok(())
+                    }),
+                    Edge::AgentCreated | Edge::SessionStart => rt.services().agent_events.on(move |e| {
+                        match (edge, e) {
+                            (Edge::AgentCreated, AgentEvent::Created { agent })
+                            | (Edge::SessionStart, AgentEvent::SessionStart { agent, .. }) => fire(agent),
+                            _ => {}
+                        }
+                        Ok(())
+                    }),
+                };
+                let mut o = options("child");
+                (o.signal, o.owner, o.setup) = (Some(signal), Some(owner.agent().clone()), appending_setup());
+                let err = rt.create(o).await.expect_err(&context);
+                assert!(
+                    expected_error(interrupt, &err),
+                    "{context}: unexpected error {err:?}"
+                );
+                if let Some(d) = owner_disposal.lock().take() {
+                    d.await;
+                }
+                nothing_live(&rt, "child", &context);
+                drop(guard);
+                assert!(
+                    !stored(&*persistence, "child").await,
+                    "{context}: a header was stored"
+                );
+                if rt.is_active() {
+                    let again = create(&rt, "child").await;
+                    again.dispose().await;
+                }
+                owner.dispose().await;
+                rt.shutdown().await;
+                drop(guards);
+                assert_paired(&log.lock(), &context);
+                finish(&rt, []).await;
+            }
+        }
+    }
+}
