@@ -184,8 +184,8 @@ pub(super) async fn teardown(entry: Arc<AgentEntry>) {
         .collect();
     let jobs = entry.runtime.upgrade().and_then(|rt| rt.services.jobs.clone());
     let id = agent.id().clone();
-    let jobs_done = async move {
-        if let Some(jobs) = jobs {
+    let jobs_done = async {
+        if let Some(jobs) = &jobs {
             jobs.dispose_owner(&id).await;
         }
     };
@@ -197,6 +197,13 @@ pub(super) async fn teardown(entry: Arc<AgentEntry>) {
     .await;
     agent.tasks().close();
     agent.tasks().wait().await;
+    // A turn still winding down (a tool body that did not observe its cancellation) or one of
+    // the agent's tasks may have started a job after the first pass: now that the agent is
+    // idle and its tasks have ended, nothing of its own can start another, so a second pass
+    // leaves the agent no job.
+    if let Some(jobs) = &jobs {
+        jobs.dispose_owner(&id).await;
+    }
     agent.scope().dispose();
     if let Some(rt) = entry.runtime.upgrade() {
         rt.registry.lock().retain(|e| !Arc::ptr_eq(e, &entry));

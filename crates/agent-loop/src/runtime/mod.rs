@@ -23,7 +23,8 @@
 //! One memoized teardown per agent, shared by its handle, its owner's disposal and
 //! [`Runtime::shutdown`]: mark disposing (new work is refused) → `cancel(disposed)` → dispose
 //! owned agents and the agent's background jobs while awaiting `when_idle` and the agent's
-//! tasks → dispose the scope → unregister ([`AgentEvent::Disposed`]) → remove the session
+//! tasks → dispose the agent's jobs once more (any started while the turn wound down) → dispose
+//! the scope → unregister ([`AgentEvent::Disposed`]) → remove the session
 //! (`session/disposed`) → drop the owner link. Every `dispose` call's future drives the
 //! teardown when polled; the first one, dropped before the teardown completed (also unpolled),
 //! hands the rest to a task of the runtime, so the teardown progresses even when no caller polls

@@ -6,6 +6,7 @@
 
 mod model_text;
 mod registry;
+mod robust;
 mod tools;
 
 use std::sync::Arc;
