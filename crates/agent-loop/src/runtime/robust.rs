@@ -54,6 +54,20 @@ fn appending_setup() -> Option<Setup> {
     }))
 }
 
+/// A setup that stages a message with `inject` (logged at once, spec §8) between yields.
+fn injecting_setup() -> Option<Setup> {
+    Some(Box::new(|ctx: Ctx| {
+        async move {
+            let agent = ctx.agent().expect("setup runs with the agent's context").clone();
+            tokio::task::yield_now().await;
+            agent.inject(user("staged in setup"))?;
+            tokio::task::yield_now().await;
+            Ok(None)
+        }
+        .boxed()
+    }))
+}
+
 /// Records store and lifecycle notifications as `kind:id` strings.
 fn record(rt: &Runtime) -> (Arc<Mutex<Vec<String>>>, [Registration; 2]) {
     let log = Arc::new(Mutex::new(Vec::new()));
@@ -402,7 +416,8 @@ async fn interrupted_from_a_publication_listener_stores_nothing() {
                     expected_error(interrupt, &err),
                     "{context}: unexpected error {err:?}"
                 );
-                if let Some(d) = owner_disposal.lock().take() {
+                let disposal = owner_disposal.lock().take();
+                if let Some(d) = disposal {
                     d.await;
                 }
                 nothing_live(&rt, "child", &context);
@@ -423,4 +438,307 @@ async fn interrupted_from_a_publication_listener_stores_nothing() {
             }
         }
     }
+}
+
+/// spec: SPN-56 (ids reopen only after quiescence) — concurrent creations of one id on a
+/// multi-threaded runtime (with and without setups that yield): exactly one wins, every other
+/// fails `Duplicate`, and nothing is half-registered — one agent, one live session, one stored
+/// header, and the losers' announcements (none) and scopes leave nothing once the winner is
+/// disposed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creations_of_one_id_have_one_winner() {
+    let model = ScriptedModel::default();
+    let persistence = Arc::new(MemoryStore::new());
+    let rt = builder(&model).persistence(persistence.clone()).build();
+    let (log, guards) = record(&rt);
+    for round in 0..24 {
+        let id = format!("x{round}");
+        let tasks: Vec<_> = (0..4)
+            .map(|n| {
+                let (rt, id) = (rt.clone(), id.clone());
+                tokio::spawn(async move {
+                    let mut o = options(&id);
+                    if (n + round) % 2 == 0 {
+                        o.setup = appending_setup();
+                    }
+                    rt.create(o).await
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(handle) => winners.push(handle),
+                Err(AgentError::Duplicate(dup)) => assert_eq!(dup.as_str(), id),
+                Err(other) => panic!("round {round}: {other:?}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: {} winners", winners.len());
+        assert_eq!(AgentRuntime::list(&rt).len(), 1, "round {round}");
+        assert_eq!(rt.sessions().len(), 1, "round {round}");
+        assert!(stored(&*persistence, &id).await, "round {round}");
+        for w in winners {
+            w.dispose().await;
+        }
+        nothing_live(&rt, &id, &format!("round {round}"));
+    }
+    rt.shutdown().await;
+    drop(guards);
+    assert_paired(&log.lock(), "concurrent creations");
+    finish(&rt, []).await;
+}
+
+/// Runtime shutdown racing creations (owned and unowned, with yielding setups) and a resume on
+/// a multi-threaded runtime: every creation either returns a handle or fails with a typed
+/// error; once shutdown returned and every creation settled the runtime is quiescent without
+/// anyone disposing the returned handles (shutdown disposed them), every announcement is paired,
+/// and no rolled-back creation stored a header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_racing_creations_leaves_nothing() {
+    for round in 0..16 {
+        let model = ScriptedModel::new((0..8).map(|_| chunks::text("ok")));
+        let persistence = Arc::new(MemoryStore::new());
+        let rt = builder(&model).persistence(persistence.clone()).build();
+        // A stored session to resume.
+        let old = create(&rt, "old").await;
+        old.dispose().await;
+        let (log, guards) = record(&rt);
+        let parent = Arc::new(create(&rt, "parent").await);
+        parent.agent().followup(user("busy")).unwrap();
+        let mut tasks = Vec::new();
+        for n in 0..6 {
+            let (rt, parent) = (rt.clone(), parent.agent().clone());
+            tasks.push(tokio::spawn(async move {
+                let mut o = options(&format!("c{n}"));
+                if n % 2 == 0 {
+                    o.setup = appending_setup();
+                }
+                if n % 3 == 0 {
+                    o.owner = Some(parent);
+                }
+                rt.create(o).await
+            }));
+        }
+        let rt2 = rt.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut o = resume_options("old");
+            o.setup = appending_setup();
+            rt2.resume(o).await
+        }));
+        let rt2 = rt.clone();
+        let shutdown = tokio::spawn(async move {
+            for _ in 0..round {
+                tokio::task::yield_now().await;
+            }
+            rt2.shutdown().await;
+        });
+        let mut handles = Vec::new();
+        let mut failed = Vec::new();
+        for (n, t) in tasks.into_iter().enumerate() {
+            match t.await.unwrap() {
+                Ok(handle) => handles.push(handle),
+                Err(err) => {
+                    assert!(
+                        matches!(
+                            err,
+                            AgentError::CreationAborted { .. }
+                                | AgentError::OwnerDisposed(_)
+                                | AgentError::Inactive(_)
+                        ),
+                        "round {round}: creation {n}: {err:?}"
+                    );
+                    failed.push(n);
+                }
+            }
+        }
+        shutdown.await.unwrap();
+        drop(guards);
+        assert_quiescent(&rt);
+        for handle in &handles {
+            assert!(
+                !handle.agent().is_live(),
+                "round {round}: {} survived shutdown",
+                handle.id()
+            );
+        }
+        for n in failed.into_iter().filter(|n| *n < 6) {
+            assert!(
+                !stored(&*persistence, &format!("c{n}")).await,
+                "round {round}: rolled-back c{n} stored a header"
+            );
+        }
+        assert_paired(&log.lock(), &format!("round {round}"));
+        finish(&rt, handles).await;
+    }
+}
+
+/// An agent's disposal racing its running turn, pending `when_idle` waiters, a resume and a
+/// re-creation of its id on a multi-threaded runtime: every waiter returns, the resume and the
+/// re-creation either fail typed (`Duplicate` while the id is taken) or publish once the
+/// disposal reached quiescence; at most one agent holds the id at any time (checked at every
+/// publication); the stored log stays loadable with contiguous seqs; and everything ends
+/// quiescent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disposal_racing_a_turn_waiters_and_resume() {
+    for round in 0..16 {
+        let model = ScriptedModel::new((0..8).map(|i| chunks::text(format!("reply {i}"))));
+        let persistence = Arc::new(MemoryStore::new());
+        let rt = builder(&model).persistence(persistence.clone()).build();
+        let (log, guards) = record(&rt);
+        // At most one registered agent per id at every publication.
+        let violations = Arc::new(Mutex::new(Vec::new()));
+        let live_check = {
+            let (inner, violations) = (Arc::downgrade(&rt.inner), violations.clone());
+            rt.services().agent_events.on(move |e| {
+                if let (AgentEvent::Created { agent }, Some(inner)) = (e, inner.upgrade()) {
+                    let holders = inner
+                        .registry
+                        .lock()
+                        .iter()
+                        .filter(|e| e.agent.id() == agent)
+                        .count();
+                    if holders > 1 {
+                        violations
+                            .lock()
+                            .push(format!("{holders} agents registered as {agent}"));
+                    }
+                }
+                Ok(())
+            })
+        };
+        let handle = Arc::new(create(&rt, "a").await);
+        handle.agent().followup(user("go")).unwrap();
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let agent = handle.agent().clone();
+                tokio::spawn(async move { agent.when_idle().await })
+            })
+            .collect();
+        let rt2 = rt.clone();
+        let resumer = tokio::spawn(async move {
+            for _ in 0..round % 4 {
+                tokio::task::yield_now().await;
+            }
+            rt2.resume(resume_options("a")).await
+        });
+        let h = handle.clone();
+        let disposer = tokio::spawn(async move { h.dispose().await });
+        let rt2 = rt.clone();
+        let creator = tokio::spawn(async move { rt2.create(options("a")).await });
+        for w in waiters {
+            w.await.unwrap();
+        }
+        disposer.await.unwrap();
+        let mut handles = Vec::new();
+        for outcome in [resumer.await.unwrap(), creator.await.unwrap()] {
+            match outcome {
+                Ok(h) => handles.push(h),
+                // A fresh creation of a stored id is a duplicate in persistence.
+                Err(AgentError::Duplicate(_)) => {}
+                Err(other) => panic!("round {round}: {other:?}"),
+            }
+        }
+        assert!(handles.len() <= 1, "round {round}: two agents published");
+        for h in &handles {
+            h.dispose().await;
+        }
+        let stored = persistence.load(&"a".into()).await.expect("the stored log loads");
+        assert!(
+            stored.events.iter().enumerate().all(|(i, e)| e.seq == i as u64),
+            "round {round}: gaps in the stored log"
+        );
+        rt.shutdown().await;
+        drop((guards, live_check));
+        assert!(
+            violations.lock().is_empty(),
+            "round {round}: {:?}",
+            violations.lock()
+        );
+        assert_paired(&log.lock(), &format!("round {round}"));
+        finish(&rt, handles).await;
+        drop(handle);
+    }
+}
+
+/// spec: SPN-51 — a setup that fails (an error, a panic, or a failing `commit`) after each
+/// number of its scheduling points publishes nothing, announces nothing, stores nothing, and
+/// frees the id at once.
+#[tokio::test(start_paused = true)]
+async fn failing_setup_at_every_point_stores_nothing() {
+    for yields in 0..4 {
+        for failure in ["error", "panic", "commit"] {
+            let context = format!("{failure} after {yields} yields");
+            let model = ScriptedModel::default();
+            let persistence = Arc::new(MemoryStore::new());
+            let rt = builder(&model).persistence(persistence.clone()).build();
+            let (log, guards) = record(&rt);
+            let mut o = options("child");
+            o.setup = Some(Box::new(move |ctx: Ctx| {
+                async move {
+                    let agent = ctx.agent().expect("scoped").clone();
+                    for i in 0..yields {
+                        agent.followup(user(&format!("setup {i}")))?;
+                        tokio::task::yield_now().await;
+                    }
+                    match failure {
+                        "error" => Err("setup failed".into()),
+                        "panic" => panic!("setup exploded"),
+                        _ => {
+                            let commit: agent::runtime::Commit = Box::new(|| Err("commit failed".into()));
+                            Ok(Some(commit))
+                        }
+                    }
+                }
+                .boxed()
+            }));
+            let err = rt.create(o).await.expect_err(&context);
+            assert!(matches!(err, AgentError::Setup { .. }), "{context}: {err:?}");
+            nothing_live(&rt, "child", &context);
+            assert!(!stored(&*persistence, "child").await, "{context}: stored");
+            assert!(log.lock().is_empty(), "{context}: announced {:?}", log.lock());
+            let again = create(&rt, "child").await;
+            drop(guards);
+            finish(&rt, [again]).await;
+        }
+    }
+}
+
+/// A resumption rolled back after its session entered the store (a `session/created` listener
+/// vetoes) leaves the stored log exactly as it was: neither the repair of its open turn nor its
+/// setup's appends are written; a later resumption succeeds from the same log.
+#[tokio::test(start_paused = true)]
+async fn a_vetoed_resume_leaves_the_stored_log_unchanged() {
+    let model = ScriptedModel::new((0..4).map(|_| chunks::text("ok")));
+    let persistence = Arc::new(MemoryStore::new());
+    let rt = builder(&model).persistence(persistence.clone()).build();
+    let first = create(&rt, "a").await;
+    first.agent().followup(user("go")).unwrap();
+    first.agent().when_idle().await;
+    first.dispose().await;
+    let before = persistence.load(&"a".into()).await.unwrap().events;
+    let (log, guards) = record(&rt);
+    let veto = rt.sessions().events().on(|e| match e {
+        SessionStoreEvent::Created(_) => Err("veto".into()),
+        _ => Ok(()),
+    });
+    let mut o = resume_options("a");
+    o.setup = injecting_setup();
+    assert!(rt.resume(o).await.is_err());
+    nothing_live(&rt, "a", "vetoed resume");
+    let after = persistence.load(&"a".into()).await.unwrap().events;
+    assert_eq!(after, before, "a vetoed resume wrote to the stored log");
+    drop(veto);
+    let mut o = resume_options("a");
+    o.setup = injecting_setup();
+    let resumed = rt.resume(o).await.expect("resumes from the unchanged log");
+    resumed.dispose().await;
+    let stored = persistence.load(&"a".into()).await.unwrap().events;
+    assert!(
+        stored.len() > before.len(),
+        "the setup's append is stored once published"
+    );
+    assert!(stored.iter().enumerate().all(|(i, e)| e.seq == i as u64));
+    drop(guards);
+    assert_paired(&log.lock(), "vetoed resume");
+    finish(&rt, []).await;
 }
