@@ -9,8 +9,8 @@
 //!   parses) and is kept; the writer adds the missing `\n` before appending;
 //! * any other line that does not parse is corruption, reported with its 1-based line number.
 
-use std::fs::{self, File};
-use std::io::{self, BufRead as _, BufReader};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufRead as _, BufReader, Read as _};
 use std::path::Path;
 
 use agent::{SessionEvent, SessionHeader, SessionId};
@@ -142,13 +142,66 @@ pub(crate) fn parse_log(path: &Path, id: &SessionId, bytes: &[u8]) -> Result<Par
     })
 }
 
+/// What a file that is not a regular file is, for the error naming it.
+fn file_kind(meta: &fs::Metadata) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt as _;
+        let kind = meta.file_type();
+        if kind.is_fifo() {
+            return "a FIFO";
+        }
+        if kind.is_socket() {
+            return "a socket";
+        }
+        if kind.is_char_device() || kind.is_block_device() {
+            return "a device";
+        }
+    }
+    if meta.is_dir() { "a directory" } else { "not a regular file" }
+}
+
+/// Fails unless `meta` describes a regular file.
+fn ensure_regular(meta: &fs::Metadata) -> io::Result<()> {
+    if meta.is_file() {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("not a regular file ({})", file_kind(meta)),
+    ))
+}
+
+/// Opens the log at `path` (symbolic links followed) with `options`, but only if it is a
+/// regular file: a FIFO, socket, device or directory is never read or written, so a stray
+/// FIFO named `<id>.jsonl` cannot block the process (opening one for reading waits for a
+/// writer) and `/dev/zero` cannot be read forever. The type is checked before opening, and the
+/// open file is checked again (the path may have been replaced in between); the open itself
+/// does not block (`O_NONBLOCK`, no effect on regular files) nor take a controlling terminal.
+pub(crate) fn open_regular(path: &Path, options: &mut OpenOptions) -> io::Result<File> {
+    ensure_regular(&fs::metadata(path)?)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
+    }
+    let file = options.open(path)?;
+    ensure_regular(&file.metadata()?)?;
+    Ok(file)
+}
+
+/// Opens the log at `path` for reading (see [`open_regular`]); a missing file is
+/// [`StoreError::NotFound`].
+fn open_for_reading(path: &Path, id: &SessionId) -> Result<File, StoreError> {
+    open_regular(path, OpenOptions::new().read(true)).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => StoreError::NotFound(id.clone()),
+        _ => StoreError::io(path, e),
+    })
+}
+
 /// Reads the first line of `path` and parses it as `id`'s header (blocking).
 pub(crate) fn read_header(path: &Path, id: &SessionId) -> Result<SessionHeader, StoreError> {
-    let file = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StoreError::NotFound(id.clone())),
-        Err(e) => return Err(StoreError::io(path, e)),
-    };
+    let file = open_for_reading(path, id)?;
     let mut line = Vec::new();
     BufReader::new(file)
         .read_until(b'\n', &mut line)
@@ -172,11 +225,10 @@ pub(crate) fn read_header(path: &Path, id: &SessionId) -> Result<SessionHeader, 
 
 /// Reads and parses a whole log (blocking).
 pub(crate) fn read_log(path: &Path, id: &SessionId) -> Result<ParsedLog, StoreError> {
-    let bytes = match fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StoreError::NotFound(id.clone())),
-        Err(e) => return Err(StoreError::io(path, e)),
-    };
+    let mut bytes = Vec::new();
+    open_for_reading(path, id)?
+        .read_to_end(&mut bytes)
+        .map_err(|e| StoreError::io(path, e))?;
     parse_log(path, id, &bytes)
 }
 

@@ -21,7 +21,7 @@
 //! each accepted event line is one more. Waiters watch the published progress.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write as _};
+use std::io::{self, Read as _, Write as _};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -30,7 +30,7 @@ use agent::{SessionHeader, SessionId};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use super::codec::{ParsedLog, encode_line, parse_header, parse_log, read_log};
+use super::codec::{ParsedLog, encode_line, open_regular, parse_header, parse_log, read_log};
 use super::error::StoreError;
 
 /// What a freshly parsed log told us, so the drainer need not read it again.
@@ -377,9 +377,7 @@ impl SessionFile {
                 Created::Adopted(file, known) => (file, known),
             },
             Plan::Existing(known) => {
-                let file = OpenOptions::new()
-                    .append(true)
-                    .open(&self.path)
+                let file = open_regular(&self.path, OpenOptions::new().append(true))
                     .map_err(|e| match e.kind() {
                         io::ErrorKind::NotFound => StoreError::NotFound(self.id.clone()),
                         _ => self.io(e),
@@ -455,12 +453,14 @@ impl SessionFile {
         let file = match create() {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                let existing = OpenOptions::new()
-                    .append(true)
-                    .open(&self.path)
+                // Never a FIFO or device: opening one could block, and it is no log to adopt.
+                let existing = open_regular(&self.path, OpenOptions::new().read(true).append(true))
                     .map_err(|e| self.io(e))?;
                 self.lock(&existing)?;
-                let bytes = fs::read(&self.path).map_err(|e| self.io(e))?;
+                let mut bytes = Vec::new();
+                (&existing)
+                    .read_to_end(&mut bytes)
+                    .map_err(|e| self.io(e))?;
                 if bytes.contains(&b'\n') || parse_header(&self.path, &self.id, &bytes).is_ok() {
                     let parsed = parse_log(&self.path, &self.id, &bytes)?;
                     if &parsed.header != header {
