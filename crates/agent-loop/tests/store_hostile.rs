@@ -33,10 +33,7 @@ fn is_fifo(path: &Path) -> bool {
 /// Runs `scenario` on its own thread and runtime; if it has not finished within
 /// [`HANG_GUARD`], opens `fifo` read-write (which releases an open blocked on either end) and
 /// fails.
-fn guarded<T: Send + 'static>(
-    fifo: PathBuf,
-    scenario: impl FnOnce() -> T + Send + 'static,
-) -> T {
+fn guarded<T: Send + 'static>(fifo: PathBuf, scenario: impl FnOnce() -> T + Send + 'static) -> T {
     let (tx, rx) = mpsc::channel();
     let worker = std::thread::spawn(move || {
         let _ = tx.send(scenario());
@@ -67,7 +64,9 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
 fn assert_not_regular(result: Result<impl std::fmt::Debug, StoreError>, what: &str) {
     match result {
         Err(StoreError::Io { source, .. }) => assert!(
-            source.to_string().contains(&format!("not a regular file ({what})")),
+            source
+                .to_string()
+                .contains(&format!("not a regular file ({what})")),
             "{source}"
         ),
         other => panic!("expected an I/O error naming {what}, got {other:?}"),
@@ -162,7 +161,9 @@ fn creating_over_a_fifo_fails_without_blocking_or_replacing_it() {
         block_on(async move {
             let store = JsonlStore::new(&path);
             let id = SessionId::from("pipe");
-            store.create(&header("pipe")).expect("create is accepted in memory");
+            store
+                .create(&header("pipe"))
+                .expect("create is accepted in memory");
             store.flush(&id).await
         })
     });

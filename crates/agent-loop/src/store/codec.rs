@@ -158,7 +158,11 @@ fn file_kind(meta: &fs::Metadata) -> &'static str {
             return "a device";
         }
     }
-    if meta.is_dir() { "a directory" } else { "not a regular file" }
+    if meta.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    }
 }
 
 /// Fails unless `meta` describes a regular file.

@@ -377,11 +377,12 @@ impl SessionFile {
                 Created::Adopted(file, known) => (file, known),
             },
             Plan::Existing(known) => {
-                let file = open_regular(&self.path, OpenOptions::new().append(true))
-                    .map_err(|e| match e.kind() {
-                        io::ErrorKind::NotFound => StoreError::NotFound(self.id.clone()),
-                        _ => self.io(e),
-                    })?;
+                let file = open_regular(&self.path, OpenOptions::new().append(true)).map_err(|e| match e
+                    .kind()
+                {
+                    io::ErrorKind::NotFound => StoreError::NotFound(self.id.clone()),
+                    _ => self.io(e),
+                })?;
                 self.lock(&file)?;
                 let len = file.metadata().map_err(|e| self.io(e))?.len();
                 let known = match known {
@@ -458,9 +459,7 @@ impl SessionFile {
                     .map_err(|e| self.io(e))?;
                 self.lock(&existing)?;
                 let mut bytes = Vec::new();
-                (&existing)
-                    .read_to_end(&mut bytes)
-                    .map_err(|e| self.io(e))?;
+                (&existing).read_to_end(&mut bytes).map_err(|e| self.io(e))?;
                 if bytes.contains(&b'\n') || parse_header(&self.path, &self.id, &bytes).is_ok() {
                     let parsed = parse_log(&self.path, &self.id, &bytes)?;
                     if &parsed.header != header {
