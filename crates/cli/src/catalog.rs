@@ -260,7 +260,14 @@ pub async fn read_catalog(dir: &Path) -> Result<Catalog, CliError> {
     // The store's listing skips a log whose header cannot be read; name those too, with the
     // error reading it gives, so a damaged log is never silently left out.
     let listed: std::collections::HashSet<SessionId> = summaries.iter().map(|s| s.id.clone()).collect();
-    for id in log_ids(dir)? {
+    let (ids, unnamed) = log_ids(dir)?;
+    for name in unnamed {
+        catalog.unreadable.push((
+            SessionId::from(name.as_str()),
+            "the file name is not valid UTF-8, so it names no session".to_owned(),
+        ));
+    }
+    for id in ids {
         if !listed.contains(&id)
             && let Err(e) = store.inspect(&id).await
         {
@@ -305,13 +312,15 @@ pub async fn read_catalog(dir: &Path) -> Result<Catalog, CliError> {
     Ok(catalog)
 }
 
-/// The ids of the session logs (`<id>.jsonl`) in `dir`, sorted.
-fn log_ids(dir: &Path) -> Result<Vec<SessionId>, CliError> {
+/// The ids of the session logs (`<id>.jsonl`) in `dir`, sorted, and (lossily decoded) the
+/// names of `*.jsonl` entries whose stem is not UTF-8, which no session id can name.
+fn log_ids(dir: &Path) -> Result<(Vec<SessionId>, Vec<String>), CliError> {
     let entries = std::fs::read_dir(dir).map_err(|e| CliError::Store {
         dir: dir.to_owned(),
         reason: e.to_string(),
     })?;
     let mut ids = Vec::new();
+    let mut unnamed = Vec::new();
     for entry in entries {
         let path = entry
             .map_err(|e| CliError::Store {
@@ -319,14 +328,18 @@ fn log_ids(dir: &Path) -> Result<Vec<SessionId>, CliError> {
                 reason: e.to_string(),
             })?
             .path();
-        if path.extension().and_then(|e| e.to_str()) == Some("jsonl")
-            && let Some(stem) = path.file_stem().and_then(|s| s.to_str())
-        {
-            ids.push(SessionId::from(stem));
+        if path.extension().and_then(|e| e.to_str()) != Some("jsonl") {
+            continue;
+        }
+        match path.file_stem().map(|s| s.to_str().ok_or(s)) {
+            Some(Ok(stem)) => ids.push(SessionId::from(stem)),
+            Some(Err(raw)) => unnamed.push(raw.to_string_lossy().into_owned()),
+            None => {}
         }
     }
     ids.sort();
-    Ok(ids)
+    unnamed.sort();
+    Ok((ids, unnamed))
 }
 
 /// Fails unless `dir` is an existing, listable directory.
