@@ -41,6 +41,9 @@ pub enum CliError {
         /// Its environment variable.
         env: &'static str,
     },
+    /// `subagent run` was given an empty (or blank) task.
+    #[error("the task is empty: say what the coordinator should do")]
+    EmptyTask,
     /// The host could not be composed.
     #[error("cannot start the host: {0}")]
     Host(String),

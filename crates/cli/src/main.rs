@@ -308,6 +308,9 @@ async fn run(
             flag: "--model",
             env: "SUBAGENT_MODEL",
         })?;
+    if task.trim().is_empty() {
+        return Err(CliError::EmptyTask);
+    }
     let api_key = api_key.filter(|s| !s.is_empty());
     let adapter = OpenAiCompatible::new(OpenAiConfig::new(base_url, api_key, model.clone()))
         .map_err(|e| CliError::Host(e.to_string()))?;
