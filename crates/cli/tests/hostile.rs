@@ -1,0 +1,786 @@
+//! The `subagent` program under hostile input: store directories holding entries that are not
+//! logs (a FIFO, a device link, a directory, empty and non-JSON files, symbolic links, a file
+//! name that is not UTF-8), bad arguments, models that misbehave (HTTP errors, malformed
+//! events, a JSON answer to a streaming request, malformed delegation arguments, endless
+//! delegation, a stalled stream interrupted with Ctrl-C), and concurrent programs on one
+//! store. Every run is bounded by a hang guard; every failure is one `subagent: …` line with
+//! exit code 2; stores that are only read stay byte-for-byte unchanged; stores that were written
+//! pass `subagent check`.
+#![cfg(unix)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::ffi::OsStrExt as _;
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+
+/// How long one program run may take before it counts as hung (runs take well under a second).
+const HANG_GUARD: Duration = Duration::from_secs(120);
+
+fn subagent() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_subagent"));
+    cmd.env_remove("SUBAGENT_BASE_URL")
+        .env_remove("SUBAGENT_API_KEY")
+        .env_remove("SUBAGENT_MODEL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Starts `cmd`; `during(pid)` runs while it is alive; then waits for it under the hang guard
+/// (killing it and failing if it does not end).
+fn run_with(mut cmd: Command, during: impl FnOnce(u32)) -> Output {
+    let child = cmd.spawn().expect("the binary starts");
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    during(pid);
+    match rx.recv_timeout(HANG_GUARD) {
+        Ok(out) => out.expect("wait for the binary"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            panic!("`subagent` (pid {pid}) hung: killed after {HANG_GUARD:?}");
+        }
+    }
+}
+
+fn run(cmd: Command) -> Output {
+    run_with(cmd, |_| {})
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Exit code 2, and the last stderr line is `subagent: …` containing `needle`; no panic.
+fn assert_fails(o: &Output, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(2), "stdout:\n{}\nstderr:\n{err}", stdout(o));
+    let last = err.lines().last().unwrap_or_default();
+    assert!(last.starts_with("subagent: "), "{err}");
+    assert!(
+        last.contains(needle),
+        "expected {needle:?} in the last line of:\n{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// `subagent check <dir>` passes.
+fn assert_checks_clean(dir: &Path) {
+    let mut cmd = subagent();
+    cmd.arg("check").arg(dir);
+    let out = run(cmd);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "check:\n{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+}
+
+/// One directory entry as it is on disk (links not followed).
+#[derive(Debug, PartialEq, Eq)]
+enum Entry {
+    File { mode: u32, bytes: Vec<u8> },
+    Dir { mode: u32 },
+    Link(PathBuf),
+    Other { kind: &'static str, mode: u32 },
+}
+
+/// Every entry under `dir` with its content, so any change to the store is visible. Regular
+/// files are read only when nothing else could be: FIFOs and devices are recorded by type.
+fn snapshot(dir: &Path) -> BTreeMap<Vec<u8>, Entry> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<Vec<u8>, Entry>) {
+        for entry in std::fs::read_dir(dir).expect("read_dir") {
+            let path = entry.expect("entry").path();
+            let meta = std::fs::symlink_metadata(&path).expect("lstat");
+            let kind = meta.file_type();
+            let mode = meta.mode();
+            let name = path
+                .strip_prefix(root)
+                .expect("under root")
+                .as_os_str()
+                .as_bytes()
+                .to_vec();
+            let value = if kind.is_symlink() {
+                Entry::Link(std::fs::read_link(&path).expect("readlink"))
+            } else if kind.is_dir() {
+                walk(root, &path, out);
+                Entry::Dir { mode }
+            } else if kind.is_file() {
+                Entry::File {
+                    mode,
+                    bytes: std::fs::read(&path).unwrap_or_else(|e| format!("unreadable: {e}").into_bytes()),
+                }
+            } else {
+                let kind = if kind.is_fifo() { "fifo" } else { "special" };
+                Entry::Other { kind, mode }
+            };
+            out.insert(name, value);
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// Runs `subagent demo --store <store>` and returns the coordinator's id.
+fn demo_into(store: &Path) -> String {
+    let mut cmd = subagent();
+    cmd.arg("demo").arg("--store").arg(store);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    text.lines()
+        .find_map(|l| l.split("(coordinator ").nth(1))
+        .and_then(|rest| rest.split(',').next())
+        .expect("the demo names its coordinator")
+        .to_owned()
+}
+
+fn mkfifo(path: &Path) {
+    let status = Command::new("mkfifo").arg(path).status().expect("mkfifo");
+    assert!(status.success());
+}
+
+/// A demo store plus one entry of every hostile kind.
+fn hostile_store() -> (tempfile::TempDir, String) {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = tmp.path().join("store");
+    let coordinator = demo_into(&store);
+    std::fs::write(store.join("empty.jsonl"), b"").expect("write");
+    std::fs::write(store.join("notlog.jsonl"), b"this is not a log\n").expect("write");
+    std::fs::write(store.join("readme.txt"), b"not a log either\n").expect("write");
+    std::fs::create_dir(store.join("dir.jsonl")).expect("mkdir");
+    std::os::unix::fs::symlink(format!("{coordinator}.jsonl"), store.join("link.jsonl")).expect("symlink");
+    std::os::unix::fs::symlink("nowhere.jsonl", store.join("dangling.jsonl")).expect("symlink");
+    std::os::unix::fs::symlink("/dev/null", store.join("null.jsonl")).expect("symlink");
+    mkfifo(&store.join("fifo.jsonl"));
+    (tmp, coordinator)
+}
+
+#[test]
+fn agents_log_and_check_survive_a_hostile_store_and_change_nothing() {
+    let (tmp, coordinator) = hostile_store();
+    let store = tmp.path().join("store");
+    let before = snapshot(&store);
+
+    let mut cmd = subagent();
+    cmd.arg("agents").arg("--store").arg(&store);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let listing = stdout(&out);
+    assert!(
+        listing.starts_with(&format!("{coordinator}  (top-level)")),
+        "{listing}"
+    );
+    assert_eq!(listing.lines().count(), 5, "{listing}");
+    let err = stderr(&out);
+    for (id, why) in [
+        ("dangling", "no stored session"),
+        ("dir", "not a regular file (a directory)"),
+        ("empty", "empty file"),
+        ("fifo", "not a regular file (a FIFO)"),
+        ("link", "the file is named for `link`"),
+        ("notlog", "invalid header"),
+        ("null", "not a regular file (a device)"),
+    ] {
+        assert!(
+            err.lines().any(
+                |l| l.starts_with(&format!("subagent: skipping unreadable session `{id}`: "))
+                    && l.contains(why)
+            ),
+            "`{id}` ({why}) not named in:\n{err}"
+        );
+    }
+
+    for (id, why) in [
+        ("fifo", "not a regular file (a FIFO)"),
+        ("null", "not a regular file (a device)"),
+        ("dir", "not a regular file (a directory)"),
+        ("empty", "empty file"),
+        ("dangling", "no session `dangling`"),
+    ] {
+        let mut cmd = subagent();
+        cmd.args(["log", id, "--store"]).arg(&store);
+        let out = run(cmd);
+        assert_fails(&out, why);
+        assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    }
+    let mut cmd = subagent();
+    cmd.args(["log", &coordinator, "--store"]).arg(&store);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    // `check` replays the logs it can read and reports the damaged ones as violations.
+    let mut cmd = subagent();
+    cmd.arg("check").arg(&store);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(1), "{}{}", stdout(&out), stderr(&out));
+    let report = stdout(&out);
+    assert!(report.contains("session \"empty\""), "{report}");
+    assert!(report.contains("session \"notlog\""), "{report}");
+
+    assert!(before == snapshot(&store), "the store changed");
+}
+
+#[test]
+fn agents_names_a_log_whose_file_name_is_not_utf8() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = tmp.path().join("store");
+    demo_into(&store);
+    let name = std::ffi::OsStr::from_bytes(b"bad-\xff.jsonl");
+    std::fs::write(store.join(name), b"{}\n").expect("write");
+    let before = snapshot(&store);
+    let mut cmd = subagent();
+    cmd.arg("agents").arg("--store").arg(&store);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.lines().any(
+            |l| l.starts_with("subagent: skipping unreadable session `bad-\u{fffd}`: ")
+                && l.contains("not valid UTF-8")
+        ),
+        "{err}"
+    );
+    assert!(before == snapshot(&store), "the store changed");
+}
+
+#[test]
+fn log_never_reads_outside_the_store() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = tmp.path().join("store");
+    let coordinator = demo_into(&store);
+    // Valid logs beside and below the store, reachable only through a path in the id.
+    let log = std::fs::read(store.join(format!("{coordinator}.jsonl"))).expect("read");
+    std::fs::write(tmp.path().join(format!("{coordinator}.jsonl")), &log).expect("write");
+    std::fs::create_dir(store.join("sub")).expect("mkdir");
+    std::fs::write(store.join("sub").join(format!("{coordinator}.jsonl")), &log).expect("write");
+    let before = snapshot(tmp.path());
+    for id in [
+        format!("../{coordinator}"),
+        format!("sub/{coordinator}"),
+        format!("./{coordinator}"),
+        format!("..\\{coordinator}"),
+        "..".to_owned(),
+        ".".to_owned(),
+        String::new(),
+        "x".repeat(300),
+    ] {
+        let mut cmd = subagent();
+        cmd.arg("log").arg(&id).arg("--store").arg(&store);
+        let out = run(cmd);
+        assert_fails(&out, "no session");
+        assert!(out.stdout.is_empty(), "{id}: {}", stdout(&out));
+    }
+    assert!(before == snapshot(tmp.path()), "something changed");
+}
+
+#[test]
+fn a_store_that_is_missing_or_a_file_is_one_line_error_for_every_reader() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let file = tmp.path().join("file");
+    std::fs::write(&file, b"x").expect("write");
+    let missing = tmp.path().join("missing");
+    let before = snapshot(tmp.path());
+    for (store, why) in [(&file, "not a directory"), (&missing, "no such directory")] {
+        for args in [vec!["agents", "--store"], vec!["log", "x", "--store"]] {
+            let mut cmd = subagent();
+            cmd.args(&args).arg(store);
+            let out = run(cmd);
+            assert_fails(&out, why);
+            assert_eq!(stderr(&out).lines().count(), 1);
+        }
+        let mut cmd = subagent();
+        cmd.arg("check").arg(store);
+        let out = run(cmd);
+        assert_fails(&out, "cannot read store");
+    }
+    assert!(before == snapshot(tmp.path()), "something changed");
+}
+
+#[test]
+fn bad_arguments_exit_2_and_write_nothing() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = tmp.path().join("store");
+    let store_arg = store.to_str().expect("utf-8 path");
+    let base = "http://127.0.0.1:9/v1";
+    let run_args = |extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = ["run", "--model", "m", "--base-url", base, "--store", store_arg]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        v.extend(extra.iter().map(|s| (*s).to_owned()));
+        v
+    };
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec![], "Usage"),
+        (vec!["bogus".into()], "unrecognized subcommand"),
+        (vec!["agents".into(), "--bogus".into()], "unexpected argument"),
+        (vec!["agents".into(), "--store".into()], "a value is required"),
+        (vec!["log".into()], "required arguments"),
+        (
+            vec!["check".into(), "a".into(), "b".into()],
+            "unexpected argument",
+        ),
+        (
+            run_args(&["--max-tokens", "-1", "task"]),
+            "unexpected argument '-1'",
+        ),
+        (
+            run_args(&["--max-tokens", "99999999999999999999999", "task"]),
+            "invalid value",
+        ),
+        (run_args(&["--max-tokens", "ten", "task"]), "invalid value"),
+        (run_args(&[]), "required arguments"),
+        (run_args(&[""]), "subagent: the task is empty"),
+        (run_args(&[" \n\t "]), "subagent: the task is empty"),
+    ];
+    for (args, needle) in cases {
+        let mut cmd = subagent();
+        cmd.current_dir(tmp.path()).args(&args);
+        let out = run(cmd);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: expected {needle:?} in:\n{err}");
+        assert!(!store.exists(), "{args:?} created the store");
+        assert_eq!(
+            std::fs::read_dir(tmp.path()).expect("read_dir").count(),
+            0,
+            "{args:?} wrote into the working directory"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A scripted OpenAI-compatible server on 127.0.0.1.
+
+/// What the server answers to one request.
+enum Reply {
+    /// `200 text/event-stream` with these events (each a JSON chunk or raw `data:` payload).
+    Sse(String),
+    /// A status, content type and body.
+    Raw(u16, &'static str, Vec<(&'static str, &'static str)>, String),
+    /// Headers and one text chunk, then nothing until the test ends.
+    Stall,
+}
+
+fn chunk(delta: Value, finish: Option<&str>) -> String {
+    let event = json!({
+        "id": "chatcmpl-hostile",
+        "object": "chat.completion.chunk",
+        "created": 1_718_035_200,
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    });
+    format!("data: {event}\n\n")
+}
+
+/// A streamed text answer.
+fn text_sse(text: &str) -> Reply {
+    Reply::Sse(format!(
+        "{}{}{}data: [DONE]\n\n",
+        chunk(json!({"role": "assistant", "content": ""}), None),
+        chunk(json!({"content": text}), None),
+        chunk(json!({}), Some("stop")),
+    ))
+}
+
+/// A streamed call of tool `name` with raw `arguments`.
+fn tool_sse(name: &str, arguments: &str) -> Reply {
+    Reply::Sse(format!(
+        "{}{}{}data: [DONE]\n\n",
+        chunk(json!({"role": "assistant", "content": ""}), None),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": format!("call_{}", uuid_like()), "type": "function",
+                "function": {"name": name, "arguments": arguments}}]}),
+            None
+        ),
+        chunk(json!({}), Some("tool_calls")),
+    ))
+}
+
+fn uuid_like() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn read_request(stream: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut reader = BufReader::new(stream.try_clone().ok()?);
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        if line == "\r\n" {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':')
+            && k.eq_ignore_ascii_case("content-length")
+        {
+            length = v.trim().parse().ok()?;
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some(body)
+}
+
+type Script = dyn Fn(&Value) -> Reply + Send + Sync;
+
+/// Serves `script` on 127.0.0.1 (one thread per connection) until the test ends; returns the
+/// base URL and a channel receiving every request body.
+fn serve(script: impl Fn(&Value) -> Reply + Send + Sync + 'static) -> (String, mpsc::Receiver<Value>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+    let base = format!("http://{}/v1", listener.local_addr().expect("addr"));
+    let script: Arc<Script> = Arc::new(script);
+    let (tx, rx) = mpsc::channel();
+    let tx = Arc::new(Mutex::new(tx));
+    // Stalled connections are kept open until the test process ends.
+    let stalled: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let (script, tx, stalled) = (script.clone(), tx.clone(), stalled.clone());
+            thread::spawn(move || {
+                let Some(body) = read_request(&mut stream) else {
+                    return;
+                };
+                let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let reply = script(&body);
+                let _ = tx.lock().send(body);
+                let (status, kind, extra, payload) = match reply {
+                    Reply::Sse(events) => (200, "text/event-stream", vec![], events),
+                    Reply::Raw(status, kind, extra, body) => (status, kind, extra, body),
+                    Reply::Stall => {
+                        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n";
+                        let _ = stream.write_all(head.as_bytes());
+                        let _ = stream.write_all(
+                            chunk(json!({"role": "assistant", "content": "thinking"}), None).as_bytes(),
+                        );
+                        let _ = stream.flush();
+                        stalled.lock().push(stream);
+                        return;
+                    }
+                };
+                let mut head = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n",
+                    payload.len()
+                );
+                for (k, v) in extra {
+                    head.push_str(&format!("{k}: {v}\r\n"));
+                }
+                head.push_str("\r\n");
+                let _ = stream.write_all(head.as_bytes());
+                let _ = stream.write_all(payload.as_bytes());
+                let _ = stream.flush();
+            });
+        }
+    });
+    (base, rx)
+}
+
+/// `subagent run <task>` against `base` in a fresh workspace; returns the store directory.
+fn run_command(base: &str, workspace: &Path, task: &str) -> (Command, PathBuf) {
+    let store = workspace.join(".subagent");
+    let mut cmd = subagent();
+    cmd.current_dir(workspace)
+        .args(["run", "--model", "m", "--base-url", base, "--store"])
+        .arg(&store)
+        .arg(task);
+    (cmd, store)
+}
+
+/// The user-visible texts of a request's messages (for routing by content).
+fn is_child(body: &Value) -> bool {
+    body["messages"].as_array().is_some_and(|m| {
+        m.iter()
+            .any(|m| m["role"] == "user" && m["content"].as_str().is_some_and(|c| c.contains("CHILD")))
+    })
+}
+
+fn has_tool_result(body: &Value) -> bool {
+    body["messages"]
+        .as_array()
+        .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"))
+}
+
+#[test]
+fn every_kind_of_model_failure_ends_the_run_with_one_error_line_and_a_clean_store() {
+    type Serve = Box<dyn Fn(&Value) -> Reply + Send + Sync>;
+    let cases: Vec<(&str, Serve, &str)> = vec![
+        (
+            "500",
+            Box::new(|_: &Value| {
+                Reply::Raw(
+                    500,
+                    "application/json",
+                    vec![],
+                    r#"{"error":{"message":"boom"}}"#.into(),
+                )
+            }),
+            "failed: boom (SERVER_ERROR)",
+        ),
+        (
+            "429",
+            Box::new(|_: &Value| {
+                Reply::Raw(
+                    429,
+                    "application/json",
+                    vec![("retry-after", "1")],
+                    r#"{"error":{"message":"slow down"}}"#.into(),
+                )
+            }),
+            "failed: slow down (RATE_LIMITED)",
+        ),
+        (
+            "malformed event",
+            Box::new(|_: &Value| Reply::Sse("data: {not json\n\ndata: [DONE]\n\n".into())),
+            "an event that is not JSON",
+        ),
+        (
+            "empty stream",
+            Box::new(|_: &Value| Reply::Sse(String::new())),
+            "(STREAM_INTERRUPTED)",
+        ),
+        (
+            "html",
+            Box::new(|_: &Value| Reply::Raw(200, "text/html", vec![], "<html>hi</html>".into())),
+            "(STREAM_INTERRUPTED)",
+        ),
+    ];
+    for (name, script, why) in cases {
+        let (base, requests) = serve(script);
+        let workspace = tempfile::tempdir().expect("workspace");
+        let (cmd, store) = run_command(&base, workspace.path(), "say hello");
+        let out = run(cmd);
+        assert_fails(&out, "subagent: the coordinator's turn failed: ");
+        assert_fails(&out, why);
+        assert!(
+            requests.try_iter().count() >= 1,
+            "{name}: no request reached the server"
+        );
+        assert_checks_clean(&store);
+    }
+}
+
+#[test]
+fn a_json_answer_to_a_streaming_request_is_one_clear_error_line() {
+    let (base, _requests) = serve(|_| {
+        let body = json!({
+            "id": "chatcmpl-json", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "plain json"}, "finish_reason": "stop"}],
+        });
+        Reply::Raw(200, "application/json", vec![], body.to_string())
+    });
+    let workspace = tempfile::tempdir().expect("workspace");
+    let (cmd, store) = run_command(&base, workspace.path(), "say hello");
+    let out = run(cmd);
+    // The adapter does not read a non-streamed answer; it says so in one line (no hang, no
+    // panic) and the logs replay clean.
+    assert_fails(
+        &out,
+        "instead of an event stream (does the server support `stream: true`?)",
+    );
+    assert_checks_clean(&store);
+}
+
+#[test]
+fn malformed_delegation_arguments_become_tool_errors_and_the_run_completes() {
+    let (base, requests) = serve(|body| {
+        if has_tool_result(body) {
+            return text_sse("done after errors");
+        }
+        // Both delegation tools at once, with arguments that are not what they take.
+        Reply::Sse(format!(
+            "{}{}{}{}data: [DONE]\n\n",
+            chunk(json!({"role": "assistant", "content": ""}), None),
+            chunk(
+                json!({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                    "function": {"name": "subagent", "arguments": "{not json"}}]}),
+                None
+            ),
+            chunk(
+                json!({"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
+                    "function": {"name": "fork", "arguments": "{\"prompt\": 42, \"run_in_background\": \"yes\"}"}}]}),
+                None
+            ),
+            chunk(json!({}), Some("tool_calls")),
+        ))
+    });
+    let workspace = tempfile::tempdir().expect("workspace");
+    let (cmd, store) = run_command(&base, workspace.path(), "delegate badly");
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "done after errors");
+    let bodies: Vec<Value> = requests.try_iter().collect();
+    assert_eq!(bodies.len(), 2, "no child may have been started");
+    let results: Vec<&Value> = bodies[1]["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .collect();
+    assert_eq!(results.len(), 2, "{results:?}");
+    // Only the coordinator's log exists.
+    assert_eq!(std::fs::read_dir(&store).expect("store").count(), 1);
+    assert_checks_clean(&store);
+}
+
+#[test]
+fn a_huge_answer_is_printed_whole_and_stored() {
+    let huge = "x".repeat(4 << 20);
+    let answer = huge.clone();
+    let (base, _requests) = serve(move |_| text_sse(&answer));
+    let workspace = tempfile::tempdir().expect("workspace");
+    let (cmd, store) = run_command(&base, workspace.path(), "say a lot");
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim_end(), huge);
+    assert_checks_clean(&store);
+    let mut cmd = subagent();
+    cmd.arg("agents").arg("--store").arg(&store);
+    assert_eq!(run(cmd).status.code(), Some(0));
+}
+
+/// Sends SIGINT to `pid` once `requests` has delivered `n` request bodies.
+fn interrupt_after(requests: &mpsc::Receiver<Value>, n: usize, pid: u32) -> Vec<Value> {
+    let mut seen = Vec::new();
+    while seen.len() < n {
+        seen.push(
+            requests
+                .recv_timeout(HANG_GUARD)
+                .expect("the run's requests reach the server"),
+        );
+    }
+    let status = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    seen
+}
+
+#[test]
+fn ctrl_c_during_a_stalled_stream_ends_the_run_with_balanced_logs() {
+    let (base, requests) = serve(|_| Reply::Stall);
+    let workspace = tempfile::tempdir().expect("workspace");
+    let (cmd, store) = run_command(&base, workspace.path(), "wait forever");
+    let out = run_with(cmd, |pid| {
+        interrupt_after(&requests, 1, pid);
+    });
+    let err = stderr(&out);
+    assert!(
+        err.contains("subagent: interrupted; cancelling the coordinator"),
+        "{err}"
+    );
+    assert_fails(&out, "was aborted");
+    assert_checks_clean(&store);
+}
+
+#[test]
+fn endless_delegation_stops_at_the_depth_cap_and_ctrl_c_ends_it_cleanly() {
+    // Every agent, at every step, delegates again (and ignores refusals).
+    let (base, requests) = serve(|body| {
+        let _ = is_child(body);
+        tool_sse(
+            "subagent",
+            r#"{"description":"again","prompt":"CHILD: delegate again"}"#,
+        )
+    });
+    let workspace = tempfile::tempdir().expect("workspace");
+    let (cmd, store) = run_command(&base, workspace.path(), "delegate forever");
+    let out = run_with(cmd, |pid| {
+        // Far more calls than the depth cap allows agents: some were refused.
+        interrupt_after(&requests, 12, pid);
+    });
+    assert_fails(&out, "was aborted");
+    assert_checks_clean(&store);
+    let mut cmd = subagent();
+    cmd.arg("agents").arg("--store").arg(&store);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let listing = stdout(&out);
+    let max_depth = listing
+        .lines()
+        .filter_map(|l| {
+            l.split("depth ")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .max();
+    assert_eq!(max_depth, Some(3), "{listing}");
+}
+
+#[test]
+fn two_demos_share_a_store_while_agents_reads_it() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = tmp.path().join("store");
+    let spawn_demo = || {
+        let mut cmd = subagent();
+        cmd.arg("demo").arg("--store").arg(&store);
+        cmd.spawn().expect("demo starts")
+    };
+    let (a, b) = (spawn_demo(), spawn_demo());
+    // Read the store while both write to it (until both are done): never a crash.
+    let (tx, rx) = mpsc::channel();
+    let waiter = thread::spawn(move || {
+        let outs = (a.wait_with_output(), b.wait_with_output());
+        let _ = tx.send(());
+        outs
+    });
+    let mut reads = 0;
+    loop {
+        let mut cmd = subagent();
+        cmd.arg("agents").arg("--store").arg(&store);
+        let out = run(cmd);
+        // Before the first session is created the store may not exist yet.
+        assert!(matches!(out.status.code(), Some(0 | 2)), "{}", stderr(&out));
+        assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+        reads += 1;
+        if rx.recv_timeout(Duration::ZERO).is_ok() || reads > 200 {
+            break;
+        }
+    }
+    rx.recv_timeout(HANG_GUARD).ok();
+    let (a, b) = waiter.join().expect("waiter");
+    for out in [a.expect("demo a"), b.expect("demo b")] {
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    }
+    assert_checks_clean(&store);
+    let mut cmd = subagent();
+    cmd.arg("agents").arg("--store").arg(&store);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let listing = stdout(&out);
+    assert_eq!(
+        listing.lines().filter(|l| l.contains("(top-level)")).count(),
+        2,
+        "{listing}"
+    );
+    assert_eq!(listing.lines().count(), 10, "{listing}");
+    assert!(stderr(&out).is_empty(), "{}", stderr(&out));
+}
