@@ -340,13 +340,15 @@ async fn run(
         tree.add_root(id.clone(), "coordinator");
         let agent = handle.agent().clone();
         // Ctrl-C cancels the coordinator's turn (its children with it); the host then shuts
-        // down normally, so every log ends balanced and durable.
+        // down normally, so every log ends balanced and durable. Only the coordinator is waited
+        // for: a background job (which a user cancel does not reach) may never settle — its
+        // model may stall — and disposing of the coordinator below ends it.
         let turn = tokio::select! {
             turn = host.run_turn(&agent, task) => turn,
             _ = tokio::signal::ctrl_c() => {
                 eprintln!("subagent: interrupted; cancelling the coordinator");
                 agent.cancel(agent::CancelCause::User, agent::CancelOptions::default());
-                host.settle(&agent).await;
+                agent.when_idle().await;
                 Ok(())
             }
         };
