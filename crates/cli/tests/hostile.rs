@@ -784,3 +784,46 @@ fn two_demos_share_a_store_while_agents_reads_it() {
     assert_eq!(listing.lines().count(), 10, "{listing}");
     assert!(stderr(&out).is_empty(), "{}", stderr(&out));
 }
+
+#[test]
+fn ctrl_c_ends_a_run_whose_background_job_stalls() {
+    // The coordinator starts a background job, then both its next model call and the job's
+    // stall. A user cancel does not reach background jobs, so Ctrl-C must not wait for the job
+    // to settle: disposing of the coordinator ends it.
+    let (base, requests) = serve(|body| {
+        if is_child(body) || has_tool_result(body) {
+            return Reply::Stall;
+        }
+        tool_sse(
+            "subagent",
+            r#"{"description":"slow job","prompt":"CHILD: take forever","run_in_background":true}"#,
+        )
+    });
+    let workspace = tempfile::tempdir().expect("workspace");
+    let (cmd, store) = run_command(&base, workspace.path(), "start a job");
+    let out = run_with(cmd, |pid| {
+        // The coordinator's first and second calls and the job's call.
+        interrupt_after(&requests, 3, pid);
+    });
+    assert!(
+        stderr(&out).contains("subagent: interrupted; cancelling the coordinator"),
+        "{}",
+        stderr(&out)
+    );
+    assert_fails(&out, "was aborted");
+    assert_checks_clean(&store);
+    let mut cmd = subagent();
+    cmd.arg("agents").arg("--store").arg(&store);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let listing = stdout(&out);
+    assert_eq!(listing.lines().count(), 2, "{listing}");
+    assert!(listing.lines().all(|l| l.ends_with("last aborted")), "{listing}");
+    assert!(
+        listing
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.contains("spawn \"slow job\"  background job")),
+        "{listing}"
+    );
+}
