@@ -72,6 +72,26 @@ pub fn directory_for_this_thread(root: &Path) -> PathBuf {
     root.join(sanitize(&exe)).join(thread)
 }
 
+/// The directory of store generation `generation` (1: `dir` itself, then `dir#2`, `dir#3`, …).
+fn store_generation(dir: &Path, generation: u32) -> PathBuf {
+    if generation == 1 {
+        return dir.to_owned();
+    }
+    let mut sibling = dir.as_os_str().to_owned();
+    sibling.push(format!("#{generation}"));
+    PathBuf::from(sibling)
+}
+
+/// The latest generation holding a capture named `name` (captures of one id fill generations
+/// 1, 2, … in order); 1 when there is none.
+fn latest_generation(dir: &Path, name: &str) -> u32 {
+    let mut generation = 1;
+    while store_generation(dir, generation + 1).join(name).exists() {
+        generation += 1;
+    }
+    generation
+}
+
 /// One session's capture file.
 struct TraceFile {
     state: Mutex<TraceState>,
@@ -88,15 +108,15 @@ impl TraceFile {
         let name = format!("{}.jsonl", sanitize(session.id().as_str()));
         // A reused id (a resumed session, or an id reopened after disposal) starts a new store
         // generation in a sibling directory, so each directory stays a store with unique ids.
-        let mut generation = 1;
+        // A child starts looking at its parent's latest generation, so it lands in the same
+        // store as the parent it was delegated by (a child of a re-created parent would
+        // otherwise be replayed against the parent's first, unrelated, capture).
+        let mut generation = match &session.header().parent_session {
+            Some(parent) => latest_generation(dir, &format!("{}.jsonl", sanitize(parent.as_str()))),
+            None => 1,
+        };
         let (path, file) = loop {
-            let store = if generation == 1 {
-                dir.to_owned()
-            } else {
-                let mut sibling = dir.as_os_str().to_owned();
-                sibling.push(format!("#{generation}"));
-                PathBuf::from(sibling)
-            };
+            let store = store_generation(dir, generation);
             std::fs::create_dir_all(&store)?;
             let path = store.join(&name);
             match OpenOptions::new().write(true).create_new(true).open(&path) {
@@ -153,7 +173,7 @@ impl SessionObserver for TraceFile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agent::{EventData, SessionMeta};
+    use agent::{EventData, SessionId, SessionMeta};
 
     #[test]
     fn captures_header_prior_events_and_later_appends() {
@@ -171,5 +191,41 @@ mod tests {
         assert!(lines[1].contains("session/end-seed"));
         assert!(lines[2].contains("turn/start"));
         drop(entered);
+    }
+
+    /// A re-created id goes to the next store generation, and a child delegated by it goes to
+    /// the same generation as that parent — not to the first one, where the parent's unrelated
+    /// earlier capture lives and a replay would judge the child's seed against it.
+    #[test]
+    fn a_child_is_captured_beside_its_parents_latest_capture() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = MemorySessionStore::new(None);
+        let _guard = install(&store, dir.path());
+        let announce = |id: &str, parent: Option<&str>| {
+            let meta = SessionMeta {
+                parent_session: parent.map(SessionId::from),
+                ..SessionMeta::default()
+            };
+            let session = Arc::new(Session::new(meta.into_header(id.into(), 1).unwrap(), None).unwrap());
+            let entered = agent::SessionStore::enter(&store, session.clone()).unwrap();
+            store.announce(&session).unwrap();
+            entered
+        };
+        drop(announce("p", None));
+        drop(announce("c1", Some("p")));
+        drop(announce("p", None));
+        drop(announce("c2", Some("p")));
+        drop(announce("c1", Some("p")));
+        let generation_2 = store_generation(dir.path(), 2);
+        let generation_3 = store_generation(dir.path(), 3);
+        assert!(dir.path().join("p.jsonl").exists() && dir.path().join("c1.jsonl").exists());
+        assert!(generation_2.join("p.jsonl").exists());
+        assert!(
+            generation_2.join("c2.jsonl").exists(),
+            "beside the re-created parent"
+        );
+        assert!(generation_2.join("c1.jsonl").exists(), "a reused child id too");
+        assert!(!dir.path().join("c2.jsonl").exists());
+        assert!(!generation_3.exists());
     }
 }
