@@ -250,6 +250,7 @@ impl RuntimeBuilder {
             tool_registry,
             config,
             registry: Mutex::new(Vec::new()),
+            agent_lifecycle: parking_lot::ReentrantMutex::new(()),
             shutdown: Signal::new(),
             tasks: TaskTracker::new(),
             held: Mutex::new(guards),

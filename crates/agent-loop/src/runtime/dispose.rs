@@ -208,12 +208,13 @@ pub(super) async fn teardown(entry: Arc<AgentEntry>) {
     if let Some(rt) = entry.runtime.upgrade() {
         rt.registry.lock().retain(|e| !Arc::ptr_eq(e, &entry));
     }
-    if entry.announced.load(std::sync::atomic::Ordering::SeqCst)
-        && let Some(rt) = entry.runtime.upgrade()
-    {
-        rt.services.agent_events.emit(&AgentEvent::Disposed {
-            agent: agent.id().clone(),
-        });
+    if let Some(rt) = entry.runtime.upgrade() {
+        let _lifecycle = rt.agent_lifecycle.lock();
+        if entry.announced.load(std::sync::atomic::Ordering::SeqCst) {
+            rt.services.agent_events.emit(&AgentEvent::Disposed {
+                agent: agent.id().clone(),
+            });
+        }
     }
     let guard = entry.session_guard.lock().take();
     drop(guard);

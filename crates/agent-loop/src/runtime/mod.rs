@@ -90,6 +90,11 @@ struct RuntimeInner {
     tool_registry: Option<ToolRegistry>,
     config: LoopConfig,
     registry: Mutex<Vec<Arc<AgentEntry>>>,
+    /// Held while an agent is marked announced and `AgentEvent::Created` is emitted, and while
+    /// its teardown checks that mark and emits `AgentEvent::Disposed`, so listeners on any
+    /// thread see an agent's `Created` before its `Disposed`. Reentrant: a `Created` listener
+    /// may dispose the agent on its own thread.
+    agent_lifecycle: parking_lot::ReentrantMutex<()>,
     shutdown: Signal,
     tasks: TaskTracker,
     /// Registrations kept for the runtime's life: the builder's (the deployment persona) and
@@ -583,11 +588,14 @@ impl Runtime {
                 .announce(&session)
                 .map_err(|e| AgentError::Other(Box::new(e)))?;
             self.recheck(&id, signal.as_ref(), owner.as_ref())?;
-            entry.announced.store(true, std::sync::atomic::Ordering::SeqCst);
-            self.inner
-                .services
-                .agent_events
-                .emit(&AgentEvent::Created { agent: id.clone() });
+            {
+                let _lifecycle = self.inner.agent_lifecycle.lock();
+                entry.announced.store(true, std::sync::atomic::Ordering::SeqCst);
+                self.inner
+                    .services
+                    .agent_events
+                    .emit(&AgentEvent::Created { agent: id.clone() });
+            }
             self.recheck(&id, signal.as_ref(), owner.as_ref())?;
             self.inner.services.agent_events.emit(&AgentEvent::SessionStart {
                 agent: id.clone(),

@@ -120,6 +120,11 @@ struct Inner {
     observers: RwLock<Vec<Arc<dyn SessionObserver>>>,
     persistence: Option<Arc<dyn SessionPersistence>>,
     events: EventBus<SessionStoreEvent>,
+    /// Held while an entry is marked announced and `session/created` is emitted, and while an
+    /// entry is removed and `session/disposed` is emitted, so listeners on any thread see a
+    /// session's `created` before its `disposed`. Reentrant: a `created` listener may dispose
+    /// the session (its `disposed` is then emitted inside the `created` emission).
+    lifecycle: parking_lot::ReentrantMutex<()>,
 }
 
 /// The in-memory live session store.
@@ -135,7 +140,10 @@ struct Inner {
 ///   vetoes (the runtime then rolls the creation back).
 ///
 /// Cheap to clone (shared). One mutex protects the entry list; it is never held while
-/// listeners or observers run.
+/// listeners or observers run. A second, reentrant lock orders each session's notifications:
+/// it is held while `session/created` and `session/disposed` are emitted, so every listener,
+/// on any thread, sees a session's `created` before its `disposed`. Its listeners may create
+/// or dispose sessions on their own thread, but must not wait for another thread that does.
 #[derive(Clone)]
 pub struct MemorySessionStore {
     inner: Arc<Inner>,
@@ -164,6 +172,7 @@ impl MemorySessionStore {
                 observers: RwLock::new(Vec::new()),
                 persistence,
                 events: EventBus::new(),
+                lifecycle: parking_lot::ReentrantMutex::new(()),
             }),
         }
     }
@@ -280,6 +289,7 @@ impl MemorySessionStore {
     /// Emits `session/created` for an entered session, once. A failing listener is returned
     /// (the caller rolls back; removal then pairs it with `session/disposed`).
     pub fn announce(&self, session: &Arc<Session>) -> Result<(), ListenerFailed> {
+        let _lifecycle = self.inner.lifecycle.lock();
         {
             let mut state = self.inner.state.lock();
             match state
@@ -300,6 +310,7 @@ impl MemorySessionStore {
         let weak = Arc::downgrade(&self.inner);
         Registration::new(move || {
             let Some(inner) = weak.upgrade() else { return };
+            let _lifecycle = inner.lifecycle.lock();
             let removed = {
                 let mut state = inner.state.lock();
                 state
