@@ -237,6 +237,13 @@ fn agents_log_and_check_survive_a_hostile_store_and_change_nothing() {
     let report = stdout(&out);
     assert!(report.contains("session \"empty\""), "{report}");
     assert!(report.contains("session \"notlog\""), "{report}");
+    // Entries named like logs that are not logs are named too, never opened or skipped.
+    for name in ["fifo", "null", "dangling"] {
+        assert!(
+            report.contains(&format!("session \"{name}\"")),
+            "{name}: {report}"
+        );
+    }
 
     assert!(before == snapshot(&store), "the store changed");
 }

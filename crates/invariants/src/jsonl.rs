@@ -287,11 +287,27 @@ pub(crate) fn find_logs(dir: &Path, problems: &mut Vec<Violation>) -> Result<Vec
                 }
             };
             let path = entry.path();
-            let Ok(kind) = entry.file_type() else { continue };
+            let kind = match entry.file_type() {
+                Ok(kind) => kind,
+                Err(e) => {
+                    problems.push(io_violation(&path, &e));
+                    continue;
+                }
+            };
             if kind.is_dir() {
                 stack.push(path);
-            } else if path.extension().is_some_and(|e| e == "jsonl") && (kind.is_file() || path.is_file()) {
-                logs.push(path);
+            } else if path.extension().is_some_and(|e| e == "jsonl") {
+                // A log is a regular file (or a link to one). Anything else named like a log —
+                // a FIFO, a device, a socket, a dangling link, a link to a directory — is
+                // reported, never opened: opening a FIFO would block the check forever.
+                match std::fs::metadata(&path) {
+                    Ok(meta) if meta.is_file() => logs.push(path),
+                    Ok(_) => problems.push(io_violation(
+                        &path,
+                        &io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"),
+                    )),
+                    Err(e) => problems.push(io_violation(&path, &e)),
+                }
             }
         }
     }

@@ -318,6 +318,30 @@ fn directories_are_walked_recursively() {
     assert_eq!(rules(&report.violations), ["PARSE"]);
     assert_eq!(report.violations[0].session.as_str(), "c");
 
+    // Entries named like logs that are not regular files are reported, not opened (a FIFO
+    // would block the check forever) and not silently skipped.
+    #[cfg(unix)]
+    {
+        let fifo = dir.join("nested/pipe.jsonl");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+        std::os::unix::fs::symlink(dir.join("nowhere.jsonl"), dir.join("dangling.jsonl")).unwrap();
+        std::os::unix::fs::symlink(dir.join("nested"), dir.join("folder.jsonl")).unwrap();
+        let report = replay_dir(&dir).unwrap();
+        assert_eq!(report.logs, 3);
+        let mut io: Vec<&str> = report
+            .violations
+            .iter()
+            .filter(|v| v.rule.as_str() == "IO")
+            .map(|v| v.session.as_str())
+            .collect();
+        io.sort_unstable();
+        assert_eq!(io, ["dangling", "folder", "pipe"], "{:?}", report.violations);
+        std::fs::remove_file(&fifo).unwrap();
+        std::fs::remove_file(dir.join("dangling.jsonl")).unwrap();
+        std::fs::remove_file(dir.join("folder.jsonl")).unwrap();
+    }
+
     let err = replay_dir(&dir.join("missing")).unwrap_err();
     assert!(err.to_string().starts_with("cannot read "), "{err}");
     assert!(replay_jsonl_file(&dir.join("missing.jsonl")).is_err());
