@@ -225,9 +225,10 @@ async fn cancelled_between_chunks_of_one_read_the_stream_aborts_at_once() {
     assert_eq!(cancel_after(&a, total, None).await, whole);
 }
 
-/// A server that ignores `stream: true` answers 200 with one JSON document: the stream ends with
-/// a typed failure saying so — the provider's own error when the document is one — instead of
-/// `STREAM_INTERRUPTED` after parsing nothing; `+json` media types count too.
+/// A server that ignores `stream: true` answers 200 with one JSON document, and a wrong base URL
+/// often answers 200 with an HTML page: the stream ends with a typed failure saying so — the
+/// provider's own error when the document is one — instead of `STREAM_INTERRUPTED` after
+/// parsing nothing; `+json` media types count too.
 #[tokio::test]
 async fn a_json_document_instead_of_an_event_stream_is_a_typed_failure() {
     let completion = json!({
@@ -253,6 +254,12 @@ async fn a_json_document_instead_of_an_event_stream_is_a_typed_failure() {
             completion,
             "BAD_RESPONSE",
             "instead of an event stream",
+        ),
+        (
+            "text/html; charset=utf-8",
+            json!("<html><body>Welcome to nginx!</body></html>"),
+            "BAD_RESPONSE",
+            "an HTML page instead of an event stream",
         ),
     ];
     for (content_type, document, code, message) in cases {

@@ -573,7 +573,7 @@ fn every_kind_of_model_failure_ends_the_run_with_one_error_line_and_a_clean_stor
         (
             "html",
             Box::new(|_: &Value| Reply::Raw(200, "text/html", vec![], "<html>hi</html>".into())),
-            "(STREAM_INTERRUPTED)",
+            "an HTML page instead of an event stream",
         ),
     ];
     for (name, script, why) in cases {

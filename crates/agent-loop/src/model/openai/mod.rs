@@ -100,7 +100,7 @@ impl fmt::Debug for OpenAiConfig {
 /// | connection failure / timeout | `CONNECTION_FAILED` / `TIMEOUT` | — |
 /// | read error mid-stream | `STREAM_ERROR` | `requestId` |
 /// | an `{"error": …}` event | the provider's code (upper-cased) or `PROVIDER_ERROR` | `requestId` |
-/// | a 2xx answer with a JSON body (`application/json`) instead of an event stream | the provider's code when the body is `{"error": …}`, else `BAD_RESPONSE` | `requestId` |
+/// | a 2xx answer with a JSON body (`application/json`) or an HTML page instead of an event stream | the provider's code when the body is `{"error": …}`, else `BAD_RESPONSE` | `requestId` |
 /// | an event that is not JSON, not valid UTF-8 or over 16 MiB | `BAD_RESPONSE` | `requestId` |
 /// | the body ends before a finish reason or `[DONE]` | `STREAM_INTERRUPTED` | `requestId` |
 ///
@@ -239,15 +239,15 @@ impl Call {
                         replay_state: None,
                     });
                 }
-                if is_json(response.headers()) {
-                    // A server that ignored `stream: true` (or reports an error with a 200):
-                    // its one JSON document is not an event stream.
+                if let Some(kind) = not_an_event_stream(response.headers()) {
+                    // A server that ignored `stream: true` (or reports an error with a 200), or
+                    // a page that is no API at all: its one document is not an event stream.
                     let headers = response.headers().clone();
                     let body = match race(&self.signal, read_capped(response)).await {
                         None => return self.abort(),
                         Some(body) => body,
                     };
-                    let failure = json_instead_of_stream(&headers, &body);
+                    let failure = document_instead_of_stream(kind, &headers, &body);
                     return self.end(StreamChunk::Finish {
                         reason: FinishReason::Error { failure },
                         replay_state: None,
@@ -477,26 +477,43 @@ fn http_failure(status: u16, reason: Option<&str>, headers: &HeaderMap, body: &[
     }
 }
 
-/// Whether a successful response says its body is JSON (`application/json` or a `+json`
-/// type) rather than an event stream.
-fn is_json(headers: &HeaderMap) -> bool {
-    header_str(headers, "content-type").is_some_and(|value| {
-        let media = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-        media == "application/json" || (media.starts_with("application/") && media.ends_with("+json"))
-    })
+/// A successful response's body that is one document, not an event stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Document {
+    /// `application/json` or a `+json` type.
+    Json,
+    /// `text/html` (a proxy's or a web server's page: usually a wrong base URL).
+    Html,
 }
 
-/// The failure for a successful response whose body is one JSON document instead of an event
-/// stream: the provider's own error when the document is one (`{"error": …}`), else
-/// `BAD_RESPONSE` saying the server did not stream.
-fn json_instead_of_stream(headers: &HeaderMap, body: &[u8]) -> LlmFailure {
-    let document = serde_json::from_slice::<Value>(body).ok();
+/// What a successful response's `content-type` says its body is, when that is not an event
+/// stream (a missing or other type is read as a stream).
+fn not_an_event_stream(headers: &HeaderMap) -> Option<Document> {
+    let value = header_str(headers, "content-type")?;
+    let media = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    if media == "application/json" || (media.starts_with("application/") && media.ends_with("+json")) {
+        Some(Document::Json)
+    } else if media == "text/html" {
+        Some(Document::Html)
+    } else {
+        None
+    }
+}
+
+/// The failure for a successful response whose body is one document instead of an event
+/// stream: the provider's own error when it is a JSON `{"error": …}`, else `BAD_RESPONSE`
+/// saying what came instead.
+fn document_instead_of_stream(kind: Document, headers: &HeaderMap, body: &[u8]) -> LlmFailure {
+    let document = match kind {
+        Document::Json => serde_json::from_slice::<Value>(body).ok(),
+        Document::Html => None,
+    };
     let error = document
         .as_ref()
         .and_then(|v| v.get("error"))
         .filter(|e| !e.is_null());
-    let (code, message) = match error {
-        Some(error) => (
+    let (code, message) = match (kind, error) {
+        (_, Some(error)) => (
             error
                 .get("code")
                 .and_then(Value::as_str)
@@ -508,10 +525,16 @@ fn json_instead_of_stream(headers: &HeaderMap, body: &[u8]) -> LlmFailure {
                 .or_else(|| error.as_str())
                 .map_or_else(|| error.to_string(), str::to_owned),
         ),
-        None => (
+        (Document::Json, None) => (
             "BAD_RESPONSE".to_owned(),
             "the provider answered with one JSON document instead of an event stream (does the \
              server support `stream: true`?)"
+                .to_owned(),
+        ),
+        (Document::Html, None) => (
+            "BAD_RESPONSE".to_owned(),
+            "the provider answered with an HTML page instead of an event stream (is the base URL \
+             the API's, up to its version segment?)"
                 .to_owned(),
         ),
     };
