@@ -60,6 +60,13 @@ fn run(cmd: Command) -> Output {
     run_with(cmd, |_| {})
 }
 
+/// `subagent agents --store <store>`, run to the end.
+fn agents(store: &Path) -> Output {
+    let mut cmd = subagent();
+    cmd.arg("agents").arg("--store").arg(store);
+    run(cmd)
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -182,9 +189,7 @@ fn agents_log_and_check_survive_a_hostile_store_and_change_nothing() {
     let store = tmp.path().join("store");
     let before = snapshot(&store);
 
-    let mut cmd = subagent();
-    cmd.arg("agents").arg("--store").arg(&store);
-    let out = run(cmd);
+    let out = agents(&store);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let listing = stdout(&out);
     assert!(
@@ -256,9 +261,7 @@ fn agents_names_a_log_whose_file_name_is_not_utf8() {
     let name = std::ffi::OsStr::from_bytes(b"bad-\xff.jsonl");
     std::fs::write(store.join(name), b"{}\n").expect("write");
     let before = snapshot(&store);
-    let mut cmd = subagent();
-    cmd.arg("agents").arg("--store").arg(&store);
-    let out = run(cmd);
+    let out = agents(&store);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(
@@ -665,9 +668,7 @@ fn a_huge_answer_is_printed_whole_and_stored() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out).trim_end(), huge);
     assert_checks_clean(&store);
-    let mut cmd = subagent();
-    cmd.arg("agents").arg("--store").arg(&store);
-    assert_eq!(run(cmd).status.code(), Some(0));
+    assert_eq!(agents(&store).status.code(), Some(0));
 }
 
 /// Sends SIGINT to `pid` once `requests` has delivered `n` request bodies.
@@ -723,9 +724,7 @@ fn endless_delegation_stops_at_the_depth_cap_and_ctrl_c_ends_it_cleanly() {
     });
     assert_fails(&out, "was aborted");
     assert_checks_clean(&store);
-    let mut cmd = subagent();
-    cmd.arg("agents").arg("--store").arg(&store);
-    let out = run(cmd);
+    let out = agents(&store);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let listing = stdout(&out);
     let max_depth = listing
@@ -761,9 +760,7 @@ fn two_demos_share_a_store_while_agents_reads_it() {
     });
     let mut reads = 0;
     loop {
-        let mut cmd = subagent();
-        cmd.arg("agents").arg("--store").arg(&store);
-        let out = run(cmd);
+        let out = agents(&store);
         // Before the first session is created the store may not exist yet.
         assert!(matches!(out.status.code(), Some(0 | 2)), "{}", stderr(&out));
         assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
@@ -778,9 +775,7 @@ fn two_demos_share_a_store_while_agents_reads_it() {
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     }
     assert_checks_clean(&store);
-    let mut cmd = subagent();
-    cmd.arg("agents").arg("--store").arg(&store);
-    let out = run(cmd);
+    let out = agents(&store);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let listing = stdout(&out);
     assert_eq!(
@@ -819,9 +814,7 @@ fn ctrl_c_ends_a_run_whose_background_job_stalls() {
     );
     assert_fails(&out, "was aborted");
     assert_checks_clean(&store);
-    let mut cmd = subagent();
-    cmd.arg("agents").arg("--store").arg(&store);
-    let out = run(cmd);
+    let out = agents(&store);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let listing = stdout(&out);
     assert_eq!(listing.lines().count(), 2, "{listing}");
