@@ -5,25 +5,28 @@
 //!   captured log. With `--logs DIR`: replay an existing directory without running tests.
 //!   Prints `replayed <N> logs (<E> events): <V> violations` and fails when `V > 0` or `N == 0`.
 //! * `ci` — what `.ci/run` runs.
-//! * `bench` — the criterion benchmarks.
+//! * `bench [CARGO BENCH ARGS]` — the criterion benchmarks (`--workspace` without arguments),
+//!   then every figure as a ratio to its floor measured in the same run, against its target.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use invariants::{DirReport, check_store};
 
+mod bench;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("check-invariants") => check_invariants(&args[1..]),
         Some("ci") => ci(),
-        Some("bench") => run(Command::new(cargo()).args(["bench", "--workspace"])),
+        Some("bench") => bench::bench(&cargo(), &workspace_root(), &args[1..]),
         Some("help" | "--help" | "-h") => {
-            println!("usage: cargo xtask <check-invariants [--logs DIR] | ci | bench>");
+            println!("usage: cargo xtask <check-invariants [--logs DIR] | ci | bench [CARGO BENCH ARGS]>");
             Ok(())
         }
         _ => Err(format!(
-            "usage: cargo xtask <check-invariants [--logs DIR] | ci | bench>{}",
+            "usage: cargo xtask <check-invariants [--logs DIR] | ci | bench [CARGO BENCH ARGS]>{}",
             args.first()
                 .map(|a| format!(" (unknown command {a:?})"))
                 .unwrap_or_default()

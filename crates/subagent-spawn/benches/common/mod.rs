@@ -1,0 +1,83 @@
+//! What both benchmark targets share: the instant model, the host (one reference runtime, one
+//! parent, the `spawn` provider registered on a service) and one delegation's start request.
+
+use std::sync::Arc;
+
+use agent::{
+    AgentOptions, AgentRuntime, ContentBlock, CreateAgentOptions, GenerateOptions, ModelAdapter, ModelStream,
+    SessionId, Signal,
+};
+use agent_loop::model::chunks;
+use agent_loop::runtime::Runtime;
+use futures::StreamExt;
+use subagent::provider::SubagentStartRequest;
+use subagent::service::SubagentService;
+use subagent_inprocess::InProcessDriver;
+
+/// A model that answers every call at once with one short text.
+pub struct InstantModel;
+
+impl ModelAdapter for InstantModel {
+    fn stream(&self, _: Arc<GenerateOptions>) -> ModelStream {
+        futures::stream::iter(chunks::text("done").into_iter().map(Ok)).boxed()
+    }
+}
+
+/// A host with one parent agent and the `spawn` provider registered.
+pub struct Bench {
+    pub runtime: Runtime,
+    pub service: SubagentService,
+    pub parent: agent::AgentRef,
+    _parent_handle: agent::AgentHandle,
+    _provider: agent::Registration,
+}
+
+impl Bench {
+    /// Builds the host on the current tokio runtime.
+    pub async fn new() -> Self {
+        let runtime = Runtime::builder()
+            .model("instant", Arc::new(InstantModel))
+            .build();
+        let parent_handle = runtime
+            .create(CreateAgentOptions {
+                agent_options: AgentOptions {
+                    provider: Some("instant".into()),
+                    model: Some("instant".into()),
+                    ..AgentOptions::default()
+                },
+                ..CreateAgentOptions::new(SessionId::from("parent"))
+            })
+            .await
+            .expect("parent");
+        let service = SubagentService::new();
+        let driver = InProcessDriver::new(runtime.services().clone());
+        let provider = subagent_spawn::register(&service, driver).expect("registered");
+        Self {
+            parent: parent_handle.agent().clone(),
+            runtime,
+            service,
+            _parent_handle: parent_handle,
+            _provider: provider,
+        }
+    }
+
+    /// One delegation's start request: a one-word task from the parent, never cancelled.
+    pub fn request(&self) -> SubagentStartRequest {
+        SubagentStartRequest::new(
+            vec![ContentBlock::text("task")],
+            self.parent.clone(),
+            Signal::new(),
+        )
+    }
+
+    /// Number of live agents on the runtime (the parent counts as one).
+    pub fn live_agents(&self) -> usize {
+        AgentRuntime::list(&self.runtime).len()
+    }
+
+    /// Closes the service and shuts the runtime down.
+    pub async fn close(self) {
+        self.service.close().await;
+        self.runtime.shutdown().await;
+    }
+}
