@@ -257,9 +257,36 @@ pub(crate) fn stem_id(path: &Path) -> SessionId {
     )
 }
 
-/// Replays one JSON-lines log file.
+/// Opens a log for reading, only if it is a regular file (or a link to one).
+///
+/// The type is checked on the open handle, so a path replaced between a directory walk and the
+/// open is still caught. The open itself never blocks (`O_NONBLOCK`, which has no effect on
+/// regular files; a FIFO opened for reading without it waits for a writer) and never takes a
+/// controlling terminal. Anything else is an `InvalidInput` error naming it.
+pub(crate) fn open_log(path: &Path) -> io::Result<File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
+    }
+    let file = options.open(path)?;
+    if file.metadata()?.is_file() {
+        Ok(file)
+    } else {
+        Err(not_regular())
+    }
+}
+
+fn not_regular() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, "not a regular file")
+}
+
+/// Replays one JSON-lines log file. A path that is not a regular file (a FIFO, a device, a
+/// directory) is an error; it is never read.
 pub fn replay_jsonl_file(path: &Path) -> Result<Report, ReadError> {
-    let file = File::open(path).map_err(|e| ReadError::new(path, e))?;
+    let file = open_log(path).map_err(|e| ReadError::new(path, e))?;
     replay_jsonl_reader(&stem_id(path), BufReader::new(file)).map_err(|e| ReadError::new(path, e))
 }
 
@@ -300,12 +327,10 @@ pub(crate) fn find_logs(dir: &Path, problems: &mut Vec<Violation>) -> Result<Vec
                 // A log is a regular file (or a link to one). Anything else named like a log —
                 // a FIFO, a device, a socket, a dangling link, a link to a directory — is
                 // reported, never opened: opening a FIFO would block the check forever.
+                // The readers open it with `open_log`, which checks again on the handle.
                 match std::fs::metadata(&path) {
                     Ok(meta) if meta.is_file() => logs.push(path),
-                    Ok(_) => problems.push(io_violation(
-                        &path,
-                        &io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"),
-                    )),
+                    Ok(_) => problems.push(io_violation(&path, &not_regular())),
                     Err(e) => problems.push(io_violation(&path, &e)),
                 }
             }

@@ -1,14 +1,15 @@
 //! Cross-session rules over a whole store directory.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::io::{self, BufReader};
 use std::path::{Path, PathBuf};
 
 use agent::{Origin, SessionHeader, SessionId};
 use serde_json::Value;
 
-use crate::jsonl::{DirReport, ReadError, find_logs, for_each_line, io_violation, read_log, stem_id};
+use crate::jsonl::{
+    DirReport, ReadError, find_logs, for_each_line, io_violation, open_log, read_log, stem_id,
+};
 use crate::rule::RuleId;
 use crate::violation::Violation;
 
@@ -40,7 +41,7 @@ pub fn check_store(dir: &Path) -> Result<DirReport, ReadError> {
     let logs = find_logs(dir, &mut report.violations)?;
     let mut entries: Vec<Entry> = Vec::new();
     for path in logs {
-        let read = File::open(&path).and_then(|f| read_log(&stem_id(&path), BufReader::new(f)));
+        let read = open_log(&path).and_then(|f| read_log(&stem_id(&path), BufReader::new(f)));
         match read {
             Ok(read) => {
                 report.add(read.report);
@@ -140,7 +141,7 @@ fn settlement_notices(path: &Path) -> io::Result<Vec<(u64, SessionId)>> {
             .flatten()
     }
     let mut out = Vec::new();
-    let file = File::open(path)?;
+    let file = open_log(path)?;
     for_each_line(BufReader::new(file), |line| {
         if line.number == 1 {
             return true;
@@ -195,7 +196,7 @@ fn depth_violation(child: &Entry, parent: &Entry) -> Option<Violation> {
 /// The first `n` event lines of a log as JSON values (`None` for a line that is not JSON).
 fn event_prefix(path: &Path, n: u64) -> io::Result<Vec<Option<Value>>> {
     let mut out = Vec::new();
-    let file = File::open(path)?;
+    let file = open_log(path)?;
     for_each_line(BufReader::new(file), |line| {
         if line.number == 1 {
             return true;

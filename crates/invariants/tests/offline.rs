@@ -345,4 +345,31 @@ fn directories_are_walked_recursively() {
     let err = replay_dir(&dir.join("missing")).unwrap_err();
     assert!(err.to_string().starts_with("cannot read "), "{err}");
     assert!(replay_jsonl_file(&dir.join("missing.jsonl")).is_err());
+    // Reading one file by name refuses anything but a regular file, without reading it.
+    let err = replay_jsonl_file(&dir.join("nested")).unwrap_err();
+    assert_eq!(err.source.to_string(), "not a regular file", "{err:?}");
+}
+
+/// A FIFO handed to the file reader by name (or swapped in for a log after the directory walk
+/// looked at it) is refused on its open handle: the open does not wait for a writer.
+#[cfg(unix)]
+#[test]
+fn a_fifo_read_by_name_is_refused_without_blocking() {
+    let dir = scratch("fifo-by-name");
+    let fifo = dir.join("pipe.jsonl");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn({
+        let fifo = fifo.clone();
+        move || tx.send(replay_jsonl_file(&fifo).map(|r| r.events))
+    });
+    // A deadline, not a pause: before the fix the open blocked here for good.
+    let result = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the open of a FIFO returned instead of waiting for a writer");
+    let err = result.unwrap_err();
+    assert_eq!(err.source.to_string(), "not a regular file", "{err:?}");
+    reader.join().unwrap().expect("the receiver waited");
+    std::fs::remove_file(&fifo).unwrap();
 }
