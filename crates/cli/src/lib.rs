@@ -13,12 +13,14 @@
 //! | [`workspace`] | the read-only `read_file`, `list_dir` and `grep` tools (`subagent run`) |
 //! | [`model_text`] | every text this crate shows a model (tool descriptions, schemas, failures, personas) |
 //! | [`error`] | [`CliError`], the one-line user-facing failures |
+//! | [`interrupt`] | Ctrl-C in two stages: the first winds the work down, the second abandons it |
 #![warn(missing_docs)]
 
 pub mod catalog;
 pub mod demo;
 pub mod error;
 pub mod host;
+pub mod interrupt;
 pub mod logview;
 pub mod model_text;
 pub mod tree;
