@@ -58,6 +58,10 @@ pub enum CliError {
         /// How many.
         violations: usize,
     },
+    /// A second Ctrl-C arrived while the program was winding down after the first: it exits
+    /// without waiting for the shutdown to finish.
+    #[error("interrupted again; exiting without waiting for shutdown")]
+    Interrupted,
     /// An I/O failure writing output or preparing a directory.
     #[error("{context}: {source}")]
     Io {
@@ -70,10 +74,12 @@ pub enum CliError {
 }
 
 impl CliError {
-    /// The process exit code: 1 for violations found by `check`, 2 for everything else.
+    /// The process exit code: 1 for violations found by `check`, 130 (the conventional status
+    /// after SIGINT) for [`CliError::Interrupted`], 2 for everything else.
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Violations { .. } => 1,
+            Self::Interrupted => 130,
             _ => 2,
         }
     }

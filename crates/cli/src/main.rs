@@ -3,7 +3,8 @@
 //! Subcommands: `demo` (a scripted coordinator, no network), `run` (the same host on a real
 //! OpenAI-compatible model), `agents` (the stored sessions as a tree), `log` (one session log,
 //! readable) and `check` (invariant replay over a store). Failures print one line on stderr
-//! (`subagent: <message>`) and exit non-zero: 1 when `check` found violations, 2 otherwise.
+//! (`subagent: <message>`) and exit non-zero: 1 when `check` found violations, 130 when a second
+//! Ctrl-C cut `run`'s shutdown short, 2 otherwise.
 
 use std::collections::HashSet;
 use std::io::{IsTerminal as _, Write as _};
@@ -19,12 +20,16 @@ use parking_lot::Mutex;
 use subagent_cli::catalog::{check_store_dir, read_catalog};
 use subagent_cli::demo::run_demo;
 use subagent_cli::host::{FORK_TOOL, SPAWN_TOOL};
+use subagent_cli::interrupt::{Abandoned, TwoStage};
 use subagent_cli::tree::{LiveTree, TreeChange, TreeNode, TreeSink, node_line, short_id};
 use subagent_cli::workspace::Workspace;
 use subagent_cli::{CliError, Host, HostOptions, build_host};
 
 /// The default store directory.
 const DEFAULT_STORE: &str = ".subagent";
+
+/// What `subagent run` prints on the first Ctrl-C.
+const FIRST_INTERRUPT: &str = "subagent: interrupted; cancelling the coordinator and shutting down (press Ctrl-C again to exit at once)";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -111,6 +116,12 @@ fn main() -> ExitCode {
     let result = runtime.block_on(dispatch(cli.command));
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e @ CliError::Interrupted) => {
+            // The abandoned work may be stuck in a blocking task (a file operation that never
+            // returns), which dropping the runtime would wait for.
+            runtime.shutdown_background();
+            fail(&e)
+        }
         Err(e) => fail(&e),
     }
 }
@@ -335,33 +346,49 @@ async fn run(
         "run-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     ));
-    let outcome = async {
-        let handle = host.create_agent(id.clone()).await?;
-        tree.add_root(id.clone(), "coordinator");
-        let agent = handle.agent().clone();
-        // Ctrl-C cancels the coordinator's turn (its children with it); the host then shuts
-        // down normally, so every log ends balanced and durable. Only the coordinator is waited
-        // for: a background job (which a user cancel does not reach) may never settle — its
-        // model may stall — and disposing of the coordinator below ends it.
-        let turn = tokio::select! {
-            turn = host.run_turn(&agent, task) => turn,
-            _ = tokio::signal::ctrl_c() => {
-                eprintln!("subagent: interrupted; cancelling the coordinator");
-                agent.cancel(agent::CancelCause::User, agent::CancelOptions::default());
-                agent.when_idle().await;
-                Ok(())
-            }
-        };
-        let answer = Host::last_answer(agent.as_ref());
-        let last = last_turn_failure(agent.as_ref());
-        handle.dispose().await;
-        turn.map(|()| (answer, last))
-    }
-    .await;
-    // Let the last `subagent/end` events reach the tree before it stops listening.
-    host.subagents().close().await;
-    drop(listening);
-    let shutdown = host.shutdown().await;
+    // Ctrl-C in two stages. The first cancels the coordinator's turn (its children with it)
+    // and lets the host shut down normally, so every log ends balanced and durable. A second
+    // one, at any point until the shutdown is over, abandons it: the program exits at once (a
+    // log may then end in a torn line, which the store drops on load).
+    let interrupts = TwoStage::new(subagent_cli::interrupt::ctrl_c().map_err(|e| CliError::Io {
+        context: "cannot listen for Ctrl-C".to_owned(),
+        source: e,
+    })?);
+    let stop = interrupts.first_interrupt();
+    let graceful = async {
+        let outcome = async {
+            let handle = host.create_agent(id.clone()).await?;
+            tree.add_root(id.clone(), "coordinator");
+            let agent = handle.agent().clone();
+            // Only the coordinator is waited for: a background job (which a user cancel does
+            // not reach) may never settle — its model may stall — and disposing of the
+            // coordinator below ends it.
+            let turn = tokio::select! {
+                // The prompt is delivered (its turn started) before Ctrl-C is looked at, so a
+                // Ctrl-C that came first aborts the turn rather than leaving none.
+                biased;
+                turn = host.run_turn(&agent, task) => turn,
+                () = stop.arrived() => {
+                    agent.cancel(agent::CancelCause::User, agent::CancelOptions::default());
+                    agent.when_idle().await;
+                    Ok(())
+                }
+            };
+            let answer = Host::last_answer(agent.as_ref());
+            let last = last_turn_failure(agent.as_ref());
+            handle.dispose().await;
+            turn.map(|()| (answer, last))
+        }
+        .await;
+        // Let the last `subagent/end` events reach the tree before it stops listening.
+        host.subagents().close().await;
+        drop(listening);
+        (outcome, host.shutdown().await)
+    };
+    let (outcome, shutdown) = interrupts
+        .run(graceful, || eprintln!("{FIRST_INTERRUPT}"))
+        .await
+        .map_err(|Abandoned| CliError::Interrupted)?;
     let (answer, failure) = outcome.map_err(|e| CliError::Run(e.to_string()))?;
     shutdown.map_err(|e| CliError::Run(e.to_string()))?;
     eprintln!("session logs: {} (coordinator {id})", store.display());

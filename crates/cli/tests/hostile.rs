@@ -702,7 +702,10 @@ fn ctrl_c_during_a_stalled_stream_ends_the_run_with_balanced_logs() {
         err.contains("subagent: interrupted; cancelling the coordinator"),
         "{err}"
     );
+    assert!(err.contains("press Ctrl-C again to exit at once"), "{err}");
+    // One Ctrl-C is the graceful stop: exit 2 with the aborted turn, not 130.
     assert_fails(&out, "was aborted");
+    assert!(!err.contains("interrupted again"), "{err}");
     assert_checks_clean(&store);
 }
 
