@@ -3,12 +3,18 @@
 //! | OpenAI stream | our chunks |
 //! |---|---|
 //! | first `delta.content` | `block-start {text}` then `text-delta` (later ones: `text-delta`) |
-//! | `delta.reasoning_content` / `delta.reasoning` | a `reasoning` block, likewise |
+//! | `delta.content` as an array of parts | each `text` part's `text` (and each `refusal` part's `refusal`), in order, exactly as if sent as a string `content`; any other part, or a part without its string field, is `BAD_RESPONSE` |
+//! | `delta.refusal` (the model declining) | text, exactly as if sent as `content` (after it when both come in one delta) |
+//! | `delta.reasoning_content` / `delta.reasoning` | a `reasoning` block, like a string `delta.content` |
 //! | `delta.tool_calls[i]` (keyed by `index`) | one `tool-call` block per index: `block-start`, then `tool-call-delta {id, name?, argumentsDelta}` |
-//! | an event of another shape (no `choices`, only other choices, a `delta` field of another type) | nothing: ignored |
+//! | an event of another shape (no `choices`, only other choices, a `delta` field of another type, such as a numeric `content`) | nothing: ignored |
 //! | `usage` | one `usage` (`prompt_tokens`, `completion_tokens`, cached and reasoning details) |
 //! | `finish_reason` | remembered; at `[DONE]` (or the end of the body) every open block is closed in index order with its assembled block, then `usage`, then `finish` |
 //! | `{"error": …}` event | `finish {error}` (open blocks allowed) |
+//!
+//! A refusal is what the model said (its finish reason is still `stop`), and the spine has no
+//! finish of its own for it: it is kept as the response's text, not dropped (which would leave
+//! an `EMPTY_RESPONSE`) nor turned into a failure a caller might retry.
 //!
 //! Finish reasons: `stop` → `stop` (`tool-calls` when calls were streamed; an `error` with code
 //! `EMPTY_RESPONSE` when nothing was), `tool_calls`/`function_call` → `tool-calls`, `length` →
@@ -86,6 +92,8 @@ impl Assembler {
             return Ok(out);
         };
         if let Some(delta) = choice.get("delta") {
+            // Checked before anything of the event is emitted: a damaged part fails the event.
+            let content = self.content_pieces(delta)?;
             let reasoning = delta
                 .get("reasoning_content")
                 .or_else(|| delta.get("reasoning"))
@@ -100,11 +108,7 @@ impl Assembler {
                     acc.push_str(text);
                 }
             }
-            if let Some(text) = delta
-                .get("content")
-                .and_then(Value::as_str)
-                .filter(|t| !t.is_empty())
-            {
+            for text in content.into_iter().filter(|t| !t.is_empty()) {
                 let index = self.open(BlockType::Text, &mut out);
                 out.push(StreamChunk::TextDelta {
                     index,
@@ -124,6 +128,58 @@ impl Assembler {
             self.finish_reason = Some(reason.to_owned());
         }
         Ok(out)
+    }
+
+    /// The text pieces a `delta` adds to the text block, in order: `content` as a string, or
+    /// each part of `content` as an array (a `text` part's `text`, a `refusal` part's
+    /// `refusal`), then `refusal` as a string. `content` or `refusal` of another type (`null`
+    /// among them) adds nothing. An array part that is not an object, has no string `type`, is
+    /// of another type, or lacks its string field is a `BAD_RESPONSE` naming the part.
+    fn content_pieces<'a>(&self, delta: &'a Value) -> Result<Vec<&'a str>, LlmFailure> {
+        let mut pieces = Vec::new();
+        match delta.get("content") {
+            Some(Value::String(text)) => pieces.push(text.as_str()),
+            Some(Value::Array(parts)) => {
+                for (position, part) in parts.iter().enumerate() {
+                    pieces.push(self.content_part(position, part)?);
+                }
+            }
+            _ => {}
+        }
+        if let Some(refusal) = delta.get("refusal").and_then(Value::as_str) {
+            pieces.push(refusal);
+        }
+        Ok(pieces)
+    }
+
+    /// The text of one part (at `position`) of an array `delta.content`.
+    fn content_part<'a>(&self, position: usize, part: &'a Value) -> Result<&'a str, LlmFailure> {
+        let bad = |what: String| {
+            self.failure(
+                "BAD_RESPONSE",
+                format!("the provider sent a content part (`delta.content[{position}]`) {what}"),
+            )
+        };
+        let Some(fields) = part.as_object() else {
+            return Err(bad(format!("that is not an object: {}", excerpt(part))));
+        };
+        let field = match fields.get("type").and_then(Value::as_str) {
+            Some("text") => "text",
+            Some("refusal") => "refusal",
+            Some(other) => {
+                return Err(bad(format!(
+                    "of type `{other}`, which this adapter cannot represent (only `text` and \
+                     `refusal` parts are supported)"
+                )));
+            }
+            None => return Err(bad(format!("without a string `type`: {}", excerpt(part)))),
+        };
+        fields.get(field).and_then(Value::as_str).ok_or_else(|| {
+            bad(format!(
+                "of type `{field}` without a string `{field}`: {}",
+                excerpt(part)
+            ))
+        })
     }
 
     /// Handles one entry of `delta.tool_calls` (at `position` in its array).
@@ -277,6 +333,23 @@ impl Assembler {
         }
     }
 }
+
+/// At most [`EXCERPT_CAP`] bytes of a value's JSON text (on a char boundary), for messages.
+fn excerpt(value: &Value) -> String {
+    let mut text = value.to_string();
+    if text.len() > EXCERPT_CAP {
+        let mut end = EXCERPT_CAP;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
+/// The most bytes of a damaged value quoted in a failure message.
+const EXCERPT_CAP: usize = 200;
 
 fn parse_usage(usage: &Value) -> TokenUsage {
     let n = |v: Option<&Value>| v.and_then(Value::as_u64);

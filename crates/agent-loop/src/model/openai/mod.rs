@@ -75,7 +75,9 @@ impl fmt::Debug for OpenAiConfig {
 /// | OpenAI stream | chunks |
 /// |---|---|
 /// | `delta.content` | a `text` block: `block-start` on the first piece, then `text-delta`s |
-/// | `delta.reasoning_content` / `delta.reasoning` | a `reasoning` block, likewise |
+/// | `delta.content` as an array of parts | the same, from each `text` part's `text` (and each `refusal` part's `refusal`) in order; a part of another type or without its string field is `BAD_RESPONSE` |
+/// | `delta.refusal` | text, like `delta.content` (a refusal is what the model said) |
+/// | `delta.reasoning_content` / `delta.reasoning` | a `reasoning` block, like a string `delta.content` |
 /// | `delta.tool_calls[i]` | one `tool-call` block per `index`: `block-start`, then `tool-call-delta {id, name?, argumentsDelta}` (the call's id and name are the first ones sent) |
 /// | `usage` | one `usage` |
 /// | `finish_reason` then `[DONE]` | every open block closed in index order with its assembled block, then `usage`, then `finish` |
@@ -102,6 +104,7 @@ impl fmt::Debug for OpenAiConfig {
 /// | an `{"error": …}` event | the provider's code (upper-cased) or `PROVIDER_ERROR` | `requestId` |
 /// | a 2xx answer with a JSON body (`application/json`) or an HTML page instead of an event stream | the provider's code when the body is `{"error": …}`, else `BAD_RESPONSE` | `requestId` |
 /// | an event that is not JSON, not valid UTF-8 or over 16 MiB | `BAD_RESPONSE` | `requestId` |
+/// | a `delta.content` part of a type other than `text` or `refusal`, or without its string field | `BAD_RESPONSE` | `requestId` |
 /// | the body ends before a finish reason or `[DONE]` | `STREAM_INTERRUPTED` | `requestId` |
 ///
 /// An event with no data (`data:` alone, as a keep-alive) is ignored.

@@ -85,6 +85,16 @@ fn tool_delta(index: u64, id: Option<&str>, name: Option<&str>, arguments: &str)
     event(json!({"tool_calls": [call]}), None)
 }
 
+/// A `text` content part.
+fn text_part(text: &str) -> Value {
+    json!({"type": "text", "text": text})
+}
+
+/// An event whose `delta.content` is an array of these parts.
+fn parts(parts: &[Value]) -> Value {
+    event(json!({ "content": parts }), None)
+}
+
 /// A body of `data:` events (`\n` line ends), with the `[DONE]` marker when `done`.
 fn body(events: &[Value], done: bool) -> Vec<u8> {
     let mut out = String::new();
@@ -230,6 +240,27 @@ fn recorded() -> Vec<Recorded> {
             end: "stop",
         },
         Recorded {
+            name: "content parts",
+            body: body(
+                &[
+                    event(json!({"role": "assistant", "content": []}), None),
+                    parts(&[text_part("héllo "), text_part("")]),
+                    tool_delta(0, Some("call_a"), Some("read"), "{\"path\":"),
+                    parts(&[text_part("😀"), text_part(" wörld")]),
+                    event(json!({"content": null}), None),
+                    tool_delta(0, None, None, "\"a\"}"),
+                    content(" ✓"),
+                    finish_event("tool_calls"),
+                ],
+                true,
+            ),
+            blocks: vec![
+                ContentBlock::text("héllo 😀 wörld ✓"),
+                ContentBlock::tool_call("call_a", "read", "{\"path\":\"a\"}"),
+            ],
+            end: "tool-calls",
+        },
+        Recorded {
             name: "interrupted",
             body: body(&[content("par")], false),
             blocks: vec![],
@@ -285,7 +316,7 @@ proptest! {
     #![proptest_config(config(256, 0x5EED_0001))]
     #[test]
     fn any_framing_parses_like_the_whole_body(
-        which in 0..9usize,
+        which in 0..10usize,
         cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..40),
     ) {
         let r = &recorded()[which];
@@ -781,7 +812,7 @@ proptest! {
     /// stream (checked by `parse_parts`) that ends with a finish.
     #[test]
     fn damaged_bodies_parse_to_grammatical_streams(
-        which in 0..9usize,
+        which in 0..10usize,
         damages in proptest::collection::vec(damage(), 1..6),
         truncate in proptest::option::of(any::<prop::sample::Index>()),
         part in 1..300usize,
@@ -873,4 +904,135 @@ fn events_without_data_are_keep_alives() {
         with.extend_from_slice(&body(&[finish_event("stop")], true));
         assert_eq!(parse(&with), expected, "{keep_alive:?}");
     }
+}
+
+/// `delta.content` as an array of parts streams exactly like the same text sent as strings:
+/// the `text` parts in order, within an event and across events, empty parts and `null`
+/// content adding nothing.
+#[test]
+fn text_content_parts_stream_like_string_content() {
+    let as_strings = parse(&body(
+        &[
+            content("Hel"),
+            content("lo"),
+            content(", "),
+            content("wörld"),
+            finish_event("stop"),
+        ],
+        true,
+    ));
+    let as_parts = parse(&body(
+        &[
+            parts(&[text_part("Hel"), text_part("lo")]),
+            event(json!({"content": null}), None),
+            parts(&[]),
+            parts(&[text_part(""), text_part(", ")]),
+            parts(&[text_part("wörld")]),
+            finish_event("stop"),
+        ],
+        true,
+    ));
+    assert_eq!(as_parts, as_strings);
+    assert_eq!(
+        outcome(&as_parts),
+        (vec![ContentBlock::text("Hello, wörld")], "stop".to_owned())
+    );
+}
+
+/// A refusal, as a `refusal` content part or as `delta.refusal`, is the model's answer: it is
+/// streamed as text (in order with the other parts), not dropped as an empty response.
+#[test]
+fn refusals_are_streamed_as_text() {
+    let refusal = |text: &str| json!({"type": "refusal", "refusal": text});
+    let expected = (
+        vec![ContentBlock::text("I'm sorry, I can't help with that.")],
+        "stop".to_owned(),
+    );
+    for events in [
+        vec![
+            parts(&[refusal("I'm sorry, ")]),
+            parts(&[refusal("I can't help with that.")]),
+        ],
+        vec![
+            event(json!({"content": null, "refusal": "I'm sorry, "}), None),
+            event(json!({"refusal": "I can't help with that."}), None),
+        ],
+        vec![parts(&[
+            text_part("I'm sorry, "),
+            refusal("I can't help with that."),
+        ])],
+    ] {
+        let mut events = events;
+        events.push(event(json!({"content": null, "refusal": null}), None));
+        events.push(finish_event("stop"));
+        let chunks = parse(&body(&events, true));
+        assert_eq!(outcome(&chunks), expected, "{events:?}");
+        assert_eq!(
+            streamed_text(&chunks),
+            expected.0[0].as_text().unwrap(),
+            "{events:?}"
+        );
+    }
+}
+
+/// A content part the adapter cannot represent, or one without its string field, ends the
+/// stream with a `BAD_RESPONSE` naming the part (after what was streamed before it; nothing
+/// of its own event is streamed).
+#[test]
+fn unknown_or_malformed_content_parts_are_bad_responses() {
+    let cases = [
+        (
+            json!({"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}),
+            "of type `image_url`, which this adapter cannot represent",
+        ),
+        (json!({"type": "audio", "text": "x"}), "of type `audio`"),
+        (json!({"type": "text"}), "of type `text` without a string `text`"),
+        (json!({"type": "text", "text": null}), "without a string `text`"),
+        (json!({"type": "text", "text": 42}), "without a string `text`: {"),
+        (
+            json!({"type": "refusal", "text": "no"}),
+            "without a string `refusal`",
+        ),
+        (json!({"text": "untyped"}), "without a string `type`"),
+        (json!({"type": 7, "text": "x"}), "without a string `type`"),
+        (json!("bare string"), "that is not an object: \"bare string\""),
+        (json!(null), "that is not an object: null"),
+    ];
+    for (part, message) in cases {
+        let raw = body(
+            &[
+                content("kept"),
+                parts(&[text_part(" lost"), part.clone()]),
+                content("never"),
+                finish_event("stop"),
+            ],
+            true,
+        );
+        let chunks = parse(&raw);
+        let Some(StreamChunk::Finish {
+            reason: FinishReason::Error { failure },
+            ..
+        }) = chunks.last()
+        else {
+            panic!("{part}: {chunks:?}");
+        };
+        assert_eq!(failure.code, "BAD_RESPONSE", "{part}");
+        assert!(
+            failure.message.contains("`delta.content[1]`") && failure.message.contains(message),
+            "{part}: {}",
+            failure.message
+        );
+        assert_eq!(streamed_text(&chunks), "kept", "{part}");
+    }
+    // A huge part is quoted only in part.
+    let huge = json!({"type": "text", "text": ["x".repeat(100_000)]});
+    let chunks = parse(&body(&[parts(&[huge])], true));
+    let Some(StreamChunk::Finish {
+        reason: FinishReason::Error { failure },
+        ..
+    }) = chunks.last()
+    else {
+        panic!("{chunks:?}");
+    };
+    assert!(failure.message.len() < 400, "{}", failure.message);
 }
