@@ -296,10 +296,12 @@ async fn connection_failures_are_structured() {
 
 #[test]
 fn debug_output_redacts_the_api_key() {
-    let config = OpenAiConfig::new("http://127.0.0.1:1/v1", Some("sk-secret".into()), "m");
+    let mut config = OpenAiConfig::new("http://127.0.0.1:1/v1", Some("sk-secret".into()), "m");
+    config.idle_timeout = Some(std::time::Duration::from_secs(90));
     let shown = format!("{config:?}");
     assert!(
         !shown.contains("sk-secret") && shown.contains("<redacted>"),
         "{shown}"
     );
+    assert!(shown.contains("idle_timeout: Some(90s)"), "{shown}");
 }

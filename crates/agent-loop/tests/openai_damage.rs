@@ -1,5 +1,5 @@
 //! The OpenAI-compatible adapter end to end (a 127.0.0.1 server replaying scripted bodies)
-//! under odd framing, damage and cancellation at every point. The parser's exhaustive
+//! under odd framing, damage, stalls and cancellation at every point. The parser's exhaustive
 //! framing and damage sweeps are unit tests (`model::openai::robustness`); these check that
 //! the HTTP path gives the same results.
 #![cfg(feature = "openai")]
@@ -280,5 +280,225 @@ async fn a_json_document_instead_of_an_event_stream_is_a_typed_failure() {
             !chunks.iter().any(|c| matches!(c, StreamChunk::TextDelta { .. })),
             "nothing was streamed: {chunks:?}"
         );
+    }
+}
+
+/// The `error` failure a stream ended with, and the virtual time from `since` to its finish
+/// (which must come within `limit`).
+async fn drain_to_failure(
+    stream: &mut agent::ModelStream,
+    chunks: &mut Vec<StreamChunk>,
+    since: tokio::time::Instant,
+    limit: Duration,
+) -> (LlmFailure, Duration) {
+    let rest = tokio::time::timeout(limit, stream.collect::<Vec<_>>())
+        .await
+        .unwrap_or_else(|_| panic!("no finish within {limit:?} after {chunks:?}"));
+    chunks.extend(rest.into_iter().map(|c| c.expect("in-band")));
+    let elapsed = since.elapsed();
+    validate_stream(chunks).unwrap_or_else(|e| panic!("{e}: {chunks:#?}"));
+    match chunks.last() {
+        Some(StreamChunk::Finish {
+            reason: FinishReason::Error { failure },
+            ..
+        }) => (failure.clone(), elapsed),
+        other => panic!("not an error finish: {other:?}"),
+    }
+}
+
+/// A server that stops sending (after the head and part of the body, before the first byte of
+/// the body, or before the head) ends the stream with a `TIMEOUT` once the configured idle gap
+/// has passed on the (paused) clock, and the connection is closed at once, while the caller
+/// still holds the stream; an error response whose body stalls is reported with what arrived.
+#[tokio::test(start_paused = true)]
+async fn an_idle_timeout_ends_a_stalled_stream_with_a_typed_timeout() {
+    let idle = Duration::from_secs(30);
+    let event =
+        |text: &str| Part::Data(format!("data: {}\n\n", delta(json!({"content": text}))).into_bytes());
+    let server = serve_watched(vec![
+        // Mid-stream, after a keep-alive comment.
+        Reply::stream(vec![
+            event("partial"),
+            Part::Data(b": still here\n\n".to_vec()),
+            Part::Hang,
+        ]),
+        // The head, then not one byte of the body.
+        Reply::stream(vec![Part::Hang]),
+        // Not even a head.
+        Reply {
+            status: 0,
+            headers: vec![],
+            parts: vec![],
+        },
+        // An error response whose body stalls.
+        Reply {
+            status: 500,
+            headers: vec![("content-type", "text/plain"), ("x-request-id", "req_500")],
+            parts: vec![Part::Data(b"upstream ".to_vec()), Part::Hang],
+        },
+    ])
+    .await;
+    let a = adapter_with_idle(&server.base, Some(idle));
+    let cases = [
+        (
+            "TIMEOUT",
+            "the server sent nothing for 30 s while streaming the response (idle timeout)",
+            Some("req_ok"),
+            "partial",
+        ),
+        (
+            "TIMEOUT",
+            "the server sent nothing for 30 s while streaming the response (idle timeout)",
+            Some("req_ok"),
+            "",
+        ),
+        (
+            "TIMEOUT",
+            "the server sent nothing for 30 s before the response head (idle timeout)",
+            None,
+            "",
+        ),
+        (
+            "SERVER_ERROR",
+            "HTTP 500 Internal Server Error: upstream",
+            Some("req_500"),
+            "",
+        ),
+    ];
+    for (n, (code, message, request_id, text)) in cases.into_iter().enumerate() {
+        let mut stream = a.stream(request(Signal::new()));
+        let mut chunks = Vec::new();
+        if !text.is_empty() {
+            // Up to the text delta: the last thing the server sent.
+            while !matches!(chunks.last(), Some(StreamChunk::TextDelta { .. })) {
+                chunks.push(stream.next().await.expect("a chunk").expect("in-band"));
+            }
+        }
+        let since = tokio::time::Instant::now();
+        let (failure, elapsed) = drain_to_failure(&mut stream, &mut chunks, since, idle + HANG_GUARD).await;
+        assert_eq!(failure.code, code, "case {n}: {failure:?}");
+        assert_eq!(failure.message, message, "case {n}");
+        assert_eq!(failure.request_id.as_deref(), request_id, "case {n}");
+        assert!(
+            elapsed >= idle && elapsed < idle + Duration::from_secs(1),
+            "case {n}: ended after {elapsed:?}"
+        );
+        // The connection is closed although the stream is still held.
+        tokio::time::timeout(HANG_GUARD, server.hung_up.notified())
+            .await
+            .unwrap_or_else(|_| panic!("case {n}: the server never saw the connection close"));
+        if !text.is_empty() {
+            assert!(chunks.contains(&StreamChunk::TextDelta {
+                index: 0,
+                text: text.into()
+            }));
+        }
+        drop(stream);
+    }
+}
+
+/// The idle limit is a gap, not a deadline: a server that keeps sending, however slowly and for
+/// however long in all, is never cut off.
+#[tokio::test(start_paused = true)]
+async fn an_idle_timeout_does_not_fire_while_the_server_keeps_sending() {
+    let idle = Duration::from_secs(10);
+    let gap = Duration::from_secs(1);
+    let mut parts = vec![Part::Pause(gap)];
+    for i in 0..25 {
+        parts.push(Part::Data(
+            format!("data: {}\n\n", delta(json!({"content": format!("{i} ")}))).into_bytes(),
+        ));
+        parts.push(Part::Pause(gap));
+        // A keep-alive comment counts as the server sending something.
+        parts.push(Part::Data(b": ping\n\n".to_vec()));
+        parts.push(Part::Pause(gap));
+    }
+    parts.push(Part::Data(
+        format!("data: {}\n\ndata: [DONE]\n\n", finish_event("stop")).into_bytes(),
+    ));
+    let (base, _) = serve(vec![Reply::stream(parts)]).await;
+    let started = tokio::time::Instant::now();
+    let chunks = run(&adapter_with_idle(&base, Some(idle)), Signal::new()).await;
+    let text: String = (0..25).map(|i| format!("{i} ")).collect();
+    assert_eq!(blocks(&chunks), vec![ContentBlock::text(text)]);
+    assert_eq!(finish(&chunks), FinishReason::Stop);
+    assert!(started.elapsed() >= 51 * gap, "{:?}", started.elapsed());
+}
+
+/// Without an idle timeout (the default) a stalled server is waited on for as long as it
+/// takes; only the cancel signal ends the stream.
+#[tokio::test(start_paused = true)]
+async fn without_an_idle_timeout_a_stalled_stream_waits_for_the_cancel() {
+    let server = serve_watched(vec![Reply::stream(vec![
+        Part::Data(format!("data: {}\n\n", delta(json!({"content": "partial"}))).into_bytes()),
+        Part::Hang,
+    ])])
+    .await;
+    let a = adapter(&server.base);
+    assert_eq!(a.config().idle_timeout, None);
+    let signal = Signal::new();
+    let mut stream = a.stream(request(signal.clone()));
+    let mut chunks = vec![];
+    while !matches!(chunks.last(), Some(StreamChunk::TextDelta { .. })) {
+        chunks.push(stream.next().await.expect("a chunk").expect("in-band"));
+    }
+    tokio::select! {
+        chunk = stream.next() => panic!("the stalled stream yielded {chunk:?}"),
+        () = tokio::time::sleep(Duration::from_secs(7 * 24 * 3600)) => {}
+    }
+    signal.cancel(CancelCause::User);
+    chunks.extend(
+        stream
+            .by_ref()
+            .map(|c| c.expect("in-band"))
+            .collect::<Vec<_>>()
+            .await,
+    );
+    validate_stream(&chunks).unwrap();
+    assert_eq!(chunks.last(), Some(&aborted()));
+    tokio::time::timeout(HANG_GUARD, server.hung_up.notified())
+        .await
+        .expect("the server saw the connection close");
+}
+
+/// A cancel while the idle timer runs ends the stream at once with the abort, not the timeout.
+#[tokio::test(start_paused = true)]
+async fn a_cancel_wins_over_a_pending_idle_timeout() {
+    let idle = Duration::from_secs(30);
+    let server = serve_watched(vec![
+        Reply::stream(vec![
+            Part::Data(format!("data: {}\n\n", delta(json!({"content": "partial"}))).into_bytes()),
+            Part::Hang,
+        ]),
+        Reply {
+            status: 0,
+            headers: vec![],
+            parts: vec![],
+        },
+    ])
+    .await;
+    let a = adapter_with_idle(&server.base, Some(idle));
+    for (n, text) in ["partial", ""].into_iter().enumerate() {
+        let signal = Signal::new();
+        let mut stream = a.stream(request(signal.clone()));
+        let mut chunks = vec![];
+        if !text.is_empty() {
+            while !matches!(chunks.last(), Some(StreamChunk::TextDelta { .. })) {
+                chunks.push(stream.next().await.expect("a chunk").expect("in-band"));
+            }
+        }
+        let since = tokio::time::Instant::now();
+        let cancel = async {
+            tokio::time::sleep(idle - Duration::from_secs(1)).await;
+            signal.cancel(CancelCause::User);
+        };
+        let (rest, ()) = tokio::join!(stream.by_ref().collect::<Vec<_>>(), cancel);
+        assert_eq!(since.elapsed(), idle - Duration::from_secs(1), "case {n}");
+        chunks.extend(rest.into_iter().map(|c| c.expect("in-band")));
+        validate_stream(&chunks).unwrap();
+        assert_eq!(chunks.last(), Some(&aborted()), "case {n}");
+        tokio::time::timeout(HANG_GUARD, server.hung_up.notified())
+            .await
+            .unwrap_or_else(|_| panic!("case {n}: the server never saw the connection close"));
     }
 }

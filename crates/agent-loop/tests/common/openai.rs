@@ -2,6 +2,7 @@
 //! scripted server-sent-event bodies, and helpers to run the adapter and read its chunks.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use agent::stream_grammar::validate_stream;
 use agent::{
@@ -22,6 +23,8 @@ pub enum Part {
     Data(Vec<u8>),
     /// Stop writing and keep the connection open until the client closes it.
     Hang,
+    /// Write nothing for this long (`tokio::time`, so a paused test clock drives it).
+    Pause(Duration),
 }
 
 /// A scripted HTTP response.
@@ -139,6 +142,7 @@ pub async fn serve_watched(replies: Vec<Reply>) -> Server {
                             break;
                         }
                     }
+                    Part::Pause(gap) => tokio::time::sleep(gap).await,
                     Part::Hang => {
                         // Wait until the client goes away.
                         let mut sink = [0u8; 64];
@@ -194,6 +198,13 @@ pub async fn read_request(socket: &mut TcpStream) -> Option<(String, Vec<u8>)> {
 /// An adapter for `base` with key `sk-test` and default model `default-model`.
 pub fn adapter(base: &str) -> OpenAiCompatible {
     OpenAiCompatible::new(OpenAiConfig::new(base, Some("sk-test".into()), "default-model")).unwrap()
+}
+
+/// Like [`adapter`], with [`OpenAiConfig::idle_timeout`] set to `idle`.
+pub fn adapter_with_idle(base: &str, idle: Option<Duration>) -> OpenAiCompatible {
+    let mut config = OpenAiConfig::new(base, Some("sk-test".into()), "default-model");
+    config.idle_timeout = idle;
+    OpenAiCompatible::new(config).unwrap()
 }
 
 /// A request (model `gpt-test`, a system prompt, one tool, `max_tokens` 64) under `signal`.

@@ -39,6 +39,20 @@ pub struct OpenAiConfig {
     pub model: String,
     /// Connection timeout; `None` leaves the HTTP client's default (none).
     pub connect_timeout: Option<Duration>,
+    /// The longest the server may go without sending anything: the longest gap allowed between
+    /// two reads of a streaming response's body, including the wait for its first byte, and
+    /// the wait for the response head once the request is on its way (connecting included).
+    /// `None` (the default from [`OpenAiConfig::new`]) sets no limit: a server that stalls is
+    /// then given up on only when the request's signal is cancelled.
+    ///
+    /// When the gap is exceeded the stream ends with `finish {error}` with code `TIMEOUT`
+    /// (the code of a transport timeout or an HTTP 408/504: a caller that retries those retries
+    /// this too) and a message saying for how many seconds the server sent nothing; the
+    /// connection is dropped at once and nothing is left running.
+    /// While an error response's body is read, the gap only ends that read (the HTTP failure
+    /// is reported with what arrived). Measured with `tokio::time`, so a paused test clock
+    /// drives it. A cancelled signal still ends the stream at once, whatever the limit.
+    pub idle_timeout: Option<Duration>,
 }
 
 impl OpenAiConfig {
@@ -49,6 +63,7 @@ impl OpenAiConfig {
             api_key,
             model: model.into(),
             connect_timeout: None,
+            idle_timeout: None,
         }
     }
 }
@@ -60,6 +75,7 @@ impl fmt::Debug for OpenAiConfig {
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("model", &self.model)
             .field("connect_timeout", &self.connect_timeout)
+            .field("idle_timeout", &self.idle_timeout)
             .finish()
     }
 }
@@ -100,6 +116,7 @@ impl fmt::Debug for OpenAiConfig {
 /// | HTTP 500, 502, 503, 504, 529 | `SERVER_ERROR`, `BAD_GATEWAY`, `UNAVAILABLE`, `TIMEOUT`, `OVERLOADED` | `status`, `providerRetryAfterMs`, `requestId` |
 /// | any other non-2xx | `HTTP_<status>` | `status`, `providerRetryAfterMs`, `requestId` |
 /// | connection failure / timeout | `CONNECTION_FAILED` / `TIMEOUT` | — |
+/// | the server sends nothing for longer than [`OpenAiConfig::idle_timeout`] | `TIMEOUT` | `requestId` (once the head arrived) |
 /// | read error mid-stream | `STREAM_ERROR` | `requestId` |
 /// | an `{"error": …}` event | the provider's code (upper-cased) or `PROVIDER_ERROR` | `requestId` |
 /// | a 2xx answer with a JSON body (`application/json`) or an HTML page instead of an event stream | the provider's code when the body is `{"error": …}`, else `BAD_RESPONSE` | `requestId` |
@@ -115,7 +132,8 @@ impl fmt::Debug for OpenAiConfig {
 ///
 /// # Cancellation and ownership
 /// Every await (connecting, reading the error body, each read of the event stream) is raced
-/// against `request.signal`, and the signal is checked before each chunk is yielded; once it is
+/// against `request.signal` (and, when [`OpenAiConfig::idle_timeout`] is set, bounded by it),
+/// and the signal is checked before each chunk is yielded; once it is
 /// cancelled the stream ends at once with
 /// `finish {aborted {failure: {code: ABORTED, message: <cause>}}}` (chunks parsed but not yet
 /// yielded are dropped) and the connection is dropped. Dropping the stream drops the connection
@@ -167,6 +185,7 @@ impl ModelAdapter for OpenAiCompatible {
         let call = Call {
             phase: Phase::Start(Some(Box::new(http))),
             signal: request.signal.clone(),
+            idle: self.config.idle_timeout,
             queue: VecDeque::new(),
             body: BodyParser::default(),
             finished: false,
@@ -206,6 +225,8 @@ enum Phase {
 struct Call {
     phase: Phase,
     signal: Signal,
+    /// The idle limit ([`OpenAiConfig::idle_timeout`]).
+    idle: Option<Duration>,
     /// Chunks ready to be yielded.
     queue: VecDeque<StreamChunk>,
     body: BodyParser,
@@ -223,16 +244,23 @@ impl Call {
                 let Some(builder) = builder.take() else {
                     return self.end(self.body.asm.fail_chunk("UNKNOWN", "request already sent"));
                 };
-                let response = match race(&self.signal, builder.send()).await {
+                let response = match race(&self.signal, within(self.idle, builder.send())).await {
                     None => return self.abort(),
-                    Some(Ok(r)) => r,
-                    Some(Err(e)) => return self.end(transport_failure(&e)),
+                    Some(None) => {
+                        return self.end(
+                            self.body
+                                .asm
+                                .fail_chunk("TIMEOUT", self.silence("before the response head")),
+                        );
+                    }
+                    Some(Some(Ok(r))) => r,
+                    Some(Some(Err(e))) => return self.end(transport_failure(&e)),
                 };
                 self.body.asm.request_id = header_str(response.headers(), "x-request-id");
                 if !response.status().is_success() {
                     let status = response.status();
                     let headers = response.headers().clone();
-                    let body = match race(&self.signal, read_capped(response)).await {
+                    let body = match race(&self.signal, read_capped(response, self.idle)).await {
                         None => return self.abort(),
                         Some(body) => body,
                     };
@@ -246,7 +274,7 @@ impl Call {
                     // A server that ignored `stream: true` (or reports an error with a 200), or
                     // a page that is no API at all: its one document is not an event stream.
                     let headers = response.headers().clone();
-                    let body = match race(&self.signal, read_capped(response)).await {
+                    let body = match race(&self.signal, read_capped(response, self.idle)).await {
                         None => return self.abort(),
                         Some(body) => body,
                     };
@@ -260,9 +288,16 @@ impl Call {
                 self.phase = Phase::Streaming(body);
             }
             Phase::Streaming(body) => {
-                let next = match race(&self.signal, body.next()).await {
+                let next = match race(&self.signal, within(self.idle, body.next())).await {
                     None => return self.abort(),
-                    Some(next) => next,
+                    Some(None) => {
+                        let chunk = self
+                            .body
+                            .asm
+                            .fail_chunk("TIMEOUT", self.silence("while streaming the response"));
+                        return self.end(chunk);
+                    }
+                    Some(Some(next)) => next,
                 };
                 match next {
                     Some(Ok(bytes)) => {
@@ -285,6 +320,12 @@ impl Call {
             }
             Phase::Done => {}
         }
+    }
+
+    /// The message of an idle timeout hit `when`.
+    fn silence(&self, when: &str) -> String {
+        let secs = self.idle.unwrap_or_default().as_secs_f64();
+        format!("the server sent nothing for {secs} s {when} (idle timeout)")
     }
 
     fn end(&mut self, finish: StreamChunk) {
@@ -396,11 +437,20 @@ async fn race<F: Future>(signal: &Signal, fut: F) -> Option<F::Output> {
     }
 }
 
-/// Reads at most [`ERROR_BODY_CAP`] bytes of a response body (errors end the read).
-async fn read_capped(response: reqwest::Response) -> Vec<u8> {
+/// Runs `fut` unless `idle` is set and passes first, in which case `None`.
+async fn within<F: Future>(idle: Option<Duration>, fut: F) -> Option<F::Output> {
+    match idle {
+        Some(limit) => tokio::time::timeout(limit, fut).await.ok(),
+        None => Some(fut.await),
+    }
+}
+
+/// Reads at most [`ERROR_BODY_CAP`] bytes of a response body (errors, and a wait for a read
+/// longer than `idle`, end the read).
+async fn read_capped(response: reqwest::Response, idle: Option<Duration>) -> Vec<u8> {
     let mut body = Vec::new();
     let mut stream = response.bytes_stream();
-    while let Some(Ok(bytes)) = stream.next().await {
+    while let Some(Some(Ok(bytes))) = within(idle, stream.next()).await {
         body.extend_from_slice(&bytes);
         if body.len() >= ERROR_BODY_CAP {
             body.truncate(ERROR_BODY_CAP);
