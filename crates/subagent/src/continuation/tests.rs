@@ -3301,6 +3301,114 @@ async fn cont_23_abort_during_cold_inspection_rejects_at_once() {
     host.finish().await;
 }
 
+/// A host runtime whose `resume` holds the resumed agent — already published — until released,
+/// before handing the caller its handle: a cold materialization held open.
+struct PausingResume {
+    inner: Arc<dyn AgentRuntime>,
+    resumed: Arc<tokio::sync::Notify>,
+    release: tokio::sync::watch::Receiver<bool>,
+}
+
+#[async_trait]
+impl AgentRuntime for PausingResume {
+    async fn create(&self, options: CreateAgentOptions) -> Result<AgentHandle, agent::AgentError> {
+        self.inner.create(options).await
+    }
+    async fn resume(&self, options: agent::ResumeAgentOptions) -> Result<AgentHandle, agent::AgentError> {
+        let handle = self.inner.resume(options).await?;
+        self.resumed.notify_one();
+        let mut release = self.release.clone();
+        let _ = release.wait_for(|released| *released).await;
+        Ok(handle)
+    }
+    fn get(&self, id: &SessionId) -> Option<AgentRef> {
+        self.inner.get(id)
+    }
+    fn list(&self) -> Vec<AgentRef> {
+        self.inner.list()
+    }
+    fn ctx(&self) -> agent::Ctx {
+        self.inner.ctx()
+    }
+    fn agent_ctx(&self, id: &SessionId) -> Option<agent::Ctx> {
+        self.inner.agent_ctx(id)
+    }
+}
+
+/// spec: CONT-47 — replacing the parent (its handle disposed, then the same id resumed as a new
+/// agent) while a follow-up's cold materialization is under way makes the follow-up reject
+/// `UNAUTHORIZED` ("delivery requires the exact live parent agent"): the message is never logged,
+/// the fresh epoch is released again (its end edge pairs its start; no notice), and the
+/// replacement parent is never woken.
+#[tokio::test(start_paused = true)]
+async fn cont_47_parent_replaced_during_cold_materialization() {
+    let mut host = Host::new(by_session(4)).await;
+    let resumed = Arc::new(tokio::sync::Notify::new());
+    let (release, released) = tokio::sync::watch::channel(false);
+    let mut services = host.runtime.services().clone();
+    services.agents = Arc::new(PausingResume {
+        inner: services.agents.clone(),
+        resumed: resumed.clone(),
+        release: released,
+    });
+    host.manager = ContinuationManager::new(host.service.clone(), services);
+    let child_id = start_reserved(&host, "cold").await;
+    host.settle().await;
+    host.parent.when_idle().await;
+    assert_eq!(
+        host.model.requests().len(),
+        2,
+        "the child's answer and the parent's reaction"
+    );
+    let original = host.parent_handle.take().unwrap();
+    let stale = host.parent.clone();
+    let delivery = host.manager.followup(
+        &stale,
+        &child_id,
+        vec![ContentBlock::text("must not cross parent replacement")],
+    );
+    let replace = async {
+        resumed.notified().await;
+        assert!(
+            host.get(&child_id).is_some(),
+            "the child is resumed and published"
+        );
+        original.dispose().await;
+        let replacement = host
+            .runtime
+            .resume(agent::ResumeAgentOptions {
+                session_id: SessionId::from("parent"),
+                agent_options: routed(),
+                signal: None,
+                setup: None,
+                owner: None,
+            })
+            .await
+            .expect("the same id is live again");
+        release.send(true).unwrap();
+        replacement
+    };
+    let (outcome, replacement) = tokio::join!(delivery, replace);
+    host.parent = replacement.agent().clone();
+    host.parent_handle = Some(replacement);
+    assert!(!Arc::ptr_eq(&stale, &host.parent));
+    let err = outcome.unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Unauthorized, "{err}");
+    assert!(err.to_string().contains("exact live parent"), "{err}");
+    assert!(!host.manager.is_resident(&child_id));
+    assert!(host.get(&child_id).is_none());
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["task"]);
+    let (starts, ends) = (host.starts(), host.ends());
+    assert_eq!(starts.len(), 2, "the resumed epoch reached residency");
+    assert_eq!(ends.len(), 2);
+    assert_eq!(ends[1].info, starts[1]);
+    assert_eq!(host.parent.status(), AgentStatus::Idle);
+    assert!(host.parent.inbox().next_turn.is_empty() && host.parent.inbox().next_step.is_empty());
+    assert_eq!(host.model.requests().len(), 2, "nobody was woken");
+    host.finish().await;
+}
+
 /// Sweeps: one continuable child's life interrupted at **every** scheduling point (counted in
 /// `yield_now` calls of the test task on a current-thread runtime with a paused clock, with a
 /// model that yields before every chunk), once per point.
