@@ -3409,6 +3409,68 @@ async fn cont_47_parent_replaced_during_cold_materialization() {
     host.finish().await;
 }
 
+/// Vetoes every inbox splice that inserts a message `refused` picks: the session log refuses the
+/// insertion, so the sender's `send` (`followup`, `steer`, `inject`) fails — an inbox send that
+/// throws, on the reference runtime.
+struct RefuseInsertion(fn(&agent::Message) -> bool);
+
+impl agent::SessionObserver for RefuseInsertion {
+    fn check(&self, _: &agent::Session, candidate: &SessionEvent) -> Result<(), String> {
+        match &candidate.data {
+            EventData::InboxSpliced(splice) if splice.inserted.iter().any(|m| (self.0)(m)) => {
+                Err("synthetic inbox failure".to_owned())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// spec: CONT-48 — an inbox send that throws rejects the follow-up with that error (the send's
+/// `AgentError` is the rejection's source, its text the rejection's message) and leaves nothing
+/// accepted: the message is not logged, and once the running turn ends the child settles on its
+/// own — an id left in `accepted` would hold it `running` for ever.
+#[tokio::test(start_paused = true)]
+async fn cont_48_throwing_inbox_send_leaves_nothing_accepted() {
+    let host = Host::new(by_session(10)).await;
+    let (child_gate, hook) = gate(&host, "refusing");
+    let child_id = start_reserved(&host, "refusing").await;
+    let child = host.get(&child_id).unwrap();
+    yield_a_while().await;
+    assert_eq!(child.status(), AgentStatus::Running);
+    child.session().add_observer(Arc::new(RefuseInsertion(|m| {
+        visible_text(&m.content) == "throws"
+    })));
+    let err = host
+        .manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("throws")])
+        .await
+        .unwrap_err();
+    let cause = std::error::Error::source(&err)
+        .and_then(|s| s.downcast_ref::<agent::AgentError>())
+        .expect("the send's error is the rejection's source");
+    assert!(
+        matches!(cause, agent::AgentError::Log(agent::LogError::Vetoed { reason, .. })
+            if reason == "synthetic inbox failure"),
+        "{cause:?}"
+    );
+    assert_eq!(err.to_string(), cause.to_string());
+    assert!(
+        host.manager.is_resident(&child_id),
+        "the running epoch is untouched"
+    );
+    assert!(child.inbox().next_turn.is_empty());
+    child_gate.send(true).unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    assert!(host.get(&child_id).is_none());
+    assert_eq!(host.ends().len(), 1);
+    assert_eq!(host.ends()[0].stop_reason, StopReason::Completed);
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["task"]);
+    drop(hook);
+    host.finish().await;
+}
+
 /// Sweeps: one continuable child's life interrupted at **every** scheduling point (counted in
 /// `yield_now` calls of the test task on a current-thread runtime with a paused clock, with a
 /// model that yields before every chunk), once per point.
