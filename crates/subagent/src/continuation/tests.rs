@@ -3471,6 +3471,101 @@ async fn cont_48_throwing_inbox_send_leaves_nothing_accepted() {
     host.finish().await;
 }
 
+/// spec: CONT-82 — a parent send that throws (the parent's log refuses the notice's insertion) is
+/// logged as a warning ("settlement notice was not delivered to its parent") and changes nothing
+/// else: the child is released and its end edge still says `completed`, with its answer; the
+/// parent holds no notice and is not woken.
+#[tokio::test(start_paused = true)]
+async fn cont_82_a_throwing_parent_send_is_logged_and_settles() {
+    let warnings = Arc::new(Mutex::new(Vec::new()));
+    let _subscriber = tracing::subscriber::set_default(Warnings(warnings.clone()));
+    let host = Host::new(vec![chunks::text("the answer").into()]).await;
+    host.parent.session().add_observer(Arc::new(RefuseInsertion(|m| {
+        m.source.kind() == "subagent-settled"
+    })));
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    assert!(host.get(&child_id).is_none());
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].stop_reason, StopReason::Completed);
+    assert_eq!(
+        ends[0].last_assistant_message.as_deref().map(block_texts),
+        Some(vec!["the answer".to_owned()])
+    );
+    assert!(notices(&host.parent).is_empty());
+    assert_eq!(host.model.requests().len(), 1, "the parent was not woken");
+    let logged = warnings.lock().clone();
+    assert_eq!(
+        logged
+            .iter()
+            .filter(|w| w.contains("settlement notice was not delivered to its parent"))
+            .count(),
+        1,
+        "{logged:?}"
+    );
+    host.finish().await;
+}
+
+/// spec: CONT-82 — the same with a resident parent Activation: the grandchild's notice, which
+/// the child's log refuses, is logged as not delivered, its end edge says `completed`, and the
+/// failed send is taken back out of the child's accounting, so the child still settles (its
+/// own notice reaches the top-level parent).
+#[tokio::test(start_paused = true)]
+async fn cont_82_a_throwing_send_to_a_resident_parent_does_not_pin_it() {
+    let warnings = Arc::new(Mutex::new(Vec::new()));
+    let _subscriber = tracing::subscriber::set_default(Warnings(warnings.clone()));
+    let host = Host::new(by_session(10)).await;
+    let (child_gate, child_hook) = gate(&host, "child");
+    let child_id = start_reserved(&host, "child").await;
+    let child = host.get(&child_id).unwrap();
+    child.session().add_observer(Arc::new(RefuseInsertion(|m| {
+        m.source.kind() == "subagent-settled"
+    })));
+    let mut spec = ContinuableStartSpec::new(
+        "spawn",
+        "deeper",
+        vec![ContentBlock::text("gc task")],
+        child.clone(),
+    );
+    spec.child_id = Some(SessionId::from("grandchild"));
+    let (gc_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    child_gate.send(true).unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    let ends: Vec<(SessionId, StopReason)> = host
+        .ends()
+        .into_iter()
+        .map(|e| (e.info.id, e.stop_reason))
+        .collect();
+    assert_eq!(
+        ends,
+        vec![
+            (gc_id, StopReason::Completed),
+            (child_id.clone(), StopReason::Completed)
+        ]
+    );
+    assert!(notices(&child).is_empty());
+    let parent_notices = notices(&host.parent);
+    assert_eq!(parent_notices.len(), 1);
+    assert_eq!(
+        serde_json::to_value(&parent_notices[0].source).unwrap()["senderSessionId"],
+        json!(child_id.as_str())
+    );
+    let logged = warnings.lock().clone();
+    assert_eq!(
+        logged
+            .iter()
+            .filter(|w| w.contains("settlement notice was not delivered to its parent"))
+            .count(),
+        1,
+        "{logged:?}"
+    );
+    drop(child_hook);
+    host.finish().await;
+}
+
 /// Sweeps: one continuable child's life interrupted at **every** scheduling point (counted in
 /// `yield_now` calls of the test task on a current-thread runtime with a paused clock, with a
 /// model that yields before every chunk), once per point.
