@@ -3566,6 +3566,69 @@ async fn cont_82_a_throwing_send_to_a_resident_parent_does_not_pin_it() {
     host.finish().await;
 }
 
+/// spec: CONT-95 — unloading the service drains live Activations. The Rust manager has no plugin
+/// unload hook: its owner unloads it with [`ContinuationManager::dispose_all`], the manager-wide
+/// drain (`SubagentService::close` only awaits one-shot end edges, and dropping a manager clone
+/// cannot run an async teardown). Unloaded with a child `waiting` on a `running` grandchild, both
+/// are cancelled (the grandchild's held turn ends `aborted` by its `parent`) and disposed,
+/// grandchild first;
+/// each epoch gets its end edge; nothing stays resident, registered or tracked; both durable
+/// sessions survive.
+#[tokio::test(start_paused = true)]
+async fn cont_95_unloading_drains_live_activations() {
+    let host = Host::new(vec![ScriptEntry::hang(), chunks::text("child reply").into()]).await;
+    let (child_gate, child_hook) = gate(&host, "child");
+    let child_id = start_reserved(&host, "child").await;
+    let child = host.get(&child_id).unwrap();
+    let mut spec = ContinuableStartSpec::new(
+        "spawn",
+        "deeper",
+        vec![ContentBlock::text("gc task")],
+        child.clone(),
+    );
+    spec.child_id = Some(SessionId::from("grandchild"));
+    let (gc_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    let grandchild = host.get(&gc_id).unwrap();
+    yield_a_while().await;
+    child_gate.send(true).unwrap();
+    child.when_idle().await;
+    yield_a_while().await;
+    // Live: the child waits (idle, owning the grandchild); the grandchild runs.
+    assert_eq!(host.model.requests().len(), 2);
+    assert_eq!(child.status(), AgentStatus::Idle);
+    assert_eq!(grandchild.status(), AgentStatus::Running);
+    let mut resident = host.manager.resident();
+    resident.sort();
+    assert_eq!(resident, vec![child_id.clone(), gc_id.clone()]);
+    host.manager.dispose_all().await.expect("unloaded");
+    assert!(host.manager.resident().is_empty());
+    assert_eq!(host.manager.task_count(), 0);
+    assert!(host.get(&child_id).is_none() && host.get(&gc_id).is_none());
+    assert_eq!(host.agent_count(), 1, "only the parent is left");
+    let ends: Vec<(SessionId, StopReason)> = host
+        .ends()
+        .into_iter()
+        .map(|e| (e.info.id, e.stop_reason))
+        .collect();
+    assert_eq!(
+        ends,
+        vec![
+            (gc_id.clone(), StopReason::Aborted),
+            (child_id.clone(), StopReason::Completed)
+        ]
+    );
+    let gc_log = host.persisted(&gc_id).await;
+    assert_eq!(
+        turn_end_reasons(&gc_log.events),
+        vec![json!({"kind": "aborted", "reason": {"kind": "parent"}})]
+    );
+    let child_log = host.persisted(&child_id).await;
+    assert_eq!(child_log.header.id, child_id);
+    assert_eq!(texts(&child_log.events), vec!["task"]);
+    drop(child_hook);
+    host.finish().await;
+}
+
 /// Sweeps: one continuable child's life interrupted at **every** scheduling point (counted in
 /// `yield_now` calls of the test task on a current-thread runtime with a paused clock, with a
 /// model that yields before every chunk), once per point.
