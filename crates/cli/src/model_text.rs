@@ -72,7 +72,7 @@ pub fn grep_parameters() -> Value {
 // ---- results -------------------------------------------------------------------------------
 
 /// The note after a `read_file` result cut at the byte cap.
-pub fn read_truncated(start: usize, shown: usize, total: usize) -> String {
+pub fn read_truncated(start: u64, shown: u64, total: u64) -> String {
     format!("[truncated: showed bytes {start}..{shown} of {total}; call read_file again with offset {shown}]")
 }
 

@@ -189,19 +189,18 @@ impl Workspace {
             path: path.to_owned(),
             source,
         };
-        let meta = fs::metadata(&real).map_err(io_err)?;
-        if !meta.is_file() {
+        let Some((file, len)) = open_regular(&real).map_err(io_err)? else {
             return Err(WorkspaceError::WrongKind {
                 path: path.to_owned(),
                 expected: "file",
             });
-        }
-        let bytes = fs::read(&real).map_err(io_err)?;
-        let start = usize::try_from(offset).unwrap_or(usize::MAX).min(bytes.len());
-        let end = (start + MAX_READ_BYTES).min(bytes.len());
-        let slice = &bytes[start..end];
+        };
+        // Only the shown window is read, however large the file is.
+        let start = offset.min(len);
+        let slice = read_window(file, start, MAX_READ_BYTES as u64).map_err(io_err)?;
+        let total = len.max(start + slice.len() as u64);
         // Cut back to a char boundary when the cap split a character.
-        let text = match std::str::from_utf8(slice) {
+        let text = match std::str::from_utf8(&slice) {
             Ok(t) => t.to_owned(),
             Err(e) if e.error_len().is_none() && e.valid_up_to() > 0 => {
                 String::from_utf8_lossy(&slice[..e.valid_up_to()]).into_owned()
@@ -212,11 +211,11 @@ impl Workspace {
                 });
             }
         };
-        let shown = start + text.len();
-        if shown < bytes.len() {
+        let shown = start + text.len() as u64;
+        if shown < total {
             Ok(format!(
                 "{text}\n{}",
-                model_text::read_truncated(start, shown, bytes.len())
+                model_text::read_truncated(start, shown, total)
             ))
         } else {
             Ok(text)
@@ -299,7 +298,17 @@ impl Workspace {
             if !meta.is_file() || meta.len() > MAX_GREP_FILE_BYTES {
                 continue;
             }
-            let Ok(text) = fs::read_to_string(&current) else {
+            // Opened and read with bounds: the file may have been replaced or grown since.
+            let Ok(Some((file, _))) = open_regular(&current) else {
+                continue;
+            };
+            let Ok(bytes) = read_window(file, 0, MAX_GREP_FILE_BYTES + 1) else {
+                continue;
+            };
+            if bytes.len() as u64 > MAX_GREP_FILE_BYTES {
+                continue;
+            }
+            let Ok(text) = String::from_utf8(bytes) else {
                 continue;
             };
             for (i, line) in text.lines().enumerate() {
@@ -468,6 +477,33 @@ pub fn workspace_tools(workspace: &Workspace) -> Vec<ToolDefinition> {
     ]
 }
 
+/// Opens `real` for reading if it is a regular file, with its length; `None` for anything else
+/// (a directory, a FIFO, a device). The kind is read from the open handle, so a path replaced
+/// after the caller looked at it is still caught, and the open never blocks (`O_NONBLOCK`,
+/// which has no effect on regular files; a FIFO opened without it waits for a writer).
+fn open_regular(real: &Path) -> io::Result<Option<(fs::File, u64)>> {
+    let mut options = fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
+    }
+    let file = options.open(real)?;
+    let meta = file.metadata()?;
+    Ok(meta.is_file().then_some((file, meta.len())))
+}
+
+/// Reads at most `limit` bytes of `file` from byte `start`.
+fn read_window(file: fs::File, start: u64, limit: u64) -> io::Result<Vec<u8>> {
+    use std::io::{Read as _, Seek as _};
+    let mut file = file;
+    file.seek(io::SeekFrom::Start(start))?;
+    let mut bytes = Vec::new();
+    file.take(limit).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -545,6 +581,45 @@ mod tests {
             .expect("symlink");
         let err = ws.read_file("link.txt", 0).expect_err("escaping symlink");
         assert_eq!(err.code(), OUTSIDE_WORKSPACE);
+    }
+
+    /// A huge (sparse) file costs one window to read, not its size: only the shown bytes are
+    /// read, and the notice gives the real length.
+    #[test]
+    fn a_huge_file_is_read_one_window_at_a_time() {
+        let (_dir, ws) = fixture();
+        let huge: u64 = 1 << 40;
+        let file = fs::File::create(ws.root().join("huge.bin")).expect("create");
+        if file.set_len(huge).is_err() {
+            return; // a file system without sparse files of this size: nothing to show here
+        }
+        let text = ws.read_file("huge.bin", huge - 10).expect("read");
+        assert_eq!(
+            text,
+            "\0".repeat(10),
+            "the last ten bytes, and nothing is left to show"
+        );
+        let text = ws.read_file("huge.bin", 0).expect("read");
+        assert!(
+            text.ends_with(&format!(
+                "[truncated: showed bytes 0..{MAX_READ_BYTES} of {huge}; call read_file again with offset {MAX_READ_BYTES}]"
+            )),
+            "{}",
+            &text[text.len() - 120..]
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_is_not_a_file_and_reading_it_does_not_block() {
+        let (_dir, ws) = fixture();
+        let fifo = ws.root().join("pipe.txt");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+        let err = ws.read_file("pipe.txt", 0).expect_err("a FIFO is no file");
+        assert!(matches!(err, WorkspaceError::WrongKind { .. }), "{err:?}");
+        let found = ws.grep("anything", ".", false).expect("grep skips it");
+        assert!(!found.contains("pipe.txt"), "{found}");
     }
 
     #[test]
