@@ -8,7 +8,7 @@ use agent::stream_grammar::validate_stream;
 use agent::{
     CancelCause, ContentBlock, FinishReason, LlmFailure, ModelAdapter, Signal, StreamChunk, TokenUsage,
 };
-use agent_loop::model::OpenAiConfig;
+use agent_loop::model::{OpenAiCompatible, OpenAiConfig};
 use common::openai::*;
 use futures::StreamExt as _;
 use serde_json::json;
@@ -304,4 +304,30 @@ fn debug_output_redacts_the_api_key() {
         "{shown}"
     );
     assert!(shown.contains("idle_timeout: Some(90s)"), "{shown}");
+}
+
+/// Settings no request could succeed with are refused when the adapter is built, with code
+/// `CONFIG` and a message naming the setting, instead of failing every turn later.
+#[test]
+fn settings_no_request_could_use_are_refused_up_front() {
+    let refused = |config: OpenAiConfig| match OpenAiCompatible::new(config) {
+        Ok(_) => panic!("accepted"),
+        Err(failure) => {
+            assert_eq!(failure.code, "CONFIG");
+            failure.message
+        }
+    };
+    let message = refused(OpenAiConfig::new("api.example.com/v1", None, "m"));
+    assert!(message.contains("`api.example.com/v1` is not a URL"), "{message}");
+    let message = refused(OpenAiConfig::new("ftp://example.com/v1", None, "m"));
+    assert!(message.contains("is not an http(s) URL with a host"), "{message}");
+    let mut config = OpenAiConfig::new("http://127.0.0.1:1/v1", None, "m");
+    config.idle_timeout = Some(std::time::Duration::ZERO);
+    assert!(refused(config).starts_with("idle_timeout is zero"));
+    let mut config = OpenAiConfig::new("http://127.0.0.1:1/v1", None, "m");
+    config.connect_timeout = Some(std::time::Duration::ZERO);
+    assert!(refused(config).starts_with("connect_timeout is zero"));
+    let mut config = OpenAiConfig::new("https://api.example.com/v1/", None, "m");
+    config.idle_timeout = Some(std::time::Duration::from_millis(1));
+    assert!(OpenAiCompatible::new(config).is_ok());
 }

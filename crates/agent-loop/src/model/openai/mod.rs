@@ -146,9 +146,14 @@ pub struct OpenAiCompatible {
 }
 
 impl OpenAiCompatible {
-    /// An adapter for `config`. Fails only when the HTTP client cannot be built (for example
-    /// TLS initialisation), with code `CONFIG`.
+    /// An adapter for `config`.
+    ///
+    /// # Errors
+    /// A failure with code `CONFIG`, before any request is made, when `base_url` is not an
+    /// `http` or `https` URL, when a timeout is zero (which would fail every request; `None`
+    /// sets no limit), or when the HTTP client cannot be built (for example TLS initialisation).
     pub fn new(config: OpenAiConfig) -> Result<Self, LlmFailure> {
+        validate(&config).map_err(|message| LlmFailure::new("CONFIG", cap(message)))?;
         let mut builder = reqwest::Client::builder();
         if let Some(t) = config.connect_timeout {
             builder = builder.connect_timeout(t);
@@ -168,6 +173,29 @@ impl OpenAiCompatible {
     pub fn config(&self) -> &OpenAiConfig {
         &self.config
     }
+}
+
+/// Checks the settings a request cannot succeed without.
+fn validate(config: &OpenAiConfig) -> Result<(), String> {
+    let url = reqwest::Url::parse(&config.base_url)
+        .map_err(|e| format!("the base URL `{}` is not a URL ({e})", config.base_url))?;
+    if !matches!(url.scheme(), "http" | "https") || !url.has_host() {
+        return Err(format!(
+            "the base URL `{}` is not an http(s) URL with a host",
+            config.base_url
+        ));
+    }
+    for (name, timeout) in [
+        ("connect_timeout", config.connect_timeout),
+        ("idle_timeout", config.idle_timeout),
+    ] {
+        if timeout == Some(Duration::ZERO) {
+            return Err(format!(
+                "{name} is zero, which fails every request (`None` sets no limit)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl ModelAdapter for OpenAiCompatible {
