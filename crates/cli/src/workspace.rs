@@ -4,9 +4,11 @@
 //! host was started in), **canonicalized** (so `..` and symbolic links are followed to their
 //! real target) and refused unless the result lies inside the canonical root
 //! ([`WorkspaceError::OutsideWorkspace`]). The tools never write. File-system work runs on
-//! tokio's blocking pool, never on a runtime thread.
+//! tokio's blocking pool, never on a runtime thread; a cancelled call tells its work to stop
+//! (walks check between entries, every read is bounded) and waits for it before answering, so
+//! no work outlives its call.
 //!
-//! Output is bounded: `read_file` returns at most [`MAX_READ_BYTES`], `list_dir` at most
+//! Output and memory are bounded: `read_file` reads and returns at most [`MAX_READ_BYTES`], `list_dir` at most
 //! [`MAX_DIR_ENTRIES`] entries and `grep` at most [`MAX_GREP_MATCHES`] matching lines (files
 //! larger than [`MAX_GREP_FILE_BYTES`] and files that are not UTF-8 text are skipped). Every
 //! model-visible text is in [`crate::model_text`].
@@ -16,6 +18,7 @@ use std::fs;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use agent::tools::{ToolContext, ToolDefinition, ToolError, ToolHandler, ToolOutput, codes};
 use async_trait::async_trait;
@@ -90,6 +93,9 @@ pub enum WorkspaceError {
     /// Malformed arguments.
     #[error("{0}")]
     InvalidArgs(String),
+    /// The tool call was cancelled; a walk stopped between two entries.
+    #[error("{}", model_text::CANCELLED)]
+    Cancelled,
 }
 
 impl WorkspaceError {
@@ -99,6 +105,7 @@ impl WorkspaceError {
             Self::OutsideWorkspace { .. } => OUTSIDE_WORKSPACE,
             Self::NotFound { .. } => NOT_FOUND,
             Self::InvalidArgs(_) => codes::INVALID_ARGS,
+            Self::Cancelled => codes::CANCELLED,
             _ => codes::FAILED,
         }
     }
@@ -224,6 +231,14 @@ impl Workspace {
 
     /// Lists a directory: one entry per line, directories with a trailing `/`, sorted.
     pub fn list_dir(&self, path: &str) -> Result<String, WorkspaceError> {
+        self.list_dir_until(path, &AtomicBool::new(false))
+    }
+
+    /// [`list_dir`](Self::list_dir), stopping with [`WorkspaceError::Cancelled`] between two
+    /// entries once `stop` is set. Memory is bounded by what is shown, not by the directory's
+    /// size: only the first [`MAX_DIR_ENTRIES`] names in order are kept while the rest are
+    /// counted.
+    fn list_dir_until(&self, path: &str, stop: &AtomicBool) -> Result<String, WorkspaceError> {
         let real = self.resolve(path)?;
         let io_err = |source| WorkspaceError::Io {
             path: path.to_owned(),
@@ -235,21 +250,28 @@ impl Workspace {
                 expected: "directory",
             });
         }
-        let mut names = Vec::new();
+        // The first `MAX_DIR_ENTRIES` names in order: a max-heap that drops its largest.
+        let mut first = std::collections::BinaryHeap::with_capacity(MAX_DIR_ENTRIES + 1);
+        let mut total = 0usize;
         for entry in fs::read_dir(&real).map_err(io_err)? {
+            if stop.load(Ordering::Relaxed) {
+                return Err(WorkspaceError::Cancelled);
+            }
             let entry = entry.map_err(io_err)?;
             let mut name = entry.file_name().to_string_lossy().into_owned();
             if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
                 name.push('/');
             }
-            names.push(name);
+            total += 1;
+            first.push(name);
+            if first.len() > MAX_DIR_ENTRIES {
+                first.pop();
+            }
         }
-        names.sort();
-        let total = names.len();
         if total == 0 {
             return Ok(model_text::dir_empty(&self.display(&real)));
         }
-        names.truncate(MAX_DIR_ENTRIES);
+        let names = first.into_sorted_vec();
         let mut out = names.join("\n");
         if total > MAX_DIR_ENTRIES {
             out.push('\n');
@@ -261,6 +283,18 @@ impl Workspace {
     /// Searches files under `path` for lines containing `pattern` (a literal string;
     /// case-insensitive when `ignore_case`). Lines read `file:line: text`.
     pub fn grep(&self, pattern: &str, path: &str, ignore_case: bool) -> Result<String, WorkspaceError> {
+        self.grep_until(pattern, path, ignore_case, &AtomicBool::new(false))
+    }
+
+    /// [`grep`](Self::grep), stopping with [`WorkspaceError::Cancelled`] between two entries
+    /// of the walk once `stop` is set.
+    fn grep_until(
+        &self,
+        pattern: &str,
+        path: &str,
+        ignore_case: bool,
+        stop: &AtomicBool,
+    ) -> Result<String, WorkspaceError> {
         if pattern.is_empty() {
             return Err(WorkspaceError::InvalidArgs(model_text::EMPTY_PATTERN.to_owned()));
         }
@@ -274,6 +308,9 @@ impl Workspace {
         let mut truncated = false;
         let mut stack = vec![real];
         'walk: while let Some(current) = stack.pop() {
+            if stop.load(Ordering::Relaxed) {
+                return Err(WorkspaceError::Cancelled);
+            }
             let Ok(meta) = fs::symlink_metadata(&current) else {
                 continue;
             };
@@ -394,7 +431,12 @@ struct WorkspaceTool {
 }
 
 impl WorkspaceTool {
-    fn run(workspace: &Workspace, kind: Kind, arguments: &Value) -> Result<String, WorkspaceError> {
+    fn run(
+        workspace: &Workspace,
+        kind: Kind,
+        arguments: &Value,
+        stop: &AtomicBool,
+    ) -> Result<String, WorkspaceError> {
         let args = object(arguments)?;
         match kind {
             Kind::Read => {
@@ -407,7 +449,7 @@ impl WorkspaceTool {
                 };
                 workspace.read_file(path, offset)
             }
-            Kind::List => workspace.list_dir(string_arg(args, "path", Some("."))?),
+            Kind::List => workspace.list_dir_until(string_arg(args, "path", Some("."))?, stop),
             Kind::Grep => {
                 let pattern = string_arg(args, "pattern", None)?;
                 let path = string_arg(args, "path", Some("."))?;
@@ -420,7 +462,7 @@ impl WorkspaceTool {
                         ));
                     }
                 };
-                workspace.grep(pattern, path, ignore_case)
+                workspace.grep_until(pattern, path, ignore_case, stop)
             }
         }
     }
@@ -431,14 +473,27 @@ impl ToolHandler for WorkspaceTool {
     async fn execute(&self, arguments: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let workspace = self.workspace.clone();
         let kind = self.kind;
-        let work = tokio::task::spawn_blocking(move || Self::run(&workspace, kind, &arguments));
-        tokio::select! {
-            () = ctx.signal.cancelled() => Err(ToolError::new(codes::CANCELLED, model_text::CANCELLED)),
-            joined = work => match joined {
-                Ok(Ok(text)) => Ok(ToolOutput::text(text)),
-                Ok(Err(e)) => Err(e.into()),
-                Err(join) => Err(ToolError::failed(model_text::tool_task_failed(&join.to_string()))),
-            },
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut work = tokio::task::spawn_blocking({
+            let stop = stop.clone();
+            move || Self::run(&workspace, kind, &arguments, &stop)
+        });
+        let joined = tokio::select! {
+            // A cancelled call answers `CANCELLED`, even when its work is ready too.
+            biased;
+            () = ctx.signal.cancelled() => {
+                // The blocking work is owned: told to stop, it ends at its next entry (each
+                // read is bounded), and is awaited so nothing outlives the call.
+                stop.store(true, Ordering::Relaxed);
+                let _ = work.await;
+                return Err(ToolError::new(codes::CANCELLED, model_text::CANCELLED));
+            }
+            joined = &mut work => joined,
+        };
+        match joined {
+            Ok(Ok(text)) => Ok(ToolOutput::text(text)),
+            Ok(Err(e)) => Err(e.into()),
+            Err(join) => Err(ToolError::failed(model_text::tool_task_failed(&join.to_string()))),
         }
     }
 }
@@ -536,6 +591,68 @@ mod tests {
             ws.grep("zeta", "sub", false).expect("grep"),
             "no matches for \"zeta\""
         );
+    }
+
+    /// A listing keeps only what it shows: the first `MAX_DIR_ENTRIES` names in order, and the
+    /// count of the rest.
+    #[test]
+    fn a_large_directory_lists_its_first_names_in_order() {
+        let (_dir, ws) = fixture();
+        let many = ws.root().join("many");
+        fs::create_dir(&many).expect("mkdir");
+        // Created in reverse order, so the names the listing keeps arrive last.
+        for i in (0..MAX_DIR_ENTRIES + 25).rev() {
+            fs::write(many.join(format!("f{i:04}")), "").expect("write");
+        }
+        let listed = ws.list_dir("many").expect("list");
+        let lines: Vec<&str> = listed.lines().collect();
+        assert_eq!(lines.len(), MAX_DIR_ENTRIES + 1);
+        assert_eq!(lines[0], "f0000");
+        assert_eq!(lines[MAX_DIR_ENTRIES - 1], format!("f{:04}", MAX_DIR_ENTRIES - 1));
+        assert_eq!(
+            lines[MAX_DIR_ENTRIES],
+            model_text::dir_truncated(MAX_DIR_ENTRIES, MAX_DIR_ENTRIES + 25)
+        );
+    }
+
+    /// A cancelled call's walk stops between two entries instead of running on.
+    #[test]
+    fn a_stopped_walk_ends_cancelled() {
+        let (_dir, ws) = fixture();
+        let stop = AtomicBool::new(true);
+        assert!(matches!(
+            ws.grep_until("beta", ".", false, &stop),
+            Err(WorkspaceError::Cancelled)
+        ));
+        assert!(matches!(
+            ws.list_dir_until(".", &stop),
+            Err(WorkspaceError::Cancelled)
+        ));
+        assert_eq!(WorkspaceError::Cancelled.code(), codes::CANCELLED);
+    }
+
+    /// A tool call whose signal is cancelled answers `CANCELLED` once its blocking work has
+    /// ended: nothing it started outlives it.
+    #[tokio::test]
+    async fn a_cancelled_call_answers_cancelled_after_its_work_ends() {
+        let (_dir, ws) = fixture();
+        let tools = workspace_tools(&ws);
+        let grep = tools.iter().find(|t| t.name == "grep").expect("grep tool");
+        let signal = agent::Signal::cancelled_with(agent::CancelCause::User);
+        let execution = Arc::new(agent::tools::ToolExecution {
+            id: agent::tools::ExecutionId::next(),
+            agent: agent::SessionId::from("agent"),
+            call_id: agent::CallId::from("call"),
+            name: "grep".to_owned(),
+            arguments: serde_json::json!({"pattern": "beta"}),
+        });
+        let ctx = ToolContext::new(execution, signal);
+        let err = grep
+            .handler
+            .execute(serde_json::json!({"pattern": "beta"}), ctx)
+            .await
+            .expect_err("cancelled");
+        assert_eq!(err.code, codes::CANCELLED);
     }
 
     #[test]
