@@ -9,7 +9,12 @@
 //! cargo build --profile bench -p subagent-spawn --example spawn_profile
 //! valgrind --tool=callgrind target/release/examples/spawn_profile              # delegations
 //! SPAWN_FLOOR=1 valgrind --tool=callgrind target/release/examples/spawn_profile # floor
+//! SPAWN_BARE=1 valgrind --tool=callgrind target/release/examples/spawn_profile  # runtime alone
 //! ```
+//!
+//! `SPAWN_BARE` runs what a delegation costs the reference runtime alone, without the seam:
+//! create an agent on the same instant model, give it the task, wait for its one turn, dispose
+//! of it. The difference to a delegation is the seam's and the driver's share.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -55,6 +60,10 @@ fn main() {
         );
         return;
     }
+    if std::env::var_os("SPAWN_BARE").is_some() {
+        bare(&rt, delegations);
+        return;
+    }
     let (runtime, parent_handle, service, provider) = rt.block_on(async {
         let runtime = Runtime::builder()
             .model("instant", Arc::new(InstantModel))
@@ -98,5 +107,40 @@ fn main() {
     println!(
         "{delegations} delegations, {:.0} ns per delegation",
         elapsed.as_secs_f64() * 1e9 / delegations as f64
+    );
+}
+
+/// The reference runtime's share of a delegation: create → one turn → dispose, per `block_on`.
+fn bare(rt: &tokio::runtime::Runtime, cycles: u64) {
+    let runtime = Runtime::builder()
+        .model("instant", Arc::new(InstantModel))
+        .build();
+    let start = Instant::now();
+    for i in 0..cycles {
+        rt.block_on(async {
+            let handle = runtime
+                .create(CreateAgentOptions {
+                    agent_options: AgentOptions {
+                        provider: Some("instant".into()),
+                        model: Some("instant".into()),
+                        ..AgentOptions::default()
+                    },
+                    ..CreateAgentOptions::new(SessionId::new(format!("child-{i}")))
+                })
+                .await
+                .expect("child");
+            handle
+                .agent()
+                .followup(agent::Message::user_text("task"))
+                .expect("accepted");
+            handle.agent().when_idle().await;
+            handle.dispose().await;
+        });
+    }
+    let elapsed = start.elapsed();
+    rt.block_on(runtime.shutdown());
+    println!(
+        "{cycles} bare runtime cycles, {:.0} ns per cycle",
+        elapsed.as_secs_f64() * 1e9 / cycles as f64
     );
 }
