@@ -16,28 +16,13 @@
 //! create an agent on the same instant model, give it the task, wait for its one turn, dispose
 //! of it. The difference to a delegation is the seam's and the driver's share.
 
-use std::sync::Arc;
+#[path = "../benches/common/mod.rs"]
+mod common;
+
 use std::time::Instant;
 
-use agent::{
-    AgentOptions, AgentRuntime, ContentBlock, CreateAgentOptions, GenerateOptions, ModelAdapter, ModelStream,
-    SessionId, Signal,
-};
-use agent_loop::model::chunks;
-use agent_loop::runtime::Runtime;
-use futures::StreamExt;
-use subagent::provider::SubagentStartRequest;
-use subagent::service::SubagentService;
-use subagent_inprocess::InProcessDriver;
-
-/// A model that answers every call at once with one short text.
-struct InstantModel;
-
-impl ModelAdapter for InstantModel {
-    fn stream(&self, _: Arc<GenerateOptions>) -> ModelStream {
-        futures::stream::iter(chunks::text("done").into_iter().map(Ok)).boxed()
-    }
-}
+use agent::AgentRuntime as _;
+use common::{Bench, instant_agent, instant_runtime};
 
 fn main() {
     let delegations: u64 = std::env::var("SPAWN_DELEGATIONS")
@@ -64,46 +49,24 @@ fn main() {
         bare(&rt, delegations);
         return;
     }
-    let (runtime, parent_handle, service, provider) = rt.block_on(async {
-        let runtime = Runtime::builder()
-            .model("instant", Arc::new(InstantModel))
-            .build();
-        let parent_handle = runtime
-            .create(CreateAgentOptions {
-                agent_options: AgentOptions {
-                    provider: Some("instant".into()),
-                    model: Some("instant".into()),
-                    ..AgentOptions::default()
-                },
-                ..CreateAgentOptions::new(SessionId::from("parent"))
-            })
-            .await
-            .expect("parent");
-        let service = SubagentService::new();
-        let driver = InProcessDriver::new(runtime.services().clone());
-        let provider = subagent_spawn::register(&service, driver).expect("registered");
-        (runtime, parent_handle, service, provider)
-    });
-    let parent = parent_handle.agent().clone();
+    let bench = rt.block_on(Bench::new());
     // One `block_on` per delegation, as in the benchmark.
     let start = Instant::now();
     for _ in 0..delegations {
         rt.block_on(async {
-            let request =
-                SubagentStartRequest::new(vec![ContentBlock::text("task")], parent.clone(), Signal::new());
-            let run = service.start("spawn", request).await.expect("started");
+            let run = bench
+                .service
+                .start("spawn", bench.request())
+                .await
+                .expect("started");
             let result = run.result().await.expect("result");
             assert!(result.stop_reason.is_completed());
             run.dispose().await.expect("disposed");
         });
     }
     let elapsed = start.elapsed();
-    rt.block_on(async {
-        drop(provider);
-        service.close().await;
-        parent_handle.dispose().await;
-        runtime.shutdown().await;
-    });
+    assert_eq!(bench.live_agents(), 1, "every child disposed");
+    rt.block_on(bench.close());
     println!(
         "{delegations} delegations, {:.0} ns per delegation",
         elapsed.as_secs_f64() * 1e9 / delegations as f64
@@ -112,21 +75,12 @@ fn main() {
 
 /// The reference runtime's share of a delegation: create → one turn → dispose, per `block_on`.
 fn bare(rt: &tokio::runtime::Runtime, cycles: u64) {
-    let runtime = Runtime::builder()
-        .model("instant", Arc::new(InstantModel))
-        .build();
+    let runtime = instant_runtime();
     let start = Instant::now();
     for i in 0..cycles {
         rt.block_on(async {
             let handle = runtime
-                .create(CreateAgentOptions {
-                    agent_options: AgentOptions {
-                        provider: Some("instant".into()),
-                        model: Some("instant".into()),
-                        ..AgentOptions::default()
-                    },
-                    ..CreateAgentOptions::new(SessionId::new(format!("child-{i}")))
-                })
+                .create(instant_agent(agent::SessionId::new(format!("child-{i}"))))
                 .await
                 .expect("child");
             handle

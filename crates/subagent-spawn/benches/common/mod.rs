@@ -1,4 +1,4 @@
-//! What both benchmark targets share: the instant model, the host (one reference runtime, one
+//! What both benchmark targets (and `examples/spawn_profile.rs`) share: the instant model, the host (one reference runtime, one
 //! parent, the `spawn` provider registered on a service) and one delegation's start request.
 
 use std::sync::Arc;
@@ -32,21 +32,31 @@ pub struct Bench {
     _provider: agent::Registration,
 }
 
+/// A reference runtime whose only model is the instant one.
+pub fn instant_runtime() -> Runtime {
+    Runtime::builder()
+        .model("instant", Arc::new(InstantModel))
+        .build()
+}
+
+/// Options creating agent `id` on the instant model.
+pub fn instant_agent(id: SessionId) -> CreateAgentOptions {
+    CreateAgentOptions {
+        agent_options: AgentOptions {
+            provider: Some("instant".into()),
+            model: Some("instant".into()),
+            ..AgentOptions::default()
+        },
+        ..CreateAgentOptions::new(id)
+    }
+}
+
 impl Bench {
     /// Builds the host on the current tokio runtime.
     pub async fn new() -> Self {
-        let runtime = Runtime::builder()
-            .model("instant", Arc::new(InstantModel))
-            .build();
+        let runtime = instant_runtime();
         let parent_handle = runtime
-            .create(CreateAgentOptions {
-                agent_options: AgentOptions {
-                    provider: Some("instant".into()),
-                    model: Some("instant".into()),
-                    ..AgentOptions::default()
-                },
-                ..CreateAgentOptions::new(SessionId::from("parent"))
-            })
+            .create(instant_agent(SessionId::from("parent")))
             .await
             .expect("parent");
         let service = SubagentService::new();
