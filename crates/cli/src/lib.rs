@@ -13,6 +13,7 @@
 //! | [`workspace`] | the read-only `read_file`, `list_dir` and `grep` tools (`subagent run`) |
 //! | [`model_text`] | every text this crate shows a model (tool descriptions, schemas, failures, personas) |
 //! | [`error`] | [`CliError`], the one-line user-facing failures |
+//! | [`terminal_text`] | untrusted text (labels, ids, messages, errors) made safe to print: control and bidi characters shown as visible escapes |
 //! | [`interrupt`] | Ctrl-C in two stages: the first winds the work down, the second abandons it |
 #![warn(missing_docs)]
 
@@ -23,6 +24,7 @@ pub mod host;
 pub mod interrupt;
 pub mod logview;
 pub mod model_text;
+pub mod terminal_text;
 pub mod tree;
 pub mod workspace;
 
