@@ -17,6 +17,7 @@ use serde_json::Value;
 use subagent::{DescriptorState, fold_subagent_descriptor};
 
 use crate::error::CliError;
+use crate::terminal_text::single_line_owned;
 
 /// One stored session.
 #[derive(Clone, Debug, PartialEq)]
@@ -106,6 +107,10 @@ impl Catalog {
 }
 
 /// One catalog line: `<id>  <provider> "<label>"  depth d  turns t  <last stop>`.
+///
+/// Every field is read from a log (the label is a model's delegation `description`), so the
+/// line is passed through [`single_line`](crate::terminal_text::single_line): control
+/// characters, line breaks and bidirectional controls are shown as visible escapes.
 pub fn row_line(row: &SessionRow) -> String {
     let mut line = row.id.to_string();
     match (&row.provider, &row.label) {
@@ -136,7 +141,7 @@ pub fn row_line(row: &SessionRow) -> String {
     if let Some(n) = row.header.seed_length {
         let _ = write!(line, "  (inherited {n} events)");
     }
-    line
+    single_line_owned(line)
 }
 
 /// The events a session produced itself: after its inherited seed prefix.

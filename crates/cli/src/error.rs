@@ -1,14 +1,31 @@
 //! [`CliError`]: every failure the program reports to its user. Each renders as one line on
 //! stderr (`subagent: <message>`) and maps to a non-zero exit code.
+//!
+//! Messages embed text from outside the program — session ids and reasons read from a store,
+//! a model's or server's error text, paths — so every such field is rendered through
+//! [`single_line`]: a control character, escape sequence, line break or bidirectional control
+//! in it is shown as a visible escape, and the message stays one inert line.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use crate::terminal_text::single_line;
+
+/// `path` as one inert line of text.
+fn path_line(path: &Path) -> String {
+    single_line(&path.display().to_string()).into_owned()
+}
+
+/// Any displayable value (an I/O error, …) as one inert line of text.
+fn text_line(value: &impl std::fmt::Display) -> String {
+    single_line(&value.to_string()).into_owned()
+}
 
 /// A user-facing failure.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CliError {
     /// The store directory is missing, not a directory, or cannot be listed.
-    #[error("cannot read store {}: {reason}", dir.display())]
+    #[error("cannot read store {}: {}", path_line(dir), single_line(reason))]
     Store {
         /// The store directory.
         dir: PathBuf,
@@ -16,7 +33,7 @@ pub enum CliError {
         reason: String,
     },
     /// No session with this id is stored.
-    #[error("no session `{id}` in store {}", dir.display())]
+    #[error("no session `{}` in store {}", single_line(id), path_line(dir))]
     UnknownSession {
         /// The requested id.
         id: String,
@@ -24,7 +41,7 @@ pub enum CliError {
         dir: PathBuf,
     },
     /// A session log exists but cannot be read.
-    #[error("cannot read session `{id}`: {reason}")]
+    #[error("cannot read session `{}`: {}", single_line(id), single_line(reason))]
     UnreadableSession {
         /// The session.
         id: String,
@@ -45,13 +62,13 @@ pub enum CliError {
     #[error("the task is empty: say what the coordinator should do")]
     EmptyTask,
     /// The host could not be composed.
-    #[error("cannot start the host: {0}")]
+    #[error("cannot start the host: {}", single_line(.0))]
     Host(String),
     /// The coordinator's run failed.
-    #[error("{0}")]
+    #[error("{}", single_line(.0))]
     Run(String),
     /// `subagent check` found violations (already printed).
-    #[error("{violations} invariant violation(s) in {}", dir.display())]
+    #[error("{violations} invariant violation(s) in {}", path_line(dir))]
     Violations {
         /// The store directory.
         dir: PathBuf,
@@ -63,7 +80,7 @@ pub enum CliError {
     #[error("interrupted again; exiting without waiting for shutdown")]
     Interrupted,
     /// An I/O failure writing output or preparing a directory.
-    #[error("{context}: {source}")]
+    #[error("{}: {}", single_line(context), text_line(source))]
     Io {
         /// What was being done.
         context: String,

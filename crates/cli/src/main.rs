@@ -21,6 +21,7 @@ use subagent_cli::catalog::{check_store_dir, read_catalog};
 use subagent_cli::demo::run_demo;
 use subagent_cli::host::{FORK_TOOL, SPAWN_TOOL};
 use subagent_cli::interrupt::{Abandoned, TwoStage};
+use subagent_cli::terminal_text::{final_answer, single_line, single_line_owned};
 use subagent_cli::tree::{LiveTree, TreeChange, TreeNode, TreeSink, node_line, short_id};
 use subagent_cli::workspace::Workspace;
 use subagent_cli::{CliError, Host, HostOptions, build_host};
@@ -227,7 +228,7 @@ fn terminal_width(stderr: bool) -> usize {
 }
 
 /// `<provider> "<label>"  depth d  (<id>) started under <parent>` (no status: it is not known
-/// yet in plain output).
+/// yet in plain output), escaped like [`node_line`] (the label is a model's).
 fn started_line(node: &TreeNode, nodes: &[TreeNode]) -> String {
     let what = match (&node.provider, &node.label) {
         (Some(p), Some(l)) => format!("{p} \"{l}\""),
@@ -257,7 +258,10 @@ fn started_line(node: &TreeNode, nodes: &[TreeNode]) -> String {
             format!(" under {name}")
         })
         .unwrap_or_default();
-    format!("{what}  depth {}{job}  ({id}) started{parent}", node.depth)
+    single_line_owned(format!(
+        "{what}  depth {}{job}  ({id}) started{parent}",
+        node.depth
+    ))
 }
 
 async fn demo(store: &Path) -> Result<(), CliError> {
@@ -391,14 +395,21 @@ async fn run(
         .map_err(|Abandoned| CliError::Interrupted)?;
     let (answer, failure) = outcome.map_err(|e| CliError::Run(e.to_string()))?;
     shutdown.map_err(|e| CliError::Run(e.to_string()))?;
-    eprintln!("session logs: {} (coordinator {id})", store.display());
+    eprintln!(
+        "{}",
+        single_line(&format!("session logs: {} (coordinator {id})", store.display()))
+    );
+    // The answer is printed exactly as the model gave it when stdout is a pipe or a file (it
+    // is the product, meant for other programs); on a terminal, control and bidirectional
+    // characters in it are shown as visible escapes (see `final_answer`).
+    let terminal = std::io::stdout().is_terminal();
     if let Some(failure) = failure {
         if let Some(answer) = &answer {
-            println!("{answer}");
+            println!("{}", final_answer(answer, terminal));
         }
         return Err(CliError::Run(format!("the coordinator's turn {failure}")));
     }
-    println!("{}", answer.unwrap_or_default());
+    println!("{}", final_answer(&answer.unwrap_or_default(), terminal));
     Ok(())
 }
 
@@ -423,10 +434,14 @@ fn last_turn_failure(agent: &dyn agent::Agent) -> Option<String> {
 async fn agents(store: &Path) -> Result<(), CliError> {
     let catalog = read_catalog(store).await?;
     for (id, error) in &catalog.unreadable {
-        eprintln!("subagent: skipping unreadable session `{id}`: {error}");
+        eprintln!(
+            "subagent: skipping unreadable session `{}`: {}",
+            single_line(id.as_str()),
+            single_line(error)
+        );
     }
     if catalog.sessions.is_empty() {
-        println!("no sessions in {}", store.display());
+        println!("no sessions in {}", single_line(&store.display().to_string()));
         return Ok(());
     }
     print!("{}", catalog.render());
@@ -467,8 +482,10 @@ fn check(dir: &Path) -> Result<(), CliError> {
             None => e.to_string(),
         },
     })?;
+    // A violation names the session (a log's id or file name) and may quote what the log
+    // holds: one inert line each.
     for violation in &report.violations {
-        println!("{violation}");
+        println!("{}", single_line(&violation.to_string()));
     }
     println!(
         "replayed {} logs ({} events): {} violations",

@@ -21,6 +21,8 @@ use subagent::events::SubagentEvent;
 use subagent::service::SubagentService;
 use subagent::{DescriptorState, StopReason, fold_subagent_descriptor};
 
+use crate::terminal_text::single_line_owned;
+
 /// The status of one node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NodeStatus {
@@ -326,6 +328,11 @@ fn render_children(nodes: &[TreeNode], parent: &SessionId, prefix: &str, out: &m
 }
 
 /// One node as text: `<provider> "<label>"  depth d  [background job <id>]  <status>  (<id>)`.
+///
+/// The label comes from a model (the delegation call's `description`) and the other fields may
+/// too, so the line is passed through
+/// [`single_line`](crate::terminal_text::single_line): control characters, line breaks and
+/// bidirectional controls in it are shown as visible escapes, never written raw.
 pub fn node_line(node: &TreeNode) -> String {
     let mut line = String::new();
     match (&node.provider, &node.label) {
@@ -346,10 +353,32 @@ pub fn node_line(node: &TreeNode) -> String {
         node.id.to_string()
     };
     let _ = write!(line, "  {}  ({id})", node.status);
-    line
+    single_line_owned(line)
 }
 
 /// The first 8 characters of an id (whole ids are in `subagent agents`).
 pub fn short_id(id: &SessionId) -> String {
     id.as_str().chars().take(8).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_line_shows_a_hostile_label_provider_and_id_on_one_inert_line() {
+        let node = TreeNode {
+            id: SessionId::new("\x1b[2Jchild-id"),
+            parent: Some(SessionId::new("parent")),
+            provider: Some("spawn\u{9b}31m".to_owned()),
+            label: Some("evil\x1b]0;pwned\x07\r\nforged\u{202e}".to_owned()),
+            depth: 1,
+            status: NodeStatus::Running,
+            background_job: None,
+        };
+        assert_eq!(
+            node_line(&node),
+            "spawn\\u{9b}31m \"evil\\u{1b}]0;pwned\\u{7}\\r\\nforged\\u{202e}\"  depth 1  running  (\\u{1b}[2Jchil)"
+        );
+    }
 }

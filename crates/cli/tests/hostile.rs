@@ -830,3 +830,207 @@ fn ctrl_c_ends_a_run_whose_background_job_stalls() {
         "{listing}"
     );
 }
+
+// ----- Text that would act on a terminal -----------------------------------------------------
+
+/// Characters a terminal acts on (escape, carriage return, bell, the one-character CSI, a bidi
+/// override): none may reach the program's output raw.
+const RAW: [char; 5] = ['\x1b', '\r', '\x07', '\u{9b}', '\u{202e}'];
+
+/// A label as hostile as a model can make one: a window-title write, a line forged after a
+/// carriage return and a newline, and a bidi override.
+const EVIL_LABEL: &str = "evil\x1b]0;pwned\x07\r\nforged line\u{202e}gnp.exe";
+/// [`EVIL_LABEL`] as it must be shown: on one line, every such character visible.
+const EVIL_LABEL_SHOWN: &str = "evil\\u{1b}]0;pwned\\u{7}\\r\\nforged line\\u{202e}gnp.exe";
+
+fn assert_inert(what: &str, text: &str) {
+    for c in RAW {
+        assert!(!text.contains(c), "{what}: raw {c:?} in:\n{text:?}");
+    }
+}
+
+/// Writes `<id>.jsonl` from a header and events (JSON values, one per line).
+fn write_log(store: &Path, file_stem: &str, header: Value, events: &[Value]) {
+    let mut text = format!("{header}\n");
+    for (seq, event) in events.iter().enumerate() {
+        let mut event = event.clone();
+        event["seq"] = json!(seq);
+        event["time"] = json!(1);
+        text.push_str(&format!("{event}\n"));
+    }
+    std::fs::write(store.join(format!("{file_stem}.jsonl")), text).expect("write log");
+}
+
+/// A store whose labels, provider, messages, reasons and one file name carry escape
+/// sequences, control characters and a bidi override.
+fn store_with_escape_sequences(store: &Path) {
+    std::fs::create_dir_all(store).expect("mkdir");
+    let call_args = json!({"description": EVIL_LABEL, "prompt": "CHILD"}).to_string();
+    write_log(
+        store,
+        "root",
+        json!({"version": 0, "id": "root", "createdAt": 1}),
+        &[
+            json!({"type": "turn/start", "data": {"turn": 1}}),
+            json!({"type": "user/message", "data": {"id": "m1", "role": "user",
+                "content": [{"type": "text", "text": "hello\x1b[2J\nsecond line\u{202e}"}],
+                "source": {"kind": "user"}}, "surfaceOp": "append"}),
+            json!({"type": "tool/call", "data": {"turn": 1, "step": 1, "callId": "call\r1",
+                "name": "subagent", "arguments": call_args}}),
+            json!({"type": "assistant/message", "data": {"turn": 1, "step": 1, "message": {
+                "id": "m2", "role": "assistant",
+                "content": [{"type": "text", "text": "answer\x1b]52;c;Y2xpcA==\x07\rforged\u{9b}2J"}],
+                "source": {"kind": "model", "provider": "p", "model": "m"}}},
+                "surfaceOp": "append"}),
+            json!({"type": "turn/end", "data": {"turn": 1, "reason": {"kind": "error",
+                "error": {"message": "boom\x1b[2J\rforged", "code": "UNKNOWN"}}}}),
+        ],
+    );
+    write_log(
+        store,
+        "child-1",
+        json!({"version": 0, "id": "child-1", "createdAt": 2, "parentSession": "root",
+            "origin": "subagent", "delegationDepth": 1}),
+        &[
+            json!({"type": "turn/start", "data": {"turn": 1}}),
+            json!({"type": "subagent/descriptor", "data": {"version": 2, "mode": "one-shot",
+                "provider": "spawn\x1b[31m", "label": EVIL_LABEL}}),
+            json!({"type": "turn/end", "data": {"turn": 1, "reason": {"kind": "completed"}}}),
+        ],
+    );
+    // A log named with an escape sequence: `agents` names it unreadable, `check` a violation.
+    std::fs::write(store.join("bad\x1b]0;t\x07.jsonl"), b"").expect("write");
+}
+
+#[test]
+fn agents_log_and_check_show_escape_sequences_in_a_store_as_visible_escapes() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = tmp.path().join("store");
+    store_with_escape_sequences(&store);
+    let before = snapshot(&store);
+
+    let out = agents(&store);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (listing, err) = (stdout(&out), stderr(&out));
+    assert_inert("agents stdout", &listing);
+    assert_inert("agents stderr", &err);
+    // The newline in the label did not break the tree: one line per session.
+    assert_eq!(listing.lines().count(), 2, "{listing}\n{err}");
+    let child = listing.lines().nth(1).expect("the child's line");
+    assert!(
+        child.starts_with("└─ child-1  spawn\\u{1b}[31m \"")
+            && child.contains(&format!("\"{EVIL_LABEL_SHOWN}\"")),
+        "{child}"
+    );
+    assert!(
+        err.contains("skipping unreadable session `bad\\u{1b}]0;t\\u{7}`"),
+        "{err}"
+    );
+
+    let mut cmd = subagent();
+    cmd.args(["log", "child-1", "--store"]).arg(&store);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_inert("log child-1", &text);
+    assert!(
+        text.contains(&format!(
+            "\n  provider  spawn\\u{{1b}}[31m \"{EVIL_LABEL_SHOWN}\"\n"
+        )),
+        "{text}"
+    );
+
+    let mut cmd = subagent();
+    cmd.args(["log", "root", "--store"]).arg(&store);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_inert("log root", &text);
+    // A message body keeps its line break (its second line indented under the event) …
+    assert!(
+        text.contains("[user] hello\\u{1b}[2J\n         second line\\u{202e}\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("[assistant] answer\\u{1b}]52;c;Y2xpcA==\\u{7}\\rforged\\u{9b}2J"),
+        "{text}"
+    );
+    // … everything else is one line.
+    assert!(text.contains("→ subagent [call\\r1] {"), "{text}");
+    assert!(
+        text.contains("\\u001b]0;pwned\\u0007"),
+        "JSON escapes are kept: {text}"
+    );
+    assert!(text.contains("boom\\u{1b}[2J\\rforged"), "{text}");
+
+    let mut cmd = subagent();
+    cmd.arg("check").arg(&store);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(1), "{}{}", stdout(&out), stderr(&out));
+    let (report, err) = (stdout(&out), stderr(&out));
+    assert_inert("check stdout", &report);
+    assert_inert("check stderr", &err);
+    assert!(report.contains("session \"bad\\u{1b}]0;t\\u{7}\""), "{report}");
+
+    // An error message quoting an id shows it escaped, on its one line.
+    let mut cmd = subagent();
+    cmd.args(["log", "gone\x1b[2J\nforged", "--store"]).arg(&store);
+    let out = run(cmd);
+    assert_fails(&out, "no session `gone\\u{1b}[2J\\nforged`");
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    assert_inert("log error", &stderr(&out));
+
+    assert!(before == snapshot(&store), "the store changed");
+}
+
+#[test]
+fn run_shows_a_hostile_label_and_error_escaped_and_pipes_the_answer_exactly() {
+    const ANSWER: &str = "final\x1b]52;c;Y2xpcA==\x07 answer\u{202e}\nline two";
+    let (base, _requests) = serve(|body| {
+        if is_child(body) {
+            text_sse("child done\x1b[2J")
+        } else if has_tool_result(body) {
+            text_sse(ANSWER)
+        } else {
+            tool_sse(
+                "subagent",
+                &json!({"description": EVIL_LABEL, "prompt": "CHILD: look"}).to_string(),
+            )
+        }
+    });
+    let workspace = tempfile::tempdir().expect("workspace");
+    let (cmd, store) = run_command(&base, workspace.path(), "delegate");
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // stdout is a pipe: the answer is the model's, byte for byte.
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{ANSWER}\n"));
+    // The live tree (plain lines on a pipe) shows the label on one line, escaped.
+    let err = stderr(&out);
+    assert_inert("run stderr", &err);
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with(&format!("  + spawn \"{EVIL_LABEL_SHOWN}\"  depth 1"))),
+        "{err}"
+    );
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with(&format!("  = spawn \"{EVIL_LABEL_SHOWN}\"  depth 1"))),
+        "{err}"
+    );
+    assert_checks_clean(&store);
+
+    // A server's error message ends the run in one escaped line.
+    let (base, _requests) = serve(|_| {
+        Reply::Raw(
+            500,
+            "application/json",
+            vec![],
+            json!({"error": {"message": "boom\x1b]0;pwned\x07\r\nforged"}}).to_string(),
+        )
+    });
+    let workspace = tempfile::tempdir().expect("workspace");
+    let (cmd, _store) = run_command(&base, workspace.path(), "say hello");
+    let out = run(cmd);
+    assert_fails(&out, "failed: boom\\u{1b}]0;pwned\\u{7}\\r\\nforged");
+    assert_inert("run error", &stderr(&out));
+}
