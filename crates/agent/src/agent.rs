@@ -100,20 +100,39 @@ pub struct CancelOptions {
 /// A live agent: an id, fixed options, a session log, an inbox and a driver.
 ///
 /// # Contract
-/// * **Sharing.** Agents are shared as [`AgentRef`]. Holding an `AgentRef` does not keep the
-///   agent *live*: liveness ends when its [`AgentHandle`] is disposed; a stale `AgentRef` still
-///   answers reads but rejects new work with [`AgentError::Disposed`].
+/// * **Sharing.** Agents are shared as [`AgentRef`]; anyone may keep a clone. Holding an
+///   `AgentRef` does not keep the agent *live*: liveness ends when its [`AgentHandle`] is
+///   disposed; a stale `AgentRef` still answers reads but rejects new work with
+///   [`AgentError::Disposed`].
 /// * **Delivery.** [`send`](Agent::send) is the primitive; `followup`/`steer`/`inject` are fixed
 ///   presets. Every inbox mutation is logged (`agent/inbox/spliced`) before the in-memory inbox
-///   changes. A wake delivered to an idle agent starts the driver **synchronously**: when `send`
-///   returns, the agent is `running`, `turn/start` and the first claim splice are in the log.
-///   Delivery never awaits, so it can be called from synchronous listeners.
+///   changes. A wake delivered to an idle, published agent starts the driver **synchronously**:
+///   when `send` returns, the agent is `running`, `turn/start` and the first claim splice are in
+///   the log. Before publication (during the creation's setup window) wakes are held until the
+///   agent is published. A waking send that arrives after the active turn was cancelled (for any
+///   cause but `disposed`) is queued `next-turn` whatever its target, and runs once the aborted
+///   turn has ended. Delivery never awaits, so it can be called from synchronous listeners; it
+///   appends to the session and emits [`AgentEvent`](crate::AgentEvent)s on the calling thread.
 /// * **Cancellation.** [`cancel`](Agent::cancel) aborts the active turn with a first-wins cause
-///   and, unless `keep_inbox`, durably clears the inbox and drops any latched wake. With nothing
-///   active it is a no-op that does not arm against later work.
+///   and returns without waiting for it (await [`when_idle`](Agent::when_idle)). Unless
+///   `keep_inbox`, it also durably clears the inbox and drops any latched wake — with or without
+///   an active turn; a clear that cannot be logged is only reported through `tracing`. With no
+///   active turn nothing is aborted and nothing is armed against later work.
 /// * **Idleness.** [`when_idle`](Agent::when_idle) resolves when no driver remains, following
 ///   replacement work started before the observed driver retired. The returned future owns what
 ///   it needs (`'static`) and is cancel-safe.
+/// * **Concurrency.** Every method takes `&self` and may be called from any thread, concurrently,
+///   and from [`AgentEvent`](crate::AgentEvent) listeners the agent's own calls trigger — but not
+///   from a [`SessionObserver`](crate::SessionObserver) of its own session, whose appends fail
+///   with [`LogError::Reentrant`](crate::LogError::Reentrant). One driver runs at a time.
+/// * **Errors.** `send` fails with [`AgentError::Disposed`] on a non-live agent,
+///   [`AgentError::DuplicateMessage`] for an id already pending, or [`AgentError::Log`] when the
+///   splice cannot be appended; nothing changes then. The reference agent also refuses a waking
+///   `send` from a thread without a tokio runtime. Failures inside a turn are not returned: they
+///   end the turn (`turn/end` with an `error`) and emit
+///   [`AgentEvent::Error`](crate::AgentEvent::Error).
+/// * **Panics.** The reference driver contains a panic inside a turn (hook, model adapter, tool
+///   body, prompt renderer) as that turn's `error`; the agent stays usable.
 pub trait Agent: Send + Sync + 'static {
     /// The agent's id (equal to its session's id).
     fn id(&self) -> &SessionId;
@@ -166,8 +185,19 @@ pub trait Agent: Send + Sync + 'static {
     fn is_live(&self) -> bool;
 }
 
-/// Runs an agent's disposal. Implemented by runtimes; must be **memoized**: every call returns
-/// a future for the same single teardown, and all of them complete together.
+/// Runs an agent's disposal. Implemented by runtimes; called through [`AgentHandle`].
+///
+/// # Contract
+/// * **Memoized.** Every call returns a future for the same single teardown, and all of them
+///   complete together, at quiescence. Calls may come concurrently, from any thread, and from
+///   listeners the teardown itself triggers.
+/// * **Progress without polling.** The returned future may be dropped unpolled:
+///   [`AgentHandle`]'s drop spawns it on the current tokio runtime, if there is one, and drops it
+///   otherwise. Start the teardown in `dispose` itself. The reference runtime does: the call
+///   marks the agent disposing and cancels its turn (cause `disposed`) before returning, and a
+///   first future dropped unfinished hands the rest to a runtime task.
+/// * **Panics** are not contained here. In the reference runtime a panic while the teardown is
+///   polled propagates to that poller, and every later poll of any of its futures panics too.
 pub trait Disposer: Send + Sync + 'static {
     /// Starts (or joins) the teardown and resolves when the agent is quiescent: its turn ended,
     /// its scope unwound, it and its session unregistered.
@@ -179,7 +209,8 @@ pub trait Disposer: Send + Sync + 'static {
 /// [`dispose`](AgentHandle::dispose) is the memoized quiescence transaction (spec §9.4): repeated
 /// or concurrent calls, owner disposal and runtime teardown all await the same completion.
 /// Dropping a handle without disposing it starts the same teardown in the background (on the
-/// current tokio runtime, if any) and logs a warning.
+/// current tokio runtime, if any) and logs a warning; without a tokio runtime only what
+/// [`Disposer::dispose`] does before returning happens.
 pub struct AgentHandle {
     agent: AgentRef,
     disposer: Arc<dyn Disposer>,

@@ -128,10 +128,22 @@ pub struct PreStep<'a> {
 
 /// A link in the `agent/pre-step` chain.
 ///
-/// Interceptors run in registration order (global first, then the agent's scope); each receives
-/// the decision proposed so far and returns the decision to pass on. Returning `Err` ends the turn
-/// with an error and no model call. Interceptors may append to the agent's session (the driver
-/// writes nothing between the claim and `step/start` that would conflict).
+/// # Contract
+/// * **Order.** Called once per step, on the agent's driver task, before `step/start`.
+///   Interceptors run one at a time in registration order — global and agent-scoped ones
+///   interleaved by when they were added, over the list as it was when the pre-step began; each
+///   receives the decision proposed so far and returns the decision to pass on.
+/// * **Decisions.** [`Reject`](PreStepDecision::Reject) ends the turn `blocked` and stops the
+///   driver; the claimed batch, already spliced out of the inbox, is discarded. Entering nothing
+///   on a turn's first step closes the turn `completed` without a step.
+/// * **Effects.** Interceptors may append to the agent's session (the driver writes nothing
+///   between the claim and `step/start` that would conflict) and deliver to the agent, but must
+///   not wait for it to become idle: its driver is waiting for them.
+/// * **Cancellation.** Each call is raced against the step's signal (also in
+///   [`PreStep::signal`]): once it fires the future is dropped (after at most one more poll) and
+///   the turn ends `aborted`.
+/// * **Errors and panics.** `Err` ends the turn with an `error` and no model call; so does a
+///   panic, which the driver contains.
 #[async_trait]
 pub trait PreStepInterceptor: Send + Sync + 'static {
     /// Inspects or replaces the proposed decision.
@@ -144,6 +156,18 @@ pub trait PreStepInterceptor: Send + Sync + 'static {
 
 /// A serial `agent/turn-stopping` listener: called when a turn is about to close with an empty
 /// `next-step` list; it may [`steer`](crate::Agent::steer) to force another step.
+///
+/// # Contract
+/// * **When.** On the agent's driver task, after a step that would end the turn closed (a
+///   `completed` or `max-tokens` ending), so possibly several times per turn. Never for a turn
+///   that ends blocked, aborted or with an error, or that opened no step.
+/// * **Order.** One at a time, in registration order (global and agent-scoped hooks interleaved
+///   by when they were added); a steer from any of them makes the turn take another step.
+/// * **Cancellation.** Each call is raced against `signal`, the turn's: once it fires the future
+///   is dropped (after at most one more poll) and the turn ends `aborted`.
+/// * **Errors and panics.** `Err` — or a panic, which the driver contains — ends the turn with an
+///   `error`; it is not merely logged. A hook must not wait for the agent to become idle: its
+///   driver is waiting for the hook.
 #[async_trait]
 pub trait TurnStoppingHook: Send + Sync + 'static {
     /// Called before the turn closes.

@@ -143,9 +143,29 @@ pub struct JobRead {
 /// # Contract
 /// * [`start`](Jobs::start) is atomic: preflight (owner live, controller present, capacity),
 ///   then the starter, then a registration that cannot fail — a failed preflight leaves no work.
+///   It is synchronous: the starter runs exactly once, on the caller's thread, and must not
+///   block. The registry drives `done` itself (the reference registry on a task of the current
+///   tokio runtime; it refuses a start outside one with [`JobError::NoController`]).
+/// * **Hooks.** `cancel` runs synchronously inside [`kill`](Jobs::kill),
+///   [`dispose_owner`](Jobs::dispose_owner) or the registry's drop, from any thread, and may run
+///   more than once (every kill, then owner disposal): keep it quick and idempotent. `done` must
+///   settle after a `cancel`, and only once every resource is released.
 /// * Access is owner-fenced: reads and kills name the owner; another owner's job reads as absent.
-/// * Settlement is first-wins; `done` resolves only after resources are released.
-/// * Disposing an owner cancels its jobs and awaits their `done` ([`Jobs::dispose_owner`]).
+/// * Settlement is first-wins. [`kill`](Jobs::kill) only requests cancellation: it returns at
+///   once, and the job reads `stopping` until `done` settles it. Killing a settled job is `Ok`.
+/// * **Waiting.** [`read`](Jobs::read) with `wait` races the wait against `signal`: cancellation
+///   fails it with [`JobError::Cancelled`] and stops only the wait, never the job. Dropping the
+///   future is safe.
+/// * Disposing an owner cancels its jobs and awaits their `done` ([`Jobs::dispose_owner`]);
+///   meanwhile starts for that owner fail with [`JobError::OwnerDisposed`], afterwards they are
+///   accepted again. The reference runtime calls it twice per agent teardown (while the turn
+///   winds down, and once the agent is idle). Dropping its future leaves the cancellations
+///   requested without waiting for them.
+/// * **Concurrency.** Every method takes `&self` and may be called from any thread, concurrently.
+/// * **Panics.** A panicking starter propagates out of `start` (the reference registry releases
+///   the reserved capacity first). A `done` that panics settles the job `failed`. The reference
+///   registry contains a panicking `cancel` during owner disposal (the job is forced `failed`)
+///   but lets it propagate out of `kill`.
 #[async_trait]
 pub trait Jobs: Send + Sync + 'static {
     /// Starts a job; returns its id.

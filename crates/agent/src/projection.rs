@@ -14,8 +14,18 @@ use crate::session::Session;
 
 /// A named, pure fold of a session log.
 ///
-/// `view` must be deterministic, must not panic on any log (foreign or malformed logs
-/// included) and must return a JSON value (use `null` for "no value").
+/// # Contract
+/// * `view` must be deterministic, must not panic on any log (foreign or malformed logs
+///   included: listings fold logs loaded from persistence) and must return a JSON value (use
+///   `null` for "no value").
+/// * It runs synchronously on the caller's thread — often an async task — and concurrently for
+///   different sessions: keep it quick and non-blocking.
+/// * [`ProjectionRegistry::snapshot`] does not contain a panic; the subagent listing does, and
+///   reports that session as corrupt.
+/// * `name` must not change: the registry checks uniqueness at registration and keys snapshots by
+///   the name read at snapshot time.
+/// * The registry holds the projection until its guard is dropped; a snapshot already under way
+///   may still call it after that.
 pub trait Projection: Send + Sync + 'static {
     /// The key under which the view appears in a snapshot.
     fn name(&self) -> &str;

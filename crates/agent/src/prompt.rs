@@ -61,8 +61,18 @@ impl RuntimeContext {
 
 /// The prompt registry: global or scoped sections and runtime contexts.
 ///
-/// Registrations return guards; a scoped section shadows the global section of the same name for
-/// that agent only. Rendering (ordering, persona interpolation, snapshots) is the runtime's job.
+/// # Contract
+/// * Registrations return guards; dropping one, from any thread, removes the entry.
+///   Registration cannot fail: two entries with one name in one layer are allowed and the
+///   implementation picks one (the reference registry: the later).
+/// * A scoped section shadows the global section of the same name for that agent only.
+/// * Rendering (ordering, persona interpolation, snapshots) is the runtime's job. The driver
+///   reads [`sections`](Prompt::sections) and [`runtime_contexts`](Prompt::runtime_contexts) at
+///   every pre-step, on the agent's driver task and concurrently for many agents: both must be
+///   quick and must not block.
+/// * A [`ContextRenderer`] is called synchronously at each pre-step of each agent that sees it,
+///   on that agent's driver task; it must not block. A panic in it ends that turn with an
+///   `error`.
 pub trait Prompt: Send + Sync + 'static {
     /// Registers a system-text section.
     fn section(&self, scope: Option<&SessionId>, section: PromptSection) -> crate::Registration;

@@ -99,6 +99,27 @@ pub struct ResumeAgentOptions {
 /// * [`resume`](AgentRuntime::resume) loads persisted state (repairing an open turn) and runs
 ///   the same transaction.
 /// * [`get`](AgentRuntime::get) returns only live agents.
+/// * **Cancellation.** The caller's `signal` is observed only until the handle is returned;
+///   cancelling it later does nothing. When the token wins, the `setup` future is dropped.
+///   Dropping the `create`/`resume` future before it resolves is a cancellation too and rolls
+///   back the same way (in the reference runtime, inside the drop; a teardown already under way
+///   finishes on a runtime task).
+/// * **Setup window.** `setup` runs on the caller's task with the new agent's scoped [`Ctx`]:
+///   what it registers belongs to the agent's scope and is undone by a rollback. Wakes sent
+///   during it wait for publication. A panicking `setup` fails the creation with
+///   [`AgentError::Setup`]; `commit` runs synchronously, and in the reference runtime its panic
+///   is not contained: it unwinds out of `create`, rolling the creation back on the way.
+/// * **Visibility.** `get` and `list` see an agent from its entry into the registry — already
+///   while `agent/created` listeners run — until its disposal begins. They never block and may
+///   be called from synchronous listeners.
+/// * **Concurrency.** Every method takes `&self` and may be called from any thread. Of
+///   concurrent creations of one id at most one publishes; the others fail with
+///   [`AgentError::Duplicate`].
+/// * **Errors.** [`AgentError::Duplicate`] (a live id), [`AgentError::InvalidOptions`],
+///   [`AgentError::Inactive`] (an owner that is not live), [`AgentError::CreationAborted`]
+///   (the caller's signal, or the runtime shutting down), [`AgentError::OwnerDisposed`],
+///   [`AgentError::Setup`] (setup or commit failed); `resume` also [`AgentError::Persistence`]
+///   without persistence and the store's own errors (such as [`AgentError::NotFound`]).
 #[async_trait]
 pub trait AgentRuntime: Send + Sync + 'static {
     /// Creates and publishes an agent.
@@ -146,6 +167,13 @@ pub struct Services {
 }
 
 /// Looks up model adapters by provider name.
+///
+/// # Contract
+/// The driver calls [`adapter`](ModelRegistry::adapter) synchronously once per model step, on
+/// the agent's driver task and concurrently for many agents: it must be quick and must not
+/// block. The caller uses the returned adapter for that one request and does not cache it.
+/// `None` fails the turn with an `error` coded `NO_ADAPTER`; a panic is contained by the driver
+/// as the turn's `error`.
 pub trait ModelRegistry: Send + Sync + 'static {
     /// The adapter serving `provider`.
     fn adapter(&self, provider: &str) -> Option<Arc<dyn ModelAdapter>>;

@@ -80,9 +80,22 @@ pub enum LogError {
 
 /// Watches a published session's appends.
 ///
-/// Observers run synchronously on the appending thread, in registration order, while the
-/// session's append lock is held: they must not block and must not append to the same session
-/// (such an append fails with [`LogError::Reentrant`]); observers that must write should defer.
+/// # Contract
+/// * **Calls.** Observers run synchronously on the appending thread, in registration order, while
+///   the session's append lock is held: for one session, calls never overlap and come in `seq`
+///   order. One observer may be installed into many sessions (a store installs its observers into
+///   every session it enters) and is then called concurrently for different sessions.
+/// * **Reentrancy.** Observers must not block and must not append to the same session (such an
+///   append fails with [`LogError::Reentrant`]) nor wait for a thread that does (it would
+///   deadlock on the append lock); observers that must write should defer.
+/// * **Veto.** A later observer may veto an append that `check` accepted, and `committed` is then
+///   not called for it: `check` may stage state but must not commit it.
+/// * **Panics.** A panic in `committed` is contained and logged. A panic in `check` is not: it
+///   unwinds out of the append (nothing is committed), and until an observed append completes on
+///   another thread the session then refuses every append on the panicking thread with
+///   [`LogError::Reentrant`].
+/// * **Ownership.** The session holds its observers for its whole life (a later
+///   [`Session::publish`] replaces the list); leaving a store does not remove them.
 pub trait SessionObserver: Send + Sync + 'static {
     /// Pre-commit check. `Err(reason)` vetoes the append; the log and every observer's state stay
     /// unchanged. Default: accept.

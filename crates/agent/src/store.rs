@@ -15,11 +15,20 @@ use crate::session::Session;
 ///
 /// # Contract
 /// * [`prepare`](SessionStore::prepare) builds an **unpublished** session (header and seed
-///   validated); a live duplicate id is rejected.
+///   validated); a live duplicate id is rejected. It does not reserve the id: `enter` decides
+///   between concurrent preparations of one id.
 /// * [`enter`](SessionStore::enter) publishes it (installs observers and persistence) and
-///   inserts it; it never overwrites a live entry. Dropping the returned guard removes the entry.
+///   inserts it; it never overwrites a live entry ([`AgentError::Duplicate`]). Dropping the
+///   returned guard, from any thread, removes the entry; the session object and the observers
+///   installed into it live on while anyone holds it.
 /// * [`flush`](SessionStore::flush) is a durability checkpoint; it returns whether any durable
-///   backend participated.
+///   backend participated (`Ok(false)` without one) and fails with [`AgentError::NotFound`] for
+///   an id that is not live. Callers may drop its future; that abandons the wait only.
+/// * **Callers.** The runtime's creation transaction prepares and enters every session (its
+///   durable writes start only when the creation commits); the continuation manager flushes a
+///   continuable child at disposal, best-effort (a failure is logged).
+/// * **Concurrency.** Every method takes `&self` and may be called from any thread, concurrently;
+///   `get` and `list` must not block (listeners and listings call them).
 #[async_trait]
 pub trait SessionStore: Send + Sync + 'static {
     /// Builds an unpublished session.
@@ -59,8 +68,26 @@ pub struct LoadedSession {
 ///   writes one event (append-only, buffered, no sync, never blocks for long);
 ///   [`flush`](SessionPersistence::flush) makes everything appended so far durable (concurrent
 ///   flushes may share one sync).
-/// * [`load`](SessionPersistence::load) returns exactly what was flushed, at least; a torn last
-///   record is dropped; corruption elsewhere is an error and nothing is rewritten.
+/// * [`load`](SessionPersistence::load) returns at least every event covered by a completed
+///   `flush`; a torn last record is dropped; corruption elsewhere is an error and nothing is
+///   rewritten. An open turn is returned as it is (the runtime repairs it on resume).
+///   [`inspect`](SessionPersistence::inspect) answers `Ok(None)` for an unknown id; `load` fails
+///   with [`AgentError::NotFound`].
+/// * **How the runtime writes.** Nothing until a creation commits (a rolled-back creation
+///   writes nothing); then `create` (not for a resumed session, whose events continue at the
+///   loaded length) and every event so far, then each event as it is committed — once each, in
+///   `seq` order. `append` is called from a [`SessionObserver`](crate::SessionObserver):
+///   synchronously, on the appending thread, while the session's append lock is held. It must
+///   not block or append to that session. Appends to one session never overlap; different
+///   sessions are written concurrently.
+/// * **Errors.** A `create` or `append` failure while a creation commits fails the creation. A
+///   later `append` failure is only logged by the runtime (the live session goes on), so an
+///   implementation should report the loss again at the next `flush`, as the JSON-lines store
+///   does.
+/// * **Cancellation and concurrency.** Every method takes `&self` and may be called from any
+///   thread. Readers race `list`, `inspect` and `load` against their signal, drop them when it
+///   fires, and run several `load`s at once, so reads must have no effect to undo. Dropping a
+///   `flush` future abandons the wait, not the sync.
 #[async_trait]
 pub trait SessionPersistence: Send + Sync + 'static {
     /// Records a new session's header.

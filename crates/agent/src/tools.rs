@@ -175,9 +175,23 @@ impl ToolContext {
 /// A tool body.
 ///
 /// # Contract
-/// `execute` receives immutable arguments and must observe `ctx.signal`: once it is cancelled
-/// the body should return promptly (any result is then recorded as cancelled). Bodies run on the
-/// runtime's tasks; they must not block a runtime thread.
+/// * **Calls.** `execute` receives immutable parsed arguments (a JSON string when the model's
+///   text was not JSON). The reference runtime polls it on the calling agent's driver task —
+///   concurrently with the other calls of a step when the definition is `concurrency_safe`, and
+///   with other agents' calls in any case — so it must not block a runtime thread. The handler
+///   is shared (`Arc`); a call resolved just before its registration was dropped may still run.
+/// * **Cancellation.** Observe `ctx.signal`. The reference pipeline also races the body against
+///   it: once the signal fires the body is polled at most once more and, if still pending,
+///   **dropped**, and the call is recorded as cancelled (`CANCELLED`). Cleanup that must outlive
+///   the call belongs in `Drop` or a task of its own; awaiting it in the body after noticing the
+///   cancellation is not guaranteed to run. A success returned after the signal fired is
+///   recorded as cancelled too.
+/// * **Context.** `ctx` may be cloned and kept, but only
+///   [`conclude_turn`](ToolContext::conclude_turn) and
+///   [`defer_context`](ToolContext::defer_context) calls made before the body returns are
+///   guaranteed to count.
+/// * **Errors and panics.** `Err(ToolError)` becomes an error result with its code and message
+///   (post-execute policies still see it); a panic is caught and recorded as `FAILED`.
 #[async_trait]
 pub trait ToolHandler: Send + Sync + 'static {
     /// Runs the tool.
@@ -374,6 +388,17 @@ pub struct ToolCallRequest {
 /// * [`execute`](Tools::execute) runs the whole pipeline of spec §11.5 and **always** returns a
 ///   result (failures are error results, never `Err`); it fires every result observer exactly
 ///   once with the frozen outcome before returning. Cancelling `signal` cancels the body.
+/// * **How the driver calls it.** [`schemas`](Tools::schemas) at every pre-step,
+///   [`get`](Tools::get) to classify each call, and `execute` once per call — concurrently for a
+///   run of `concurrency_safe` calls (the reference registry, recognised through
+///   [`as_any`](Tools::as_any), is driven through its own two halves instead) — awaiting each
+///   call to completion: a step's cancellation reaches a call through `ctx_signal`, never by
+///   dropping its future. Calls a cancelled step never started are answered by the runtime
+///   itself; no policy or observer sees them.
+/// * **Concurrency and reentrancy.** Every method may be called from any thread, concurrently.
+///   Bodies, policies, guards and observers may register or drop registrations, so an
+///   implementation must not hold its own locks while it runs them. Policies, guards and
+///   observers are called synchronously, on the task that runs `execute`.
 #[async_trait]
 pub trait Tools: Send + Sync + 'static {
     /// Registers `def` in the global layer (`scope = None`) or in a scope's own layer.
