@@ -95,6 +95,19 @@ pub struct ResolvedSubagentStartRequest {
 }
 
 /// The optional continuable capability: its presence on a provider *is* the capability.
+///
+/// # Contract
+/// * **Data only.** The continuation manager calls
+///   [`prepare_continuable`](PrepareContinuable::prepare_continuable) once per continuable
+///   start, after admission, then creates the child itself through the host's
+///   [`AgentRuntime`](agent::AgentRuntime) — the provider's `start` is not involved. Return
+///   detached data only: create no agent, session or registration, since nothing would release
+///   it.
+/// * **Cancellation.** Observe `request.signal`. The manager awaits the preparation without
+///   racing it and checks the signal afterwards (a cancelled start then rejects and the data is
+///   dropped); its caller may also drop the start future, and the preparation with it.
+/// * **Concurrency.** Called on the starting caller's task, concurrently for distinct children.
+/// * **Errors** reject the start unchanged; nothing was created yet.
 #[async_trait]
 pub trait PrepareContinuable: Send + Sync + 'static {
     /// Prepares detached data for a continuable child (for example a fork seed).
@@ -114,9 +127,18 @@ pub trait PrepareContinuable: Send + Sync + 'static {
 /// * **Publication boundary = fulfilment.** Before `start` returns `Ok`, the provider owns all
 ///   setup and must cancel, roll back and quiesce every unpublished resource on every failure
 ///   path (including cancellation of the request signal) before returning `Err`.
+/// * **Dropped start.** The service awaits `start` on its caller's task, and that caller may drop
+///   the future at any await (the tool pipeline drops a cancelled call's body): treat a drop as
+///   a cancellation and release unpublished resources in `Drop` or on a task. The in-process
+///   providers get this from [`AgentRuntime::create`](agent::AgentRuntime::create), which rolls
+///   back when its future is dropped.
 /// * After `Ok`, the caller owns the run and must call [`SubagentRun::dispose`].
 /// * The service may call one provider concurrently for distinct children; each start owns its
 ///   own state and cancellation path.
+/// * `name` must not change: the service looks providers up by name on every call.
+///   `capabilities` is read at every start.
+/// * **Errors.** A [`SubagentError`] from `start` reaches the service's caller unchanged, and no
+///   lifecycle event is emitted for it.
 #[async_trait]
 pub trait SubagentProvider: Send + Sync + 'static {
     /// Unique registry name.

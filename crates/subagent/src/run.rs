@@ -37,14 +37,27 @@ pub type SettledCallback = Box<dyn FnOnce(&Result<SubagentResult, RunFailure>) +
 /// # Contract
 /// * **Ownership.** The caller owns the run from the moment `start` fulfils and must call
 ///   [`dispose`](SubagentRun::dispose) on every path, including after consuming the result.
-///   Implementations that are dropped undisposed dispose in the background and log a warning.
+///   The run owns the child; the child may have another owner too (an in-process child is owned
+///   by its parent as well, so disposing the parent disposes it).
+/// * **Drop.** Implementations that are dropped undisposed dispose in the background (on the
+///   current tokio runtime) and log a warning. The in-process run logs only at debug level when
+///   the request signal had already fired — the expected case of a cancelled caller dropping the
+///   run mid-await. Dropping a run does not cancel the request signal.
 /// * **`result`** can be awaited any number of times (a [`Shared`] future). It resolves for
 ///   every child-level ending (model failures resolve with `error`) and fails only for an
 ///   infrastructure fault.
 /// * **`dispose`** is memoized: every call returns the same future. It cancels remaining work
 ///   and waits for both result settlement and child-resource quiescence. It fails only for an
-///   independent resource-release failure; a result failure stays on `result`.
+///   independent resource-release failure; a result failure stays on `result`. The in-process
+///   run cancels the child and starts its teardown at the call, and finishes it while the future
+///   (or a clone) is polled: await it.
 /// * **Cancellation** is the request signal only; there is no `cancel`, `steer` or follow-up.
+///   Dropping a `result` or `dispose` future cancels nothing.
+/// * **Concurrency.** Every method may be called from any thread, concurrently; the futures may
+///   be cloned and awaited on different tasks.
+/// * **Panics** fail the futures, not their callers: the in-process run reports a panicking
+///   result derivation as a [`RunFailure`] on `result`, and a panicking child teardown as one on
+///   `dispose`.
 pub trait SubagentRun: Send + Sync + 'static {
     /// The run id (for a local run: the child session id).
     fn id(&self) -> &SessionId;
