@@ -23,11 +23,21 @@ pub enum ApprovalOutcome {
 /// Answers approval asks for the [`ToolRegistry`](super::ToolRegistry).
 ///
 /// # Contract
-/// `request` must observe `signal` (the call's cancellation); the registry also races it
-/// against the signal and treats a cancelled wait as "aborted before dispatch". Every outcome
-/// other than [`ApprovalOutcome::AllowedOnce`] denies the call with a distinct reason, so the
-/// model can tell a human "no" from an absent channel. Without a configured service, every
-/// `Ask` is denied.
+/// * **When.** Asked only when a call's `tools/pre-execute` chain ends in `Ask`, and before the
+///   guards and the tool lookup run: a call to an unknown or restricted tool can be asked about.
+///   [`ApprovalOutcome::AllowedOnce`] bypasses nothing — a guard may still deny the call. The
+///   most recently installed live service answers.
+/// * **Outcomes.** Every outcome other than `AllowedOnce` denies the call (`DENIED`) with a
+///   distinct reason, so the model can tell a human "no" from an absent channel. Without a
+///   configured service, every `Ask` is denied.
+/// * **Cancellation.** `request` must observe `signal` (the call's cancellation). The registry
+///   also races it against the signal: once it fires the future is dropped (after at most one
+///   more poll) and the call ends "aborted before dispatch"
+///   ([`ABORTED_BEFORE_DISPATCH`](super::codes::ABORTED_BEFORE_DISPATCH)).
+/// * **Concurrency.** Called on the calling agent's driver task, concurrently for the parallel
+///   calls of a step and for different agents; the service is shared (`Arc`) and held until its
+///   guard is dropped.
+/// * **Panics** are contained: the call is denied with a reason naming the failure.
 #[async_trait]
 pub trait ToolApproval: Send + Sync + 'static {
     /// Asks whether `execution` may run.
