@@ -90,15 +90,15 @@ pub enum LogError {
 ///   deadlock on the append lock); observers that must write should defer.
 /// * **Veto.** A later observer may veto an append that `check` accepted, and `committed` is then
 ///   not called for it: `check` may stage state but must not commit it.
-/// * **Panics.** A panic in `committed` is contained and logged. A panic in `check` is not: it
-///   unwinds out of the append (nothing is committed), and until an observed append completes on
-///   another thread the session then refuses every append on the panicking thread with
-///   [`LogError::Reentrant`].
+/// * **Panics.** Both are contained. A panic in `check` vetoes the append: it fails with
+///   [`LogError::Vetoed`] whose reason names the panic, nothing is committed, later observers are
+///   not asked, and the session stays usable. A panic in `committed` is logged; the append
+///   stands.
 /// * **Ownership.** The session holds its observers for its whole life (a later
 ///   [`Session::publish`] replaces the list); leaving a store does not remove them.
 pub trait SessionObserver: Send + Sync + 'static {
-    /// Pre-commit check. `Err(reason)` vetoes the append; the log and every observer's state stay
-    /// unchanged. Default: accept.
+    /// Pre-commit check. `Err(reason)` (or a panic) vetoes the append; the log and every
+    /// observer's state stay unchanged. Default: accept.
     fn check(&self, session: &Session, candidate: &SessionEvent) -> Result<(), String> {
         let _ = (session, candidate);
         Ok(())
@@ -327,7 +327,17 @@ impl Session {
         let event = new_event(seq, time, data, surface);
         self.observing.store(true, Ordering::Release);
         *self.publishing.lock() = Some(std::thread::current().id());
-        let verdict = observers.iter().try_for_each(|o| o.check(self, &event));
+        // A panicking check is a veto: the append is refused and the session stays usable.
+        let verdict = observers.iter().try_for_each(|o| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| o.check(self, &event))).unwrap_or_else(
+                |payload| {
+                    Err(format!(
+                        "a session observer panicked in its check: {}",
+                        crate::bus::panic_message(&*payload)
+                    ))
+                },
+            )
+        });
         if let Err(reason) = verdict {
             self.end_observing();
             return Err(LogError::Vetoed {
@@ -935,5 +945,58 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.to_string(), "session append of `turn/end` was vetoed: no");
         assert_eq!(s.len(), 1);
+    }
+
+    /// Panics in the check of events of one type, counts the checks it is asked.
+    struct PanicOn(&'static str, std::sync::atomic::AtomicUsize);
+    impl SessionObserver for PanicOn {
+        fn check(&self, _: &Session, c: &SessionEvent) -> Result<(), String> {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            assert_ne!(c.type_name(), self.0, "observer bug");
+            Ok(())
+        }
+    }
+
+    /// A panicking check vetoes its append (later observers are not asked) and leaves the
+    /// session usable on the same thread: it used to unwind out of the append with the
+    /// reentrancy guard still raised, so every later append on that thread failed `Reentrant`.
+    #[test]
+    fn a_panicking_check_vetoes_the_append_and_the_session_stays_usable() {
+        let s = Session::new(header("a"), None).unwrap();
+        let after = Arc::new(PanicOn("never", std::sync::atomic::AtomicUsize::new(0)));
+        s.publish(vec![
+            Arc::new(PanicOn("turn/end", std::sync::atomic::AtomicUsize::new(0))),
+            after.clone(),
+        ]);
+        s.append(EventData::TurnStart { turn: 1 }, None).unwrap();
+        let err = s
+            .append(
+                EventData::TurnEnd {
+                    turn: 1,
+                    reason: crate::TurnEndReason::Completed,
+                },
+                None,
+            )
+            .unwrap_err();
+        match &err {
+            LogError::Vetoed { kind, reason } => {
+                assert_eq!(kind, "turn/end");
+                assert!(
+                    reason.starts_with("a session observer panicked in its check: ")
+                        && reason.contains("observer bug"),
+                    "{reason}"
+                );
+            }
+            other => panic!("expected a veto, got {other:?}"),
+        }
+        assert_eq!(s.len(), 1, "nothing committed");
+        assert_eq!(
+            after.1.load(Ordering::Relaxed),
+            1,
+            "the later observer was not asked"
+        );
+        s.append(EventData::TurnStart { turn: 2 }, None)
+            .expect("the session still takes appends on this thread");
+        assert_eq!(s.len(), 2);
     }
 }
