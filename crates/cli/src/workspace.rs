@@ -4,9 +4,10 @@
 //! host was started in), **canonicalized** (so `..` and symbolic links are followed to their
 //! real target) and refused unless the result lies inside the canonical root
 //! ([`WorkspaceError::OutsideWorkspace`]). The tools never write. File-system work runs on
-//! tokio's blocking pool, never on a runtime thread; a cancelled call tells its work to stop
-//! (walks check between entries, every read is bounded) and waits for it before answering, so
-//! no work outlives its call.
+//! tokio's blocking pool, never on a runtime thread. A cancelled call, or one whose future is
+//! dropped (as the tool pipeline does once the step's signal fires), tells its work to stop:
+//! walks check between entries and every read is bounded, so the work ends shortly after. A
+//! cancelled call that is still polled answers once its work has ended.
 //!
 //! Output and memory are bounded: `read_file` reads and returns at most [`MAX_READ_BYTES`], `list_dir` at most
 //! [`MAX_DIR_ENTRIES`] entries and `grep` at most [`MAX_GREP_MATCHES`] matching lines (files
@@ -473,18 +474,19 @@ impl ToolHandler for WorkspaceTool {
     async fn execute(&self, arguments: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let workspace = self.workspace.clone();
         let kind = self.kind;
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = StopOnDrop(Arc::new(AtomicBool::new(false)));
         let mut work = tokio::task::spawn_blocking({
-            let stop = stop.clone();
+            let stop = stop.0.clone();
             move || Self::run(&workspace, kind, &arguments, &stop)
         });
         let joined = tokio::select! {
             // A cancelled call answers `CANCELLED`, even when its work is ready too.
             biased;
             () = ctx.signal.cancelled() => {
-                // The blocking work is owned: told to stop, it ends at its next entry (each
-                // read is bounded), and is awaited so nothing outlives the call.
-                stop.store(true, Ordering::Relaxed);
+                // Told to stop, the work ends at its next entry (every read is bounded); a
+                // caller that keeps polling gets the answer once it has. (The tool pipeline
+                // drops the call instead: `stop` is then raised by its drop.)
+                stop.raise();
                 let _ = work.await;
                 return Err(ToolError::new(codes::CANCELLED, model_text::CANCELLED));
             }
@@ -495,6 +497,22 @@ impl ToolHandler for WorkspaceTool {
             Ok(Err(e)) => Err(e.into()),
             Err(join) => Err(ToolError::failed(model_text::tool_task_failed(&join.to_string()))),
         }
+    }
+}
+
+/// The stop flag of one call's blocking work, raised when the call is cancelled or its future
+/// dropped (a blocking task cannot be aborted; this is how it learns that nobody waits for it).
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl StopOnDrop {
+    fn raise(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.raise();
     }
 }
 
@@ -632,7 +650,7 @@ mod tests {
     }
 
     /// A tool call whose signal is cancelled answers `CANCELLED` once its blocking work has
-    /// ended: nothing it started outlives it.
+    /// ended.
     #[tokio::test]
     async fn a_cancelled_call_answers_cancelled_after_its_work_ends() {
         let (_dir, ws) = fixture();
@@ -653,6 +671,14 @@ mod tests {
             .await
             .expect_err("cancelled");
         assert_eq!(err.code, codes::CANCELLED);
+    }
+
+    /// Dropping a call (as the tool pipeline does on cancellation) raises its work's stop flag.
+    #[test]
+    fn a_dropped_call_raises_its_stop_flag() {
+        let flag = Arc::new(AtomicBool::new(false));
+        drop(StopOnDrop(flag.clone()));
+        assert!(flag.load(Ordering::Relaxed));
     }
 
     #[test]
