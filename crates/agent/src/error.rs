@@ -47,7 +47,7 @@ pub enum AgentError {
         /// The cancellation cause.
         cause: CancelCause,
     },
-    /// The setup callback (or commit) failed; creation was rolled back.
+    /// The setup callback (or commit) failed or panicked; creation was rolled back.
     #[error("agent \"{id}\" setup failed: {source}")]
     Setup {
         /// The agent being created.

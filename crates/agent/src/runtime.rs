@@ -22,7 +22,8 @@ use crate::signal::Signal;
 use crate::store::{SessionPersistence, SessionStore};
 use crate::tools::Tools;
 
-/// A synchronous commit run after setup succeeded and before publication.
+/// A synchronous commit run after setup succeeded and before publication. An error or a panic
+/// fails the creation with [`AgentError::Setup`] and rolls it back.
 pub type Commit = Box<dyn FnOnce() -> Result<(), BoxError> + Send>;
 
 /// The setup window: composes the unpublished agent (registrations through its [`Ctx`], appends
@@ -106,9 +107,9 @@ pub struct ResumeAgentOptions {
 ///   finishes on a runtime task).
 /// * **Setup window.** `setup` runs on the caller's task with the new agent's scoped [`Ctx`]:
 ///   what it registers belongs to the agent's scope and is undone by a rollback. Wakes sent
-///   during it wait for publication. A panicking `setup` fails the creation with
-///   [`AgentError::Setup`]; `commit` runs synchronously, and in the reference runtime its panic
-///   is not contained: it unwinds out of `create`, rolling the creation back on the way.
+///   during it wait for publication. `commit` runs synchronously, after `setup` resolved and
+///   before publication. A panicking `setup` or `commit` fails the creation with
+///   [`AgentError::Setup`] naming the panic, rolled back like any setup error.
 /// * **Visibility.** `get` and `list` see an agent from its entry into the registry — already
 ///   while `agent/created` listeners run — until its disposal begins. They never block and may
 ///   be called from synchronous listeners.

@@ -8,7 +8,8 @@
 //! 2. validate the agent options, require a live owner, reject a pre-cancelled signal;
 //! 3. construct the [`LoopAgent`] and its flat scope, recording the owner link;
 //! 4. run `setup(ctx)` raced against the creation token — the caller's signal, the owner's
-//!    disposal and runtime shutdown — then `commit()`;
+//!    disposal and runtime shutdown — then `commit()`; an error or a panic of either fails the
+//!    creation with [`AgentError::Setup`] (a panic's message as its source) and rolls it back;
 //! 5. publish in order: enter the session, enter the agent, `session/created`,
 //!    [`AgentEvent::Created`], [`AgentEvent::SessionStart`]; liveness is re-checked after each
 //!    edge; then the session is made durable (header and every event so far, when persistence
@@ -533,11 +534,19 @@ impl Runtime {
                 let composed = std::panic::AssertUnwindSafe(setup(ctx)).catch_unwind();
                 match self.race(composed, signal.as_ref(), owner.as_ref()).await {
                     Race::Done(Ok(Ok(commit))) => {
-                        if let Some(commit) = commit {
-                            commit().map_err(|source| AgentError::Setup {
-                                id: id.clone(),
-                                source,
-                            })?;
+                        // A panicking commit fails the creation like a panicking setup.
+                        let committed = commit.map_or(Ok(Ok(())), |commit| {
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(commit))
+                        });
+                        match committed {
+                            Ok(Ok(())) => {}
+                            Ok(Err(source)) => return Err(AgentError::Setup { id, source }),
+                            Err(panic) => {
+                                return Err(AgentError::Setup {
+                                    id,
+                                    source: agent::bus::panic_message(&*panic).into(),
+                                });
+                            }
                         }
                     }
                     Race::Done(Ok(Err(source))) => return Err(AgentError::Setup { id, source }),

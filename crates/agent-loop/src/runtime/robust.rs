@@ -660,13 +660,14 @@ async fn disposal_racing_a_turn_waiters_and_resume() {
     }
 }
 
-/// spec: SPN-51 — a setup that fails (an error, a panic, or a failing `commit`) after each
-/// number of its scheduling points publishes nothing, announces nothing, stores nothing, and
-/// frees the id at once.
+/// spec: SPN-51 — a setup that fails (an error, a panic, a failing `commit`, or a panicking
+/// `commit`) after each number of its scheduling points publishes nothing, announces nothing,
+/// stores nothing, and frees the id at once; a panic is reported as [`AgentError::Setup`]
+/// naming it.
 #[tokio::test(start_paused = true)]
 async fn failing_setup_at_every_point_stores_nothing() {
     for yields in 0..4 {
-        for failure in ["error", "panic", "commit"] {
+        for failure in ["error", "panic", "commit", "commit-panic"] {
             let context = format!("{failure} after {yields} yields");
             let model = ScriptedModel::default();
             let persistence = Arc::new(MemoryStore::new());
@@ -683,16 +684,31 @@ async fn failing_setup_at_every_point_stores_nothing() {
                     match failure {
                         "error" => Err("setup failed".into()),
                         "panic" => panic!("setup exploded"),
-                        _ => {
+                        "commit" => {
                             let commit: agent::runtime::Commit = Box::new(|| Err("commit failed".into()));
+                            Ok(Some(commit))
+                        }
+                        _ => {
+                            let commit: agent::runtime::Commit = Box::new(|| panic!("commit exploded"));
                             Ok(Some(commit))
                         }
                     }
                 }
                 .boxed()
             }));
-            let err = rt.create(o).await.expect_err(&context);
+            let err = std::panic::AssertUnwindSafe(rt.create(o))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| panic!("{context}: the panic unwound out of create"))
+                .expect_err(&context);
             assert!(matches!(err, AgentError::Setup { .. }), "{context}: {err:?}");
+            let named = match failure {
+                "error" => "setup failed",
+                "panic" => "setup exploded",
+                "commit" => "commit failed",
+                _ => "commit exploded",
+            };
+            assert!(err.to_string().ends_with(named), "{context}: {err}");
             nothing_live(&rt, "child", &context);
             assert!(!stored(&*persistence, "child").await, "{context}: stored");
             assert!(log.lock().is_empty(), "{context}: announced {:?}", log.lock());
