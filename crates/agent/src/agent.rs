@@ -196,8 +196,12 @@ pub trait Agent: Send + Sync + 'static {
 ///   otherwise. Start the teardown in `dispose` itself. The reference runtime does: the call
 ///   marks the agent disposing and cancels its turn (cause `disposed`) before returning, and a
 ///   first future dropped unfinished hands the rest to a runtime task.
-/// * **Panics** are not contained here. In the reference runtime a panic while the teardown is
-///   polled propagates to that poller, and every later poll of any of its futures panics too.
+/// * **Panics.** The returned futures never panic in the reference runtime: each teardown step
+///   that runs host code (owned agents' teardowns, the [`Jobs`](crate::Jobs) service, the undo
+///   closures of the agent's scope) is contained, logged with `tracing::warn!`, and the teardown
+///   goes on; a panic while the teardown itself is polled is logged too, the agent is released
+///   (scope disposed, unregistered, session removed) and every current and later future
+///   completes.
 pub trait Disposer: Send + Sync + 'static {
     /// Starts (or joins) the teardown and resolves when the agent is quiescent: its turn ended,
     /// its scope unwound, it and its session unregistered.

@@ -1,14 +1,17 @@
 //! The memoized quiescence transaction of one registered agent (spec §9.4).
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 
+use futures::FutureExt;
 use futures::future::{self, BoxFuture};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use agent::{Agent, AgentEvent, AgentRef, CancelCause, CancelOptions, Disposer, Registration};
+use agent::bus::panic_message;
+use agent::{Agent, AgentEvent, AgentRef, CancelCause, CancelOptions, Disposer, Registration, SessionId};
 
 use super::RuntimeInner;
 use crate::agent::LoopAgent;
@@ -66,13 +69,17 @@ impl AgentEntry {
     }
 
     /// Polls the memoized teardown on behalf of one of its futures.
+    ///
+    /// A panic while polling it (the teardown contains host code step by step, so only a fault
+    /// of its own) is contained here: it is logged, the rest of the transaction is skipped but
+    /// its synchronous [release](release) runs, and the teardown counts as finished for every
+    /// current and later `dispose` future.
     fn poll_teardown(self: &Arc<Self>, cx: &mut Context<'_>) -> Poll<()> {
         let mut future = {
             let mut state = self.teardown.0.lock();
             match &mut *state {
                 TeardownState::Done => return Poll::Ready(()),
                 TeardownState::Unstarted => unreachable!("polled before dispose started it"),
-                TeardownState::Poisoned => panic!("the agent's teardown panicked while polled"),
                 TeardownState::Running {
                     future,
                     notified,
@@ -92,18 +99,33 @@ impl AgentEntry {
         };
         let waker = Waker::from(self.clone());
         let mut inner = Context::from_waker(&waker);
-        let poisoner = Poisoner(self);
-        if future.as_mut().poll(&mut inner).is_ready() {
-            std::mem::forget(poisoner);
+        let finished = match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(&mut inner))) {
+            Ok(poll) => poll.is_ready(),
+            Err(payload) => {
+                tracing::warn!(
+                    agent = %self.agent.id(),
+                    message = %panic_message(&*payload),
+                    "agent teardown panicked; its remaining steps are skipped and the agent is released"
+                );
+                release(self);
+                true
+            }
+        };
+        if finished {
             let wakers = match std::mem::replace(&mut *self.teardown.0.lock(), TeardownState::Done) {
                 TeardownState::Running { wakers, .. } => wakers,
                 _ => Vec::new(),
             };
-            drop(future);
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| drop(future))) {
+                tracing::warn!(
+                    agent = %self.agent.id(),
+                    message = %panic_message(&*payload),
+                    "dropping the agent's teardown panicked"
+                );
+            }
             wakers.into_iter().for_each(Waker::wake);
             return Poll::Ready(());
         }
-        std::mem::forget(poisoner);
         let mut state = self.teardown.0.lock();
         let TeardownState::Running {
             future: slot,
@@ -125,12 +147,9 @@ impl AgentEntry {
         Poll::Pending
     }
 
-    /// Whether the teardown completed (or can never complete).
+    /// Whether the teardown completed.
     fn teardown_settled(&self) -> bool {
-        matches!(
-            *self.teardown.0.lock(),
-            TeardownState::Done | TeardownState::Poisoned
-        )
+        matches!(*self.teardown.0.lock(), TeardownState::Done)
     }
 
     pub(super) fn is_agent(&self, agent: &AgentRef) -> bool {
@@ -174,6 +193,11 @@ impl Latch {
 }
 
 /// The quiescence transaction of one agent (see the module docs).
+///
+/// Every step that runs host code — owned agents' teardowns, the [`Jobs`](agent::Jobs)
+/// service, the undo closures of the agent's scope, the session store's removal — is contained
+/// on its own: a panic is logged with `tracing::warn!` and the teardown goes on, so the agent
+/// always ends unregistered with its session removed.
 pub(super) async fn teardown(entry: Arc<AgentEntry>) {
     let agent = entry.agent.clone();
     let children: Vec<Arc<AgentEntry>> = entry
@@ -190,9 +214,13 @@ pub(super) async fn teardown(entry: Arc<AgentEntry>) {
         }
     };
     future::join3(
-        future::join_all(children.iter().map(|c| c.dispose())),
-        jobs_done,
-        agent.wait_idle(),
+        contained(
+            &id,
+            "owned agents",
+            future::join_all(children.iter().map(|c| c.dispose())),
+        ),
+        contained(&id, "jobs", jobs_done),
+        contained(&id, "idle", agent.wait_idle()),
     )
     .await;
     agent.tasks().close();
@@ -201,29 +229,63 @@ pub(super) async fn teardown(entry: Arc<AgentEntry>) {
     // the agent's tasks may have started a job after the first pass: now that the agent is
     // idle and its tasks have ended, nothing of its own can start another, so a second pass
     // leaves the agent no job.
-    if let Some(jobs) = &jobs {
-        jobs.dispose_owner(&id).await;
-    }
-    agent.scope().dispose();
+    let jobs_done = async {
+        if let Some(jobs) = &jobs {
+            jobs.dispose_owner(&id).await;
+        }
+    };
+    contained(&id, "jobs", jobs_done).await;
+    release(&entry);
+}
+
+/// The synchronous end of the teardown: dispose the scope, unregister the agent
+/// ([`AgentEvent::Disposed`] once, if it was announced), remove its session and drop the owner
+/// link. Each step is contained; idempotent (it is also what a teardown that panicked while
+/// polled still runs).
+fn release(entry: &Arc<AgentEntry>) {
+    let agent = &entry.agent;
+    let id = agent.id();
+    contained_now(id, "scope", || agent.scope().dispose());
     if let Some(rt) = entry.runtime.upgrade() {
-        rt.registry.lock().retain(|e| !Arc::ptr_eq(e, &entry));
-    }
-    if let Some(rt) = entry.runtime.upgrade() {
+        rt.registry.lock().retain(|e| !Arc::ptr_eq(e, entry));
         let _lifecycle = rt.agent_lifecycle.lock();
-        if entry.announced.load(std::sync::atomic::Ordering::SeqCst) {
-            rt.services.agent_events.emit(&AgentEvent::Disposed {
-                agent: agent.id().clone(),
-            });
+        if entry.announced.swap(false, Ordering::SeqCst) {
+            rt.services
+                .agent_events
+                .emit(&AgentEvent::Disposed { agent: id.clone() });
         }
     }
     let guard = entry.session_guard.lock().take();
-    drop(guard);
+    contained_now(id, "session", || drop(guard));
     if let Some(owner) = entry.owner.as_ref().and_then(Weak::upgrade) {
         owner
             .children
             .lock()
-            .retain(|w| w.upgrade().is_some_and(|e| !Arc::ptr_eq(&e, &entry)));
+            .retain(|w| w.upgrade().is_some_and(|e| !Arc::ptr_eq(&e, entry)));
     }
+}
+
+/// Runs one asynchronous teardown step, containing (and logging) a panic.
+async fn contained<T>(id: &SessionId, step: &str, work: impl Future<Output = T>) {
+    if let Err(payload) = AssertUnwindSafe(work).catch_unwind().await {
+        warn_step(id, step, &*payload);
+    }
+}
+
+/// Runs one synchronous teardown step, containing (and logging) a panic.
+fn contained_now(id: &SessionId, step: &str, work: impl FnOnce()) {
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(work)) {
+        warn_step(id, step, &*payload);
+    }
+}
+
+fn warn_step(id: &SessionId, step: &str, payload: &(dyn std::any::Any + Send)) {
+    tracing::warn!(
+        agent = %id,
+        step,
+        message = %panic_message(payload),
+        "a step of the agent's teardown panicked; the teardown goes on"
+    );
 }
 
 /// The memoized teardown of one entry: unstarted until the first `dispose`, then the boxed
@@ -244,9 +306,8 @@ enum TeardownState {
         /// The holders waiting for the next wake-up.
         wakers: Vec<Waker>,
     },
+    /// Completed (also after a panic while polled, see [`AgentEntry::poll_teardown`]).
     Done,
-    /// The transaction panicked while polled.
-    Poisoned,
 }
 
 /// Adds a holder's waker to the waiting list (once).
@@ -269,20 +330,6 @@ impl Wake for AgentEntry {
                 std::mem::take(wakers)
             }
             _ => return,
-        };
-        wakers.into_iter().for_each(Waker::wake);
-    }
-}
-
-/// Marks the teardown poisoned (and wakes its waiters) if polling it unwinds (forgotten
-/// otherwise).
-struct Poisoner<'a>(&'a Arc<AgentEntry>);
-
-impl Drop for Poisoner<'_> {
-    fn drop(&mut self) {
-        let wakers = match std::mem::replace(&mut *self.0.teardown.0.lock(), TeardownState::Poisoned) {
-            TeardownState::Running { wakers, .. } => wakers,
-            _ => Vec::new(),
         };
         wakers.into_iter().for_each(Waker::wake);
     }

@@ -29,7 +29,11 @@
 //! (`session/disposed`) → drop the owner link. Every `dispose` call's future drives the
 //! teardown when polled; the first one, dropped before the teardown completed (also unpolled),
 //! hands the rest to a task of the runtime, so the teardown progresses even when no caller polls
-//! it to the end.
+//! it to the end. A panic in host code during a step (an owned agent's teardown, the jobs
+//! service, an undo closure of the scope, the session removal) is contained and logged with
+//! `tracing::warn!`, and the later steps still run; a panic while the teardown future is polled
+//! is logged, the steps from the scope's disposal on still run, and the teardown counts as
+//! finished: no `dispose` future ever panics.
 //!
 //! # Locking
 //! `registry` (the live entries in creation order) is held for short synchronous sections;
@@ -42,6 +46,8 @@ mod models;
 #[cfg(test)]
 mod robust;
 mod store;
+#[cfg(test)]
+mod teardown_panics;
 #[cfg(test)]
 pub(crate) mod testkit;
 #[cfg(test)]
