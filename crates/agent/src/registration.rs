@@ -49,7 +49,8 @@ impl Registration {
         self.run();
     }
 
-    /// Combines several guards into one; they are undone in reverse order.
+    /// Combines several guards into one; they are undone in reverse order (all of them, even
+    /// when one panics: the first panic propagates once every undo has run).
     pub fn all(guards: Vec<Registration>) -> Self {
         Self::new(move || drop_in_reverse(guards))
     }
@@ -67,9 +68,18 @@ impl Drop for Registration {
     }
 }
 
+/// Undoes `guards` in reverse order. A panicking undo does not stop the others: each is
+/// contained, and once all have run the first panic is resumed (a second one is dropped, where
+/// it would abort the process if it unwound during the first).
 fn drop_in_reverse(mut guards: Vec<Registration>) {
+    let mut first_panic = None;
     while let Some(g) = guards.pop() {
-        drop(g);
+        if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(g))) {
+            first_panic.get_or_insert(payload);
+        }
+    }
+    if let Some(payload) = first_panic {
+        std::panic::resume_unwind(payload);
     }
 }
 
@@ -153,6 +163,10 @@ impl Scope {
     }
 
     /// Disposes the scope: undoes every adopted guard in reverse order. Idempotent.
+    ///
+    /// # Panics
+    /// A panicking undo does not stop the others: every guard is undone, in order, and then the
+    /// first panic propagates (the scope is disposed by then).
     pub fn dispose(&self) {
         let guards = self.guards.lock().take();
         if let Some(guards) = guards {
@@ -194,5 +208,29 @@ mod tests {
             "scope of agent \"a\" is inactive: it was disposed"
         );
         assert_eq!(*log.lock(), vec![2, 1, 0, 9]);
+    }
+
+    /// A panicking undo does not stop the scope's other undos: they all run, in reverse order,
+    /// and the first panic propagates once they have (a second panic does not abort).
+    #[test]
+    fn a_panicking_undo_does_not_stop_the_others() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let scope = Scope::new("a".into(), None);
+        for i in 0..5 {
+            let log = log.clone();
+            scope
+                .adopt(Registration::new(move || {
+                    log.lock().push(i);
+                    if i % 2 == 1 {
+                        panic!("undo {i} exploded");
+                    }
+                }))
+                .unwrap();
+        }
+        let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scope.dispose()))
+            .expect_err("the first panic propagates");
+        assert_eq!(crate::bus::panic_message(&*payload), "undo 3 exploded");
+        assert_eq!(*log.lock(), vec![4, 3, 2, 1, 0]);
+        assert!(!scope.is_active());
     }
 }
