@@ -113,6 +113,12 @@ pub enum JobError {
     /// No controller serves the owner.
     #[error("background jobs unavailable: no job controller serves this agent")]
     NoController,
+    /// The registry drives jobs on a tokio runtime, and `start` was called outside one (a host
+    /// fault: the starter was not called).
+    #[error(
+        "background jobs unavailable: a job needs a tokio runtime to run on, and this call was made outside one"
+    )]
+    NoRuntime,
     /// The owner is at its limit.
     #[error(
         "background job limit reached for this owner (limit: {0}); use job_kill to stop an unneeded job, wait for it to finish, then retry"
@@ -145,7 +151,7 @@ pub struct JobRead {
 ///   then the starter, then a registration that cannot fail — a failed preflight leaves no work.
 ///   It is synchronous: the starter runs exactly once, on the caller's thread, and must not
 ///   block. The registry drives `done` itself (the reference registry on a task of the current
-///   tokio runtime; it refuses a start outside one with [`JobError::NoController`]).
+///   tokio runtime; it refuses a start outside one with [`JobError::NoRuntime`]).
 /// * **Hooks.** `cancel` runs synchronously inside [`kill`](Jobs::kill),
 ///   [`dispose_owner`](Jobs::dispose_owner) or the registry's drop, from any thread, and may run
 ///   more than once (every kill, then owner disposal): keep it quick and idempotent. `done` must

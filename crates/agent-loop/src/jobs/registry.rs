@@ -160,11 +160,11 @@ impl JobCounts {
 /// The process-local background job registry.
 ///
 /// # Contract
-/// * **Atomic start.** [`start`](Jobs::start) runs a preflight — a tokio runtime is present, the
-///   registry is not shut down, a controller serves the owner (when
-///   [required](JobRegistryConfig::require_controller)), the owner is not being disposed (and the
-///   [probe](JobRegistryConfig::owner_probe) reports it live), the owner is under its limit —
-///   and reserves a capacity slot before it calls the starter exactly once. The registration that
+/// * **Atomic start.** [`start`](Jobs::start) runs a preflight — a tokio runtime is present
+///   (else [`JobError::NoRuntime`]), the registry is not shut down, a controller serves the
+///   owner (when [required](JobRegistryConfig::require_controller)), the owner is not being
+///   disposed (and the [probe](JobRegistryConfig::owner_probe) reports it live), the owner is
+///   under its limit — and reserves a capacity slot before it calls the starter exactly once. The registration that
 ///   follows cannot fail. A refused preflight never calls the starter and allocates no id; a
 ///   starter that panics releases its reservation and the panic propagates to the caller.
 /// * **Ids** are `<kind>-<n>` with a counter per kind starting at 1, never reused.
@@ -383,7 +383,7 @@ impl JobRegistry {
         } = spec;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!("job registry: start outside a tokio runtime refused");
-            return Err(JobError::NoController);
+            return Err(JobError::NoRuntime);
         };
         if let Some(probe) = &self.inner.owner_probe {
             let live = catch_unwind(AssertUnwindSafe(|| probe(&owner))).unwrap_or_else(|payload| {

@@ -106,6 +106,7 @@ fn registry_refusals() {
     let id = JobId("subagent-1".into());
     let errors = [
         JobError::NoController,
+        JobError::NoRuntime,
         JobError::LimitReached(10),
         JobError::NotFound(id.clone()),
         JobError::OwnerDisposed,

@@ -195,11 +195,18 @@ async fn a_panicking_starter_releases_its_reservation_and_registers_nothing() {
     assert_ends_empty(&registry).await;
 }
 
+/// A start outside a tokio runtime is refused with the truthful error (no runtime to run the
+/// job on), not as a missing controller.
 #[test]
 fn start_outside_a_runtime_is_refused_without_calling_the_starter() {
     let registry = JobRegistry::new();
     let (spec, p) = producer("bash", "x", "a");
-    assert_eq!(registry.start(spec).unwrap_err(), JobError::NoController);
+    let err = registry.start(spec).unwrap_err();
+    assert_eq!(err, JobError::NoRuntime);
+    assert_eq!(
+        err.to_string(),
+        "background jobs unavailable: a job needs a tokio runtime to run on, and this call was made outside one"
+    );
     assert_eq!(p.started(), 0);
     assert!(registry.counts().is_empty());
 }
