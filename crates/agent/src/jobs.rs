@@ -170,8 +170,9 @@ pub struct JobRead {
 /// * **Concurrency.** Every method takes `&self` and may be called from any thread, concurrently.
 /// * **Panics.** A panicking starter propagates out of `start` (the reference registry releases
 ///   the reserved capacity first). A `done` that panics settles the job `failed`. The reference
-///   registry contains a panicking `cancel` during owner disposal (the job is forced `failed`)
-///   but lets it propagate out of `kill`.
+///   registry contains a panicking `cancel` alike in `kill` (which returns `Ok`) and during owner
+///   disposal: the job is forced `failed` with a detail naming the panic, its `done` is dropped,
+///   and its `cancel` is not called again.
 #[async_trait]
 pub trait Jobs: Send + Sync + 'static {
     /// Starts a job; returns its id.

@@ -137,9 +137,13 @@ pub fn invalid_reason(got: &Value) -> String {
     format!("invalid reason: expected a string, got {}", render_json(got))
 }
 
-/// `job_kill`'s error when the job's `cancel` hook panicked (the job is left as it was).
-pub fn kill_failed(id: &str, message: &str) -> String {
-    format!("cancelling job {id} failed: {message}")
+/// `job_kill`'s error when the job's `cancel` hook panicked: the registry forced the job to
+/// `status` (`failed`, unless it settled meanwhile) and dropped its work.
+pub fn kill_failed(id: &str, message: &str, status: JobStatus) -> String {
+    format!(
+        "cancelling job {id} failed: {message}; the job is now {} and its work may be orphaned",
+        status_line(status, None)
+    )
 }
 
 /// Arguments that are not a JSON object.
@@ -160,6 +164,11 @@ pub fn non_terminal_outcome(status: JobStatus) -> String {
 /// The failure detail of a job whose `cancel` hook panicked during owner or registry teardown.
 pub fn teardown_cancel_panicked(message: &str) -> String {
     format!("cancel panicked during teardown; work may be orphaned: {message}")
+}
+
+/// The failure detail of a job whose `cancel` hook panicked during a kill.
+pub fn kill_cancel_panicked(message: &str) -> String {
+    format!("cancel panicked during kill; work may be orphaned: {message}")
 }
 
 /// The JSON schema of `job_output`'s arguments.

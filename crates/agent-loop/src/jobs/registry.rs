@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -122,6 +122,14 @@ pub enum KillOutcome {
     Requested(JobSnapshot),
     /// The job had already settled; nothing was cancelled.
     AlreadyFinished(JobSnapshot),
+    /// The job's `cancel` hook panicked. As in teardown, the job was forced `failed` (unless it
+    /// had settled meanwhile) and its task aborted; its hooks are never called again.
+    CancelPanicked {
+        /// The job after the kill.
+        snapshot: JobSnapshot,
+        /// The panic's message.
+        message: String,
+    },
 }
 
 impl KillOutcome {
@@ -129,6 +137,7 @@ impl KillOutcome {
     pub fn snapshot(&self) -> &JobSnapshot {
         match self {
             Self::Requested(s) | Self::AlreadyFinished(s) => s,
+            Self::CancelPanicked { snapshot, .. } => snapshot,
         }
     }
 }
@@ -173,7 +182,9 @@ impl JobCounts {
 /// * **First-wins settlement.** One task per job (tracked by the registry's
 ///   [`TaskTracker`]) awaits `done`; the first terminal outcome — the producer's, or a teardown
 ///   force-failure — is recorded, later ones are ignored. A `done` that panics settles `failed`.
-/// * **Kill** calls `cancel(reason)` and only then marks the job `stopping` and reported.
+/// * **Kill** calls `cancel(reason)` and only then marks the job `stopping` and reported. A
+///   `cancel` that panics is contained as in teardown: the record is forced `failed` and its task
+///   aborted ([`KillOutcome::CancelPanicked`]).
 /// * **Notices.** An unreported settlement emits one [`JobNotice`] on [`notices`](Self::notices)
 ///   (carrier = owner) after waiters are released. Kills, terminal reads and waits, and teardown
 ///   mark a job reported and so suppress the notice.
@@ -181,7 +192,9 @@ impl JobCounts {
 ///   reason [`OWNER_DISPOSED_REASON`](model_text::OWNER_DISPOSED_REASON), awaits `done` (and the
 ///   job's task), then drops the owner's records; [`shutdown`](Self::shutdown) does the same for
 ///   every owner. A `cancel` that panics during teardown force-fails the record and aborts its
-///   task. A producer that never settles `done` after `cancel` stalls teardown (its contract).
+///   task (dropping `done`: its work may be orphaned); a forced-failed job's hooks are never
+///   called again. A producer that never settles `done` after `cancel` stalls teardown (its
+///   contract).
 ///
 /// Dropping the registry without [`shutdown`](Self::shutdown) cancels live jobs without awaiting
 /// them and logs a warning.
@@ -486,15 +499,18 @@ impl JobRegistry {
     /// Kills `owner`'s job `id`: calls its `cancel(reason)`, then marks it `stopping` and
     /// reported. A settled job is only marked reported ([`KillOutcome::AlreadyFinished`]).
     ///
-    /// # Panics
-    /// A panicking `cancel` hook propagates its panic; the job's state is left unchanged.
+    /// A panicking `cancel` hook is contained exactly as owner disposal contains it: the panic is
+    /// logged, the job is forced `failed` with a detail naming it (first-wins: unless it settled
+    /// meanwhile) and its task aborted, dropping `done` — the work may be orphaned. The job stays
+    /// reported (no notice), and as it is settled no later kill or teardown calls its `cancel`
+    /// again ([`KillOutcome::CancelPanicked`]).
     pub fn kill_job(
         &self,
         owner: &SessionId,
         id: &JobId,
         reason: Option<String>,
     ) -> Result<KillOutcome, JobError> {
-        let (cancel, was_reported) = {
+        let cancel = {
             let mut state = self.inner.state.lock();
             let rec = state.owned_mut(owner, id)?;
             if rec.status.is_terminal() {
@@ -502,18 +518,16 @@ impl JobRegistry {
                 return Ok(KillOutcome::AlreadyFinished(rec.snapshot()));
             }
             // Claimed before `cancel` runs so a settlement it triggers stays quiet.
-            let was = std::mem::replace(&mut rec.reported, true);
-            (rec.cancel.clone(), was)
+            rec.reported = true;
+            rec.cancel.clone()
         };
         if let Err(payload) = catch_unwind(AssertUnwindSafe(|| cancel(reason))) {
-            let mut state = self.inner.state.lock();
-            if let Ok(rec) = state.owned_mut(owner, id)
-                && !rec.status.is_terminal()
-            {
-                rec.reported = was_reported;
-            }
-            drop(state);
-            resume_unwind(payload);
+            let message = panic_message(&*payload);
+            tracing::warn!(job = %id, %message, "job cancel panicked during kill; record forced failed, work may be orphaned");
+            self.inner
+                .force_fail(id, model_text::kill_cancel_panicked(&message));
+            let snapshot = self.inner.state.lock().owned_mut(owner, id)?.snapshot();
+            return Ok(KillOutcome::CancelPanicked { snapshot, message });
         }
         let mut state = self.inner.state.lock();
         let rec = state.owned_mut(owner, id)?;
@@ -684,18 +698,24 @@ impl Inner {
             Err(payload) => {
                 let message = panic_message(&*payload);
                 tracing::warn!(job = %id, %message, "job cancel panicked during teardown; record forced failed, work may be orphaned");
-                self.settle(
-                    id,
-                    JobOutcome {
-                        status: JobStatus::Failed,
-                        output: None,
-                        detail: Some(model_text::teardown_cancel_panicked(&message)),
-                    },
-                );
-                if let Some(rec) = self.state.lock().jobs.get(id) {
-                    rec.abort.abort();
-                }
+                self.force_fail(id, model_text::teardown_cancel_panicked(&message));
             }
+        }
+    }
+
+    /// What a panicking `cancel` leaves: the job settled `failed` with `detail` (first-wins) and
+    /// its task aborted (dropping `done`).
+    fn force_fail(&self, id: &JobId, detail: String) {
+        self.settle(
+            id,
+            JobOutcome {
+                status: JobStatus::Failed,
+                output: None,
+                detail: Some(detail),
+            },
+        );
+        if let Some(rec) = self.state.lock().jobs.get(id) {
+            rec.abort.abort();
         }
     }
 }

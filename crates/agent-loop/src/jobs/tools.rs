@@ -3,11 +3,9 @@
 //! Each body takes its caller from [`ToolContext::agent`]; that agent is the owner the registry
 //! fences every access with.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent::bus::panic_message;
 use agent::jobs::{JobError, JobId};
 use agent::prompt::PromptSection;
 use agent::tools::{ToolContext, ToolDefinition, ToolError, ToolHandler, ToolOutput, codes};
@@ -158,15 +156,20 @@ impl ToolHandler for JobKill {
             Some(other) => return Err(ToolError::invalid_args(model_text::invalid_reason(other))),
         };
         let owner = ctx.agent();
-        let outcome = catch_unwind(AssertUnwindSafe(|| self.registry.kill_job(owner, &id, reason)))
-            .map_err(|payload| ToolError::failed(model_text::kill_failed(&id.0, &panic_message(&*payload))))?
-            .map_err(job_error)?;
+        let outcome = self.registry.kill_job(owner, &id, reason).map_err(job_error)?;
         let (text, label) = match &outcome {
             KillOutcome::Requested(job) => (model_text::kill_requested(&job.id.0), "cancellation-requested"),
             KillOutcome::AlreadyFinished(job) => (
                 model_text::kill_already_finished(&job.id.0, job.status, job.detail.as_deref()),
                 "already-finished",
             ),
+            KillOutcome::CancelPanicked { snapshot, message } => {
+                return Err(ToolError::failed(model_text::kill_failed(
+                    &snapshot.id.0,
+                    message,
+                    snapshot.status,
+                )));
+            }
         };
         Ok(ToolOutput {
             value: Some(json!({"outcome": label, "job": public_job(outcome.snapshot())})),

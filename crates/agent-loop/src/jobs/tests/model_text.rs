@@ -65,7 +65,7 @@ fn result_and_notice_texts() {
         "kill already finished",
         t::kill_already_finished("subagent-1", JobStatus::Failed, Some("error")),
     );
-    line("kill failed", t::kill_failed("bash-1", "boom"));
+    line("kill failed", t::kill_failed("bash-1", "boom", JobStatus::Failed));
     line(
         "completion notice",
         t::completion_notice("subagent-1", "subagent", "research", JobStatus::Completed, None),
@@ -95,6 +95,7 @@ fn result_and_notice_texts() {
         t::non_terminal_outcome(JobStatus::Stopping),
     );
     line("teardown cancel panicked", t::teardown_cancel_panicked("boom"));
+    line("kill cancel panicked", t::kill_cancel_panicked("boom"));
     line("owner disposed reason", t::OWNER_DISPOSED_REASON.to_owned());
     line("shutdown reason", t::SHUTDOWN_REASON.to_owned());
     insta::assert_snapshot!("result_and_notice_texts", out);

@@ -403,20 +403,47 @@ async fn a_kill_on_a_settled_job_suppresses_its_notice_only_if_first() {
     assert_ends_empty(&registry).await;
 }
 
+/// A `cancel` that panics inside `kill` is contained exactly as in teardown: the record is
+/// forced `failed` (its detail names the panic), its task aborted, the kill's report claim
+/// stands (no notice), and the hook is never called again — not by a second kill, nor by the
+/// owner's disposal.
 #[tokio::test(start_paused = true)]
-async fn a_panicking_cancel_propagates_from_kill_and_leaves_the_job_untouched() {
+async fn a_panicking_cancel_in_kill_force_fails_the_job_like_teardown() {
     let registry = JobRegistry::new();
     let (notices, _guard) = record_notices(&registry);
     let (spec, p) = producer_with("bash", "x", "a", OnCancel::Panic, Duration::ZERO);
     let job = registry.start(spec).unwrap();
-    let result = catch_unwind(AssertUnwindSafe(|| registry.kill_job(&owner("a"), &job, None)));
-    assert!(result.is_err());
-    let snapshot = registry.get(&owner("a"), &job).unwrap();
-    assert_eq!((snapshot.status, snapshot.reported), (JobStatus::Running, false));
-    // Its later settlement is still announced.
-    p.settle(completed("fine"));
+    let (a, signal) = (owner("a"), Signal::new());
+    let waiter = registry.wait_settled(&a, &job, None, &signal);
+    let outcome = catch_unwind(AssertUnwindSafe(|| registry.kill_job(&a, &job, None)))
+        .expect("the cancel hook's panic is contained")
+        .unwrap();
+    let KillOutcome::CancelPanicked { snapshot, message } = outcome else {
+        panic!("expected a contained cancel panic, got {outcome:?}");
+    };
+    assert_eq!(message, "cancel exploded");
+    assert_eq!((snapshot.status, snapshot.reported), (JobStatus::Failed, true));
+    assert_eq!(
+        snapshot.detail.as_deref(),
+        Some("cancel panicked during kill; work may be orphaned: cancel exploded")
+    );
+    assert_eq!(registry.get(&a, &job).unwrap(), snapshot);
+    assert_eq!(
+        waiter.await,
+        Ok(true),
+        "a waiter is released by the forced settlement"
+    );
+    let again = registry.kill_job(&a, &job, Some("again".into())).unwrap();
+    assert!(matches!(again, KillOutcome::AlreadyFinished(ref s) if s.status == JobStatus::Failed));
     settle_tasks().await;
-    assert_eq!(notices.lock().len(), 1);
+    assert!(
+        !p.released(),
+        "done never ran to completion: its task was aborted"
+    );
+    assert!(!p.settle(completed("late")), "done was dropped with its task");
+    assert!(notices.lock().is_empty(), "the kill claimed the report");
+    registry.dispose_owner(&a).await;
+    assert_eq!(p.cancels(), vec![None], "the hook ran once");
     assert_ends_empty(&registry).await;
 }
 

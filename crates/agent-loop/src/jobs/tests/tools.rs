@@ -387,15 +387,23 @@ async fn a_panicking_cancel_becomes_a_failed_kill() {
         .unwrap_err();
     assert_eq!(
         err,
-        ToolError::failed("cancelling job bash-1 failed: cancel exploded")
+        ToolError::failed(
+            "cancelling job bash-1 failed: cancel exploded; the job is now [status: failed] and its work may be orphaned"
+        )
     );
     assert_eq!(
         h.registry
             .get(&SessionId::from("a"), &agent::jobs::JobId("bash-1".into()))
             .unwrap()
             .status,
-        JobStatus::Running
+        JobStatus::Failed
     );
-    p.settle(completed(""));
+    // The job is settled: a second kill reports it finished and does not call the hook again.
+    let again = h.text("a", "job_kill", json!({"job_id": "bash-1"})).await;
+    assert!(
+        again.starts_with("job bash-1 had already finished [status: failed"),
+        "{again}"
+    );
+    assert_eq!(p.cancels(), vec![None]);
     assert_ends_empty(&h.registry).await;
 }
