@@ -130,6 +130,9 @@ pub enum JobError {
     /// The owner is being disposed.
     #[error("background jobs unavailable: the owning agent is disposed")]
     OwnerDisposed,
+    /// The registry has shut down (the host is stopping); it starts no more jobs.
+    #[error("background jobs unavailable: the job registry has shut down")]
+    ShutDown,
     /// Waiting was cancelled.
     #[error("waiting for job {0} was cancelled")]
     Cancelled(JobId),

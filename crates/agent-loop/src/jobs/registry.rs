@@ -580,7 +580,7 @@ impl Inner {
     fn reserve(this: &Arc<Self>, owner: &SessionId) -> Result<Reservation, JobError> {
         let mut state = this.state.lock();
         if state.closed {
-            return Err(JobError::NoController);
+            return Err(JobError::ShutDown);
         }
         if this.require_controller && !state.serves(owner) {
             return Err(JobError::NoController);

@@ -111,6 +111,7 @@ fn registry_refusals() {
         JobError::LimitReached(10),
         JobError::NotFound(id.clone()),
         JobError::OwnerDisposed,
+        JobError::ShutDown,
         JobError::Cancelled(id),
     ];
     let out: Vec<String> = errors.iter().map(ToString::to_string).collect();

@@ -785,7 +785,7 @@ async fn shutdown_cancels_and_awaits_every_job_then_refuses_starts() {
     assert!(notices.lock().is_empty());
     assert!(registry.counts().is_empty());
     let (spec, late) = producer("bash", "late", "a");
-    assert_eq!(registry.start(spec).unwrap_err(), JobError::NoController);
+    assert_eq!(registry.start(spec).unwrap_err(), JobError::ShutDown);
     assert_eq!(late.started(), 0);
     registry.shutdown().await;
     assert!(registry.counts().is_empty());
