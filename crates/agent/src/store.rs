@@ -80,7 +80,8 @@ pub struct LoadedSession {
 ///   synchronously, on the appending thread, while the session's append lock is held. It must
 ///   not block or append to that session. Appends to one session never overlap; different
 ///   sessions are written concurrently.
-/// * **Errors.** A `create` or `append` failure while a creation commits fails the creation. A
+/// * **Errors.** A `create` or `append` failure (or panic) while a creation commits fails the
+///   creation (a panic as [`AgentError::Persistence`] naming it), which rolls back. A
 ///   later `append` failure is only logged by the runtime (the live session goes on), so an
 ///   implementation should report the loss again at the next `flush`, as the JSON-lines store
 ///   does.

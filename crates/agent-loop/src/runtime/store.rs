@@ -106,12 +106,23 @@ pub(crate) struct Durability {
 
 impl Durability {
     /// Makes the session durable: its header (unless resumed), every event so far, and from now
-    /// on every commit. Without persistence, nothing.
+    /// on every commit. Without persistence, nothing. A panic in the host's persistence is
+    /// contained and returned as [`AgentError::Persistence`] naming it, so the creation rolls
+    /// back as for any persistence failure.
     pub(crate) fn commit(&self) -> Result<(), AgentError> {
-        match &self.observer {
-            Some(observer) => observer.commit(&self.session, self.persisted),
-            None => Ok(()),
-        }
+        let Some(observer) = &self.observer else {
+            return Ok(());
+        };
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            observer.commit(&self.session, self.persisted)
+        }))
+        .unwrap_or_else(|payload| {
+            Err(AgentError::Persistence(format!(
+                "session persistence panicked while making session \"{}\" durable: {}",
+                self.session.id(),
+                agent::bus::panic_message(&*payload)
+            )))
+        })
     }
 }
 

@@ -190,6 +190,8 @@ pub(crate) fn texts(blocks: &[ContentBlock]) -> Vec<String> {
 #[derive(Default)]
 pub(crate) struct TestPersistence {
     pub(crate) sessions: Mutex<HashMap<SessionId, (SessionHeader, Vec<SessionEvent>)>>,
+    /// When set, `create` panics (a host persistence bug).
+    pub(crate) panic_on_create: std::sync::atomic::AtomicBool,
 }
 
 impl TestPersistence {
@@ -213,6 +215,10 @@ impl TestPersistence {
 #[async_trait]
 impl SessionPersistence for TestPersistence {
     fn create(&self, header: &SessionHeader) -> Result<(), AgentError> {
+        assert!(
+            !self.panic_on_create.load(std::sync::atomic::Ordering::Relaxed),
+            "persistence exploded"
+        );
         let mut sessions = self.sessions.lock();
         if sessions.contains_key(&header.id) {
             return Err(AgentError::Duplicate(header.id.clone()));

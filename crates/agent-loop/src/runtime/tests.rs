@@ -584,6 +584,40 @@ async fn failing_session_created_listener_rolls_back() {
     finish(&rt, []).await;
 }
 
+/// A panic in the host's persistence while a creation commits is contained: the creation fails
+/// with `AgentError::Persistence` naming the panic and rolls back like any persistence failure
+/// (it used to unwind out of `create`); the id is free again once persistence works.
+#[tokio::test(start_paused = true)]
+async fn a_persistence_panic_at_commit_fails_the_creation_and_rolls_back() {
+    let model = ScriptedModel::default();
+    let persistence = Arc::new(TestPersistence::default());
+    persistence.panic_on_create.store(true, Ordering::Relaxed);
+    let rt = builder(&model).persistence(persistence.clone()).build();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let g = record_store(&rt, log.clone());
+    let created = std::panic::AssertUnwindSafe(rt.create(options("a")))
+        .catch_unwind()
+        .await
+        .expect("the panic does not escape create");
+    match created {
+        Err(AgentError::Persistence(message)) => {
+            assert!(message.contains("persistence exploded"), "{message}");
+        }
+        other => panic!(
+            "expected a persistence error, got {:?}",
+            other.map(|h| h.id().clone())
+        ),
+    }
+    nothing_published(&rt, "a");
+    assert_eq!(*log.lock(), ["session/created:a", "session/disposed:a"]);
+    assert!(persistence.sessions.lock().is_empty(), "nothing stored");
+    persistence.panic_on_create.store(false, Ordering::Relaxed);
+    let handle = rt.create(options("a")).await.expect("the id is free");
+    handle.dispose().await;
+    drop(g);
+    finish(&rt, []).await;
+}
+
 /// Dropping the `create` future mid-setup rolls back; shutdown aborts pending creations and
 /// disposes every agent.
 #[tokio::test(start_paused = true)]
