@@ -23,3 +23,4 @@ pub mod prompt;
 pub mod runtime;
 pub mod tools;
 pub mod trace;
+pub mod warnings;

@@ -777,34 +777,13 @@ async fn dropped_run_is_disposed_in_the_background() {
     host.finish().await;
 }
 
-/// A `tracing` subscriber that counts the WARN events emitted on this thread.
-struct WarnCounter(Arc<AtomicUsize>);
-
-impl tracing::Subscriber for WarnCounter {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        if *event.metadata().level() == tracing::Level::WARN {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
 /// §3.8 — a run dropped after its request signal fired (what a cancelled tool call does: its
 /// future, holding the run, is dropped mid-await) is disposed in the background like any
 /// dropped run, but logs no warning; a run dropped with its signal live still warns.
 #[tokio::test(start_paused = true)]
 async fn dropping_a_cancelled_run_does_not_warn() {
-    let warnings = Arc::new(AtomicUsize::new(0));
-    let _subscriber = tracing::subscriber::set_default(WarnCounter(warnings.clone()));
+    let warnings = agent_loop::warnings::WarningCapture::new();
+    let _subscriber = warnings.install();
     let host = Host::new(vec![ScriptEntry::hang(), ScriptEntry::hang()]).await;
     let drop_after = |cancel: bool| {
         let host = &host;
@@ -829,17 +808,9 @@ async fn dropping_a_cancelled_run_does_not_warn() {
         }
     };
     drop_after(true).await;
-    assert_eq!(
-        warnings.load(Ordering::SeqCst),
-        0,
-        "a cancelled run's drop is expected"
-    );
+    assert_eq!(warnings.len(), 0, "a cancelled run's drop is expected");
     drop_after(false).await;
-    assert_eq!(
-        warnings.load(Ordering::SeqCst),
-        1,
-        "an undisposed live run still warns"
-    );
+    assert_eq!(warnings.len(), 1, "an undisposed live run still warns");
     host.finish().await;
 }
 

@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use futures::FutureExt;
-use parking_lot::Mutex;
 
 use agent::jobs::{JobError, JobId, JobInfo, JobRead, JobSpec, Jobs};
 use agent::tools::ToolOutput;
@@ -17,45 +16,7 @@ use agent::{AgentEvent, AgentRuntime, CreateAgentOptions, Registration, SessionI
 use super::*;
 use crate::model::ScriptedModel;
 use crate::runtime::testkit::*;
-
-/// A `tracing` subscriber that records the WARN events emitted on this thread, with their
-/// fields rendered.
-#[derive(Clone, Default)]
-struct Warnings(Arc<Mutex<Vec<String>>>);
-
-impl Warnings {
-    fn containing(&self, needle: &str) -> usize {
-        self.0.lock().iter().filter(|w| w.contains(needle)).count()
-    }
-}
-
-struct Render<'a>(&'a mut String);
-
-impl tracing::field::Visit for Render<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        self.0.push_str(&format!(" {}={value:?}", field.name()));
-    }
-}
-
-impl tracing::Subscriber for Warnings {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        if *event.metadata().level() == tracing::Level::WARN {
-            let mut line = String::new();
-            event.record(&mut Render(&mut line));
-            self.0.lock().push(line);
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
+use crate::warnings::WarningCapture;
 
 /// Counts the agent's `Disposed` announcements.
 fn count_disposed(rt: &Runtime, id: &str) -> (Arc<AtomicUsize>, Registration) {
@@ -99,8 +60,8 @@ fn register_with_a_panicking_undo(rt: &Runtime, id: &SessionId) -> Arc<AtomicUsi
 /// `Disposed` announced once, every other scoped registration undone, the panic logged.
 #[tokio::test(start_paused = true)]
 async fn a_panicking_scope_undo_is_contained_and_the_teardown_finishes() {
-    let warnings = Warnings::default();
-    let _subscriber = tracing::subscriber::set_default(warnings.clone());
+    let warnings = WarningCapture::new();
+    let _subscriber = warnings.install();
     let model = ScriptedModel::default();
     let rt = runtime(&model);
     let (disposed, g) = count_disposed(&rt, "a");
@@ -125,7 +86,12 @@ async fn a_panicking_scope_undo_is_contained_and_the_teardown_finishes() {
     assert_eq!(disposed.load(Ordering::SeqCst), 1);
     assert_eq!(undone.load(Ordering::SeqCst), 1);
     assert!(rt.services().tools.get("mine", Some(&id)).is_none());
-    assert_eq!(warnings.containing("undo exploded"), 1, "{:?}", warnings.0.lock());
+    assert_eq!(
+        warnings.mentioning("undo exploded"),
+        1,
+        "{:?}",
+        warnings.warnings()
+    );
     drop(g);
     finish(&rt, [handle]).await;
 }
@@ -163,8 +129,8 @@ impl Jobs for PanickingJobs {
 /// teardown: the scope is released, the agent unregistered, its session removed.
 #[tokio::test(start_paused = true)]
 async fn a_panicking_job_service_does_not_stop_the_teardown() {
-    let warnings = Warnings::default();
-    let _subscriber = tracing::subscriber::set_default(warnings.clone());
+    let warnings = WarningCapture::new();
+    let _subscriber = warnings.install();
     let model = ScriptedModel::default();
     let rt = builder(&model).jobs(Arc::new(PanickingJobs)).build();
     let (disposed, g) = count_disposed(&rt, "a");
@@ -182,9 +148,9 @@ async fn a_panicking_job_service_does_not_stop_the_teardown() {
     assert!(rt.services().tools.get("mine", Some(&id)).is_none());
     assert_eq!(disposed.load(Ordering::SeqCst), 1);
     assert!(
-        warnings.containing("jobs exploded") >= 1,
+        warnings.mentioning("jobs exploded") >= 1,
         "{:?}",
-        warnings.0.lock()
+        warnings.warnings()
     );
     drop(g);
     finish(&rt, [handle]).await;
@@ -194,8 +160,8 @@ async fn a_panicking_job_service_does_not_stop_the_teardown() {
 /// owner: the shutdown completes, both are unregistered, the runtime ends quiescent.
 #[tokio::test(start_paused = true)]
 async fn a_child_whose_teardown_panics_does_not_stall_its_owner_or_shutdown() {
-    let warnings = Warnings::default();
-    let _subscriber = tracing::subscriber::set_default(warnings.clone());
+    let warnings = WarningCapture::new();
+    let _subscriber = warnings.install();
     let model = ScriptedModel::default();
     let rt = runtime(&model);
     let owner = create(&rt, "owner").await;
@@ -210,7 +176,12 @@ async fn a_child_whose_teardown_panics_does_not_stall_its_owner_or_shutdown() {
         .expect("the child's panic is contained");
     assert!(AgentRuntime::list(&rt).is_empty());
     assert_eq!(undone.load(Ordering::SeqCst), 1);
-    assert_eq!(warnings.containing("undo exploded"), 1, "{:?}", warnings.0.lock());
+    assert_eq!(
+        warnings.mentioning("undo exploded"),
+        1,
+        "{:?}",
+        warnings.warnings()
+    );
     child.dispose().await;
     finish(&rt, [owner]).await;
 }

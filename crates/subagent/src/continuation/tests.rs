@@ -12,6 +12,7 @@ use agent::{
 };
 use agent_loop::model::{ScriptEntry, chunks};
 use agent_loop::runtime::{Runtime, RuntimeBuilder, assert_quiescent};
+use agent_loop::warnings::WarningCapture;
 use agent_loop::{MemoryStore, ScriptedModel};
 use async_trait::async_trait;
 use parking_lot::Mutex;
@@ -3135,43 +3136,12 @@ impl SessionPersistence for FailingChildFlush {
     }
 }
 
-/// A `tracing` subscriber that keeps the messages of the WARN events emitted on this thread.
-struct Warnings(Arc<Mutex<Vec<String>>>);
-
-impl tracing::Subscriber for Warnings {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        struct Message<'a>(&'a mut String);
-        impl tracing::field::Visit for Message<'_> {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                if field.name() == "message" {
-                    *self.0 = format!("{value:?}");
-                }
-            }
-        }
-        if *event.metadata().level() == tracing::Level::WARN {
-            let mut message = String::new();
-            event.record(&mut Message(&mut message));
-            self.0.lock().push(message);
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
 /// spec: CONT-28 — a child whose final flush succeeds settles (notice, `completed` end edge)
 /// and no final-flush warning — no warning at all — is logged.
 #[tokio::test(start_paused = true)]
 async fn cont_28_a_clean_final_flush_logs_no_warning() {
-    let warnings = Arc::new(Mutex::new(Vec::new()));
-    let _subscriber = tracing::subscriber::set_default(Warnings(warnings.clone()));
+    let warnings = WarningCapture::new();
+    let _subscriber = warnings.install();
     let host = Host::new(vec![chunks::text("done").into(), chunks::text("ack").into()]).await;
     let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
     host.settle().await;
@@ -3180,7 +3150,7 @@ async fn cont_28_a_clean_final_flush_logs_no_warning() {
     assert_eq!(host.ends().len(), 1);
     assert_eq!(host.ends()[0].stop_reason, StopReason::Completed);
     assert_eq!(notices(&host.parent).len(), 1);
-    assert!(warnings.lock().is_empty(), "{:?}", warnings.lock());
+    assert!(warnings.is_empty(), "{:?}", warnings.messages());
     host.finish().await;
 }
 
@@ -3189,8 +3159,8 @@ async fn cont_28_a_clean_final_flush_logs_no_warning() {
 /// parent still gets its notice and the end edge says `completed`.
 #[tokio::test(start_paused = true)]
 async fn cont_29_a_failing_final_flush_is_logged_and_settles() {
-    let warnings = Arc::new(Mutex::new(Vec::new()));
-    let _subscriber = tracing::subscriber::set_default(Warnings(warnings.clone()));
+    let warnings = WarningCapture::new();
+    let _subscriber = warnings.install();
     let store = Arc::new(MemoryStore::new());
     let persistence: Arc<dyn SessionPersistence> = Arc::new(FailingChildFlush(store.clone()));
     let host = Host::build_on(
@@ -3210,7 +3180,7 @@ async fn cont_29_a_failing_final_flush_is_logged_and_settles() {
     assert_eq!(host.ends().len(), 1);
     assert_eq!(host.ends()[0].stop_reason, StopReason::Completed);
     assert_eq!(notices(&host.parent).len(), 1);
-    let logged = warnings.lock().clone();
+    let logged = warnings.messages();
     assert_eq!(
         logged
             .iter()
@@ -3477,8 +3447,8 @@ async fn cont_48_throwing_inbox_send_leaves_nothing_accepted() {
 /// parent holds no notice and is not woken.
 #[tokio::test(start_paused = true)]
 async fn cont_82_a_throwing_parent_send_is_logged_and_settles() {
-    let warnings = Arc::new(Mutex::new(Vec::new()));
-    let _subscriber = tracing::subscriber::set_default(Warnings(warnings.clone()));
+    let warnings = WarningCapture::new();
+    let _subscriber = warnings.install();
     let host = Host::new(vec![chunks::text("the answer").into()]).await;
     host.parent.session().add_observer(Arc::new(RefuseInsertion(|m| {
         m.source.kind() == "subagent-settled"
@@ -3496,7 +3466,7 @@ async fn cont_82_a_throwing_parent_send_is_logged_and_settles() {
     );
     assert!(notices(&host.parent).is_empty());
     assert_eq!(host.model.requests().len(), 1, "the parent was not woken");
-    let logged = warnings.lock().clone();
+    let logged = warnings.messages();
     assert_eq!(
         logged
             .iter()
@@ -3514,8 +3484,8 @@ async fn cont_82_a_throwing_parent_send_is_logged_and_settles() {
 /// own notice reaches the top-level parent).
 #[tokio::test(start_paused = true)]
 async fn cont_82_a_throwing_send_to_a_resident_parent_does_not_pin_it() {
-    let warnings = Arc::new(Mutex::new(Vec::new()));
-    let _subscriber = tracing::subscriber::set_default(Warnings(warnings.clone()));
+    let warnings = WarningCapture::new();
+    let _subscriber = warnings.install();
     let host = Host::new(by_session(10)).await;
     let (child_gate, child_hook) = gate(&host, "child");
     let child_id = start_reserved(&host, "child").await;
@@ -3553,7 +3523,7 @@ async fn cont_82_a_throwing_send_to_a_resident_parent_does_not_pin_it() {
         serde_json::to_value(&parent_notices[0].source).unwrap()["senderSessionId"],
         json!(child_id.as_str())
     );
-    let logged = warnings.lock().clone();
+    let logged = warnings.messages();
     assert_eq!(
         logged
             .iter()
