@@ -1,7 +1,8 @@
 //! The host composition: one [`Host`] is the reference runtime (`agent-loop`) with durable
 //! JSON-lines sessions, a background job registry and its `job_*` tools, the subagent service
 //! with the in-process `spawn` and `fork` providers, one delegation tool per provider
-//! (`subagent` → `spawn`, `fork` → `fork`) and, optionally, the read-only workspace tools.
+//! (`subagent` → `spawn`, `fork` → `fork`), optionally the read-only workspace tools and,
+//! optionally, a per-turn step limit for every agent ([`StepLimit`]).
 //!
 //! ```text
 //!   Runtime ── Services { agents, sessions, persistence: JsonlStore, tools, prompt, jobs, models }
@@ -10,6 +11,7 @@
 //!                   └─ ForkProvider  ("fork")  ── tool "fork"
 //!   JobRegistry ── job_output / job_list / job_kill     (+ completion notices, optional)
 //!   Workspace   ── read_file / list_dir / grep          (optional, read-only)
+//!   StepLimit   ── global agent/pre-step interceptor     (optional, every agent)
 //! ```
 //!
 //! [`build_host`] composes it; [`Host::create_agent`] creates a top-level agent on the
@@ -29,8 +31,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent::{
-    Agent, AgentError, AgentHandle, AgentOptions, AgentRef, AgentRuntime, AgentStatus, CreateAgentOptions,
-    Message, ModelAdapter, Registration, SessionId, SessionMeta, SessionObserver,
+    Agent, AgentError, AgentHandle, AgentOptions, AgentRef, AgentRuntime, AgentStatus, BoxError,
+    CreateAgentOptions, Message, ModelAdapter, PreStep, PreStepDecision, PreStepInterceptor, Registration,
+    SessionId, SessionMeta, SessionObserver,
 };
 use agent_loop::JsonlStore;
 use agent_loop::jobs::{JobRegistry, JobToolsConfig, job_guidance_section, job_tools_with};
@@ -85,6 +88,12 @@ pub struct HostOptions {
     /// The subagent service to register the providers with; a fresh one when `None`. Passing
     /// one lets a caller subscribe to its events (provider registration included) first.
     pub subagents: Option<SubagentService>,
+    /// The most model steps one turn of any agent may take — the coordinator and every child,
+    /// foreground or background, `spawn` or `fork` — enforced by [`StepLimit`]; `None` (the
+    /// default) for no limit. A turn that would take one more step ends with an error naming
+    /// the limit instead of calling the model again; a child's run then ends with stop reason
+    /// `error`, which its parent sees as a failed delegation.
+    pub max_steps_per_turn: Option<u32>,
 }
 
 impl std::fmt::Debug for HostOptions {
@@ -96,6 +105,7 @@ impl std::fmt::Debug for HostOptions {
             .field("workspace", &self.workspace)
             .field("deliver_job_notices", &self.deliver_job_notices)
             .field("max_depth", &self.max_depth)
+            .field("max_steps_per_turn", &self.max_steps_per_turn)
             .finish_non_exhaustive()
     }
 }
@@ -103,7 +113,7 @@ impl std::fmt::Debug for HostOptions {
 impl HostOptions {
     /// Options for `adapter` served as `model_provider`/`model_name`, storing sessions in
     /// `store_dir`, with every other setting at its default (no persona, no workspace tools, no
-    /// job notices, depth cap [`DEFAULT_MAX_DEPTH`], job waits of 30 s).
+    /// job notices, depth cap [`DEFAULT_MAX_DEPTH`], job waits of 30 s, no step limit).
     pub fn new(
         store_dir: impl Into<PathBuf>,
         adapter: Arc<dyn ModelAdapter>,
@@ -124,7 +134,48 @@ impl HostOptions {
             job_wait_timeout: agent_loop::jobs::DEFAULT_WAIT_TIMEOUT,
             session_observers: Vec::new(),
             subagents: None,
+            max_steps_per_turn: None,
         }
+    }
+}
+
+/// A global `agent/pre-step` interceptor that ends a turn about to open step `limit + 1` with an
+/// error ([`model_text::step_limit_reached`](crate::model_text::step_limit_reached)), so no
+/// agent calls the model more than `limit` times in one turn.
+///
+/// It fails the turn (`Err`) rather than rejecting the step: a rejected step closes the turn
+/// `blocked`, which a delegation reports to its parent as "subagent declined the task", while an
+/// error reads as a failed run to the parent and as `the coordinator's turn failed: step limit
+/// reached …` to the user. It is stateless (the driver numbers steps per turn, from 1), so one
+/// registration serves every agent the runtime creates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepLimit {
+    limit: u32,
+}
+
+impl StepLimit {
+    /// A limit of `limit` steps per turn (at least 1; 0 is read as 1).
+    pub fn new(limit: u32) -> Self {
+        Self { limit: limit.max(1) }
+    }
+
+    /// The limit.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+}
+
+#[async_trait::async_trait]
+impl PreStepInterceptor for StepLimit {
+    async fn pre_step(
+        &self,
+        step: PreStep<'_>,
+        proposed: PreStepDecision,
+    ) -> Result<PreStepDecision, BoxError> {
+        if step.step > u64::from(self.limit) {
+            return Err(crate::model_text::step_limit_reached(self.limit).into());
+        }
+        Ok(proposed)
     }
 }
 
@@ -212,6 +263,12 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
     let runtime = builder.build();
     let services = runtime.services().clone();
     let mut guards: Vec<Registration> = Vec::new();
+
+    // The step limit: registered first and globally, so it decides before any agent-scoped
+    // interceptor (a child's descriptor append) and reaches every agent, children included.
+    if let Some(limit) = options.max_steps_per_turn {
+        guards.push(services.pre_step.add(None, Arc::new(StepLimit::new(limit))));
+    }
 
     // Background jobs: the model-facing tools and their guidance.
     for tool in job_tools_with(

@@ -4,7 +4,10 @@
 //! * the read-only workspace tools of `subagent run`: names, descriptions, argument schemas,
 //!   truncation notes, and the failures they report (rendered by
 //!   [`WorkspaceError`](crate::workspace::WorkspaceError));
-//! * the coordinator personas of `subagent run` and `subagent demo`.
+//! * the coordinator personas of `subagent run` and `subagent demo`;
+//! * the failure that ends a turn at the host's step limit
+//!   ([`StepLimit`](crate::host::StepLimit)), which the user, the session log and — as a
+//!   failed delegation — a child's parent see.
 //!
 //! The scripted demo's prompts and canned answers are data of the script itself
 //! ([`crate::demo`]); they are what the scripted "model" says, not what a model is shown.
@@ -155,6 +158,16 @@ pub fn tool_task_failed(detail: &str) -> String {
     format!("workspace tool failed: {detail}")
 }
 
+// ---- limits --------------------------------------------------------------------------------
+
+/// The error that ends a turn about to take model step `limit + 1`.
+pub fn step_limit_reached(limit: u32) -> String {
+    format!(
+        "step limit reached: the turn took {limit} model steps without finishing (the limit is \
+         {limit} steps per turn; raise it with --max-steps)"
+    )
+}
+
 // ---- personas ------------------------------------------------------------------------------
 
 /// The persona of `subagent run`'s coordinator, working in `root`.
@@ -213,6 +226,7 @@ mod tests {
             string_expected("pattern"),
             CANCELLED.to_owned(),
             tool_task_failed("task panicked"),
+            step_limit_reached(50),
         ];
         insta::assert_snapshot!(lines.join("\n"));
     }
