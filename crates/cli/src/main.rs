@@ -29,6 +29,9 @@ use subagent_cli::{CliError, Host, HostOptions, build_host};
 /// The default store directory.
 const DEFAULT_STORE: &str = ".subagent";
 
+/// `subagent run`'s default step limit per turn of every agent.
+const DEFAULT_MAX_STEPS: u32 = 50;
+
 /// What `subagent run` prints on the first Ctrl-C.
 const FIRST_INTERRUPT: &str = "subagent: interrupted; cancelling the coordinator and shutting down (press Ctrl-C again to exit at once)";
 
@@ -73,6 +76,10 @@ enum Command {
         /// Output-token cap per model call.
         #[arg(long, value_name = "N")]
         max_tokens: Option<u64>,
+        /// The most model calls one turn of any agent (the coordinator and every subagent) may
+        /// make; a turn that needs more ends with an error.
+        #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_STEPS, value_parser = parse_max_steps)]
+        max_steps: u32,
         /// Where to store the session logs.
         #[arg(long, value_name = "DIR", default_value = DEFAULT_STORE)]
         store: PathBuf,
@@ -141,9 +148,16 @@ async fn dispatch(command: Command) -> Result<(), CliError> {
             base_url,
             api_key,
             max_tokens,
+            max_steps,
             store,
             task,
-        } => run(model, base_url, api_key, max_tokens, &store, &task).await,
+        } => {
+            let limits = Limits {
+                max_tokens,
+                max_steps,
+            };
+            run(model, base_url, api_key, limits, &store, &task).await
+        }
         Command::Agents { store } => agents(&store).await,
         Command::Log { session_id, store } => log(&session_id, &store).await,
         Command::Check { dir } => check(&dir),
@@ -301,11 +315,32 @@ async fn demo(store: &Path) -> Result<(), CliError> {
     Ok(())
 }
 
+/// `--max-steps`: a positive step count.
+fn parse_max_steps(value: &str) -> Result<u32, String> {
+    match value.parse::<u32>() {
+        Ok(0) => Err("the step limit must be at least 1 (each turn needs one model call)".to_owned()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!(
+            "{e} (expected a whole number of steps from 1 to {})",
+            u32::MAX
+        )),
+    }
+}
+
+/// `subagent run`'s per-call and per-turn limits.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    /// Output-token cap per model call.
+    max_tokens: Option<u64>,
+    /// Model steps per turn of every agent.
+    max_steps: u32,
+}
+
 async fn run(
     model: Option<String>,
     base_url: Option<String>,
     api_key: Option<String>,
-    max_tokens: Option<u64>,
+    limits: Limits,
     store: &Path,
     task: &str,
 ) -> Result<(), CliError> {
@@ -335,7 +370,8 @@ async fn run(
     })?;
     let workspace = Workspace::new(&cwd).map_err(|e| CliError::Host(e.to_string()))?;
     let mut options = HostOptions::new(store, Arc::new(adapter), "openai", model);
-    options.max_tokens = max_tokens;
+    options.max_tokens = limits.max_tokens;
+    options.max_steps_per_turn = Some(limits.max_steps);
     options.persona = Some(subagent_cli::model_text::run_persona(workspace.root()));
     options.workspace = Some(workspace);
     options.deliver_job_notices = true;

@@ -2,7 +2,8 @@
 //! logs (a FIFO, a device link, a directory, empty and non-JSON files, symbolic links, a file
 //! name that is not UTF-8), bad arguments, models that misbehave (HTTP errors, malformed
 //! events, a JSON answer to a streaming request, malformed delegation arguments, endless
-//! delegation, a stalled stream interrupted with Ctrl-C), and concurrent programs on one
+//! delegation, endless tool calls stopped at the step limit, a stalled stream interrupted with
+//! Ctrl-C), and concurrent programs on one
 //! store. Every run is bounded by a hang guard; every failure is one `subagent: …` line with
 //! exit code 2; stores that are only read stay byte-for-byte unchanged; stores that were written
 //! pass `subagent check`.
@@ -360,6 +361,15 @@ fn bad_arguments_exit_2_and_write_nothing() {
             "invalid value",
         ),
         (run_args(&["--max-tokens", "ten", "task"]), "invalid value"),
+        (
+            run_args(&["--max-steps", "0", "task"]),
+            "invalid value '0' for '--max-steps <N>': the step limit must be at least 1",
+        ),
+        (
+            run_args(&["--max-steps", "-3", "task"]),
+            "unexpected argument '-3'",
+        ),
+        (run_args(&["--max-steps", "many", "task"]), "invalid value"),
         (run_args(&[]), "required arguments"),
         (run_args(&[""]), "subagent: the task is empty"),
         (run_args(&[" \n\t "]), "subagent: the task is empty"),
@@ -742,6 +752,153 @@ fn endless_delegation_stops_at_the_depth_cap_and_ctrl_c_ends_it_cleanly() {
         })
         .max();
     assert_eq!(max_depth, Some(3), "{listing}");
+}
+
+/// The `turn/end` reasons recorded in every log of `store`, keyed by the log's file name.
+fn turn_ends(store: &Path) -> BTreeMap<String, Vec<Value>> {
+    let mut ends = BTreeMap::new();
+    for entry in std::fs::read_dir(store).expect("store") {
+        let path = entry.expect("entry").path();
+        let text = std::fs::read_to_string(&path).expect("log");
+        let reasons = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["type"] == "turn/end")
+            .map(|e| e["data"]["reason"].clone())
+            .collect();
+        ends.insert(
+            path.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+            reasons,
+        );
+    }
+    ends
+}
+
+#[test]
+fn a_model_that_calls_tools_forever_is_stopped_at_the_step_limit() {
+    // Every step calls a tool again: without a limit the turn never ends.
+    let (base, requests) = serve(|_| tool_sse("list_dir", "{}"));
+    let workspace = tempfile::tempdir().expect("workspace");
+    let (mut cmd, store) = run_command(&base, workspace.path(), "look around forever");
+    cmd.args(["--max-steps", "3"]);
+    let out = run(cmd);
+    assert_fails(
+        &out,
+        "subagent: the coordinator's turn failed: step limit reached: the turn took 3 model steps \
+         without finishing (the limit is 3 steps per turn; raise it with --max-steps)",
+    );
+    assert_eq!(requests.try_iter().count(), 3, "one model call per allowed step");
+    let ends = turn_ends(&store);
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    let reasons = ends.values().next().expect("the coordinator's log");
+    assert_eq!(reasons.len(), 1, "{reasons:?}");
+    assert_eq!(reasons[0]["kind"], "error", "{reasons:?}");
+    assert!(
+        reasons[0].to_string().contains("step limit reached"),
+        "{reasons:?}"
+    );
+    assert_checks_clean(&store);
+}
+
+#[test]
+fn the_default_step_limit_of_run_is_50() {
+    let (base, requests) = serve(|_| tool_sse("list_dir", "{}"));
+    let workspace = tempfile::tempdir().expect("workspace");
+    let (cmd, store) = run_command(&base, workspace.path(), "look around forever");
+    let out = run(cmd);
+    assert_fails(&out, "the turn took 50 model steps without finishing");
+    assert_eq!(requests.try_iter().count(), 50);
+    assert_checks_clean(&store);
+}
+
+#[test]
+fn a_child_stopped_at_the_step_limit_is_a_failed_delegation_for_its_parent() {
+    // The coordinator delegates once and answers from the result; the child calls a tool on
+    // every step.
+    let (base, requests) = serve(|body| {
+        if is_child(body) {
+            tool_sse("list_dir", "{}")
+        } else if has_tool_result(body) {
+            text_sse("the child could not finish")
+        } else {
+            tool_sse(
+                "subagent",
+                r#"{"description":"loop","prompt":"CHILD: list forever"}"#,
+            )
+        }
+    });
+    let workspace = tempfile::tempdir().expect("workspace");
+    let (mut cmd, store) = run_command(&base, workspace.path(), "delegate a loop");
+    cmd.args(["--max-steps", "4"]);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "the child could not finish");
+    let bodies: Vec<Value> = requests.try_iter().collect();
+    let (child, parent): (Vec<&Value>, Vec<&Value>) = bodies.iter().partition(|b| is_child(b));
+    assert_eq!(child.len(), 4, "the child made one call per allowed step");
+    assert_eq!(parent.len(), 2, "the coordinator delegated, then answered");
+    // The coordinator's second call carries the delegation's failure as its tool result.
+    let result = parent[1]["messages"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["role"] == "tool"))
+        .and_then(|m| m["content"].as_str())
+        .expect("the delegation result")
+        .to_owned();
+    assert!(result.contains("subagent run failed"), "{result}");
+    // The child's log ends its turn with the step-limit error; the coordinator's completed.
+    let ends = turn_ends(&store);
+    assert_eq!(ends.len(), 2, "{ends:?}");
+    let (mut errors, mut completed) = (0, 0);
+    for reasons in ends.values() {
+        assert_eq!(reasons.len(), 1, "{ends:?}");
+        match reasons[0]["kind"].as_str() {
+            Some("error") => {
+                errors += 1;
+                assert!(
+                    reasons[0].to_string().contains("the limit is 4 steps per turn"),
+                    "{ends:?}"
+                );
+            }
+            Some("completed") => completed += 1,
+            _ => panic!("unexpected turn end: {ends:?}"),
+        }
+    }
+    assert_eq!((errors, completed), (1, 1), "{ends:?}");
+    let listing = stdout(&agents(&store));
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.contains("spawn \"loop\"") && l.ends_with("last error")),
+        "{listing}"
+    );
+    assert_checks_clean(&store);
+}
+
+#[test]
+fn a_run_within_the_step_limit_is_unaffected() {
+    // One tool call, then the answer: exactly two steps, the limit.
+    let (base, requests) = serve(|body| {
+        if has_tool_result(body) {
+            text_sse("listed")
+        } else {
+            tool_sse("list_dir", "{}")
+        }
+    });
+    let workspace = tempfile::tempdir().expect("workspace");
+    let (mut cmd, store) = run_command(&base, workspace.path(), "list once");
+    cmd.args(["--max-steps", "2"]);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "listed");
+    assert_eq!(requests.try_iter().count(), 2);
+    let ends = turn_ends(&store);
+    let reasons: Vec<&Value> = ends.values().flatten().collect();
+    assert_eq!(reasons.len(), 1, "{ends:?}");
+    assert_eq!(reasons[0]["kind"], "completed", "{ends:?}");
+    assert_checks_clean(&store);
 }
 
 #[test]
