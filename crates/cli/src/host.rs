@@ -139,8 +139,12 @@ impl HostOptions {
     }
 }
 
+/// The error code of a turn ended by [`StepLimit`].
+pub const STEP_LIMIT: &str = "STEP_LIMIT";
+
 /// A global `agent/pre-step` interceptor that ends a turn about to open step `limit + 1` with an
-/// error ([`model_text::step_limit_reached`](crate::model_text::step_limit_reached)), so no
+/// error (code [`STEP_LIMIT`], message
+/// [`model_text::step_limit_reached`](crate::model_text::step_limit_reached)), so no
 /// agent calls the model more than `limit` times in one turn.
 ///
 /// It fails the turn (`Err`) rather than rejecting the step: a rejected step closes the turn
@@ -173,7 +177,8 @@ impl PreStepInterceptor for StepLimit {
         proposed: PreStepDecision,
     ) -> Result<PreStepDecision, BoxError> {
         if step.step > u64::from(self.limit) {
-            return Err(crate::model_text::step_limit_reached(self.limit).into());
+            let text = crate::model_text::step_limit_reached(self.limit);
+            return Err(Box::new(agent::LlmFailure::new(STEP_LIMIT, text)));
         }
         Ok(proposed)
     }

@@ -788,7 +788,7 @@ fn a_model_that_calls_tools_forever_is_stopped_at_the_step_limit() {
     assert_fails(
         &out,
         "subagent: the coordinator's turn failed: step limit reached: the turn took 3 model steps \
-         without finishing (the limit is 3 steps per turn; raise it with --max-steps)",
+         without finishing (the limit is 3 steps per turn; raise it with --max-steps) (STEP_LIMIT)",
     );
     assert_eq!(requests.try_iter().count(), 3, "one model call per allowed step");
     let ends = turn_ends(&store);
@@ -796,6 +796,7 @@ fn a_model_that_calls_tools_forever_is_stopped_at_the_step_limit() {
     let reasons = ends.values().next().expect("the coordinator's log");
     assert_eq!(reasons.len(), 1, "{reasons:?}");
     assert_eq!(reasons[0]["kind"], "error", "{reasons:?}");
+    assert_eq!(reasons[0]["error"]["code"], "STEP_LIMIT", "{reasons:?}");
     assert!(
         reasons[0].to_string().contains("step limit reached"),
         "{reasons:?}"

@@ -48,8 +48,13 @@ impl TurnFailure {
     }
 }
 
-/// The structured failure of a non-model error: its error chain text under `UNKNOWN`.
+/// The structured failure of a non-model error: an [`LlmFailure`] itself as it is (so a hook
+/// or tool layer can give its failure a code), anything else as its error chain text under
+/// `UNKNOWN`.
 pub(crate) fn failure_of(err: &(dyn std::error::Error + 'static)) -> LlmFailure {
+    if let Some(failure) = err.downcast_ref::<LlmFailure>() {
+        return failure.clone();
+    }
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(s) = source {

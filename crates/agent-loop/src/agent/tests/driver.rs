@@ -165,6 +165,32 @@ async fn spn_31_throwing_pre_step_ends_turn_and_keeps_steering_pending() {
     finish(&rt, [handle]).await;
 }
 
+/// A pre-step interceptor that fails with an [`agent::LlmFailure`] gives the turn's error its
+/// code and message as they are; any other error is its text under `UNKNOWN` (SPN-31).
+#[tokio::test(start_paused = true)]
+async fn a_pre_step_failure_with_a_code_keeps_it() {
+    let model = ScriptedModel::default();
+    let rt = runtime(&model);
+    let hook = rt.services().pre_step.add(
+        None,
+        Arc::new(PreStepFn(|_: &PreStep<'_>, _| {
+            Err(Box::new(agent::LlmFailure::new("STEP_LIMIT", "too many steps")) as agent::BoxError)
+        })),
+    );
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    assert!(model.requests().is_empty());
+    let ends = turn_ends(&*agent);
+    assert!(
+        matches!(&ends[..], [TurnEndReason::Error { error }] if error.code == "STEP_LIMIT" && error.message == "too many steps"),
+        "{ends:?}"
+    );
+    drop(hook);
+    finish(&rt, [handle]).await;
+}
+
 /// spec: SPN-32 — `agent/turn-stopping` can steer extra steps.
 #[tokio::test(start_paused = true)]
 async fn spn_32_turn_stopping_can_steer_extra_steps() {
