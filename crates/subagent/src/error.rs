@@ -71,7 +71,9 @@ pub enum SubagentErrorCode {
     /// throws an untyped `SubagentDepthError`; the typed error is this error's source).
     DepthExceeded,
     /// Rust addition: a provider's own start failure that no seam code describes (the reference
-    /// passes such errors through untyped; the provider's typed error is this error's source).
+    /// passes such errors through untyped; the provider's typed error is this error's source);
+    /// also provider code that panicked inside the service
+    /// ([`SubagentError::provider_panicked`]).
     ProviderFailed,
 }
 
@@ -224,6 +226,21 @@ impl SubagentError {
         Self::new(
             SubagentErrorCode::NoProvider,
             format!("no subagent provider registered for \"{name}\""),
+        )
+    }
+
+    /// `PROVIDER_FAILED` for provider code that panicked inside the seam: `subagent provider
+    /// "<provider>" panicked in <during>: <panic message>`, or `a subagent provider panicked in
+    /// <during>: …` when its name is unknown (its `name()` is what panicked). `during` names the
+    /// call (`start`, `capabilities()`, `run id()`, …).
+    pub fn provider_panicked(provider: Option<&str>, during: &str, message: &str) -> Self {
+        let who = match provider {
+            Some(name) => format!("subagent provider \"{name}\""),
+            None => "a subagent provider".to_owned(),
+        };
+        Self::new(
+            SubagentErrorCode::ProviderFailed,
+            format!("{who} panicked in {during}: {message}"),
         )
     }
 
@@ -625,6 +642,8 @@ mod tests {
         let all = [
             SubagentError::duplicate_provider("spawn"),
             SubagentError::no_provider("ghost"),
+            SubagentError::provider_panicked(Some("wild"), "start", "boom"),
+            SubagentError::provider_panicked(None, "name()", "boom"),
             SubagentError::unsupported_capability("acp", "outputSchema"),
             SubagentError::continuable_unsupported("acp"),
             SubagentError::unsupported_schema(&["schema.pattern is bad", "schema.x is bad"]),

@@ -1,9 +1,13 @@
 //! [`SubagentService`]: the provider registry, one-shot `start` and lifecycle events
 //! (spec §2.1, §2.2, §2.5, §2.13).
 
+use std::any::Any;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
+use agent::bus::panic_message;
 use agent::{EventBus, Registration};
+use futures::FutureExt;
 use parking_lot::RwLock;
 use tokio_util::task::TaskTracker;
 use tokio_util::task::task_tracker::TaskTrackerToken;
@@ -21,8 +25,9 @@ use crate::schema::assert_output_schema;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StartError {
-    /// A seam error (`NO_PROVIDER`, `UNSUPPORTED_CAPABILITY`, `UNSUPPORTED_SCHEMA`, or the
-    /// provider's own rejection, propagated unchanged).
+    /// A seam error (`NO_PROVIDER`, `UNSUPPORTED_CAPABILITY`, `UNSUPPORTED_SCHEMA`,
+    /// `PROVIDER_FAILED` for a panicking provider, or the provider's own rejection, propagated
+    /// unchanged).
     #[error(transparent)]
     Subagent(#[from] SubagentError),
     /// `maxDepth` is not a non-negative safe integer.
@@ -37,7 +42,7 @@ pub enum StartError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RegisterError {
-    /// `DUPLICATE_PROVIDER`.
+    /// `DUPLICATE_PROVIDER`, or `PROVIDER_FAILED` when the provider's `name()` panicked.
     #[error(transparent)]
     Subagent(#[from] SubagentError),
     /// A `subagent/provider-added` listener failed; the registration was unwound.
@@ -45,8 +50,17 @@ pub enum RegisterError {
     Listener(#[from] agent::bus::ListenerFailed),
 }
 
+/// One registry entry: the provider and the name it had when it was registered. The registry
+/// works on that recorded name only, so it never calls provider code while its lock is held.
+struct Entry {
+    name: String,
+    provider: Arc<dyn SubagentProvider>,
+}
+
 struct Inner {
-    providers: RwLock<Vec<Arc<dyn SubagentProvider>>>,
+    /// The registered providers in insertion order. Held only for plain reads and writes of
+    /// the vector; no provider code, listener or `.await` runs under it.
+    providers: RwLock<Vec<Entry>>,
     events: EventBus<SubagentEvent>,
     tasks: TaskTracker,
 }
@@ -56,6 +70,16 @@ struct Inner {
 /// # Contract
 /// * Providers are registered by unique name and removed by dropping their [`Registration`].
 ///   Removal blocks new starts (lookup is per call) but never revokes runs already returned.
+///   The name is read once, at registration: the registry (lookup, listing, the duplicate
+///   check, `provider-removed`) keeps that name even if the provider's `name()` later changes.
+/// * **Misbehaving providers.** Providers are third-party code. A panic in provider code the
+///   service calls (`name`, `capabilities`, `start` — synchronously or at any poll — and the
+///   returned run's `id` / `local_agent`) is contained: the call fails with `PROVIDER_FAILED`
+///   naming the panic, nothing stays registered or pending and no lifecycle event is emitted
+///   (a run whose `id` panicked is dropped, so it disposes itself in the background). Once the
+///   run is accepted, a panicking `on_settled`, `result()` or result future ends the run with
+///   `error` (logged) and `start` still returns the run. Provider code is never called under
+///   the service's lock, so it may call back into the service.
 /// * `start` validates in the fixed order of spec §2.5, then calls the provider and returns the
 ///   provider's run. Lifecycle events are emitted on [`SubagentService::events`]: `start`
 ///   synchronously before `start` returns, `end` when the run's result settles.
@@ -63,7 +87,9 @@ struct Inner {
 ///   it back from the task that settles the result ([`SubagentRun::on_settled`]), or, for a run
 ///   that cannot, a task owned by the service awaits the result. [`SubagentService::close`]
 ///   waits for every pending emission (each completes at the latest when its run is disposed)
-///   and [`SubagentService::pending_runs`] counts them.
+///   and [`SubagentService::pending_runs`] counts them. `close` has no deadline: a run that
+///   breaks the [`SubagentRun`] contract by never settling, even once disposed, keeps it
+///   waiting (bound it with a timeout if that matters to the host).
 #[derive(Clone)]
 pub struct SubagentService {
     inner: Arc<Inner>,
@@ -103,7 +129,8 @@ impl SubagentService {
 
     /// Registers a provider under its name.
     ///
-    /// Fails with `DUPLICATE_PROVIDER` when the name is taken. After storing the provider,
+    /// Fails with `DUPLICATE_PROVIDER` when the name is taken, and with `PROVIDER_FAILED` when
+    /// the provider's `name()` panics (it is called once, here). After storing the provider,
     /// `subagent/provider-added` is emitted **uncontained**: if a listener fails, the
     /// registration is unwound and the listener's error is returned. Dropping the returned guard
     /// removes the provider and emits `subagent/provider-removed` (contained, unscoped).
@@ -111,67 +138,78 @@ impl SubagentService {
         &self,
         provider: Arc<dyn SubagentProvider>,
     ) -> Result<Registration, RegisterError> {
-        let name = provider.name().to_owned();
+        let name = catch_unwind(AssertUnwindSafe(|| provider.name().to_owned()))
+            .map_err(|payload| panicked(None, "name()", &*payload))?;
         {
             let mut providers = self.inner.providers.write();
-            if providers.iter().any(|p| p.name() == name) {
+            if providers.iter().any(|e| e.name == name) {
                 return Err(SubagentError::duplicate_provider(&name).into());
             }
-            providers.push(provider.clone());
+            providers.push(Entry {
+                name: name.clone(),
+                provider: provider.clone(),
+            });
         }
         let weak = Arc::downgrade(&self.inner);
         let stored = provider.clone();
+        let registered = name.clone();
         let guard = Registration::new(move || {
             if let Some(inner) = weak.upgrade() {
                 let removed = {
                     let mut providers = inner.providers.write();
                     let before = providers.len();
-                    providers.retain(|p| !Arc::ptr_eq(p, &stored));
+                    providers.retain(|e| !Arc::ptr_eq(&e.provider, &stored));
                     providers.len() != before
                 };
                 if removed {
-                    inner
-                        .events
-                        .emit(&SubagentEvent::ProviderRemoved(stored.name().to_owned()));
+                    inner.events.emit(&SubagentEvent::ProviderRemoved(registered));
                 }
             }
         });
         if let Err(failure) = self
             .inner
             .events
-            .try_emit(&SubagentEvent::ProviderAdded(provider))
+            .try_emit(&SubagentEvent::ProviderAdded(provider.clone()))
         {
             // Unwind through the registration's own removal step, without announcing a removal
             // of a provider nobody was told about.
-            self.inner.providers.write().retain(|p| p.name() != name);
+            self.inner
+                .providers
+                .write()
+                .retain(|e| !Arc::ptr_eq(&e.provider, &provider));
             drop(guard);
             return Err(RegisterError::Listener(failure));
         }
         Ok(guard)
     }
 
-    /// The exact registered provider named `name`.
+    /// The exact provider registered under `name`.
     pub fn get_provider(&self, name: &str) -> Option<Arc<dyn SubagentProvider>> {
         self.inner
             .providers
             .read()
             .iter()
-            .find(|p| p.name() == name)
-            .cloned()
+            .find(|e| e.name == name)
+            .map(|e| e.provider.clone())
     }
 
-    /// Registered provider names, in insertion order.
+    /// Registered provider names (as registered), in insertion order.
     pub fn list(&self) -> Vec<String> {
         self.inner
             .providers
             .read()
             .iter()
-            .map(|p| p.name().to_owned())
+            .map(|e| e.name.clone())
             .collect()
     }
 
     /// Validates `request` (spec §2.5 order: provider, capabilities, depth, schema, descriptor),
     /// starts it on provider `name`, emits `subagent/start` and returns the provider's run.
+    ///
+    /// A panic in the provider's `capabilities` or `start` (or the new run's `id` /
+    /// `local_agent`) rejects with `PROVIDER_FAILED` and leaves nothing behind; see the type's
+    /// contract. Dropping the returned future before it completes leaves no service state
+    /// (the provider's own rollback on drop is its contract).
     pub async fn start(
         &self,
         name: &str,
@@ -180,8 +218,8 @@ impl SubagentService {
         let provider = self
             .get_provider(name)
             .ok_or_else(|| SubagentError::no_provider(name))?;
-        provider
-            .capabilities()
+        catch_unwind(AssertUnwindSafe(|| provider.capabilities()))
+            .map_err(|payload| panicked(Some(name), "capabilities()", &*payload))?
             .check(name, request.requested_capabilities())?;
         let max_depth = assert_subagent_max_depth(request.max_depth.as_ref())?;
         if let Some(schema) = &request.output_schema {
@@ -196,12 +234,30 @@ impl SubagentService {
             descriptor,
             descriptor_event,
         };
-        let run = provider.start(resolved).await?;
+        // The call itself sits inside the caught future, so a panic before the provider builds
+        // its future is caught as well as one at any poll.
+        let run = AssertUnwindSafe(async { provider.start(resolved).await })
+            .catch_unwind()
+            .await
+            .map_err(|payload| panicked(Some(name), "start", &*payload))??;
+        let described = catch_unwind(AssertUnwindSafe(|| {
+            (run.id().clone(), run.local_agent().is_some())
+        }));
+        let (id, local) = match described {
+            Ok(described) => described,
+            Err(payload) => {
+                // Unpublishable: drop the run (it disposes itself in the background).
+                if catch_unwind(AssertUnwindSafe(|| drop(run))).is_err() {
+                    tracing::warn!(provider = name, "subagent: a run panicked when dropped");
+                }
+                return Err(panicked(Some(name), "run id()/local_agent()", &*payload).into());
+            }
+        };
         let info = SubagentRunInfo {
             run_id: uuid_like(),
             provider: name.to_owned(),
-            id: run.id().clone(),
-            local: run.local_agent().is_some(),
+            id,
+            local,
             parent,
         };
         // Emit `start`, then move its info on to the `end` edge (no copy).
@@ -216,10 +272,35 @@ impl SubagentService {
             _pending: self.inner.tasks.token(),
         };
         let callback: SettledCallback = Box::new(move |outcome| edge.emit(outcome));
-        if let Err(callback) = run.on_settled(callback) {
-            // The run cannot call back: wait for its result on a task of our own.
-            let result = run.result();
-            self.inner.tasks.spawn(async move { callback(&result.await) });
+        // A panicking `on_settled` has consumed the callback: dropped, it ended the run with
+        // `error`; kept, the run still owes the call.
+        let refused = match catch_unwind(AssertUnwindSafe(|| run.on_settled(callback))) {
+            Ok(accepted) => accepted.err(),
+            Err(payload) => {
+                warn_run_panicked(name, "on_settled", &*payload);
+                None
+            }
+        };
+        if let Some(callback) = refused {
+            // The run cannot call back: wait for its result on a task of our own. The edge in
+            // the callback holds the tracker token, so the task is counted (once) and awaited
+            // by `close`.
+            match catch_unwind(AssertUnwindSafe(|| run.result())) {
+                Ok(result) => {
+                    let provider = name.to_owned();
+                    tokio::spawn(async move {
+                        let outcome = AssertUnwindSafe(result).catch_unwind().await;
+                        callback(&outcome.unwrap_or_else(|payload| {
+                            warn_run_panicked(&provider, "its result future", &*payload);
+                            Err(RunFailure::new(panicked(Some(&provider), "result", &*payload)))
+                        }));
+                    });
+                }
+                Err(payload) => {
+                    warn_run_panicked(name, "result()", &*payload);
+                    callback(&Err(RunFailure::new(panicked(Some(name), "result()", &*payload))));
+                }
+            }
         }
         Ok(run)
     }
@@ -277,6 +358,19 @@ impl Drop for EndEdge {
             self.inner.events.emit(&SubagentEvent::End(Self::failed(info)));
         }
     }
+}
+
+/// `PROVIDER_FAILED` for provider code that panicked during `during`.
+fn panicked(provider: Option<&str>, during: &str, payload: &(dyn Any + Send)) -> SubagentError {
+    SubagentError::provider_panicked(provider, during, &panic_message(payload))
+}
+
+fn warn_run_panicked(provider: &str, during: &str, payload: &(dyn Any + Send)) {
+    tracing::warn!(
+        provider,
+        panic = %panic_message(payload),
+        "subagent: an accepted run panicked in {during}; its end edge is error"
+    );
 }
 
 /// A random run id (UUID v4 text form).

@@ -1,5 +1,6 @@
 //! The provider registry, `start` validation and lifecycle events (spec §2.2, §2.5, §2.13).
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use agent::{
@@ -637,4 +638,442 @@ fn svc_15_subagent_error_has_name_and_code() {
     assert_eq!(e.code(), SubagentErrorCode::NoProvider);
     assert_eq!(e.code().as_str(), "NO_PROVIDER");
     let _ = CancelCause::User;
+}
+
+// ---- a misbehaving provider (third-party code the host did not write) ------------------
+
+/// Where a [`Misbehaving`] provider or its run panics.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Fault {
+    /// `start` panics before it builds its future.
+    StartSync,
+    /// `start` panics on its first poll.
+    StartFirstPoll,
+    /// `start` panics after an await.
+    StartAfterAwait,
+    /// `capabilities` panics.
+    Capabilities,
+    /// The returned run's `id` panics.
+    RunId,
+    /// The returned run's `on_settled` panics (after dropping the callback).
+    OnSettled,
+    /// The returned run's `result` method panics.
+    ResultMethod,
+    /// The returned run's result future panics when polled.
+    ResultFuture,
+    /// The returned run's `dispose` panics.
+    Dispose,
+}
+
+struct Misbehaving {
+    fault: Fault,
+}
+
+/// A run that panics where its [`Fault`] says.
+struct PanickyRun {
+    fault: Fault,
+    id: SessionId,
+}
+
+impl SubagentRun for PanickyRun {
+    fn id(&self) -> &SessionId {
+        if self.fault == Fault::RunId {
+            panic!("run id exploded");
+        }
+        &self.id
+    }
+    fn local_agent(&self) -> Option<AgentRef> {
+        None
+    }
+    fn result(&self) -> RunResultFuture {
+        match self.fault {
+            Fault::ResultMethod => panic!("result method exploded"),
+            Fault::ResultFuture => async { panic!("result future exploded") }.boxed().shared(),
+            _ => async { Ok(SubagentResult::new(vec![], StopReason::Completed)) }
+                .boxed()
+                .shared(),
+        }
+    }
+    fn dispose(&self) -> RunDisposeFuture {
+        if self.fault == Fault::Dispose {
+            panic!("dispose exploded");
+        }
+        async { Ok(()) }.boxed().shared()
+    }
+    fn on_settled(&self, callback: SettledCallback) -> Result<(), SettledCallback> {
+        if self.fault == Fault::OnSettled {
+            drop(callback);
+            panic!("on_settled exploded");
+        }
+        Err(callback)
+    }
+}
+
+impl SubagentProvider for Misbehaving {
+    fn name(&self) -> &str {
+        "wild"
+    }
+    fn capabilities(&self) -> SubagentCapabilities {
+        if self.fault == Fault::Capabilities {
+            panic!("capabilities exploded");
+        }
+        SubagentCapabilities::ALL
+    }
+    fn inherits_parent_context(&self) -> bool {
+        false
+    }
+    fn start<'a, 'f>(
+        &'a self,
+        _: ResolvedSubagentStartRequest,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Box<dyn SubagentRun>, SubagentError>> + Send + 'f>,
+    >
+    where
+        'a: 'f,
+        Self: 'f,
+    {
+        if self.fault == Fault::StartSync {
+            panic!("start exploded synchronously");
+        }
+        let fault = self.fault;
+        async move {
+            match fault {
+                Fault::StartFirstPoll => panic!("start exploded on first poll"),
+                Fault::StartAfterAwait => {
+                    tokio::task::yield_now().await;
+                    panic!("start exploded after an await")
+                }
+                _ => Ok(Box::new(PanickyRun {
+                    fault,
+                    id: "wild-child".into(),
+                }) as Box<dyn SubagentRun>),
+            }
+        }
+        .boxed()
+    }
+}
+
+/// A panicking provider `start` (synchronous, on first poll, after an await) or `capabilities`
+/// is a `PROVIDER_FAILED` start error naming the provider and the panic; nothing is left behind:
+/// no lifecycle edge, no pending end, the registration intact and undone at the end.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_provider_start_or_capabilities_is_a_typed_error() {
+    let cases = [
+        (Fault::StartSync, "start exploded synchronously"),
+        (Fault::StartFirstPoll, "start exploded on first poll"),
+        (Fault::StartAfterAwait, "start exploded after an await"),
+        (Fault::Capabilities, "capabilities exploded"),
+    ];
+    for (fault, text) in cases {
+        let service = SubagentService::new();
+        let guard = service
+            .register_provider(Arc::new(Misbehaving { fault }))
+            .unwrap();
+        let (seen, _l) = record(&service);
+        let parent = Parent::agent("p");
+        let started = AssertUnwindSafe(service.start("wild", request(&parent)))
+            .catch_unwind()
+            .await;
+        let Ok(Err(StartError::Subagent(e))) = started else {
+            panic!("{fault:?}: expected a typed start error");
+        };
+        assert_eq!(e.code(), SubagentErrorCode::ProviderFailed, "{fault:?}");
+        assert!(e.message().contains("\"wild\""), "{fault:?}: {e}");
+        assert!(e.message().contains(text), "{fault:?}: {e}");
+        assert!(seen.lock().is_empty(), "{fault:?}: no edge for a rejected start");
+        assert_eq!(service.pending_runs(), 0, "{fault:?}");
+        assert_eq!(service.list(), ["wild"], "{fault:?}");
+        service.close().await;
+        drop(guard);
+        assert!(service.list().is_empty());
+    }
+}
+
+/// A run whose `id` panics right after the provider fulfilled is refused like a panicking start
+/// (`PROVIDER_FAILED`, no edge): the service cannot describe it.
+#[tokio::test(start_paused = true)]
+async fn a_run_whose_id_panics_is_refused_without_edges() {
+    let service = SubagentService::new();
+    let _g = service
+        .register_provider(Arc::new(Misbehaving { fault: Fault::RunId }))
+        .unwrap();
+    let (seen, _l) = record(&service);
+    let parent = Parent::agent("p");
+    let started = AssertUnwindSafe(service.start("wild", request(&parent)))
+        .catch_unwind()
+        .await;
+    let Ok(Err(StartError::Subagent(e))) = started else {
+        panic!("expected a typed start error");
+    };
+    assert_eq!(e.code(), SubagentErrorCode::ProviderFailed);
+    assert!(e.message().contains("run id exploded"), "{e}");
+    assert!(seen.lock().is_empty());
+    assert_eq!(service.pending_runs(), 0);
+    service.close().await;
+}
+
+/// An accepted run whose `on_settled` or `result` panics, or whose result future panics, is
+/// still returned (it was published and `subagent/start` was emitted); its `end` edge is
+/// `error` and nothing stays pending. A panicking `dispose` is the caller's to see: the service
+/// never calls it.
+#[tokio::test(start_paused = true)]
+async fn panics_of_an_accepted_run_end_it_with_error() {
+    for fault in [
+        Fault::OnSettled,
+        Fault::ResultMethod,
+        Fault::ResultFuture,
+        Fault::Dispose,
+    ] {
+        let service = SubagentService::new();
+        let _g = service
+            .register_provider(Arc::new(Misbehaving { fault }))
+            .unwrap();
+        let (seen, _l) = record(&service);
+        let parent = Parent::agent("p");
+        let started = AssertUnwindSafe(service.start("wild", request(&parent)))
+            .catch_unwind()
+            .await;
+        let Ok(Ok(run)) = started else {
+            panic!("{fault:?}: the accepted run must be returned");
+        };
+        service.close().await;
+        assert_eq!(service.pending_runs(), 0, "{fault:?}");
+        let expected_end = if fault == Fault::Dispose {
+            "end wild completed"
+        } else {
+            "end wild error"
+        };
+        assert_eq!(
+            *seen.lock(),
+            ["start wild wild-child p", expected_end],
+            "{fault:?}"
+        );
+        drop(run);
+    }
+}
+
+/// spec: close waits (a run that never settles keeps its `end` pending; the `SubagentRun`
+/// contract makes disposal settle the result, and then `close` returns)
+#[tokio::test(start_paused = true)]
+async fn close_waits_for_a_run_that_has_not_settled() {
+    let service = SubagentService::new();
+    let provider = FakeProvider::new("spawn", SubagentCapabilities::ALL);
+    let _g = service.register_provider(provider.clone()).unwrap();
+    let parent = Parent::agent("p");
+    let run = service.start("spawn", request(&parent)).await.unwrap();
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_secs(3600), service.close())
+            .await
+            .is_err(),
+        "close waits for the pending end"
+    );
+    assert_eq!(service.pending_runs(), 1);
+    provider.settle(0, Ok(SubagentResult::new(vec![], StopReason::Completed)));
+    run.dispose().await.unwrap();
+    service.close().await;
+    assert_eq!(service.pending_runs(), 0);
+}
+
+/// A `start` future dropped while the provider is pending leaves nothing in the service: no
+/// edge, no pending end, the provider still registered and removable.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_start_leaves_nothing_behind() {
+    let service = SubagentService::new();
+    let provider = FakeProvider::new("spawn", SubagentCapabilities::ALL);
+    let (_gate_tx, gate_rx) = oneshot::channel();
+    *provider.gate.lock() = Some(gate_rx);
+    let guard = service.register_provider(provider.clone()).unwrap();
+    let (seen, _l) = record(&service);
+    let parent = Parent::agent("p");
+    {
+        let start = service.start("spawn", request(&parent));
+        futures::pin_mut!(start);
+        assert!(futures::poll!(start.as_mut()).is_pending());
+    }
+    assert!(seen.lock().is_empty());
+    assert_eq!(service.pending_runs(), 0);
+    assert_eq!(provider.calls(), 0);
+    service.close().await;
+    drop(guard);
+    assert!(service.list().is_empty());
+}
+
+/// A provider whose `name` panics is refused at registration with `PROVIDER_FAILED`; nothing
+/// is registered and no event is emitted.
+#[test]
+fn a_panicking_name_is_refused_at_registration() {
+    struct NoName;
+    #[async_trait]
+    impl SubagentProvider for NoName {
+        fn name(&self) -> &str {
+            panic!("name exploded")
+        }
+        fn capabilities(&self) -> SubagentCapabilities {
+            SubagentCapabilities::ALL
+        }
+        fn inherits_parent_context(&self) -> bool {
+            false
+        }
+        async fn start(
+            &self,
+            _: ResolvedSubagentStartRequest,
+        ) -> Result<Box<dyn SubagentRun>, SubagentError> {
+            unreachable!("never registered")
+        }
+    }
+    let service = SubagentService::new();
+    let (seen, _l) = record(&service);
+    let registered =
+        std::panic::catch_unwind(AssertUnwindSafe(|| service.register_provider(Arc::new(NoName))));
+    let Ok(Err(RegisterError::Subagent(e))) = registered else {
+        panic!("expected a typed registration error");
+    };
+    assert_eq!(e.code(), SubagentErrorCode::ProviderFailed);
+    assert!(e.message().contains("name exploded"), "{e}");
+    assert!(service.list().is_empty());
+    assert!(seen.lock().is_empty());
+}
+
+/// A provider whose `name` changes after registration (or that calls back into the service from
+/// `name` or `capabilities`).
+struct Shifty {
+    name: Mutex<String>,
+    service: Mutex<Option<SubagentService>>,
+}
+
+#[async_trait]
+impl SubagentProvider for Shifty {
+    fn name(&self) -> &str {
+        let service = self.service.lock().clone();
+        if let Some(service) = service {
+            // Reentrant: reads the registry the caller may be holding.
+            let _ = service.list();
+            let _ = service.get_provider("x");
+        }
+        // Leak a copy so the returned `&str` outlives the lock (a test double only).
+        Box::leak(self.name.lock().clone().into_boxed_str())
+    }
+    fn capabilities(&self) -> SubagentCapabilities {
+        let service = self.service.lock().clone();
+        if let Some(service) = service {
+            let _ = service.list();
+            let _ = service.get_provider("x");
+        }
+        SubagentCapabilities::ALL
+    }
+    fn inherits_parent_context(&self) -> bool {
+        false
+    }
+    async fn start(&self, _: ResolvedSubagentStartRequest) -> Result<Box<dyn SubagentRun>, SubagentError> {
+        let (run, tx) = fake_run("shifty-child");
+        let _ = tx.send(Ok(SubagentResult::new(vec![], StopReason::Completed)));
+        Ok(Box::new(run))
+    }
+}
+
+/// The registry keeps the name a provider had when it was registered: a later change moves
+/// nothing (lookup, listing, duplicate check and `provider-removed` use the registered name).
+#[tokio::test(start_paused = true)]
+async fn a_provider_name_that_changes_after_registration_is_ignored() {
+    let service = SubagentService::new();
+    let (seen, _l) = record(&service);
+    let shifty = Arc::new(Shifty {
+        name: Mutex::new("a".into()),
+        service: Mutex::new(None),
+    });
+    let guard = service.register_provider(shifty.clone()).unwrap();
+    *shifty.name.lock() = "b".into();
+    assert_eq!(service.list(), ["a"]);
+    assert!(service.get_provider("a").is_some());
+    assert!(service.get_provider("b").is_none());
+    let Err(RegisterError::Subagent(e)) =
+        service.register_provider(FakeProvider::new("a", SubagentCapabilities::ALL))
+    else {
+        panic!("\"a\" is still taken");
+    };
+    assert_eq!(e.code(), SubagentErrorCode::DuplicateProvider);
+    let b = service
+        .register_provider(FakeProvider::new("b", SubagentCapabilities::ALL))
+        .unwrap();
+    let parent = Parent::agent("p");
+    let run = service.start("a", request(&parent)).await.unwrap();
+    run.dispose().await.unwrap();
+    service.close().await;
+    drop(b);
+    drop(guard);
+    assert!(service.list().is_empty());
+    let seen = seen.lock().clone();
+    let removed: Vec<_> = seen
+        .iter()
+        .filter(|l| l.starts_with("provider-removed"))
+        .collect();
+    assert_eq!(removed, ["provider-removed b", "provider-removed a"], "{seen:?}");
+}
+
+/// Provider code (`name`, `capabilities`) is never called while the service holds its registry
+/// lock: a provider that calls back into the service from them cannot deadlock registration,
+/// lookup, listing or `start`. Runs on its own thread so a deadlock fails instead of hanging.
+#[test]
+fn provider_code_may_reenter_the_service() {
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let service = SubagentService::new();
+            let shifty = Arc::new(Shifty {
+                name: Mutex::new("reentrant".into()),
+                service: Mutex::new(Some(service.clone())),
+            });
+            let a = service.register_provider(shifty.clone()).unwrap();
+            let b = service
+                .register_provider(FakeProvider::new("other", SubagentCapabilities::ALL))
+                .unwrap();
+            assert!(service.get_provider("other").is_some());
+            assert_eq!(service.list(), ["reentrant", "other"]);
+            let parent = Parent::agent("p");
+            let run = service.start("reentrant", request(&parent)).await.unwrap();
+            run.dispose().await.unwrap();
+            service.close().await;
+            drop(b);
+            drop(a);
+            assert!(service.list().is_empty());
+            // Break the provider → service cycle.
+            shifty.service.lock().take();
+        });
+        let _ = done_tx.send(());
+    });
+    done_rx
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the service deadlocked on a provider calling back into it");
+}
+
+/// A run the service awaits on its own task counts once in `pending_runs`, and `close` may be
+/// awaited from several tasks at once (every one returns once the last end is emitted).
+#[tokio::test(start_paused = true)]
+async fn a_task_awaited_run_counts_once_and_concurrent_closes_complete() {
+    let service = SubagentService::new();
+    let provider = FakeProvider::new("spawn", SubagentCapabilities::ALL);
+    let _g = service.register_provider(provider.clone()).unwrap();
+    let parent = Parent::agent("p");
+    let run = service.start("spawn", request(&parent)).await.unwrap();
+    assert_eq!(service.pending_runs(), 1, "one pending end per run");
+    let closes: Vec<_> = (0..3)
+        .map(|_| {
+            let s = service.clone();
+            tokio::spawn(async move { s.close().await })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    provider.settle(0, Ok(SubagentResult::new(vec![], StopReason::Completed)));
+    run.dispose().await.unwrap();
+    for close in closes {
+        tokio::time::timeout(std::time::Duration::from_secs(3600), close)
+            .await
+            .expect("every concurrent close returns")
+            .unwrap();
+    }
+    assert_eq!(service.pending_runs(), 0);
 }
