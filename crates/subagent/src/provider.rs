@@ -107,7 +107,8 @@ pub struct ResolvedSubagentStartRequest {
 ///   racing it and checks the signal afterwards (a cancelled start then rejects and the data is
 ///   dropped); its caller may also drop the start future, and the preparation with it.
 /// * **Concurrency.** Called on the starting caller's task, concurrently for distinct children.
-/// * **Errors** reject the start unchanged; nothing was created yet.
+/// * **Errors** reject the start unchanged; nothing was created yet. A panic in `continuable()`
+///   or in the preparation rejects it with `PROVIDER_FAILED` naming the panic.
 #[async_trait]
 pub trait PrepareContinuable: Send + Sync + 'static {
     /// Prepares detached data for a continuable child (for example a fork seed).

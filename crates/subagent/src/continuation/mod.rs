@@ -332,16 +332,33 @@ impl Inner {
             .get_provider(&spec.provider)
             .ok_or_else(|| SubagentError::no_provider(&spec.provider))?;
         let prepared = {
-            let Some(prepare) = provider.continuable() else {
+            // Provider code is third-party: a panic in it is the provider's failure
+            // (`PROVIDER_FAILED`), not the caller's, and nothing was created yet.
+            let panicked = |during: &str, payload: Box<dyn std::any::Any + Send>| {
+                SubagentError::provider_panicked(
+                    Some(&spec.provider),
+                    during,
+                    &agent::bus::panic_message(&*payload),
+                )
+            };
+            let prepare = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| provider.continuable()))
+                .map_err(|payload| panicked("continuable()", payload))?;
+            let Some(prepare) = prepare else {
                 return Err(SubagentError::continuable_unsupported(&spec.provider));
             };
-            prepare
-                .prepare_continuable(ContinuableCreateRequest {
-                    session_id: child_id.clone(),
-                    parent: parent.clone(),
-                    signal: spec.signal.clone(),
-                })
-                .await?
+            let request = ContinuableCreateRequest {
+                session_id: child_id.clone(),
+                parent: parent.clone(),
+                signal: spec.signal.clone(),
+            };
+            let preparing = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                prepare.prepare_continuable(request)
+            }))
+            .map_err(|payload| panicked("prepare_continuable", payload))?;
+            std::panic::AssertUnwindSafe(preparing)
+                .catch_unwind()
+                .await
+                .map_err(|payload| panicked("prepare_continuable", payload))??
         };
         // 7. Throw-if-aborted; admission.
         check_signal(&spec.signal)?;

@@ -67,6 +67,10 @@ impl PrepareContinuable for TestProvider {
         request: ContinuableCreateRequest,
     ) -> Result<ContinuableCreateSpec, SubagentError> {
         self.prepared.fetch_add(1, AtomicOrdering::SeqCst);
+        if self.name == "panicky" {
+            tokio::task::yield_now().await;
+            panic!("preparation exploded");
+        }
         if self.name == "fork" {
             let events = request.parent.session().events();
             let prefix = agent::balanced_completed_turn_prefix(&events);
@@ -1833,6 +1837,46 @@ async fn cont_14_fork_child_continues_the_turn_numbering() {
     assert_eq!(own[first_turn].data.to_data()["turn"], json!(2));
     assert_eq!(host.starts()[0].provider, "fork");
     drop(fork);
+    host.finish().await;
+}
+
+/// A provider whose continuable preparation panics (third-party code) fails the start with
+/// `PROVIDER_FAILED` naming the panic, instead of unwinding into the caller; nothing was
+/// created, reserved or left locked, and the parent may start another child at once.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_preparation_is_a_provider_failure_and_leaves_nothing() {
+    let host = Host::new(vec![chunks::text("child answer").into()]).await;
+    let panicky = host
+        .service
+        .register_provider(Arc::new(TestProvider {
+            name: "panicky".into(),
+            continuable: true,
+            prepared: AtomicUsize::new(0),
+            started: AtomicUsize::new(0),
+        }))
+        .unwrap();
+    let mut spec = host.spec("task");
+    spec.provider = "panicky".into();
+    let started =
+        futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(host.manager.start_continuable(spec)))
+            .await
+            .expect("the panic does not reach the caller");
+    let err = started.expect_err("a failed preparation");
+    assert_eq!(err.code(), SubagentErrorCode::ProviderFailed);
+    assert!(
+        err.message().contains("\"panicky\"") && err.message().contains("preparation exploded"),
+        "{err}"
+    );
+    assert!(host.manager.resident().is_empty());
+    assert!(host.starts().is_empty(), "no start edge");
+    let (child_id, _) = host
+        .manager
+        .start_continuable(host.spec("next"))
+        .await
+        .expect("the parent can delegate again");
+    host.settle().await;
+    assert!(host.persisted(&child_id).await.events.len() > 1);
+    drop(panicky);
     host.finish().await;
 }
 
