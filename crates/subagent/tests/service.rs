@@ -753,6 +753,17 @@ impl SubagentProvider for Misbehaving {
     }
 }
 
+/// Starts a child on the misbehaving provider `wild`, catching a panic that escapes `start`
+/// (the defect these tests guard against) so the test can report it.
+async fn start_wild(
+    service: &SubagentService,
+    parent: &AgentRef,
+) -> std::thread::Result<Result<Box<dyn SubagentRun>, StartError>> {
+    AssertUnwindSafe(service.start("wild", request(parent)))
+        .catch_unwind()
+        .await
+}
+
 /// A panicking provider `start` (synchronous, on first poll, after an await) or `capabilities`
 /// is a `PROVIDER_FAILED` start error naming the provider and the panic; nothing is left behind:
 /// no lifecycle edge, no pending end, the registration intact and undone at the end.
@@ -771,9 +782,7 @@ async fn a_panicking_provider_start_or_capabilities_is_a_typed_error() {
             .unwrap();
         let (seen, _l) = record(&service);
         let parent = Parent::agent("p");
-        let started = AssertUnwindSafe(service.start("wild", request(&parent)))
-            .catch_unwind()
-            .await;
+        let started = start_wild(&service, &parent).await;
         let Ok(Err(StartError::Subagent(e))) = started else {
             panic!("{fault:?}: expected a typed start error");
         };
@@ -799,9 +808,7 @@ async fn a_run_whose_id_panics_is_refused_without_edges() {
         .unwrap();
     let (seen, _l) = record(&service);
     let parent = Parent::agent("p");
-    let started = AssertUnwindSafe(service.start("wild", request(&parent)))
-        .catch_unwind()
-        .await;
+    let started = start_wild(&service, &parent).await;
     let Ok(Err(StartError::Subagent(e))) = started else {
         panic!("expected a typed start error");
     };
@@ -830,9 +837,7 @@ async fn panics_of_an_accepted_run_end_it_with_error() {
             .unwrap();
         let (seen, _l) = record(&service);
         let parent = Parent::agent("p");
-        let started = AssertUnwindSafe(service.start("wild", request(&parent)))
-            .catch_unwind()
-            .await;
+        let started = start_wild(&service, &parent).await;
         let Ok(Ok(run)) = started else {
             panic!("{fault:?}: the accepted run must be returned");
         };
