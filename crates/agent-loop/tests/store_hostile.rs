@@ -123,6 +123,42 @@ fn a_log_linked_to_a_device_is_not_read() {
     assert!(listed.is_empty());
 }
 
+/// A log whose first line never ends — here a 1 TiB sparse file of zeros, as damage or a stray
+/// disk image might leave — is not read into memory to list the store: listing skips it after
+/// one bounded read, and inspecting it is a corrupt header.
+#[test]
+fn a_huge_file_without_a_header_line_is_read_only_to_the_header_bound() {
+    let dir = tempfile::tempdir().expect("dir");
+    let huge = fs::File::create(dir.path().join("huge.jsonl")).expect("create");
+    if huge.set_len(1 << 40).is_err() {
+        return; // a file system without sparse files of this size: nothing to show here
+    }
+    let store = JsonlStore::new(dir.path());
+    let good = SessionId::from("good");
+    let (listed, inspected) = block_on(async {
+        store.create(&header("good")).expect("create");
+        for event in sample_log("good") {
+            store.append(&good, &event).expect("append");
+        }
+        store.flush(&good).await.expect("flush");
+        let listed: Vec<String> = store
+            .list()
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|s| s.id.to_string())
+            .collect();
+        (listed, store.inspect(&SessionId::from("huge")).await)
+    });
+    assert_eq!(listed, ["good"]);
+    match inspected {
+        Err(StoreError::Corrupt { line: 1, reason, .. }) => {
+            assert!(reason.starts_with("the header line is longer than"), "{reason}");
+        }
+        other => panic!("expected a corrupt header, got {other:?}"),
+    }
+}
+
 #[test]
 fn a_directory_named_like_a_log_is_not_read() {
     let dir = tempfile::tempdir().expect("dir");

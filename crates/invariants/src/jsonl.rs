@@ -7,7 +7,7 @@
 //! `Err`.
 
 use std::fs::File;
-use std::io::{self, BufRead, BufReader};
+use std::io::{self, BufRead, BufReader, Read as _};
 use std::path::{Path, PathBuf};
 
 use agent::{SessionEvent, SessionHeader, SessionId};
@@ -76,20 +76,38 @@ pub(crate) struct Line<'a> {
     pub(crate) terminated: bool,
 }
 
-/// Reads `reader` line by line, calling `f` for each; stops early when `f` returns `false`.
-pub(crate) fn for_each_line<R: BufRead>(
+/// The longest line the reader takes, newline excluded: 256 MiB, far beyond any real session
+/// event. A longer line can only be damage (a file of zeros, a stray disk image), and reading
+/// stops there instead of pulling the file into memory whole.
+pub const MAX_LINE_BYTES: u64 = 1 << 28;
+
+/// Reads `reader` line by line, calling `f` for each; stops early when `f` returns `false`. A
+/// line longer than [`MAX_LINE_BYTES`] ends the read with an `InvalidData` error naming it.
+pub(crate) fn for_each_line<R: BufRead>(reader: R, f: impl FnMut(Line<'_>) -> bool) -> io::Result<()> {
+    for_each_bounded_line(reader, MAX_LINE_BYTES, f)
+}
+
+/// [`for_each_line`] with the line bound `max`.
+fn for_each_bounded_line<R: BufRead>(
     mut reader: R,
+    max: u64,
     mut f: impl FnMut(Line<'_>) -> bool,
 ) -> io::Result<()> {
     let mut buf = Vec::new();
     let mut number = 0;
     loop {
         buf.clear();
-        if reader.read_until(b'\n', &mut buf)? == 0 {
+        if (&mut reader).take(max + 1).read_until(b'\n', &mut buf)? == 0 {
             return Ok(());
         }
         number += 1;
         let terminated = buf.last() == Some(&b'\n');
+        if !terminated && buf.len() as u64 > max {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("line {number} is longer than {max} bytes; the log is not read past it"),
+            ));
+        }
         let bytes = if terminated {
             &buf[..buf.len() - 1]
         } else {
@@ -243,7 +261,9 @@ fn start(
 }
 
 /// Replays one JSON-lines log from `reader`. `fallback` names the session when its header cannot
-/// be read. Only a read failure of `reader` itself is an `Err`.
+/// be read. Only a read failure of `reader` itself is an `Err`, and so is a line longer than
+/// [`MAX_LINE_BYTES`] (`InvalidData`): reading stops there, so a damaged file costs at most that
+/// much memory.
 pub fn replay_jsonl_reader<R: BufRead>(fallback: &SessionId, reader: R) -> io::Result<Report> {
     read_log(fallback, reader).map(|r| r.report)
 }
@@ -364,4 +384,36 @@ pub fn replay_dir(dir: &Path) -> Result<DirReport, ReadError> {
         }
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines_of(bytes: &[u8], max: u64) -> io::Result<Vec<(Vec<u8>, bool)>> {
+        let mut out = Vec::new();
+        for_each_bounded_line(bytes, max, |line| {
+            out.push((line.bytes.to_vec(), line.terminated));
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// A line of exactly the bound is read, terminated or not; one byte more ends the read with
+    /// an error naming the line, whether or not a newline follows it.
+    #[test]
+    fn lines_are_read_up_to_the_bound() {
+        assert_eq!(
+            lines_of(b"abcd\nefgh", 4).expect("within the bound"),
+            [(b"abcd".to_vec(), true), (b"efgh".to_vec(), false)]
+        );
+        for bytes in [&b"ok\nabcde\nnever"[..], b"ok\nabcde"] {
+            let err = lines_of(bytes, 4).expect_err("over the bound");
+            assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+            assert_eq!(
+                err.to_string(),
+                "line 2 is longer than 4 bytes; the log is not read past it"
+            );
+        }
+    }
 }

@@ -61,7 +61,7 @@ mod violation;
 
 pub use agent_status::{AGENT_PACKAGE, AgentStatusCompanion};
 pub use companions::{EMPTY_COMPANIONS, StandardCompanions, register_empty_companions};
-pub use jsonl::{DirReport, ReadError, replay_dir, replay_jsonl_file, replay_jsonl_reader};
+pub use jsonl::{DirReport, MAX_LINE_BYTES, ReadError, replay_dir, replay_jsonl_file, replay_jsonl_reader};
 pub use lineage::DESCRIPTOR_TYPE;
 pub use observer::InvariantObserver;
 pub use policy::{APPROVAL_OUTCOMES, APPROVAL_POLICIES, SANDBOX_MODES};

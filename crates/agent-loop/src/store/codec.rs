@@ -203,16 +203,30 @@ fn open_for_reading(path: &Path, id: &SessionId) -> Result<File, StoreError> {
     })
 }
 
-/// Reads the first line of `path` and parses it as `id`'s header (blocking).
+/// The longest header line a store reads, newline excluded. A header holds ids, one path and a
+/// few numbers (a few KiB at most), so a longer first line can only be damage: reading stops
+/// there instead of pulling a damaged (or huge sparse) file into memory to list the store.
+pub(crate) const MAX_HEADER_LINE: u64 = 1 << 20;
+
+/// Reads the first line of `path` and parses it as `id`'s header (blocking). At most
+/// [`MAX_HEADER_LINE`] bytes (and the newline) are read: a longer first line is
+/// [`StoreError::Corrupt`].
 pub(crate) fn read_header(path: &Path, id: &SessionId) -> Result<SessionHeader, StoreError> {
     let file = open_for_reading(path, id)?;
     let mut line = Vec::new();
     BufReader::new(file)
+        .take(MAX_HEADER_LINE + 1)
         .read_until(b'\n', &mut line)
         .map_err(|e| StoreError::io(path, e))?;
     let terminated = line.last() == Some(&b'\n');
     if terminated {
         line.pop();
+    } else if line.len() as u64 > MAX_HEADER_LINE {
+        return Err(corrupt(
+            path,
+            1,
+            format!("the header line is longer than {MAX_HEADER_LINE} bytes"),
+        ));
     }
     if line.is_empty() && !terminated {
         return Err(corrupt(path, 1, "empty file: the header was never written"));
@@ -239,6 +253,41 @@ pub(crate) fn read_log(path: &Path, id: &SessionId) -> Result<ParsedLog, StoreEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A header line of exactly [`MAX_HEADER_LINE`] bytes is read; one byte more is corrupt,
+    /// whether or not a newline follows it.
+    #[test]
+    fn the_header_line_is_read_up_to_its_bound() {
+        let dir = tempfile::tempdir().expect("dir");
+        let id = SessionId::from("padded");
+        let header = agent::SessionMeta::default()
+            .into_header(id.clone(), 1_000)
+            .expect("header");
+        let json = serde_json::to_vec(&header).expect("json");
+        let path = dir.path().join("padded.jsonl");
+        let padded = |len: u64, newline: bool| {
+            let mut line = json.clone();
+            line.resize(len as usize, b' ');
+            if newline {
+                line.push(b'\n');
+            }
+            fs::write(&path, &line).expect("write");
+        };
+        padded(MAX_HEADER_LINE, true);
+        assert_eq!(read_header(&path, &id).expect("at the bound"), header);
+        for newline in [true, false] {
+            padded(MAX_HEADER_LINE + 1, newline);
+            match read_header(&path, &id) {
+                Err(StoreError::Corrupt { line: 1, reason, .. }) => {
+                    assert_eq!(
+                        reason,
+                        format!("the header line is longer than {MAX_HEADER_LINE} bytes")
+                    );
+                }
+                other => panic!("expected a corrupt header, got {other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn lines_split_with_termination() {
