@@ -823,7 +823,19 @@ impl Inner {
             }
         }
         activation.agent.when_idle().await;
-        if let Err(e) = self.services.sessions.flush(&child_id).await {
+        // Best-effort: a rejection — or a panic of the host's store, contained here so that it
+        // cannot abandon the transaction with the Activation still in the live map — is only
+        // logged.
+        let flushed = std::panic::AssertUnwindSafe(self.services.sessions.flush(&child_id))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|payload| {
+                Err(AgentError::Persistence(format!(
+                    "the session store panicked: {}",
+                    agent::bus::panic_message(&*payload)
+                )))
+            });
+        if let Err(e) = flushed {
             tracing::warn!(child = %child_id, error = %e,
                 "best-effort final session flush failed; the persisted state may be missing or stale on resume");
         }

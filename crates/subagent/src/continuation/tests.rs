@@ -4243,3 +4243,74 @@ mod sweep {
         .await;
     }
 }
+
+/// Persistence over a [`MemoryStore`] whose `flush` of any session but the parent's panics: a
+/// misbehaving host store (third-party code) reached from the disposal transaction's final flush.
+struct PanickingChildFlush(Arc<MemoryStore>);
+
+#[async_trait]
+impl SessionPersistence for PanickingChildFlush {
+    fn create(&self, header: &agent::SessionHeader) -> Result<(), agent::AgentError> {
+        SessionPersistence::create(self.0.as_ref(), header)
+    }
+    fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), agent::AgentError> {
+        SessionPersistence::append(self.0.as_ref(), id, event)
+    }
+    async fn flush(&self, id: &SessionId) -> Result<(), agent::AgentError> {
+        if id.as_str() == "parent" {
+            SessionPersistence::flush(self.0.as_ref(), id).await
+        } else {
+            panic!("the store's flush exploded")
+        }
+    }
+    async fn list(&self) -> Result<Vec<agent::SessionHeader>, agent::AgentError> {
+        SessionPersistence::list(self.0.as_ref()).await
+    }
+    async fn inspect(&self, id: &SessionId) -> Result<Option<agent::SessionHeader>, agent::AgentError> {
+        SessionPersistence::inspect(self.0.as_ref(), id).await
+    }
+    async fn load(&self, id: &SessionId) -> Result<agent::store::LoadedSession, agent::AgentError> {
+        SessionPersistence::load(self.0.as_ref(), id).await
+    }
+}
+
+/// spec: CONT-29 — the best-effort final flush never fails the transaction, also when the host
+/// store's flush *panics*: the panic is contained and logged like a failed flush, the Activation
+/// is released (agent unregistered, nothing resident), the parent gets its notice, the end edge
+/// says `completed`, and a later follow-up cold-resumes the child. (A panic unwinding through the
+/// transaction left the Activation in the live map for ever with an abandoned disposal: the
+/// agent stayed registered, no notice or end edge, and every later follow-up spun on it.)
+#[tokio::test(start_paused = true)]
+async fn a_panicking_final_flush_is_contained_and_settles() {
+    let warnings = WarningCapture::new();
+    let _subscriber = warnings.install();
+    let store = Arc::new(MemoryStore::new());
+    let persistence: Arc<dyn SessionPersistence> = Arc::new(PanickingChildFlush(store.clone()));
+    let host = Host::build_on(by_session(6), store, Some(persistence), true, routed(), false).await;
+    let child_id = start_reserved(&host, "flaky").await;
+    host.settle().await;
+    host.parent.when_idle().await;
+    assert!(host.get(&child_id).is_none(), "the child was released");
+    assert_eq!(host.ends().len(), 1);
+    assert_eq!(host.ends()[0].stop_reason, StopReason::Completed);
+    assert_eq!(notices(&host.parent).len(), 1);
+    assert!(
+        warnings
+            .messages()
+            .iter()
+            .any(|w| w.contains("best-effort final session flush failed")),
+        "{:?}",
+        warnings.messages()
+    );
+    host.manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("again")])
+        .await
+        .expect("the child cold-resumes");
+    host.settle().await;
+    host.parent.when_idle().await;
+    host.settle().await;
+    assert_eq!(host.ends().len(), 2);
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["task", "again"]);
+    host.finish().await;
+}
