@@ -414,6 +414,16 @@ impl SubagentError {
         )
     }
 
+    /// `NOT_RESUMABLE` when the persisted session (or the agent resumed from it) found for a
+    /// child id is another session: `subagent "<child>" is unavailable: its persisted session
+    /// names "<found>"`. Nothing is adopted under the child's id.
+    pub fn child_session_mismatch(child_id: &str, found: &str) -> Self {
+        Self::new(
+            SubagentErrorCode::NotResumable,
+            format!("subagent \"{child_id}\" is unavailable: its persisted session names \"{found}\""),
+        )
+    }
+
     /// `NOT_RESUMABLE` when the own suffix holds no supported continuable descriptor:
     /// `subagent "<child>" has no supported continuation state and cannot be resumed; do not
     /// retry send_message with this id`.

@@ -48,6 +48,14 @@ impl Inner {
             Err(e) => return Err(unavailable(Some(e))),
         };
         check_signal(signal)?;
+        // A store answering with another session's header (corrupt or hostile) must not get that
+        // session resumed and adopted under this child's id.
+        if &header.id != child_id {
+            return Err(SubagentError::child_session_mismatch(
+                child_id.as_str(),
+                header.id.as_str(),
+            ));
+        }
         self.admit(parent)?;
         self.authorize(parent, child_id, header.parent_session.as_ref())?;
         let loaded = until_cancelled(signal, persistence.load(child_id))
@@ -86,6 +94,16 @@ impl Inner {
                 SubagentError::child_unavailable(child_id.as_str()).with_source(e)
             }
         })?;
+        if handle.id() != child_id {
+            // The runtime resumed what the store handed it at load time: not this child.
+            let found = handle.id().clone();
+            handle.dispose().await;
+            drop(materializing);
+            return Err(SubagentError::child_session_mismatch(
+                child_id.as_str(),
+                found.as_str(),
+            ));
+        }
         let parent_session = header
             .parent_session
             .clone()

@@ -4314,3 +4314,96 @@ async fn a_panicking_final_flush_is_contained_and_settles() {
     assert_eq!(texts(&log.events), vec!["task", "again"]);
     host.finish().await;
 }
+
+/// Persistence over a [`MemoryStore`] that answers for `alias` with the stored session `target`
+/// (header and events): a hostile or corrupted store whose header names another session. With
+/// `consistent_inspect`, `inspect` still reports `alias` (only `load` is redirected).
+struct AliasedSession {
+    store: Arc<MemoryStore>,
+    alias: SessionId,
+    target: SessionId,
+    consistent_inspect: bool,
+}
+
+impl AliasedSession {
+    fn map<'a>(&'a self, id: &'a SessionId) -> &'a SessionId {
+        if id == &self.alias { &self.target } else { id }
+    }
+}
+
+#[async_trait]
+impl SessionPersistence for AliasedSession {
+    fn create(&self, header: &agent::SessionHeader) -> Result<(), agent::AgentError> {
+        SessionPersistence::create(self.store.as_ref(), header)
+    }
+    fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), agent::AgentError> {
+        SessionPersistence::append(self.store.as_ref(), id, event)
+    }
+    async fn flush(&self, id: &SessionId) -> Result<(), agent::AgentError> {
+        SessionPersistence::flush(self.store.as_ref(), id).await
+    }
+    async fn list(&self) -> Result<Vec<agent::SessionHeader>, agent::AgentError> {
+        SessionPersistence::list(self.store.as_ref()).await
+    }
+    async fn inspect(&self, id: &SessionId) -> Result<Option<agent::SessionHeader>, agent::AgentError> {
+        let header = SessionPersistence::inspect(self.store.as_ref(), self.map(id)).await?;
+        Ok(header.map(|mut header| {
+            if self.consistent_inspect && id == &self.alias {
+                header.id = id.clone();
+            }
+            header
+        }))
+    }
+    async fn load(&self, id: &SessionId) -> Result<agent::store::LoadedSession, agent::AgentError> {
+        SessionPersistence::load(self.store.as_ref(), self.map(id)).await
+    }
+}
+
+/// spec: CONT-22 — a follow-up to `alias`, whose persisted header names another session
+/// (`impostor`, a settled continuable child of the same parent), rejects `NOT_RESUMABLE`
+/// instead of resuming `impostor` under the Activation of `alias`: no agent is registered,
+/// nothing stays resident, no epoch starts, and neither log gains the message. (Adopting the
+/// mismatched agent delivered the message into `impostor`'s log and pinned the `alias`
+/// Activation `running` for ever: its inbox subscription, scoped to `alias`, never saw the claim.)
+#[tokio::test(start_paused = true)]
+async fn cold_resume_refuses_a_header_naming_another_session() {
+    refuses_an_aliased_session(false).await;
+}
+
+/// spec: CONT-22 — the same when only the load is redirected (the inspected header names
+/// `alias`, the loaded log is `impostor`'s): the runtime resumes `impostor`, and the manager
+/// releases that agent again instead of adopting it.
+#[tokio::test(start_paused = true)]
+async fn cold_resume_refuses_an_agent_resumed_as_another_session() {
+    refuses_an_aliased_session(true).await;
+}
+
+async fn refuses_an_aliased_session(consistent_inspect: bool) {
+    let store = Arc::new(MemoryStore::new());
+    let persistence: Arc<dyn SessionPersistence> = Arc::new(AliasedSession {
+        store: store.clone(),
+        alias: SessionId::from("alias"),
+        target: SessionId::from("impostor"),
+        consistent_inspect,
+    });
+    let host = Host::build_on(by_session(6), store, Some(persistence), true, routed(), false).await;
+    let impostor = start_reserved(&host, "impostor").await;
+    host.settle().await;
+    host.parent.when_idle().await;
+    let agents = host.agent_count();
+    let err = host
+        .manager
+        .followup(&host.parent, &SessionId::from("alias"), vec![ContentBlock::text("misrouted")])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::NotResumable, "{err}");
+    assert!(err.to_string().contains("alias"), "{err}");
+    assert!(host.manager.resident().is_empty());
+    assert!(host.get(&impostor).is_none());
+    assert!(host.get(&SessionId::from("alias")).is_none());
+    assert_eq!(host.agent_count(), agents);
+    assert_eq!(host.starts().len(), 1, "no epoch started");
+    let log = host.persisted(&impostor).await;
+    assert_eq!(texts(&log.events), vec!["task"]);
+    host.finish().await;
+}
