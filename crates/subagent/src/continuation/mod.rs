@@ -416,8 +416,7 @@ impl Inner {
             .insert(child_id.clone(), activation.clone());
         // Residency: under a guard that rolls back on failure.
         if let Err(e) = inner.make_resident(&activation, &parent, &spec.signal) {
-            inner.rollback(&activation).await;
-            drop(materializing);
+            inner.rollback(activation, materializing).await;
             drop(_guard);
             return Err(e);
         }
@@ -888,11 +887,28 @@ impl Inner {
 
     /// Rollback of an Activation whose start edge was never emitted: dispose the handle, remove
     /// the map entry, release ownership. No notice, no end edge.
-    async fn rollback(&self, activation: &Arc<Activation>) {
-        activation.drop_subscription();
-        activation.dispose_handle().await;
-        self.activations.lock().remove(&activation.child_id);
-        self.release_ownership(&activation.child_id);
+    ///
+    /// The rollback runs as a tracked task that also holds the in-flight `materializing`
+    /// record until it is done, so it completes — and drains keep waiting for it — even when
+    /// the caller's future is dropped while awaiting it.
+    fn rollback(
+        self: &Arc<Self>,
+        activation: Arc<Activation>,
+        materializing: drain::MaterializingGuard,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let inner = self.clone();
+        let done = self.tasks.spawn(async move {
+            activation.drop_subscription();
+            activation.dispose_handle().await;
+            inner.activations.lock().remove(&activation.child_id);
+            inner.release_ownership(&activation.child_id);
+            drop(materializing);
+        });
+        async move {
+            if let Err(e) = done.await {
+                tracing::warn!(error = %e, "continuable activation rollback failed");
+            }
+        }
     }
 
     fn release_ownership(&self, child_id: &SessionId) {

@@ -113,8 +113,7 @@ impl Inner {
             .lock()
             .insert(child_id.clone(), activation.clone());
         if let Err(e) = self.make_resident(&activation, parent, signal) {
-            self.rollback(&activation).await;
-            drop(materializing);
+            self.rollback(activation, materializing).await;
             return Err(e);
         }
         drop(materializing);

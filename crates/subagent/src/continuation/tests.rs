@@ -4407,3 +4407,101 @@ async fn refuses_an_aliased_session(consistent_inspect: bool) {
     assert_eq!(texts(&log.events), vec!["task"]);
     host.finish().await;
 }
+
+/// A host runtime whose agent handles take a few scheduling points to dispose (the runtime's
+/// own teardown starts at once; the handle's future yields before awaiting it).
+struct SlowDisposal(Arc<dyn AgentRuntime>);
+
+/// The disposer of a [`SlowDisposal`] handle: yields, then awaits the runtime's own handle.
+struct YieldingDisposer(AgentHandle);
+
+impl agent::Disposer for YieldingDisposer {
+    fn dispose(&self) -> futures::future::BoxFuture<'static, ()> {
+        let teardown = self.0.dispose();
+        Box::pin(async move {
+            for _ in 0..3 {
+                tokio::task::yield_now().await;
+            }
+            teardown.await;
+        })
+    }
+}
+
+impl SlowDisposal {
+    fn wrap(handle: AgentHandle) -> AgentHandle {
+        AgentHandle::new(handle.agent().clone(), Arc::new(YieldingDisposer(handle)))
+    }
+}
+
+#[async_trait]
+impl AgentRuntime for SlowDisposal {
+    async fn create(&self, options: CreateAgentOptions) -> Result<AgentHandle, agent::AgentError> {
+        self.0.create(options).await.map(Self::wrap)
+    }
+    async fn resume(&self, options: agent::ResumeAgentOptions) -> Result<AgentHandle, agent::AgentError> {
+        self.0.resume(options).await.map(Self::wrap)
+    }
+    fn get(&self, id: &SessionId) -> Option<AgentRef> {
+        self.0.get(id)
+    }
+    fn list(&self) -> Vec<AgentRef> {
+        self.0.list()
+    }
+    fn ctx(&self) -> agent::Ctx {
+        self.0.ctx()
+    }
+    fn agent_ctx(&self, id: &SessionId) -> Option<agent::Ctx> {
+        self.0.agent_ctx(id)
+    }
+}
+
+/// A start whose caller drops it while its rollback is under way (a manager drain begun at
+/// `agent/created` made the residency check fail and the fresh agent is being disposed) still
+/// finishes the rollback: once the drain resolves nothing is resident, the child is gone, and
+/// no lifecycle edge exists. (The rollback ran in the dropped future: dropped mid-way, it left
+/// the Activation in the live map after the drain had resolved.)
+#[tokio::test(start_paused = true)]
+async fn a_start_dropped_during_its_rollback_leaves_nothing_resident() {
+    let mut host = Host::new(vec![]).await;
+    let mut services = host.runtime.services().clone();
+    services.agents = Arc::new(SlowDisposal(services.agents.clone()));
+    host.manager = ContinuationManager::new(host.service.clone(), services);
+    let drained = Arc::new(Mutex::new(None));
+    let slot = drained.clone();
+    let manager = host.manager.clone();
+    let listener = host.runtime.services().agent_events.on(move |e: &AgentEvent| {
+        if let AgentEvent::Created { agent } = e
+            && agent.as_str() == "dropped"
+        {
+            *slot.lock() = Some(tokio::spawn(manager.dispose_all()));
+        }
+        Ok(())
+    });
+    let mut spec = host.spec("task");
+    spec.child_id = Some(SessionId::from("dropped"));
+    let child_id = SessionId::from("dropped");
+    let mut start = Box::pin(host.manager.start_continuable(spec));
+    let mut dropped_mid_rollback = false;
+    for _ in 0..10_000 {
+        match futures::poll!(start.as_mut()) {
+            std::task::Poll::Ready(outcome) => {
+                panic!("the start finished before it could be dropped: {outcome:?}")
+            }
+            std::task::Poll::Pending if host.manager.is_resident(&child_id) => {
+                dropped_mid_rollback = true;
+                break;
+            }
+            std::task::Poll::Pending => tokio::task::yield_now().await,
+        }
+    }
+    assert!(dropped_mid_rollback, "the rollback was never observed in flight");
+    drop(start);
+    let drain = drained.lock().take().expect("the drain began at agent/created");
+    drain.await.unwrap().expect("drained");
+    assert!(host.manager.resident().is_empty(), "{:?}", host.manager.resident());
+    yield_a_while().await;
+    assert!(host.get(&child_id).is_none());
+    assert!(host.starts().is_empty() && host.ends().is_empty());
+    drop(listener);
+    host.finish().await;
+}
