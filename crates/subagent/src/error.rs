@@ -491,6 +491,15 @@ impl SubagentError {
         )
     }
 
+    /// `ACTIVATION_TEARDOWN_FAILED` for one failed handle disposal (the host's disposer
+    /// panicked): `subagent "<child>" handle disposal failed: <message>`.
+    pub fn handle_disposal_failed(child_id: &str, message: &str) -> Self {
+        Self::new(
+            SubagentErrorCode::ActivationTeardownFailed,
+            format!("subagent \"{child_id}\" handle disposal failed: {message}"),
+        )
+    }
+
     /// `ACTIVATION_TEARDOWN_FAILED` combining several boundaries of one disposal:
     /// `subagent "<child>" activation teardown failed at <n> boundaries: <chain>; <chain>`.
     pub fn teardown_failed_at_boundaries(child_id: &str, failures: &[&(dyn StdError + 'static)]) -> Self {

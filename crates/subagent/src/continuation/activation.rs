@@ -214,12 +214,20 @@ impl Activation {
         (reason, output)
     }
 
-    /// Drops the inbox subscription and disposes the handle (once).
-    pub(crate) async fn dispose_handle(&self) {
+    /// Drops the inbox subscription and disposes the handle (once). A panic of the runtime's
+    /// disposer (host code) is contained and returned as its message: the caller records it as
+    /// a failed boundary and its transaction goes on.
+    pub(crate) async fn dispose_handle(&self) -> Result<(), String> {
         self.drop_subscription();
         let handle = self.handle.lock().take();
-        if let Some(handle) = handle {
-            handle.dispose().await;
-        }
+        let Some(handle) = handle else {
+            return Ok(());
+        };
+        let disposal = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle.dispose()));
+        let outcome = match disposal {
+            Ok(disposal) => std::panic::AssertUnwindSafe(disposal).catch_unwind().await,
+            Err(payload) => Err(payload),
+        };
+        outcome.map_err(|payload| agent::bus::panic_message(&*payload).to_string())
     }
 }

@@ -839,7 +839,12 @@ impl Inner {
                 "best-effort final session flush failed; the persisted state may be missing or stale on resume");
         }
         let (stop_reason, output) = activation.capture();
-        activation.dispose_handle().await;
+        if let Err(panic) = activation.dispose_handle().await {
+            failures.push(Arc::new(SubagentError::handle_disposal_failed(
+                child_id.as_str(),
+                &panic,
+            )));
+        }
         let failure: Option<crate::error::SharedError> = match failures.len() {
             0 => None,
             1 => failures.pop(),
@@ -898,8 +903,10 @@ impl Inner {
     ) -> impl Future<Output = ()> + Send + 'static {
         let inner = self.clone();
         let done = self.tasks.spawn(async move {
-            activation.drop_subscription();
-            activation.dispose_handle().await;
+            if let Err(panic) = activation.dispose_handle().await {
+                tracing::warn!(child = %activation.child_id, panic = %panic,
+                    "the handle disposal of a rolled-back activation failed");
+            }
             inner.activations.lock().remove(&activation.child_id);
             inner.release_ownership(&activation.child_id);
             drop(materializing);

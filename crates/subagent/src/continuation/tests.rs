@@ -4505,3 +4505,127 @@ async fn a_start_dropped_during_its_rollback_leaves_nothing_resident() {
     drop(listener);
     host.finish().await;
 }
+
+/// A host runtime whose agent handles fail to dispose: the disposer starts the runtime's own
+/// teardown (so the agent is still released) and then panics — a handle-disposal failure.
+struct PanickingDisposal(Arc<dyn AgentRuntime>);
+
+/// The disposer of a [`PanickingDisposal`] handle for a continuable child (`child*` ids).
+struct ExplodingDisposer(AgentHandle);
+
+impl agent::Disposer for ExplodingDisposer {
+    fn dispose(&self) -> futures::future::BoxFuture<'static, ()> {
+        let teardown = self.0.dispose();
+        Box::pin(async move {
+            teardown.await;
+            panic!("the handle's disposal exploded");
+        })
+    }
+}
+
+#[async_trait]
+impl AgentRuntime for PanickingDisposal {
+    async fn create(&self, options: CreateAgentOptions) -> Result<AgentHandle, agent::AgentError> {
+        let handle = self.0.create(options).await?;
+        Ok(AgentHandle::new(
+            handle.agent().clone(),
+            Arc::new(ExplodingDisposer(handle)),
+        ))
+    }
+    async fn resume(&self, options: agent::ResumeAgentOptions) -> Result<AgentHandle, agent::AgentError> {
+        self.0.resume(options).await
+    }
+    fn get(&self, id: &SessionId) -> Option<AgentRef> {
+        self.0.get(id)
+    }
+    fn list(&self) -> Vec<AgentRef> {
+        self.0.list()
+    }
+    fn ctx(&self) -> agent::Ctx {
+        self.0.ctx()
+    }
+    fn agent_ctx(&self, id: &SessionId) -> Option<agent::Ctx> {
+        self.0.agent_ctx(id)
+    }
+}
+
+/// spec: CONT-30 — a handle-disposal failure (the host's disposer panics) during natural
+/// settlement is logged ("activation teardown failed") and the Activation is still removed.
+/// spec: CONT-73 — its notice says "failed before it finished." and "It left no closing
+/// message." (output withheld), and the end edge reports `error` without a message. A later
+/// follow-up cold-resumes the child. (The panic abandoned the transaction before the live-map
+/// removal: the Activation stayed resident for ever, no notice or end edge was sent, and a
+/// follow-up spun on the abandoned disposal.)
+#[tokio::test(start_paused = true)]
+async fn cont_30_73_a_failing_handle_disposal_still_releases_the_activation() {
+    let warnings = WarningCapture::new();
+    let _subscriber = warnings.install();
+    let mut host = Host::new(by_session(6)).await;
+    let mut services = host.runtime.services().clone();
+    services.agents = Arc::new(PanickingDisposal(services.agents.clone()));
+    host.manager = ContinuationManager::new(host.service.clone(), services);
+    let child_id = start_reserved(&host, "child").await;
+    host.settle().await;
+    host.parent.when_idle().await;
+    assert!(host.get(&child_id).is_none());
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].stop_reason, StopReason::Error);
+    assert!(ends[0].last_assistant_message.is_none());
+    let notices = notices(&host.parent);
+    assert_eq!(notices.len(), 1);
+    assert_eq!(
+        block_texts(&notices[0].content),
+        vec![
+            "Background subagent child failed before it finished.".to_owned(),
+            "It left no closing message.".to_owned(),
+        ]
+    );
+    let logged = warnings.messages();
+    assert!(
+        logged
+            .iter()
+            .any(|w| w.contains("activation teardown failed")),
+        "{logged:?}"
+    );
+    host.manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("again")])
+        .await
+        .expect("the child cold-resumes");
+    host.settle().await;
+    host.parent.when_idle().await;
+    host.settle().await;
+    assert_eq!(host.ends().len(), 2);
+    assert_eq!(host.ends()[1].stop_reason, StopReason::Completed);
+    host.finish().await;
+}
+
+/// spec: CONT-35 — a selected drain with a failing handle disposal rejects
+/// `ACTIVATION_TEARDOWN_FAILED` yet still removes the child.
+/// spec: CONT-54 — the end edge of that drained epoch reports `error`.
+#[tokio::test(start_paused = true)]
+async fn cont_35_54_selected_drain_with_a_failing_handle_disposal() {
+    let mut host = Host::new(by_session(6)).await;
+    let mut services = host.runtime.services().clone();
+    services.agents = Arc::new(PanickingDisposal(services.agents.clone()));
+    host.manager = ContinuationManager::new(host.service.clone(), services);
+    let (_held, hook) = gate(&host, "child");
+    let child_id = start_reserved(&host, "child").await;
+    yield_a_while().await;
+    let err = host
+        .manager
+        .drain_continuable_children(&host.parent, std::slice::from_ref(&child_id))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::ActivationTeardownFailed, "{err}");
+    assert!(err.to_string().contains("selected activation(s)"), "{err}");
+    assert!(err.to_string().contains("exploded"), "{err}");
+    assert!(!host.manager.is_resident(&child_id));
+    assert!(host.get(&child_id).is_none());
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].stop_reason, StopReason::Error);
+    drop(hook);
+    host.parent.when_idle().await;
+    host.finish().await;
+}
