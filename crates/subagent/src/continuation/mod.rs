@@ -461,9 +461,10 @@ impl ContinuationManager {
     /// requires the exact live parent agent") and the child's durable direct parent
     /// (`UNAUTHORIZED`, "belongs to another parent session"). A child with no Activation is
     /// cold-resumed first (`PERSISTENCE_UNAVAILABLE` without persistence; `NOT_RESUMABLE` for an
-    /// unknown id, a child with no supported continuable descriptor, or a failed
-    /// re-materialization); a child whose disposal is under way is waited for, then routed
-    /// again.
+    /// unknown id, a persisted session that names another id, a child with no supported
+    /// continuable descriptor, or a failed re-materialization — except that a [`SubagentError`]
+    /// the runtime's resume raised, directly or from the setup window, propagates unchanged); a
+    /// child whose disposal is under way is waited for, then routed again.
     pub async fn followup_with(
         &self,
         parent: &AgentRef,

@@ -89,9 +89,11 @@ impl Inner {
         let materializing = self.begin_materialization(parent);
         let handle = self.services.agents.resume(resume).await.map_err(|e| {
             if signal.is_cancelled() {
-                check_signal(signal).expect_err("cancelled")
-            } else {
-                SubagentError::child_unavailable(child_id.as_str()).with_source(e)
+                return check_signal(signal).expect_err("cancelled");
+            }
+            match seam_error_within(e) {
+                Ok(seam) => seam,
+                Err(e) => SubagentError::child_unavailable(child_id.as_str()).with_source(e),
             }
         })?;
         if handle.id() != child_id {
@@ -119,6 +121,23 @@ impl Inner {
         drop(materializing);
         self.spawn_watcher(&activation, lock.clone());
         Ok(activation)
+    }
+}
+
+/// The [`SubagentError`] a runtime's resume failed with — directly (`AgentError::Other`) or from
+/// the setup window (`AgentError::Setup`) — moved out unchanged (spec §2.14.5: a seam error
+/// raised while re-materializing propagates as it is); any other failure is given back.
+fn seam_error_within(e: AgentError) -> Result<SubagentError, AgentError> {
+    match e {
+        AgentError::Other(source) => source
+            .downcast::<SubagentError>()
+            .map(|seam| *seam)
+            .map_err(AgentError::Other),
+        AgentError::Setup { id, source } => source
+            .downcast::<SubagentError>()
+            .map(|seam| *seam)
+            .map_err(|source| AgentError::Setup { id, source }),
+        other => Err(other),
     }
 }
 

@@ -4629,3 +4629,69 @@ async fn cont_35_54_selected_drain_with_a_failing_handle_disposal() {
     host.parent.when_idle().await;
     host.finish().await;
 }
+
+/// A host runtime whose `resume` fails with a seam error: wrapped as `AgentError::Other` for
+/// the first resume, as a setup failure (`AgentError::Setup`) for the second.
+struct SeamErrorResume {
+    inner: Arc<dyn AgentRuntime>,
+    resumes: AtomicUsize,
+}
+
+#[async_trait]
+impl AgentRuntime for SeamErrorResume {
+    async fn create(&self, options: CreateAgentOptions) -> Result<AgentHandle, agent::AgentError> {
+        self.inner.create(options).await
+    }
+    async fn resume(&self, options: agent::ResumeAgentOptions) -> Result<AgentHandle, agent::AgentError> {
+        let refusal = SubagentError::new(SubagentErrorCode::Unauthorized, "the host refused this resume");
+        match self.resumes.fetch_add(1, AtomicOrdering::SeqCst) {
+            0 => Err(agent::AgentError::Other(Box::new(refusal))),
+            _ => Err(agent::AgentError::Setup {
+                id: options.session_id,
+                source: Box::new(refusal),
+            }),
+        }
+    }
+    fn get(&self, id: &SessionId) -> Option<AgentRef> {
+        self.inner.get(id)
+    }
+    fn list(&self) -> Vec<AgentRef> {
+        self.inner.list()
+    }
+    fn ctx(&self) -> agent::Ctx {
+        self.inner.ctx()
+    }
+    fn agent_ctx(&self, id: &SessionId) -> Option<agent::Ctx> {
+        self.inner.agent_ctx(id)
+    }
+}
+
+/// spec: CONT-24 — a `SubagentError` raised by the agent resume (directly, or from its setup
+/// window) propagates as that error — same code, same message — instead of being turned into
+/// `NOT_RESUMABLE`; nothing becomes resident and the message is never logged.
+#[tokio::test(start_paused = true)]
+async fn cont_24_a_seam_error_from_resume_propagates_unchanged() {
+    let mut host = Host::new(by_session(4)).await;
+    let child_id = start_reserved(&host, "child").await;
+    host.settle().await;
+    host.parent.when_idle().await;
+    let mut services = host.runtime.services().clone();
+    services.agents = Arc::new(SeamErrorResume {
+        inner: services.agents.clone(),
+        resumes: AtomicUsize::new(0),
+    });
+    host.manager = ContinuationManager::new(host.service.clone(), services);
+    for attempt in ["direct", "from setup"] {
+        let err = host
+            .manager
+            .followup(&host.parent, &child_id, vec![ContentBlock::text("refused")])
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), SubagentErrorCode::Unauthorized, "{attempt}: {err}");
+        assert_eq!(err.message(), "the host refused this resume", "{attempt}");
+        assert!(!host.manager.is_resident(&child_id));
+    }
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["task"]);
+    host.finish().await;
+}
