@@ -4393,7 +4393,11 @@ async fn refuses_an_aliased_session(consistent_inspect: bool) {
     let agents = host.agent_count();
     let err = host
         .manager
-        .followup(&host.parent, &SessionId::from("alias"), vec![ContentBlock::text("misrouted")])
+        .followup(
+            &host.parent,
+            &SessionId::from("alias"),
+            vec![ContentBlock::text("misrouted")],
+        )
         .await
         .unwrap_err();
     assert_eq!(err.code(), SubagentErrorCode::NotResumable, "{err}");
@@ -4498,7 +4502,11 @@ async fn a_start_dropped_during_its_rollback_leaves_nothing_resident() {
     drop(start);
     let drain = drained.lock().take().expect("the drain began at agent/created");
     drain.await.unwrap().expect("drained");
-    assert!(host.manager.resident().is_empty(), "{:?}", host.manager.resident());
+    assert!(
+        host.manager.resident().is_empty(),
+        "{:?}",
+        host.manager.resident()
+    );
     yield_a_while().await;
     assert!(host.get(&child_id).is_none());
     assert!(host.starts().is_empty() && host.ends().is_empty());
@@ -4583,9 +4591,7 @@ async fn cont_30_73_a_failing_handle_disposal_still_releases_the_activation() {
     );
     let logged = warnings.messages();
     assert!(
-        logged
-            .iter()
-            .any(|w| w.contains("activation teardown failed")),
+        logged.iter().any(|w| w.contains("activation teardown failed")),
         "{logged:?}"
     );
     host.manager
