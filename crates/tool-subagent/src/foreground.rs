@@ -11,8 +11,10 @@ use subagent::{SubagentError, error_chain};
 use crate::model_text;
 use crate::value::DelegationValue;
 
-/// Runs one foreground delegation on provider `provider`. `request.signal` is the call's
-/// token: it is the provider's cancellation channel during startup and for the published run.
+/// Runs one foreground delegation on provider `provider`. `request.signal` is a child of the
+/// call's token: it is the provider's cancellation channel during startup and for the published
+/// run, cancelled with the call's token and also when the call is abandoned (its body dropped
+/// before this future answered).
 ///
 /// * A start rejection becomes `Error: <message>`; there is nothing to dispose.
 /// * Otherwise the result and the disposal are awaited in that order, each outcome captured

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use subagent::SubagentError;
 use subagent::agent::tools::{ToolContext, ToolError, ToolHandler, ToolOutput};
-use subagent::agent::{AgentRef, ContentBlock, Services, Signal};
+use subagent::agent::{AgentRef, CancelCause, ContentBlock, Services, Signal};
 use subagent::provider::SubagentStartRequest;
 use subagent::service::SubagentService;
 use tokio_util::task::TaskTracker;
@@ -24,7 +24,8 @@ pub(crate) struct Invocation {
     pub(crate) services: Services,
     pub(crate) subagents: SubagentService,
     /// Foreground runs execute on tracked tasks so that a call whose body is dropped (the
-    /// registry drops a cancelled body) still awaits its result and disposes its run.
+    /// registry drops a cancelled body; a host may abandon a call) still awaits its result and
+    /// disposes its run. A dropped body cancels its run first (see `AbandonGuard`).
     pub(crate) tracker: TaskTracker,
 }
 
@@ -82,6 +83,29 @@ impl DelegationArgs {
     }
 }
 
+/// Cancels a foreground run's signal when the tool body is dropped before the run's task
+/// answered (a host abandoning the call without firing its signal): nobody will read that
+/// run's result, so its child must stop rather than work on unobserved. The task still awaits
+/// the result and disposes the run.
+struct AbandonGuard(Option<Signal>);
+
+impl AbandonGuard {
+    /// The task answered: the call is no longer abandonable.
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for AbandonGuard {
+    fn drop(&mut self) {
+        if let Some(signal) = self.0.take() {
+            signal.cancel(CancelCause::Other {
+                reason: model_text::CALL_ABANDONED_REASON.to_owned(),
+            });
+        }
+    }
+}
+
 /// The body of one mounted tool instance.
 pub(crate) struct DelegationTool {
     pub(crate) invocation: Arc<Invocation>,
@@ -101,14 +125,20 @@ impl ToolHandler for DelegationTool {
             args.run_in_background,
         )
         .map_err(ToolError::invalid_args)?;
-        let request = inv.request(&args, parent, ctx.signal.clone());
         let provider = inv.config.provider.clone();
         let value = match route {
             Route::Foreground => {
+                // The run listens to a child of the call's token, cancelled by `abandon` when
+                // this body is dropped before the run's task has answered.
+                let signal = ctx.signal.child();
+                let abandon = AbandonGuard(Some(signal.clone()));
+                let request = inv.request(&args, parent, signal);
                 let task = inv
                     .tracker
                     .spawn(foreground::run(inv.subagents.clone(), provider, request));
-                match task.await {
+                let joined = task.await;
+                abandon.disarm();
+                match joined {
                     Ok(outcome) => outcome?,
                     Err(join) => {
                         return Err(ToolError::failed(model_text::foreground_task_failed(
@@ -118,6 +148,7 @@ impl ToolHandler for DelegationTool {
                 }
             }
             Route::OneShotBackground => {
+                let request = inv.request(&args, parent, ctx.signal.clone());
                 let Some(jobs) = &inv.services.jobs else {
                     return Err(ToolError::failed(model_text::JOBS_UNAVAILABLE));
                 };

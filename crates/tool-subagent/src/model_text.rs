@@ -243,6 +243,10 @@ pub const JOBS_UNAVAILABLE: &str =
 /// The cancellation reason a killed background job gives its run when `job_kill` names none.
 pub const DEFAULT_KILL_REASON: &str = "background subagent task killed";
 
+/// The cancellation reason a foreground run's child receives when its tool call is abandoned
+/// (the call's future dropped before the run answered, without the call's signal firing).
+pub const CALL_ABANDONED_REASON: &str = "the subagent tool call was abandoned before the run finished";
+
 /// The arguments are not a JSON object.
 pub const ARGUMENTS_NOT_OBJECT: &str =
     "subagent arguments must be a JSON object with string fields `description` and `prompt`";
@@ -335,6 +339,7 @@ mod tests {
         lines.push(BACKGROUND_DISABLED.to_owned());
         lines.push(JOBS_UNAVAILABLE.to_owned());
         lines.push(DEFAULT_KILL_REASON.to_owned());
+        lines.push(CALL_ABANDONED_REASON.to_owned());
         lines.push(ARGUMENTS_NOT_OBJECT.to_owned());
         lines.push(string_param_required(PROMPT_PARAM));
         lines.push(PROMPT_BLANK.to_owned());

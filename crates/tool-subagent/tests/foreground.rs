@@ -627,3 +627,66 @@ async fn malformed_arguments_are_invalid_args() {
     assert!(requests.lock().is_empty());
     host.close().await;
 }
+
+/// A provider whose runs wait for their request signal and then end `aborted`, recording the
+/// cause each one saw; `started` is notified once a run exists.
+fn waiting_provider(
+    causes: Arc<parking_lot::Mutex<Vec<CancelCause>>>,
+    disposals: Arc<AtomicUsize>,
+    started: Arc<Notify>,
+) -> FakeProvider {
+    FakeProvider::new(
+        "spy",
+        Arc::new(move |request| {
+            let signal = request.request.signal.clone();
+            let causes = causes.clone();
+            let result = async move {
+                signal.cancelled().await;
+                causes.lock().push(signal.cause().unwrap_or(CancelCause::Legacy));
+                Ok(SubagentResult::aborted(vec![]))
+            }
+            .boxed();
+            let run = FakeRun::boxed("spy-child", result, Ok(()), disposals.clone());
+            started.notify_one();
+            async move { Ok(run) }.boxed()
+        }),
+    )
+    .capability_less()
+}
+
+/// A host that abandons a foreground call by dropping its future (its own timeout, a dropped
+/// turn) without firing the call's signal no longer owns the child: the child is cancelled,
+/// its run disposed once, and no foreground run is left in flight — the plugin shuts down
+/// instead of waiting forever on a child nobody will collect.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_foreground_call_cancels_and_disposes_its_child() {
+    let mut host = Host::new();
+    let causes = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let disposals = counter();
+    let started = Arc::new(Notify::new());
+    let provider = waiting_provider(causes.clone(), disposals.clone(), started.clone());
+    let _p = host.provider(provider);
+    let tool = host.load_json(json!({"provider": "spy", "maxDepth": "provider-managed"}));
+    let parent = host.parent("parent").await;
+    let signal = Signal::new();
+    tokio::select! {
+        outcome = host.call_with("subagent", &parent, args(), signal.clone()) => {
+            panic!("the child waits for cancellation, yet the call ended: {}", text(&outcome));
+        }
+        () = started.notified() => {}
+    }
+    // The call's future is dropped here; its signal never fired.
+    assert!(!signal.is_cancelled());
+    tokio::time::timeout(Duration::from_secs(3600), tool.shutdown())
+        .await
+        .expect("the abandoned child is cancelled and its run disposed");
+    assert_eq!(
+        *causes.lock(),
+        vec![CancelCause::Other {
+            reason: tool_subagent::model_text::CALL_ABANDONED_REASON.to_owned()
+        }],
+        "the child saw its cancellation, with the abandonment as its cause"
+    );
+    assert_eq!(disposals.load(Ordering::SeqCst), 1, "the run is disposed once");
+    host.close().await;
+}
