@@ -18,7 +18,7 @@ use subagent::service::StartError;
 use subagent::service::SubagentService;
 use subagent::{RunOutcome, SubagentErrorCode, error_chain, settle_run};
 
-use crate::foreground::seam_error;
+use crate::foreground::{RunCall, contained, seam_error};
 use crate::model_text;
 use crate::value::DelegationValue;
 
@@ -51,7 +51,7 @@ pub(crate) fn start(
                 }),
                 done: async move {
                     let started = subagents.start(&provider, request).await;
-                    JobOutcome::from(settle_start(started, &own).await)
+                    JobOutcome::from(settle_start(&provider, started, &own).await)
                 }
                 .boxed(),
             }
@@ -68,15 +68,23 @@ pub(crate) fn start(
 /// * published → [`settle_run`]: `completed` → completed with the output text, `aborted` →
 ///   killed, every other reason → failed with `<reason>` or `<reason>; diagnostic: <d>`, a
 ///   rejected result → failed with its error, a failed disposal → `…; dispose failed: <error>`;
+///   a panic in the run's `result()` / `dispose()` or their futures is contained as that call's
+///   failure (`PROVIDER_FAILED` text), so the run is still disposed before the job reports;
 /// * startup rejected after the job's own token was cancelled → killed, unless the rejection
 ///   reports that cleaning up the unpublished child failed too (see [`is_cleanup_failure`]);
 /// * any other startup rejection → failed with the error chain as detail.
 pub(crate) async fn settle_start(
+    provider: &str,
     started: Result<Box<dyn SubagentRun>, StartError>,
     own: &Signal,
 ) -> RunOutcome {
     match started {
-        Ok(run) => settle_run(run.result(), || run.dispose()).await,
+        Ok(run) => {
+            settle_run(contained(provider, RunCall::Result, || run.result()), || {
+                contained(provider, RunCall::Dispose, || run.dispose())
+            })
+            .await
+        }
         Err(error) if own.is_cancelled() && !is_cleanup_failure(&error) => RunOutcome::Killed,
         Err(error) => RunOutcome::Failed {
             detail: error_chain(&error),

@@ -2,8 +2,15 @@
 //! result, **always** dispose, and turn every non-`completed` ending into an errored result
 //! that still carries the child's diagnostic and partial answer.
 
+use std::any::Any;
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use futures::FutureExt;
+use subagent::agent::bus::panic_message;
 use subagent::agent::tools::{ToolError, codes};
 use subagent::provider::SubagentStartRequest;
+use subagent::run::RunFailure;
 use subagent::service::StartError;
 use subagent::service::SubagentService;
 use subagent::{SubagentError, error_chain};
@@ -21,7 +28,9 @@ use crate::value::DelegationValue;
 ///   independently; the run is disposed exactly once on every path.
 /// * `completed` → [`DelegationValue::Foreground`] with the full output. Any other stop reason
 ///   → the headline, diagnostic and partial text of [`model_text::stop_reason_failure`]. A
-///   rejected result → its error chain.
+///   rejected result → its error chain. A panic in the run's `result()` / `dispose()` or their
+///   futures is contained ([`contained`]) and counts as that call's failure; the run is still
+///   disposed after a panicking result.
 /// * Both the result and the disposal failed → one error naming both
 ///   ([`model_text::result_and_dispose_failed`]); only the disposal failed (even after
 ///   `completed`) → the disposal error.
@@ -32,8 +41,8 @@ pub(crate) async fn run(
     request: SubagentStartRequest,
 ) -> Result<DelegationValue, ToolError> {
     let run = subagents.start(&provider, request).await.map_err(start_failure)?;
-    let result = run.result().await;
-    let disposal = run.dispose().await;
+    let result = contained(&provider, RunCall::Result, || run.result()).await;
+    let disposal = contained(&provider, RunCall::Dispose, || run.dispose()).await;
     let outcome = match result {
         Ok(result) => match model_text::stop_reason_failure(
             &result.stop_reason,
@@ -63,6 +72,48 @@ pub(crate) async fn run(
             &failure,
             &error_chain(&dispose),
         ))),
+    }
+}
+
+/// One of the two calls the tool makes on a published run.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum RunCall {
+    /// `result()` and its future.
+    Result,
+    /// `dispose()` and its future.
+    Dispose,
+}
+
+/// Awaits the future `make` returns — a published run's `result()` or `dispose()` — with the
+/// provider's code contained: a panic in `make` or while the future is polled becomes a
+/// [`RunFailure`] carrying the seam's `PROVIDER_FAILED` error, which names `provider`, the call
+/// and the panic. The run is third-party code; unwinding out of here would skip its disposal
+/// and report the runtime's task-panic text instead of an error the model can act on.
+pub(crate) async fn contained<T, F>(
+    provider: &str,
+    call: RunCall,
+    make: impl FnOnce() -> F,
+) -> Result<T, RunFailure>
+where
+    F: Future<Output = Result<T, RunFailure>>,
+{
+    let (called, polled) = match call {
+        RunCall::Result => ("result()", "its result future"),
+        RunCall::Dispose => ("dispose()", "its dispose future"),
+    };
+    let panicked = |during: &str, payload: Box<dyn Any + Send>| {
+        RunFailure::new(SubagentError::provider_panicked(
+            Some(provider),
+            during,
+            &panic_message(&*payload),
+        ))
+    };
+    match catch_unwind(AssertUnwindSafe(make)) {
+        Ok(future) => AssertUnwindSafe(future)
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|payload| Err(panicked(polled, payload))),
+        Err(payload) => Err(panicked(called, payload)),
     }
 }
 

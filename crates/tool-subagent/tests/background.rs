@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use agent::jobs::Jobs;
 use agent::{CancelCause, ContentBlock, Signal};
 use agent_loop::jobs::{JobRegistry, JobRegistryConfig};
-use common::{FakeProvider, FakeRun, Host, completed, failure, text};
+use common::{FakeProvider, FakeRun, Host, PanicAt, PanickingRun, completed, failure, text};
 use futures::FutureExt;
 use parking_lot::Mutex;
 use serde_json::json;
@@ -513,4 +513,47 @@ async fn owner_disposal_cancels_and_disposes_the_run() {
     assert_eq!(disposals.load(Ordering::SeqCst), 1);
     assert!(jobs.list(&parent).is_empty());
     host.close().await;
+}
+
+/// A third-party run that panics in `result()`, its result future, `dispose()` or its disposal
+/// future settles its job `failed` with a detail naming the provider and the panic; the run is
+/// disposed — once, before the job reports — even when its result panicked, so the job's
+/// settlement still means the child's resources are released.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_run_settles_failed_after_its_disposal() {
+    let cases = [
+        (
+            PanicAt::ResultCall,
+            "(no new output)\n[status: failed, subagent provider \"wild\" panicked in result(): result() exploded]",
+        ),
+        (
+            PanicAt::ResultFuture,
+            "(no new output)\n[status: failed, subagent provider \"wild\" panicked in its result future: ",
+        ),
+        (
+            PanicAt::DisposeCall,
+            "(no new output)\n[status: failed, dispose failed: subagent provider \"wild\" panicked in dispose(): dispose() exploded]",
+        ),
+        (
+            PanicAt::DisposeFuture,
+            "(no new output)\n[status: failed, dispose failed: subagent provider \"wild\" panicked in its dispose future: dispose exploded]",
+        ),
+    ];
+    for (at, expected) in cases {
+        let mut host = Host::new();
+        let disposals = counter();
+        let _p = host.provider(PanickingRun::provider("wild", at, disposals.clone()));
+        let _tool = host.load_json(json!({"provider": "wild", "maxDepth": "provider-managed"}));
+        let parent = host.parent("parent").await;
+        let started = host.call("subagent", &parent, background()).await;
+        assert_eq!(text(&started), "started background subagent job subagent-1");
+        let output = host.job_output(&parent, "subagent-1").await;
+        assert!(
+            text(&output).starts_with(expected),
+            "{at:?}: {:?} does not start with {expected:?}",
+            text(&output)
+        );
+        assert_eq!(disposals.load(Ordering::SeqCst), 1, "{at:?}: disposed once");
+        host.close().await;
+    }
 }

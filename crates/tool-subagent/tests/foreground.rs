@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use agent::{AgentOptions, CancelCause, ContentBlock, Signal};
-use common::{FakeProvider, FakeRun, Host, completed, failure, text};
+use common::{FakeProvider, FakeRun, Host, PanicAt, PanickingRun, completed, failure, text};
 use futures::FutureExt;
 use serde_json::json;
 use subagent::{StopReason, SubagentResult, ToolFilter};
@@ -689,4 +689,52 @@ async fn a_dropped_foreground_call_cancels_and_disposes_its_child() {
     );
     assert_eq!(disposals.load(Ordering::SeqCst), 1, "the run is disposed once");
     host.close().await;
+}
+
+/// A third-party run that panics in `result()`, its result future, `dispose()` or its disposal
+/// future does not unwind through the tool: the call ends with a clear error naming the
+/// provider and the panic (never the runtime's task-panic text), the run is disposed — once,
+/// before the call answers — even when its result panicked, and nothing stays in flight.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_run_is_a_clear_error_and_still_disposed() {
+    let cases = [
+        (
+            PanicAt::ResultCall,
+            "Error: subagent provider \"wild\" panicked in result(): result() exploded",
+        ),
+        (
+            PanicAt::ResultFuture,
+            "Error: subagent provider \"wild\" panicked in its result future: ",
+        ),
+        (
+            PanicAt::DisposeCall,
+            "Error: subagent provider \"wild\" panicked in dispose(): dispose() exploded",
+        ),
+        (
+            PanicAt::DisposeFuture,
+            "Error: subagent provider \"wild\" panicked in its dispose future: dispose exploded",
+        ),
+    ];
+    for (at, message) in cases {
+        let mut host = Host::new();
+        let disposals = counter();
+        let _p = host.provider(PanickingRun::provider("wild", at, disposals.clone()));
+        let tool = host.load_json(json!({"provider": "wild", "maxDepth": "provider-managed"}));
+        let parent = host.parent("parent").await;
+        let outcome = host.call("subagent", &parent, args()).await;
+        assert!(outcome.is_error, "{at:?}: {}", text(&outcome));
+        assert!(
+            text(&outcome).starts_with(message),
+            "{at:?}: {:?} does not start with {message:?}",
+            text(&outcome)
+        );
+        assert_eq!(
+            disposals.load(Ordering::SeqCst),
+            1,
+            "{at:?}: disposed once, before the call answered"
+        );
+        assert_eq!(tool.foreground_runs(), 0, "{at:?}");
+        tool.shutdown().await;
+        host.close().await;
+    }
 }

@@ -100,6 +100,88 @@ impl SubagentRun for FakeRun {
     }
 }
 
+/// Where a [`PanickingRun`] panics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PanicAt {
+    /// In the `result()` call itself.
+    ResultCall,
+    /// When its result future is polled.
+    ResultFuture,
+    /// In the `dispose()` call itself (the result completes).
+    DisposeCall,
+    /// When its disposal future is polled (the result completes).
+    DisposeFuture,
+}
+
+/// A misbehaving third-party run that panics at one point; every other answer is a completed
+/// result (`"done"`) or a clean disposal. Counts `dispose()` calls.
+pub struct PanickingRun {
+    at: PanicAt,
+    dispose_calls: Arc<AtomicUsize>,
+    result: RunResultFuture,
+    dispose: RunDisposeFuture,
+}
+
+impl PanickingRun {
+    /// A run (id `wild-child`) panicking at `at`.
+    pub fn boxed(at: PanicAt, dispose_calls: Arc<AtomicUsize>) -> Box<dyn SubagentRun> {
+        let result = if at == PanicAt::ResultFuture {
+            async { panic!("result exploded") }.boxed()
+        } else {
+            async { Ok(completed("done")) }.boxed()
+        };
+        let dispose = if at == PanicAt::DisposeFuture {
+            async { panic!("dispose exploded") }.boxed()
+        } else {
+            async { Ok(()) }.boxed()
+        };
+        Box::new(Self {
+            at,
+            dispose_calls,
+            result: result.shared(),
+            dispose: dispose.shared(),
+        })
+    }
+
+    /// A provider named `name` whose runs panic at `at`.
+    pub fn provider(name: &str, at: PanicAt, dispose_calls: Arc<AtomicUsize>) -> FakeProvider {
+        FakeProvider::new(
+            name,
+            Arc::new(move |_| {
+                let run = Self::boxed(at, dispose_calls.clone());
+                async move { Ok(run) }.boxed()
+            }),
+        )
+        .capability_less()
+    }
+}
+
+impl SubagentRun for PanickingRun {
+    fn id(&self) -> &SessionId {
+        static ID: std::sync::OnceLock<SessionId> = std::sync::OnceLock::new();
+        ID.get_or_init(|| "wild-child".into())
+    }
+
+    fn local_agent(&self) -> Option<AgentRef> {
+        None
+    }
+
+    fn result(&self) -> RunResultFuture {
+        if self.at == PanicAt::ResultCall {
+            panic!("result() exploded");
+        }
+        self.result.clone()
+    }
+
+    fn dispose(&self) -> RunDisposeFuture {
+        self.dispose_calls.fetch_add(1, Ordering::SeqCst);
+        if self.at == PanicAt::DisposeCall {
+            panic!("dispose() exploded");
+        }
+        self.dispose.clone()
+    }
+}
+
 /// A completed result with one text block.
 pub fn completed(text: &str) -> SubagentResult {
     SubagentResult::new(vec![ContentBlock::text(text)], StopReason::Completed)
