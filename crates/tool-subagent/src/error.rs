@@ -3,7 +3,7 @@
 //! unwinds that provider's registration); failures of a tool *call* reach the model as tool
 //! errors instead (see [`model_text`](crate::model_text)).
 
-use subagent::DepthError;
+use subagent::{DepthError, SubagentError};
 use subagent::agent::tools::ToolRegistryError;
 
 /// A configuration, mount or registration failure of one tool instance.
@@ -43,6 +43,12 @@ pub enum ToolSubagentError {
         /// The provider's name.
         provider: String,
     },
+    /// The provider's own code panicked while the tool was mounting over it (in `name()`,
+    /// `capabilities()`, `continuable()` or `inherits_parent_context()`): the seam's
+    /// `PROVIDER_FAILED` error naming the provider, the method and the panic. Nothing was
+    /// registered.
+    #[error(transparent)]
+    Provider(SubagentError),
     /// The tool registry refused the tool (for example a duplicate `toolName`).
     #[error(transparent)]
     Register(#[from] ToolRegistryError),

@@ -14,10 +14,12 @@
 //! "zombie mount").
 
 use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
-use subagent::agent::bus::BoxError;
+use subagent::SubagentError;
+use subagent::agent::bus::{BoxError, panic_message};
 use subagent::agent::prompt::PromptSection;
 use subagent::agent::tools::ToolDefinition;
 use subagent::agent::{Registration, Services};
@@ -83,7 +85,9 @@ impl SubagentToolPlugin {
     /// load (nothing stays registered). When the provider is absent the tool is simply absent
     /// until it appears (logged at info level); a mount failure at that later point is returned
     /// from the provider-added notification, which makes the service unwind that provider's
-    /// registration.
+    /// registration. A panic in the provider's code read at mount (`name()`, `capabilities()`,
+    /// `continuable()`, `inherits_parent_context()`) is such a mount failure
+    /// ([`ToolSubagentError::Provider`]), never an unwind.
     pub fn load(
         services: &Services,
         subagents: &SubagentService,
@@ -183,7 +187,7 @@ impl Shared {
     /// `subagent/provider-added`: mounts when the name matches, the plugin is loaded and the
     /// tool is not mounted yet.
     fn on_added(&self, provider: &Arc<dyn SubagentProvider>) -> Result<(), ToolSubagentError> {
-        if provider.name() != self.invocation.config.provider {
+        if contained(None, "name()", || provider.name() != self.invocation.config.provider)? {
             return Ok(());
         }
         let mut slot = self.slot.lock();
@@ -207,18 +211,25 @@ impl Shared {
     /// continuable mode with background enabled, the guidance section.
     fn mount(&self, provider: &dyn SubagentProvider) -> Result<Registration, ToolSubagentError> {
         let config = &self.invocation.config;
-        if matches!(config.max_depth, Some(MaxDepth::Cap(_))) && !provider.capabilities().depth_limit {
+        // `on_added` matched the name: it is the configured one.
+        let name = config.provider.as_str();
+        let ask = |method: &str, call: &dyn Fn() -> bool| contained(Some(name), method, call);
+        if matches!(config.max_depth, Some(MaxDepth::Cap(_)))
+            && !ask("capabilities()", &|| provider.capabilities().depth_limit)?
+        {
             return Err(ToolSubagentError::UnenforceableMaxDepth {
-                provider: provider.name().to_owned(),
+                provider: name.to_owned(),
             });
         }
-        if config.background_mode == BackgroundMode::Continuable && provider.continuable().is_none() {
+        if config.background_mode == BackgroundMode::Continuable
+            && !ask("continuable()", &|| provider.continuable().is_some())?
+        {
             return Err(ToolSubagentError::ContinuableUnsupported {
-                provider: provider.name().to_owned(),
+                provider: name.to_owned(),
             });
         }
         let exposure = config.exposure();
-        let inherits = provider.inherits_parent_context();
+        let inherits = ask("inherits_parent_context()", &|| provider.inherits_parent_context())?;
         let services = &self.invocation.services;
         let tool = services.tools.register(
             None,
@@ -247,4 +258,18 @@ impl Shared {
         }
         Ok(Registration::all(guards))
     }
+}
+
+/// Calls provider code with its panic contained: a panic in `call` becomes
+/// [`ToolSubagentError::Provider`] with the seam's `PROVIDER_FAILED` error naming `provider`
+/// (when known), `method` and the panic, so a misbehaving provider fails the mount instead of
+/// unwinding through the host's load or the service's registration.
+fn contained<T>(provider: Option<&str>, method: &str, call: impl FnOnce() -> T) -> Result<T, ToolSubagentError> {
+    catch_unwind(AssertUnwindSafe(call)).map_err(|payload| {
+        ToolSubagentError::Provider(SubagentError::provider_panicked(
+            provider,
+            method,
+            &panic_message(&*payload),
+        ))
+    })
 }

@@ -414,3 +414,102 @@ async fn tool_45_continuable_mode_is_parallel_safe() {
     assert!(definition.concurrency_safe);
     host.close().await;
 }
+
+/// A third-party provider whose descriptive methods panic (`wild` names the one that does).
+struct WildProvider {
+    panics_in: &'static str,
+}
+
+impl WildProvider {
+    fn check(&self, method: &str) {
+        if self.panics_in == method {
+            panic!("{method} exploded");
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl subagent::provider::SubagentProvider for WildProvider {
+    fn name(&self) -> &str {
+        "wild"
+    }
+
+    fn capabilities(&self) -> subagent::SubagentCapabilities {
+        self.check("capabilities()");
+        subagent::SubagentCapabilities::ALL
+    }
+
+    fn inherits_parent_context(&self) -> bool {
+        self.check("inherits_parent_context()");
+        false
+    }
+
+    async fn start(
+        &self,
+        _request: subagent::provider::ResolvedSubagentStartRequest,
+    ) -> Result<Box<dyn subagent::run::SubagentRun>, subagent::SubagentError> {
+        Err(subagent::SubagentError::continuation_unavailable())
+    }
+
+    fn continuable(&self) -> Option<&dyn subagent::provider::PrepareContinuable> {
+        self.check("continuable()");
+        None
+    }
+}
+
+/// A provider whose `capabilities()`, `continuable()` or `inherits_parent_context()` panics
+/// while the tool mounts over it does not unwind through the host: present at load, the load
+/// fails with a typed `PROVIDER_FAILED` error naming the provider, the method and the panic;
+/// arriving later, its registration is refused with that message. Either way no tool is
+/// registered, and the waiting plugin still mounts over a well-behaved provider of that name.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_provider_fails_the_mount_with_a_typed_error() {
+    for (method, config) in [
+        ("capabilities()", json!({"provider": "wild", "maxDepth": 2})),
+        (
+            "continuable()",
+            json!({"provider": "wild", "backgroundMode": "continuable", "maxDepth": "provider-managed"}),
+        ),
+        ("inherits_parent_context()", json!({"provider": "wild"})),
+    ] {
+        let message = format!("subagent provider \"wild\" panicked in {method}: {method} exploded");
+        let host = Host::new();
+        let config = SubagentToolConfig::from_json(&config).expect("valid");
+        let present = host
+            .subagents
+            .register_provider(Arc::new(WildProvider { panics_in: method }))
+            .expect("registration reads only the name");
+        let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            SubagentToolPlugin::load(host.services(), &host.subagents, config.clone())
+        }));
+        let error = loaded
+            .unwrap_or_else(|_| panic!("{method}: the provider's panic unwound out of load"))
+            .expect_err("the mount fails");
+        assert!(
+            matches!(&error, ToolSubagentError::Provider(e) if e.code() == subagent::SubagentErrorCode::ProviderFailed),
+            "{method}: {error:?}"
+        );
+        assert_eq!(error.to_string(), message, "{method}");
+        assert!(!host.has_tool("subagent"), "{method}");
+        drop(present);
+
+        let waiting = host.load(config);
+        let refused = host
+            .subagents
+            .register_provider(Arc::new(WildProvider { panics_in: method }))
+            .expect_err("the mount failure unwinds the provider's registration");
+        assert!(refused.to_string().contains(&message), "{method}: {refused}");
+        assert!(host.subagents.get_provider("wild").is_none(), "{method}");
+        assert!(!waiting.is_mounted(), "{method}");
+        if method != "continuable()" {
+            // (This provider has no continuable preparation, so only the other configurations
+            // can mount over it.)
+            let _fine = host
+                .subagents
+                .register_provider(Arc::new(WildProvider { panics_in: "" }))
+                .expect("a well-behaved provider mounts");
+            assert!(waiting.is_mounted(), "{method}");
+        }
+        host.close().await;
+    }
+}
