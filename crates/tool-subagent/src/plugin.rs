@@ -73,8 +73,24 @@ struct Shared {
 #[derive(Default)]
 struct Slot {
     unloaded: bool,
-    mounted: Option<Registration>,
+    mounted: Option<Mount>,
     listeners: Vec<Registration>,
+}
+
+/// The tool as mounted over one provider object.
+struct Mount {
+    /// The exact provider the wording was derived from.
+    provider: Arc<dyn SubagentProvider>,
+    /// The tool and (continuable mode) the guidance section; dropping it unmounts.
+    _registrations: Registration,
+}
+
+impl Mount {
+    /// Whether this mount was made over exactly `provider` (the same object, not just the same
+    /// name).
+    fn is_over(&self, provider: &Arc<dyn SubagentProvider>) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.provider), Arc::as_ptr(provider))
+    }
 }
 
 impl SubagentToolPlugin {
@@ -185,26 +201,43 @@ impl Drop for SubagentToolPlugin {
 
 impl Shared {
     /// `subagent/provider-added`: mounts when the name matches, the plugin is loaded and the
-    /// tool is not mounted yet.
+    /// tool is not already mounted over this very provider object. A mount over another object
+    /// of that name is replaced: that provider was removed, and its removal notice has not
+    /// reached this plugin yet (a removal and a re-registration racing, or a re-registration
+    /// made from inside the removal notice).
     fn on_added(&self, provider: &Arc<dyn SubagentProvider>) -> Result<(), ToolSubagentError> {
         if contained(None, "name()", || provider.name() != self.invocation.config.provider)? {
             return Ok(());
         }
         let mut slot = self.slot.lock();
-        if slot.unloaded || slot.mounted.is_some() {
+        if slot.unloaded || slot.mounted.as_ref().is_some_and(|m| m.is_over(provider)) {
             return Ok(());
         }
-        slot.mounted = Some(self.mount(provider.as_ref())?);
+        // Unmount the predecessor first: the new tool registers under the same name.
+        drop(slot.mounted.take());
+        slot.mounted = Some(Mount {
+            provider: provider.clone(),
+            _registrations: self.mount(provider.as_ref())?,
+        });
         Ok(())
     }
 
-    /// `subagent/provider-removed`: unmounts when the name matches.
+    /// `subagent/provider-removed`: unmounts when the name matches, unless the tool is mounted
+    /// over the provider registered under that name *now* — then the notice is about its
+    /// predecessor, whose replacement's `provider-added` already reached this plugin.
     fn on_removed(&self, name: &str) {
         if name != self.invocation.config.provider {
             return;
         }
-        let mounted = self.slot.lock().mounted.take();
-        drop(mounted);
+        let current = self.invocation.subagents.get_provider(name);
+        let stale = {
+            let mut slot = self.slot.lock();
+            match (&slot.mounted, &current) {
+                (Some(mount), Some(current)) if mount.is_over(current) => None,
+                _ => slot.mounted.take(),
+            }
+        };
+        drop(stale);
     }
 
     /// The mount-time checks, then the registrations: the tool in the global layer and, in

@@ -513,3 +513,47 @@ async fn a_panicking_provider_fails_the_mount_with_a_typed_error() {
         host.close().await;
     }
 }
+
+/// A provider replaced under the same name while its removal is still being announced stays
+/// served: here a supervisor that heard `provider-removed` first re-registers a fresh provider
+/// from inside the notification — the order in which the plugin hears of a removal and a
+/// re-registration racing on two threads. The tool ends mounted over the replacement, with
+/// wording derived from it, and routes to it.
+#[tokio::test(start_paused = true)]
+async fn a_provider_replaced_during_its_removal_stays_mounted() {
+    let mut host = Host::new();
+    let replacement = Arc::new(parking_lot::Mutex::new(None::<agent::Registration>));
+    let (subagents, slot) = (host.subagents.clone(), replacement.clone());
+    let supervisor = host.subagents.events().on(move |event| {
+        if let subagent::events::SubagentEvent::ProviderRemoved(name) = event
+            && name == "mock"
+            && slot.lock().is_none()
+        {
+            let guard = subagents
+                .register_provider(Arc::new(reply("mock", "from the replacement").inheriting(true)))
+                .map_err(|e| Box::new(e) as agent::bus::BoxError)?;
+            *slot.lock() = Some(guard);
+        }
+        Ok(())
+    });
+    let original = host.provider(reply("mock", "from the original"));
+    let plugin = host.load_json(json!({"provider": "mock"}));
+    assert!(plugin.is_mounted());
+    drop(original);
+    assert!(replacement.lock().is_some(), "the supervisor re-registered the provider");
+    assert!(host.subagents.get_provider("mock").is_some());
+    assert!(
+        plugin.is_mounted() && host.has_tool("subagent"),
+        "a provider of the configured name is registered, so the tool must be mounted"
+    );
+    assert!(host.description("subagent").contains("inherits this conversation"));
+    let parent = host.parent("parent").await;
+    let outcome = host
+        .call("subagent", &parent, json!({"description": "d", "prompt": "p"}))
+        .await;
+    assert_eq!(text(&outcome), "from the replacement");
+    drop(supervisor);
+    drop(replacement.lock().take());
+    assert!(!plugin.is_mounted());
+    host.close().await;
+}
