@@ -1307,3 +1307,51 @@ proptest! {
         });
     }
 }
+
+// ---- parent disposal -----------------------------------------------------------------------
+
+/// A parent disposed while its turn waits on a delegation — a foreground child or a background
+/// job, each hanging on its model call — takes the child with it: the disposal completes, no
+/// child agent, session, pending run, job or foreground run is left, and the invariant record
+/// is clean.
+#[tokio::test(start_paused = true)]
+async fn a_parent_disposed_mid_delegation_leaves_nothing_behind() {
+    for background in [false, true] {
+        let mut rig = Rig::default().await;
+        let parent = SessionId::from(PARENT);
+        let call = json!({"description": "hang", "prompt": "wait", "run_in_background": background})
+            .to_string();
+        let p = parent.clone();
+        rig.model.push(ScriptEntry::respond(move |request| {
+            assert_eq!(request.session_id.as_ref(), Some(&p), "the parent asks first");
+            chunks::tool_calls(None, vec![chunks::call("c1", "subagent", call.as_str())])
+        }));
+        // The child hangs on its model call; in the background case the parent's next step
+        // (after the job id) hangs too.
+        rig.model.push(ScriptEntry::hang());
+        rig.model.push(ScriptEntry::hang());
+        let handle = rig.parents.remove(0);
+        handle
+            .agent()
+            .followup(agent::Message::user_text("delegate"))
+            .expect("delivered");
+        let expected_calls = if background { 3 } else { 2 };
+        while rig.model.requests().len() < expected_calls {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::timeout(std::time::Duration::from_secs(3600), handle.dispose())
+            .await
+            .unwrap_or_else(|_| panic!("background: {background}: the parent's disposal completes"));
+        rig.driver.wait().await;
+        if let Some(plugin) = rig.plugin.take() {
+            tokio::time::timeout(std::time::Duration::from_secs(3600), plugin.shutdown())
+                .await
+                .unwrap_or_else(|_| panic!("background: {background}: no foreground run is left"));
+        }
+        assert!(rig.agents().is_empty(), "background: {background}: {:?}", rig.agents());
+        assert!(rig.sessions().is_empty(), "background: {background}: {:?}", rig.sessions());
+        assert_eq!(rig.subagents.pending_runs(), 0, "background: {background}");
+        assert_eq!(rig.jobs.counts().active, 0, "background: {background}");
+        rig.finish().await;
+    }
+}
