@@ -18,7 +18,7 @@ use subagent::service::StartError;
 use subagent::service::SubagentService;
 use subagent::{RunOutcome, SubagentErrorCode, error_chain, settle_run};
 
-use crate::foreground::{RunCall, contained, seam_error};
+use crate::foreground::{RunCall, contained, run_result, seam_error};
 use crate::model_text;
 use crate::value::DelegationValue;
 
@@ -70,6 +70,7 @@ pub(crate) fn start(
 ///   rejected result → failed with its error, a failed disposal → `…; dispose failed: <error>`;
 ///   a panic in the run's `result()` / `dispose()` or their futures is contained as that call's
 ///   failure (`PROVIDER_FAILED` text), so the run is still disposed before the job reports;
+///   an oversized diagnostic is bounded first (see [`run_result`]);
 /// * startup rejected after the job's own token was cancelled → killed, unless the rejection
 ///   reports that cleaning up the unpublished child failed too (see [`is_cleanup_failure`]);
 /// * any other startup rejection → failed with the error chain as detail.
@@ -80,7 +81,7 @@ pub(crate) async fn settle_start(
 ) -> RunOutcome {
     match started {
         Ok(run) => {
-            settle_run(contained(provider, RunCall::Result, || run.result()), || {
+            settle_run(run_result(provider, run.as_ref()), || {
                 contained(provider, RunCall::Dispose, || run.dispose())
             })
             .await

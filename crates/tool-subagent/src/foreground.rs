@@ -10,10 +10,10 @@ use futures::FutureExt;
 use subagent::agent::bus::panic_message;
 use subagent::agent::tools::{ToolError, codes};
 use subagent::provider::SubagentStartRequest;
-use subagent::run::RunFailure;
+use subagent::run::{RunFailure, SubagentRun};
 use subagent::service::StartError;
 use subagent::service::SubagentService;
-use subagent::{SubagentError, error_chain};
+use subagent::{SubagentError, SubagentResult, cap_diagnostic, error_chain};
 
 use crate::model_text;
 use crate::value::DelegationValue;
@@ -27,7 +27,8 @@ use crate::value::DelegationValue;
 /// * Otherwise the result and the disposal are awaited in that order, each outcome captured
 ///   independently; the run is disposed exactly once on every path.
 /// * `completed` → [`DelegationValue::Foreground`] with the full output. Any other stop reason
-///   → the headline, diagnostic and partial text of [`model_text::stop_reason_failure`]. A
+///   → the headline, diagnostic (bounded, see [`run_result`]) and partial text of
+///   [`model_text::stop_reason_failure`]. A
 ///   rejected result → its error chain. A panic in the run's `result()` / `dispose()` or their
 ///   futures is contained ([`contained`]) and counts as that call's failure; the run is still
 ///   disposed after a panicking result.
@@ -41,7 +42,7 @@ pub(crate) async fn run(
     request: SubagentStartRequest,
 ) -> Result<DelegationValue, ToolError> {
     let run = subagents.start(&provider, request).await.map_err(start_failure)?;
-    let result = contained(&provider, RunCall::Result, || run.result()).await;
+    let result = run_result(&provider, run.as_ref()).await;
     let disposal = contained(&provider, RunCall::Dispose, || run.dispose()).await;
     let outcome = match result {
         Ok(result) => match model_text::stop_reason_failure(
@@ -115,6 +116,18 @@ where
             .unwrap_or_else(|payload| Err(panicked(polled, payload))),
         Err(payload) => Err(panicked(called, payload)),
     }
+}
+
+/// The published run's result as the tool reports it: awaited with the provider's code
+/// [`contained`], and with a diagnostic longer than `MAX_DIAGNOSTIC_BYTES` bounded by
+/// [`cap_diagnostic`]. Providers should set diagnostics through `with_diagnostic`, which
+/// enforces the bound, but the field is public and the text reaches the model from here.
+pub(crate) async fn run_result(provider: &str, run: &dyn SubagentRun) -> Result<SubagentResult, RunFailure> {
+    let mut result = contained(provider, RunCall::Result, || run.result()).await?;
+    if let Some(diagnostic) = &result.diagnostic {
+        result.diagnostic = Some(cap_diagnostic(diagnostic));
+    }
+    Ok(result)
 }
 
 /// A start rejection as a tool error: the message is the error chain, the code the seam's code

@@ -557,3 +557,30 @@ async fn a_panicking_run_settles_failed_after_its_disposal() {
         host.close().await;
     }
 }
+
+/// A provider that sets an oversized diagnostic directly (bypassing
+/// `SubagentResult::with_diagnostic`) cannot flood the model through `job_output`: the failed
+/// job's detail carries the diagnostic bounded to `MAX_DIAGNOSTIC_BYTES`, cut on a character
+/// boundary of multi-byte text and marked as truncated.
+#[tokio::test(start_paused = true)]
+async fn an_oversized_diagnostic_reaches_job_output_bounded() {
+    let mut host = Host::new();
+    let mut result = SubagentResult::new(vec![], StopReason::Error);
+    result.diagnostic = Some("é".repeat(subagent::MAX_DIAGNOSTIC_BYTES));
+    let _p = host.provider(FakeProvider::resulting("mock", result, counter()));
+    let _tool = host.load_json(json!({"provider": "mock"}));
+    let parent = host.parent("parent").await;
+    host.call("subagent", &parent, background()).await;
+    let shown = text(&host.job_output(&parent, "subagent-1").await);
+    let diagnostic = shown
+        .strip_prefix("(no new output)\n[status: failed, error; diagnostic: ")
+        .and_then(|rest| rest.strip_suffix(']'))
+        .unwrap_or_else(|| panic!("unexpected shape: {:.200}", shown));
+    assert!(
+        diagnostic.len() <= subagent::MAX_DIAGNOSTIC_BYTES,
+        "{} bytes",
+        diagnostic.len()
+    );
+    assert!(diagnostic.ends_with(subagent::result::DIAGNOSTIC_TRUNCATION_SUFFIX));
+    host.close().await;
+}

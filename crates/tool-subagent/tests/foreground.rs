@@ -738,3 +738,31 @@ async fn a_panicking_run_is_a_clear_error_and_still_disposed() {
         host.close().await;
     }
 }
+
+/// A provider that sets an oversized diagnostic directly (bypassing
+/// `SubagentResult::with_diagnostic`) cannot flood the model: the foreground failure carries the
+/// diagnostic bounded to `MAX_DIAGNOSTIC_BYTES`, cut on a character boundary of multi-byte
+/// text and marked as truncated, followed by the partial output.
+#[tokio::test(start_paused = true)]
+async fn an_oversized_diagnostic_reaches_the_model_bounded() {
+    let mut host = Host::new();
+    let mut result = SubagentResult::new(vec![ContentBlock::text("partial")], StopReason::Error);
+    result.diagnostic = Some("é".repeat(subagent::MAX_DIAGNOSTIC_BYTES));
+    let _p = host.provider(FakeProvider::resulting("spy", result, counter()).capability_less());
+    let _tool = host.load_json(json!({"provider": "spy", "maxDepth": "provider-managed"}));
+    let parent = host.parent("parent").await;
+    let outcome = host.call("subagent", &parent, args()).await;
+    let shown = text(&outcome);
+    let diagnostic = shown
+        .strip_prefix("Error: subagent run failed\nDiagnostic: ")
+        .and_then(|rest| rest.strip_suffix("\nPartial output before the run ended:\npartial"))
+        .unwrap_or_else(|| panic!("unexpected shape: {:.200}", shown));
+    assert!(
+        diagnostic.len() <= subagent::MAX_DIAGNOSTIC_BYTES,
+        "{} bytes",
+        diagnostic.len()
+    );
+    assert!(diagnostic.ends_with(subagent::result::DIAGNOSTIC_TRUNCATION_SUFFIX));
+    assert!(diagnostic.starts_with("éé"));
+    host.close().await;
+}
