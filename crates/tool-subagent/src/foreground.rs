@@ -57,11 +57,16 @@ pub(crate) async fn run(
                     serde_json::Value::Array(blocks) => Some(blocks),
                     _ => None,
                 })
-                .map(|output| DelegationValue::Foreground {
-                    run_id: run.id().to_string(),
-                    output,
-                })
-                .ok_or_else(|| model_text::foreground_task_failed("its output is not representable as JSON")),
+                .ok_or_else(|| model_text::foreground_task_failed("its output is not representable as JSON"))
+                .and_then(|output| {
+                    // Provider code again: the service read the id at publication, but a
+                    // later call may still panic.
+                    let run_id = catch_unwind(AssertUnwindSafe(|| run.id().to_string())).map_err(|payload| {
+                        SubagentError::provider_panicked(Some(&provider), "run id()", &panic_message(&*payload))
+                            .to_string()
+                    })?;
+                    Ok(DelegationValue::Foreground { run_id, output })
+                }),
         },
         Err(failure) => Err(error_chain(&failure)),
     };

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::Value;
 use subagent::SubagentError;
+use subagent::agent::bus::panic_message;
 use subagent::agent::tools::{ToolContext, ToolError, ToolHandler, ToolOutput};
 use subagent::agent::{AgentRef, CancelCause, ContentBlock, Services, Signal};
 use subagent::provider::SubagentStartRequest;
@@ -141,9 +142,14 @@ impl ToolHandler for DelegationTool {
                 match joined {
                     Ok(outcome) => outcome?,
                     Err(join) => {
-                        return Err(ToolError::failed(model_text::foreground_task_failed(
-                            &join.to_string(),
-                        )));
+                        // Every provider call in the task is contained; this is a last resort
+                        // that still names the panic rather than the runtime's task text.
+                        let detail = if join.is_panic() {
+                            panic_message(&*join.into_panic())
+                        } else {
+                            model_text::FOREGROUND_TASK_CANCELLED.to_owned()
+                        };
+                        return Err(ToolError::failed(model_text::foreground_task_failed(&detail)));
                     }
                 }
             }

@@ -264,7 +264,12 @@ pub const PROMPT_BLANK: &str =
 pub const RUN_IN_BACKGROUND_NOT_BOOLEAN: &str =
     "subagent argument `run_in_background` must be a boolean when present";
 
-/// The background task of a foreground call ended without an answer (it panicked).
+/// The detail of [`foreground_task_failed`] when the runtime cancelled the foreground run's
+/// task (it is shutting down).
+pub const FOREGROUND_TASK_CANCELLED: &str = "its task was cancelled by the runtime";
+
+/// The background task of a foreground call ended without an answer (it panicked, or the
+/// runtime cancelled it): `subagent run failed: <detail>`.
 pub fn foreground_task_failed(detail: &str) -> String {
     format!("subagent run failed: {detail}")
 }
@@ -345,6 +350,7 @@ mod tests {
         lines.push(PROMPT_BLANK.to_owned());
         lines.push(RUN_IN_BACKGROUND_NOT_BOOLEAN.to_owned());
         lines.push(foreground_task_failed("panicked"));
+        lines.push(foreground_task_failed(FOREGROUND_TASK_CANCELLED));
         insta::assert_snapshot!(lines.join("\n---\n"));
     }
 

@@ -691,8 +691,8 @@ async fn a_dropped_foreground_call_cancels_and_disposes_its_child() {
     host.close().await;
 }
 
-/// A third-party run that panics in `result()`, its result future, `dispose()` or its disposal
-/// future does not unwind through the tool: the call ends with a clear error naming the
+/// A third-party run that panics in `result()`, its result future, `dispose()`, its disposal
+/// future or `id()` does not unwind through the tool: the call ends with a clear error naming the
 /// provider and the panic (never the runtime's task-panic text), the run is disposed — once,
 /// before the call answers — even when its result panicked, and nothing stays in flight.
 #[tokio::test(start_paused = true)]
@@ -713,6 +713,10 @@ async fn a_panicking_run_is_a_clear_error_and_still_disposed() {
         (
             PanicAt::DisposeFuture,
             "Error: subagent provider \"wild\" panicked in its dispose future: dispose exploded",
+        ),
+        (
+            PanicAt::LaterId,
+            "Error: subagent provider \"wild\" panicked in run id(): id() exploded",
         ),
     ];
     for (at, message) in cases {

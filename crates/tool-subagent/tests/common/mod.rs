@@ -111,12 +111,15 @@ pub enum PanicAt {
     DisposeCall,
     /// When its disposal future is polled (the result completes).
     DisposeFuture,
+    /// In `id()`, from its second call on (the service's own call at publication succeeds).
+    LaterId,
 }
 
 /// A misbehaving third-party run that panics at one point; every other answer is a completed
 /// result (`"done"`) or a clean disposal. Counts `dispose()` calls.
 pub struct PanickingRun {
     at: PanicAt,
+    id_calls: AtomicUsize,
     dispose_calls: Arc<AtomicUsize>,
     result: RunResultFuture,
     dispose: RunDisposeFuture,
@@ -137,6 +140,7 @@ impl PanickingRun {
         };
         Box::new(Self {
             at,
+            id_calls: AtomicUsize::new(0),
             dispose_calls,
             result: result.shared(),
             dispose: dispose.shared(),
@@ -158,6 +162,9 @@ impl PanickingRun {
 
 impl SubagentRun for PanickingRun {
     fn id(&self) -> &SessionId {
+        if self.at == PanicAt::LaterId && self.id_calls.fetch_add(1, Ordering::SeqCst) > 0 {
+            panic!("id() exploded");
+        }
         static ID: std::sync::OnceLock<SessionId> = std::sync::OnceLock::new();
         ID.get_or_init(|| "wild-child".into())
     }
