@@ -3,8 +3,8 @@
 //! unwinds that provider's registration); failures of a tool *call* reach the model as tool
 //! errors instead (see [`model_text`](crate::model_text)).
 
-use subagent::{DepthError, SubagentError};
 use subagent::agent::tools::ToolRegistryError;
+use subagent::{DepthError, SubagentError};
 
 /// A configuration, mount or registration failure of one tool instance.
 #[derive(Debug, thiserror::Error)]

@@ -59,13 +59,10 @@ pub(crate) async fn run(
                 })
                 .ok_or_else(|| model_text::foreground_task_failed("its output is not representable as JSON"))
                 .and_then(|output| {
-                    // Provider code again: the service read the id at publication, but a
-                    // later call may still panic.
-                    let run_id = catch_unwind(AssertUnwindSafe(|| run.id().to_string())).map_err(|payload| {
-                        SubagentError::provider_panicked(Some(&provider), "run id()", &panic_message(&*payload))
-                            .to_string()
-                    })?;
-                    Ok(DelegationValue::Foreground { run_id, output })
+                    Ok(DelegationValue::Foreground {
+                        run_id: run_id(&provider, run.as_ref())?,
+                        output,
+                    })
                 }),
         },
         Err(failure) => Err(error_chain(&failure)),
@@ -133,6 +130,15 @@ pub(crate) async fn run_result(provider: &str, run: &dyn SubagentRun) -> Result<
         result.diagnostic = Some(cap_diagnostic(diagnostic));
     }
     Ok(result)
+}
+
+/// The run's id, read with the provider's code contained: the service read it once at
+/// publication, but a later call is provider code again and may panic (then: the
+/// `PROVIDER_FAILED` message naming the provider and the panic).
+fn run_id(provider: &str, run: &dyn SubagentRun) -> Result<String, String> {
+    catch_unwind(AssertUnwindSafe(|| run.id().to_string())).map_err(|payload| {
+        SubagentError::provider_panicked(Some(provider), "run id()", &panic_message(&*payload)).to_string()
+    })
 }
 
 /// A start rejection as a tool error: the message is the error chain, the code the seam's code

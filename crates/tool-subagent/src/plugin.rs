@@ -206,7 +206,9 @@ impl Shared {
     /// reached this plugin yet (a removal and a re-registration racing, or a re-registration
     /// made from inside the removal notice).
     fn on_added(&self, provider: &Arc<dyn SubagentProvider>) -> Result<(), ToolSubagentError> {
-        if contained(None, "name()", || provider.name() != self.invocation.config.provider)? {
+        if contained(None, "name()", || {
+            provider.name() != self.invocation.config.provider
+        })? {
             return Ok(());
         }
         let mut slot = self.slot.lock();
@@ -262,7 +264,9 @@ impl Shared {
             });
         }
         let exposure = config.exposure();
-        let inherits = ask("inherits_parent_context()", &|| provider.inherits_parent_context())?;
+        let inherits = ask("inherits_parent_context()", &|| {
+            provider.inherits_parent_context()
+        })?;
         let services = &self.invocation.services;
         let tool = services.tools.register(
             None,
@@ -297,7 +301,11 @@ impl Shared {
 /// [`ToolSubagentError::Provider`] with the seam's `PROVIDER_FAILED` error naming `provider`
 /// (when known), `method` and the panic, so a misbehaving provider fails the mount instead of
 /// unwinding through the host's load or the service's registration.
-fn contained<T>(provider: Option<&str>, method: &str, call: impl FnOnce() -> T) -> Result<T, ToolSubagentError> {
+fn contained<T>(
+    provider: Option<&str>,
+    method: &str,
+    call: impl FnOnce() -> T,
+) -> Result<T, ToolSubagentError> {
     catch_unwind(AssertUnwindSafe(call)).map_err(|payload| {
         ToolSubagentError::Provider(SubagentError::provider_panicked(
             provider,

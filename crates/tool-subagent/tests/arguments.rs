@@ -1319,8 +1319,8 @@ async fn a_parent_disposed_mid_delegation_leaves_nothing_behind() {
     for background in [false, true] {
         let mut rig = Rig::default().await;
         let parent = SessionId::from(PARENT);
-        let call = json!({"description": "hang", "prompt": "wait", "run_in_background": background})
-            .to_string();
+        let call =
+            json!({"description": "hang", "prompt": "wait", "run_in_background": background}).to_string();
         let p = parent.clone();
         rig.model.push(ScriptEntry::respond(move |request| {
             assert_eq!(request.session_id.as_ref(), Some(&p), "the parent asks first");
@@ -1348,8 +1348,16 @@ async fn a_parent_disposed_mid_delegation_leaves_nothing_behind() {
                 .await
                 .unwrap_or_else(|_| panic!("background: {background}: no foreground run is left"));
         }
-        assert!(rig.agents().is_empty(), "background: {background}: {:?}", rig.agents());
-        assert!(rig.sessions().is_empty(), "background: {background}: {:?}", rig.sessions());
+        assert!(
+            rig.agents().is_empty(),
+            "background: {background}: {:?}",
+            rig.agents()
+        );
+        assert!(
+            rig.sessions().is_empty(),
+            "background: {background}: {:?}",
+            rig.sessions()
+        );
         assert_eq!(rig.subagents.pending_runs(), 0, "background: {background}");
         assert_eq!(rig.jobs.counts().active, 0, "background: {background}");
         rig.finish().await;

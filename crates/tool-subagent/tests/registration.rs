@@ -540,13 +540,19 @@ async fn a_provider_replaced_during_its_removal_stays_mounted() {
     let plugin = host.load_json(json!({"provider": "mock"}));
     assert!(plugin.is_mounted());
     drop(original);
-    assert!(replacement.lock().is_some(), "the supervisor re-registered the provider");
+    assert!(
+        replacement.lock().is_some(),
+        "the supervisor re-registered the provider"
+    );
     assert!(host.subagents.get_provider("mock").is_some());
     assert!(
         plugin.is_mounted() && host.has_tool("subagent"),
         "a provider of the configured name is registered, so the tool must be mounted"
     );
-    assert!(host.description("subagent").contains("inherits this conversation"));
+    assert!(
+        host.description("subagent")
+            .contains("inherits this conversation")
+    );
     let parent = host.parent("parent").await;
     let outcome = host
         .call("subagent", &parent, json!({"description": "d", "prompt": "p"}))
