@@ -5,7 +5,8 @@
 //! * `fan_out memory` (printed, not timed) — live heap bytes, counted by a global allocator
 //!   wrapper, before the fan-out, at its peak (every child published and settled, none disposed)
 //!   and after every run is disposed: memory must return to the baseline. A second identical
-//!   round tells retained capacity (flat) from a per-child leak (growing again).
+//!   round tells retained capacity (flat) from a per-child leak (growing again). It also
+//!   prints how many allocations one child costs, from start to disposal.
 //!
 //! The counting allocator adds an atomic add to every allocation, so the one-shot ratio is
 //! measured in its own target (`benches/spawn.rs`) without it.
@@ -17,7 +18,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
 
 use common::Bench;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -27,11 +28,13 @@ use subagent::run::SubagentRun;
 struct CountingAlloc;
 
 static LIVE_BYTES: AtomicIsize = AtomicIsize::new(0);
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
 
 // SAFETY: every call forwards to the system allocator unchanged; the counter is only arithmetic.
 unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
         LIVE_BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: same contract as the caller's.
         unsafe { std::alloc::System.alloc(layout) }
     }
@@ -71,8 +74,9 @@ async fn fan_out(bench: &Bench, n: usize) {
 }
 
 /// One untimed fan-out of `n` children, printing live heap bytes at baseline, peak and after
-/// disposal.
+/// disposal, and the allocations per child.
 async fn fan_out_memory(bench: &Bench, n: usize) {
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed);
     let baseline = live_bytes();
     let runs = start_many(bench, n).await;
     let _ = futures::future::join_all(runs.iter().map(|r| r.result())).await;
@@ -81,14 +85,16 @@ async fn fan_out_memory(bench: &Bench, n: usize) {
     drop(runs);
     bench.service.close().await;
     let after = live_bytes();
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - allocations;
     println!(
-        "fan_out memory ({n} children): baseline {} KiB, peak {} KiB (+{} KiB, {} B/child), after dispose {} KiB ({:+} B vs baseline)",
+        "fan_out memory ({n} children): baseline {} KiB, peak {} KiB (+{} KiB, {} B/child), after dispose {} KiB ({:+} B vs baseline); {} allocations/child",
         baseline / 1024,
         peak / 1024,
         (peak - baseline) / 1024,
         (peak - baseline) / n as isize,
         after / 1024,
-        after - baseline
+        after - baseline,
+        allocations / n
     );
 }
 
