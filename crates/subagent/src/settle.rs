@@ -43,7 +43,9 @@ impl RunOutcome {
     /// Maps a result (spec §2.19): `completed` → [`Completed`](Self::Completed) with the
     /// concatenated text of the text blocks; `aborted` → [`Killed`](Self::Killed); every other
     /// reason, unknown ones included → [`Failed`](Self::Failed) with detail `<reason>`, or
-    /// `<reason>; diagnostic: <diagnostic>` when the result carries one.
+    /// `<reason>; diagnostic: <diagnostic>` when the result carries one. The diagnostic is
+    /// bounded by [`cap_diagnostic`] here: the field is public, so a provider may have set it
+    /// without [`SubagentResult::with_diagnostic`], and the detail reaches a model.
     pub fn of_result(result: &SubagentResult) -> Self {
         match &result.stop_reason {
             StopReason::Completed => Self::Completed {
@@ -52,7 +54,7 @@ impl RunOutcome {
             StopReason::Aborted => Self::Killed,
             reason => Self::Failed {
                 detail: match &result.diagnostic {
-                    Some(d) => format!("{reason}; diagnostic: {d}"),
+                    Some(d) => format!("{reason}; diagnostic: {}", cap_diagnostic(d)),
                     None => reason.to_string(),
                 },
             },
@@ -461,6 +463,26 @@ mod tests {
             (JobStatus::Completed, Some("y".into()), None)
         );
         assert_eq!(JobOutcome::from(RunOutcome::Killed).status, JobStatus::Killed);
+    }
+
+    /// A diagnostic set on the public field, past `with_diagnostic`'s bound, is still bounded
+    /// in the outcome's detail (cut on a character boundary).
+    #[test]
+    fn an_unbounded_diagnostic_is_capped_in_the_detail() {
+        let mut result = SubagentResult::new(text(""), StopReason::Error);
+        result.diagnostic = Some("é".repeat(crate::MAX_DIAGNOSTIC_BYTES));
+        let RunOutcome::Failed { detail } = RunOutcome::of_result(&result) else {
+            panic!("an error is a failure");
+        };
+        let diagnostic = detail
+            .strip_prefix("error; diagnostic: ")
+            .expect("the diagnostic");
+        assert!(
+            diagnostic.len() <= crate::MAX_DIAGNOSTIC_BYTES,
+            "{}",
+            diagnostic.len()
+        );
+        assert!(diagnostic.ends_with(crate::result::DIAGNOSTIC_TRUNCATION_SUFFIX));
     }
 
     /// spec: RUN-2 — dispose happens before the outcome is reported; a rejected result is
