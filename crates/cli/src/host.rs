@@ -212,6 +212,22 @@ pub enum HostError {
     Cwd(std::io::Error),
 }
 
+/// Creates the store directory if it is missing, so that a path that cannot hold session logs
+/// (a file in its place, a parent that is not a directory, no permission) fails the host before
+/// any agent exists or any model is paid, instead of at the first flush after the run.
+fn ensure_store_dir(dir: &std::path::Path) -> Result<(), HostError> {
+    let failed = |reason: String| HostError::Persist {
+        dir: dir.to_owned(),
+        reason,
+    };
+    match std::fs::create_dir_all(dir) {
+        Ok(()) if dir.is_dir() => Ok(()),
+        Ok(()) => Err(failed("it is not a directory".to_owned())),
+        Err(e) if dir.exists() && !dir.is_dir() => Err(failed(format!("it is not a directory ({e})"))),
+        Err(e) => Err(failed(e.to_string())),
+    }
+}
+
 fn register_err(what: &str, e: impl std::fmt::Display) -> HostError {
     HostError::Register {
         what: what.to_owned(),
@@ -253,6 +269,7 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
         (None, Some(ws)) => ws.root().to_owned(),
         (None, None) => std::env::current_dir().map_err(HostError::Cwd)?,
     };
+    ensure_store_dir(&options.store_dir)?;
     let store = Arc::new(JsonlStore::new(&options.store_dir));
     let jobs = Arc::new(JobRegistry::new());
     let mut builder = Runtime::builder()

@@ -10,6 +10,7 @@
 #![cfg(unix)]
 
 use std::collections::BTreeMap;
+use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::ffi::OsStrExt as _;
@@ -1191,4 +1192,27 @@ fn run_shows_a_hostile_label_and_error_escaped_and_pipes_the_answer_exactly() {
     let out = run(cmd);
     assert_fails(&out, "failed: boom\\u{1b}]0;pwned\\u{7}\\r\\nforged");
     assert_inert("run error", &stderr(&out));
+}
+
+/// A store path that cannot hold session logs (a file is in its place) fails the run before any
+/// model call: nothing is spent on a run whose logs could not be kept.
+#[test]
+fn an_unusable_store_fails_before_any_model_call() {
+    let (base, requests) = serve(|_| text_sse("answer"));
+    let workspace = tempfile::tempdir().expect("workspace");
+    let (cmd, store) = run_command(&base, workspace.path(), "do it");
+    fs::write(&store, "not a directory").expect("a file where the store goes");
+    let out = run(cmd);
+    assert_fails(&out, "cannot persist session logs in");
+    assert!(
+        stderr(&out).to_lowercase().contains("not a directory"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(requests.try_iter().count(), 0, "no model call was made");
+    assert_eq!(
+        fs::read_to_string(&store).expect("the file"),
+        "not a directory",
+        "left as it was"
+    );
 }
