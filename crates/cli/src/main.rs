@@ -74,7 +74,7 @@ enum Command {
         #[arg(long, env = "SUBAGENT_API_KEY", value_name = "KEY", hide_env_values = true)]
         api_key: Option<String>,
         /// Output-token cap per model call.
-        #[arg(long, value_name = "N")]
+        #[arg(long, value_name = "N", value_parser = parse_max_tokens)]
         max_tokens: Option<u64>,
         /// The most model calls one turn of any agent (the coordinator and every subagent) may
         /// make; a turn that needs more ends with an error.
@@ -313,6 +313,18 @@ async fn demo(store: &Path) -> Result<(), CliError> {
     );
     println!("  subagent check {}", store.display());
     Ok(())
+}
+
+/// `--max-tokens`: a positive safe integer (the agent options' own rule), refused before
+/// anything is created.
+fn parse_max_tokens(value: &str) -> Result<u64, String> {
+    const MAX: u64 = agent::header::MAX_SAFE_INTEGER;
+    match value.parse::<u64>() {
+        Ok(0) => Err("the output-token cap must be at least 1".to_owned()),
+        Ok(n) if n <= MAX => Ok(n),
+        Ok(_) => Err(format!("the output-token cap must be at most {MAX}")),
+        Err(e) => Err(format!("{e} (expected a whole number of tokens from 1 to {MAX})")),
+    }
 }
 
 /// `--max-steps`: a positive step count.

@@ -363,6 +363,14 @@ fn bad_arguments_exit_2_and_write_nothing() {
         ),
         (run_args(&["--max-tokens", "ten", "task"]), "invalid value"),
         (
+            run_args(&["--max-tokens", "0", "task"]),
+            "invalid value '0' for '--max-tokens <N>': the output-token cap must be at least 1",
+        ),
+        (
+            run_args(&["--max-tokens", "9007199254740992", "task"]),
+            "invalid value '9007199254740992' for '--max-tokens <N>'",
+        ),
+        (
             run_args(&["--max-steps", "0", "task"]),
             "invalid value '0' for '--max-steps <N>': the step limit must be at least 1",
         ),
