@@ -81,30 +81,109 @@ impl Catalog {
     }
 
     /// The tree as text: one line per session, children indented under their parent.
+    ///
+    /// Every session is shown exactly once. Lineage is read from logs, so it may be damaged:
+    /// sessions whose parent chain never reaches a top-level session (a lineage cycle, or below
+    /// one) are drawn after the forest, each unreached one starting a tree of its own marked
+    /// `(lineage cycle: …)`. The drawing is iterative and indents at most
+    /// [`MAX_DRAWN_LEVELS`] levels (deeper sessions line up at that level; their `depth` field
+    /// still tells), so a deep or damaged lineage can neither exhaust the stack nor make the
+    /// output grow faster than the number of sessions.
     pub fn render(&self) -> String {
+        let index: HashMap<&SessionId, usize> = self
+            .sessions
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (&s.id, i))
+            .collect();
+        let mut children: HashMap<usize, Vec<usize>> = HashMap::new();
+        let mut roots = Vec::new();
+        for (i, session) in self.sessions.iter().enumerate() {
+            match session.header.parent_session.as_ref().and_then(|p| index.get(p)) {
+                Some(&parent) => children.entry(parent).or_default().push(i),
+                None => roots.push(i),
+            }
+        }
+        let mut shown = vec![false; self.sessions.len()];
         let mut out = String::new();
-        for root in self.roots() {
-            let _ = writeln!(out, "{}", row_line(root));
-            self.render_children(&root.id, "", &mut out);
+        for root in roots {
+            self.render_tree(root, None, &children, &mut shown, &mut out);
+        }
+        for i in 0..self.sessions.len() {
+            if !shown[i] {
+                let parent = self.sessions[i]
+                    .header
+                    .parent_session
+                    .as_ref()
+                    .map(SessionId::as_str);
+                let note = format!(
+                    "  (lineage cycle: parent {} never leads to a top-level session)",
+                    parent.unwrap_or_default()
+                );
+                self.render_tree(i, Some(single_line_owned(note)), &children, &mut shown, &mut out);
+            }
         }
         out
     }
 
-    fn render_children(&self, id: &SessionId, prefix: &str, out: &mut String) {
-        let children = self.children(id);
-        let n = children.len();
-        for (i, child) in children.into_iter().enumerate() {
-            let last = i + 1 == n;
+    /// Draws the tree under `top` (its line first, with `note` appended), skipping sessions
+    /// already shown.
+    fn render_tree(
+        &self,
+        top: usize,
+        note: Option<String>,
+        children: &HashMap<usize, Vec<usize>>,
+        shown: &mut [bool],
+        out: &mut String,
+    ) {
+        shown[top] = true;
+        let _ = writeln!(
+            out,
+            "{}{}",
+            row_line(&self.sessions[top]),
+            note.unwrap_or_default()
+        );
+        // Each frame: a session's unshown children still to draw (reversed) and the prefix of
+        // their lines.
+        let mut stack: Vec<(Vec<usize>, String)> = vec![(self.unshown(top, children, shown), String::new())];
+        loop {
+            let level = stack.len();
+            let Some((pending, prefix)) = stack.last_mut() else {
+                break;
+            };
+            let Some(child) = pending.pop() else {
+                stack.pop();
+                continue;
+            };
+            let last = pending.is_empty();
             let (branch, cont) = if last {
                 ("└─ ", "   ")
             } else {
                 ("├─ ", "│  ")
             };
-            let _ = writeln!(out, "{prefix}{branch}{}", row_line(child));
-            self.render_children(&child.id, &format!("{prefix}{cont}"), out);
+            let _ = writeln!(out, "{prefix}{branch}{}", row_line(&self.sessions[child]));
+            shown[child] = true;
+            let below = if level < MAX_DRAWN_LEVELS {
+                format!("{prefix}{cont}")
+            } else {
+                prefix.clone()
+            };
+            let grandchildren = self.unshown(child, children, shown);
+            stack.push((grandchildren, below));
         }
     }
+
+    /// The children of session `i` not shown yet, in reverse creation order (drawn by popping).
+    fn unshown(&self, i: usize, children: &HashMap<usize, Vec<usize>>, shown: &[bool]) -> Vec<usize> {
+        children
+            .get(&i)
+            .map(|c| c.iter().rev().copied().filter(|&c| !shown[c]).collect())
+            .unwrap_or_default()
+    }
 }
+
+/// How many levels [`Catalog::render`] indents at most.
+pub const MAX_DRAWN_LEVELS: usize = 32;
 
 /// One catalog line: `<id>  <provider> "<label>"  depth d  turns t  <last stop>`.
 ///
@@ -369,5 +448,111 @@ pub fn check_store_dir(dir: &Path) -> Result<(), CliError> {
             dir: dir.to_owned(),
             reason: e.to_string(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, parent: Option<&str>, created_at: u64) -> SessionRow {
+        let header = agent::SessionMeta {
+            parent_session: parent.map(SessionId::from),
+            created_at: Some(created_at),
+            ..agent::SessionMeta::default()
+        }
+        .into_header(SessionId::from(id), created_at)
+        .expect("header");
+        SessionRow {
+            id: SessionId::from(id),
+            depth: u64::from(parent.is_some()),
+            header,
+            provider: None,
+            label: None,
+            turns: 0,
+            last_stop: None,
+            events: 0,
+            background_job: None,
+            background: false,
+        }
+    }
+
+    fn catalog(rows: Vec<SessionRow>) -> Catalog {
+        Catalog {
+            sessions: rows,
+            unreadable: Vec::new(),
+        }
+    }
+
+    /// Ids in drawing order, with the drawing (branches and indentation) stripped.
+    fn drawn_ids(text: &str) -> Vec<String> {
+        text.lines()
+            .map(|l| {
+                l.trim_start_matches(['│', '├', '└', '─', ' '])
+                    .split("  ")
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_forest_is_drawn_parent_first_with_branches() {
+        let c = catalog(vec![
+            row("r", None, 1),
+            row("a", Some("r"), 2),
+            row("b", Some("r"), 3),
+            row("a1", Some("a"), 4),
+            row("t", None, 5),
+        ]);
+        let child = "(child without descriptor)  depth 1  turns 0  never ran";
+        let top = "(top-level)  depth 0  turns 0  never ran";
+        assert_eq!(
+            c.render(),
+            format!("r  {top}\n├─ a  {child}\n│  └─ a1  {child}\n└─ b  {child}\nt  {top}\n")
+        );
+    }
+
+    /// Sessions on a lineage cycle (or only below one) are never reached from a top-level
+    /// session; they are drawn after the forest, once each, the first of each group marked.
+    #[test]
+    fn a_lineage_cycle_is_drawn_once_and_marked() {
+        let c = catalog(vec![
+            row("t", None, 1),
+            row("a", Some("b"), 2),
+            row("b", Some("a"), 3),
+            row("below", Some("b"), 4),
+            row("self", Some("self"), 5),
+        ]);
+        let text = c.render();
+        assert_eq!(drawn_ids(&text), ["t", "a", "b", "below", "self"], "{text}");
+        let marked: Vec<&str> = text.lines().filter(|l| l.contains("(lineage cycle: ")).collect();
+        assert_eq!(marked.len(), 2, "{text}");
+        assert!(
+            marked[0].starts_with("a  ")
+                && marked[0].ends_with("(lineage cycle: parent b never leads to a top-level session)"),
+            "{text}"
+        );
+        assert!(marked[1].starts_with("self  "), "{text}");
+    }
+
+    /// A lineage deeper than any real delegation — damaged or hostile logs — is drawn without
+    /// recursion (no stack overflow) and with bounded indentation (output linear in the number
+    /// of sessions).
+    #[test]
+    fn a_very_deep_lineage_is_drawn_with_bounded_indentation() {
+        let n = 20_000;
+        let rows = (0..n)
+            .map(|i| {
+                let parent = (i > 0).then(|| format!("s{}", i - 1));
+                row(&format!("s{i}"), parent.as_deref(), i as u64 + 1)
+            })
+            .collect();
+        let text = catalog(rows).render();
+        assert_eq!(text.lines().count(), n);
+        let widest = text.lines().map(|l| l.chars().count()).max().unwrap_or_default();
+        assert!(widest < MAX_DRAWN_LEVELS * 3 + 80, "{widest}");
+        assert!(text.lines().last().is_some_and(|l| l.contains("└─ s19999  ")));
     }
 }
