@@ -79,6 +79,12 @@ pub enum CliError {
     /// without waiting for the shutdown to finish.
     #[error("interrupted again; exiting without waiting for shutdown")]
     Interrupted,
+    /// Standard output was closed by its reader before everything was written
+    /// (`subagent agents | head -1`): the program stops writing and exits quietly with 141, the
+    /// status a shell reports for a program ended by `SIGPIPE`. Work already done (a run's
+    /// session logs) is complete; only output is lost.
+    #[error("standard output was closed by its reader")]
+    OutputClosed,
     /// An I/O failure writing output or preparing a directory.
     #[error("{}: {}", single_line(context), text_line(source))]
     Io {
@@ -92,12 +98,27 @@ pub enum CliError {
 
 impl CliError {
     /// The process exit code: 1 for violations found by `check`, 130 (the conventional status
-    /// after SIGINT) for [`CliError::Interrupted`], 2 for everything else.
+    /// after SIGINT) for [`CliError::Interrupted`], 141 (after SIGPIPE) for
+    /// [`CliError::OutputClosed`], 2 for everything else.
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Violations { .. } => 1,
             Self::Interrupted => 130,
+            Self::OutputClosed => 141,
             _ => 2,
+        }
+    }
+
+    /// A failed write to standard output: [`CliError::OutputClosed`] for a closed pipe, an
+    /// [`CliError::Io`] otherwise.
+    pub fn from_stdout(source: std::io::Error) -> Self {
+        if source.kind() == std::io::ErrorKind::BrokenPipe {
+            Self::OutputClosed
+        } else {
+            Self::Io {
+                context: "cannot write to standard output".to_owned(),
+                source,
+            }
         }
     }
 }

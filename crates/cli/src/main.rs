@@ -110,6 +110,21 @@ enum Command {
     },
 }
 
+/// `println!` on standard output that returns a failure instead of panicking: a reader that
+/// closed the pipe (`subagent agents | head -1`) is [`CliError::OutputClosed`].
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout().lock(), $($arg)*).map_err(CliError::from_stdout)
+    };
+}
+
+/// `print!` on standard output, failing like [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => {
+        write!(std::io::stdout().lock(), $($arg)*).map_err(CliError::from_stdout)
+    };
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -135,6 +150,11 @@ fn main() -> ExitCode {
 }
 
 fn fail(e: &CliError) -> ExitCode {
+    if matches!(e, CliError::OutputClosed) {
+        // The reader went away (`| head`): nothing to tell it, and stderr stays quiet as the
+        // programs around it do.
+        return ExitCode::from(e.exit_code());
+    }
     let _ = std::io::stdout().flush();
     eprintln!("subagent: {e}");
     ExitCode::from(e.exit_code())
@@ -279,39 +299,39 @@ fn started_line(node: &TreeNode, nodes: &[TreeNode]) -> String {
 }
 
 async fn demo(store: &Path) -> Result<(), CliError> {
-    println!("subagent demo — a scripted coordinator on the embedded defaults (no network, no keys)");
-    println!(
+    outln!("subagent demo — a scripted coordinator on the embedded defaults (no network, no keys)")?;
+    outln!(
         "providers: spawn (tool `{SPAWN_TOOL}`, fresh child) and fork (tool `{FORK_TOOL}`, inherits the conversation); \
          sessions in {}",
         store.display()
-    );
-    println!();
+    )?;
+    outln!()?;
     let outcome = run_demo(store, Some(tree_printer(false)))
         .await
         .map_err(|e| CliError::Run(format!("the demo failed: {e}")))?;
-    println!();
+    outln!()?;
     if !std::io::stdout().is_terminal() {
         // On a terminal the live tree above is already the final one.
-        println!("Delegation tree:");
-        print!("{}", outcome.rendered_tree);
-        println!();
+        outln!("Delegation tree:")?;
+        out!("{}", outcome.rendered_tree)?;
+        outln!()?;
     }
-    println!("Final answer:");
-    println!("{}", outcome.answer);
-    println!();
-    println!(
+    outln!("Final answer:")?;
+    outln!("{}", outcome.answer)?;
+    outln!()?;
+    outln!(
         "Session logs: {} (coordinator {}, {} model calls)",
         store.display(),
         outcome.coordinator,
         outcome.model_calls
-    );
-    println!("  subagent agents --store {}", store.display());
-    println!(
+    )?;
+    outln!("  subagent agents --store {}", store.display())?;
+    outln!(
         "  subagent log {} --store {}",
         outcome.coordinator,
         store.display()
-    );
-    println!("  subagent check {}", store.display());
+    )?;
+    outln!("  subagent check {}", store.display())?;
     Ok(())
 }
 
@@ -453,11 +473,12 @@ async fn run(
     let terminal = std::io::stdout().is_terminal();
     if let Some(failure) = failure {
         if let Some(answer) = &answer {
-            println!("{}", final_answer(answer, terminal));
+            // The failure below is the news: a closed stdout must not hide it.
+            let _ = outln!("{}", final_answer(answer, terminal));
         }
         return Err(CliError::Run(format!("the coordinator's turn {failure}")));
     }
-    println!("{}", final_answer(&answer.unwrap_or_default(), terminal));
+    outln!("{}", final_answer(&answer.unwrap_or_default(), terminal))?;
     Ok(())
 }
 
@@ -489,10 +510,10 @@ async fn agents(store: &Path) -> Result<(), CliError> {
         );
     }
     if catalog.sessions.is_empty() {
-        println!("no sessions in {}", single_line(&store.display().to_string()));
+        outln!("no sessions in {}", single_line(&store.display().to_string()))?;
         return Ok(());
     }
-    print!("{}", catalog.render());
+    out!("{}", catalog.render())?;
     Ok(())
 }
 
@@ -515,10 +536,10 @@ async fn log(session_id: &str, store: &Path) -> Result<(), CliError> {
     if loaded.repaired {
         eprintln!("subagent: note: the log's last line was torn (an interrupted write) and is not shown");
     }
-    print!(
+    out!(
         "{}",
         subagent_cli::logview::render_log(&loaded.header, &loaded.events)
-    );
+    )?;
     Ok(())
 }
 
@@ -533,14 +554,14 @@ fn check(dir: &Path) -> Result<(), CliError> {
     // A violation names the session (a log's id or file name) and may quote what the log
     // holds: one inert line each.
     for violation in &report.violations {
-        println!("{}", single_line(&violation.to_string()));
+        outln!("{}", single_line(&violation.to_string()))?;
     }
-    println!(
+    outln!(
         "replayed {} logs ({} events): {} violations",
         report.logs,
         report.events,
         report.violations.len()
-    );
+    )?;
     if report.is_clean() {
         Ok(())
     } else {

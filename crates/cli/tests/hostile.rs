@@ -1224,3 +1224,35 @@ fn an_unusable_store_fails_before_any_model_call() {
         "left as it was"
     );
 }
+
+/// A reader that closes the pipe early (`subagent agents | head -1`) ends the program quietly
+/// with status 141, as `SIGPIPE` would, instead of a panic and its backtrace. Each output is
+/// larger than a pipe's buffer, so a write fails however the two processes are scheduled.
+#[test]
+fn a_closed_stdout_ends_the_program_quietly() {
+    // 1,000 sessions to list, and 1,000 logs with one unreadable line each to check.
+    let (listed, damaged) = (
+        tempfile::tempdir().expect("store"),
+        tempfile::tempdir().expect("store"),
+    );
+    for i in 0..1000 {
+        let id = format!("session-{i:04}");
+        let header = json!({"version": 0, "id": id, "createdAt": i + 1});
+        fs::write(listed.path().join(format!("{id}.jsonl")), format!("{header}\n")).expect("log");
+        fs::write(
+            damaged.path().join(format!("{id}.jsonl")),
+            format!("{header}\nnot json\n"),
+        )
+        .expect("log");
+    }
+    for (args, store) in [(["agents", "--store"], &listed), (["check", "--"], &damaged)] {
+        let mut cmd = subagent();
+        cmd.args(args).arg(store.path());
+        let mut child = cmd.spawn().expect("spawn");
+        drop(child.stdout.take()); // the reader goes away at once
+        let out = child.wait_with_output().expect("wait");
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?}: {err}");
+    }
+}
