@@ -118,6 +118,14 @@ macro_rules! outln {
     };
 }
 
+/// `eprintln!` that never panics: a diagnostic on a closed or failing stderr is lost, and the
+/// program goes on to its exit status.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 /// `print!` on standard output, failing like [`outln!`].
 macro_rules! out {
     ($($arg:tt)*) => {
@@ -156,7 +164,7 @@ fn fail(e: &CliError) -> ExitCode {
         return ExitCode::from(e.exit_code());
     }
     let _ = std::io::stdout().flush();
-    eprintln!("subagent: {e}");
+    errln!("subagent: {e}");
     ExitCode::from(e.exit_code())
 }
 
@@ -458,12 +466,12 @@ async fn run(
         (outcome, host.shutdown().await)
     };
     let (outcome, shutdown) = interrupts
-        .run(graceful, || eprintln!("{FIRST_INTERRUPT}"))
+        .run(graceful, || errln!("{FIRST_INTERRUPT}"))
         .await
         .map_err(|Abandoned| CliError::Interrupted)?;
     let (answer, failure) = outcome.map_err(|e| CliError::Run(e.to_string()))?;
     shutdown.map_err(|e| CliError::Run(e.to_string()))?;
-    eprintln!(
+    errln!(
         "{}",
         single_line(&format!("session logs: {} (coordinator {id})", store.display()))
     );
@@ -503,7 +511,7 @@ fn last_turn_failure(agent: &dyn agent::Agent) -> Option<String> {
 async fn agents(store: &Path) -> Result<(), CliError> {
     let catalog = read_catalog(store).await?;
     for (id, error) in &catalog.unreadable {
-        eprintln!(
+        errln!(
             "subagent: skipping unreadable session `{}`: {}",
             single_line(id.as_str()),
             single_line(error)
@@ -534,7 +542,7 @@ async fn log(session_id: &str, store: &Path) -> Result<(), CliError> {
         },
     })?;
     if loaded.repaired {
-        eprintln!("subagent: note: the log's last line was torn (an interrupted write) and is not shown");
+        errln!("subagent: note: the log's last line was torn (an interrupted write) and is not shown");
     }
     out!(
         "{}",

@@ -1255,4 +1255,10 @@ fn a_closed_stdout_ends_the_program_quietly() {
         assert_eq!(out.status.code(), Some(141), "{args:?}: {err}");
         assert!(err.is_empty(), "{args:?}: {err}");
     }
+    // A closed stderr loses the diagnostic, not the exit status (no panic: that would be 101).
+    let mut cmd = subagent();
+    cmd.args(["log", "no-such-session", "--store"]).arg(listed.path());
+    let mut child = cmd.spawn().expect("spawn");
+    drop(child.stderr.take());
+    assert_eq!(child.wait().expect("wait").code(), Some(2));
 }
