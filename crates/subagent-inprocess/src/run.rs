@@ -2,13 +2,14 @@
 //! `inprocess-providers.md` §3.2 steps 7–9, §3.4, §3.6–§3.8).
 
 use std::fmt;
-use std::panic::AssertUnwindSafe;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use futures::FutureExt;
 use parking_lot::Mutex;
 use subagent::SubagentResult;
+use subagent::agent::bus::panic_message;
 use subagent::agent::{AgentHandle, AgentRef, CancelCause, CancelListener, CancelOptions, SessionId, Signal};
 use subagent::run::{RunDisposeFuture, RunFailure, RunResultFuture, SettledCallback, SubagentRun};
 use tokio_util::task::TaskTracker;
@@ -16,8 +17,9 @@ use tokio_util::task::TaskTracker;
 use crate::result::derive_result;
 use crate::structured::StructuredCapture;
 
-/// A handle-disposal failure: the host's teardown of the child panicked. (The spine's
-/// [`AgentHandle::dispose`] is otherwise infallible.)
+/// A handle-disposal failure: the host's teardown of the child panicked, either when
+/// [`AgentHandle::dispose`] was called or while its future ran. (The spine's handle disposal is
+/// otherwise infallible.)
 #[derive(Debug, thiserror::Error)]
 #[error("subagent child \"{id}\" handle disposal failed: {message}")]
 pub struct HandleDisposalFailed {
@@ -134,9 +136,7 @@ async fn settle(d: Drive) -> Result<SubagentResult, RunFailure> {
     let state = d.state.clone();
     let outcome = match AssertUnwindSafe(drive(d)).catch_unwind().await {
         Ok(outcome) => outcome,
-        Err(panic) => Err(RunFailure::new(ResultTaskPanicked(
-            subagent::agent::bus::panic_message(&*panic),
-        ))),
+        Err(panic) => Err(RunFailure::new(ResultTaskPanicked(panic_message(&*panic)))),
     };
     state.settled(&outcome);
     outcome
@@ -211,8 +211,9 @@ async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
 ///   `disposed` at once); the rest of that transaction (wait for idle, unwind the child's scope,
 ///   unregister it and remove its session) runs while the returned future — or any clone of it —
 ///   is polled, like any Rust future, and that future resolves when both it and the result have
-///   settled, each independently. Await it. It fails only when the handle's teardown failed; a
-///   result failure stays on [`result`](SubagentRun::result).
+///   settled, each independently. Await it. It fails only when the handle's teardown failed
+///   ([`HandleDisposalFailed`], also when the host's disposer panicked at the call: `dispose`
+///   itself never panics); a result failure stays on [`result`](SubagentRun::result).
 /// * **Drop** without dispose starts the same disposal in the background (a task on the
 ///   driver's tracker, so [`InProcessDriver::wait`](crate::InProcessDriver::wait) awaits it) and
 ///   logs a warning — unless the request signal had already fired: a caller that drops the run
@@ -279,17 +280,26 @@ impl LocalRun {
                 // cancelled; the handle's teardown starts now.
                 self.state.disarm();
                 self.state.cancelled.store(true, Ordering::SeqCst);
-                let handle = AssertUnwindSafe(self.state.handle.dispose()).catch_unwind();
+                // A host disposer may panic at the call as well as in its future: both are the
+                // handle's failure, reported on this future, never unwound into the caller (nor
+                // into `Drop`, where a panic while unwinding aborts the process).
+                let teardown = catch_unwind(AssertUnwindSafe(|| self.state.handle.dispose()))
+                    .map_err(|panic| panic_message(&*panic));
                 let result = self.result.clone();
                 let id = self.state.id.clone();
                 async move {
-                    let (handle, _result) = futures::join!(handle, result);
-                    handle.map_err(|panic| {
-                        RunFailure::new(HandleDisposalFailed {
-                            id,
-                            message: subagent::agent::bus::panic_message(&*panic),
-                        })
-                    })
+                    let released = match teardown {
+                        Ok(teardown) => {
+                            let (released, _result) =
+                                futures::join!(AssertUnwindSafe(teardown).catch_unwind(), result);
+                            released.map_err(|panic| panic_message(&*panic))
+                        }
+                        Err(message) => {
+                            let _result = result.await;
+                            Err(message)
+                        }
+                    };
+                    released.map_err(|message| RunFailure::new(HandleDisposalFailed { id, message }))
                 }
                 .boxed()
                 .shared()

@@ -1,0 +1,91 @@
+//! Panic containment at the run's boundary (ARCHITECTURE, Errors and Concurrency: a misbehaving
+//! child or host fails a future with a typed error and never unwinds into the caller; listener
+//! calls are contained). Each test drives a run whose host-side piece panics at a place the
+//! driver calls synchronously, and checks the failure lands on its own channel while the rest of
+//! the run behaves and the host ends quiescent.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent::{AgentHandle, Disposer};
+use agent_loop::model::ScriptEntry;
+use common::*;
+use futures::future::BoxFuture;
+use subagent::StopReason;
+use subagent::run::SubagentRun;
+use subagent_inprocess::InProcessRunOptions;
+
+/// Starts the real teardown (a dropped first teardown future finishes on a runtime task), then
+/// panics at the call instead of returning a future.
+struct PanicsAtTheCall(AgentHandle);
+
+impl Disposer for PanicsAtTheCall {
+    fn dispose(&self) -> BoxFuture<'static, ()> {
+        drop(self.0.dispose());
+        panic!("disposer refused at the call");
+    }
+}
+
+/// Waits (paused clock) until the child left the registry and its session was removed.
+async fn until_released(host: &Host, id: &agent::SessionId) {
+    while host.get(id).is_some() || host.session_count() > 1 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// spec: DRV-5 — a host disposer that panics when called (not in its future) fails `dispose()`
+/// with `HandleDisposalFailed` instead of unwinding into the caller: every call returns the same
+/// failure, the result keeps its own channel, dropping the run does not panic, and the registries
+/// end clean.
+#[tokio::test(start_paused = true)]
+async fn a_disposer_panicking_at_the_call_fails_dispose_not_its_caller() {
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let driver = wrapped_driver(&host, |handle| {
+        let agent = handle.agent().clone();
+        AgentHandle::new(agent, Arc::new(PanicsAtTheCall(handle)))
+    });
+    let run = driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    let id = run.id().clone();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let first = run.dispose().await.unwrap_err();
+    assert!(
+        first.to_string().contains("disposer refused at the call"),
+        "{first}"
+    );
+    let second = run.dispose().await.unwrap_err();
+    assert_eq!(second.to_string(), first.to_string(), "memoized");
+    assert_eq!(run.result().await.unwrap().stop_reason, StopReason::Aborted);
+    drop(run);
+    until_released(&host, &id).await;
+    driver.wait().await;
+    assert_eq!(driver.task_count(), 0);
+    host.finish().await;
+}
+
+/// spec: DRV-5 — a run dropped undisposed whose host disposer panics at the call does not panic
+/// in `drop` (where a panic during unwinding would abort the process); the child is still
+/// released.
+#[tokio::test(start_paused = true)]
+async fn dropping_a_run_whose_disposer_panics_does_not_panic() {
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let driver = wrapped_driver(&host, |handle| {
+        let agent = handle.agent().clone();
+        AgentHandle::new(agent, Arc::new(PanicsAtTheCall(handle)))
+    });
+    let run = driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    let id = run.id().clone();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    drop(run);
+    until_released(&host, &id).await;
+    driver.wait().await;
+    assert_eq!(driver.task_count(), 0);
+    host.finish().await;
+}
