@@ -2,10 +2,12 @@
 //! `inprocess-providers.md` §3.1–§3.5). Spawn and fork differ only in the seed they pass.
 
 use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use subagent::agent::bus::panic_message;
 use subagent::agent::runtime::{Commit, Setup};
 use subagent::agent::{
     AgentError, AgentHandle, ContentBlock, CreateAgentOptions, Ctx, Message, MessageSource, Services,
@@ -137,6 +139,8 @@ impl InProcessDriver {
     /// Fulfilment **is** publication: on `Ok` the child is registered and the caller owns the
     /// returned [`LocalRun`]; on `Err` nothing was published (the creation transaction rolled
     /// back and quiesced). Dropping the future before it completes rolls the creation back too.
+    /// A failure after publication — the prompt delivery returning an error or panicking — fails
+    /// the run's result, not the start.
     pub fn start(
         &self,
         request: ResolvedSubagentStartRequest,
@@ -242,15 +246,17 @@ impl InProcessDriver {
         if signal.is_cancelled() {
             state.fire();
         }
-        // 8.1 Deliver the prompt verbatim unless cancelled; the child's turn opens now.
+        // 8.1 Deliver the prompt verbatim unless cancelled; the child's turn opens now. The child
+        //     is published, so a delivery that fails — returning an error or panicking (a
+        //     misbehaving host agent) — is the result's infrastructure fault, never the start's.
         let delivered = if state.is_cancelled() {
             Ok(false)
         } else {
-            state
-                .child
-                .followup(Message::user(prompt, MessageSource::User))
-                .map(|_| true)
-                .map_err(RunFailure::new)
+            let message = Message::user(prompt, MessageSource::User);
+            match catch_unwind(AssertUnwindSafe(|| state.child.followup(message))) {
+                Ok(sent) => sent.map(|_| true).map_err(RunFailure::new),
+                Err(panic) => Err(RunFailure::new(PromptDeliveryPanicked(panic_message(&*panic)))),
+            }
         };
         // 8.2–9. The result task, then the run.
         Ok(LocalRun::launch(
@@ -265,6 +271,12 @@ impl InProcessDriver {
         ))
     }
 }
+
+/// The panic of a published child's prompt delivery, reported as the run's infrastructure
+/// fault on its result.
+#[derive(Debug, thiserror::Error)]
+#[error("subagent prompt delivery panicked: {0}")]
+struct PromptDeliveryPanicked(String);
 
 /// The prepared creation of one child.
 struct Plan {

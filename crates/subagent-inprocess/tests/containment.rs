@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent::{AgentHandle, Disposer};
+use agent::{Agent, AgentError, AgentHandle, AgentOptions, AgentRef, CancelCause, Disposer};
 use agent_loop::model::ScriptEntry;
 use common::*;
 use futures::future::BoxFuture;
@@ -88,4 +88,82 @@ async fn dropping_a_run_whose_disposer_panics_does_not_panic() {
     driver.wait().await;
     assert_eq!(driver.task_count(), 0);
     host.finish().await;
+}
+
+/// An agent whose prompt delivery panics (a misbehaving host) and otherwise delegates.
+struct PanickingDelivery(AgentRef);
+
+impl Agent for PanickingDelivery {
+    fn id(&self) -> &agent::SessionId {
+        self.0.id()
+    }
+    fn options(&self) -> &AgentOptions {
+        self.0.options()
+    }
+    fn session(&self) -> &Arc<agent::Session> {
+        self.0.session()
+    }
+    fn scope(&self) -> &Arc<agent::Scope> {
+        self.0.scope()
+    }
+    fn send(
+        &self,
+        _: agent::Message,
+        _: agent::InboxTarget,
+        _: bool,
+    ) -> Result<agent::MessageId, AgentError> {
+        panic!("delivery exploded");
+    }
+    fn remove_pending(&self, id: &agent::MessageId) -> Result<bool, AgentError> {
+        self.0.remove_pending(id)
+    }
+    fn inbox(&self) -> agent::InboxSnapshot {
+        self.0.inbox()
+    }
+    fn cancel(&self, cause: CancelCause, options: agent::CancelOptions) {
+        self.0.cancel(cause, options)
+    }
+    fn status(&self) -> agent::AgentStatus {
+        self.0.status()
+    }
+    fn when_idle(&self) -> BoxFuture<'static, ()> {
+        self.0.when_idle()
+    }
+    fn is_live(&self) -> bool {
+        self.0.is_live()
+    }
+}
+
+/// spec: §3.5 — after publication failures belong to `result`: a prompt delivery that panics
+/// (rather than returning an error, DRV-5) is the same infrastructure fault. The start fulfils
+/// with the published child, `result` rejects naming the panic, `dispose` succeeds, and nothing
+/// is left behind.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_prompt_delivery_fails_the_result_not_the_start() {
+    let host = Host::new(vec![]).await;
+    let (agents, sessions) = (host.agent_count(), host.session_count());
+    let driver = wrapped_driver(&host, |handle| {
+        let agent: AgentRef = Arc::new(PanickingDelivery(handle.agent().clone()));
+        AgentHandle::new(agent, Arc::new(Forward(handle)))
+    });
+    let run = driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .expect("the child was published, so the start fulfils");
+    assert!(host.get(run.id()).is_some());
+    let failure = run.result().await.unwrap_err();
+    assert!(failure.to_string().contains("delivery exploded"), "{failure}");
+    run.dispose().await.unwrap();
+    driver.wait().await;
+    assert_eq!((host.agent_count(), host.session_count()), (agents, sessions));
+    host.finish().await;
+}
+
+/// Disposes the real handle.
+struct Forward(AgentHandle);
+
+impl Disposer for Forward {
+    fn dispose(&self) -> BoxFuture<'static, ()> {
+        self.0.dispose()
+    }
 }
