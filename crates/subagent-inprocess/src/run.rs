@@ -68,13 +68,21 @@ impl RunState {
     }
 
     /// Marks the result settled and calls the registered observer, if any, outside the lock.
+    /// The call is contained: a panicking observer is logged and never becomes the run's
+    /// outcome (every awaiter of the result still gets the child's own).
     fn settled(&self, outcome: &Result<SubagentResult, RunFailure>) {
         let observer = match std::mem::replace(&mut *self.settle.lock(), Settle::Settled) {
             Settle::Open(observer) => observer,
             Settle::Settled => None,
         };
-        if let Some(observer) = observer {
-            observer(outcome);
+        if let Some(observer) = observer
+            && let Err(panic) = catch_unwind(AssertUnwindSafe(|| observer(outcome)))
+        {
+            tracing::warn!(
+                child = %self.id,
+                message = %panic_message(&*panic),
+                "subagent run's settled observer panicked; the result stands"
+            );
         }
     }
 
@@ -327,7 +335,8 @@ impl SubagentRun for LocalRun {
 
     /// Accepted until the result settles; the result task then calls it (on every path that
     /// settles the result, a panicking derivation included). A second registration, or one
-    /// after settlement, is handed back.
+    /// after settlement, is handed back. A panicking callback is contained and logged; it does
+    /// not change the result.
     fn on_settled(&self, callback: SettledCallback) -> Result<(), SettledCallback> {
         match &mut *self.state.settle.lock() {
             Settle::Open(slot @ None) => {

@@ -7,10 +7,11 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use agent::{Agent, AgentError, AgentHandle, AgentOptions, AgentRef, CancelCause, Disposer};
-use agent_loop::model::ScriptEntry;
+use agent_loop::model::{ScriptEntry, chunks};
 use common::*;
 use futures::future::BoxFuture;
 use subagent::StopReason;
@@ -166,4 +167,33 @@ impl Disposer for Forward {
     fn dispose(&self) -> BoxFuture<'static, ()> {
         self.0.dispose()
     }
+}
+
+/// ARCHITECTURE (listener containment) — a settled observer registered with `on_settled` that
+/// panics is contained: the result every awaiter sees is still the child's own (`completed`
+/// with its text), not a task failure caused by the observer.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_settled_observer_leaves_the_result_intact() {
+    let host = Host::new(vec![chunks::text("the answer").into()]).await;
+    let run = host
+        .driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let accepted = run.on_settled(Box::new(move |_| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        panic!("observer exploded");
+    }));
+    assert!(accepted.is_ok(), "registered before the result settled");
+    let result = run
+        .result()
+        .await
+        .expect("the observer's panic is not the run's failure");
+    assert_eq!(result.stop_reason, StopReason::Completed);
+    assert_eq!(text(&result.output), "the answer");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    run.dispose().await.unwrap();
+    host.finish().await;
 }
