@@ -88,10 +88,21 @@ impl RunState {
 
     /// The request-signal listener's action: at most once, while armed, mark the run cancelled
     /// and cancel the child with cause `parent` (which clears its inbox and aborts its turn).
+    ///
+    /// It runs from the start (the handoff check), inside a `Signal::cancel` call, or from the
+    /// result task, so a child whose `cancel` panics (a misbehaving host agent) is contained
+    /// here and logged: the run stays cancelled and its result is derived as usual.
     pub(crate) fn fire(&self) {
         if self.armed.swap(false, Ordering::SeqCst) {
             self.cancelled.store(true, Ordering::SeqCst);
-            self.child.cancel(CancelCause::Parent, CancelOptions::default());
+            let cancel = || self.child.cancel(CancelCause::Parent, CancelOptions::default());
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(cancel)) {
+                tracing::warn!(
+                    child = %self.id,
+                    message = %panic_message(&*panic),
+                    "subagent child's cancel panicked; the run stays cancelled"
+                );
+            }
         }
     }
 

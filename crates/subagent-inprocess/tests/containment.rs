@@ -91,10 +91,19 @@ async fn dropping_a_run_whose_disposer_panics_does_not_panic() {
     host.finish().await;
 }
 
-/// An agent whose prompt delivery panics (a misbehaving host) and otherwise delegates.
-struct PanickingDelivery(AgentRef);
+/// Which of a misbehaving host agent's calls panics.
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    /// `send` (the prompt delivery).
+    Delivery,
+    /// `cancel`.
+    Cancel,
+}
 
-impl Agent for PanickingDelivery {
+/// An agent whose call `Fault` panics (a misbehaving host) and which otherwise delegates.
+struct Misbehaving(AgentRef, Fault);
+
+impl Agent for Misbehaving {
     fn id(&self) -> &agent::SessionId {
         self.0.id()
     }
@@ -109,11 +118,14 @@ impl Agent for PanickingDelivery {
     }
     fn send(
         &self,
-        _: agent::Message,
-        _: agent::InboxTarget,
-        _: bool,
+        message: agent::Message,
+        target: agent::InboxTarget,
+        wake: bool,
     ) -> Result<agent::MessageId, AgentError> {
-        panic!("delivery exploded");
+        if self.1 == Fault::Delivery {
+            panic!("delivery exploded");
+        }
+        self.0.send(message, target, wake)
     }
     fn remove_pending(&self, id: &agent::MessageId) -> Result<bool, AgentError> {
         self.0.remove_pending(id)
@@ -122,6 +134,9 @@ impl Agent for PanickingDelivery {
         self.0.inbox()
     }
     fn cancel(&self, cause: CancelCause, options: agent::CancelOptions) {
+        if self.1 == Fault::Cancel {
+            panic!("cancel exploded");
+        }
         self.0.cancel(cause, options)
     }
     fn status(&self) -> agent::AgentStatus {
@@ -144,7 +159,7 @@ async fn a_panicking_prompt_delivery_fails_the_result_not_the_start() {
     let host = Host::new(vec![]).await;
     let (agents, sessions) = (host.agent_count(), host.session_count());
     let driver = wrapped_driver(&host, |handle| {
-        let agent: AgentRef = Arc::new(PanickingDelivery(handle.agent().clone()));
+        let agent: AgentRef = Arc::new(Misbehaving(handle.agent().clone(), Fault::Delivery));
         AgentHandle::new(agent, Arc::new(Forward(handle)))
     });
     let run = driver
@@ -167,6 +182,38 @@ impl Disposer for Forward {
     fn dispose(&self) -> BoxFuture<'static, ()> {
         self.0.dispose()
     }
+}
+
+/// spec: DRV-18 — an abort in the handoff window runs the cancel action from the start itself;
+/// a host child whose `cancel` panics there does not unwind out of the start: the run is
+/// returned, its result is `{output: [], stopReason: aborted}` (the prompt is never delivered),
+/// and disposal cleans up.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_child_cancel_in_the_handoff_window_does_not_fail_the_start() {
+    let host = Host::new(vec![]).await;
+    let before = (host.agent_count(), host.session_count());
+    let signal = agent::Signal::new();
+    let at_handoff = signal.clone();
+    let driver = wrapped_driver(&host, move |handle| {
+        at_handoff.cancel(CancelCause::User);
+        let agent: AgentRef = Arc::new(Misbehaving(handle.agent().clone(), Fault::Cancel));
+        AgentHandle::new(agent, Arc::new(Forward(handle)))
+    });
+    let run = driver
+        .start(
+            resolve(request_from(&host.parent, signal), "test"),
+            InProcessRunOptions::fresh(),
+        )
+        .await
+        .expect("the child was published, so the start fulfils");
+    assert_eq!(
+        run.result().await.unwrap(),
+        subagent::SubagentResult::new(vec![], StopReason::Aborted)
+    );
+    run.dispose().await.unwrap();
+    driver.wait().await;
+    assert_eq!((host.agent_count(), host.session_count()), before);
+    host.finish().await;
 }
 
 /// ARCHITECTURE (listener containment) — a settled observer registered with `on_settled` that
