@@ -367,3 +367,68 @@ async fn frk_98_one_parent_drives_both() {
     assert_eq!(parent_turns, 2);
     host.finish().await;
 }
+
+/// spec: §5.3, §5.4, §3.6 (FRK-88, FRK-89) — a fork of a parent that is itself a fork child: the
+/// grandchild's seed is the child's whole balanced log (the grandparent's seed and its end-seed
+/// marker included, verbatim), its `seedLength`, lineage and depth are its own, its turn numbering
+/// continues, and its result holds only its own answer. Disposing the middle run drains the
+/// grandchild (owned by the child's scope) as well; both runs end quiescent.
+#[tokio::test(start_paused = true)]
+async fn fork_of_a_fork_child_seeds_the_childs_whole_log() {
+    let host = Host::new(vec![
+        chunks::text("grandparent answer").into(),
+        chunks::text("child answer").into(),
+        chunks::text("grandchild answer").into(),
+        ScriptEntry::hang(),
+    ])
+    .await;
+    let _p = fork(&host);
+    host.parent_turn("first").await;
+    let child_run = start(&host, host.request()).await;
+    assert_eq!(text(&child_run.result().await.unwrap().output), "child answer");
+    let child = child_run.local_agent().unwrap();
+    let child_log = events_of(&child);
+    assert_eq!(child_log.last().map(SessionEvent::type_name), Some("turn/end"));
+
+    let grandchild_run = start(&host, request_from(&child, Signal::new())).await;
+    let result = grandchild_run.result().await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::Completed);
+    assert_eq!(text(&result.output), "grandchild answer");
+    let grandchild = grandchild_run.local_agent().unwrap();
+    let events = events_of(&grandchild);
+    let header = grandchild.session().header().clone();
+    assert_eq!(header.seed_length, Some(child_log.len() as u64));
+    assert_eq!(header.parent_session.as_ref(), Some(child.id()));
+    assert_eq!(header.delegation_depth, Some(2));
+    assert_eq!(grandchild.options().subagent_depth, Some(2));
+    assert_eq!(events[..child_log.len()], child_log[..]);
+    let markers = events
+        .iter()
+        .filter(|e| matches!(e.data, EventData::EndSeed))
+        .count();
+    assert_eq!(
+        markers, 2,
+        "the child's own marker is seeded, the grandchild adds one"
+    );
+    let turns: Vec<u64> = events
+        .iter()
+        .filter_map(|e| match e.data {
+            EventData::TurnStart { turn } => Some(turn),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(turns, [1, 2, 3]);
+    grandchild_run.dispose().await.unwrap();
+
+    // A second grandchild, still running when its parent (the middle child) is disposed.
+    let running = start(&host, request_from(&child, Signal::new())).await;
+    while host.model.requests().len() < 4 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    child_run.dispose().await.unwrap();
+    assert!(host.get(running.id()).is_none(), "drained with its owner");
+    assert_eq!(running.result().await.unwrap().stop_reason, StopReason::Aborted);
+    running.dispose().await.unwrap();
+    assert!(host.observer.violations().is_empty());
+    host.finish().await;
+}
