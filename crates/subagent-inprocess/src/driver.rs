@@ -254,7 +254,10 @@ impl InProcessDriver {
         } else {
             let message = Message::user(prompt, MessageSource::User);
             match catch_unwind(AssertUnwindSafe(|| state.child.followup(message))) {
-                Ok(sent) => sent.map(|_| true).map_err(RunFailure::new),
+                Ok(sent) => sent.map_err(RunFailure::new).map(|_| {
+                    state.cancel_if_fired_during_delivery();
+                    true
+                }),
                 Err(panic) => Err(RunFailure::new(PromptDeliveryPanicked(panic_message(&*panic)))),
             }
         };

@@ -95,14 +95,33 @@ impl RunState {
     pub(crate) fn fire(&self) {
         if self.armed.swap(false, Ordering::SeqCst) {
             self.cancelled.store(true, Ordering::SeqCst);
-            let cancel = || self.child.cancel(CancelCause::Parent, CancelOptions::default());
-            if let Err(panic) = catch_unwind(AssertUnwindSafe(cancel)) {
-                tracing::warn!(
-                    child = %self.id,
-                    message = %panic_message(&*panic),
-                    "subagent child's cancel panicked; the run stays cancelled"
-                );
-            }
+            self.cancel_child();
+        }
+    }
+
+    /// Called once the prompt is in the child's inbox: if the cancel action ran since the start
+    /// last looked (another thread's `Signal::cancel` landing between that look and the
+    /// delivery), it may have found nothing to cancel yet, so the child is cancelled again — the
+    /// delivered prompt's turn is aborted instead of running for a cancelled request.
+    ///
+    /// Sound under any interleaving: the action stores `cancelled` before it cancels the child,
+    /// and this load follows the delivery, so either this load sees the store (and cancels
+    /// here) or the action's own cancel comes after the delivery (and aborts it).
+    pub(crate) fn cancel_if_fired_during_delivery(&self) {
+        if self.is_cancelled() {
+            self.cancel_child();
+        }
+    }
+
+    /// Cancels the child with cause `parent`, containing a panicking `cancel`.
+    fn cancel_child(&self) {
+        let cancel = || self.child.cancel(CancelCause::Parent, CancelOptions::default());
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(cancel)) {
+            tracing::warn!(
+                child = %self.id,
+                message = %panic_message(&*panic),
+                "subagent child's cancel panicked; the run stays cancelled"
+            );
         }
     }
 
@@ -223,8 +242,9 @@ async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
 ///   completed stays `completed`). A [`Signal::cancel`] of the request signal or of an ancestor
 ///   cancels the child inside that call, not when the result task next runs, so the child's
 ///   next look at its turn signal already sees it; a token cancelled directly (through
-///   [`Signal::token`]) is noticed by the result task instead. There is no steer, resume or
-///   follow-up.
+///   [`Signal::token`]) is noticed by the result task instead. A cancel from another thread
+///   that lands while the start is delivering the prompt still aborts the delivered prompt's
+///   turn. There is no steer, resume or follow-up.
 /// * **Dispose** is memoized: at the call it removes the signal listener, marks the run
 ///   cancelled and starts the handle's quiescence transaction (the child is cancelled with cause
 ///   `disposed` at once); the rest of that transaction (wait for idle, unwind the child's scope,
