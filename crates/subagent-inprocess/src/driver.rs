@@ -248,16 +248,23 @@ impl InProcessDriver {
         }
         // 8.1 Deliver the prompt verbatim unless cancelled; the child's turn opens now. The child
         //     is published, so a delivery that fails — returning an error or panicking (a
-        //     misbehaving host agent) — is the result's infrastructure fault, never the start's.
+        //     misbehaving host agent) — is the result's infrastructure fault, never the start's;
+        //     except that a child no longer live was drained by its owner (the parent disposed,
+        //     or the runtime shut down, since publication): that is a cancellation.
         let delivered = if state.is_cancelled() {
             Ok(false)
         } else {
             let message = Message::user(prompt, MessageSource::User);
             match catch_unwind(AssertUnwindSafe(|| state.child.followup(message))) {
-                Ok(sent) => sent.map_err(RunFailure::new).map(|_| {
+                Ok(Ok(_)) => {
                     state.cancel_if_fired_during_delivery();
-                    true
-                }),
+                    Ok(true)
+                }
+                Ok(Err(_)) if !state.child.is_live() => {
+                    state.drained_before_delivery();
+                    Ok(false)
+                }
+                Ok(Err(e)) => Err(RunFailure::new(e)),
                 Err(panic) => Err(RunFailure::new(PromptDeliveryPanicked(panic_message(&*panic)))),
             }
         };

@@ -113,6 +113,14 @@ impl RunState {
         }
     }
 
+    /// Called when the prompt could not be delivered because the child is no longer live: its
+    /// owner drained it (the parent was disposed, or the runtime shut down) after publication.
+    /// That is a cancellation of the run, like a parent disposal at any later point, so the run
+    /// counts as cancelled and its result is `aborted`, not an infrastructure fault.
+    pub(crate) fn drained_before_delivery(&self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+    }
+
     /// Cancels the child with cause `parent`, containing a panicking `cancel`.
     fn cancel_child(&self) {
         let cancel = || self.child.cancel(CancelCause::Parent, CancelOptions::default());
@@ -236,7 +244,9 @@ async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
 ///   drains it. Unloading the provider does not revoke the run.
 /// * **Result.** Derived once, by a task started at publication, from the child's own events
 ///   (see [`crate::result`]). It resolves for every child-level ending and fails only when the
-///   prompt could not be delivered (an infrastructure fault). Await it any number of times.
+///   prompt could not be delivered to a live child (an infrastructure fault; a child its owner
+///   drained before the delivery — the parent disposed meanwhile — resolves `aborted`). Await
+///   it any number of times.
 /// * **Cancellation.** The request signal is the only channel: once it fires the child is
 ///   cancelled with cause `parent` and the result reports `aborted` (a turn that already
 ///   completed stays `completed`). A [`Signal::cancel`] of the request signal or of an ancestor
