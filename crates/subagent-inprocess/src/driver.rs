@@ -96,7 +96,14 @@ impl InProcessDriver {
             inner: Arc::new(Inner {
                 services,
                 policy,
-                tasks: TaskTracker::new(),
+                // Closed from the start and never reopened: closing only lets `wait` resolve
+                // once the tracker is empty (tasks are still tracked), so concurrent `wait`s
+                // need no close-wait-reopen, whose reopen could strand another waiter.
+                tasks: {
+                    let tasks = TaskTracker::new();
+                    tasks.close();
+                    tasks
+                },
             }),
         }
     }
@@ -118,9 +125,7 @@ impl InProcessDriver {
 
     /// Waits until every result task started so far has finished.
     pub async fn wait(&self) {
-        self.inner.tasks.close();
         self.inner.tasks.wait().await;
-        self.inner.tasks.reopen();
     }
 
     /// Starts one in-process one-shot child (spec §3.2).

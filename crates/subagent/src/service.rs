@@ -116,7 +116,7 @@ impl SubagentService {
             inner: Arc::new(Inner {
                 providers: RwLock::new(Vec::new()),
                 events: EventBus::new(),
-                tasks: TaskTracker::new(),
+                tasks: closed_tracker(),
             }),
         }
     }
@@ -308,9 +308,7 @@ impl SubagentService {
     /// Waits for every `subagent/end` emission still pending (each completes once its run's
     /// result settles, at the latest when the run is disposed).
     pub async fn close(&self) {
-        self.inner.tasks.close();
         self.inner.tasks.wait().await;
-        self.inner.tasks.reopen();
     }
 
     /// The number of runs whose `subagent/end` is still pending.
@@ -380,4 +378,14 @@ fn uuid_like() -> String {
         .hyphenated()
         .encode_lower(&mut buf)
         .to_owned()
+}
+
+/// A task tracker that is closed from the start and never reopened. Closing a tracker only
+/// lets [`TaskTracker::wait`] resolve once it is empty; tasks are still tracked after it. So
+/// waiting needs no close-wait-reopen dance, whose reopen could land between another waiter's
+/// close and its first poll and leave that waiter pending until the next close.
+fn closed_tracker() -> TaskTracker {
+    let tasks = TaskTracker::new();
+    tasks.close();
+    tasks
 }
