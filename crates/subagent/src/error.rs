@@ -500,6 +500,30 @@ impl SubagentError {
         )
     }
 
+    /// `ACTIVATION_TEARDOWN_FAILED` when the teardown could not wait for the child to become idle
+    /// (the host agent's `when_idle` panicked): `subagent "<child>" did not become idle in its
+    /// teardown: <message>`. The teardown goes on; the epoch reports `error`.
+    pub fn idle_wait_failed(child_id: &str, message: &str) -> Self {
+        Self::new(
+            SubagentErrorCode::ActivationTeardownFailed,
+            format!("subagent \"{child_id}\" did not become idle in its teardown: {message}"),
+        )
+    }
+
+    /// `ACTIVATION_TEARDOWN_FAILED` for a delivery that waited for a child's teardown which ended
+    /// without releasing that Activation (it was abandoned): `subagent "<child>" activation
+    /// teardown ended without releasing it; the message was not accepted`. Routing again would
+    /// only find the same Activation again.
+    pub fn teardown_left_activation(child_id: &str) -> Self {
+        Self::new(
+            SubagentErrorCode::ActivationTeardownFailed,
+            format!(
+                "subagent \"{child_id}\" activation teardown ended without releasing it; \
+                 the message was not accepted"
+            ),
+        )
+    }
+
     /// `ACTIVATION_TEARDOWN_FAILED` combining several boundaries of one disposal:
     /// `subagent "<child>" activation teardown failed at <n> boundaries: <chain>; <chain>`.
     pub fn teardown_failed_at_boundaries(child_id: &str, failures: &[&(dyn StdError + 'static)]) -> Self {

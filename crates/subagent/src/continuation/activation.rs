@@ -223,11 +223,13 @@ impl Activation {
         let Some(handle) = handle else {
             return Ok(());
         };
-        let disposal = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle.dispose()));
-        let outcome = match disposal {
-            Ok(disposal) => std::panic::AssertUnwindSafe(disposal).catch_unwind().await,
-            Err(payload) => Err(payload),
-        };
-        outcome.map_err(|payload| agent::bus::panic_message(&*payload).to_string())
+        super::contained(|| handle.dispose()).await
+    }
+
+    /// Resolves when the child agent is idle. A panic of the host agent's `when_idle` (the call
+    /// or its future) is contained and returned as its message: the manager can then no longer
+    /// tell when this child is idle.
+    pub(crate) async fn idle(&self) -> Result<(), String> {
+        super::contained(|| self.agent.when_idle()).await
     }
 }

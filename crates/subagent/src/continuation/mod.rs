@@ -464,7 +464,9 @@ impl ContinuationManager {
     /// unknown id, a persisted session that names another id, a child with no supported
     /// continuable descriptor, or a failed re-materialization — except that a [`SubagentError`]
     /// the runtime's resume raised, directly or from the setup window, propagates unchanged); a
-    /// child whose disposal is under way is waited for, then routed again.
+    /// child whose disposal is under way is waited for, then routed again — unless that
+    /// teardown ended without releasing the child's Activation (`ACTIVATION_TEARDOWN_FAILED`,
+    /// with the teardown's failure as its source), which routing again would only find again.
     pub async fn followup_with(
         &self,
         parent: &AgentRef,
@@ -491,9 +493,23 @@ impl ContinuationManager {
             };
             if let Some(disposal) = activation.disposal() {
                 drop(guard);
-                let _ = disposal.await;
+                let outcome = disposal.await;
                 check_signal(signal)?;
                 inner.admit(parent)?;
+                // A finished teardown that left this very Activation mapped (abandoned) would be
+                // found again by every later routing: fail instead of looping for ever.
+                let left = inner
+                    .activations
+                    .lock()
+                    .get(child_id)
+                    .is_some_and(|a| Arc::ptr_eq(a, &activation));
+                if left {
+                    let error = SubagentError::teardown_left_activation(child_id.as_str());
+                    return Err(match outcome {
+                        Err(cause) => error.with_shared_source(cause),
+                        Ok(()) => error,
+                    });
+                }
                 continue;
             }
             return match inner.submit(&activation, parent, content, source, signal) {
@@ -765,15 +781,21 @@ impl Inner {
                 if activation.disposal().is_some() {
                     break;
                 }
-                tokio::select! {
-                    () = activation.agent.when_idle() => {}
-                    () = activation.notified() => {}
-                }
+                let idle = tokio::select! {
+                    idle = activation.idle() => idle,
+                    () = activation.notified() => Ok(()),
+                };
                 let guard = lock.lock().await;
                 if activation.disposal().is_some() {
                     break;
                 }
-                if activation.is_settled() {
+                // A child whose host agent cannot say when it is idle (its `when_idle` panicked)
+                // would never be seen settled: it is torn down now instead of staying resident.
+                if let Err(panic) = &idle {
+                    tracing::warn!(child = %activation.child_id, panic = %panic,
+                        "the child agent's when_idle panicked; tearing its activation down");
+                }
+                if idle.is_err() || activation.is_settled() {
                     let disposal = inner.open_disposal(&activation);
                     drop(guard);
                     if let Err(e) = disposal.await {
@@ -822,7 +844,14 @@ impl Inner {
                 failures.push(e);
             }
         }
-        activation.agent.when_idle().await;
+        // A host agent whose `when_idle` panics is not waited for: the failure is recorded and
+        // the handle's disposal below still releases the agent.
+        if let Err(panic) = activation.idle().await {
+            failures.push(Arc::new(SubagentError::idle_wait_failed(
+                child_id.as_str(),
+                &panic,
+            )));
+        }
         // Best-effort: a rejection — or a panic of the host's store, contained here so that it
         // cannot abandon the transaction with the Activation still in the live map — is only
         // logged.
@@ -988,6 +1017,17 @@ fn setup(descriptor: EventData, policy: DelegatedPolicyOverrides, composition: C
         }
         .boxed()
     })
+}
+
+/// Calls host code `call` and awaits the future it returns, containing a panic of either (agents,
+/// runtimes and stores are third-party code, which must not unwind through the manager's
+/// transactions or into its callers) as the panic's message.
+async fn contained<F: Future>(call: impl FnOnce() -> F) -> Result<F::Output, String> {
+    let outcome = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)) {
+        Ok(future) => std::panic::AssertUnwindSafe(future).catch_unwind().await,
+        Err(payload) => Err(payload),
+    };
+    outcome.map_err(|payload| agent::bus::panic_message(&*payload))
 }
 
 /// Throw-if-aborted: the token's cause as a `CANCELLED` error.

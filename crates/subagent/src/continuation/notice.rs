@@ -1,6 +1,7 @@
 //! The settlement notice (spec §2.14.8): what a settled child's durable direct parent is told.
 
-use agent::{AgentStatus, ContentBlock, Message, MessageSource};
+use agent::bus::panic_message;
+use agent::{AgentError, AgentStatus, ContentBlock, Message, MessageSource};
 use serde_json::{Map, Value};
 
 use super::Inner;
@@ -37,25 +38,32 @@ impl Inner {
         // A closing parent (manager drain, a scoped drain covering it, or a resident parent whose own teardown began) gets
         // the notice without a wake: teardown is not a reason to spend a model request.
         let closing = self.is_closing(&parent) || owner.as_ref().is_some_and(|o| o.disposal().is_some());
-        let result = if closing {
-            parent.inject(message)
-        } else {
-            if let Some(owner) = &owner {
-                owner.accept(id.clone());
-            }
-            let sent = if parent.status() == AgentStatus::Idle {
+        let accounted = owner.as_ref().filter(|_| !closing);
+        if let Some(owner) = accounted {
+            owner.accept(id.clone());
+        }
+        // The parent is host code: a panic of its `send` is contained and counts as a failed
+        // send, so that it cannot abandon the disposal transaction delivering the notice.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            if closing {
+                parent.inject(message)
+            } else if parent.status() == AgentStatus::Idle {
                 parent.followup(message)
             } else {
                 parent.steer(message)
-            };
-            if let Some(owner) = &owner {
-                if sent.is_err() {
-                    owner.settle_accepted(&id);
-                }
-                owner.wake();
             }
-            sent
-        };
+        }))
+        .unwrap_or_else(|payload| {
+            Err(AgentError::Other(
+                format!("the parent agent panicked: {}", panic_message(&*payload)).into(),
+            ))
+        });
+        if let Some(owner) = accounted {
+            if result.is_err() {
+                owner.settle_accepted(&id);
+            }
+            owner.wake();
+        }
         if let Err(e) = result {
             tracing::warn!(child = %child_id, error = %e, "settlement notice was not delivered to its parent");
         }

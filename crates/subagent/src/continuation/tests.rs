@@ -27,6 +27,8 @@ use crate::result::StopReason;
 use crate::run::SubagentRun;
 use crate::service::SubagentService;
 
+mod host_faults;
+
 const MODEL: &str = "mock";
 
 /// A provider whose continuable preparation returns no seed (the `spawn` shape), counting calls.

@@ -1,0 +1,387 @@
+//! Host code that panics where the continuation manager calls it (agents, runtimes, stores are
+//! third-party code): each panic is contained as a typed error or a recorded teardown failure;
+//! none reaches the caller, loops a caller for ever, or leaves a child resident, running or
+//! registered.
+
+use std::future::Future;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use agent::{Agent, AgentError, InboxSnapshot, InboxTarget, Message, MessageId};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+
+use super::*;
+
+/// Where a [`FaultyAgent`] panics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    /// `when_idle` panics: a child whose idleness the manager cannot observe.
+    Idle,
+    /// The future `when_idle` returns panics once the agent was cancelled: a teardown waiting
+    /// for the child to be idle.
+    IdleAfterCancel,
+    /// `send` panics for a settlement notice: a parent that cannot take its child's notice.
+    SendNotice,
+}
+
+/// A host agent over a live reference agent that panics as its [`Fault`] says and otherwise
+/// delegates.
+struct FaultyAgent {
+    inner: AgentRef,
+    fault: Fault,
+    cancelled: AtomicBool,
+}
+
+impl Agent for FaultyAgent {
+    fn id(&self) -> &SessionId {
+        self.inner.id()
+    }
+    fn options(&self) -> &AgentOptions {
+        self.inner.options()
+    }
+    fn session(&self) -> &Arc<agent::Session> {
+        self.inner.session()
+    }
+    fn scope(&self) -> &Arc<agent::Scope> {
+        self.inner.scope()
+    }
+    fn send(&self, message: Message, target: InboxTarget, wake: bool) -> Result<MessageId, AgentError> {
+        if self.fault == Fault::SendNotice && message.source.kind() == "subagent-settled" {
+            panic!("the parent's send exploded");
+        }
+        self.inner.send(message, target, wake)
+    }
+    fn remove_pending(&self, id: &MessageId) -> Result<bool, AgentError> {
+        self.inner.remove_pending(id)
+    }
+    fn inbox(&self) -> InboxSnapshot {
+        self.inner.inbox()
+    }
+    fn cancel(&self, cause: agent::CancelCause, options: agent::CancelOptions) {
+        self.cancelled.store(true, AtomicOrdering::SeqCst);
+        self.inner.cancel(cause, options);
+    }
+    fn status(&self) -> AgentStatus {
+        self.inner.status()
+    }
+    fn when_idle(&self) -> BoxFuture<'static, ()> {
+        if self.fault == Fault::Idle {
+            panic!("when_idle exploded");
+        }
+        if self.fault == Fault::IdleAfterCancel && self.cancelled.load(AtomicOrdering::SeqCst) {
+            return async { panic!("when_idle exploded") }.boxed();
+        }
+        self.inner.when_idle()
+    }
+    fn is_live(&self) -> bool {
+        self.inner.is_live()
+    }
+}
+
+/// The disposer of a [`FaultyRuntime`] handle: the runtime's own handle.
+struct Delegating(AgentHandle);
+
+impl agent::Disposer for Delegating {
+    fn dispose(&self) -> BoxFuture<'static, ()> {
+        self.0.dispose()
+    }
+}
+
+/// A host runtime whose agents *created* with an id in `faults` are [`FaultyAgent`]s (resumed
+/// agents are the runtime's own). The manager sees agents only through this runtime, so it gets
+/// the faulty agent from `create` and, while it is live, from `get`.
+struct FaultyRuntime {
+    inner: Arc<dyn AgentRuntime>,
+    faults: Vec<(SessionId, Fault)>,
+    created: Mutex<Vec<Arc<FaultyAgent>>>,
+}
+
+#[async_trait]
+impl AgentRuntime for FaultyRuntime {
+    async fn create(&self, options: CreateAgentOptions) -> Result<AgentHandle, AgentError> {
+        let fault = self
+            .faults
+            .iter()
+            .find(|(id, _)| id == &options.session_id)
+            .map(|(_, fault)| *fault);
+        let handle = self.inner.create(options).await?;
+        let Some(fault) = fault else { return Ok(handle) };
+        let agent = Arc::new(FaultyAgent {
+            inner: handle.agent().clone(),
+            fault,
+            cancelled: AtomicBool::new(false),
+        });
+        self.created.lock().push(agent.clone());
+        Ok(AgentHandle::new(agent, Arc::new(Delegating(handle))))
+    }
+    async fn resume(&self, options: agent::ResumeAgentOptions) -> Result<AgentHandle, AgentError> {
+        self.inner.resume(options).await
+    }
+    fn get(&self, id: &SessionId) -> Option<AgentRef> {
+        let live = self.inner.get(id)?;
+        let faulty = self
+            .created
+            .lock()
+            .iter()
+            .find(|a| Arc::ptr_eq(&a.inner, &live))
+            .map(|a| a.clone() as AgentRef);
+        Some(faulty.unwrap_or(live))
+    }
+    fn list(&self) -> Vec<AgentRef> {
+        self.inner.list()
+    }
+    fn ctx(&self) -> agent::Ctx {
+        self.inner.ctx()
+    }
+    fn agent_ctx(&self, id: &SessionId) -> Option<agent::Ctx> {
+        self.inner.agent_ctx(id)
+    }
+}
+
+/// A [`Host`] whose manager creates the children named in `faults` as [`FaultyAgent`]s.
+async fn faulty_host(script: Vec<ScriptEntry>, faults: &[(&str, Fault)]) -> (Host, Arc<FaultyRuntime>) {
+    let mut host = Host::new(script).await;
+    let mut services = host.runtime.services().clone();
+    let agents = Arc::new(FaultyRuntime {
+        inner: services.agents.clone(),
+        faults: faults
+            .iter()
+            .map(|(id, fault)| (SessionId::from(*id), *fault))
+            .collect(),
+        created: Mutex::new(Vec::new()),
+    });
+    services.agents = agents.clone();
+    host.manager = ContinuationManager::new(host.service.clone(), services);
+    (host, agents)
+}
+
+/// How long (paused) a call of these tests may take before it counts as hung.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// `fut`'s output, or `None` once `limit` of paused time has passed. `fut` is polled once per
+/// paused millisecond, between sleeps, so that a busy loop also turns into a failure instead of a
+/// hang (`tokio::time::timeout` cannot interrupt one: a task that keeps waking itself keeps the
+/// paused clock from advancing).
+async fn within<F: Future>(limit: Duration, fut: F) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
+        if let std::task::Poll::Ready(output) = futures::poll!(fut.as_mut()) {
+            return Some(output);
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    None
+}
+
+/// spec: CONT-35 — a selected drain with a failing teardown boundary rejects
+/// `ACTIVATION_TEARDOWN_FAILED` yet still removes the child; here the boundary is the wait for
+/// the child to be idle (the host agent's `when_idle` panics), the rejection names the panic and
+/// the end edge reports `error`. A follow-up routed
+/// while that teardown is under way waits for it and routes again: it cold-resumes the released
+/// child and is delivered. (The panic abandoned the transaction with the Activation still in the
+/// live map, and the follow-up re-routed to that finished disposal for ever.)
+#[tokio::test(start_paused = true)]
+async fn a_panicking_when_idle_in_teardown_still_releases_the_child() {
+    let (host, _agents) = faulty_host(by_session(6), &[("child", Fault::IdleAfterCancel)]).await;
+    let (held, hook) = gate(&host, "child");
+    let child_id = start_reserved(&host, "child").await;
+    yield_a_while().await;
+    let drain = host
+        .manager
+        .drain_continuable_children(&host.parent, std::slice::from_ref(&child_id));
+    let followup = within(
+        PATIENCE,
+        host.manager
+            .followup(&host.parent, &child_id, vec![ContentBlock::text("after")]),
+    )
+    .await
+    .expect("the follow-up resolved instead of looping");
+    followup.expect("the follow-up cold-resumed the released child");
+    let err = drain.await.unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::ActivationTeardownFailed, "{err}");
+    assert!(err.to_string().contains("when_idle exploded"), "{err}");
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].stop_reason, StopReason::Error);
+    held.send(true).unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    host.settle().await;
+    assert_eq!(host.starts().len(), 2, "the follow-up opened a second epoch");
+    assert_eq!(host.ends()[1].stop_reason, StopReason::Completed);
+    // The first prompt, held at its pre-step, went with the drained turn.
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["after"]);
+    drop(hook);
+    host.finish().await;
+}
+
+/// spec: CONT-82 — a parent whose `send` *panics* on the settlement notice (a host agent, here a
+/// resident continuable child taking its grandchild's notice) is treated like a parent send that
+/// throws: logged as not delivered, the failed delivery is taken back out of the parent's
+/// accounting and the ownership edge released, so the parent still settles; both end edges say
+/// `completed`. (The panic abandoned the grandchild's transaction after its removal: no end edge,
+/// and the parent kept owning the grandchild and expecting the notice, `running` for ever.)
+#[tokio::test(start_paused = true)]
+async fn a_panicking_parent_send_during_notice_delivery_is_contained() {
+    let warnings = WarningCapture::new();
+    let _subscriber = warnings.install();
+    let (host, agents) = faulty_host(by_session(10), &[("child", Fault::SendNotice)]).await;
+    let (child_gate, hook) = gate(&host, "child");
+    let child_id = start_reserved(&host, "child").await;
+    let child = agents.get(&child_id).expect("the child is live");
+    let mut spec = ContinuableStartSpec::new(
+        "spawn",
+        "deeper",
+        vec![ContentBlock::text("gc task")],
+        child.clone(),
+    );
+    spec.child_id = Some(SessionId::from("grandchild"));
+    let (gc_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    yield_a_while().await;
+    child_gate.send(true).unwrap();
+    within(PATIENCE, async {
+        host.settle().await;
+        host.parent.when_idle().await;
+        host.settle().await;
+    })
+    .await
+    .expect("the child settled");
+    let ends: Vec<(SessionId, StopReason)> = host
+        .ends()
+        .into_iter()
+        .map(|e| (e.info.id, e.stop_reason))
+        .collect();
+    assert_eq!(
+        ends,
+        vec![
+            (gc_id, StopReason::Completed),
+            (child_id.clone(), StopReason::Completed)
+        ]
+    );
+    assert!(notices(&child).is_empty());
+    assert_eq!(notices(&host.parent).len(), 1);
+    let logged = warnings.messages();
+    assert_eq!(
+        logged
+            .iter()
+            .filter(|w| w.contains("settlement notice was not delivered to its parent"))
+            .count(),
+        1,
+        "{logged:?}"
+    );
+    drop(hook);
+    host.finish().await;
+}
+
+/// A child whose host agent's `when_idle` panics (so the manager can never see it
+/// settle) is torn down instead of staying resident: the failure is logged, the Activation is
+/// removed and the agent released, its notice says "failed before it finished." with no closing
+/// message, and its end edge reports `error` — at once, not when its turn ends, which the manager
+/// could only find out by polling. A later follow-up cold-resumes the child. (The panic killed
+/// the settlement watcher: the child stayed resident, and its parent waiting, for ever.)
+#[tokio::test(start_paused = true)]
+async fn a_child_whose_when_idle_panics_is_torn_down_instead_of_pinned() {
+    let warnings = WarningCapture::new();
+    let _subscriber = warnings.install();
+    let (host, _agents) = faulty_host(by_session(6), &[("child", Fault::Idle)]).await;
+    let (_held, hook) = gate(&host, "child");
+    let child_id = start_reserved(&host, "child").await;
+    // Released while its first turn is still held. (Only yields: a watcher polling the panicking
+    // `when_idle` in a busy loop would keep the paused clock from advancing.)
+    for _ in 0..1000 {
+        if !host.manager.is_resident(&child_id) {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !host.manager.is_resident(&child_id),
+        "the held child was torn down"
+    );
+    drop(hook);
+    host.settle().await;
+    host.parent.when_idle().await;
+    assert!(host.get(&child_id).is_none());
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].stop_reason, StopReason::Error);
+    let notices = notices(&host.parent);
+    assert_eq!(notices.len(), 1);
+    assert_eq!(
+        block_texts(&notices[0].content),
+        vec![
+            "Background subagent child failed before it finished.".to_owned(),
+            "It left no closing message.".to_owned(),
+        ]
+    );
+    let logged = warnings.messages();
+    assert!(
+        logged.iter().any(|w| w.contains("when_idle panicked")),
+        "{logged:?}"
+    );
+    host.manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("again")])
+        .await
+        .expect("the child cold-resumes");
+    host.settle().await;
+    host.parent.when_idle().await;
+    host.settle().await;
+    assert_eq!(host.ends().len(), 2);
+    assert_eq!(host.ends()[1].stop_reason, StopReason::Completed);
+    host.finish().await;
+}
+
+/// A follow-up routed to a child whose teardown *ended without releasing its Activation* rejects
+/// `ACTIVATION_TEARDOWN_FAILED`, with the teardown's failure as its source, instead of waiting for
+/// that finished teardown and routing to the same Activation again for ever. No known host fault
+/// abandons a transaction any more, so the abandoned transaction is installed directly: one that
+/// fails at once and releases nothing.
+#[tokio::test(start_paused = true)]
+async fn a_followup_to_an_activation_its_teardown_left_behind_fails() {
+    let host = Host::new(by_session(6)).await;
+    let (_held, hook) = gate(&host, "child");
+    let child_id = start_reserved(&host, "child").await;
+    yield_a_while().await;
+    let inner = &host.manager.inner;
+    let activation = inner.activations.lock().get(&child_id).cloned().unwrap();
+    let abandoned = activation.open_disposal(&inner.tasks, |_| {
+        futures::future::ready(Err(Arc::new(SubagentError::new(
+            SubagentErrorCode::ActivationTeardownFailed,
+            "activation teardown was abandoned",
+        )) as crate::error::SharedError))
+        .boxed()
+    });
+    abandoned.await.unwrap_err();
+    let err = within(
+        PATIENCE,
+        host.manager
+            .followup(&host.parent, &child_id, vec![ContentBlock::text("lost")]),
+    )
+    .await
+    .expect("the follow-up resolved instead of looping")
+    .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::ActivationTeardownFailed, "{err}");
+    assert!(err.to_string().contains("without releasing"), "{err}");
+    let cause = std::error::Error::source(&err).expect("the teardown's failure is the source");
+    assert!(cause.to_string().contains("abandoned"), "{cause}");
+    assert!(!child_inbox_holds(&host, &child_id, "lost"));
+    // Release what the abandoned transaction left, as its owner would have.
+    inner.activations.lock().remove(&child_id);
+    activation.dispose_handle().await.unwrap();
+    drop(hook);
+    host.finish().await;
+}
+
+fn child_inbox_holds(host: &Host, child_id: &SessionId, text: &str) -> bool {
+    host.get(child_id).is_some_and(|child| {
+        let inbox = child.inbox();
+        inbox
+            .next_turn
+            .iter()
+            .chain(&inbox.next_step)
+            .any(|m| visible_text(&m.content) == text)
+    })
+}
