@@ -467,6 +467,10 @@ impl ContinuationManager {
     /// child whose disposal is under way is waited for, then routed again — unless that
     /// teardown ended without releasing the child's Activation (`ACTIVATION_TEARDOWN_FAILED`,
     /// with the teardown's failure as its source), which routing again would only find again.
+    ///
+    /// Host code that panics on the way — the store's reads during a cold resume
+    /// (`NOT_RESUMABLE`), the child's inbox send (`PROVIDER_FAILED`, like a send that threw) —
+    /// fails the follow-up with a typed error and never unwinds into the caller.
     pub async fn followup_with(
         &self,
         parent: &AgentRef,
@@ -671,7 +675,7 @@ impl Inner {
         self.check_available(child_id)?;
         if reserved {
             let persisted = match &self.services.persistence {
-                Some(p) => p.inspect(child_id).await.map_err(agent_failure)?,
+                Some(p) => store_call(|| p.inspect(child_id)).await.map_err(agent_failure)?,
                 None => None,
             };
             if persisted.is_some() {
@@ -763,7 +767,22 @@ impl Inner {
         let message = Message::user(content, source);
         let id = message.id.clone();
         activation.accept(id.clone());
-        if let Err(e) = activation.agent.followup(message) {
+        // The child is host code: a panic of its `send` is contained and fails the submission
+        // like a send that threw, taking the id back out of `accepted` (left there, it would
+        // hold the child `running` for ever).
+        let sent = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            activation.agent.followup(message)
+        }))
+        .unwrap_or_else(|payload| {
+            Err(AgentError::Other(
+                format!(
+                    "the child agent panicked while accepting the message: {}",
+                    agent::bus::panic_message(&*payload)
+                )
+                .into(),
+            ))
+        });
+        if let Err(e) = sent {
             activation.settle_accepted(&id);
             return Err(agent_failure(e));
         }
@@ -855,15 +874,7 @@ impl Inner {
         // Best-effort: a rejection — or a panic of the host's store, contained here so that it
         // cannot abandon the transaction with the Activation still in the live map — is only
         // logged.
-        let flushed = std::panic::AssertUnwindSafe(self.services.sessions.flush(&child_id))
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|payload| {
-                Err(AgentError::Persistence(format!(
-                    "the session store panicked: {}",
-                    agent::bus::panic_message(&*payload)
-                )))
-            });
+        let flushed = store_call(|| self.services.sessions.flush(&child_id)).await;
         if let Err(e) = flushed {
             tracing::warn!(child = %child_id, error = %e,
                 "best-effort final session flush failed; the persisted state may be missing or stale on resume");
@@ -1028,6 +1039,19 @@ async fn contained<F: Future>(call: impl FnOnce() -> F) -> Result<F::Output, Str
         Err(payload) => Err(payload),
     };
     outcome.map_err(|payload| agent::bus::panic_message(&*payload))
+}
+
+/// A call into the host's session store or persistence, with a panic contained as a failed
+/// call (`AgentError::Persistence`, "the session store panicked: …").
+async fn store_call<T, F>(call: impl FnOnce() -> F) -> Result<T, AgentError>
+where
+    F: Future<Output = Result<T, AgentError>>,
+{
+    contained(call).await.unwrap_or_else(|panic| {
+        Err(AgentError::Persistence(format!(
+            "the session store panicked: {panic}"
+        )))
+    })
 }
 
 /// Throw-if-aborted: the token's cause as a `CANCELLED` error.

@@ -8,7 +8,7 @@ use agent::{AgentError, AgentRef, Ctx, ResumeAgentOptions, SessionId, Signal};
 use futures::FutureExt;
 
 use super::activation::Activation;
-use super::{Inner, check_signal};
+use super::{Inner, check_signal, store_call};
 use crate::compose::apply_child_composition;
 use crate::composition::ChildComposition;
 use crate::descriptor::{SubagentDescriptor, fold_subagent_descriptor};
@@ -42,7 +42,8 @@ impl Inner {
         };
         // The store's reads are raced with the signal: an abort during a slow inspection or
         // load rejects at once (the read is dropped; reads have no effects to undo).
-        let header = match until_cancelled(signal, persistence.inspect(child_id)).await? {
+        // The store is host code: a panic in a read is contained as that read's failure.
+        let header = match until_cancelled(signal, store_call(|| persistence.inspect(child_id))).await? {
             Ok(Some(header)) => header,
             Ok(None) => return Err(unavailable(None)),
             Err(e) => return Err(unavailable(Some(e))),
@@ -58,7 +59,7 @@ impl Inner {
         }
         self.admit(parent)?;
         self.authorize(parent, child_id, header.parent_session.as_ref())?;
-        let loaded = until_cancelled(signal, persistence.load(child_id))
+        let loaded = until_cancelled(signal, store_call(|| persistence.load(child_id)))
             .await?
             .map_err(|e| unavailable(Some(e)))?;
         check_signal(signal)?;

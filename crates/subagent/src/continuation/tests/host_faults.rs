@@ -23,6 +23,8 @@ enum Fault {
     IdleAfterCancel,
     /// `send` panics for a settlement notice: a parent that cannot take its child's notice.
     SendNotice,
+    /// `send` panics for a message with this text.
+    SendText(&'static str),
 }
 
 /// A host agent over a live reference agent that panics as its [`Fault`] says and otherwise
@@ -49,6 +51,9 @@ impl Agent for FaultyAgent {
     fn send(&self, message: Message, target: InboxTarget, wake: bool) -> Result<MessageId, AgentError> {
         if self.fault == Fault::SendNotice && message.source.kind() == "subagent-settled" {
             panic!("the parent's send exploded");
+        }
+        if matches!(self.fault, Fault::SendText(text) if visible_text(&message.content) == text) {
+            panic!("the child's send exploded");
         }
         self.inner.send(message, target, wake)
     }
@@ -384,4 +389,172 @@ fn child_inbox_holds(host: &Host, child_id: &SessionId, text: &str) -> bool {
             .chain(&inbox.next_step)
             .any(|m| visible_text(&m.content) == text)
     })
+}
+
+/// `fut`'s output, or the message of a panic that unwound out of it (into its caller).
+async fn no_unwind<F: Future>(fut: F) -> Result<F::Output, String> {
+    std::panic::AssertUnwindSafe(fut)
+        .catch_unwind()
+        .await
+        .map_err(|payload| agent::bus::panic_message(&*payload))
+}
+
+/// spec: CONT-48 — an inbox send that *panics* (a host agent) rejects the follow-up with a typed
+/// error instead of unwinding into the caller, and leaves nothing accepted: the running epoch is
+/// untouched, the message is not logged, and once the running turn ends the child settles on its
+/// own. (The panic unwound with the message id already in the accepted set, which held the child
+/// `running` for ever.)
+#[tokio::test(start_paused = true)]
+async fn a_panicking_send_rejects_the_followup_and_leaves_nothing_accepted() {
+    let (host, _agents) = faulty_host(by_session(10), &[("child", Fault::SendText("explode"))]).await;
+    let (child_gate, hook) = gate(&host, "child");
+    let child_id = start_reserved(&host, "child").await;
+    yield_a_while().await;
+    let err = no_unwind(
+        host.manager
+            .followup(&host.parent, &child_id, vec![ContentBlock::text("explode")]),
+    )
+    .await
+    .expect("the panic stayed out of the caller")
+    .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::ProviderFailed, "{err}");
+    assert!(err.to_string().contains("the child's send exploded"), "{err}");
+    assert!(
+        host.manager.is_resident(&child_id),
+        "the running epoch is untouched"
+    );
+    child_gate.send(true).unwrap();
+    within(PATIENCE, async {
+        host.settle().await;
+        host.parent.when_idle().await;
+    })
+    .await
+    .expect("the child settled");
+    assert!(host.get(&child_id).is_none());
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].stop_reason, StopReason::Completed);
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["task"]);
+    drop(hook);
+    host.finish().await;
+}
+
+/// The same for the first prompt: a start whose submission panics rejects with a typed error
+/// and releases the fresh child (nothing resident, the agent unregistered). (The panic unwound
+/// into the caller and left the child resident and `running` for ever.)
+#[tokio::test(start_paused = true)]
+async fn a_panicking_send_of_the_first_prompt_rejects_the_start() {
+    let (host, _agents) = faulty_host(by_session(4), &[("child", Fault::SendText("explode"))]).await;
+    let mut spec = host.spec("explode");
+    spec.child_id = Some(SessionId::from("child"));
+    let err = no_unwind(host.manager.start_continuable(spec))
+        .await
+        .expect("the panic stayed out of the caller")
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::ProviderFailed, "{err}");
+    assert!(err.to_string().contains("the child's send exploded"), "{err}");
+    within(PATIENCE, host.settle())
+        .await
+        .expect("nothing stays resident");
+    assert!(host.get(&SessionId::from("child")).is_none());
+    host.finish().await;
+}
+
+/// Persistence over a [`MemoryStore`] whose `inspect` or `load` of any session but the parent's
+/// panics while armed: a misbehaving host store reached from cold resume and reserved starts.
+struct PanickingReads {
+    store: Arc<MemoryStore>,
+    inspect: AtomicBool,
+    load: AtomicBool,
+}
+
+#[async_trait]
+impl SessionPersistence for PanickingReads {
+    fn create(&self, header: &agent::SessionHeader) -> Result<(), AgentError> {
+        SessionPersistence::create(self.store.as_ref(), header)
+    }
+    fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), AgentError> {
+        SessionPersistence::append(self.store.as_ref(), id, event)
+    }
+    async fn flush(&self, id: &SessionId) -> Result<(), AgentError> {
+        SessionPersistence::flush(self.store.as_ref(), id).await
+    }
+    async fn list(&self) -> Result<Vec<agent::SessionHeader>, AgentError> {
+        SessionPersistence::list(self.store.as_ref()).await
+    }
+    async fn inspect(&self, id: &SessionId) -> Result<Option<agent::SessionHeader>, AgentError> {
+        if id.as_str() != "parent" && self.inspect.load(AtomicOrdering::SeqCst) {
+            panic!("the store's inspect exploded");
+        }
+        SessionPersistence::inspect(self.store.as_ref(), id).await
+    }
+    async fn load(&self, id: &SessionId) -> Result<agent::store::LoadedSession, AgentError> {
+        if id.as_str() != "parent" && self.load.load(AtomicOrdering::SeqCst) {
+            panic!("the store's load exploded");
+        }
+        SessionPersistence::load(self.store.as_ref(), id).await
+    }
+}
+
+/// spec: CONT-22 — a cold resume whose store read *panics* (the host's `inspect`, then its
+/// `load`) rejects `NOT_RESUMABLE` ("unavailable", the contained panic as the source) instead of
+/// unwinding into the caller; nothing becomes resident, no epoch starts, and once the store
+/// behaves the same follow-up cold-resumes. A reserved-id start whose catalog check panics
+/// rejects with a typed error too, creating nothing.
+#[tokio::test(start_paused = true)]
+async fn panicking_store_reads_reject_cold_resume_and_reserved_starts() {
+    let store = Arc::new(MemoryStore::new());
+    let reads = Arc::new(PanickingReads {
+        store: store.clone(),
+        inspect: AtomicBool::new(false),
+        load: AtomicBool::new(false),
+    });
+    let persistence: Arc<dyn SessionPersistence> = reads.clone();
+    let host = Host::build_on(by_session(6), store, Some(persistence), true, routed(), false).await;
+    let child_id = start_reserved(&host, "child").await;
+    host.settle().await;
+    host.parent.when_idle().await;
+    for (read, armed) in [("inspect", &reads.inspect), ("load", &reads.load)] {
+        armed.store(true, AtomicOrdering::SeqCst);
+        let err = no_unwind(
+            host.manager
+                .followup(&host.parent, &child_id, vec![ContentBlock::text("lost")]),
+        )
+        .await
+        .unwrap_or_else(|panic| panic!("{read}: the panic reached the caller: {panic}"))
+        .unwrap_err();
+        assert_eq!(err.code(), SubagentErrorCode::NotResumable, "{read}: {err}");
+        assert!(err.to_string().contains("unavailable"), "{read}: {err}");
+        let cause = std::error::Error::source(&err).map(ToString::to_string);
+        assert!(
+            cause
+                .as_deref()
+                .is_some_and(|c| c.contains(&format!("the store's {read} exploded"))),
+            "{read}: {cause:?}"
+        );
+        assert!(host.manager.resident().is_empty(), "{read}");
+        armed.store(false, AtomicOrdering::SeqCst);
+    }
+    assert_eq!(host.starts().len(), 1, "no epoch started");
+    reads.inspect.store(true, AtomicOrdering::SeqCst);
+    let mut spec = host.spec("task");
+    spec.child_id = Some(SessionId::from("reserved"));
+    let err = no_unwind(host.manager.start_continuable(spec))
+        .await
+        .expect("the panic stayed out of the caller")
+        .unwrap_err();
+    assert!(err.to_string().contains("the store's inspect exploded"), "{err}");
+    assert!(host.get(&SessionId::from("reserved")).is_none());
+    reads.inspect.store(false, AtomicOrdering::SeqCst);
+    host.manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("again")])
+        .await
+        .expect("the child cold-resumes");
+    host.settle().await;
+    host.parent.when_idle().await;
+    host.settle().await;
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["task", "again"]);
+    host.finish().await;
 }
