@@ -41,8 +41,10 @@
 //!   through the inbox insertion) and the synchronous opening of a disposal transaction (its
 //!   cancel) mutually atomic across threads, as both are one synchronous span in the spec: a
 //!   follow-up admitted before a drain's cancel is inserted before it (CONT-45), and one that
-//!   is not sees the closed admission (`DRAINING`). Reentrant, because an insertion observer
-//!   may itself drain; never held across an `.await`. Taken before any lock above.
+//!   is not sees the closed admission (`DRAINING`). A residency's admission checks and its
+//!   ownership registration under a resident parent are one such span too (a parent's
+//!   disposal either refuses the child or finds it owned). Reentrant, because an insertion
+//!   observer may itself drain; never held across an `.await`. Taken before any lock above.
 //! * `Activation` fields (sync) — each protects only its own small set.
 
 mod activation;
@@ -700,19 +702,30 @@ impl Inner {
 
     /// Installs ownership, the inbox subscription and the epoch boundary, then emits the start
     /// edge (spec §2.14.4 step 4). Synchronous: no suspension point.
+    ///
+    /// The admission checks and the ownership registration under a resident parent Activation
+    /// are one span under `admission`, like a submission's: the opening of the parent's disposal
+    /// (which takes the same lock to cancel and to open the transactions of the children it owns
+    /// *then*) comes either before — this child is refused `ACTIVATION_CLOSING` — or after — it
+    /// finds this child owned and tears it down with the parent. Checked and registered apart, a
+    /// disposal opened in between (on another thread) missed the child, which then outlived its
+    /// parent's teardown, owned by an Activation no longer resident.
     fn make_resident(
         self: &Arc<Self>,
         activation: &Arc<Activation>,
         parent: &AgentRef,
         signal: &Signal,
     ) -> Result<(), SubagentError> {
-        check_signal(signal)?;
-        self.admit(parent)?;
-        if let Some(owner) = self.activations.lock().get(parent.id()).cloned() {
-            if owner.disposal().is_some() {
-                return Err(SubagentError::parent_activation_closing(parent.id().as_str()));
+        {
+            let _admission = self.admission.lock();
+            check_signal(signal)?;
+            self.admit(parent)?;
+            if let Some(owner) = self.activations.lock().get(parent.id()).cloned() {
+                if owner.disposal().is_some() {
+                    return Err(SubagentError::parent_activation_closing(parent.id().as_str()));
+                }
+                owner.own(activation.child_id.clone());
             }
-            owner.own(activation.child_id.clone());
         }
         activation.set_ancestry(self.lineage(&activation.agent, parent));
         let weak = Arc::downgrade(activation);
