@@ -500,6 +500,16 @@ impl SubagentError {
         )
     }
 
+    /// `ACTIVATION_TEARDOWN_FAILED` when the teardown could not cancel the child (the host
+    /// agent's `cancel` panicked): `subagent "<child>" could not be cancelled in its teardown:
+    /// <message>`. The teardown goes on once the child is idle; the epoch reports `error`.
+    pub fn cancel_failed(child_id: &str, message: &str) -> Self {
+        Self::new(
+            SubagentErrorCode::ActivationTeardownFailed,
+            format!("subagent \"{child_id}\" could not be cancelled in its teardown: {message}"),
+        )
+    }
+
     /// `ACTIVATION_TEARDOWN_FAILED` when the teardown could not wait for the child to become idle
     /// (the host agent's `when_idle` panicked): `subagent "<child>" did not become idle in its
     /// teardown: <message>`. The teardown goes on; the epoch reports `error`.

@@ -850,27 +850,40 @@ impl Inner {
         let inner = self.clone();
         activation.open_disposal(&self.tasks, move |activation| {
             activation.wake();
-            activation
-                .agent
-                .cancel(agent::CancelCause::Parent, agent::CancelOptions::default());
+            // The child is host code: a panic of its `cancel` would unwind into whoever opened
+            // this transaction and abandon it with the Activation resident. It is contained and
+            // recorded as a failed boundary; the teardown then waits for the turn to end.
+            let cancelled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                activation
+                    .agent
+                    .cancel(agent::CancelCause::Parent, agent::CancelOptions::default());
+            }));
+            let cancel_failure = cancelled.err().map(|payload| {
+                Arc::new(SubagentError::cancel_failed(
+                    activation.child_id.as_str(),
+                    &agent::bus::panic_message(&*payload),
+                )) as crate::error::SharedError
+            });
             let children: Vec<_> = activation
                 .owned_children()
                 .into_iter()
                 .filter_map(|id| inner.activations.lock().get(&id).cloned())
                 .map(|child| inner.open_disposal(&child))
                 .collect();
-            async move { inner.dispose(activation, children).await }.boxed()
+            async move { inner.dispose(activation, cancel_failure, children).await }.boxed()
         })
     }
 
-    /// The asynchronous part of the disposal transaction.
+    /// The asynchronous part of the disposal transaction; `cancel_failure` is the synchronous
+    /// part's failed cancel, if it failed.
     async fn dispose(
         self: Arc<Self>,
         activation: Arc<Activation>,
+        cancel_failure: Option<crate::error::SharedError>,
         children: Vec<activation::Disposal>,
     ) -> Result<(), crate::error::SharedError> {
         let child_id = activation.child_id.clone();
-        let mut failures: Vec<crate::error::SharedError> = Vec::new();
+        let mut failures: Vec<crate::error::SharedError> = cancel_failure.into_iter().collect();
         for result in futures::future::join_all(children).await {
             if let Err(e) = result {
                 failures.push(e);

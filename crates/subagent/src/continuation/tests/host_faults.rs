@@ -25,6 +25,8 @@ enum Fault {
     SendNotice,
     /// `send` panics for a message with this text.
     SendText(&'static str),
+    /// `cancel` panics without cancelling anything.
+    Cancel,
 }
 
 /// A host agent over a live reference agent that panics as its [`Fault`] says and otherwise
@@ -64,6 +66,9 @@ impl Agent for FaultyAgent {
         self.inner.inbox()
     }
     fn cancel(&self, cause: agent::CancelCause, options: agent::CancelOptions) {
+        if self.fault == Fault::Cancel {
+            panic!("cancel exploded");
+        }
         self.cancelled.store(true, AtomicOrdering::SeqCst);
         self.inner.cancel(cause, options);
     }
@@ -556,5 +561,44 @@ async fn panicking_store_reads_reject_cold_resume_and_reserved_starts() {
     host.settle().await;
     let log = host.persisted(&child_id).await;
     assert_eq!(texts(&log.events), vec!["task", "again"]);
+    host.finish().await;
+}
+
+/// spec: CONT-35 — a selected drain with a failing teardown boundary rejects
+/// `ACTIVATION_TEARDOWN_FAILED` yet still removes the child; here the boundary is the child's
+/// cancel (the host agent's `cancel` panics without cancelling). The panic stays out of the
+/// drain's caller, the teardown waits for the turn to end on its own, and then releases the
+/// child; the end edge reports `error`. (The panic unwound into the drain's caller and abandoned
+/// the transaction with the Activation resident for ever: no later drain could release it.)
+#[tokio::test(start_paused = true)]
+async fn a_panicking_cancel_in_teardown_is_recorded_and_the_child_released() {
+    let (host, _agents) = faulty_host(by_session(6), &[("child", Fault::Cancel)]).await;
+    let (child_gate, hook) = gate(&host, "child");
+    let child_id = start_reserved(&host, "child").await;
+    yield_a_while().await;
+    let drain = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        host.manager
+            .drain_continuable_children(&host.parent, std::slice::from_ref(&child_id))
+    }))
+    .expect("the panic stayed out of the caller");
+    yield_a_while().await;
+    assert!(
+        host.manager.is_resident(&child_id),
+        "the uncancelled turn is waited for"
+    );
+    child_gate.send(true).unwrap();
+    let err = within(PATIENCE, drain)
+        .await
+        .expect("the drain resolved")
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::ActivationTeardownFailed, "{err}");
+    assert!(err.to_string().contains("cancel exploded"), "{err}");
+    assert!(!host.manager.is_resident(&child_id));
+    assert!(host.get(&child_id).is_none());
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].stop_reason, StopReason::Error);
+    drop(hook);
+    host.parent.when_idle().await;
     host.finish().await;
 }
