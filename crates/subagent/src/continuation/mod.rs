@@ -398,7 +398,9 @@ impl Inner {
             )),
             owner: None,
         };
-        let handle = inner.services.agents.create(create).await.map_err(agent_failure);
+        let handle = runtime_call(|| inner.services.agents.create(create))
+            .await
+            .map_err(agent_failure);
         let handle = match handle {
             Ok(handle) => handle,
             Err(e) => {
@@ -470,9 +472,9 @@ impl ContinuationManager {
     /// teardown ended without releasing the child's Activation (`ACTIVATION_TEARDOWN_FAILED`,
     /// with the teardown's failure as its source), which routing again would only find again.
     ///
-    /// Host code that panics on the way — the store's reads during a cold resume
-    /// (`NOT_RESUMABLE`), the child's inbox send (`PROVIDER_FAILED`, like a send that threw) —
-    /// fails the follow-up with a typed error and never unwinds into the caller.
+    /// Host code that panics on the way — the store's reads or the runtime's resume during a
+    /// cold resume (`NOT_RESUMABLE`), the child's inbox send (`PROVIDER_FAILED`, like a send
+    /// that threw) — fails the follow-up with a typed error and never unwinds into the caller.
     pub async fn followup_with(
         &self,
         parent: &AgentRef,
@@ -1077,6 +1079,19 @@ where
         Err(AgentError::Persistence(format!(
             "the session store panicked: {panic}"
         )))
+    })
+}
+
+/// A call into the host's agent runtime (`create`, `resume`), with a panic contained as a failed
+/// call (`AgentError::Other`, "the agent runtime panicked: …").
+async fn runtime_call<T, F>(call: impl FnOnce() -> F) -> Result<T, AgentError>
+where
+    F: Future<Output = Result<T, AgentError>>,
+{
+    contained(call).await.unwrap_or_else(|panic| {
+        Err(AgentError::Other(
+            format!("the agent runtime panicked: {panic}").into(),
+        ))
     })
 }
 

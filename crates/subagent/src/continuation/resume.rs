@@ -8,7 +8,7 @@ use agent::{AgentError, AgentRef, Ctx, ResumeAgentOptions, SessionId, Signal};
 use futures::FutureExt;
 
 use super::activation::Activation;
-use super::{Inner, check_signal, store_call};
+use super::{Inner, check_signal, runtime_call, store_call};
 use crate::compose::apply_child_composition;
 use crate::composition::ChildComposition;
 use crate::descriptor::{SubagentDescriptor, fold_subagent_descriptor};
@@ -88,15 +88,17 @@ impl Inner {
         };
         self.admit(parent)?;
         let materializing = self.begin_materialization(parent);
-        let handle = self.services.agents.resume(resume).await.map_err(|e| {
-            if signal.is_cancelled() {
-                return check_signal(signal).expect_err("cancelled");
-            }
-            match seam_error_within(e) {
-                Ok(seam) => seam,
-                Err(e) => SubagentError::child_unavailable(child_id.as_str()).with_source(e),
-            }
-        })?;
+        let handle = runtime_call(|| self.services.agents.resume(resume))
+            .await
+            .map_err(|e| {
+                if signal.is_cancelled() {
+                    return check_signal(signal).expect_err("cancelled");
+                }
+                match seam_error_within(e) {
+                    Ok(seam) => seam,
+                    Err(e) => SubagentError::child_unavailable(child_id.as_str()).with_source(e),
+                }
+            })?;
         if handle.id() != child_id {
             // The runtime resumed what the store handed it at load time: not this child.
             let found = handle.id().clone();

@@ -105,11 +105,16 @@ struct FaultyRuntime {
     inner: Arc<dyn AgentRuntime>,
     faults: Vec<(SessionId, Fault)>,
     created: Mutex<Vec<Arc<FaultyAgent>>>,
+    /// While set, `create` and `resume` panic.
+    panicking: AtomicBool,
 }
 
 #[async_trait]
 impl AgentRuntime for FaultyRuntime {
     async fn create(&self, options: CreateAgentOptions) -> Result<AgentHandle, AgentError> {
+        if self.panicking.load(AtomicOrdering::SeqCst) {
+            panic!("the runtime's create exploded");
+        }
         let fault = self
             .faults
             .iter()
@@ -126,6 +131,9 @@ impl AgentRuntime for FaultyRuntime {
         Ok(AgentHandle::new(agent, Arc::new(Delegating(handle))))
     }
     async fn resume(&self, options: agent::ResumeAgentOptions) -> Result<AgentHandle, AgentError> {
+        if self.panicking.load(AtomicOrdering::SeqCst) {
+            panic!("the runtime's resume exploded");
+        }
         self.inner.resume(options).await
     }
     fn get(&self, id: &SessionId) -> Option<AgentRef> {
@@ -160,6 +168,7 @@ async fn faulty_host(script: Vec<ScriptEntry>, faults: &[(&str, Fault)]) -> (Hos
             .map(|(id, fault)| (SessionId::from(*id), *fault))
             .collect(),
         created: Mutex::new(Vec::new()),
+        panicking: AtomicBool::new(false),
     });
     services.agents = agents.clone();
     host.manager = ContinuationManager::new(host.service.clone(), services);
@@ -600,5 +609,58 @@ async fn a_panicking_cancel_in_teardown_is_recorded_and_the_child_released() {
     assert_eq!(ends[0].stop_reason, StopReason::Error);
     drop(hook);
     host.parent.when_idle().await;
+    host.finish().await;
+}
+
+/// A runtime whose `create` or `resume` *panics* fails the start (`PROVIDER_FAILED`, as for a
+/// creation that failed) or the cold-resuming follow-up (spec: CONT-22 — `NOT_RESUMABLE`,
+/// "unavailable", the contained panic as the source) with a typed error instead of unwinding
+/// into the caller; nothing becomes resident or registered, no epoch starts, and once the runtime
+/// behaves the same follow-up cold-resumes.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_runtime_rejects_the_start_and_the_cold_resume() {
+    let (host, agents) = faulty_host(by_session(6), &[]).await;
+    let child_id = start_reserved(&host, "child").await;
+    host.settle().await;
+    host.parent.when_idle().await;
+    let agent_count = host.agent_count();
+    agents.panicking.store(true, AtomicOrdering::SeqCst);
+    let mut spec = host.spec("task");
+    spec.child_id = Some(SessionId::from("fresh"));
+    let err = no_unwind(host.manager.start_continuable(spec))
+        .await
+        .expect("the create's panic stayed out of the caller")
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::ProviderFailed, "{err}");
+    assert!(err.to_string().contains("the runtime's create exploded"), "{err}");
+    let err = no_unwind(
+        host.manager
+            .followup(&host.parent, &child_id, vec![ContentBlock::text("lost")]),
+    )
+    .await
+    .expect("the resume's panic stayed out of the caller")
+    .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::NotResumable, "{err}");
+    assert!(err.to_string().contains("unavailable"), "{err}");
+    let cause = std::error::Error::source(&err).map(ToString::to_string);
+    assert!(
+        cause
+            .as_deref()
+            .is_some_and(|c| c.contains("the runtime's resume exploded")),
+        "{cause:?}"
+    );
+    assert!(host.manager.resident().is_empty());
+    assert_eq!(host.agent_count(), agent_count);
+    assert_eq!(host.starts().len(), 1, "no epoch started");
+    agents.panicking.store(false, AtomicOrdering::SeqCst);
+    host.manager
+        .followup(&host.parent, &child_id, vec![ContentBlock::text("again")])
+        .await
+        .expect("the child cold-resumes");
+    host.settle().await;
+    host.parent.when_idle().await;
+    host.settle().await;
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["task", "again"]);
     host.finish().await;
 }
