@@ -785,18 +785,7 @@ impl Inner {
         // The child is host code: a panic of its `send` is contained and fails the submission
         // like a send that threw, taking the id back out of `accepted` (left there, it would
         // hold the child `running` for ever).
-        let sent = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            activation.agent.followup(message)
-        }))
-        .unwrap_or_else(|payload| {
-            Err(AgentError::Other(
-                format!(
-                    "the child agent panicked while accepting the message: {}",
-                    agent::bus::panic_message(&*payload)
-                )
-                .into(),
-            ))
-        });
+        let sent = send_contained("the child agent", || activation.agent.followup(message));
         if let Err(e) = sent {
             activation.settle_accepted(&id);
             return Err(agent_failure(e));
@@ -1091,6 +1080,20 @@ where
     contained(call).await.unwrap_or_else(|panic| {
         Err(AgentError::Other(
             format!("the agent runtime panicked: {panic}").into(),
+        ))
+    })
+}
+
+/// A delivery into a host agent's inbox (`send` and its presets), with a panic contained as a
+/// failed send (`AgentError::Other`, "<who> panicked: …"), so that the caller's accounting for
+/// the delivery (an id accepted before the send) is undone as for a send that threw.
+fn send_contained(
+    who: &str,
+    send: impl FnOnce() -> Result<MessageId, AgentError>,
+) -> Result<MessageId, AgentError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(send)).unwrap_or_else(|payload| {
+        Err(AgentError::Other(
+            format!("{who} panicked: {}", agent::bus::panic_message(&*payload)).into(),
         ))
     })
 }

@@ -1,11 +1,10 @@
 //! The settlement notice (spec §2.14.8): what a settled child's durable direct parent is told.
 
-use agent::bus::panic_message;
-use agent::{AgentError, AgentStatus, ContentBlock, Message, MessageSource};
+use agent::{AgentStatus, ContentBlock, Message, MessageSource};
 use serde_json::{Map, Value};
 
-use super::Inner;
 use super::activation::Activation;
+use super::{Inner, send_contained};
 use crate::model_text::{bound_notice_summary, settlement_notice_content, settlement_outcome_line};
 use crate::result::StopReason;
 
@@ -44,7 +43,7 @@ impl Inner {
         }
         // The parent is host code: a panic of its `send` is contained and counts as a failed
         // send, so that it cannot abandon the disposal transaction delivering the notice.
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let result = send_contained("the parent agent", || {
             if closing {
                 parent.inject(message)
             } else if parent.status() == AgentStatus::Idle {
@@ -52,11 +51,6 @@ impl Inner {
             } else {
                 parent.steer(message)
             }
-        }))
-        .unwrap_or_else(|payload| {
-            Err(AgentError::Other(
-                format!("the parent agent panicked: {}", panic_message(&*payload)).into(),
-            ))
         });
         if let Some(owner) = accounted {
             if result.is_err() {

@@ -4,7 +4,7 @@
 use agent::{AgentRef, ContentBlock, Message, MessageId, MessageSource, Signal};
 use serde_json::{Map, Value};
 
-use super::{ContinuationManager, check_signal};
+use super::{ContinuationManager, check_signal, send_contained};
 use crate::error::SubagentError;
 use crate::model_text::report_heading;
 
@@ -30,7 +30,8 @@ impl ContinuationManager {
     /// # Errors
     /// The token's cancellation (`CANCELLED`); `DRAINING`; `UNAUTHORIZED` when `child` is not
     /// the exact agent of a resident Activation; `ACTIVATION_CLOSING` when its disposal began;
-    /// `PARENT_UNAVAILABLE` when the direct parent is not live or its inbox refused the send.
+    /// `PARENT_UNAVAILABLE` when the direct parent is not live or its inbox refused the send
+    /// (also by panicking: the panic is contained, never unwinds into the reporter).
     pub fn report_from(
         &self,
         child: &AgentRef,
@@ -65,14 +66,15 @@ impl ContinuationManager {
         blocks.extend(content);
         let message = Message::user(blocks, MessageSource::Other(source));
         let id = message.id.clone();
+        // The parent is host code: a panic of its `send` counts as a failed send.
         let sent = match delivery {
-            ReportDelivery::Quiet => parent.inject(message),
+            ReportDelivery::Quiet => send_contained("the parent agent", || parent.inject(message)),
             ReportDelivery::NextStep => {
                 let owner = inner.activations.lock().get(parent.id()).cloned();
                 if let Some(owner) = &owner {
                     owner.accept(id.clone());
                 }
-                let sent = parent.steer(message);
+                let sent = send_contained("the parent agent", || parent.steer(message));
                 if let Some(owner) = &owner {
                     if sent.is_err() {
                         owner.settle_accepted(&id);

@@ -27,6 +27,8 @@ enum Fault {
     SendText(&'static str),
     /// `cancel` panics without cancelling anything.
     Cancel,
+    /// `send` panics for a child's report: a parent that cannot take it.
+    SendReport,
 }
 
 /// A host agent over a live reference agent that panics as its [`Fault`] says and otherwise
@@ -52,6 +54,9 @@ impl Agent for FaultyAgent {
     }
     fn send(&self, message: Message, target: InboxTarget, wake: bool) -> Result<MessageId, AgentError> {
         if self.fault == Fault::SendNotice && message.source.kind() == "subagent-settled" {
+            panic!("the parent's send exploded");
+        }
+        if self.fault == Fault::SendReport && message.source.kind() == "subagent-report" {
             panic!("the parent's send exploded");
         }
         if matches!(self.fault, Fault::SendText(text) if visible_text(&message.content) == text) {
@@ -662,5 +667,67 @@ async fn a_panicking_runtime_rejects_the_start_and_the_cold_resume() {
     host.settle().await;
     let log = host.persisted(&child_id).await;
     assert_eq!(texts(&log.events), vec!["task", "again"]);
+    host.finish().await;
+}
+
+/// spec: CONT-63 — a next-step report whose delivery *panics* (the resident parent's `send`, a
+/// host agent) fails the report with `PARENT_UNAVAILABLE` (the contained panic as its source,
+/// like a send that threw) instead of unwinding into the reporting child, and takes the report
+/// back out of the parent's accounting: both epochs still settle, `completed`. (The panic left
+/// the report's id in the parent's accepted set, holding the parent `running` for ever.)
+#[tokio::test(start_paused = true)]
+async fn a_panicking_report_delivery_fails_the_report_and_pins_nothing() {
+    let (host, agents) = faulty_host(by_session(10), &[("child", Fault::SendReport)]).await;
+    let (child_gate, child_hook) = gate(&host, "child");
+    let (gc_gate, gc_hook) = gate(&host, "grandchild");
+    let child_id = start_reserved(&host, "child").await;
+    let child = agents.get(&child_id).expect("the child is live");
+    let mut spec = ContinuableStartSpec::new(
+        "spawn",
+        "deeper",
+        vec![ContentBlock::text("gc task")],
+        child.clone(),
+    );
+    spec.child_id = Some(SessionId::from("grandchild"));
+    let (gc_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    yield_a_while().await;
+    let grandchild = host.get(&gc_id).expect("the grandchild is live");
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        host.manager.report_from(
+            &grandchild,
+            vec![ContentBlock::text("progress")],
+            super::super::ReportDelivery::NextStep,
+            &Signal::new(),
+        )
+    }))
+    .expect("the panic stayed out of the reporter")
+    .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::ParentUnavailable, "{err}");
+    let cause = std::error::Error::source(&err).map(ToString::to_string);
+    assert!(
+        cause
+            .as_deref()
+            .is_some_and(|c| c.contains("the parent's send exploded")),
+        "{cause:?}"
+    );
+    gc_gate.send(true).unwrap();
+    child_gate.send(true).unwrap();
+    within(PATIENCE, async {
+        host.settle().await;
+        host.parent.when_idle().await;
+        host.settle().await;
+    })
+    .await
+    .expect("both settled");
+    let ends: Vec<(SessionId, StopReason)> = host
+        .ends()
+        .into_iter()
+        .map(|e| (e.info.id, e.stop_reason))
+        .collect();
+    assert_eq!(
+        ends,
+        vec![(gc_id, StopReason::Completed), (child_id, StopReason::Completed)]
+    );
+    drop((child_hook, gc_hook));
     host.finish().await;
 }
