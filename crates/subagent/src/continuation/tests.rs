@@ -3153,8 +3153,18 @@ async fn inh_6_cold_resume_keeps_the_delegation_snapshot() {
     host.finish().await;
 }
 
-/// Persistence over a [`MemoryStore`] whose `flush` of a subagent child's session fails.
-struct FailingChildFlush(Arc<MemoryStore>);
+/// How a [`FailingChildFlush`] fails a subagent child's flush.
+#[derive(Clone, Copy)]
+enum FlushFault {
+    /// The flush rejects ("disk full").
+    Rejects,
+    /// The flush panics.
+    Panics,
+}
+
+/// Persistence over a [`MemoryStore`] whose `flush` of a subagent child's session fails (the
+/// parent's flushes succeed).
+struct FailingChildFlush(Arc<MemoryStore>, FlushFault);
 
 #[async_trait]
 impl SessionPersistence for FailingChildFlush {
@@ -3165,10 +3175,10 @@ impl SessionPersistence for FailingChildFlush {
         SessionPersistence::append(self.0.as_ref(), id, event)
     }
     async fn flush(&self, id: &SessionId) -> Result<(), agent::AgentError> {
-        if id.as_str() == "parent" {
-            SessionPersistence::flush(self.0.as_ref(), id).await
-        } else {
-            Err(agent::AgentError::Persistence("disk full".into()))
+        match (id.as_str(), self.1) {
+            ("parent", _) => SessionPersistence::flush(self.0.as_ref(), id).await,
+            (_, FlushFault::Rejects) => Err(agent::AgentError::Persistence("disk full".into())),
+            (_, FlushFault::Panics) => panic!("the store's flush exploded"),
         }
     }
     async fn list(&self) -> Result<Vec<agent::SessionHeader>, agent::AgentError> {
@@ -3208,7 +3218,8 @@ async fn cont_29_a_failing_final_flush_is_logged_and_settles() {
     let warnings = WarningCapture::new();
     let _subscriber = warnings.install();
     let store = Arc::new(MemoryStore::new());
-    let persistence: Arc<dyn SessionPersistence> = Arc::new(FailingChildFlush(store.clone()));
+    let persistence: Arc<dyn SessionPersistence> =
+        Arc::new(FailingChildFlush(store.clone(), FlushFault::Rejects));
     let host = Host::build_on(
         vec![chunks::text("done").into(), chunks::text("ack").into()],
         store,
@@ -4246,36 +4257,6 @@ mod sweep {
     }
 }
 
-/// Persistence over a [`MemoryStore`] whose `flush` of any session but the parent's panics: a
-/// misbehaving host store (third-party code) reached from the disposal transaction's final flush.
-struct PanickingChildFlush(Arc<MemoryStore>);
-
-#[async_trait]
-impl SessionPersistence for PanickingChildFlush {
-    fn create(&self, header: &agent::SessionHeader) -> Result<(), agent::AgentError> {
-        SessionPersistence::create(self.0.as_ref(), header)
-    }
-    fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), agent::AgentError> {
-        SessionPersistence::append(self.0.as_ref(), id, event)
-    }
-    async fn flush(&self, id: &SessionId) -> Result<(), agent::AgentError> {
-        if id.as_str() == "parent" {
-            SessionPersistence::flush(self.0.as_ref(), id).await
-        } else {
-            panic!("the store's flush exploded")
-        }
-    }
-    async fn list(&self) -> Result<Vec<agent::SessionHeader>, agent::AgentError> {
-        SessionPersistence::list(self.0.as_ref()).await
-    }
-    async fn inspect(&self, id: &SessionId) -> Result<Option<agent::SessionHeader>, agent::AgentError> {
-        SessionPersistence::inspect(self.0.as_ref(), id).await
-    }
-    async fn load(&self, id: &SessionId) -> Result<agent::store::LoadedSession, agent::AgentError> {
-        SessionPersistence::load(self.0.as_ref(), id).await
-    }
-}
-
 /// spec: CONT-29 — the best-effort final flush never fails the transaction, also when the host
 /// store's flush *panics*: the panic is contained and logged like a failed flush, the Activation
 /// is released (agent unregistered, nothing resident), the parent gets its notice, the end edge
@@ -4287,7 +4268,8 @@ async fn a_panicking_final_flush_is_contained_and_settles() {
     let warnings = WarningCapture::new();
     let _subscriber = warnings.install();
     let store = Arc::new(MemoryStore::new());
-    let persistence: Arc<dyn SessionPersistence> = Arc::new(PanickingChildFlush(store.clone()));
+    let persistence: Arc<dyn SessionPersistence> =
+        Arc::new(FailingChildFlush(store.clone(), FlushFault::Panics));
     let host = Host::build_on(by_session(6), store, Some(persistence), true, routed(), false).await;
     let child_id = start_reserved(&host, "flaky").await;
     host.settle().await;
