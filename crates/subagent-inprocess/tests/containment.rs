@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use agent::{Agent, AgentError, AgentHandle, AgentOptions, AgentRef, CancelCause, Disposer};
+use agent::{AgentHandle, CancelCause, Disposer};
 use agent_loop::model::{ScriptEntry, chunks};
 use common::*;
 use futures::future::BoxFuture;
@@ -91,65 +91,6 @@ async fn dropping_a_run_whose_disposer_panics_does_not_panic() {
     host.finish().await;
 }
 
-/// Which of a misbehaving host agent's calls panics.
-#[derive(Clone, Copy, PartialEq)]
-enum Fault {
-    /// `send` (the prompt delivery).
-    Delivery,
-    /// `cancel`.
-    Cancel,
-}
-
-/// An agent whose call `Fault` panics (a misbehaving host) and which otherwise delegates.
-struct Misbehaving(AgentRef, Fault);
-
-impl Agent for Misbehaving {
-    fn id(&self) -> &agent::SessionId {
-        self.0.id()
-    }
-    fn options(&self) -> &AgentOptions {
-        self.0.options()
-    }
-    fn session(&self) -> &Arc<agent::Session> {
-        self.0.session()
-    }
-    fn scope(&self) -> &Arc<agent::Scope> {
-        self.0.scope()
-    }
-    fn send(
-        &self,
-        message: agent::Message,
-        target: agent::InboxTarget,
-        wake: bool,
-    ) -> Result<agent::MessageId, AgentError> {
-        if self.1 == Fault::Delivery {
-            panic!("delivery exploded");
-        }
-        self.0.send(message, target, wake)
-    }
-    fn remove_pending(&self, id: &agent::MessageId) -> Result<bool, AgentError> {
-        self.0.remove_pending(id)
-    }
-    fn inbox(&self) -> agent::InboxSnapshot {
-        self.0.inbox()
-    }
-    fn cancel(&self, cause: CancelCause, options: agent::CancelOptions) {
-        if self.1 == Fault::Cancel {
-            panic!("cancel exploded");
-        }
-        self.0.cancel(cause, options)
-    }
-    fn status(&self) -> agent::AgentStatus {
-        self.0.status()
-    }
-    fn when_idle(&self) -> BoxFuture<'static, ()> {
-        self.0.when_idle()
-    }
-    fn is_live(&self) -> bool {
-        self.0.is_live()
-    }
-}
-
 /// spec: §3.5 — after publication failures belong to `result`: a prompt delivery that panics
 /// (rather than returning an error, DRV-5) is the same infrastructure fault. The start fulfils
 /// with the published child, `result` rejects naming the panic, `dispose` succeeds, and nothing
@@ -159,8 +100,9 @@ async fn a_panicking_prompt_delivery_fails_the_result_not_the_start() {
     let host = Host::new(vec![]).await;
     let (agents, sessions) = (host.agent_count(), host.session_count());
     let driver = wrapped_driver(&host, |handle| {
-        let agent: AgentRef = Arc::new(Misbehaving(handle.agent().clone(), Fault::Delivery));
-        AgentHandle::new(agent, Arc::new(Forward(handle)))
+        HookedAgent::new(handle.agent())
+            .on_send(|| panic!("delivery exploded"))
+            .handle(handle)
     });
     let run = driver
         .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
@@ -175,15 +117,6 @@ async fn a_panicking_prompt_delivery_fails_the_result_not_the_start() {
     host.finish().await;
 }
 
-/// Disposes the real handle.
-struct Forward(AgentHandle);
-
-impl Disposer for Forward {
-    fn dispose(&self) -> BoxFuture<'static, ()> {
-        self.0.dispose()
-    }
-}
-
 /// spec: DRV-18 — an abort in the handoff window runs the cancel action from the start itself;
 /// a host child whose `cancel` panics there does not unwind out of the start: the run is
 /// returned, its result is `{output: [], stopReason: aborted}` (the prompt is never delivered),
@@ -196,8 +129,9 @@ async fn a_panicking_child_cancel_in_the_handoff_window_does_not_fail_the_start(
     let at_handoff = signal.clone();
     let driver = wrapped_driver(&host, move |handle| {
         at_handoff.cancel(CancelCause::User);
-        let agent: AgentRef = Arc::new(Misbehaving(handle.agent().clone(), Fault::Cancel));
-        AgentHandle::new(agent, Arc::new(Forward(handle)))
+        HookedAgent::new(handle.agent())
+            .on_cancel(|| panic!("cancel exploded"))
+            .handle(handle)
     });
     let run = driver
         .start(

@@ -9,72 +9,14 @@ mod common;
 
 use std::sync::Arc;
 
-use agent::{
-    Agent, AgentError, AgentHandle, AgentOptions, AgentRef, CancelCause, Disposer, Signal, TurnEndReason,
-};
+use agent::{CancelCause, Signal, TurnEndReason};
 use agent_loop::model::chunks;
 use common::*;
 use futures::FutureExt;
-use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use subagent::StopReason;
 use subagent::run::SubagentRun;
 use subagent_inprocess::InProcessRunOptions;
-
-/// An agent whose delivery first cancels `signal` (the racing thread's cancel, landing right
-/// before the prompt is enqueued), then delivers; everything else delegates.
-struct CancelsBeforeDelivery(AgentRef, Signal);
-
-impl Agent for CancelsBeforeDelivery {
-    fn id(&self) -> &agent::SessionId {
-        self.0.id()
-    }
-    fn options(&self) -> &AgentOptions {
-        self.0.options()
-    }
-    fn session(&self) -> &Arc<agent::Session> {
-        self.0.session()
-    }
-    fn scope(&self) -> &Arc<agent::Scope> {
-        self.0.scope()
-    }
-    fn send(
-        &self,
-        message: agent::Message,
-        target: agent::InboxTarget,
-        wake: bool,
-    ) -> Result<agent::MessageId, AgentError> {
-        self.1.cancel(CancelCause::User);
-        self.0.send(message, target, wake)
-    }
-    fn remove_pending(&self, id: &agent::MessageId) -> Result<bool, AgentError> {
-        self.0.remove_pending(id)
-    }
-    fn inbox(&self) -> agent::InboxSnapshot {
-        self.0.inbox()
-    }
-    fn cancel(&self, cause: CancelCause, options: agent::CancelOptions) {
-        self.0.cancel(cause, options)
-    }
-    fn status(&self) -> agent::AgentStatus {
-        self.0.status()
-    }
-    fn when_idle(&self) -> BoxFuture<'static, ()> {
-        self.0.when_idle()
-    }
-    fn is_live(&self) -> bool {
-        self.0.is_live()
-    }
-}
-
-/// Disposes the real handle.
-struct Forward(AgentHandle);
-
-impl Disposer for Forward {
-    fn dispose(&self) -> BoxFuture<'static, ()> {
-        self.0.dispose()
-    }
-}
 
 /// spec: §3.4 (after publication), DRV-16 — a request-signal cancellation that lands after the
 /// start's last check but before the prompt is in the child's inbox still stops the child: the
@@ -86,8 +28,14 @@ async fn a_cancel_racing_the_prompt_delivery_is_not_lost() {
     let signal = Signal::new();
     let racing = signal.clone();
     let driver = wrapped_driver(&host, move |handle| {
-        let agent: AgentRef = Arc::new(CancelsBeforeDelivery(handle.agent().clone(), racing.clone()));
-        AgentHandle::new(agent, Arc::new(Forward(handle)))
+        // The racing thread's cancel lands right before the prompt is enqueued.
+        let racing = racing.clone();
+        HookedAgent::new(handle.agent())
+            .on_send(move || {
+                racing.cancel(CancelCause::User);
+                Ok(())
+            })
+            .handle(handle)
     });
     let run = driver
         .start(

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use agent::hooks::{PreStep, PreStepDecision, PreStepInterceptor};
 use agent::{
-    Agent, AgentError, AgentHandle, AgentOptions, AgentRef, CancelCause, ContentBlock, Disposer, EventData,
-    SessionId, SessionMeta, Signal, TurnEndReason,
+    AgentError, AgentHandle, AgentOptions, CancelCause, ContentBlock, Disposer, EventData, SessionId,
+    SessionMeta, Signal, TurnEndReason,
 };
 use agent_loop::model::{ScriptEntry, chunks};
 use async_trait::async_trait;
@@ -180,50 +180,6 @@ async fn drv_4_no_final_flush() {
     host.finish().await;
 }
 
-/// An agent whose deliveries fail (an infrastructure fault) and otherwise delegates.
-struct FailingDelivery(AgentRef);
-
-impl Agent for FailingDelivery {
-    fn id(&self) -> &SessionId {
-        self.0.id()
-    }
-    fn options(&self) -> &AgentOptions {
-        self.0.options()
-    }
-    fn session(&self) -> &Arc<agent::Session> {
-        self.0.session()
-    }
-    fn scope(&self) -> &Arc<agent::Scope> {
-        self.0.scope()
-    }
-    fn send(
-        &self,
-        _: agent::Message,
-        _: agent::InboxTarget,
-        _: bool,
-    ) -> Result<agent::MessageId, AgentError> {
-        Err(AgentError::Other("published run failed".into()))
-    }
-    fn remove_pending(&self, id: &agent::MessageId) -> Result<bool, AgentError> {
-        self.0.remove_pending(id)
-    }
-    fn inbox(&self) -> agent::InboxSnapshot {
-        self.0.inbox()
-    }
-    fn cancel(&self, cause: CancelCause, options: agent::CancelOptions) {
-        self.0.cancel(cause, options)
-    }
-    fn status(&self) -> agent::AgentStatus {
-        self.0.status()
-    }
-    fn when_idle(&self) -> BoxFuture<'static, ()> {
-        self.0.when_idle()
-    }
-    fn is_live(&self) -> bool {
-        self.0.is_live()
-    }
-}
-
 /// Disposes the real handle, then fails.
 struct FailingDisposer(AgentHandle);
 
@@ -247,8 +203,9 @@ async fn drv_5_result_and_dispose_fail_on_separate_channels() {
     let host = Host::new(vec![]).await;
     let (agents, sessions) = (host.agent_count(), host.session_count());
     let driver = wrapped_driver(&host, |handle| {
-        let agent: AgentRef = Arc::new(FailingDelivery(handle.agent().clone()));
-        AgentHandle::new(agent, Arc::new(FailingDisposer(handle)))
+        let agent = HookedAgent::new(handle.agent())
+            .on_send(|| Err(AgentError::Other("published run failed".into())));
+        AgentHandle::new(Arc::new(agent), Arc::new(FailingDisposer(handle)))
     });
     let run = driver
         .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())

@@ -10,9 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use agent::model::BlockType;
-use agent::{
-    AgentHandle, AgentRef, ContentBlock, EventData, Message, SessionEvent, Signal, StreamChunk, SurfaceMeta,
-};
+use agent::{AgentRef, ContentBlock, EventData, Message, SessionEvent, Signal, StreamChunk, SurfaceMeta};
 use agent_loop::model::chunks;
 use async_trait::async_trait;
 use common::*;
@@ -325,58 +323,6 @@ async fn seam_107_rejection_emits_nothing() {
     host.finish().await;
 }
 
-/// An agent whose deliveries fail (the run's result then rejects).
-struct NoDelivery(AgentRef);
-
-impl agent::Agent for NoDelivery {
-    fn id(&self) -> &agent::SessionId {
-        self.0.id()
-    }
-    fn options(&self) -> &agent::AgentOptions {
-        self.0.options()
-    }
-    fn session(&self) -> &Arc<agent::Session> {
-        self.0.session()
-    }
-    fn scope(&self) -> &Arc<agent::Scope> {
-        self.0.scope()
-    }
-    fn send(
-        &self,
-        _: Message,
-        _: agent::InboxTarget,
-        _: bool,
-    ) -> Result<agent::MessageId, agent::AgentError> {
-        Err(agent::AgentError::Other("delivery failed".into()))
-    }
-    fn remove_pending(&self, id: &agent::MessageId) -> Result<bool, agent::AgentError> {
-        self.0.remove_pending(id)
-    }
-    fn inbox(&self) -> agent::InboxSnapshot {
-        self.0.inbox()
-    }
-    fn cancel(&self, cause: agent::CancelCause, options: agent::CancelOptions) {
-        self.0.cancel(cause, options)
-    }
-    fn status(&self) -> agent::AgentStatus {
-        self.0.status()
-    }
-    fn when_idle(&self) -> futures::future::BoxFuture<'static, ()> {
-        self.0.when_idle()
-    }
-    fn is_live(&self) -> bool {
-        self.0.is_live()
-    }
-}
-
-struct Delegating(AgentHandle);
-
-impl agent::Disposer for Delegating {
-    fn dispose(&self) -> futures::future::BoxFuture<'static, ()> {
-        self.0.dispose()
-    }
-}
-
 /// spec: SEAM-108 — the end event carries the last output (omitted when empty) and maps a
 /// rejected result to `error`.
 #[tokio::test(start_paused = true)]
@@ -384,8 +330,9 @@ async fn seam_108_end_carries_output_and_maps_rejection() {
     let host = Host::new(vec![chunks::text("answer").into()]).await;
     let _g = subagent_spawn::register(&host.service, host.driver.clone()).unwrap();
     let failing = wrapped_driver(&host, |handle| {
-        let agent: AgentRef = Arc::new(NoDelivery(handle.agent().clone()));
-        AgentHandle::new(agent, Arc::new(Delegating(handle)))
+        HookedAgent::new(handle.agent())
+            .on_send(|| Err(agent::AgentError::Other("delivery failed".into())))
+            .handle(handle)
     });
     let _f = host
         .service

@@ -444,3 +444,95 @@ pub fn global_tool(host: &Host, def: agent::tools::ToolDefinition) -> agent::Reg
         .register(None, def)
         .expect("tool registered")
 }
+
+/// A host agent over a real one whose `send` and `cancel` first run test hooks — a misbehaving
+/// or racing host — and which otherwise delegates. A `send` hook returning an error fails the
+/// send without delivering; a hook may also panic.
+pub struct HookedAgent {
+    inner: AgentRef,
+    on_send: Box<dyn Fn() -> Result<(), agent::AgentError> + Send + Sync>,
+    on_cancel: Box<dyn Fn() + Send + Sync>,
+}
+
+impl HookedAgent {
+    /// Delegates everything to `inner` until hooks are added.
+    pub fn new(inner: &AgentRef) -> Self {
+        Self {
+            inner: inner.clone(),
+            on_send: Box::new(|| Ok(())),
+            on_cancel: Box::new(|| {}),
+        }
+    }
+
+    /// Runs `hook` before every `send`; an `Err` is the send's result.
+    pub fn on_send(
+        mut self,
+        hook: impl Fn() -> Result<(), agent::AgentError> + Send + Sync + 'static,
+    ) -> Self {
+        self.on_send = Box::new(hook);
+        self
+    }
+
+    /// Runs `hook` before every `cancel`.
+    pub fn on_cancel(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_cancel = Box::new(hook);
+        self
+    }
+
+    /// The wrapped agent as the handle of `handle`'s agent, disposing the real handle.
+    pub fn handle(self, handle: AgentHandle) -> AgentHandle {
+        AgentHandle::new(Arc::new(self), Arc::new(Forward(handle)))
+    }
+}
+
+impl agent::Agent for HookedAgent {
+    fn id(&self) -> &SessionId {
+        self.inner.id()
+    }
+    fn options(&self) -> &AgentOptions {
+        self.inner.options()
+    }
+    fn session(&self) -> &Arc<agent::Session> {
+        self.inner.session()
+    }
+    fn scope(&self) -> &Arc<agent::Scope> {
+        self.inner.scope()
+    }
+    fn send(
+        &self,
+        message: Message,
+        target: agent::InboxTarget,
+        wake: bool,
+    ) -> Result<agent::MessageId, agent::AgentError> {
+        (self.on_send)()?;
+        self.inner.send(message, target, wake)
+    }
+    fn remove_pending(&self, id: &agent::MessageId) -> Result<bool, agent::AgentError> {
+        self.inner.remove_pending(id)
+    }
+    fn inbox(&self) -> agent::InboxSnapshot {
+        self.inner.inbox()
+    }
+    fn cancel(&self, cause: agent::CancelCause, options: agent::CancelOptions) {
+        (self.on_cancel)();
+        self.inner.cancel(cause, options)
+    }
+    fn status(&self) -> agent::AgentStatus {
+        self.inner.status()
+    }
+    fn when_idle(&self) -> futures::future::BoxFuture<'static, ()> {
+        self.inner.when_idle()
+    }
+    fn is_live(&self) -> bool {
+        self.inner.is_live()
+    }
+}
+
+/// A disposer that disposes the real handle.
+pub struct Forward(pub AgentHandle);
+
+impl agent::Disposer for Forward {
+    fn dispose(&self) -> futures::future::BoxFuture<'static, ()> {
+        self.0.dispose()
+    }
+}
