@@ -72,9 +72,10 @@ impl<S: Stream<Item = ()> + Unpin> TwoStage<S> {
         FirstInterrupt(self.first.subscribe())
     }
 
-    /// Runs `work` to its end while listening for interrupts. On the first, calls `on_first`
-    /// (say, to tell the user that another interrupt exits at once) and marks every
-    /// [`FirstInterrupt`] handle; the work keeps running and is expected to wind down. On the
+    /// Runs `work` to its end while listening for interrupts. On the first, marks every
+    /// [`FirstInterrupt`] handle, then calls `on_first` (say, to tell the user that another
+    /// interrupt exits at once), so a handle is marked by the time the announcement is made;
+    /// the work keeps running and is expected to wind down. On the
     /// second, drops `work` unfinished and returns [`Abandoned`]. Work that is ready wins over an
     /// interrupt that arrives at the same time.
     pub async fn run<F: Future>(mut self, work: F, on_first: impl FnOnce()) -> Result<F::Output, Abandoned> {
@@ -91,8 +92,10 @@ impl<S: Stream<Item = ()> + Unpin> TwoStage<S> {
                         on_first = not_yet;
                     }
                     (Some(()), Some(notify)) => {
-                        notify();
+                        // Mark first: whoever hears the announcement (on another thread, say)
+                        // must find every handle marked already.
                         self.first.send_replace(true);
+                        notify();
                     }
                     (Some(()), None) => return Err(Abandoned),
                 },
@@ -150,6 +153,29 @@ mod tests {
             .await;
         assert_eq!(out, Ok(7));
         assert_eq!(notified.load(Ordering::SeqCst), 0);
+    }
+
+    /// Every handle is marked before `on_first` runs, so whoever hears the announcement — on
+    /// another thread, say — finds it marked. (Announced first, a listener on another worker
+    /// could see the announcement and still find the handle unmarked.)
+    #[tokio::test(start_paused = true)]
+    async fn handles_are_marked_before_the_announcement() {
+        let (tx, stages) = source();
+        let stop = stages.first_interrupt();
+        let marked_when_announced = Arc::new(AtomicUsize::new(0));
+        let seen = marked_when_announced.clone();
+        let run = tokio::spawn(stages.run(std::future::pending::<()>(), move || {
+            seen.store(usize::from(stop.has_arrived()) + 1, Ordering::SeqCst);
+        }));
+        tx.unbounded_send(()).expect("first");
+        settle().await;
+        assert_eq!(
+            marked_when_announced.load(Ordering::SeqCst),
+            2,
+            "announced, and marked by then"
+        );
+        tx.unbounded_send(()).expect("second");
+        assert_eq!(run.await.expect("no panic"), Err(Abandoned));
     }
 
     #[tokio::test(start_paused = true)]
