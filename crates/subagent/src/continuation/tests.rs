@@ -4500,9 +4500,28 @@ async fn a_start_dropped_during_its_rollback_leaves_nothing_resident() {
 
 /// A host runtime whose agent handles fail to dispose: the disposer starts the runtime's own
 /// teardown (so the agent is still released) and then panics — a handle-disposal failure.
-struct PanickingDisposal(Arc<dyn AgentRuntime>);
+struct PanickingDisposal {
+    inner: Arc<dyn AgentRuntime>,
+    /// The one created agent whose handle explodes; `None`: every created agent's.
+    only: Option<SessionId>,
+}
 
-/// The disposer of a [`PanickingDisposal`] handle for a continuable child (`child*` ids).
+impl PanickingDisposal {
+    /// Every created agent's handle explodes.
+    fn every(inner: Arc<dyn AgentRuntime>) -> Self {
+        Self { inner, only: None }
+    }
+
+    /// Only the handle of the agent created as `id` explodes.
+    fn only(inner: Arc<dyn AgentRuntime>, id: &str) -> Self {
+        Self {
+            inner,
+            only: Some(SessionId::from(id)),
+        }
+    }
+}
+
+/// The disposer of an exploding [`PanickingDisposal`] handle.
 struct ExplodingDisposer(AgentHandle);
 
 impl agent::Disposer for ExplodingDisposer {
@@ -4518,26 +4537,30 @@ impl agent::Disposer for ExplodingDisposer {
 #[async_trait]
 impl AgentRuntime for PanickingDisposal {
     async fn create(&self, options: CreateAgentOptions) -> Result<AgentHandle, agent::AgentError> {
-        let handle = self.0.create(options).await?;
+        let explodes = self.only.as_ref().is_none_or(|id| id == &options.session_id);
+        let handle = self.inner.create(options).await?;
+        if !explodes {
+            return Ok(handle);
+        }
         Ok(AgentHandle::new(
             handle.agent().clone(),
             Arc::new(ExplodingDisposer(handle)),
         ))
     }
     async fn resume(&self, options: agent::ResumeAgentOptions) -> Result<AgentHandle, agent::AgentError> {
-        self.0.resume(options).await
+        self.inner.resume(options).await
     }
     fn get(&self, id: &SessionId) -> Option<AgentRef> {
-        self.0.get(id)
+        self.inner.get(id)
     }
     fn list(&self) -> Vec<AgentRef> {
-        self.0.list()
+        self.inner.list()
     }
     fn ctx(&self) -> agent::Ctx {
-        self.0.ctx()
+        self.inner.ctx()
     }
     fn agent_ctx(&self, id: &SessionId) -> Option<agent::Ctx> {
-        self.0.agent_ctx(id)
+        self.inner.agent_ctx(id)
     }
 }
 
@@ -4554,7 +4577,7 @@ async fn cont_30_73_a_failing_handle_disposal_still_releases_the_activation() {
     let _subscriber = warnings.install();
     let mut host = Host::new(by_session(6)).await;
     let mut services = host.runtime.services().clone();
-    services.agents = Arc::new(PanickingDisposal(services.agents.clone()));
+    services.agents = Arc::new(PanickingDisposal::every(services.agents.clone()));
     host.manager = ContinuationManager::new(host.service.clone(), services);
     let child_id = start_reserved(&host, "child").await;
     host.settle().await;
@@ -4597,7 +4620,7 @@ async fn cont_30_73_a_failing_handle_disposal_still_releases_the_activation() {
 async fn cont_35_54_selected_drain_with_a_failing_handle_disposal() {
     let mut host = Host::new(by_session(6)).await;
     let mut services = host.runtime.services().clone();
-    services.agents = Arc::new(PanickingDisposal(services.agents.clone()));
+    services.agents = Arc::new(PanickingDisposal::every(services.agents.clone()));
     host.manager = ContinuationManager::new(host.service.clone(), services);
     let (_held, hook) = gate(&host, "child");
     let child_id = start_reserved(&host, "child").await;
@@ -4617,6 +4640,94 @@ async fn cont_35_54_selected_drain_with_a_failing_handle_disposal() {
     assert_eq!(ends[0].stop_reason, StopReason::Error);
     drop(hook);
     host.parent.when_idle().await;
+    host.finish().await;
+}
+
+/// spec: CONT-41 — a scoped drain with a failing handle disposal rejects
+/// `ACTIVATION_TEARDOWN_FAILED` ("scoped activation(s)", naming the failure) and still removes the
+/// child: it is neither resident nor registered, and its epoch ends with `error`.
+#[tokio::test(start_paused = true)]
+async fn cont_41_scoped_drain_with_a_failing_handle_disposal() {
+    let mut host = Host::new(by_session(6)).await;
+    let mut services = host.runtime.services().clone();
+    services.agents = Arc::new(PanickingDisposal::every(services.agents.clone()));
+    host.manager = ContinuationManager::new(host.service.clone(), services);
+    let (_held, hook) = gate(&host, "child");
+    let child_id = start_reserved(&host, "child").await;
+    yield_a_while().await;
+    let err = host
+        .manager
+        .drain_continuable_descendants(std::slice::from_ref(&host.parent))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::ActivationTeardownFailed, "{err}");
+    assert!(err.to_string().contains("scoped activation(s)"), "{err}");
+    assert!(
+        err.to_string().contains("\"child\" handle disposal failed"),
+        "{err}"
+    );
+    assert!(!host.manager.is_resident(&child_id));
+    assert!(host.get(&child_id).is_none());
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].stop_reason, StopReason::Error);
+    drop(hook);
+    host.parent.when_idle().await;
+    host.finish().await;
+}
+
+/// spec: CONT-92 — a grandchild's handle-disposal failure during a (manager) drain rejects
+/// `ACTIVATION_TEARDOWN_FAILED` naming the grandchild; every other branch still releases — its
+/// parent child (whose epoch reports `error`, as a failed owned child is a failed boundary of its
+/// teardown) and an unrelated sibling (`aborted`) — nothing stays resident or registered, and the
+/// three durable sessions remain loadable.
+#[tokio::test(start_paused = true)]
+async fn cont_92_grandchild_disposal_failure_during_drain() {
+    let mut host = Host::new(vec![
+        ScriptEntry::hang(),
+        ScriptEntry::hang(),
+        ScriptEntry::hang(),
+    ])
+    .await;
+    let mut services = host.runtime.services().clone();
+    services.agents = Arc::new(PanickingDisposal::only(services.agents.clone(), "grandchild"));
+    host.manager = ContinuationManager::new(host.service.clone(), services);
+    let child_id = start_reserved(&host, "child").await;
+    let sibling_id = start_reserved(&host, "sibling").await;
+    let child = host.get(&child_id).unwrap();
+    let mut spec = ContinuableStartSpec::new("spawn", "deeper", vec![ContentBlock::text("gc task")], child);
+    spec.child_id = Some(SessionId::from("grandchild"));
+    let (gc_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    yield_a_while().await;
+    let err = host.manager.dispose_all().await.unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::ActivationTeardownFailed, "{err}");
+    assert!(
+        err.to_string().contains("\"grandchild\" handle disposal failed"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("exploded"), "{err}");
+    assert!(
+        host.manager.resident().is_empty(),
+        "{:?}",
+        host.manager.resident()
+    );
+    for id in [&child_id, &sibling_id, &gc_id] {
+        assert!(host.get(id).is_none(), "{id} is still registered");
+    }
+    let reasons: std::collections::HashMap<SessionId, StopReason> = host
+        .ends()
+        .into_iter()
+        .map(|e| (e.info.id, e.stop_reason))
+        .collect();
+    assert_eq!(reasons.len(), 3);
+    assert_eq!(reasons[&gc_id], StopReason::Error);
+    assert_eq!(reasons[&child_id], StopReason::Error);
+    assert_eq!(reasons[&sibling_id], StopReason::Aborted);
+    for id in [&child_id, &sibling_id, &gc_id] {
+        let log = host.persisted(id).await;
+        assert_eq!(&log.header.id, id);
+        assert_eq!(log.events[0].data.type_name(), crate::SUBAGENT_DESCRIPTOR_EVENT);
+    }
     host.finish().await;
 }
 
