@@ -520,6 +520,19 @@ impl SubagentError {
         )
     }
 
+    /// `ACTIVATION_TEARDOWN_FAILED` when the teardown could not capture the epoch's terminal facts
+    /// (spec §2.14.6 step 5; reading the child's log through the host agent panicked):
+    /// `subagent "<child>" terminal facts could not be captured in its teardown: <message>`. The
+    /// teardown goes on; the epoch reports `error` with no output.
+    pub fn capture_failed(child_id: &str, message: &str) -> Self {
+        Self::new(
+            SubagentErrorCode::ActivationTeardownFailed,
+            format!(
+                "subagent \"{child_id}\" terminal facts could not be captured in its teardown: {message}"
+            ),
+        )
+    }
+
     /// `ACTIVATION_TEARDOWN_FAILED` for a delivery that waited for a child's teardown which ended
     /// without releasing that Activation (it was abandoned): `subagent "<child>" activation
     /// teardown ended without releasing it; the message was not accepted`. Routing again would

@@ -204,7 +204,9 @@ impl Activation {
         self.epoch.lock().as_ref().map(|(info, _)| info.clone())
     }
 
-    /// The epoch's terminal facts (spec §2.14.7) from its own log suffix.
+    /// The epoch's terminal facts (spec §2.14.7) from its own log suffix. Reads the log through
+    /// the host agent's `session` (host code): the disposal transaction contains a panic as a
+    /// failed capture.
     pub(crate) fn capture(&self) -> (StopReason, Option<Vec<ContentBlock>>) {
         let boundary = self.epoch.lock().as_ref().map_or(0, |(_, b)| *b);
         let events = self.agent.session().events();

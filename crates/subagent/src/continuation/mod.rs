@@ -896,7 +896,20 @@ impl Inner {
             tracing::warn!(child = %child_id, error = %e,
                 "best-effort final session flush failed; the persisted state may be missing or stale on resume");
         }
-        let (stop_reason, output) = activation.capture();
+        // Capture reads the epoch's log through the host agent (`session` is host code): a panic
+        // there is contained and recorded as a failed boundary — left to unwind, it abandoned
+        // the transaction with the Activation still resident and no end edge.
+        let captured = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| activation.capture()));
+        let (stop_reason, output) = match captured {
+            Ok(facts) => facts,
+            Err(payload) => {
+                failures.push(Arc::new(SubagentError::capture_failed(
+                    child_id.as_str(),
+                    &agent::bus::panic_message(&*payload),
+                )));
+                (StopReason::Error, None)
+            }
+        };
         if let Err(panic) = activation.dispose_handle().await {
             failures.push(Arc::new(SubagentError::handle_disposal_failed(
                 child_id.as_str(),

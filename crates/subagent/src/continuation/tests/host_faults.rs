@@ -29,6 +29,9 @@ enum Fault {
     Cancel,
     /// `send` panics for a child's report: a parent that cannot take it.
     SendReport,
+    /// `session` panics once the agent was cancelled: a teardown that cannot read the epoch's
+    /// terminal facts (its capture fails).
+    SessionAfterCancel,
 }
 
 /// A host agent over a live reference agent that panics as its [`Fault`] says and otherwise
@@ -47,6 +50,9 @@ impl Agent for FaultyAgent {
         self.inner.options()
     }
     fn session(&self) -> &Arc<agent::Session> {
+        if self.fault == Fault::SessionAfterCancel && self.cancelled.load(AtomicOrdering::SeqCst) {
+            panic!("the child's log exploded");
+        }
         self.inner.session()
     }
     fn scope(&self) -> &Arc<agent::Scope> {
@@ -164,10 +170,20 @@ impl AgentRuntime for FaultyRuntime {
 
 /// A [`Host`] whose manager creates the children named in `faults` as [`FaultyAgent`]s.
 async fn faulty_host(script: Vec<ScriptEntry>, faults: &[(&str, Fault)]) -> (Host, Arc<FaultyRuntime>) {
+    faulty_host_over(script, faults, |runtime| runtime).await
+}
+
+/// [`faulty_host`] over the host's runtime as `wrap` wraps it (the faulty agents are built over
+/// the handles the wrapped runtime creates).
+async fn faulty_host_over(
+    script: Vec<ScriptEntry>,
+    faults: &[(&str, Fault)],
+    wrap: impl FnOnce(Arc<dyn AgentRuntime>) -> Arc<dyn AgentRuntime>,
+) -> (Host, Arc<FaultyRuntime>) {
     let mut host = Host::new(script).await;
     let mut services = host.runtime.services().clone();
     let agents = Arc::new(FaultyRuntime {
-        inner: services.agents.clone(),
+        inner: wrap(services.agents.clone()),
         faults: faults
             .iter()
             .map(|(id, fault)| (SessionId::from(*id), *fault))
@@ -729,5 +745,89 @@ async fn a_panicking_report_delivery_fails_the_report_and_pins_nothing() {
         vec![(gc_id, StopReason::Completed), (child_id, StopReason::Completed)]
     );
     drop((child_hook, gc_hook));
+    host.finish().await;
+}
+
+/// spec: CONT-55 — a capture failure (the host agent's `session` panics when the teardown reads
+/// the epoch's terminal facts) makes the drain reject `ACTIVATION_TEARDOWN_FAILED` naming it, and
+/// the end edge report `error` without a message; the child is still released and its parent
+/// told it "failed before it finished". (The panic abandoned the transaction: the Activation
+/// stayed resident and registered, with no end edge and no notice.)
+#[tokio::test(start_paused = true)]
+async fn cont_55_a_capture_failure_fails_the_drain_and_the_epoch() {
+    let (host, _agents) = faulty_host(by_session(6), &[("child", Fault::SessionAfterCancel)]).await;
+    let (_held, hook) = gate(&host, "child");
+    let child_id = start_reserved(&host, "child").await;
+    yield_a_while().await;
+    let drain = host
+        .manager
+        .drain_continuable_children(&host.parent, std::slice::from_ref(&child_id));
+    let err = within(PATIENCE, drain)
+        .await
+        .expect("the drain resolved")
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::ActivationTeardownFailed, "{err}");
+    assert!(err.to_string().contains("selected activation(s)"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("terminal facts could not be captured in its teardown: the child's log exploded"),
+        "{err}"
+    );
+    assert!(!host.manager.is_resident(&child_id));
+    assert!(host.get(&child_id).is_none());
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].stop_reason, StopReason::Error);
+    assert!(ends[0].last_assistant_message.is_none());
+    let notices = notices(&host.parent);
+    assert_eq!(notices.len(), 1);
+    assert_eq!(
+        block_texts(&notices[0].content),
+        vec![
+            "Background subagent child failed before it finished.".to_owned(),
+            "It left no closing message.".to_owned(),
+        ]
+    );
+    drop(hook);
+    host.parent.when_idle().await;
+    host.finish().await;
+}
+
+/// spec: CONT-56 — a capture failure and a handle-disposal failure of the same teardown combine
+/// into one `ACTIVATION_TEARDOWN_FAILED` mentioning both ("at 2 boundaries"); the child is
+/// removed (neither resident nor registered) and its epoch ends with `error`.
+#[tokio::test(start_paused = true)]
+async fn cont_56_capture_and_handle_disposal_failures_combine() {
+    let (host, _agents) = faulty_host_over(
+        by_session(6),
+        &[("child", Fault::SessionAfterCancel)],
+        |runtime| Arc::new(super::PanickingDisposal::every(runtime)),
+    )
+    .await;
+    let (_held, hook) = gate(&host, "child");
+    let child_id = start_reserved(&host, "child").await;
+    yield_a_while().await;
+    let drain = host
+        .manager
+        .drain_continuable_children(&host.parent, std::slice::from_ref(&child_id));
+    let err = within(PATIENCE, drain)
+        .await
+        .expect("the drain resolved")
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::ActivationTeardownFailed, "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("\"child\" activation teardown failed at 2 boundaries"),
+        "{text}"
+    );
+    assert!(text.contains("the child's log exploded"), "{text}");
+    assert!(text.contains("the handle's disposal exploded"), "{text}");
+    assert!(!host.manager.is_resident(&child_id));
+    assert!(host.get(&child_id).is_none());
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].stop_reason, StopReason::Error);
+    drop(hook);
+    host.parent.when_idle().await;
     host.finish().await;
 }
