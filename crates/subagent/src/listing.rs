@@ -1,10 +1,10 @@
 //! Listing subagent children (spec §2.18): [`list_children`] and [`list_descendants`].
 //!
-//! Both read only the live session store, optional durable persistence and the projection
-//! registry. They never load an Agent, never resume anything and never consult the continuation
-//! manager or providers. A live child is identified from its live projection snapshot (zero log
-//! reads); a cold child costs exactly one full log read per listing. This runtime has no
-//! projection cache service, so the cache rung of §2.18 is never taken.
+//! Both read only the live session store, optional durable persistence, the projection registry
+//! and an optional [`ProjectionCache`]. They never load an Agent, never resume anything and never
+//! consult the continuation manager or providers. A live child is identified from its live
+//! projection snapshot (zero log reads); a cold child costs zero log reads when the cache holds a
+//! final identity for it (the cache rung), otherwise exactly one full log read per listing.
 
 use std::collections::{HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use agent::projection::ProjectionRegistry;
 use agent::{Origin, Session, SessionHeader, SessionId, SessionPersistence, SessionStore, Signal};
-use futures::{StreamExt, TryStreamExt};
-use serde_json::Value;
+use futures::{FutureExt, StreamExt, TryStreamExt};
+use serde_json::{Map, Value};
 
 use crate::error::SubagentError;
 use crate::projection::IDENTITY_PROJECTION;
@@ -22,7 +22,7 @@ use crate::projection::IDENTITY_PROJECTION;
 const COLD_CONCURRENCY: usize = 4;
 
 /// The services a listing reads. Absent services produce the §2.18 preparation errors
-/// (registry, store) or a live-only listing (persistence).
+/// (registry, store), a live-only listing (persistence), or one log read per cold child (cache).
 #[derive(Clone, Default)]
 pub struct ListingServices {
     /// The projection registry (required).
@@ -31,6 +31,42 @@ pub struct ListingServices {
     pub store: Option<Arc<dyn SessionStore>>,
     /// Durable persistence (optional).
     pub persistence: Option<Arc<dyn SessionPersistence>>,
+    /// The host's projection cache (optional): the cache rung for cold children.
+    pub cache: Option<Arc<dyn ProjectionCache>>,
+}
+
+/// One projection-cache row (spec §0 "Projection cache"): the projection values a host folded
+/// for a persisted session, as of one seq.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CachedSnapshot {
+    /// The seq of the last event the values were folded through.
+    pub as_of_seq: u64,
+    /// The projection views by unit name (the seam reads only [`IDENTITY_PROJECTION`]).
+    pub values: Map<String, Value>,
+}
+
+/// A host's projection cache (spec §0, optional): projection values folded earlier for a
+/// persisted session, read without reading its log.
+///
+/// # Contract
+/// * Listing reads it once per cold candidate, before any log read (the §2.18 cache rung), with
+///   the header the persisted listing enumerated. A row is *final* — the candidate is listed
+///   `inactive` from it with no log read — only when its `subagent` view is an identity (not
+///   the `null` sentinel) whose `seq` is at least the header's `seedLength` (an identity from
+///   the child's own suffix, not an ancestor's from a fork seed). Anything else — no row, no
+///   `subagent` key, `null`, an ancestor's identity, a failed read (`Err`) or a panicking one —
+///   falls through, silently, to the one log read.
+/// * The read is raced against the listing's token; an abort during it fails the listing with
+///   `CANCELLED`.
+/// * The cache is trusted to be about the enumerated session: it is the host's job to drop or
+///   rewrite a row when a session id is re-published.
+#[async_trait::async_trait]
+pub trait ProjectionCache: Send + Sync {
+    /// The cached row for the session `header` enumerates, or `None` when there is none.
+    async fn cached_snapshot(
+        &self,
+        header: &SessionHeader,
+    ) -> Result<Option<CachedSnapshot>, agent::BoxError>;
 }
 
 /// Whether a listed child is live in the session store. Encodes neither outcome nor
@@ -269,6 +305,34 @@ fn identity_of(view: Option<&Value>) -> Option<(&'static str, Option<String>)> {
     Some((mode, label))
 }
 
+/// The cache rung (spec §2.18, cold step 1): the identity `cache` holds for `header`'s session
+/// when it is final (see [`ProjectionCache`]); `Ok(None)` falls through to the log read. Only an
+/// abort during the read is an error (`CANCELLED`).
+async fn cached_identity(
+    cache: Option<&Arc<dyn ProjectionCache>>,
+    header: &SessionHeader,
+    signal: &Signal,
+) -> Result<Option<(&'static str, Option<String>)>, SubagentError> {
+    let Some(cache) = cache else {
+        return Ok(None);
+    };
+    // The cache is host code: a panic, at the call or while polled, is a failed read.
+    let read = AssertUnwindSafe(async { cache.cached_snapshot(header).await }).catch_unwind();
+    let row = match signal.run(read).await {
+        Err(_) => return Err(SubagentError::listing_cancelled()),
+        Ok(Ok(Ok(Some(row)))) => row,
+        Ok(_) => return Ok(None),
+    };
+    let Some(view) = row.values.get(IDENTITY_PROJECTION) else {
+        return Ok(None);
+    };
+    let own = view
+        .get("seq")
+        .and_then(Value::as_u64)
+        .is_some_and(|seq| seq >= header.seed_length.unwrap_or(0));
+    Ok(if own { identity_of(Some(view)) } else { None })
+}
+
 /// The registry's snapshot of `session`; a panicking unit is a fold failure (`None`).
 fn snapshot(registry: &ProjectionRegistry, session: &Session) -> Option<serde_json::Map<String, Value>> {
     catch_unwind(AssertUnwindSafe(|| registry.snapshot(session))).ok()
@@ -288,6 +352,7 @@ fn witness_matches(enumerated: &SessionHeader, inspected: &SessionHeader) -> boo
 async fn resolve(
     registry: &ProjectionRegistry,
     persistence: Option<&Arc<dyn SessionPersistence>>,
+    cache: Option<&Arc<dyn ProjectionCache>>,
     corpus: &Corpus,
     record: &Record,
     signal: &Signal,
@@ -322,6 +387,9 @@ async fn resolve(
             },
         },
         Record::Cold(enumerated) => {
+            if let Some(identity) = cached_identity(cache, enumerated, signal).await? {
+                return child(Activity::Inactive, identity);
+            }
             let Some(persistence) = persistence else {
                 return diagnostic(DiagnosticReason::Unavailable);
             };
@@ -358,13 +426,14 @@ async fn resolve_all(
     signal: &Signal,
 ) -> Result<Vec<Option<SubagentListEntry>>, SubagentError> {
     let persistence = services.persistence.as_ref();
+    let cache = services.cache.as_ref();
     // The (lazy, not yet polled) reads are collected before they meet the stream: with the
     // creating closure inside the stream's type, the compiler cannot prove the listing future
     // `Send` (rust-lang/rust#102211), which made listings unspawnable on a multi-threaded
     // runtime. `buffered` still starts each read only when one of its slots is free.
     let reads: Vec<_> = candidates
         .iter()
-        .map(|record| resolve(registry, persistence, corpus, record, signal))
+        .map(|record| resolve(registry, persistence, cache, corpus, record, signal))
         .collect();
     // `try_collect` stops at the first refusal (`CANCELLED`), dropping in-flight reads.
     let rows: Vec<_> = futures::stream::iter(reads)

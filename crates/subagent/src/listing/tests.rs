@@ -7,7 +7,7 @@ use agent::store::LoadedSession;
 use agent::{AgentError, CancelCause, EventData, Registration, SessionEvent, SessionMeta};
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use serde_json::json;
+use serde_json::{Map, json};
 
 use super::*;
 use crate::SubagentErrorCode;
@@ -187,9 +187,59 @@ impl Projection for Faulty {
     }
 }
 
+/// How a [`Cache`] read fails.
+#[derive(Clone, Copy, Debug)]
+enum CacheFault {
+    /// The read returns an error.
+    Fails,
+    /// The read panics.
+    Panics,
+}
+
+/// A projection-cache double: rows by session id, counted reads, and an optional fault.
+#[derive(Default)]
+struct Cache {
+    rows: Mutex<HashMap<SessionId, CachedSnapshot>>,
+    fault: Mutex<Option<CacheFault>>,
+    reads: AtomicUsize,
+}
+
+impl Cache {
+    fn put(&self, id: &str, row: CachedSnapshot) {
+        self.rows.lock().insert(SessionId::from(id), row);
+    }
+    fn reads(&self) -> usize {
+        self.reads.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl ProjectionCache for Cache {
+    async fn cached_snapshot(
+        &self,
+        header: &SessionHeader,
+    ) -> Result<Option<CachedSnapshot>, agent::BoxError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        let fault = *self.fault.lock();
+        match fault {
+            Some(CacheFault::Fails) => Err("cache on fire".into()),
+            Some(CacheFault::Panics) => panic!("cache exploded"),
+            None => Ok(self.rows.lock().get(&header.id).cloned()),
+        }
+    }
+}
+
+/// A cache row holding only the identity view `identity`.
+fn identity_row(identity: Value) -> CachedSnapshot {
+    let mut values = Map::new();
+    values.insert(IDENTITY_PROJECTION.to_owned(), identity);
+    CachedSnapshot { as_of_seq: 0, values }
+}
+
 struct Fixture {
     live: Arc<LiveStore>,
     disk: Arc<Disk>,
+    cache: Arc<Cache>,
     registry: ProjectionRegistry,
     _registration: Registration,
 }
@@ -201,6 +251,7 @@ impl Fixture {
         Self {
             live: Arc::default(),
             disk: Arc::default(),
+            cache: Arc::default(),
             registry,
             _registration: registration,
         }
@@ -210,7 +261,20 @@ impl Fixture {
             projections: Some(self.registry.clone()),
             store: Some(self.live.clone()),
             persistence: Some(self.disk.clone()),
+            cache: None,
         }
+    }
+    /// [`Fixture::services`] with the cache double.
+    fn cached(&self) -> ListingServices {
+        ListingServices {
+            cache: Some(self.cache.clone()),
+            ..self.services()
+        }
+    }
+    async fn cached_children(&self, parent: &str) -> Vec<SubagentListEntry> {
+        list_children(&self.cached(), &SessionId::from(parent), &Signal::new())
+            .await
+            .unwrap()
     }
     fn live_only(&self) -> ListingServices {
         ListingServices {
@@ -868,4 +932,232 @@ async fn a_long_listing_lets_other_tasks_run() {
         !seen.await.unwrap(),
         "the spawned task ran only after the listing"
     );
+}
+
+/// An event at `seq` (time `100 + seq`) carrying `data`, with `surface`.
+fn event(seq: u64, data: EventData, surface: Option<agent::SurfaceMeta>) -> SessionEvent {
+    SessionEvent {
+        seq,
+        time: 100 + seq,
+        data,
+        surface,
+        ignorable: false,
+    }
+}
+
+/// A fork child's log: the ancestor's descriptor and the end of the seed (`seedLength` 2), then
+/// its own descriptor at seq 2.
+fn fork_log(ancestor: &str, own: &str) -> Vec<SessionEvent> {
+    let descriptor = |label| EventData::Other {
+        kind: crate::SUBAGENT_DESCRIPTOR_EVENT.to_owned(),
+        data: continuable(label),
+    };
+    vec![
+        event(0, descriptor(ancestor), None),
+        event(1, EventData::EndSeed, None),
+        event(2, descriptor(own), None),
+    ]
+}
+
+/// spec: LIST-14 — a cache row whose identity is from the child's own suffix is served
+/// directly: its label wins over the log's and the log is never read.
+#[tokio::test(start_paused = true)]
+async fn an_own_suffix_cache_row_is_served_without_inspection() {
+    let f = Fixture::new();
+    f.disk
+        .add(header("c", Some("p"), 1, true), &[continuable("from the log")]);
+    f.cache.put(
+        "c",
+        identity_row(json!({"mode": "continuable", "label": "from the cache", "seq": 0})),
+    );
+    assert_eq!(
+        f.cached_children("p").await,
+        vec![child("c", Inactive, false, "continuable", Some("from the cache"))]
+    );
+    assert!(f.disk.loads().is_empty(), "{:?}", f.disk.loads());
+    assert_eq!(f.cache.reads(), 1);
+}
+
+/// spec: LIST-15 — a cache row with an ancestor's identity (its `seq` below the header's
+/// `seedLength`) is refused and one inspection serves the child's own label; a row at exactly
+/// `seedLength` is the child's own and is served without one.
+#[tokio::test(start_paused = true)]
+async fn an_ancestor_cache_row_is_refused_and_one_inspection_serves_the_own_label() {
+    let f = Fixture::new();
+    for (id, created_at) in [("fork", 1), ("fork2", 2)] {
+        let mut h = header(id, Some("p"), created_at, true);
+        h.seed_length = Some(2);
+        f.disk.logs.lock().push(LoadedSession {
+            header: h,
+            events: fork_log("ancestor", "own"),
+        });
+    }
+    f.cache.put(
+        "fork",
+        identity_row(json!({"mode": "continuable", "label": "ancestor", "seq": 1})),
+    );
+    f.cache.put(
+        "fork2",
+        identity_row(json!({"mode": "continuable", "label": "own (cached)", "seq": 2})),
+    );
+    assert_eq!(
+        f.cached_children("p").await,
+        vec![
+            child("fork", Inactive, false, "continuable", Some("own")),
+            child("fork2", Inactive, false, "continuable", Some("own (cached)")),
+        ]
+    );
+    assert_eq!(f.disk.loads(), [SessionId::from("fork")]);
+}
+
+/// spec: LIST-17 — a cached `null` identity sentinel falls through to one inspection, which
+/// serves the log's identity.
+#[tokio::test(start_paused = true)]
+async fn a_cached_null_sentinel_falls_through_to_one_inspection() {
+    let f = Fixture::new();
+    f.disk.add(header("c", Some("p"), 1, true), &[continuable("x")]);
+    f.cache.put("c", identity_row(Value::Null));
+    assert_eq!(
+        f.cached_children("p").await,
+        vec![child("c", Inactive, false, "continuable", Some("x"))]
+    );
+    assert_eq!(f.cache.reads(), 1);
+    assert_eq!(f.disk.loads(), [SessionId::from("c")]);
+}
+
+/// spec: LIST-31 — no cache row → one inspection; a row without the `subagent` key (here only
+/// the timing view) → another inspection on the next listing.
+#[tokio::test(start_paused = true)]
+async fn a_missing_row_or_identity_key_falls_through_to_one_inspection() {
+    let f = Fixture::new();
+    f.disk.add(header("c", Some("p"), 1, true), &[continuable("x")]);
+    let expected = vec![child("c", Inactive, false, "continuable", Some("x"))];
+    assert_eq!(f.cached_children("p").await, expected);
+    assert_eq!(f.disk.loads(), [SessionId::from("c")]);
+    let mut values = Map::new();
+    values.insert(
+        crate::projection::TIMING_PROJECTION.to_owned(),
+        json!({"settledMs": 0}),
+    );
+    f.cache.put("c", CachedSnapshot { as_of_seq: 0, values });
+    assert_eq!(f.cached_children("p").await, expected);
+    assert_eq!(f.disk.loads(), [SessionId::from("c"), SessionId::from("c")]);
+    assert_eq!(f.cache.reads(), 2);
+}
+
+/// spec: LIST-33 — a cache read that fails (an error, or a panic of the host's cache) silently
+/// falls through to one inspection: the row is served from the log and no warning is logged.
+#[tokio::test(start_paused = true)]
+async fn a_failing_cache_read_silently_falls_through_to_one_inspection() {
+    let warnings = agent_loop::warnings::WarningCapture::new();
+    let _subscriber = warnings.install();
+    let f = Fixture::new();
+    f.disk.add(header("c", Some("p"), 1, true), &[continuable("x")]);
+    f.cache.put(
+        "c",
+        identity_row(json!({"mode": "continuable", "label": "unread", "seq": 0})),
+    );
+    let expected = vec![child("c", Inactive, false, "continuable", Some("x"))];
+    for (round, fault) in [CacheFault::Fails, CacheFault::Panics].into_iter().enumerate() {
+        *f.cache.fault.lock() = Some(fault);
+        assert_eq!(f.cached_children("p").await, expected, "{fault:?}");
+        assert_eq!(f.disk.loads().len(), round + 1, "{fault:?}");
+    }
+    assert_eq!(f.cache.reads(), 2);
+    assert!(warnings.messages().is_empty(), "{:?}", warnings.messages());
+}
+
+/// spec: LIST-30 — with a real cache row written after settlement, no inspection happens. This
+/// runtime ships no projection cache, so the row is what a host cache would write once the child
+/// settled: the registry's own snapshot of the settled log (both units' real views, the identity
+/// with its `seq`). The rung accepts that row as it is.
+#[tokio::test(start_paused = true)]
+async fn a_real_cache_row_written_after_settlement_spares_the_inspection() {
+    let f = Fixture::new();
+    f.disk.add(
+        header("c", Some("p"), 1, true),
+        &[continuable("old"), continuable("settled")],
+    );
+    let settled = f.disk.logs.lock()[0].clone();
+    let session = Session::new(settled.header, Some(settled.events)).unwrap();
+    f.cache.put(
+        "c",
+        CachedSnapshot {
+            as_of_seq: session.len() as u64 - 1,
+            values: f.registry.snapshot(&session),
+        },
+    );
+    assert_eq!(
+        f.cached_children("p").await,
+        vec![child("c", Inactive, false, "continuable", Some("settled"))]
+    );
+    assert!(f.disk.loads().is_empty(), "{:?}", f.disk.loads());
+}
+
+/// spec: LIST-27 — compacted and uncompacted twins list identically. This runtime never compacts
+/// (surface events are append-only), but a log may carry a compaction-style surface `replace` —
+/// a summary replacing earlier surface nodes. The listing's identity folds the log-only
+/// descriptor, which no surface operation replaces, so a twin whose history was compacted lists
+/// exactly like its uncompacted twin, persisted and live.
+#[tokio::test(start_paused = true)]
+async fn compacted_and_uncompacted_twins_list_identically() {
+    use agent::{Message, SurfaceMeta, SurfaceOp};
+    let history = |compacted: bool| {
+        let mut events = log(&[continuable("twin")]);
+        for (seq, text) in [(1, "task"), (2, "more")] {
+            events.push(event(
+                seq,
+                EventData::UserMessage(Message::user_text(text)),
+                Some(SurfaceMeta::append()),
+            ));
+        }
+        if compacted {
+            events.push(event(
+                3,
+                EventData::UserMessage(Message::user_text("summary of task and more")),
+                Some(SurfaceMeta {
+                    surface_op: Some(SurfaceOp::Replace { start: 1, end: 3 }),
+                    source_event_seqs: None,
+                }),
+            ));
+        }
+        events
+    };
+    let f = Fixture::new();
+    for (id, created_at, compacted) in [("u", 1, false), ("k", 2, true)] {
+        f.disk.logs.lock().push(LoadedSession {
+            header: header(id, Some("p"), created_at, true),
+            events: history(compacted),
+        });
+        let live = header(&format!("live-{id}"), Some("q"), created_at, true);
+        let session = Session::new(live, Some(history(compacted))).unwrap();
+        f.live.sessions.lock().push(Arc::new(session));
+    }
+    let without_id = |rows: Vec<SubagentListEntry>| -> Vec<Value> {
+        rows.iter()
+            .map(|r| {
+                let mut v = r.view();
+                v.as_object_mut().unwrap().remove("id");
+                v
+            })
+            .collect()
+    };
+    for (parent, prefix, activity) in [("p", "", Inactive), ("q", "live-", Running)] {
+        let rows = f.children(parent).await;
+        let ids: Vec<_> = rows.iter().map(|r| r.id().as_str().to_owned()).collect();
+        assert_eq!(ids, [format!("{prefix}u"), format!("{prefix}k")], "{parent}");
+        assert_eq!(
+            rows[0],
+            child(
+                &format!("{prefix}u"),
+                activity,
+                false,
+                "continuable",
+                Some("twin")
+            ),
+            "{parent}"
+        );
+        let views = without_id(rows);
+        assert_eq!(views[0], views[1], "{parent}");
+    }
 }

@@ -50,6 +50,7 @@ fn services_of(
         projections: Some(registry.clone()),
         store: Some(Arc::new(runtime.sessions().clone())),
         persistence: Some(persistence),
+        cache: None,
     }
 }
 
@@ -1183,6 +1184,7 @@ async fn a_deep_cyclic_chain_and_a_wide_level_list_once_in_pre_order() {
         projections: Some(registry.clone()),
         store: Some(live.clone()),
         persistence: Some(store.clone()),
+        cache: None,
     };
     let rows = list_descendants(&services, &SessionId::from("r"), &Signal::new())
         .await
