@@ -28,6 +28,7 @@ use crate::run::SubagentRun;
 use crate::service::SubagentService;
 
 mod host_faults;
+mod maintenance;
 
 const MODEL: &str = "mock";
 
