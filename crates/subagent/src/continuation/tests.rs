@@ -1141,6 +1141,59 @@ async fn cont_7_abort_at_the_start_edge_rejects() {
     host.finish().await;
 }
 
+/// spec: CONT-8 — (Rust equivalent) publishing the start edge cannot fail here: the manager emits
+/// it on the contained lifecycle bus (`EventBus::emit` returns `()`; each listener's error or
+/// panic is logged and the next listener still runs), so the spec's "start rejects with the
+/// publication failure, no child, no end edge" rollback has no trigger. What is asserted instead:
+/// start-edge listeners that panic or fail change nothing — the start resolves, a listener
+/// registered after them still hears the edge, the epoch's end edge pairs with it, the failures
+/// are logged, and a later manager drain succeeds with no child left.
+#[tokio::test(start_paused = true)]
+async fn cont_8_a_failing_start_edge_listener_cannot_fail_the_start() {
+    let warnings = WarningCapture::new();
+    let _subscriber = warnings.install();
+    let host = Host::new(by_session(4)).await;
+    let panicking = host.service.events().on(|e: &SubagentEvent| {
+        if matches!(e, SubagentEvent::Start(_)) {
+            panic!("start listener exploded");
+        }
+        Ok(())
+    });
+    let failing = host.service.events().on(|e: &SubagentEvent| match e {
+        SubagentEvent::Start(_) => Err("start listener refused".into()),
+        _ => Ok(()),
+    });
+    let heard = Arc::new(AtomicUsize::new(0));
+    let count = heard.clone();
+    let later = host.service.events().on(move |e: &SubagentEvent| {
+        if matches!(e, SubagentEvent::Start(_)) {
+            count.fetch_add(1, AtomicOrdering::SeqCst);
+        }
+        Ok(())
+    });
+    let (child_id, _) = host
+        .manager
+        .start_continuable(host.spec("task"))
+        .await
+        .expect("the start resolves");
+    assert_eq!(heard.load(AtomicOrdering::SeqCst), 1);
+    host.settle().await;
+    host.parent.when_idle().await;
+    let (starts, ends) = (host.starts(), host.ends());
+    assert_eq!(starts.len(), 1);
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].info.run_id, starts[0].run_id);
+    assert_eq!(ends[0].stop_reason, StopReason::Completed);
+    let logged = warnings.messages();
+    for failure in ["start listener exploded", "start listener refused"] {
+        assert!(logged.iter().any(|w| w.contains(failure)), "{logged:?}");
+    }
+    drop((panicking, failing, later));
+    host.manager.dispose_all().await.expect("a later drain succeeds");
+    assert!(host.get(&child_id).is_none());
+    host.finish().await;
+}
+
 /// spec: CONT-17 — a follow-up to a settled child cold-resumes, returns an id, is logged after
 /// the prompt, and the log still has exactly one descriptor.
 /// spec: CONT-51 — the end edge reports the epoch's own answer; after cold resume the second
