@@ -22,6 +22,11 @@ pub struct PromptSection {
     pub order: i32,
     /// The text; persona text may contain `{{var}}` groups interpolated strictly.
     pub text: String,
+    /// The tool this section is guidance for, if any. Such a section belongs only to the
+    /// assemblies of agents that see that tool: an agent for which the tool is absent or
+    /// restricted away gets nothing from it (see [`Prompt::sections`]), so guidance never
+    /// recommends a tool the model cannot call.
+    pub tool: Option<String>,
 }
 
 /// Renders a runtime context's text for one agent; `None` contributes nothing this time.
@@ -66,6 +71,10 @@ impl RuntimeContext {
 ///   Registration cannot fail: two entries with one name in one layer are allowed and the
 ///   implementation picks one (the reference registry: the later).
 /// * A scoped section shadows the global section of the same name for that agent only.
+/// * A section bound to a tool ([`PromptSection::tool`]) is visible only where that tool is:
+///   [`sections`](Prompt::sections) leaves it out for an agent that does not see the tool in
+///   the host's tool registry ([`Tools::get`](crate::tools::Tools::get) answers `None`), and
+///   an implementation that cannot tell leaves it out.
 /// * Rendering (ordering, persona interpolation, snapshots) is the runtime's job. The driver
 ///   reads [`sections`](Prompt::sections) and [`runtime_contexts`](Prompt::runtime_contexts) at
 ///   every pre-step, on the agent's driver task and concurrently for many agents: both must be
@@ -81,7 +90,8 @@ pub trait Prompt: Send + Sync + 'static {
     fn runtime_context(&self, scope: Option<&SessionId>, context: RuntimeContext) -> crate::Registration;
 
     /// The sections `agent` sees (its own shadow global ones by name), sorted by ascending
-    /// `order`, ties by registration order. `None` means the global view.
+    /// `order`, ties by registration order. `None` means the global view. Sections bound to a
+    /// tool `agent` does not see are left out.
     fn sections(&self, agent: Option<&SessionId>) -> Vec<PromptSection>;
 
     /// The runtime contexts `agent` sees, sorted like [`Prompt::sections`].

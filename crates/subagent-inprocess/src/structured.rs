@@ -119,6 +119,7 @@ impl StructuredCapture {
             name: STRUCTURED_OUTPUT_SECTION.to_owned(),
             order: STRUCTURED_OUTPUT_SECTION_ORDER,
             text: STRUCTURED_OUTPUT_INSTRUCTION.to_owned(),
+            tool: None,
         })?);
         let state = self.clone();
         drop(child.guard_tools(Arc::new(move |execution: &ToolExecution| {

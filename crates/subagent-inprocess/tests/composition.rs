@@ -70,6 +70,7 @@ async fn cmp_25_child_header_carries_the_shared_sections() {
             name: "deployment:guidance".into(),
             order: 50,
             text: "SHARED GUIDANCE".into(),
+            tool: None,
         },
     );
     let parent_ctx = host.runtime.agent_ctx(host.parent.id()).unwrap();
@@ -79,6 +80,7 @@ async fn cmp_25_child_header_carries_the_shared_sections() {
                 name: "parent:own".into(),
                 order: 60,
                 text: "PARENT ONLY".into(),
+                tool: None,
             })
             .unwrap()
             .is_none()

@@ -494,6 +494,7 @@ async fn str_43_instruction_is_appended_to_the_system_text() {
             name: "test:persona".into(),
             order: 10,
             text: "You are a counter.".into(),
+            tool: None,
         },
     );
     let run = start(&host, structured_request(&host)).await;
@@ -729,6 +730,7 @@ async fn str_51_canonical_orders() {
             name: "after-band".into(),
             order: 200,
             text: "AFTER-BAND".into(),
+            tool: None,
         },
     );
     let run = start(&host, structured_request(&host)).await;

@@ -64,6 +64,7 @@ pub fn apply_child_composition(child: &Ctx, composition: &ChildComposition) -> R
             name: PERSONA_SECTION_NAME.to_owned(),
             order: PERSONA_SECTION_ORDER,
             text: persona.clone(),
+            tool: None,
         })?);
     }
     // 4. The tool filter.

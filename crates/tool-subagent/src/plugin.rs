@@ -290,6 +290,9 @@ impl Shared {
                     name: model_text::guidance_section_name(&config.tool_name),
                     order: model_text::GUIDANCE_ORDER,
                     text: model_text::guidance(&config.tool_name),
+                    // Guidance only for agents that see the tool: a child whose tool filter
+                    // denies it sees neither schema nor guidance.
+                    tool: Some(config.tool_name.clone()),
                 },
             ));
         }

@@ -563,3 +563,47 @@ async fn a_provider_replaced_during_its_removal_stays_mounted() {
     assert!(!plugin.is_mounted());
     host.close().await;
 }
+
+/// spec: TOOL-47 — the continuable guidance is empty for an agent whose tool restriction hides
+/// the tool: the agent that cannot see `subagent` gets no `tool:subagent` section, while an
+/// unrestricted agent of the same host (and the global view) still gets the guidance, and lifting
+/// the restriction brings it back.
+#[tokio::test(start_paused = true)]
+async fn tool_47_guidance_is_empty_where_a_restriction_hides_the_tool() {
+    let mut host = Host::new();
+    let _p = host.provider(reply("spawn", "hi").with_continuable());
+    let _tool = host.load_json(json!({"provider": "spawn", "backgroundMode": "continuable"}));
+    let restricted = host.parent("restricted").await;
+    let open = host.parent("open").await;
+    let guidance_for = |agent: &agent::SessionId| -> Vec<String> {
+        host.services()
+            .prompt
+            .sections(Some(agent))
+            .into_iter()
+            .filter(|s| s.name == "tool:subagent")
+            .map(|s| s.text)
+            .filter(|text| !text.is_empty())
+            .collect()
+    };
+    let restriction = host
+        .services()
+        .tools
+        .restrict(
+            Some(&restricted),
+            agent::tools::ToolRestriction {
+                allow: None,
+                deny: Some(vec!["subagent".to_owned()]),
+            },
+        )
+        .expect("the restriction applies");
+    assert!(host.services().tools.get("subagent", Some(&restricted)).is_none());
+    assert!(host.services().tools.get("subagent", Some(&open)).is_some());
+    assert_eq!(guidance_for(&restricted), Vec::<String>::new());
+    let open_guidance = guidance_for(&open);
+    assert_eq!(open_guidance.len(), 1);
+    assert!(open_guidance[0].contains("Use subagent in the background by default"));
+    assert_eq!(guidance_sections(&host).len(), 1, "the global view still has it");
+    drop(restriction);
+    assert_eq!(guidance_for(&restricted), open_guidance);
+    host.close().await;
+}

@@ -80,6 +80,7 @@ pub fn job_guidance_section() -> PromptSection {
         name: model_text::GUIDANCE_SECTION.to_owned(),
         order: model_text::GUIDANCE_ORDER,
         text: model_text::GUIDANCE.to_owned(),
+        tool: None,
     }
 }
 

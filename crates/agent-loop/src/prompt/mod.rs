@@ -13,9 +13,14 @@
 //!   turns a changed snapshot into a `user/message` with source `plugin` named
 //!   [`PROMPT_PLUGIN`] and form `snapshot` ([`snapshot_message`]).
 //!
+//! * **Tool guidance**: a section bound to a tool ([`PromptSection::tool`]) is part of an
+//!   agent's sections only while that agent sees the tool in the tool registry the prompt
+//!   registry is linked to ([`PromptRegistry::link_tools`]; the runtime builder links its own).
+//!
 //! # Locking
-//! One mutex protects the registry's entry lists. It is held only to push, remove or copy
-//! entries; context renderers run after it is released.
+//! One mutex protects the registry's entry lists and the tool link. It is held only to push,
+//! remove or copy entries; context renderers and tool-visibility lookups run after it is
+//! released.
 
 pub mod model_text;
 
@@ -25,6 +30,7 @@ use parking_lot::Mutex;
 
 use agent::message::SnapshotSection;
 use agent::prompt::{PERSONA_SECTION, PROMPT_PLUGIN, Prompt, PromptSection, RuntimeContext};
+use agent::tools::Tools;
 use agent::{ContentBlock, Message, MessageSource, PluginForm, Registration, SessionId};
 
 struct Entry<T> {
@@ -38,6 +44,9 @@ struct State {
     next: u64,
     sections: Vec<Entry<PromptSection>>,
     contexts: Vec<Entry<RuntimeContext>>,
+    /// The tool registry deciding the visibility of tool-bound sections (weak: the tools'
+    /// handlers may hold the host's services, and so this registry).
+    tools: Option<Weak<dyn Tools>>,
 }
 
 impl State {
@@ -108,6 +117,14 @@ impl PromptRegistry {
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Links the tool registry that decides which agents see a tool-bound section
+    /// ([`PromptSection::tool`]): such a section is part of `sections(agent)` only when
+    /// `tools.get(tool, agent)` finds the tool. Until a registry is linked (or once it is
+    /// dropped), tool-bound sections are left out. A later link replaces an earlier one.
+    pub fn link_tools(&self, tools: &Arc<dyn Tools>) {
+        self.state.lock().tools = Some(Arc::downgrade(tools));
     }
 
     /// The number of live registrations (sections and contexts, all layers).
@@ -187,8 +204,22 @@ impl Prompt for PromptRegistry {
     }
 
     fn sections(&self, agent: Option<&SessionId>) -> Vec<PromptSection> {
-        let state = self.state.lock();
-        resolve(&state.sections, agent, |s| &s.name, |s| s.order)
+        let (mut sections, tools) = {
+            let state = self.state.lock();
+            let sections = resolve(&state.sections, agent, |s| &s.name, |s| s.order);
+            (sections, state.tools.clone())
+        };
+        // Tool visibility is looked up after releasing the lock.
+        if sections.iter().any(|s| s.tool.is_some()) {
+            let tools = tools.and_then(|tools| tools.upgrade());
+            sections.retain(|section| match &section.tool {
+                None => true,
+                Some(tool) => tools
+                    .as_ref()
+                    .is_some_and(|tools| tools.get(tool, agent).is_some()),
+            });
+        }
+        sections
     }
 
     fn runtime_contexts(&self, agent: Option<&SessionId>) -> Vec<RuntimeContext> {
@@ -500,6 +531,7 @@ mod tests {
             name: name.into(),
             order,
             text: text.into(),
+            tool: None,
         };
         let a: SessionId = "a".into();
         let _g1 = reg.section(None, sec(PERSONA_SECTION, 0, "global {{model}}"));
@@ -516,6 +548,91 @@ mod tests {
         drop(scoped);
         assert_eq!(render(Some(&a)).unwrap(), "identity\n\nglobal m1\n\nuse tools");
         assert_eq!(reg.len(), 3);
+    }
+
+    /// A tool body that is never called.
+    struct Idle;
+
+    #[async_trait::async_trait]
+    impl agent::tools::ToolHandler for Idle {
+        async fn execute(
+            &self,
+            _arguments: serde_json::Value,
+            _ctx: agent::tools::ToolContext,
+        ) -> Result<agent::tools::ToolOutput, agent::tools::ToolError> {
+            Ok(agent::tools::ToolOutput::text("idle"))
+        }
+    }
+
+    /// A section bound to a tool is part of an agent's sections only while that agent sees the
+    /// tool in the linked registry: absent before a registry is linked, before the tool is
+    /// registered, where a restriction hides it, and after the registry is dropped.
+    #[test]
+    fn tool_bound_sections_follow_the_tools_visibility() {
+        let reg = PromptRegistry::new();
+        let (open, denied): (SessionId, SessionId) = ("open".into(), "denied".into());
+        let section = |name: &str, tool: Option<&str>| PromptSection {
+            name: name.into(),
+            order: 100,
+            text: format!("about {name}"),
+            tool: tool.map(str::to_owned),
+        };
+        let _plain = reg.section(None, section("plain", None));
+        let _bound = reg.section(None, section("tool:probe", Some("probe")));
+        let names = |agent: Option<&SessionId>| -> Vec<String> {
+            reg.sections(agent).into_iter().map(|s| s.name).collect()
+        };
+        assert_eq!(names(Some(&open)), ["plain"], "no tool registry linked yet");
+
+        let registry = crate::tools::ToolRegistry::new();
+        let tools: Arc<dyn agent::Tools> = Arc::new(registry.clone());
+        reg.link_tools(&tools);
+        assert_eq!(names(Some(&open)), ["plain"], "the tool is not registered yet");
+        let tool = tools
+            .register(
+                None,
+                agent::tools::ToolDefinition {
+                    name: "probe".into(),
+                    description: "probe".into(),
+                    parameters: serde_json::json!({"type": "object"}),
+                    concurrency_safe: true,
+                    handler: Arc::new(Idle),
+                },
+            )
+            .unwrap();
+        let restriction = tools
+            .restrict(
+                Some(&denied),
+                agent::tools::ToolRestriction {
+                    allow: None,
+                    deny: Some(vec!["probe".into()]),
+                },
+            )
+            .unwrap();
+        assert_eq!(names(Some(&open)), ["plain", "tool:probe"]);
+        assert_eq!(names(None), ["plain", "tool:probe"]);
+        assert_eq!(names(Some(&denied)), ["plain"]);
+        drop(restriction);
+        assert_eq!(names(Some(&denied)), ["plain", "tool:probe"]);
+        drop(tool);
+        assert_eq!(names(Some(&open)), ["plain"]);
+        let _again = registry
+            .register(
+                None,
+                agent::tools::ToolDefinition {
+                    name: "probe".into(),
+                    description: "probe".into(),
+                    parameters: serde_json::json!({"type": "object"}),
+                    concurrency_safe: true,
+                    handler: Arc::new(Idle),
+                },
+            )
+            .unwrap();
+        assert_eq!(names(Some(&open)), ["plain", "tool:probe"]);
+        // The tool is still registered (`registry` shares its state), but the linked handle is
+        // gone: the prompt registry cannot tell, so the section is left out.
+        drop(tools);
+        assert_eq!(names(Some(&open)), ["plain"], "the linked registry is gone");
     }
 
     #[test]

@@ -224,10 +224,12 @@ impl RuntimeBuilder {
                     name: agent::prompt::PERSONA_SECTION.to_owned(),
                     order: 0,
                     text: persona,
+                    tool: None,
                 },
             ));
         }
         let prompt = self.prompt;
+        prompt.link_tools(&tools);
         let persistence = self.persistence;
         let jobs = self.jobs;
         let config = self.config;

@@ -42,6 +42,7 @@ fn register_with_a_panicking_undo(rt: &Runtime, id: &SessionId) -> Arc<AtomicUsi
         name: "scoped".into(),
         order: 0,
         text: "scoped".into(),
+        tool: None,
     })
     .unwrap();
     ctx.on_agent_event(|_| Ok(())).unwrap();

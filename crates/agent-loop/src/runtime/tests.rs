@@ -115,6 +115,7 @@ async fn spn_50_creation_signal_is_creation_only() {
             name: PERSONA_SECTION.into(),
             order: 0,
             text: "setup persona".into(),
+            tool: None,
         })?;
         s.notify_one();
         std::future::pending::<()>().await;
@@ -160,6 +161,7 @@ async fn spn_51_rejecting_setup_rolls_back() {
             name: PERSONA_SECTION.into(),
             order: 0,
             text: "child".into(),
+            tool: None,
         })?;
         Err("setup failed".into())
     });
@@ -246,6 +248,7 @@ async fn spn_53_setup_composes_before_publication_in_order() {
             name: PERSONA_SECTION.into(),
             order: 0,
             text: "You are the child.".into(),
+            tool: None,
         })?;
         let l = l.clone();
         Ok(Some(Box::new(move || {
@@ -287,6 +290,7 @@ async fn spn_54_scoped_registrations_are_private_and_die_with_the_agent() {
         name: PERSONA_SECTION.into(),
         order: 0,
         text: "scoped".into(),
+        tool: None,
     })
     .unwrap();
     let heard = Arc::new(AtomicUsize::new(0));
