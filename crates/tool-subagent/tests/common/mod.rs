@@ -311,6 +311,129 @@ impl PrepareContinuable for FakeProvider {
     }
 }
 
+// ---- the scripted provider ------------------------------------------------------------------
+
+/// The reply of a [`FakeProvider::scripted`] provider without a configured one.
+pub const SCRIPTED_REPLY: &str = "scripted subagent reply";
+
+/// How a [`FakeProvider::scripted`] provider rejects a start cancelled before its run is
+/// published.
+pub const SCRIPTED_START_ABORTED: &str = "scripted subagent start aborted before publication";
+
+/// What a [`FakeProvider::scripted`] provider answers (the upstream `scripted-provider.ts`
+/// fixture). Every field is optional.
+#[derive(Clone, Debug, Default)]
+pub struct Script {
+    /// The child's final text; [`SCRIPTED_REPLY`] when absent.
+    pub reply: Option<String>,
+    /// The terminal stop reason; `completed` when absent.
+    pub stop_reason: Option<StopReason>,
+    /// A diagnostic attached to a result that did not complete.
+    pub diagnostic: Option<String>,
+    /// The advertised capabilities; all of them when absent.
+    pub capabilities: Option<SubagentCapabilities>,
+    /// Whether the provider inherits the parent's completed turns.
+    pub inherits: bool,
+    /// The structured value returned when the request asks for one; `{"reply": <reply>}` when
+    /// absent.
+    pub structured: Option<Value>,
+}
+
+/// The run of a scripted provider: its result resolves one scheduling round after it is first
+/// awaited, `aborted` when the request's signal was cancelled or the run disposed by then.
+struct ScriptedRun {
+    id: SessionId,
+    result: RunResultFuture,
+    disposed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SubagentRun for ScriptedRun {
+    fn id(&self) -> &SessionId {
+        &self.id
+    }
+
+    fn local_agent(&self) -> Option<AgentRef> {
+        None
+    }
+
+    fn result(&self) -> RunResultFuture {
+        self.result.clone()
+    }
+
+    fn dispose(&self) -> RunDisposeFuture {
+        self.disposed.store(true, Ordering::SeqCst);
+        async { Ok(()) }.boxed().shared()
+    }
+}
+
+impl FakeProvider {
+    /// The scripted provider fixture, registered as `name`: it rejects a start whose signal is
+    /// cancelled before or while its run is published ([`SCRIPTED_START_ABORTED`]); its run
+    /// (id `scripted-subagent:<name>:<parent>`) answers the reply as one text block with the
+    /// scripted stop reason — `aborted` when the signal is cancelled or the run disposed before
+    /// the result resolves — carries the diagnostic only when the run did not complete, and a
+    /// structured value (configured, or `{"reply": <reply>}`) only when the request names an
+    /// output schema and the provider advertises `outputSchema`.
+    pub fn scripted(name: &str, script: Script) -> Self {
+        let capabilities = script.capabilities.unwrap_or(SubagentCapabilities::ALL);
+        let inherits = script.inherits;
+        let provider = name.to_owned();
+        let start: StartFn = Arc::new(move |resolved| {
+            let script = script.clone();
+            let provider = provider.clone();
+            async move {
+                let request = resolved.request;
+                let aborted =
+                    || SubagentError::new(subagent::SubagentErrorCode::Cancelled, SCRIPTED_START_ABORTED);
+                if request.signal.is_cancelled() {
+                    return Err(aborted());
+                }
+                // Publication takes a scheduling round; a cancellation meanwhile rejects too.
+                tokio::task::yield_now().await;
+                if request.signal.is_cancelled() {
+                    return Err(aborted());
+                }
+                let reply = script.reply.clone().unwrap_or_else(|| SCRIPTED_REPLY.to_owned());
+                let structured = (request.output_schema.is_some() && capabilities.output_schema).then(|| {
+                    script
+                        .structured
+                        .clone()
+                        .unwrap_or_else(|| json!({"reply": reply}))
+                });
+                let disposed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let (signal, stopped) = (request.signal.clone(), disposed.clone());
+                let result = async move {
+                    tokio::task::yield_now().await;
+                    let stop_reason = if signal.is_cancelled() || stopped.load(Ordering::SeqCst) {
+                        StopReason::Aborted
+                    } else {
+                        script.stop_reason.clone().unwrap_or(StopReason::Completed)
+                    };
+                    let completed = stop_reason == StopReason::Completed;
+                    let mut result = SubagentResult::new(vec![ContentBlock::text(reply)], stop_reason);
+                    result.structured = structured;
+                    if let Some(diagnostic) = script.diagnostic.as_deref().filter(|_| !completed) {
+                        result = result.with_diagnostic(diagnostic);
+                    }
+                    Ok(result)
+                };
+                let run: Box<dyn SubagentRun> = Box::new(ScriptedRun {
+                    id: format!("scripted-subagent:{provider}:{}", request.parent.id()).into(),
+                    result: result.boxed().shared(),
+                    disposed,
+                });
+                Ok(run)
+            }
+            .boxed()
+        });
+        Self {
+            capabilities,
+            inherits,
+            ..Self::new(name, start)
+        }
+    }
+}
+
 // ---- host -----------------------------------------------------------------------------------
 
 /// A real host: `agent_loop` runtime with its tool registry, optionally a job registry with the
