@@ -193,6 +193,35 @@ impl SubagentToolPlugin {
     }
 }
 
+/// spec: TOOL-28 — without the subagent service, no `subagent` tool is registered. Upstream the
+/// plugin injects the service and never runs without it; here the service is a required
+/// argument of [`SubagentToolPlugin::load`] and [`Services`] has no slot to find one in, so a
+/// host without a subagent service cannot load the plugin, and so never registers its tool.
+/// The two doctests pin that: the same load compiles with a service and does not compile
+/// without one.
+///
+/// ```
+/// use subagent::agent::Services;
+/// use subagent::service::SubagentService;
+/// use tool_subagent::{SubagentToolConfig, SubagentToolPlugin};
+///
+/// fn host(services: &Services, subagents: &SubagentService) {
+///     let _plugin = SubagentToolPlugin::load(services, subagents, SubagentToolConfig::new("spawn"));
+/// }
+/// ```
+///
+/// ```compile_fail,E0061
+/// use subagent::agent::Services;
+/// use subagent::service::SubagentService;
+/// use tool_subagent::{SubagentToolConfig, SubagentToolPlugin};
+///
+/// fn host(services: &Services) {
+///     let _plugin = SubagentToolPlugin::load(services, SubagentToolConfig::new("spawn"));
+/// }
+/// ```
+#[cfg(doctest)]
+pub struct LoadingNeedsTheSubagentService;
+
 impl Drop for SubagentToolPlugin {
     fn drop(&mut self) {
         self.unload();
