@@ -207,11 +207,16 @@ impl Prompt for PromptRegistry {
         let (mut sections, tools) = {
             let state = self.state.lock();
             let sections = resolve(&state.sections, agent, |s| &s.name, |s| s.order);
-            (sections, state.tools.clone())
+            // The link is read only when a section needs it (this runs at every pre-step).
+            let tools = if sections.iter().any(|s| s.tool.is_some()) {
+                state.tools.as_ref().and_then(Weak::upgrade)
+            } else {
+                None
+            };
+            (sections, tools)
         };
         // Tool visibility is looked up after releasing the lock.
         if sections.iter().any(|s| s.tool.is_some()) {
-            let tools = tools.and_then(|tools| tools.upgrade());
             sections.retain(|section| match &section.tool {
                 None => true,
                 Some(tool) => tools
