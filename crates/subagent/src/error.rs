@@ -244,6 +244,18 @@ impl SubagentError {
         )
     }
 
+    /// `PROVIDER_FAILED` for an interrupt whose target's `cancel` panicked (the child agent is
+    /// host code): `subagent "<child>" could not be interrupted: its agent's cancel panicked:
+    /// <panic message>`. Nothing was cancelled; the child's turn goes on.
+    pub fn interrupt_failed(child_id: &str, message: &str) -> Self {
+        Self::new(
+            SubagentErrorCode::ProviderFailed,
+            format!(
+                "subagent \"{child_id}\" could not be interrupted: its agent's cancel panicked: {message}"
+            ),
+        )
+    }
+
     /// `UNSUPPORTED_CAPABILITY` for a start-time capability:
     /// `subagent provider "<provider>" does not support the "<capability>" capability`, where
     /// `capability` is the flag's wire name (`outputSchema`, `depthLimit`, `toolFilter`,

@@ -49,6 +49,9 @@ impl ContinuationManager {
     /// exact live ancestor agent", even for an absent target), a self-interrupt ("cannot
     /// interrupt itself"), a wrong parent address ("belongs to another parent session"), or an
     /// ancestor outside the target's recorded ancestry ("is not a live descendant").
+    /// `PROVIDER_FAILED` — the target agent's `cancel` panicked
+    /// ([`SubagentError::interrupt_failed`]); nothing was cancelled and the Activation is
+    /// unchanged.
     pub fn interrupt(&self, target: &SessionId, authority: &InterruptAuthority) -> Result<(), SubagentError> {
         let inner = &self.inner;
         if let InterruptAuthority::Ancestor { agent } = authority {
@@ -87,7 +90,13 @@ impl ContinuationManager {
         if activation.disposal().is_some() {
             return Ok(());
         }
-        activation.agent.cancel(cause, CancelOptions { keep_inbox: true });
-        Ok(())
+        // The child is host code: a panic of its `cancel` is the interrupt's typed failure,
+        // never an unwind into the caller (a tool call, a signal handler).
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            activation.agent.cancel(cause, CancelOptions { keep_inbox: true });
+        }))
+        .map_err(|payload| {
+            SubagentError::interrupt_failed(target.as_str(), &agent::bus::panic_message(&*payload))
+        })
     }
 }

@@ -831,3 +831,52 @@ async fn cont_56_capture_and_handle_disposal_failures_combine() {
     host.parent.when_idle().await;
     host.finish().await;
 }
+
+/// An interrupt whose target agent's `cancel` *panics* (host code) fails with a typed
+/// `PROVIDER_FAILED` naming the child and the panic instead of unwinding into the caller (a tool
+/// call, a signal handler); nothing was cancelled: the child stays resident, its turn runs on to
+/// its answer, and the parent hears of it as usual.
+#[tokio::test(start_paused = true)]
+async fn a_panicking_cancel_fails_the_interrupt_and_leaves_the_turn_running() {
+    let (host, _agents) = faulty_host(by_session(6), &[("child", Fault::Cancel)]).await;
+    let (child_gate, hook) = gate(&host, "child");
+    let child_id = start_reserved(&host, "child").await;
+    yield_a_while().await;
+    let authority = super::super::InterruptAuthority::User {
+        parent_session_id: SessionId::from("parent"),
+    };
+    let interrupted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        host.manager.interrupt(&child_id, &authority)
+    }))
+    .expect("the panic stayed out of the caller");
+    let err = interrupted.unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::ProviderFailed, "{err}");
+    assert!(err.to_string().contains("\"child\""), "{err}");
+    assert!(err.to_string().contains("cancel exploded"), "{err}");
+    assert!(host.manager.is_resident(&child_id));
+    assert_eq!(host.get(&child_id).unwrap().status(), AgentStatus::Running);
+    child_gate.send(true).unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    // The turn ran to its answer: not cancelled by the failed interrupt.
+    let log = host.persisted(&child_id).await;
+    let kinds: Vec<Value> = turn_end_reasons(&log.events)
+        .iter()
+        .map(|r| r["kind"].clone())
+        .collect();
+    assert_eq!(kinds, vec![json!("completed")]);
+    assert!(
+        log.events
+            .iter()
+            .any(|e| matches!(&e.data, EventData::AssistantMessage { message, .. }
+            if visible_text(&message.content) == "child reply")),
+        "the child answered"
+    );
+    // Its settlement tears the epoch down, whose cancel panics once more: recorded there, as in
+    // `a_panicking_cancel_in_teardown_is_recorded_and_the_child_released`.
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    assert!(!host.manager.is_resident(&child_id));
+    drop(hook);
+    host.finish().await;
+}
