@@ -299,9 +299,14 @@ impl Session {
             return Err(LogError::Reentrant);
         }
         let time = time.unwrap_or_else(now_ms);
+        // The event is built before it is validated, so the payload moves straight from the
+        // argument into the allocation. (Validated first, the payload's address has escaped into
+        // the validation, and the compiler then copies it twice more on its way to the heap.)
+        // Its seq is assigned below, under the log lock.
+        let mut event = new_event(time, data, surface);
         let _guard = self.append_lock.lock();
-        if let Err(e) = validate_candidate(&data, surface.as_ref()) {
-            let kind = data.type_name().to_owned();
+        if let Err(e) = validate_candidate(&event.data, event.surface.as_ref()) {
+            let kind = event.type_name().to_owned();
             return Err(match e {
                 CandidateError::Lossless(reason) => LogError::NotLossless { kind, reason },
                 CandidateError::Invalid(reason) => LogError::Invalid { kind, reason },
@@ -319,12 +324,12 @@ impl Session {
         let Some(observers) = observers else {
             // Nobody to consult, so seq assignment and commit share one lock.
             let mut inner = self.inner.lock();
-            let event = new_event(inner.events.len() as u64, time, data, surface);
+            set_seq(&mut event, inner.events.len() as u64);
             push_event(&mut inner.events, event.clone());
             return Ok(event);
         };
         let seq = self.inner.lock().events.len() as u64;
-        let event = new_event(seq, time, data, surface);
+        set_seq(&mut event, seq);
         self.observing.store(true, Ordering::Release);
         *self.publishing.lock() = Some(std::thread::current().id());
         // A panicking check is a veto: the append is refused and the session stays usable.
@@ -362,17 +367,36 @@ impl Session {
     }
 }
 
-/// Builds the shared event. (Measured: a plain `Arc::new` of the whole event moves the large
-/// payload fewer times than allocating a placeholder and assigning the payload into it.)
+/// Builds the shared event (its seq still 0), copying the large payload once, straight into the
+/// allocation.
+///
+/// A plain `Arc::new` of the whole event assembles the event and then its reference counts on
+/// the stack before copying them to the heap: three copies of the payload (measured). Here
+/// `Arc::new_cyclic` (its weak handle unused) allocates first and writes a payload-free
+/// placeholder event field by field; the payload then replaces the placeholder in place.
 #[inline(always)]
-fn new_event(seq: u64, time: u64, data: EventData, surface: Option<SurfaceMeta>) -> Arc<SessionEvent> {
-    Arc::new(SessionEvent {
-        seq,
+fn new_event(time: u64, data: EventData, surface: Option<SurfaceMeta>) -> Arc<SessionEvent> {
+    let mut event = Arc::new_cyclic(|_| SessionEvent {
+        seq: 0,
         time,
-        data,
+        data: EventData::EndSeed,
         surface,
         ignorable: false,
-    })
+    });
+    let slot = &mut Arc::get_mut(&mut event).expect("a new event is not shared").data;
+    let placeholder = std::mem::replace(slot, data);
+    // `EndSeed` owns nothing, so skipping its drop glue leaks nothing.
+    debug_assert!(matches!(placeholder, EventData::EndSeed));
+    std::mem::forget(placeholder);
+    event
+}
+
+/// Assigns the seq of an event built by [`new_event`] and not shared yet.
+#[inline(always)]
+fn set_seq(event: &mut Arc<SessionEvent>, seq: u64) {
+    Arc::get_mut(event)
+        .expect("an event is not shared before it is committed")
+        .seq = seq;
 }
 
 /// Initial capacity of a log's event list: a short session never reallocates it.
