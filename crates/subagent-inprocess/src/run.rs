@@ -339,12 +339,12 @@ impl LocalRun {
                 async move {
                     let released = match teardown {
                         Ok(teardown) => {
-                            let (released, _result) =
-                                futures::join!(AssertUnwindSafe(teardown).catch_unwind(), result);
+                            let (released, ()) =
+                                futures::join!(AssertUnwindSafe(teardown).catch_unwind(), settled(result));
                             released.map_err(|panic| panic_message(&*panic))
                         }
                         Err(message) => {
-                            let _result = result.await;
+                            settled(result).await;
                             Err(message)
                         }
                     };
@@ -354,6 +354,14 @@ impl LocalRun {
                 .shared()
             })
             .clone()
+    }
+}
+
+/// Resolves once `result` has settled. An already settled result is not awaited: awaiting a
+/// shared result that other handles still hold clones its output, only to drop it here.
+async fn settled(result: RunResultFuture) {
+    if result.peek().is_none() {
+        let _settled = result.await;
     }
 }
 
