@@ -147,6 +147,13 @@ impl<E: 'static> EventBus<E> {
         self.inner.entries.read().len()
     }
 
+    /// Whether any listener is registered. An emitter may skip building an event nobody would
+    /// hear (an emission on a bus without listeners delivers nothing).
+    #[inline]
+    pub fn has_listeners(&self) -> bool {
+        !self.is_silent()
+    }
+
     /// The listener set as of now (an `Arc` of the immutable list: registrations replace it).
     fn snapshot(&self) -> Arc<Vec<Entry<E>>> {
         self.inner.entries.read().clone()

@@ -329,6 +329,10 @@ struct EndEdge {
 impl EndEdge {
     fn emit(mut self, outcome: &Result<SubagentResult, RunFailure>) {
         if let Some(info) = self.info.take() {
+            if !self.inner.events.has_listeners() {
+                // Nobody would hear it: skip copying the output into an event.
+                return;
+            }
             let end = match outcome {
                 Ok(r) => SubagentRunEndInfo {
                     info,
