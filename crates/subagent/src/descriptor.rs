@@ -207,7 +207,11 @@ impl SubagentDescriptor {
     /// The versioned payload: `version`, `mode`, `provider`, then every present optional field
     /// (absent ones are omitted entirely, never written as `null`).
     pub fn to_payload(&self) -> Value {
-        let mut map = Map::new();
+        // Sized for the most keys the mode can have, so building the payload never regrows it.
+        let mut map = Map::with_capacity(match self {
+            Self::OneShot(_) => 4,
+            Self::Continuable(_) => 8,
+        });
         map.insert("version".into(), Value::from(SUBAGENT_DESCRIPTOR_VERSION));
         map.insert("mode".into(), Value::from(self.mode().as_str()));
         map.insert("provider".into(), Value::from(self.provider()));
