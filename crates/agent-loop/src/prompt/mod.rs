@@ -149,10 +149,11 @@ impl PromptRegistry {
         let weak: Weak<Mutex<State>> = Arc::downgrade(&self.state);
         Registration::new(move || {
             if let Some(state) = weak.upgrade() {
+                // Dropped after the lock is released.
                 let removed = {
                     let mut state = state.lock();
-                    let s: Vec<_> = extract(&mut state.sections, id);
-                    let c: Vec<_> = extract(&mut state.contexts, id);
+                    let s = extract(&mut state.sections, id);
+                    let c = extract(&mut state.contexts, id);
                     (s, c)
                 };
                 drop(removed);
@@ -161,17 +162,11 @@ impl PromptRegistry {
     }
 }
 
-fn extract<T>(entries: &mut Vec<Entry<T>>, id: u64) -> Vec<Entry<T>> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < entries.len() {
-        if entries[i].id == id {
-            out.push(entries.remove(i));
-        } else {
-            i += 1;
-        }
-    }
-    out
+/// Removes the entry registered as `id`, keeping the others in order. Ids are unique (each
+/// registration pushes one entry under a fresh id), so there is at most one.
+fn extract<T>(entries: &mut Vec<Entry<T>>, id: u64) -> Option<Entry<T>> {
+    let index = entries.iter().position(|e| e.id == id)?;
+    Some(entries.remove(index))
 }
 
 impl Prompt for PromptRegistry {
