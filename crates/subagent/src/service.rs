@@ -6,7 +6,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use agent::bus::panic_message;
-use agent::{EventBus, Registration};
+use agent::{EventBus, EventData, Registration};
 use futures::FutureExt;
 use parking_lot::RwLock;
 use tokio_util::task::TaskTracker;
@@ -55,6 +55,10 @@ pub enum RegisterError {
 struct Entry {
     name: String,
     provider: Arc<dyn SubagentProvider>,
+    /// The descriptor event of a start without a label, snapshotted once at registration (it
+    /// depends on the recorded name only): such starts clone it rather than build the same JSON
+    /// payload, hashing its keys, every time.
+    unlabeled: Option<EventData>,
 }
 
 struct Inner {
@@ -140,6 +144,7 @@ impl SubagentService {
     ) -> Result<Registration, RegisterError> {
         let name = catch_unwind(AssertUnwindSafe(|| provider.name().to_owned()))
             .map_err(|payload| panicked(None, "name()", &*payload))?;
+        let unlabeled = snapshot_subagent_descriptor(&SubagentDescriptor::one_shot(name.clone(), None)).ok();
         {
             let mut providers = self.inner.providers.write();
             if providers.iter().any(|e| e.name == name) {
@@ -148,6 +153,7 @@ impl SubagentService {
             providers.push(Entry {
                 name: name.clone(),
                 provider: provider.clone(),
+                unlabeled,
             });
         }
         let weak = Arc::downgrade(&self.inner);
@@ -193,6 +199,16 @@ impl SubagentService {
             .map(|e| e.provider.clone())
     }
 
+    /// The provider registered under `name` and its unlabeled descriptor event.
+    fn lookup(&self, name: &str) -> Option<(Arc<dyn SubagentProvider>, Option<EventData>)> {
+        self.inner
+            .providers
+            .read()
+            .iter()
+            .find(|e| e.name == name)
+            .map(|e| (e.provider.clone(), e.unlabeled.clone()))
+    }
+
     /// Registered provider names (as registered), in insertion order.
     pub fn list(&self) -> Vec<String> {
         self.inner
@@ -215,8 +231,8 @@ impl SubagentService {
         name: &str,
         request: SubagentStartRequest,
     ) -> Result<Box<dyn SubagentRun>, StartError> {
-        let provider = self
-            .get_provider(name)
+        let (provider, unlabeled) = self
+            .lookup(name)
             .ok_or_else(|| SubagentError::no_provider(name))?;
         catch_unwind(AssertUnwindSafe(|| provider.capabilities()))
             .map_err(|payload| panicked(Some(name), "capabilities()", &*payload))?
@@ -226,7 +242,10 @@ impl SubagentService {
             assert_output_schema(schema)?;
         }
         let descriptor = SubagentDescriptor::one_shot(name, request.label.clone());
-        let descriptor_event = snapshot_subagent_descriptor(&descriptor)?;
+        let descriptor_event = match unlabeled {
+            Some(event) if request.label.is_none() => event,
+            _ => snapshot_subagent_descriptor(&descriptor)?,
+        };
         let parent = request.parent.id().clone();
         let resolved = ResolvedSubagentStartRequest {
             request,
@@ -392,4 +411,48 @@ fn closed_tracker() -> TaskTracker {
     let tasks = TaskTracker::new();
     tasks.close();
     tasks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capabilities::SubagentCapabilities;
+
+    struct Named(&'static str);
+
+    #[async_trait::async_trait]
+    impl SubagentProvider for Named {
+        fn name(&self) -> &str {
+            self.0
+        }
+
+        fn capabilities(&self) -> SubagentCapabilities {
+            SubagentCapabilities::ALL
+        }
+
+        fn inherits_parent_context(&self) -> bool {
+            false
+        }
+
+        async fn start(
+            &self,
+            _request: ResolvedSubagentStartRequest,
+        ) -> Result<Box<dyn SubagentRun>, SubagentError> {
+            unreachable!("never started")
+        }
+    }
+
+    /// The descriptor event a registration keeps for unlabeled starts is exactly the one such a
+    /// start would snapshot, under the name as registered; unknown names find nothing.
+    #[test]
+    fn lookup_yields_the_provider_and_its_unlabeled_descriptor_snapshot() {
+        let service = SubagentService::new();
+        let provider: Arc<dyn SubagentProvider> = Arc::new(Named("spawn"));
+        let _registration = service.register_provider(provider.clone()).unwrap();
+        let (found, unlabeled) = service.lookup("spawn").expect("registered");
+        assert!(Arc::ptr_eq(&found, &provider));
+        let expected = snapshot_subagent_descriptor(&SubagentDescriptor::one_shot("spawn", None)).unwrap();
+        assert_eq!(unlabeled, Some(expected));
+        assert!(service.lookup("other").is_none());
+    }
 }
