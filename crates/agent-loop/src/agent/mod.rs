@@ -232,6 +232,11 @@ impl LoopAgent {
         self.busy.wait().await;
     }
 
+    /// Whether the agent is idle (what [`wait_idle`](Self::wait_idle) waits for).
+    pub(crate) fn is_idle(&self) -> bool {
+        !self.busy.is_busy()
+    }
+
     /// Marks the agent as being disposed: it takes no new work from now on.
     pub(crate) fn begin_disposal(&self) {
         self.disposed.store(true, Ordering::SeqCst);

@@ -45,7 +45,7 @@ impl AgentEntry {
             match *state {
                 TeardownState::Unstarted => {
                     *state = TeardownState::Running {
-                        future: Some(Box::pin(teardown(self.clone()))),
+                        future: Some(Transaction::Unpolled),
                         notified: false,
                         wakers: Vec::new(),
                     };
@@ -75,7 +75,7 @@ impl AgentEntry {
     /// its synchronous [release](release) runs, and the teardown counts as finished for every
     /// current and later `dispose` future.
     fn poll_teardown(self: &Arc<Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let mut future = {
+        let mut transaction = {
             let mut state = self.teardown.0.lock();
             match &mut *state {
                 TeardownState::Done => return Poll::Ready(()),
@@ -99,7 +99,17 @@ impl AgentEntry {
         };
         let waker = Waker::from(self.clone());
         let mut inner = Context::from_waker(&waker);
-        let finished = match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(&mut inner))) {
+        let poll = || match &mut transaction {
+            Transaction::Unpolled if self.release_if_quiescent() => Poll::Ready(()),
+            Transaction::Unpolled => {
+                let mut future = Box::pin(teardown(self.clone()));
+                let poll = future.as_mut().poll(&mut inner);
+                transaction = Transaction::Boxed(future);
+                poll
+            }
+            Transaction::Boxed(future) => future.as_mut().poll(&mut inner),
+        };
+        let finished = match catch_unwind(AssertUnwindSafe(poll)) {
             Ok(poll) => poll.is_ready(),
             Err(payload) => {
                 tracing::warn!(
@@ -116,7 +126,7 @@ impl AgentEntry {
                 TeardownState::Running { wakers, .. } => wakers,
                 _ => Vec::new(),
             };
-            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| drop(future))) {
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| drop(transaction))) {
                 tracing::warn!(
                     agent = %self.agent.id(),
                     message = %panic_message(&*payload),
@@ -135,7 +145,7 @@ impl AgentEntry {
         else {
             unreachable!("only the poller leaves the running state");
         };
-        *slot = Some(future);
+        *slot = Some(transaction);
         if std::mem::take(notified) {
             // Woken while it was polled (the wake found no waker of ours): poll again soon,
             // through the scheduler (a self-waking poll, e.g. out of coop budget, must yield).
@@ -145,6 +155,24 @@ impl AgentEntry {
             register(wakers, cx.waker());
         }
         Poll::Pending
+    }
+
+    /// The whole teardown of an agent with nothing to wait for — no owned agent, no jobs
+    /// service, idle, no task of its own running — where every asynchronous step of
+    /// [`teardown`] would be ready at once: its tasks closed and the synchronous
+    /// [release](release), without building (and boxing) the transaction. Returns whether it
+    /// ran.
+    fn release_if_quiescent(self: &Arc<Self>) -> bool {
+        let agent = &self.agent;
+        let quiescent = self.children.lock().is_empty()
+            && self.runtime.upgrade().is_none_or(|rt| rt.services.jobs.is_none())
+            && agent.is_idle()
+            && agent.tasks().is_empty();
+        if quiescent {
+            agent.tasks().close();
+            release(self);
+        }
+        quiescent
     }
 
     /// Whether the teardown completed.
@@ -288,9 +316,9 @@ fn warn_step(id: &SessionId, step: &str, payload: &(dyn std::any::Any + Send)) {
     );
 }
 
-/// The memoized teardown of one entry: unstarted until the first `dispose`, then the boxed
-/// transaction that any of its futures polls (the others wait on the list of wakers), then
-/// done. (What [`futures::future::Shared`] would give, without its extra allocations.)
+/// The memoized teardown of one entry: unstarted until the first `dispose`, then the
+/// transaction that any of its futures polls (the others wait on the list of wakers; it is only
+/// built, and boxed, by a first poll that cannot complete it at once), then done. (What [`futures::future::Shared`] would give, without its extra allocations.)
 #[derive(Default)]
 pub(super) struct TeardownCell(Mutex<TeardownState>);
 
@@ -300,7 +328,7 @@ enum TeardownState {
     Unstarted,
     Running {
         /// `None` while one holder polls it.
-        future: Option<BoxFuture<'static, ()>>,
+        future: Option<Transaction>,
         /// Set by a wake-up of the transaction (see the entry's [`Wake`] impl).
         notified: bool,
         /// The holders waiting for the next wake-up.
@@ -308,6 +336,15 @@ enum TeardownState {
     },
     /// Completed (also after a panic while polled, see [`AgentEntry::poll_teardown`]).
     Done,
+}
+
+/// The transaction of a running teardown.
+enum Transaction {
+    /// Not polled yet: the first poll completes a quiescent agent's teardown at once
+    /// ([`AgentEntry::release_if_quiescent`]), or builds the [`teardown`] future.
+    Unpolled,
+    /// The [`teardown`] future, polled at least once.
+    Boxed(BoxFuture<'static, ()>),
 }
 
 /// Adds a holder's waker to the waiting list (once).
