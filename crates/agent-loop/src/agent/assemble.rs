@@ -51,6 +51,25 @@ impl Partial {
         }
     }
 
+    /// [`assemble`](Self::assemble), consuming the partial (no copy of its block or text).
+    fn into_block(self) -> Option<ContentBlock> {
+        if let Some(block) = self.block {
+            return Some(block);
+        }
+        match self.kind? {
+            BlockType::Text => Some(ContentBlock::text(self.text)),
+            BlockType::Reasoning => Some(ContentBlock::reasoning(self.text)),
+            BlockType::ToolCall => Some(ContentBlock::ToolCall {
+                id: self
+                    .call_id
+                    .unwrap_or_else(|| CallId::new(format!("call-{}", self.index))),
+                name: self.name.unwrap_or_default(),
+                arguments: self.arguments,
+            }),
+            BlockType::Image | BlockType::ToolResult => None,
+        }
+    }
+
     fn is_text_like(&self) -> bool {
         let kind = match &self.block {
             Some(block) => BlockType::of(block),
@@ -154,13 +173,13 @@ impl BlockAssembler {
     /// every tool call it left open (no `block-end`): its arguments may be cut anywhere, so
     /// dispatching it could run a different call than the model meant. Tool calls the stream
     /// closed are kept (adapters may omit `finish`).
-    pub(crate) fn blocks(&self) -> Vec<ContentBlock> {
-        let truncated = matches!(self.finish(), FinishReason::MaxTokens);
+    pub(crate) fn into_blocks(self) -> Vec<ContentBlock> {
+        let truncated = matches!(self.finish, Some(FinishReason::MaxTokens));
         let unfinished = self.finish.is_none();
         self.partials
-            .iter()
+            .into_iter()
             .filter(|p| !(unfinished && p.block.is_none() && p.kind == Some(BlockType::ToolCall)))
-            .filter_map(Partial::assemble)
+            .filter_map(Partial::into_block)
             .filter(|b| !(truncated && matches!(b, ContentBlock::ToolCall { .. })))
             .collect()
     }
@@ -191,29 +210,38 @@ mod tests {
     /// parse); closed calls and text of such a stream are kept.
     #[test]
     fn drops_open_tool_calls_of_a_stream_without_finish() {
-        let mut a = BlockAssembler::default();
-        for c in chunks::text_and_tool_call("hi", "c1", "read", serde_json::json!({"path": "a"})) {
-            if !matches!(c, StreamChunk::Finish { .. } | StreamChunk::Usage { .. }) {
-                a.push(&c);
+        let unfinished = || {
+            let mut a = BlockAssembler::default();
+            for c in chunks::text_and_tool_call("hi", "c1", "read", serde_json::json!({"path": "a"})) {
+                if !matches!(c, StreamChunk::Finish { .. } | StreamChunk::Usage { .. }) {
+                    a.push(&c);
+                }
             }
-        }
-        a.push(&StreamChunk::BlockStart {
-            index: 7,
-            block_type: BlockType::ToolCall,
-        });
-        a.push(&StreamChunk::ToolCallDelta {
-            index: 7,
-            id: "c2".into(),
-            name: Some("rm".into()),
-            arguments_delta: "{\"path\": \"/\"}".into(),
-        });
-        let blocks = a.blocks();
+            a.push(&StreamChunk::BlockStart {
+                index: 7,
+                block_type: BlockType::ToolCall,
+            });
+            a.push(&StreamChunk::ToolCallDelta {
+                index: 7,
+                id: "c2".into(),
+                name: Some("rm".into()),
+                arguments_delta: "{\"path\": \"/\"}".into(),
+            });
+            a
+        };
+        let blocks = unfinished().into_blocks();
         assert_eq!(blocks.len(), 2, "{blocks:?}");
         assert_eq!(blocks[0], ContentBlock::text("hi"));
         assert!(matches!(&blocks[1], ContentBlock::ToolCall { id, .. } if id.as_str() == "c1"));
         // With a finish, an unclosed call is the adapter's (tolerated) shorthand and is kept.
+        let mut a = unfinished();
         a.push(&chunks::finish_chunk(FinishReason::ToolCalls));
-        assert_eq!(a.blocks().len(), 3);
+        let blocks = a.into_blocks();
+        assert_eq!(blocks.len(), 3);
+        assert!(
+            matches!(&blocks[2], ContentBlock::ToolCall { id, name, arguments } if id.as_str() == "c2" && name == "rm" && arguments == "{\"path\": \"/\"}"),
+            "{blocks:?}"
+        );
     }
 
     #[test]
@@ -222,14 +250,14 @@ mod tests {
         for c in chunks::text_and_tool_call("hi", "c1", "read", serde_json::json!({})) {
             a.push(&c);
         }
-        assert_eq!(a.blocks().len(), 2);
+        assert_eq!(a.into_blocks().len(), 2);
         let mut a = BlockAssembler::default();
         for c in chunks::max_tokens_tool_call("c1", "read", "{\"pa") {
             a.push(&c);
         }
-        assert!(a.blocks().is_empty());
         assert_eq!(a.finish(), FinishReason::MaxTokens);
         assert!(a.usage().is_some());
+        assert!(a.into_blocks().is_empty());
     }
 
     #[test]

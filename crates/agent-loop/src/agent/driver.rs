@@ -795,10 +795,11 @@ impl LoopAgent {
             }
             _ => {}
         }
-        let mut message = Message::assistant(asm.blocks(), provider, model);
-        if let (Some(state), MessageSource::Model { replay_state, .. }) =
-            (asm.replay_state(), &mut message.source)
-        {
+        let usage = asm.usage();
+        let state = asm.replay_state();
+        // The assembler's blocks are moved into the message, not copied.
+        let mut message = Message::assistant(asm.into_blocks(), provider, model);
+        if let (Some(state), MessageSource::Model { replay_state, .. }) = (state, &mut message.source) {
             *replay_state = Some(state);
         }
         let calls: Vec<ToolCallRequest> = message
@@ -818,7 +819,7 @@ impl LoopAgent {
                 turn,
                 step,
                 message,
-                usage: asm.usage(),
+                usage,
                 interrupted: false,
             },
             Some(SurfaceMeta {
