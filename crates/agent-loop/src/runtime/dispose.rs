@@ -18,6 +18,8 @@ use crate::agent::LoopAgent;
 
 /// One registered agent.
 pub(super) struct AgentEntry {
+    /// The entry itself, for [`Disposer::dispose`] (which borrows it).
+    pub(super) me: Weak<AgentEntry>,
     pub(super) agent: Arc<LoopAgent>,
     pub(super) runtime: Weak<RuntimeInner>,
     /// The store entry; dropping it removes the session.
@@ -417,10 +419,13 @@ impl Drop for Teardown {
     }
 }
 
-pub(super) struct EntryDisposer(pub(super) Arc<AgentEntry>);
-
-impl Disposer for EntryDisposer {
+/// The entry is its handle's disposer itself (no wrapper to allocate).
+impl Disposer for AgentEntry {
     fn dispose(&self) -> BoxFuture<'static, ()> {
-        self.0.dispose()
+        match self.me.upgrade() {
+            Some(entry) => entry.dispose(),
+            // Unreachable: the handle calling this holds the entry.
+            None => Box::pin(future::ready(())),
+        }
     }
 }

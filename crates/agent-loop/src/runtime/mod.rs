@@ -69,7 +69,7 @@ use agent::{
 };
 
 pub use builder::RuntimeBuilder;
-use dispose::{AgentEntry, EntryDisposer};
+use dispose::AgentEntry;
 pub use fork::{ForkError, ForkSeed, SessionFork, fork_seed};
 pub use models::ModelMap;
 pub use store::{MemorySessionStore, SessionStoreEvent};
@@ -580,7 +580,8 @@ impl Runtime {
                     drop(session_guard);
                     return Err(AgentError::Duplicate(id));
                 }
-                let entry = Arc::new(AgentEntry {
+                let entry = Arc::new_cyclic(|me| AgentEntry {
+                    me: me.clone(),
                     agent: agent.clone(),
                     runtime: Arc::downgrade(&self.inner),
                     session_guard: Mutex::new(Some(session_guard)),
@@ -623,7 +624,7 @@ impl Runtime {
             durability.commit()?;
             rollback.set(Stage::Done);
             agent.activate();
-            Ok(AgentHandle::new(agent, Arc::new(EntryDisposer(entry))))
+            Ok(AgentHandle::new(agent, entry))
         }
     }
 }
