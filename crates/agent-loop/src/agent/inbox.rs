@@ -85,7 +85,8 @@ impl Lists {
     /// Applies a validated splice; returns the removed messages.
     ///
     /// A pure removal of the whole list (such as a claim) hands the list itself over instead of
-    /// copying it into a fresh vector.
+    /// copying it into a fresh vector, and a pure insertion at the end (such as a send) extends
+    /// the list without the general splice.
     fn apply(&mut self, splice: &InboxSplice) -> Vec<Message> {
         let start = splice.start as usize;
         let removed = splice.removed_count.unwrap_or(0) as usize;
@@ -95,6 +96,10 @@ impl Lists {
                 return std::mem::take(list);
             }
             return list.drain(start..start + removed).collect();
+        }
+        if removed == 0 && start == list.len() {
+            list.extend(splice.inserted.iter().cloned());
+            return Vec::new();
         }
         list.splice(start..start + removed, splice.inserted.iter().cloned())
             .collect()
