@@ -106,6 +106,12 @@ enum PreStepOutcome {
     Enter(Vec<Message>, AssembledPrompt),
 }
 
+/// A pre-step whose synchronous part ran: its outcome, or the interceptor chain to await.
+enum PreStepped<'a> {
+    Ready(PreStepOutcome),
+    Chain(futures::future::BoxFuture<'a, Result<PreStepOutcome, TurnFailure>>),
+}
+
 /// The endings a turn body can record before its `turn/end` (the failure endings travel as
 /// [`TurnFailure`]); one byte, where a [`TurnEndReason`] would enlarge the driver task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,20 +201,24 @@ impl LoopAgent {
     /// Runs one opened turn to its `turn/end`. Returns whether it ended normally (so the driver
     /// may continue with pending work).
     ///
-    /// `open` is borrowed (its claimed batch is taken) so that the driver task keeps one copy.
-    pub(crate) async fn run_turn(&self, open: &mut OpenTurn) -> bool {
-        let turn = open.turn;
-        let signal = &open.signal;
-        let mut ts = TurnState { end: None, step: 0 };
-        let first = match std::mem::replace(&mut open.claimed, Ok(Vec::new())) {
-            Ok(batch) => batch,
-            Err(failure) => return self.close_turn(turn, signal, Err(failure), ts),
-        };
-        let body = AssertUnwindSafe(self.turn_body(turn, signal, first, &mut ts))
-            .catch_unwind()
-            .await
-            .unwrap_or_else(|p| Err(panicked("the agent loop", &*p)));
-        self.close_turn(turn, signal, body, ts)
+    /// `open` is borrowed (its claimed batch is taken) so that the driver task keeps one copy,
+    /// and its number and signal are read from it rather than copied into the task. (An `async`
+    /// block over the arguments rather than an `async fn`, whose arguments would be stored
+    /// twice.)
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn run_turn<'a>(&'a self, open: &'a mut OpenTurn) -> impl Future<Output = bool> + Send + 'a {
+        async move {
+            let mut ts = TurnState { end: None, step: 0 };
+            let first = match std::mem::replace(&mut open.claimed, Ok(Vec::new())) {
+                Ok(batch) => batch,
+                Err(failure) => return self.close_turn(open.turn, &open.signal, Err(failure), ts),
+            };
+            let body = AssertUnwindSafe(self.turn_body(open.turn, &open.signal, first, &mut ts))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|p| Err(panicked("the agent loop", &*p)));
+            self.close_turn(open.turn, &open.signal, body, ts)
+        }
     }
 
     /// Logs `turn/end` for a turn body's outcome. Returns whether the turn ended normally.
@@ -242,74 +252,87 @@ impl LoopAgent {
 
     /// The step loop of one turn. `Ok(true)`: the turn closed normally; `Ok(false)`: it closed
     /// and the driver must stop (blocked, or an empty first batch); `Err`: aborted or failed.
-    async fn turn_body(
-        &self,
+    ///
+    /// (An `async` block over the arguments rather than an `async fn`, whose arguments would be
+    /// stored twice in the driver task.)
+    fn turn_body<'a>(
+        &'a self,
         turn: u64,
-        signal: &Signal,
+        signal: &'a Signal,
         first: Vec<Message>,
-        ts: &mut TurnState,
-    ) -> Result<bool, TurnFailure> {
+        ts: &'a mut TurnState,
+    ) -> impl Future<Output = Result<bool, TurnFailure>> + Send + 'a {
         let mut first = Some(first);
-        let mut target = InboxTarget::NextTurn;
-        loop {
-            check(signal)?;
-            let step = ts.step + 1;
-            let claimed = match first.take() {
-                Some(batch) => batch,
-                None => self.inbox.claim(target, turn)?,
-            };
-            let (messages, prompt) = match self.pre_step(turn, step, claimed, signal).await? {
-                PreStepOutcome::Rejected => {
-                    ts.end = Some(TurnEnd::Blocked);
-                    return Ok(false);
-                }
-                PreStepOutcome::Enter(messages, prompt) => (messages, prompt),
-            };
-            if ts.end.is_some() && messages.is_empty() {
-                break;
-            }
-            if ts.step == 0 && messages.is_empty() {
-                ts.end = Some(TurnEnd::Completed);
-                return Ok(false);
-            }
-            check(signal)?;
-            self.session.append(EventData::StepStart { turn, step }, None)?;
-            ts.step = step;
-            // The step's synchronous opening (entered messages, request, stream) runs outside
-            // the step future, which keeps the driver task small; a panic in either part is
-            // the step's.
-            let opened = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                for message in messages {
-                    self.session
-                        .append(EventData::UserMessage(message), Some(SurfaceMeta::append()))?;
-                }
-                self.open_stream(prompt, signal)
-            }))
-            .unwrap_or_else(|p| Err(panicked("a model step", &*p)));
-            let ran = match opened {
-                Ok(stream) => AssertUnwindSafe(self.step(turn, step, stream, signal))
+        async move {
+            let mut target = InboxTarget::NextTurn;
+            loop {
+                check(signal)?;
+                let step = ts.step + 1;
+                let claimed = match first.take() {
+                    Some(batch) => batch,
+                    None => self.inbox.claim(target, turn)?,
+                };
+                // A block, so that the step's messages and prompt (consumed by its opening) are
+                // not kept in the driver task while the step runs.
+                let opened = {
+                    // Bound first: the `?` of the call, as the scrutinee, would be kept across
+                    // the await.
+                    let pre = self.pre_step(turn, step, claimed, signal)?;
+                    let outcome = match pre {
+                        PreStepped::Ready(outcome) => outcome,
+                        PreStepped::Chain(chain) => chain.await?,
+                    };
+                    let (messages, prompt) = match outcome {
+                        PreStepOutcome::Rejected => {
+                            ts.end = Some(TurnEnd::Blocked);
+                            return Ok(false);
+                        }
+                        PreStepOutcome::Enter(messages, prompt) => (messages, prompt),
+                    };
+                    if ts.end.is_some() && messages.is_empty() {
+                        break;
+                    }
+                    if ts.step == 0 && messages.is_empty() {
+                        ts.end = Some(TurnEnd::Completed);
+                        return Ok(false);
+                    }
+                    check(signal)?;
+                    self.session.append(EventData::StepStart { turn, step }, None)?;
+                    ts.step = step;
+                    // The step's synchronous opening (entered messages, request, stream) runs
+                    // outside the step future, which keeps the driver task small; a panic in
+                    // either part is the step's.
+                    std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        for message in messages {
+                            self.session
+                                .append(EventData::UserMessage(message), Some(SurfaceMeta::append()))?;
+                        }
+                        self.open_stream(prompt, signal)
+                    }))
+                    .unwrap_or_else(|p| Err(panicked("a model step", &*p)))
+                };
+                let ran = AssertUnwindSafe(self.step(turn, step, opened, signal))
                     .catch_unwind()
                     .await
-                    .unwrap_or_else(|p| Err(panicked("a model step", &*p))),
-                Err(failure) => Err(failure),
-            };
-            let closed = self.session.append(EventData::StepEnd { turn, step }, None);
-            let step_end = ran?;
-            closed?;
-            if ts.end != Some(TurnEnd::MaxTokens) {
-                ts.end = step_end;
-            }
-            check(signal)?;
-            if ts.end.is_some() && self.inbox.next_step_is_empty() {
-                self.turn_stopping(turn, signal).await?;
+                    .unwrap_or_else(|p| Err(panicked("a model step", &*p)));
+                let closed = self.session.append(EventData::StepEnd { turn, step }, None);
+                let step_end = ran?;
+                closed?;
+                if ts.end != Some(TurnEnd::MaxTokens) {
+                    ts.end = step_end;
+                }
                 check(signal)?;
+                if ts.end.is_some() && self.inbox.next_step_is_empty() {
+                    self.turn_stopping(turn, signal).await?;
+                    check(signal)?;
+                }
+                if ts.end.is_some() && self.inbox.next_step_is_empty() {
+                    break;
+                }
+                target = InboxTarget::NextStep;
             }
-            if ts.end.is_some() && self.inbox.next_step_is_empty() {
-                break;
-            }
-            target = InboxTarget::NextStep;
+            Ok(true)
         }
-        Ok(true)
     }
 
     /// Serial `agent/turn-stopping` hooks (they may steer).
@@ -343,30 +366,35 @@ impl LoopAgent {
     }
 
     /// Pre-step: prompt assembly, the runtime-context snapshot, the interceptor chain.
-    async fn pre_step(
-        &self,
+    ///
+    /// Only the interceptor chain is asynchronous: it is boxed with what it needs (it is off the
+    /// common path and would otherwise enlarge every driver task), and the rest runs here.
+    fn pre_step<'a>(
+        &'a self,
         turn: u64,
         step: u64,
         claimed: Vec<Message>,
-        signal: &Signal,
-    ) -> Result<PreStepOutcome, TurnFailure> {
+        signal: &'a Signal,
+    ) -> Result<PreStepped<'a>, TurnFailure> {
         let (prompt, contexts) = self.assemble_prompt()?;
         check(signal)?;
         let mut messages = claimed;
         messages.extend(self.snapshot_message(contexts));
         let hooks = self.services.pre_step.for_agent(&self.id);
-        let decision = if hooks.is_empty() {
-            PreStepDecision::Enter(messages)
-        } else {
-            // Boxed: the interceptor chain is off the common path and would otherwise enlarge
-            // every driver task.
-            Box::pin(self.run_pre_step_hooks(hooks, turn, step, messages, signal)).await?
-        };
-        check(signal)?;
-        Ok(match decision {
-            PreStepDecision::Reject => PreStepOutcome::Rejected,
-            PreStepDecision::Enter(messages) => PreStepOutcome::Enter(messages, prompt),
-        })
+        if hooks.is_empty() {
+            check(signal)?;
+            return Ok(PreStepped::Ready(PreStepOutcome::Enter(messages, prompt)));
+        }
+        Ok(PreStepped::Chain(Box::pin(async move {
+            let decision = self
+                .run_pre_step_hooks(hooks, turn, step, messages, signal)
+                .await?;
+            check(signal)?;
+            Ok(match decision {
+                PreStepDecision::Reject => PreStepOutcome::Rejected,
+                PreStepDecision::Enter(messages) => PreStepOutcome::Enter(messages, prompt),
+            })
+        })))
     }
 
     /// The `agent/pre-step` interceptor chain, in order.
@@ -586,32 +614,44 @@ impl LoopAgent {
         Ok(adapter.stream(request))
     }
 
-    /// One step over its opened `stream`: chunks, assistant message, tool calls. Returns the
-    /// step outcome (`None`: tool calls ran and none concluded the turn).
+    /// One step over its `opened` stream (or the failure opening it): chunks, assistant
+    /// message, tool calls. Returns the step outcome (`None`: tool calls ran and none concluded
+    /// the turn).
     ///
     /// Only waiting for a chunk and the tool calls are asynchronous, and both are boxed; the
     /// rest runs in synchronous helpers ([`open_stream`](Self::open_stream),
     /// [`stream_ready`](Self::stream_ready), [`close_step`](Self::close_step)), which keeps the
-    /// driver task small.
-    async fn step(
-        &self,
+    /// driver task small. (An `async` block over the arguments rather than an `async fn`, whose
+    /// arguments would be stored twice.)
+    #[allow(clippy::manual_async_fn)]
+    fn step<'a>(
+        &'a self,
         turn: u64,
         step: u64,
-        stream: agent::ModelStream,
-        signal: &Signal,
-    ) -> Result<Option<TurnEnd>, TurnFailure> {
-        let close = match self.stream_ready(turn, step, stream, signal)? {
-            Streamed::Closed(close) => close,
-            // Boxed: waiting is the slow path, and the draining state (assembler, chunk seqs)
-            // would otherwise enlarge every driver task.
-            Streamed::Pending(draining) => Box::pin(self.stream_rest(turn, step, draining, signal)).await?,
-        };
-        let calls = match close {
-            StepClose::Ended(end) => return Ok(end),
-            StepClose::Tools(calls) => calls,
-        };
-        // Boxed: tool execution would otherwise enlarge every driver task.
-        Box::pin(self.run_tools(turn, step, calls, signal)).await
+        opened: Result<agent::ModelStream, TurnFailure>,
+        signal: &'a Signal,
+    ) -> impl Future<Output = Result<Option<TurnEnd>, TurnFailure>> + Send + 'a {
+        async move {
+            // A block, so that neither the stream's state nor its close is kept across the
+            // tool calls.
+            let calls = {
+                let streamed = self.stream_ready(turn, step, opened?, signal)?;
+                let close = match streamed {
+                    Streamed::Closed(close) => close,
+                    // Boxed: waiting is the slow path, and the draining state (assembler, chunk
+                    // seqs) would otherwise enlarge every driver task.
+                    Streamed::Pending(draining) => {
+                        Box::pin(self.stream_rest(turn, step, draining, signal)).await?
+                    }
+                };
+                match close {
+                    StepClose::Ended(end) => return Ok(end),
+                    StepClose::Tools(calls) => calls,
+                }
+            };
+            // Boxed: tool execution would otherwise enlarge every driver task.
+            Box::pin(self.run_tools(turn, step, calls, signal)).await
+        }
     }
 
     /// Drains the chunks of `stream` that are ready now; when the stream is over, closes the
