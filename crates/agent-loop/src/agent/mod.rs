@@ -12,8 +12,9 @@
 //! # Driver start
 //! A wake delivered to an idle agent runs the driver's synchronous prefix on the caller's
 //! thread: the phase becomes `Running` (emitting `AgentEvent::Status`), `turn/start` is
-//! appended and the first batch is claimed. The rest of the drain runs as one task on the
-//! agent's [`TaskTracker`]; its first suspension is prompt assembly.
+//! appended and the first batch is claimed. The rest of the drain runs as one tokio task,
+//! counted among the agent's running drivers (what its teardown waits for) until the task's
+//! future is dropped; its first suspension is prompt assembly.
 //!
 //! # Locking
 //! * `state` (phase, last turn number, request-header bookkeeping) is held for short
@@ -29,14 +30,13 @@ mod driver;
 mod inbox;
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use parking_lot::{Mutex, ReentrantMutex};
 use tokio::sync::Notify;
-use tokio_util::task::TaskTracker;
 
 use agent::history::DerivedHistory;
 use agent::{
@@ -97,6 +97,79 @@ impl IdleFlag {
     }
 }
 
+/// The agent's driver tasks that are spawned and whose future is not dropped yet. (A count and
+/// a [`Notify`] in the agent, where a `TaskTracker` would be one more allocation per agent.)
+#[derive(Default)]
+struct Drivers {
+    running: AtomicUsize,
+    exited: Notify,
+}
+
+impl Drivers {
+    fn is_empty(&self) -> bool {
+        self.running.load(Ordering::SeqCst) == 0
+    }
+
+    /// Resolves once no driver runs (at once when none does).
+    async fn wait(&self) {
+        loop {
+            let exited = self.exited.notified();
+            let mut exited = std::pin::pin!(exited);
+            // Registered before the check, so an exit between the check and the wait wakes it.
+            exited.as_mut().enable();
+            if self.is_empty() {
+                return;
+            }
+            exited.await;
+        }
+    }
+}
+
+/// The agent as its driver task holds it: counted among the agent's running drivers from the
+/// spawn until the task's future is dropped (completed, or dropped with its runtime).
+struct Driver(Arc<LoopAgent>);
+
+impl Driver {
+    fn new(agent: Arc<LoopAgent>) -> Self {
+        agent.drivers.running.fetch_add(1, Ordering::SeqCst);
+        Self(agent)
+    }
+
+    /// The drain: runs turns until the agent converges to idle.
+    ///
+    /// (An `async` block over the captured turn rather than an `async fn`, whose arguments
+    /// would be stored twice in the driver task.)
+    #[allow(clippy::manual_async_fn)]
+    fn drive(self, mut open: OpenTurn) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            loop {
+                let normal = self.run_turn(&mut open).await;
+                match self.after_turn(normal) {
+                    Some(next) => open = next,
+                    None => return,
+                }
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for Driver {
+    type Target = LoopAgent;
+
+    fn deref(&self) -> &LoopAgent {
+        &self.0
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let drivers = &self.0.drivers;
+        if drivers.running.fetch_sub(1, Ordering::SeqCst) == 1 {
+            drivers.exited.notify_waiters();
+        }
+    }
+}
+
 enum Phase {
     Idle,
     Running { signal: Signal, wake_requested: bool },
@@ -139,7 +212,7 @@ pub struct LoopAgent {
     state: Mutex<State>,
     busy: Arc<IdleFlag>,
     status: ReentrantMutex<Cell<AgentStatus>>,
-    tasks: TaskTracker,
+    drivers: Drivers,
     disposed: AtomicBool,
 }
 
@@ -189,7 +262,7 @@ impl LoopAgent {
             }),
             busy,
             status: ReentrantMutex::new(Cell::new(AgentStatus::Idle)),
-            tasks: TaskTracker::new(),
+            drivers: Drivers::default(),
             disposed: AtomicBool::new(false),
         }))
     }
@@ -218,9 +291,14 @@ impl LoopAgent {
         &self.config
     }
 
-    /// The tracker of the tasks this agent spawned (its driver).
-    pub(crate) fn tasks(&self) -> &TaskTracker {
-        &self.tasks
+    /// Whether a driver task of this agent runs (spawned, its future not dropped yet).
+    pub(crate) fn has_running_driver(&self) -> bool {
+        !self.drivers.is_empty()
+    }
+
+    /// Resolves once no driver task of this agent runs (at once when none does).
+    pub(crate) async fn drivers_exited(&self) {
+        self.drivers.wait().await;
     }
 
     /// Resolves once the agent is idle (like [`Agent::when_idle`], without boxing; ready at
@@ -309,7 +387,7 @@ impl LoopAgent {
     /// Runs the synchronous prefix of a fresh driver and spawns the rest.
     fn start_driver(&self) {
         if let Some(open) = self.open_turn().or_else(|| self.next_open_after_exit()) {
-            self.tasks.spawn(self.arc().drive(open));
+            tokio::spawn(Driver::new(self.arc()).drive(open));
         }
     }
 
@@ -405,23 +483,6 @@ impl LoopAgent {
             }
             if let Some(open) = self.open_turn() {
                 return Some(open);
-            }
-        }
-    }
-
-    /// The drain: runs turns until the agent converges to idle.
-    ///
-    /// (An `async` block over the captured turn rather than an `async fn`, whose arguments
-    /// would be stored twice in the driver task.)
-    #[allow(clippy::manual_async_fn)]
-    fn drive(self: Arc<Self>, mut open: OpenTurn) -> impl Future<Output = ()> + Send + 'static {
-        async move {
-            loop {
-                let normal = self.run_turn(&mut open).await;
-                match self.after_turn(normal) {
-                    Some(next) => open = next,
-                    None => return,
-                }
             }
         }
     }

@@ -160,18 +160,16 @@ impl AgentEntry {
     }
 
     /// The whole teardown of an agent with nothing to wait for — no owned agent, no jobs
-    /// service, idle, no task of its own running — where every asynchronous step of
-    /// [`teardown`] would be ready at once: its tasks closed and the synchronous
-    /// [release](release), without building (and boxing) the transaction. Returns whether it
-    /// ran.
+    /// service, idle, no driver task of its own running — where every asynchronous step of
+    /// [`teardown`] would be ready at once: only the synchronous [release](release), without
+    /// building (and boxing) the transaction. Returns whether it ran.
     fn release_if_quiescent(self: &Arc<Self>) -> bool {
         let agent = &self.agent;
         let quiescent = self.children.lock().is_empty()
             && self.runtime.upgrade().is_none_or(|rt| rt.services.jobs.is_none())
             && agent.is_idle()
-            && agent.tasks().is_empty();
+            && !agent.has_running_driver();
         if quiescent {
-            agent.tasks().close();
             release(self);
         }
         quiescent
@@ -253,8 +251,7 @@ pub(super) async fn teardown(entry: Arc<AgentEntry>) {
         contained(&id, "idle", agent.wait_idle()),
     )
     .await;
-    agent.tasks().close();
-    agent.tasks().wait().await;
+    agent.drivers_exited().await;
     // A turn still winding down (a tool body that did not observe its cancellation) or one of
     // the agent's tasks may have started a job after the first pass: now that the agent is
     // idle and its tasks have ended, nothing of its own can start another, so a second pass
