@@ -584,22 +584,18 @@ mod tests {
         };
         assert_eq!(names(Some(&open)), ["plain"], "no tool registry linked yet");
 
+        let probe = || agent::tools::ToolDefinition {
+            name: "probe".into(),
+            description: "probe".into(),
+            parameters: serde_json::json!({"type": "object"}),
+            concurrency_safe: true,
+            handler: Arc::new(Idle),
+        };
         let registry = crate::tools::ToolRegistry::new();
         let tools: Arc<dyn agent::Tools> = Arc::new(registry.clone());
         reg.link_tools(&tools);
         assert_eq!(names(Some(&open)), ["plain"], "the tool is not registered yet");
-        let tool = tools
-            .register(
-                None,
-                agent::tools::ToolDefinition {
-                    name: "probe".into(),
-                    description: "probe".into(),
-                    parameters: serde_json::json!({"type": "object"}),
-                    concurrency_safe: true,
-                    handler: Arc::new(Idle),
-                },
-            )
-            .unwrap();
+        let tool = tools.register(None, probe()).unwrap();
         let restriction = tools
             .restrict(
                 Some(&denied),
@@ -616,18 +612,7 @@ mod tests {
         assert_eq!(names(Some(&denied)), ["plain", "tool:probe"]);
         drop(tool);
         assert_eq!(names(Some(&open)), ["plain"]);
-        let _again = registry
-            .register(
-                None,
-                agent::tools::ToolDefinition {
-                    name: "probe".into(),
-                    description: "probe".into(),
-                    parameters: serde_json::json!({"type": "object"}),
-                    concurrency_safe: true,
-                    handler: Arc::new(Idle),
-                },
-            )
-            .unwrap();
+        let _again = registry.register(None, probe()).unwrap();
         assert_eq!(names(Some(&open)), ["plain", "tool:probe"]);
         // The tool is still registered (`registry` shares its state), but the linked handle is
         // gone: the prompt registry cannot tell, so the section is left out.

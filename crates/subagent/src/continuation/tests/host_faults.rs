@@ -215,6 +215,15 @@ async fn within<F: Future>(limit: Duration, fut: F) -> Option<F::Output> {
     None
 }
 
+/// The child is released (neither resident nor registered) and its one epoch ended `error`.
+fn assert_released_in_error(host: &Host, child_id: &SessionId) {
+    assert!(!host.manager.is_resident(child_id));
+    assert!(host.get(child_id).is_none());
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].stop_reason, StopReason::Error);
+}
+
 /// spec: CONT-35 — a selected drain with a failing teardown boundary rejects
 /// `ACTIVATION_TEARDOWN_FAILED` yet still removes the child; here the boundary is the wait for
 /// the child to be idle (the host agent's `when_idle` panics), the rejection names the panic and
@@ -623,11 +632,7 @@ async fn a_panicking_cancel_in_teardown_is_recorded_and_the_child_released() {
         .unwrap_err();
     assert_eq!(err.code(), SubagentErrorCode::ActivationTeardownFailed, "{err}");
     assert!(err.to_string().contains("cancel exploded"), "{err}");
-    assert!(!host.manager.is_resident(&child_id));
-    assert!(host.get(&child_id).is_none());
-    let ends = host.ends();
-    assert_eq!(ends.len(), 1);
-    assert_eq!(ends[0].stop_reason, StopReason::Error);
+    assert_released_in_error(&host, &child_id);
     drop(hook);
     host.parent.when_idle().await;
     host.finish().await;
@@ -773,12 +778,8 @@ async fn cont_55_a_capture_failure_fails_the_drain_and_the_epoch() {
             .contains("terminal facts could not be captured in its teardown: the child's log exploded"),
         "{err}"
     );
-    assert!(!host.manager.is_resident(&child_id));
-    assert!(host.get(&child_id).is_none());
-    let ends = host.ends();
-    assert_eq!(ends.len(), 1);
-    assert_eq!(ends[0].stop_reason, StopReason::Error);
-    assert!(ends[0].last_assistant_message.is_none());
+    assert_released_in_error(&host, &child_id);
+    assert!(host.ends()[0].last_assistant_message.is_none());
     let notices = notices(&host.parent);
     assert_eq!(notices.len(), 1);
     assert_eq!(
@@ -822,11 +823,7 @@ async fn cont_56_capture_and_handle_disposal_failures_combine() {
     );
     assert!(text.contains("the child's log exploded"), "{text}");
     assert!(text.contains("the handle's disposal exploded"), "{text}");
-    assert!(!host.manager.is_resident(&child_id));
-    assert!(host.get(&child_id).is_none());
-    let ends = host.ends();
-    assert_eq!(ends.len(), 1);
-    assert_eq!(ends[0].stop_reason, StopReason::Error);
+    assert_released_in_error(&host, &child_id);
     drop(hook);
     host.parent.when_idle().await;
     host.finish().await;
