@@ -250,8 +250,9 @@ impl LoopAgent {
         normal
     }
 
-    /// The step loop of one turn. `Ok(true)`: the turn closed normally; `Ok(false)`: it closed
-    /// and the driver must stop (blocked, or an empty first batch); `Err`: aborted or failed.
+    /// The step loop of one turn. `Ok(true)`: the turn closed normally (also after an empty
+    /// first batch); `Ok(false)`: it closed and the driver must stop (blocked); `Err`: aborted
+    /// or failed.
     ///
     /// (An `async` block over the arguments rather than an `async fn`, whose arguments would be
     /// stored twice in the driver task.)
@@ -293,8 +294,12 @@ impl LoopAgent {
                         break;
                     }
                     if ts.step == 0 && messages.is_empty() {
+                        // Nothing to do (what woke the driver was taken back before the claim).
+                        // The turn still ends normally: work sent *during* it found the agent
+                        // running, so its wake was not latched, and only the driver's own
+                        // check for pending work (`after_turn`) can still pick it up.
                         ts.end = Some(TurnEnd::Completed);
-                        return Ok(false);
+                        return Ok(true);
                     }
                     check(signal)?;
                     self.session.append(EventData::StepStart { turn, step }, None)?;

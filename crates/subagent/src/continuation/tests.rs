@@ -4099,7 +4099,53 @@ mod sweep {
             }
         })
         .await
-        .unwrap_or_else(|_| panic!("{what}: the host never went quiet"));
+        .unwrap_or_else(|_| {
+            let resident = host.manager.resident();
+            let mut diag = format!(
+                "resident={resident:?} tasks={} parent={:?} parent_inbox={:?}",
+                host.manager.task_count(),
+                host.parent.status(),
+                host.parent.inbox()
+            );
+            for id in &resident {
+                if let Some(a) = host.get(id) {
+                    diag += &format!(
+                        " child {id}: status={:?} inbox={:?} log_tail={:?}",
+                        a.status(),
+                        a.inbox(),
+                        a.session()
+                            .events()
+                            .iter()
+                            .rev()
+                            .take(6)
+                            .map(|e| e.type_name().to_owned())
+                            .collect::<Vec<_>>()
+                    );
+                }
+                if let Some(act) = host.manager.inner.activations.lock().get(id) {
+                    diag += &format!(
+                        " activation: disposal={} settled={} announced={} owned={:?} epoch={}",
+                        act.disposal().is_some(),
+                        act.is_settled(),
+                        act.is_announced(),
+                        act.owned_children(),
+                        act.epoch().is_some()
+                    );
+                }
+            }
+            diag += &format!(
+                " parent_tail={:?}",
+                host.parent
+                    .session()
+                    .events()
+                    .iter()
+                    .rev()
+                    .take(6)
+                    .map(|e| e.type_name().to_owned())
+                    .collect::<Vec<_>>()
+            );
+            panic!("{what}: the host never went quiet: {diag}")
+        });
     }
 
     /// Follow-ups and user interrupts racing for real on a multi-threaded runtime: every
