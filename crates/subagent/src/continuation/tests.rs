@@ -230,6 +230,18 @@ impl Host {
         AgentRuntime::list(&self.runtime).len()
     }
 
+    /// Sends `text` to the released child `child_id` (it cold-resumes), then waits until the
+    /// manager, the parent and the manager again are settled.
+    async fn cold_resume_and_settle(&self, child_id: &SessionId, text: &str) {
+        self.manager
+            .followup(&self.parent, child_id, vec![ContentBlock::text(text)])
+            .await
+            .expect("the child cold-resumes");
+        self.settle().await;
+        self.parent.when_idle().await;
+        self.settle().await;
+    }
+
     /// Waits until the manager has no resident child.
     async fn settle(&self) {
         for _ in 0..10_000 {
@@ -4387,13 +4399,7 @@ async fn a_panicking_final_flush_is_contained_and_settles() {
         "{:?}",
         warnings.messages()
     );
-    host.manager
-        .followup(&host.parent, &child_id, vec![ContentBlock::text("again")])
-        .await
-        .expect("the child cold-resumes");
-    host.settle().await;
-    host.parent.when_idle().await;
-    host.settle().await;
+    host.cold_resume_and_settle(&child_id, "again").await;
     assert_eq!(host.ends().len(), 2);
     let log = host.persisted(&child_id).await;
     assert_eq!(texts(&log.events), vec!["task", "again"]);
@@ -4702,13 +4708,7 @@ async fn cont_30_73_a_failing_handle_disposal_still_releases_the_activation() {
         logged.iter().any(|w| w.contains("activation teardown failed")),
         "{logged:?}"
     );
-    host.manager
-        .followup(&host.parent, &child_id, vec![ContentBlock::text("again")])
-        .await
-        .expect("the child cold-resumes");
-    host.settle().await;
-    host.parent.when_idle().await;
-    host.settle().await;
+    host.cold_resume_and_settle(&child_id, "again").await;
     assert_eq!(host.ends().len(), 2);
     assert_eq!(host.ends()[1].stop_reason, StopReason::Completed);
     host.finish().await;

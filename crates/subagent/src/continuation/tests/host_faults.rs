@@ -371,13 +371,7 @@ async fn a_child_whose_when_idle_panics_is_torn_down_instead_of_pinned() {
         logged.iter().any(|w| w.contains("when_idle panicked")),
         "{logged:?}"
     );
-    host.manager
-        .followup(&host.parent, &child_id, vec![ContentBlock::text("again")])
-        .await
-        .expect("the child cold-resumes");
-    host.settle().await;
-    host.parent.when_idle().await;
-    host.settle().await;
+    host.cold_resume_and_settle(&child_id, "again").await;
     assert_eq!(host.ends().len(), 2);
     assert_eq!(host.ends()[1].stop_reason, StopReason::Completed);
     host.finish().await;
@@ -591,13 +585,7 @@ async fn panicking_store_reads_reject_cold_resume_and_reserved_starts() {
     assert!(err.to_string().contains("the store's inspect exploded"), "{err}");
     assert!(host.get(&SessionId::from("reserved")).is_none());
     reads.inspect.store(false, AtomicOrdering::SeqCst);
-    host.manager
-        .followup(&host.parent, &child_id, vec![ContentBlock::text("again")])
-        .await
-        .expect("the child cold-resumes");
-    host.settle().await;
-    host.parent.when_idle().await;
-    host.settle().await;
+    host.cold_resume_and_settle(&child_id, "again").await;
     let log = host.persisted(&child_id).await;
     assert_eq!(texts(&log.events), vec!["task", "again"]);
     host.finish().await;
@@ -679,13 +667,7 @@ async fn a_panicking_runtime_rejects_the_start_and_the_cold_resume() {
     assert_eq!(host.agent_count(), agent_count);
     assert_eq!(host.starts().len(), 1, "no epoch started");
     agents.panicking.store(false, AtomicOrdering::SeqCst);
-    host.manager
-        .followup(&host.parent, &child_id, vec![ContentBlock::text("again")])
-        .await
-        .expect("the child cold-resumes");
-    host.settle().await;
-    host.parent.when_idle().await;
-    host.settle().await;
+    host.cold_resume_and_settle(&child_id, "again").await;
     let log = host.persisted(&child_id).await;
     assert_eq!(texts(&log.events), vec!["task", "again"]);
     host.finish().await;
