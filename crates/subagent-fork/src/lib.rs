@@ -37,6 +37,11 @@ pub const DEFAULT_NAME: &str = "fork";
 /// (the child is then created unseeded: no end-seed marker, no `seedLength`).
 ///
 /// A one-time snapshot: later parent history never reaches the child.
+///
+/// For a log written by an agent loop the prefix is balanced. An ill-formed parent log (a turn
+/// closed over an open step, a `tool/call` outside its step) can yield an unbalanced prefix; a
+/// start then rejects with `PROVIDER_FAILED` (source
+/// [`subagent_inprocess::StartFailure::UnbalancedSeed`]) and creates nothing.
 pub fn completed_turn_prefix(parent: &AgentRef) -> Option<Vec<SessionEvent>> {
     let events = parent.session().events();
     let prefix = subagent::agent::balanced_completed_turn_prefix(&events);

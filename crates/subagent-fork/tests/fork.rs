@@ -8,7 +8,10 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent::{AgentRef, CancelCause, CancelOptions, ContentBlock, EventData, Message, SessionEvent, Signal};
+use agent::{
+    AgentRef, AgentRuntime, CancelCause, CancelOptions, ContentBlock, EventData, Message, SessionEvent,
+    Signal,
+};
 use agent_loop::model::{ScriptEntry, chunks};
 use common::*;
 use parking_lot::Mutex;
@@ -365,6 +368,72 @@ async fn frk_98_one_parent_drives_both() {
         .filter(|e| e.type_name() == "turn/start")
         .count();
     assert_eq!(parent_turns, 2);
+    host.finish().await;
+}
+
+/// spec: §5.1, §5.3 (spine §4.7 item 5) — a parent whose log is ill-formed (a turn closed while
+/// its step is still open, which no agent loop writes) has an unbalanced completed-turn prefix.
+/// The fork refuses it with a typed `PROVIDER_FAILED` error (source
+/// `StartFailure::UnbalancedSeed`) instead of publishing a child that could not continue it:
+/// nothing is created, no model request is made, the parent's log is untouched.
+#[tokio::test(start_paused = true)]
+async fn an_ill_formed_parent_log_is_refused_with_a_typed_error() {
+    let host = Host::new(vec![]).await;
+    let _p = fork(&host);
+    // Created from a seed (the session accepts any seed; balance is the driving agent's
+    // concern), so the log never passes through an append the invariant observer could veto.
+    let seed: Vec<SessionEvent> = [
+        EventData::TurnStart { turn: 1 },
+        EventData::StepStart { turn: 1, step: 1 },
+        EventData::TurnEnd {
+            turn: 1,
+            reason: agent::TurnEndReason::Completed,
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, data)| SessionEvent {
+        seq: i as u64,
+        time: 0,
+        data,
+        surface: None,
+        ignorable: false,
+    })
+    .collect();
+    let handle = host
+        .runtime
+        .create(agent::CreateAgentOptions {
+            seed: Some(seed),
+            agent_options: routed(),
+            ..agent::CreateAgentOptions::new("ill-formed".into())
+        })
+        .await
+        .expect("created");
+    let parent = handle.agent().clone();
+    let before = events_of(&parent);
+    assert_eq!(completed_turn_prefix(&parent).map(|s| s.len()), Some(3));
+    let (agents, sessions) = (host.agent_count(), host.session_count());
+    let err = match host
+        .service
+        .start(DEFAULT_NAME, request_from(&parent, Signal::new()))
+        .await
+    {
+        Ok(_) => panic!("an unbalanced seed must not start"),
+        Err(subagent::service::StartError::Subagent(e)) => e,
+        Err(other) => panic!("expected a seam error, got {other}"),
+    };
+    assert_eq!(err.code(), subagent::error::SubagentErrorCode::ProviderFailed);
+    let failure = std::error::Error::source(&err)
+        .and_then(|s| s.downcast_ref::<subagent_inprocess::StartFailure>())
+        .expect("typed source");
+    assert!(matches!(
+        failure,
+        subagent_inprocess::StartFailure::UnbalancedSeed
+    ));
+    assert_eq!((host.agent_count(), host.session_count()), (agents, sessions));
+    assert!(host.model.requests().is_empty());
+    assert_eq!(events_of(&parent), before);
+    handle.dispose().await;
     host.finish().await;
 }
 

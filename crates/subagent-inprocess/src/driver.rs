@@ -8,6 +8,7 @@ use std::sync::Arc;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use subagent::agent::bus::panic_message;
+use subagent::agent::prefix::is_balanced;
 use subagent::agent::runtime::{Commit, Setup};
 use subagent::agent::{
     AgentError, AgentHandle, ContentBlock, CreateAgentOptions, Ctx, Message, MessageSource, Services,
@@ -34,7 +35,9 @@ use crate::structured::StructuredCapture;
 pub struct InProcessRunOptions {
     /// A creation seed: the parent's balanced completed-turn prefix (`fork`), or `None` for a
     /// fresh child (`spawn`). An empty seed should be passed as `None` (an empty seed still
-    /// writes a `session/end-seed` marker).
+    /// writes a `session/end-seed` marker). A seed that is not balanced
+    /// ([`is_balanced`]) rejects the start with
+    /// [`StartFailure::UnbalancedSeed`].
     pub seed: Option<Vec<SessionEvent>>,
 }
 
@@ -133,7 +136,8 @@ impl InProcessDriver {
     /// Runs synchronously, **at call time** (before the returned future is first polled):
     /// the output-schema assertion (`UNSUPPORTED_SCHEMA`, as the service does), `maxDepth`
     /// validation, the already-cancelled check (`subagent request was aborted before
-    /// child publication`, nothing created), the child-depth resolution, and the capture of the
+    /// child publication`, nothing created), the child-depth resolution, the seed's balance
+    /// ([`StartFailure::UnbalancedSeed`], nothing created), and the capture of the
     /// parent's delegated policy — so a parent switch made after this call belongs to the
     /// parent's future. The future then creates the child through `services.agents` with the
     /// request signal as creation token and the parent as owner, composes it in the setup window
@@ -199,6 +203,12 @@ impl InProcessDriver {
         let mut id = [0u8; uuid::fmt::Hyphenated::LENGTH];
         let child_id = SessionId::new(&*uuid::Uuid::new_v4().hyphenated().encode_lower(&mut id));
         let seed = options.seed;
+        // A seed the child's first turn could not continue (an open turn or step, a turn closed
+        // over an open step) is refused here, before anything exists: created, the child would
+        // run on a log that breaks the session invariants (spine §4.7 item 5).
+        if seed.as_ref().is_some_and(|s| !is_balanced(s)) {
+            return Err(StartFailure::UnbalancedSeed);
+        }
         let boundary = seed.as_ref().map_or(0, Vec::len);
         // 5. Delegated policy, captured now.
         let policy = capture_delegated_policy_overrides(parent.session(), self.inner.policy);

@@ -28,6 +28,15 @@ pub enum StartFailure {
     /// [`SubagentDepthError`](subagent::SubagentDepthError)).
     #[error(transparent)]
     Depth(#[from] DepthError),
+    /// The seed is not balanced ([`is_balanced`](subagent::agent::prefix::is_balanced)): it
+    /// ends inside an open turn or step, closes a turn while one of its steps is open, or holds
+    /// a `tool/call` outside its step. The child's first turn would break the session
+    /// invariants, so nothing was created. A fork seed comes from an ill-formed parent log.
+    #[error(
+        "subagent seed is not balanced: it must end with no turn or step open, close every step \
+         before its turn, and hold every tool/call inside its step"
+    )]
+    UnbalancedSeed,
     /// The host's creation transaction rejected and rolled back: the signal fired during
     /// creation (`CreationAborted`), the parent is disposed (`Inactive`) or was disposed during
     /// setup (`OwnerDisposed`), the setup window failed (`Setup`, e.g. an unknown tool-filter
@@ -49,11 +58,12 @@ impl StartFailure {
     /// | parent disposed or disposing (`Inactive`, `OwnerDisposed`, `Disposed`) | `PARENT_UNAVAILABLE` |
     /// | the minted child id is taken | `DUPLICATE_CHILD` |
     /// | depth refused | `DEPTH_EXCEEDED` (source: the `SubagentDepthError`) |
-    /// | setup failure and every other creation fault | `PROVIDER_FAILED` |
+    /// | unbalanced seed, setup failure and every other creation fault | `PROVIDER_FAILED` |
     pub fn code(&self) -> SubagentErrorCode {
         match self {
             Self::AbortedBeforePublication => SubagentErrorCode::Cancelled,
             Self::Depth(_) => SubagentErrorCode::DepthExceeded,
+            Self::UnbalancedSeed => SubagentErrorCode::ProviderFailed,
             Self::Create(e) => match e {
                 AgentError::CreationAborted { .. } => SubagentErrorCode::Cancelled,
                 AgentError::Inactive(_) | AgentError::OwnerDisposed(_) | AgentError::Disposed(_) => {

@@ -311,6 +311,101 @@ async fn drv_8_seed_is_verbatim_and_output_is_child_owned() {
     host.finish().await;
 }
 
+/// spec: DRV-8 (spine §4.7 item 5, §4.8) — a seed the child's first turn could not continue is
+/// refused at start with a typed `PROVIDER_FAILED` error (source
+/// [`StartFailure::UnbalancedSeed`]) before anything exists: a turn closed while its step is
+/// open, a seed ending inside an open turn or step, a `tool/call` outside its step. No agent,
+/// no session, no model request; a balanced seed still starts. (Before, such a child was
+/// published and its first append broke the session invariants — with an enforcing observer
+/// the run then failed after publication with a vetoed append.)
+#[tokio::test(start_paused = true)]
+async fn unbalanced_seed_is_refused_before_publication() {
+    fn ev(seq: u64, data: EventData) -> agent::SessionEvent {
+        agent::SessionEvent {
+            seq,
+            time: 0,
+            data,
+            surface: None,
+            ignorable: false,
+        }
+    }
+    let turn_start = |turn| EventData::TurnStart { turn };
+    let step_start = |turn, step| EventData::StepStart { turn, step };
+    let turn_end = |turn| EventData::TurnEnd {
+        turn,
+        reason: TurnEndReason::Completed,
+    };
+    let call = EventData::ToolCall {
+        turn: 1,
+        step: 1,
+        call_id: "c1".into(),
+        name: "echo".into(),
+        arguments: "{}".into(),
+    };
+    let seeds: Vec<Vec<EventData>> = vec![
+        // turn/end over an open step
+        vec![turn_start(1), step_start(1, 1), turn_end(1)],
+        // ends inside an open turn
+        vec![turn_start(1)],
+        // ends inside an open step
+        vec![turn_start(1), step_start(1, 1)],
+        // a tool/call outside its step
+        vec![turn_start(1), call.clone(), turn_end(1)],
+    ];
+    let host = Host::new(vec![chunks::text("balanced answer").into()]).await;
+    let (agents, sessions) = (host.agent_count(), host.session_count());
+    for seed in seeds {
+        let seed: Vec<_> = seed
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| ev(i as u64, d))
+            .collect();
+        let err = host
+            .driver
+            .start(
+                resolve(host.request(), "fork"),
+                InProcessRunOptions::seeded(seed.clone()),
+            )
+            .await
+            .expect_err("an unbalanced seed is refused");
+        assert_eq!(err.code(), SubagentErrorCode::ProviderFailed, "{seed:?}");
+        assert!(
+            matches!(start_failure(&err), StartFailure::UnbalancedSeed),
+            "{seed:?}: {err}"
+        );
+        assert!(
+            err.to_string().starts_with("subagent seed is not balanced"),
+            "{err}"
+        );
+        assert_eq!((host.agent_count(), host.session_count()), (agents, sessions));
+        assert!(host.model.requests().is_empty());
+    }
+    // A balanced seed (one closed turn with a step) is accepted and driven.
+    let balanced: Vec<_> = [
+        turn_start(1),
+        step_start(1, 1),
+        EventData::StepEnd { turn: 1, step: 1 },
+        turn_end(1),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, d)| ev(i as u64, d))
+    .collect();
+    let run = host
+        .driver
+        .start(
+            resolve(host.request(), "fork"),
+            InProcessRunOptions::seeded(balanced),
+        )
+        .await
+        .expect("a balanced seed starts");
+    let result = run.result().await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::Completed);
+    assert_eq!(text(&result.output), "balanced answer");
+    run.dispose().await.unwrap();
+    host.finish().await;
+}
+
 /// spec: DRV-9 — the child header persists `origin: subagent` and `delegationDepth: 1`.
 #[tokio::test(start_paused = true)]
 async fn drv_9_header_origin_and_depth() {
