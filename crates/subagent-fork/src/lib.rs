@@ -22,12 +22,13 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use subagent::SubagentError;
+use subagent::agent::prefix::is_balanced;
 use subagent::agent::{AgentRef, Registration, SessionEvent};
 use subagent::capabilities::{ContinuableCreateRequest, ContinuableCreateSpec, SubagentCapabilities};
 use subagent::provider::{PrepareContinuable, ResolvedSubagentStartRequest, SubagentProvider};
 use subagent::run::SubagentRun;
 use subagent::service::{RegisterError, SubagentService};
-use subagent_inprocess::{InProcessDriver, InProcessRunOptions};
+use subagent_inprocess::{InProcessDriver, InProcessRunOptions, StartFailure};
 
 /// The registry name a fork provider uses by default.
 pub const DEFAULT_NAME: &str = "fork";
@@ -40,8 +41,8 @@ pub const DEFAULT_NAME: &str = "fork";
 ///
 /// For a log written by an agent loop the prefix is balanced. An ill-formed parent log (a turn
 /// closed over an open step, a `tool/call` outside its step) can yield an unbalanced prefix; a
-/// start then rejects with `PROVIDER_FAILED` (source
-/// [`subagent_inprocess::StartFailure::UnbalancedSeed`]) and creates nothing.
+/// start (or a continuable preparation) then rejects with `PROVIDER_FAILED` (source
+/// [`StartFailure::UnbalancedSeed`]) and creates nothing.
 pub fn completed_turn_prefix(parent: &AgentRef) -> Option<Vec<SessionEvent>> {
     let events = parent.session().events();
     let prefix = subagent::agent::balanced_completed_turn_prefix(&events);
@@ -127,12 +128,19 @@ impl SubagentProvider for ForkProvider {
 impl PrepareContinuable for ForkProvider {
     /// The same prefix, captured once at creation: it becomes part of the child's durable
     /// transcript, so a cold resume replays it instead of re-forking newer parent history.
+    ///
+    /// # Errors
+    /// `PROVIDER_FAILED` (source [`StartFailure::UnbalancedSeed`]) when the prefix is not
+    /// balanced (an ill-formed parent log), as a one-shot start of the same parent rejects: the
+    /// child could not continue it.
     async fn prepare_continuable(
         &self,
         request: ContinuableCreateRequest,
     ) -> Result<ContinuableCreateSpec, SubagentError> {
-        Ok(ContinuableCreateSpec {
-            seed: completed_turn_prefix(&request.parent),
-        })
+        let seed = completed_turn_prefix(&request.parent);
+        if seed.as_ref().is_some_and(|s| !is_balanced(s)) {
+            return Err(StartFailure::UnbalancedSeed.into());
+        }
+        Ok(ContinuableCreateSpec { seed })
     }
 }

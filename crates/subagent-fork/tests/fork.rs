@@ -375,7 +375,8 @@ async fn frk_98_one_parent_drives_both() {
 /// its step is still open, which no agent loop writes) has an unbalanced completed-turn prefix.
 /// The fork refuses it with a typed `PROVIDER_FAILED` error (source
 /// `StartFailure::UnbalancedSeed`) instead of publishing a child that could not continue it:
-/// nothing is created, no model request is made, the parent's log is untouched.
+/// nothing is created, no model request is made, the parent's log is untouched. Its continuable
+/// preparation (spec §5.5) refuses the same prefix with the same error.
 #[tokio::test(start_paused = true)]
 async fn an_ill_formed_parent_log_is_refused_with_a_typed_error() {
     let host = Host::new(vec![]).await;
@@ -433,6 +434,22 @@ async fn an_ill_formed_parent_log_is_refused_with_a_typed_error() {
     assert_eq!((host.agent_count(), host.session_count()), (agents, sessions));
     assert!(host.model.requests().is_empty());
     assert_eq!(events_of(&parent), before);
+    // The continuable preparation refuses the same prefix the same way.
+    let err = ForkProvider::new(host.driver.clone())
+        .continuable()
+        .expect("continuable preparation present")
+        .prepare_continuable(ContinuableCreateRequest {
+            session_id: "reserved".into(),
+            parent: parent.clone(),
+            signal: Signal::new(),
+        })
+        .await
+        .expect_err("an unbalanced prefix is not a seed");
+    assert_eq!(err.code(), subagent::error::SubagentErrorCode::ProviderFailed);
+    assert!(matches!(
+        std::error::Error::source(&err).and_then(|s| s.downcast_ref::<subagent_inprocess::StartFailure>()),
+        Some(subagent_inprocess::StartFailure::UnbalancedSeed)
+    ));
     handle.dispose().await;
     host.finish().await;
 }
