@@ -244,6 +244,21 @@ impl SubagentError {
         )
     }
 
+    /// `PROVIDER_FAILED` for a continuable preparation whose seed is not balanced
+    /// ([`is_balanced`](agent::prefix::is_balanced)): `subagent provider "<provider>" prepared
+    /// a seed that is not balanced (a turn or step left open, a turn closed over an open step,
+    /// or a tool/call outside its step); the child could not continue it`. Nothing was created.
+    pub fn unbalanced_seed(provider: &str) -> Self {
+        Self::new(
+            SubagentErrorCode::ProviderFailed,
+            format!(
+                "subagent provider \"{provider}\" prepared a seed that is not balanced (a turn or step \
+                 left open, a turn closed over an open step, or a tool/call outside its step); the \
+                 child could not continue it"
+            ),
+        )
+    }
+
     /// `PROVIDER_FAILED` for an interrupt whose target's `cancel` panicked (the child agent is
     /// host code): `subagent "<child>" could not be interrupted: its agent's cancel panicked:
     /// <panic message>`. Nothing was cancelled; the child's turn goes on.

@@ -366,8 +366,14 @@ impl Inner {
         check_signal(&spec.signal)?;
         inner.admit(&parent)?;
         inner.check_parent_open(&parent)?;
-        // 8. The seed and its length (the provider's prefix only).
+        // 8. The seed and its length (the provider's prefix only). A seed the child's first turn
+        // could not continue (an open turn or step, a turn closed over an open step) is the
+        // provider's failure: created, the child would run on a log that breaks the session
+        // invariants (spine §4.7 item 5).
         let seed = prepared.seed.filter(|s| !s.is_empty());
+        if seed.as_ref().is_some_and(|s| !agent::prefix::is_balanced(s)) {
+            return Err(SubagentError::unbalanced_seed(&spec.provider));
+        }
         let seed_length = seed.as_ref().map_or(0, Vec::len) as u64;
         // 9. Under the child lock: re-check everything.
         let lock = inner.child_lock(&child_id);

@@ -75,6 +75,28 @@ impl PrepareContinuable for TestProvider {
             tokio::task::yield_now().await;
             panic!("preparation exploded");
         }
+        if self.name == "unbalanced" {
+            // A turn closed while its step is still open: no agent loop writes this.
+            let seed = [
+                EventData::TurnStart { turn: 1 },
+                EventData::StepStart { turn: 1, step: 1 },
+                EventData::TurnEnd {
+                    turn: 1,
+                    reason: agent::TurnEndReason::Completed,
+                },
+            ]
+            .into_iter()
+            .enumerate()
+            .map(|(i, data)| SessionEvent {
+                seq: i as u64,
+                time: 0,
+                data,
+                surface: None,
+                ignorable: false,
+            })
+            .collect();
+            return Ok(ContinuableCreateSpec { seed: Some(seed) });
+        }
         if self.name == "fork" {
             let events = request.parent.session().events();
             let prefix = agent::balanced_completed_turn_prefix(&events);
@@ -1946,6 +1968,49 @@ async fn a_panicking_preparation_is_a_provider_failure_and_leaves_nothing() {
     host.settle().await;
     assert!(host.persisted(&child_id).await.events.len() > 1);
     drop(panicky);
+    host.finish().await;
+}
+
+/// A provider whose continuable preparation returns a seed that is not balanced (here a turn
+/// closed over an open step) fails the start with `PROVIDER_FAILED` before anything is created:
+/// no agent, no session, no start edge; the parent can delegate again.
+#[tokio::test(start_paused = true)]
+async fn an_unbalanced_prepared_seed_is_a_provider_failure_and_leaves_nothing() {
+    let host = Host::new(vec![chunks::text("child answer").into()]).await;
+    let unbalanced = host
+        .service
+        .register_provider(Arc::new(TestProvider {
+            name: "unbalanced".into(),
+            continuable: true,
+            prepared: AtomicUsize::new(0),
+            started: AtomicUsize::new(0),
+        }))
+        .unwrap();
+    let agents = host.runtime.list().len();
+    let mut spec = host.spec("task");
+    spec.provider = "unbalanced".into();
+    let err = host
+        .manager
+        .start_continuable(spec)
+        .await
+        .expect_err("an unbalanced seed is refused");
+    assert_eq!(err.code(), SubagentErrorCode::ProviderFailed);
+    assert!(
+        err.message().contains("\"unbalanced\"") && err.message().contains("not balanced"),
+        "{err}"
+    );
+    assert_eq!(host.runtime.list().len(), agents, "no child agent was created");
+    assert!(host.manager.resident().is_empty());
+    assert!(host.starts().is_empty(), "no start edge");
+    assert!(host.model.requests().is_empty(), "no model call");
+    let (child_id, _) = host
+        .manager
+        .start_continuable(host.spec("next"))
+        .await
+        .expect("the parent can delegate again");
+    host.settle().await;
+    assert!(host.persisted(&child_id).await.events.len() > 1);
+    drop(unbalanced);
     host.finish().await;
 }
 
