@@ -10,6 +10,7 @@
 //! over logs ([`fold_consumed_work`], [`crate::prefix`], [`crate::history`],
 //! [`crate::policy`]): they accept owned events, references and `Arc`s alike.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::event::{EventData, SessionEvent};
@@ -158,38 +159,35 @@ where
 }
 
 /// A small set of turn numbers (see [`fold_consumed_work`]). The first member lives inline, so
-/// a well-formed log (at most the open turn in each set) folds without allocating.
+/// a well-formed log (at most the open turn in each set) folds without allocating; the others
+/// live in an ordered set, so a malformed log with many turns that never close still folds in
+/// O(n log n) rather than quadratic time.
 #[derive(Default)]
 struct TurnSet {
     first: Option<u64>,
-    rest: Vec<u64>,
+    rest: BTreeSet<u64>,
 }
 
 impl TurnSet {
     fn insert(&mut self, turn: u64) {
-        if self.first == Some(turn) || self.rest.contains(&turn) {
+        if self.first == Some(turn) {
             return;
         }
+        // `first` is empty only when `rest` is (a removal refills it from `rest`).
         if self.first.is_none() {
             self.first = Some(turn);
         } else {
-            self.rest.push(turn);
+            self.rest.insert(turn);
         }
     }
 
     /// Removes `turn`, returning whether it was present.
     fn remove(&mut self, turn: &u64) -> bool {
         if self.first == Some(*turn) {
-            self.first = self.rest.pop();
+            self.first = self.rest.pop_first();
             return true;
         }
-        match self.rest.iter().position(|t| t == turn) {
-            Some(i) => {
-                self.rest.swap_remove(i);
-                true
-            }
-            None => false,
-        }
+        self.rest.remove(turn)
     }
 }
 
