@@ -229,8 +229,12 @@ impl ToolRegistry {
                 body_invoked: false,
             };
         };
+        // The handler is *called* inside the caught future too: a hand-written `ToolHandler`
+        // may panic before it returns its future, and that panic must not unwind into the driver.
+        let handler = definition.handler.clone();
         let body =
-            AssertUnwindSafe(definition.handler.execute(exec.arguments.clone(), ctx.clone())).catch_unwind();
+            AssertUnwindSafe(async move { handler.execute(exec.arguments.clone(), ctx.clone()).await })
+                .catch_unwind();
         let result = match signal.run(body).await {
             Err(_cause) => cancellation(true),
             Ok(Err(panic)) => error_result(
@@ -257,7 +261,8 @@ impl ToolRegistry {
         let Some(approval) = approval else {
             return Ok(Some(model_text::approval_unconfigured(&exec.name)));
         };
-        let request = AssertUnwindSafe(approval.request(exec, signal)).catch_unwind();
+        // Called inside the caught future: a service may panic before it returns its future.
+        let request = AssertUnwindSafe(async { approval.request(exec, signal).await }).catch_unwind();
         let outcome = match signal.run(request).await {
             Err(_cause) => return Err(()),
             Ok(Err(panic)) => {

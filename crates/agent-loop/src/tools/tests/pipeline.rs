@@ -706,3 +706,101 @@ async fn unknown_tools_pass_policies_and_fail_at_dispatch() {
     assert_eq!(log.entries(), ["pre:ghost"]);
     assert!(executed.deferred.is_empty());
 }
+
+/// A tool body whose `execute` panics when called, before it returns a future (a hand-written
+/// `ToolHandler` impl, without `#[async_trait]`'s deferral into the future).
+struct PanicsAtCall;
+
+impl agent::tools::ToolHandler for PanicsAtCall {
+    fn execute<'life0, 'async_trait>(
+        &'life0 self,
+        _arguments: Value,
+        _ctx: agent::tools::ToolContext,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<ToolOutput, ToolError>> + Send + 'async_trait>,
+    >
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        panic!("exploded at call")
+    }
+}
+
+/// An approval service whose `request` panics when called, before it returns a future.
+struct ApprovalPanicsAtCall;
+
+impl ToolApproval for ApprovalPanicsAtCall {
+    fn request<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        _execution: &'life1 ToolExecution,
+        _signal: &'life2 Signal,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ApprovalOutcome> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        panic!("approval exploded at call")
+    }
+}
+
+/// A body that panics when *called* (not when polled) is contained exactly like one that
+/// panics while polled: a `FAILED` error result naming the panic, post-execute and the result
+/// observers still run, and the panic never unwinds into the caller (the agent's driver).
+/// Likewise an approval service that panics at call denies the call.
+#[tokio::test]
+async fn panics_when_called_become_error_results() {
+    let reg = ToolRegistry::new();
+    let _boom = reg
+        .register(
+            None,
+            agent::ToolDefinition {
+                name: "boom".to_owned(),
+                description: "panics at call".to_owned(),
+                parameters: json!({"type": "object"}),
+                concurrency_safe: false,
+                handler: Arc::new(PanicsAtCall),
+            },
+        )
+        .unwrap();
+    let log = Log::default();
+    let _observer = {
+        let log = log.clone();
+        reg.on_result(
+            None,
+            Arc::new(move |exec: &ToolExecution, _: &ToolResult| {
+                log.push(format!("result:{}", exec.call_id))
+            }),
+        )
+    };
+    let executed = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(reg.execute(
+        &sid("a"),
+        call("c1", "boom", "{}"),
+        Signal::new(),
+    )))
+    .await
+    .expect("a body panicking at call must not unwind out of the pipeline");
+    assert_eq!(text(&executed), "Error: tool \"boom\" failed: exploded at call");
+    assert_eq!(code(&executed), codes::FAILED);
+    assert_eq!(log.entries(), ["result:c1"]);
+
+    let _t = reg.register(None, tool("t")).unwrap();
+    let _ask = reg.pre_execute(None, Arc::new(|_, _| PreExecuteDecision::Ask));
+    let _approval = reg.set_approval(Arc::new(ApprovalPanicsAtCall));
+    let executed = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(reg.execute(
+        &sid("a"),
+        call("c2", "t", "{}"),
+        Signal::new(),
+    )))
+    .await
+    .expect("an approval service panicking at call must not unwind out of the pipeline");
+    assert_eq!(code(&executed), codes::DENIED);
+    assert!(
+        text(&executed).contains("approval exploded at call"),
+        "{}",
+        text(&executed)
+    );
+    assert_eq!(log.entries(), ["result:c1", "result:c2"]);
+}
