@@ -10,8 +10,8 @@ use agent::event::{CallConfig, EpochHeader, RequestHeaderReason, ToolResultError
 use agent::model::ToolSchema;
 use agent::tools::ToolCallRequest;
 use agent::{
-    AgentError, ContentBlock, EventData, FinishReason, GenerateOptions, InboxTarget, LlmFailure, Message,
-    MessageSource, PreStep, PreStepDecision, Signal, StreamChunk, SurfaceMeta, TurnEndReason,
+    AgentError, CallId, ContentBlock, EventData, FinishReason, GenerateOptions, InboxTarget, LlmFailure,
+    Message, MessageSource, PreStep, PreStepDecision, Signal, StreamChunk, SurfaceMeta, TurnEndReason,
 };
 
 use super::LoopAgent;
@@ -843,7 +843,9 @@ impl LoopAgent {
         let usage = asm.usage();
         let state = asm.replay_state();
         // The assembler's blocks are moved into the message, not copied.
-        let mut message = Message::assistant(asm.into_blocks(), provider, model);
+        let mut blocks = asm.into_blocks();
+        make_call_ids_unique(&mut blocks);
+        let mut message = Message::assistant(blocks, provider, model);
         if let (Some(state), MessageSource::Model { replay_state, .. }) = (state, &mut message.source) {
             *replay_state = Some(state);
         }
@@ -937,6 +939,52 @@ impl LoopAgent {
             self.inbox.append(InboxTarget::NextStep, message)?;
         }
         Ok((concluded).then_some(TurnEnd::Completed))
+    }
+}
+
+/// Gives every tool call of one assistant response a distinct call id.
+///
+/// The session invariants key a step's pending calls by id (`inprocess-providers.md` §6.4
+/// S11/S12: a `tool/result` answers a pending call of its step), and chat APIs pair each call
+/// with the one result that names it, so two calls of one response under the same id (a
+/// misbehaving server or adapter) could be answered only once: the second `tool/result` was
+/// rejected and the model's conversation left a call without its result. The spec is silent on
+/// this input; a later call that repeats an earlier id of the same response is re-keyed
+/// `<id>~<n>` (the first `n ≥ 2` that is still free), with a warning, so every call runs and
+/// gets exactly one result. The first occurrence keeps its id. Linear in the number of calls.
+fn make_call_ids_unique(blocks: &mut [ContentBlock]) {
+    let calls = blocks
+        .iter()
+        .filter(|b| matches!(b, ContentBlock::ToolCall { .. }))
+        .count();
+    if calls < 2 {
+        return;
+    }
+    let mut seen: std::collections::HashSet<CallId> = std::collections::HashSet::new();
+    let mut duplicates = Vec::new();
+    for (at, block) in blocks.iter().enumerate() {
+        if let ContentBlock::ToolCall { id, .. } = block
+            && !seen.insert(id.clone())
+        {
+            duplicates.push(at);
+        }
+    }
+    // The next suffix to try per repeated id, so many repeats of one id stay linear.
+    let mut next: std::collections::HashMap<CallId, u64> = std::collections::HashMap::new();
+    for at in duplicates {
+        if let ContentBlock::ToolCall { id, name, .. } = &mut blocks[at] {
+            let n = next.entry(id.clone()).or_insert(2);
+            let fresh = loop {
+                let candidate = CallId::new(format!("{id}~{n}"));
+                *n += 1;
+                if !seen.contains(&candidate) {
+                    break candidate;
+                }
+            };
+            tracing::warn!(tool = %name, call_id = %id, renamed = %fresh, "the model repeated a tool call id within one response; the repeat was re-keyed");
+            seen.insert(fresh.clone());
+            *id = fresh;
+        }
     }
 }
 

@@ -1005,3 +1005,96 @@ async fn concurrent_agents_on_a_multi_threaded_runtime() {
     assert_eq!(model.requests().len(), 16);
     finish(&rt, handles).await;
 }
+
+/// A model response naming the same call id twice (a misbehaving server or adapter) runs both
+/// calls, each answered by exactly one `tool/result` in the same step under a distinct id (the
+/// repeat re-keyed `c1~2`, also in the logged assistant message and the next request), and the
+/// log satisfies the session invariants (`inprocess-providers.md` §6.4 S11/S12).
+#[tokio::test(start_paused = true)]
+async fn duplicate_call_ids_in_one_step_keep_the_log_valid() {
+    let model = ScriptedModel::new([
+        chunks::tool_calls(
+            None,
+            vec![
+                chunks::call("c1", "echo", json!({"x": 1})),
+                chunks::call("c1", "echo", json!({"x": 2})),
+            ],
+        ),
+        chunks::text("done"),
+    ]);
+    let rt = runtime(&model);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let guard = {
+        let runs = runs.clone();
+        rt.services()
+            .tools
+            .register(
+                None,
+                tool("echo", move |args, _ctx| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    async move { Ok(ToolOutput::text(args.to_string())) }
+                }),
+            )
+            .unwrap()
+    };
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(turn_ends(&*agent), [TurnEndReason::Completed]);
+    let events = agent.session().events();
+    let calls: Vec<(String, String)> = events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::ToolCall {
+                call_id, arguments, ..
+            } => Some((call_id.to_string(), arguments.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            ("c1".to_owned(), json!({"x": 1}).to_string()),
+            ("c1~2".to_owned(), json!({"x": 2}).to_string())
+        ]
+    );
+    let results: Vec<(u64, String, String)> = events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::ToolResult { step, message, .. } => match message.content.as_slice() {
+                [
+                    ContentBlock::ToolResult {
+                        tool_call_id,
+                        content,
+                        ..
+                    },
+                ] => Some((*step, tool_call_id.to_string(), texts(content).concat())),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        results,
+        [
+            (1, "c1".to_owned(), json!({"x": 1}).to_string()),
+            (1, "c1~2".to_owned(), json!({"x": 2}).to_string())
+        ]
+    );
+    let second = &model.requests()[1];
+    let ids: Vec<String> = second
+        .messages
+        .iter()
+        .flat_map(|m| m.content.iter())
+        .filter_map(|b| match b {
+            ContentBlock::ToolCall { id, .. } => Some(id.to_string()),
+            ContentBlock::ToolResult { tool_call_id, .. } => Some(format!("result:{tool_call_id}")),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids, ["c1", "c1~2", "result:c1", "result:c1~2"]);
+    drop(guard);
+    finish(&rt, [handle]).await;
+}
