@@ -19,7 +19,8 @@
 //!
 //! For each call: parse the raw arguments (empty → `{}`, non-JSON → the raw text as a JSON
 //! string so the tool's own validation rejects it), mint an [`ExecutionId`](agent::tools::ExecutionId),
-//! then
+//! refuse arguments that are not lossless JSON (a negative zero: `INVALID_ARGS`, no stage runs
+//! but the observers), then
 //!
 //! 1. cancellation check (`tool call aborted before dispatch`, code
 //!    [`codes::ABORTED_BEFORE_DISPATCH`]; such a result skips post-execute);
@@ -32,7 +33,10 @@
 //!    `FAILED`; cancellation is `tool call aborted` (`CANCELLED`);
 //! 5. `tools/post-execute`: each policy sees the outcome so far; `Accept` may replace content or
 //!    value, `Block(feedback)` turns it into an error whose content is the feedback (`DENIED`)
-//!    and discards deferred contexts; a success that races a cancellation becomes cancelled;
+//!    and discards deferred contexts; a success that races a cancellation becomes cancelled.
+//!    An outcome whose content, value or metadata is not lossless JSON (it could not be logged)
+//!    becomes a `FAILED` result naming the offending number, and its deferred contexts are
+//!    discarded;
 //! 6. `tools/result`: every observer (global and the agent's own) receives the frozen final
 //!    outcome, synchronously, for every execution. Observer panics are contained and logged.
 //!

@@ -74,6 +74,18 @@ pub fn body_panicked(name: &str, detail: &str) -> String {
     format!("tool \"{name}\" failed: {detail}")
 }
 
+/// The call's arguments parsed to JSON that is not lossless (a negative zero); the body never
+/// runs. `detail` names the offending number and its path.
+pub fn arguments_not_lossless(detail: &str) -> String {
+    format!("tool call arguments are not lossless JSON: {detail}")
+}
+
+/// A tool's final output (content, value or metadata) is not lossless JSON, so it cannot be
+/// recorded; `detail` names the offending number and its path.
+pub fn output_not_lossless(name: &str, detail: &str) -> String {
+    format!("tool \"{name}\" returned output that is not lossless JSON: {detail}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,6 +130,14 @@ mod tests {
             "tool result blocked by post-execute policy"
         );
         assert_eq!(body_panicked("t", "boom"), "tool \"t\" failed: boom");
+        assert_eq!(
+            arguments_not_lossless("boom"),
+            "tool call arguments are not lossless JSON: boom"
+        );
+        assert_eq!(
+            output_not_lossless("t", "boom"),
+            "tool \"t\" returned output that is not lossless JSON: boom"
+        );
     }
 
     /// Every model-visible text as the model sees it (failures with their `Error: ` prefix).
@@ -138,6 +158,8 @@ mod tests {
             post_execute_failed("<detail>"),
             POST_VALUE_ON_FAILURE.to_owned(),
             body_panicked("<name>", "<detail>"),
+            arguments_not_lossless("<detail>"),
+            output_not_lossless("<name>", "<detail>"),
         ];
         let mut out: Vec<String> = texts.iter().map(|t| error_content(t)).collect();
         out.push(format!(

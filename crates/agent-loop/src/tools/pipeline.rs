@@ -7,6 +7,7 @@ use futures::FutureExt;
 use serde_json::Value;
 
 use agent::bus::panic_message;
+use agent::session::{check_lossless, check_lossless_json};
 use agent::tools::{
     ExecutedTool, ExecutionId, PostExecuteDecision, PostExecutePolicy, PreExecuteDecision, PreExecutePolicy,
     ToolCallRequest, ToolContext, ToolExecution, ToolGuard, ToolResult, ToolResultError,
@@ -138,6 +139,16 @@ impl ToolRegistry {
     pub(super) fn commit(&self, dispatched: Dispatched, race: RaceCheck) -> ExecutedTool {
         let execution = dispatched.ctx.execution.clone();
         let (result, deferred) = self.settle(dispatched, race);
+        let (result, deferred) = match output_fault(&result) {
+            None => (result, deferred),
+            Some(detail) => (
+                error_result(
+                    codes::FAILED,
+                    model_text::output_not_lossless(&execution.name, &detail),
+                ),
+                Vec::new(),
+            ),
+        };
         self.notify(&execution, &result);
         ExecutedTool {
             execution,
@@ -180,6 +191,13 @@ impl ToolRegistry {
     async fn prepare_and_dispatch(&self, ctx: &ToolContext) -> Staged {
         let exec = &*ctx.execution;
         let signal = &ctx.signal;
+        // Spec §11.5: the arguments are snapshotted as lossless JSON; failure is an error result.
+        if let Err(detail) = check_lossless_json(&exec.arguments) {
+            return Staged::Final(error_result(
+                codes::INVALID_ARGS,
+                model_text::arguments_not_lossless(&detail),
+            ));
+        }
         if signal.is_cancelled() {
             return Staged::Final(aborted_before_dispatch());
         }
@@ -295,6 +313,30 @@ impl ToolRegistry {
             }
         }
     }
+}
+
+/// Why a final outcome cannot be recorded (spec §11.1: output values must be lossless JSON), if
+/// it cannot: the first negative zero in its content, value or metadata, with its path. Without
+/// this check the outcome reached the log's append, which refused it and ended the whole turn
+/// with the step's later results unrecorded.
+fn output_fault(result: &ToolResult) -> Option<String> {
+    check_lossless(&result.content)
+        .map_err(|detail| format!("content: {detail}"))
+        .and_then(|()| {
+            result
+                .value
+                .as_ref()
+                .map_or(Ok(()), check_lossless_json)
+                .map_err(|detail| format!("value: {detail}"))
+        })
+        .and_then(|()| {
+            result
+                .meta
+                .as_ref()
+                .map_or(Ok(()), check_lossless_json)
+                .map_err(|detail| format!("meta: {detail}"))
+        })
+        .err()
 }
 
 /// Folds the pre-execute chain from `Allow` in registration order. `Err` carries a panic text.

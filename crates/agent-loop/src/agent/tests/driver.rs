@@ -1098,3 +1098,101 @@ async fn duplicate_call_ids_in_one_step_keep_the_log_valid() {
     drop(guard);
     finish(&rt, [handle]).await;
 }
+
+/// A tool whose output is not lossless JSON (a negative zero in its metadata) resolves as a
+/// `FAILED` error result in place; the other calls of the step keep their results and the turn
+/// continues (spec §11.1: outputs must be lossless JSON; §11.5 step 5: any failure is normalised
+/// into an error result). Arguments that are not lossless JSON are refused the same way before
+/// the body runs (§11.5: "snapshot the arguments as immutable lossless JSON (failure → error
+/// result)").
+#[tokio::test(start_paused = true)]
+async fn non_lossless_tool_output_or_arguments_become_error_results() {
+    let model = ScriptedModel::new([
+        chunks::tool_calls(
+            None,
+            vec![
+                chunks::call("c1", "lossy", json!({})),
+                chunks::call("c2", "echo", "{\"x\": -0.0}"),
+                chunks::call("c3", "echo", json!({"x": 1})),
+            ],
+        ),
+        chunks::text("done"),
+    ]);
+    let rt = runtime(&model);
+    let echoed = Arc::new(Mutex::new(Vec::new()));
+    let guards = [
+        rt.services()
+            .tools
+            .register(
+                None,
+                tool("lossy", |_args, _ctx| async move {
+                    Ok(ToolOutput {
+                        meta: Some(json!({"offset": -0.0})),
+                        ..ToolOutput::text("ok")
+                    })
+                }),
+            )
+            .unwrap(),
+        {
+            let echoed = echoed.clone();
+            rt.services()
+                .tools
+                .register(
+                    None,
+                    tool("echo", move |args, _ctx| {
+                        echoed.lock().push(args.to_string());
+                        async move { Ok(ToolOutput::text(args.to_string())) }
+                    }),
+                )
+                .unwrap()
+        },
+    ];
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(turn_ends(&*agent), [TurnEndReason::Completed]);
+    assert_eq!(*echoed.lock(), [json!({"x": 1}).to_string()]);
+    let results: Vec<(String, Option<String>, String)> = agent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::ToolResult { message, error, .. } => match message.content.as_slice() {
+                [
+                    ContentBlock::ToolResult {
+                        tool_call_id,
+                        content,
+                        ..
+                    },
+                ] => Some((
+                    tool_call_id.to_string(),
+                    error.as_ref().map(|e| e.code.clone()),
+                    texts(content).concat(),
+                )),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results.len(), 3, "{results:#?}");
+    assert_eq!(results[0].0, "c1");
+    assert_eq!(results[0].1.as_deref(), Some("FAILED"));
+    assert!(
+        results[0]
+            .2
+            .starts_with("Error: tool \"lossy\" returned output that is not lossless JSON"),
+        "{results:#?}"
+    );
+    assert_eq!(results[1].0, "c2");
+    assert_eq!(results[1].1.as_deref(), Some("INVALID_ARGS"));
+    assert!(
+        results[1]
+            .2
+            .starts_with("Error: tool call arguments are not lossless JSON"),
+        "{results:#?}"
+    );
+    assert_eq!(results[2], ("c3".to_owned(), None, json!({"x": 1}).to_string()));
+    drop(guards);
+    finish(&rt, [handle]).await;
+}

@@ -804,3 +804,53 @@ async fn panics_when_called_become_error_results() {
     );
     assert_eq!(log.entries(), ["result:c1", "result:c2"]);
 }
+
+/// Arguments that parse to non-lossless JSON (a negative zero) are refused before any stage
+/// (`INVALID_ARGS`, the body never runs), and an output that is not lossless JSON — here a
+/// post-execute `Accept` value — becomes a `FAILED` result: the observers see that final,
+/// recordable outcome (spec §11.1, §11.5).
+#[tokio::test]
+async fn non_lossless_arguments_and_outputs_become_error_results() {
+    let reg = ToolRegistry::new();
+    let log = Log::default();
+    let _t = reg.register(None, counted("t", &log)).unwrap();
+    let _observer = {
+        let log = log.clone();
+        reg.on_result(
+            None,
+            Arc::new(move |exec: &ToolExecution, result: &ToolResult| {
+                log.push(format!("result:{}:{}", exec.call_id, result.is_error))
+            }),
+        )
+    };
+    let a = sid("a");
+    let executed = reg
+        .execute(&a, call("c1", "t", "{\"x\": -0.0}"), Signal::new())
+        .await;
+    assert_eq!(code(&executed), codes::INVALID_ARGS);
+    assert!(
+        text(&executed).starts_with("Error: tool call arguments are not lossless JSON: "),
+        "{}",
+        text(&executed)
+    );
+    assert_eq!(log.entries(), ["result:c1:true"]);
+
+    let _post = reg.post_execute(
+        None,
+        Arc::new(|_, _| {
+            Some(PostExecuteDecision::Accept {
+                content: None,
+                value: Some(json!({"x": -0.0})),
+            })
+        }),
+    );
+    let executed = reg.execute(&a, call("c2", "t", "{}"), Signal::new()).await;
+    assert_eq!(code(&executed), codes::FAILED);
+    assert!(
+        text(&executed).starts_with("Error: tool \"t\" returned output that is not lossless JSON: value: "),
+        "{}",
+        text(&executed)
+    );
+    assert!(executed.result.value.is_none());
+    assert_eq!(log.entries(), ["result:c1:true", "body:t", "result:c2:true"]);
+}
