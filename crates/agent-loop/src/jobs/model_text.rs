@@ -207,5 +207,22 @@ pub fn job_kill_parameters() -> Value {
 }
 
 fn render_json(value: &Value) -> String {
-    serde_json::to_string(value).unwrap_or_else(|_| "<unrenderable>".to_owned())
+    excerpt(serde_json::to_string(value).unwrap_or_else(|_| "<unrenderable>".to_owned()))
+}
+
+/// The most bytes of a model-supplied value quoted back in a refusal.
+const EXCERPT_CAP: usize = 200;
+
+/// `text` cut to at most [`EXCERPT_CAP`] bytes on a char boundary and marked `…` when cut, so
+/// a refusal never echoes a huge argument back into the model's context.
+pub(crate) fn excerpt(mut text: String) -> String {
+    if text.len() > EXCERPT_CAP {
+        let mut end = EXCERPT_CAP;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
 }

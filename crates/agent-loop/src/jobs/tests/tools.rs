@@ -293,6 +293,54 @@ async fn invalid_arguments_are_refused_as_invalid_args() {
     }
 }
 
+/// Huge arguments (a model pasting a large blob into `job_id`, or raw non-JSON text that the
+/// pipeline passes on as a string) are quoted in the refusal only as a bounded excerpt, cut on
+/// a char boundary and marked `…`, so a bad call never echoes its whole input back into the
+/// model's context. Short values are quoted whole, as before.
+#[tokio::test(start_paused = true)]
+async fn refusals_quote_huge_arguments_as_a_bounded_excerpt() {
+    let h = Harness::new();
+    let huge = "é".repeat(50_000);
+    let cases = [
+        (
+            "job_output",
+            json!(huge.clone()),
+            "invalid arguments: expected an object, got \"",
+        ),
+        (
+            "job_output",
+            json!({"job_id": [huge.clone()]}),
+            "invalid job_id: expected a non-empty string, got [\"",
+        ),
+        (
+            "job_output",
+            json!({"job_id": "bash-1", "wait": huge.clone()}),
+            "invalid wait: expected a boolean, got \"",
+        ),
+        (
+            "job_kill",
+            json!({"job_id": "bash-1", "reason": {"r": huge.clone()}}),
+            "invalid reason: expected a string, got {\"",
+        ),
+    ];
+    for (name, args, prefix) in cases {
+        let err = h.call("a", name, args).await.unwrap_err();
+        assert_eq!(err.code, codes::INVALID_ARGS, "{name}");
+        assert!(err.message.starts_with(prefix), "{name}: {}", &err.message[..80]);
+        assert!(err.message.len() < 400, "{name}: {} bytes", err.message.len());
+        assert!(err.message.ends_with('…'), "{name}");
+    }
+    // An unknown id of any length is refused as not found, quoting only an excerpt of it.
+    let err = h
+        .call("a", "job_output", json!({"job_id": huge.clone()}))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, JOB_NOT_FOUND);
+    assert!(err.message.starts_with("no job ééé"), "{}", &err.message[..80]);
+    assert!(err.message.len() < 400, "{} bytes", err.message.len());
+    assert_ends_empty(&h.registry).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn job_list_renders_rows_in_start_order() {
     let h = Harness::new();
