@@ -30,10 +30,12 @@
 //! 3. guards (skipped when pre-execute already denied);
 //! 4. the body, raced with the call's signal: an invisible tool is `UNKNOWN_TOOL`; a
 //!    [`ToolError`](agent::tools::ToolError) keeps its code (`INVALID_ARGS`, …); a panic is
-//!    `FAILED`; cancellation is `tool call aborted` (`CANCELLED`);
+//!    `FAILED`; cancellation is `tool call aborted` (`CANCELLED`), and a cancelled execution's
+//!    deferred contexts are discarded;
 //! 5. `tools/post-execute`: each policy sees the outcome so far; `Accept` may replace content or
 //!    value, `Block(feedback)` turns it into an error whose content is the feedback (`DENIED`)
-//!    and discards deferred contexts; a success that races a cancellation becomes cancelled.
+//!    and discards deferred contexts; a success that races a cancellation becomes cancelled
+//!    (discarding its deferred contexts too).
 //!    An outcome whose content, value or metadata is not lossless JSON (it could not be logged)
 //!    becomes a `FAILED` result naming the offending number, and its deferred contexts are
 //!    discarded;

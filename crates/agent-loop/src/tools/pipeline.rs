@@ -177,11 +177,10 @@ impl ToolRegistry {
                     RaceCheck::AtCommit => ctx.signal.is_cancelled(),
                     RaceCheck::AtSettle => cancelled_at_settle,
                 };
-                let result = if raced && !result.is_error {
-                    cancellation(body_invoked)
-                } else {
-                    result
-                };
+                if raced && !result.is_error {
+                    // Recorded as cancelled: its deferred contexts are discarded with it.
+                    return (cancellation(body_invoked), Vec::new());
+                }
                 (result, deferred)
             }
         }
@@ -254,7 +253,12 @@ impl ToolRegistry {
             AssertUnwindSafe(async move { handler.execute(exec.arguments.clone(), ctx.clone()).await })
                 .catch_unwind();
         let result = match signal.run(body).await {
-            Err(_cause) => cancellation(true),
+            Err(_cause) => {
+                // A cancelled execution's deferred contexts die with it: they would otherwise
+                // outlive the aborted turn in the inbox and reach the next, unrelated one.
+                drop(ctx.take_deferred());
+                cancellation(true)
+            }
             Ok(Err(panic)) => error_result(
                 codes::FAILED,
                 model_text::body_panicked(&exec.name, &panic_message(&*panic)),
@@ -262,6 +266,7 @@ impl ToolRegistry {
             Ok(Ok(Err(error))) => error_result(&error.code, error.message),
             Ok(Ok(Ok(output))) if signal.is_cancelled() => {
                 drop(output);
+                drop(ctx.take_deferred());
                 cancellation(true)
             }
             Ok(Ok(Ok(output))) => ToolResult::success(output, ctx.concludes_turn()),

@@ -1196,3 +1196,52 @@ async fn non_lossless_tool_output_or_arguments_become_error_results() {
     drop(guards);
     finish(&rt, [handle]).await;
 }
+
+/// A tool that deferred a context message and was then cancelled with its turn leaves nothing
+/// behind: the cancelled call's deferred context never enters the inbox, so the next,
+/// unrelated turn does not receive it (spec §8.5: cancellation clears the inbox; §11.5: deferred
+/// contexts belong to the execution's committed outcome).
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_calls_deferred_context_does_not_leak_into_the_next_turn() {
+    let model = ScriptedModel::new([chunks::tool_call("c1", "slow", json!({})), chunks::text("second")]);
+    let rt = runtime(&model);
+    let guard = rt
+        .services()
+        .tools
+        .register(
+            None,
+            tool("slow", |_args, ctx| async move {
+                ctx.defer_context(Message::user_text("deferred by the cancelled call"));
+                std::future::pending::<()>().await;
+                Ok(ToolOutput::text("never"))
+            }),
+        )
+        .unwrap();
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("first")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    agent.when_idle().await;
+    assert_eq!(turn_ends(&*agent), [aborted(CancelCause::User)]);
+    agent.followup(user("next")).unwrap();
+    agent.when_idle().await;
+    let second = &model.requests()[1];
+    assert!(
+        second
+            .messages
+            .iter()
+            .all(|m| m.text() != "deferred by the cancelled call"),
+        "{:#?}",
+        second.messages
+    );
+    assert!(
+        user_texts(&*agent)
+            .iter()
+            .all(|t| t != "deferred by the cancelled call"),
+        "{:?}",
+        user_texts(&*agent)
+    );
+    drop(guard);
+    finish(&rt, [handle]).await;
+}

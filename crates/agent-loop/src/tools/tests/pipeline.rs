@@ -854,3 +854,67 @@ async fn non_lossless_arguments_and_outputs_become_error_results() {
     assert!(executed.result.value.is_none());
     assert_eq!(log.entries(), ["result:c1:true", "body:t", "result:c2:true"]);
 }
+
+/// A call recorded as cancelled returns no deferred contexts, however the cancellation met it:
+/// while the body ran, as the body settled, or (a success racing it) before the commit. Its
+/// contexts belong to an outcome that was discarded; returned, they would reach the aborted
+/// turn's inbox and leak into the next turn.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_call_returns_no_deferred_contexts() {
+    let reg = ToolRegistry::new();
+    let deferring = |name: &str, cancel_self: bool, hang: bool| {
+        tool_with(name, false, move |_, ctx| {
+            ctx.defer_context(Message::user_text("deferred"));
+            if cancel_self {
+                ctx.signal.cancel(CancelCause::User);
+            }
+            Box::pin(async move {
+                if hang {
+                    std::future::pending::<()>().await;
+                }
+                Ok(ToolOutput::text("done"))
+            })
+        })
+    };
+    let _hangs = reg.register(None, deferring("hangs", false, true)).unwrap();
+    let _settles = reg.register(None, deferring("settles", true, false)).unwrap();
+    let _plain = reg.register(None, deferring("plain", false, false)).unwrap();
+    let a = sid("a");
+
+    let signal = Signal::new();
+    let (executed, ()) = tokio::join!(
+        reg.execute(&a, call("c1", "hangs", "{}"), signal.clone()),
+        async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            signal.cancel(CancelCause::User);
+        }
+    );
+    assert_eq!(code(&executed), codes::CANCELLED);
+    assert!(executed.deferred.is_empty());
+
+    let executed = reg.execute(&a, call("c2", "settles", "{}"), Signal::new()).await;
+    assert_eq!(code(&executed), codes::CANCELLED);
+    assert!(executed.deferred.is_empty());
+
+    // The success races a cancellation that arrives after the body settled, before the commit.
+    let signal = Signal::new();
+    let post = {
+        let signal = signal.clone();
+        reg.post_execute(
+            None,
+            Arc::new(move |_, _| {
+                signal.cancel(CancelCause::User);
+                None
+            }),
+        )
+    };
+    let executed = reg.execute(&a, call("c3", "plain", "{}"), signal).await;
+    assert_eq!(code(&executed), codes::CANCELLED);
+    assert!(executed.deferred.is_empty());
+
+    // Not cancelled: the contexts are returned.
+    drop(post);
+    let executed = reg.execute(&a, call("c4", "plain", "{}"), Signal::new()).await;
+    assert_eq!(text(&executed), "done");
+    assert_eq!(executed.deferred.len(), 1);
+}
