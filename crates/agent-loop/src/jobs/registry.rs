@@ -538,7 +538,7 @@ impl JobRegistry {
     }
 
     /// Cancels and awaits every job of every owner, drops every record, and closes the registry:
-    /// later starts fail with [`JobError::NoController`]. Idempotent.
+    /// later starts fail with [`JobError::ShutDown`]. Idempotent.
     pub async fn shutdown(&self) {
         self.inner.state.lock().closed = true;
         self.inner.drain(None, model_text::SHUTDOWN_REASON).await;
