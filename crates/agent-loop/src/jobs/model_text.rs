@@ -215,7 +215,7 @@ const EXCERPT_CAP: usize = 200;
 
 /// `text` cut to at most [`EXCERPT_CAP`] bytes on a char boundary and marked `…` when cut, so
 /// a refusal never echoes a huge argument back into the model's context.
-pub(crate) fn excerpt(mut text: String) -> String {
+fn excerpt(mut text: String) -> String {
     if text.len() > EXCERPT_CAP {
         let mut end = EXCERPT_CAP;
         while !text.is_char_boundary(end) {

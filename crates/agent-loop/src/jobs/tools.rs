@@ -195,11 +195,6 @@ fn job_id(args: &Map<String, Value>) -> Result<JobId, ToolError> {
 }
 
 fn job_error(error: JobError) -> ToolError {
-    // An id is model input of any length: quote only an excerpt of an unknown one.
-    let error = match error {
-        JobError::NotFound(JobId(id)) => JobError::NotFound(JobId(model_text::excerpt(id))),
-        other => other,
-    };
     let code = match &error {
         JobError::NotFound(_) => JOB_NOT_FOUND,
         JobError::Cancelled(_) => codes::CANCELLED,
