@@ -950,8 +950,10 @@ impl LoopAgent {
 /// misbehaving server or adapter) could be answered only once: the second `tool/result` was
 /// rejected and the model's conversation left a call without its result. The spec is silent on
 /// this input; a later call that repeats an earlier id of the same response is re-keyed
-/// `<id>~<n>` (the first `n ≥ 2` that is still free), with a warning, so every call runs and
-/// gets exactly one result. The first occurrence keeps its id. Linear in the number of calls.
+/// `<id>_<n>` (the first `n ≥ 2` still free in the response; `_` and digits keep the id
+/// within the `[A-Za-z0-9_-]` alphabet strict chat APIs accept), with a warning, so every call
+/// runs and gets exactly one result. The first occurrence keeps its id. Linear in the number of
+/// calls.
 fn make_call_ids_unique(blocks: &mut [ContentBlock]) {
     let calls = blocks
         .iter()
@@ -975,7 +977,7 @@ fn make_call_ids_unique(blocks: &mut [ContentBlock]) {
         if let ContentBlock::ToolCall { id, name, .. } = &mut blocks[at] {
             let n = next.entry(id.clone()).or_insert(2);
             let fresh = loop {
-                let candidate = CallId::new(format!("{id}~{n}"));
+                let candidate = CallId::new(format!("{id}_{n}"));
                 *n += 1;
                 if !seen.contains(&candidate) {
                     break candidate;

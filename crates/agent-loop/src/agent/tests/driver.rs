@@ -1008,7 +1008,7 @@ async fn concurrent_agents_on_a_multi_threaded_runtime() {
 
 /// A model response naming the same call id twice (a misbehaving server or adapter) runs both
 /// calls, each answered by exactly one `tool/result` in the same step under a distinct id (the
-/// repeat re-keyed `c1~2`, also in the logged assistant message and the next request), and the
+/// repeat re-keyed `c1_2`, also in the logged assistant message and the next request), and the
 /// log satisfies the session invariants (`inprocess-providers.md` §6.4 S11/S12).
 #[tokio::test(start_paused = true)]
 async fn duplicate_call_ids_in_one_step_keep_the_log_valid() {
@@ -1057,7 +1057,7 @@ async fn duplicate_call_ids_in_one_step_keep_the_log_valid() {
         calls,
         [
             ("c1".to_owned(), json!({"x": 1}).to_string()),
-            ("c1~2".to_owned(), json!({"x": 2}).to_string())
+            ("c1_2".to_owned(), json!({"x": 2}).to_string())
         ]
     );
     let results: Vec<(u64, String, String)> = events
@@ -1080,7 +1080,7 @@ async fn duplicate_call_ids_in_one_step_keep_the_log_valid() {
         results,
         [
             (1, "c1".to_owned(), json!({"x": 1}).to_string()),
-            (1, "c1~2".to_owned(), json!({"x": 2}).to_string())
+            (1, "c1_2".to_owned(), json!({"x": 2}).to_string())
         ]
     );
     let second = &model.requests()[1];
@@ -1094,7 +1094,7 @@ async fn duplicate_call_ids_in_one_step_keep_the_log_valid() {
             _ => None,
         })
         .collect();
-    assert_eq!(ids, ["c1", "c1~2", "result:c1", "result:c1~2"]);
+    assert_eq!(ids, ["c1", "c1_2", "result:c1", "result:c1_2"]);
     drop(guard);
     finish(&rt, [handle]).await;
 }
