@@ -36,9 +36,9 @@
 //!    value, `Block(feedback)` turns it into an error whose content is the feedback (`DENIED`)
 //!    and discards deferred contexts; a success that races a cancellation becomes cancelled
 //!    (discarding its deferred contexts too).
-//!    An outcome whose content, value or metadata is not lossless JSON (it could not be logged)
-//!    becomes a `FAILED` result naming the offending number, and its deferred contexts are
-//!    discarded;
+//!    An outcome whose content, value, metadata or deferred contexts are not lossless JSON
+//!    (they could not be logged) becomes a `FAILED` result naming the offending number, and its
+//!    deferred contexts are discarded;
 //! 6. `tools/result`: every observer (global and the agent's own) receives the frozen final
 //!    outcome, synchronously, for every execution. Observer panics are contained and logged.
 //!

@@ -139,7 +139,7 @@ impl ToolRegistry {
     pub(super) fn commit(&self, dispatched: Dispatched, race: RaceCheck) -> ExecutedTool {
         let execution = dispatched.ctx.execution.clone();
         let (result, deferred) = self.settle(dispatched, race);
-        let (result, deferred) = match output_fault(&result) {
+        let (result, deferred) = match output_fault(&result, &deferred) {
             None => (result, deferred),
             Some(detail) => (
                 error_result(
@@ -321,10 +321,10 @@ impl ToolRegistry {
 }
 
 /// Why a final outcome cannot be recorded (spec §11.1: output values must be lossless JSON), if
-/// it cannot: the first negative zero in its content, value or metadata, with its path. Without
-/// this check the outcome reached the log's append, which refused it and ended the whole turn
-/// with the step's later results unrecorded.
-fn output_fault(result: &ToolResult) -> Option<String> {
+/// it cannot: the first negative zero in its content, value, metadata or deferred contexts,
+/// with its path. Without this check the outcome reached the log's append (or the inbox's, for
+/// a deferred context), which refused it and ended the whole turn with an error.
+fn output_fault(result: &ToolResult, deferred: &[Message]) -> Option<String> {
     check_lossless(&result.content)
         .map_err(|detail| format!("content: {detail}"))
         .and_then(|()| {
@@ -341,6 +341,7 @@ fn output_fault(result: &ToolResult) -> Option<String> {
                 .map_or(Ok(()), check_lossless_json)
                 .map_err(|detail| format!("meta: {detail}"))
         })
+        .and_then(|()| check_lossless(deferred).map_err(|detail| format!("deferred context: {detail}")))
         .err()
 }
 

@@ -1245,3 +1245,46 @@ async fn a_cancelled_calls_deferred_context_does_not_leak_into_the_next_turn() {
     drop(guard);
     finish(&rt, [handle]).await;
 }
+
+/// A deferred context that is not lossless JSON (a negative zero in a block) fails its call in
+/// place (`FAILED`, the context discarded) instead of failing the inbox append after the step's
+/// results and ending the turn with an error (spec §11.1, §11.5 step 5).
+#[tokio::test(start_paused = true)]
+async fn a_non_lossless_deferred_context_fails_its_call_not_the_turn() {
+    let model = ScriptedModel::new([chunks::tool_call("c1", "ctx", json!({})), chunks::text("done")]);
+    let rt = runtime(&model);
+    let guard = rt
+        .services()
+        .tools
+        .register(
+            None,
+            tool("ctx", |_args, ctx| async move {
+                let mut block = serde_json::Map::new();
+                block.insert("type".into(), json!("x-custom"));
+                block.insert("weight".into(), json!(-0.0));
+                ctx.defer_context(Message::user(
+                    vec![ContentBlock::Other(block)],
+                    agent::MessageSource::User,
+                ));
+                Ok(ToolOutput::text("ok"))
+            }),
+        )
+        .unwrap();
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(turn_ends(&*agent), [TurnEndReason::Completed]);
+    let errors: Vec<Option<String>> = agent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::ToolResult { error, .. } => Some(error.as_ref().map(|e| e.code.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(errors, [Some("FAILED".to_owned())]);
+    drop(guard);
+    finish(&rt, [handle]).await;
+}
