@@ -16,7 +16,7 @@ use subagent::agent::{
 };
 use subagent::compose::apply_child_composition;
 use subagent::provider::ResolvedSubagentStartRequest;
-use subagent::run::RunFailure;
+use subagent::run::{RunFailure, SubagentRun};
 use subagent::{
     ChildComposition, DelegatedPolicyOverrides, PolicyServices, SubagentError,
     append_delegated_policy_overrides, assert_output_schema, assert_subagent_max_depth,
@@ -155,6 +155,30 @@ impl InProcessDriver {
         request: ResolvedSubagentStartRequest,
         options: InProcessRunOptions,
     ) -> BoxFuture<'static, Result<LocalRun, SubagentError>> {
+        self.start_as(request, options, std::convert::identity)
+    }
+
+    /// [`start`](Self::start), fulfilling with the run already boxed as the
+    /// `Box<dyn SubagentRun>` a provider's [`SubagentProvider::start`] returns: a provider can
+    /// return this future as its own, with no second future (and allocation) around it.
+    /// Everything else — what runs at call time, publication, drop — is exactly `start`'s.
+    ///
+    /// [`SubagentProvider::start`]: subagent::provider::SubagentProvider::start
+    pub fn start_boxed(
+        &self,
+        request: ResolvedSubagentStartRequest,
+        options: InProcessRunOptions,
+    ) -> BoxFuture<'static, Result<Box<dyn SubagentRun>, SubagentError>> {
+        self.start_as(request, options, |run| Box::new(run) as Box<dyn SubagentRun>)
+    }
+
+    /// [`start`](Self::start), with the published run passed through `wrap`.
+    fn start_as<T: Send + 'static>(
+        &self,
+        request: ResolvedSubagentStartRequest,
+        options: InProcessRunOptions,
+        wrap: fn(LocalRun) -> T,
+    ) -> BoxFuture<'static, Result<T, SubagentError>> {
         // The output schema (already asserted by the service; re-checked for direct callers,
         // which would otherwise start a child whose every capture fails).
         if let Some(schema) = &request.request.output_schema
@@ -163,10 +187,13 @@ impl InProcessDriver {
             return futures::future::ready(Err(e)).boxed();
         }
         match self.prepare(request, options) {
-            Ok(plan) => {
-                let driver = self.clone();
-                async move { driver.create(plan).await.map_err(SubagentError::from) }.boxed()
-            }
+            // A combinator, not an `async` block awaiting `create`: a block would keep room for
+            // the plan it captured beside the creation future that took it over.
+            Ok(plan) => self
+                .clone()
+                .create(plan)
+                .map(move |created| created.map(wrap).map_err(SubagentError::from))
+                .boxed(),
             Err(failure) => futures::future::ready(Err(failure.into())).boxed(),
         }
     }
@@ -243,8 +270,10 @@ impl InProcessDriver {
         })
     }
 
-    /// The asynchronous part of a start (spec §3.2 steps 6–9).
-    async fn create(&self, plan: Plan) -> Result<LocalRun, StartFailure> {
+    /// The asynchronous part of a start (spec §3.2 steps 6–9). The plan is taken apart before
+    /// the future is built, so the future holds each part once (an `async fn` would keep the
+    /// whole plan as its argument beside the parts taken out of it).
+    fn create(self, plan: Plan) -> impl Future<Output = Result<LocalRun, StartFailure>> + Send + 'static {
         let Plan {
             create,
             signal,
@@ -252,48 +281,50 @@ impl InProcessDriver {
             boundary,
             structured,
         } = plan;
-        // 6. The creation transaction: fulfilment is publication.
-        let handle: AgentHandle = self.inner.services.agents.create(create).await?;
-        // 7. Hand the signal over to the live run: the listener is installed from here on; the
-        //    signal is checked once more (an already-cancelled token fires no listener).
-        let state = RunState::new(handle);
-        state.listen(&signal);
-        if signal.is_cancelled() {
-            state.fire();
-        }
-        // 8.1 Deliver the prompt verbatim unless cancelled; the child's turn opens now. The child
-        //     is published, so a delivery that fails — returning an error or panicking (a
-        //     misbehaving host agent) — is the result's infrastructure fault, never the start's;
-        //     except that a child no longer live was drained by its owner (the parent disposed,
-        //     or the runtime shut down, since publication): that is a cancellation.
-        let delivered = if state.is_cancelled() {
-            Ok(false)
-        } else {
-            let message = Message::user(prompt, MessageSource::User);
-            match catch_unwind(AssertUnwindSafe(|| state.child.followup(message))) {
-                Ok(Ok(_)) => {
-                    state.cancel_if_fired_during_delivery();
-                    Ok(true)
-                }
-                Ok(Err(_)) if !state.child.is_live() => {
-                    state.drained_before_delivery();
-                    Ok(false)
-                }
-                Ok(Err(e)) => Err(RunFailure::new(e)),
-                Err(panic) => Err(RunFailure::new(PromptDeliveryPanicked(panic_message(&*panic)))),
+        async move {
+            // 6. The creation transaction: fulfilment is publication.
+            let handle: AgentHandle = self.inner.services.agents.create(create).await?;
+            // 7. Hand the signal over to the live run: the listener is installed from here on; the
+            //    signal is checked once more (an already-cancelled token fires no listener).
+            let state = RunState::new(handle);
+            state.listen(&signal);
+            if signal.is_cancelled() {
+                state.fire();
             }
-        };
-        // 8.2–9. The result task, then the run.
-        Ok(LocalRun::launch(
-            Drive {
-                state,
-                signal,
-                delivered,
-                boundary,
-                structured,
-            },
-            &self.inner.tasks,
-        ))
+            // 8.1 Deliver the prompt verbatim unless cancelled; the child's turn opens now. The child
+            //     is published, so a delivery that fails — returning an error or panicking (a
+            //     misbehaving host agent) — is the result's infrastructure fault, never the start's;
+            //     except that a child no longer live was drained by its owner (the parent disposed,
+            //     or the runtime shut down, since publication): that is a cancellation.
+            let delivered = if state.is_cancelled() {
+                Ok(false)
+            } else {
+                let message = Message::user(prompt, MessageSource::User);
+                match catch_unwind(AssertUnwindSafe(|| state.child.followup(message))) {
+                    Ok(Ok(_)) => {
+                        state.cancel_if_fired_during_delivery();
+                        Ok(true)
+                    }
+                    Ok(Err(_)) if !state.child.is_live() => {
+                        state.drained_before_delivery();
+                        Ok(false)
+                    }
+                    Ok(Err(e)) => Err(RunFailure::new(e)),
+                    Err(panic) => Err(RunFailure::new(PromptDeliveryPanicked(panic_message(&*panic)))),
+                }
+            };
+            // 8.2–9. The result task, then the run.
+            Ok(LocalRun::launch(
+                Drive {
+                    state,
+                    signal,
+                    delivered,
+                    boundary,
+                    structured,
+                },
+                &self.inner.tasks,
+            ))
+        }
     }
 }
 

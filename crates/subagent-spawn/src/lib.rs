@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 use std::fmt;
+use std::pin::Pin;
 
 use async_trait::async_trait;
 use std::sync::Arc;
@@ -91,12 +92,17 @@ impl SubagentProvider for SpawnProvider {
         false
     }
 
-    async fn start(
-        &self,
+    /// The driver's start, returned as is (written out rather than `async fn`, which would box
+    /// a second future around the driver's boxed one and move the request into it first).
+    fn start<'life0, 'async_trait>(
+        &'life0 self,
         request: ResolvedSubagentStartRequest,
-    ) -> Result<Box<dyn SubagentRun>, SubagentError> {
-        let run = self.driver.start(request, InProcessRunOptions::fresh()).await?;
-        Ok(Box::new(run))
+    ) -> Pin<Box<dyn Future<Output = Result<Box<dyn SubagentRun>, SubagentError>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.driver.start_boxed(request, InProcessRunOptions::fresh())
     }
 
     fn continuable(&self) -> Option<&dyn PrepareContinuable> {

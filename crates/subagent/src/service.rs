@@ -253,9 +253,12 @@ impl SubagentService {
             descriptor,
             descriptor_event,
         };
-        // The call itself sits inside the caught future, so a panic before the provider builds
-        // its future is caught as well as one at any poll.
-        let run = AssertUnwindSafe(async { provider.start(resolved).await })
+        // A panic in the call (before the provider built its future) is caught as well as one
+        // at any poll. The call is made here, not inside an `async` block that would keep its
+        // own copy of the (large) resolved request beside this future's.
+        let starting = catch_unwind(AssertUnwindSafe(|| provider.start(resolved)))
+            .map_err(|payload| panicked(Some(name), "start", &*payload))?;
+        let run = AssertUnwindSafe(starting)
             .catch_unwind()
             .await
             .map_err(|payload| panicked(Some(name), "start", &*payload))??;
