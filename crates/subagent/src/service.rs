@@ -6,7 +6,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use agent::bus::panic_message;
-use agent::{EventBus, EventData, Registration};
+use agent::{EventBus, EventData, Registration, SessionId};
 use futures::FutureExt;
 use parking_lot::RwLock;
 use tokio_util::task::TaskTracker;
@@ -53,7 +53,9 @@ pub enum RegisterError {
 /// One registry entry: the provider and the name it had when it was registered. The registry
 /// works on that recorded name only, so it never calls provider code while its lock is held.
 struct Entry {
-    name: String,
+    /// Shared so a start can keep it (for a lifecycle event it may have to mint later) without
+    /// copying it.
+    name: Arc<str>,
     provider: Arc<dyn SubagentProvider>,
     /// The descriptor event of a start without a label, snapshotted once at registration (it
     /// depends on the recorded name only): such starts clone it rather than build the same JSON
@@ -147,11 +149,11 @@ impl SubagentService {
         let unlabeled = snapshot_subagent_descriptor(&SubagentDescriptor::one_shot(name.clone(), None)).ok();
         {
             let mut providers = self.inner.providers.write();
-            if providers.iter().any(|e| e.name == name) {
+            if providers.iter().any(|e| *e.name == *name) {
                 return Err(SubagentError::duplicate_provider(&name).into());
             }
             providers.push(Entry {
-                name: name.clone(),
+                name: name.as_str().into(),
                 provider: provider.clone(),
                 unlabeled,
             });
@@ -195,18 +197,20 @@ impl SubagentService {
             .providers
             .read()
             .iter()
-            .find(|e| e.name == name)
+            .find(|e| *e.name == *name)
             .map(|e| e.provider.clone())
     }
 
-    /// The provider registered under `name` and its unlabeled descriptor event.
-    fn lookup(&self, name: &str) -> Option<(Arc<dyn SubagentProvider>, Option<EventData>)> {
+    /// The provider registered under `name`, that name (shared) and its unlabeled descriptor
+    /// event.
+    #[allow(clippy::type_complexity)]
+    fn lookup(&self, name: &str) -> Option<(Arc<dyn SubagentProvider>, Arc<str>, Option<EventData>)> {
         self.inner
             .providers
             .read()
             .iter()
-            .find(|e| e.name == name)
-            .map(|e| (e.provider.clone(), e.unlabeled.clone()))
+            .find(|e| *e.name == *name)
+            .map(|e| (e.provider.clone(), e.name.clone(), e.unlabeled.clone()))
     }
 
     /// Registered provider names (as registered), in insertion order.
@@ -215,7 +219,7 @@ impl SubagentService {
             .providers
             .read()
             .iter()
-            .map(|e| e.name.clone())
+            .map(|e| e.name.to_string())
             .collect()
     }
 
@@ -231,7 +235,7 @@ impl SubagentService {
         name: &str,
         request: SubagentStartRequest,
     ) -> Result<Box<dyn SubagentRun>, StartError> {
-        let (provider, unlabeled) = self
+        let (provider, registered, unlabeled) = self
             .lookup(name)
             .ok_or_else(|| SubagentError::no_provider(name))?;
         catch_unwind(AssertUnwindSafe(|| provider.capabilities()))
@@ -275,18 +279,24 @@ impl SubagentService {
                 return Err(panicked(Some(name), "run id()/local_agent()", &*payload).into());
             }
         };
-        let info = SubagentRunInfo {
-            run_id: uuid_like(),
-            provider: name.to_owned(),
+        let info = RunInfo::Unminted {
+            provider: registered,
             id,
             local,
             parent,
         };
-        // Emit `start`, then move its info on to the `end` edge (no copy).
-        let start = SubagentEvent::Start(info);
-        self.inner.events.emit(&start);
-        let SubagentEvent::Start(info) = start else {
-            unreachable!("built as a start event just above")
+        // Emit `start` — to a bus with listeners: a silent bus would drop it unheard, so the run
+        // id and the event are minted only once someone may hear about the run — then move its
+        // info on to the `end` edge (no copy).
+        let info = if self.inner.events.has_listeners() {
+            let start = SubagentEvent::Start(info.mint());
+            self.inner.events.emit(&start);
+            let SubagentEvent::Start(info) = start else {
+                unreachable!("built as a start event just above")
+            };
+            RunInfo::Minted(info)
+        } else {
+            info
         };
         let edge = EndEdge {
             info: Some(info),
@@ -343,7 +353,7 @@ impl SubagentService {
 /// (its tracker token); dropping it without [`emit`](Self::emit) (a run that can never settle
 /// dropped its callback) emits `end` with `error`, so every `start` gets its `end`.
 struct EndEdge {
-    info: Option<SubagentRunInfo>,
+    info: Option<RunInfo>,
     inner: Arc<Inner>,
     _pending: TaskTrackerToken,
 }
@@ -355,6 +365,7 @@ impl EndEdge {
                 // Nobody would hear it: skip copying the output into an event.
                 return;
             }
+            let info = info.mint();
             let end = match outcome {
                 Ok(r) => SubagentRunEndInfo {
                     info,
@@ -378,8 +389,48 @@ impl EndEdge {
 
 impl Drop for EndEdge {
     fn drop(&mut self) {
-        if let Some(info) = self.info.take() {
-            self.inner.events.emit(&SubagentEvent::End(Self::failed(info)));
+        if let Some(info) = self.info.take()
+            && self.inner.events.has_listeners()
+        {
+            self.inner
+                .events
+                .emit(&SubagentEvent::End(Self::failed(info.mint())));
+        }
+    }
+}
+
+/// The lifecycle identity of one accepted run: minted (run id, provider name as a `String`) when
+/// its `subagent/start` had listeners, else kept unminted until an `end` finds some. A run id
+/// only identifies a run to listeners, and no listener heard of this run before then.
+enum RunInfo {
+    /// Announced by `subagent/start`.
+    Minted(SubagentRunInfo),
+    /// Not announced yet: the parts of its info, without a run id.
+    Unminted {
+        provider: Arc<str>,
+        id: SessionId,
+        local: bool,
+        parent: SessionId,
+    },
+}
+
+impl RunInfo {
+    /// The info, minting a run id for an unannounced run.
+    fn mint(self) -> SubagentRunInfo {
+        match self {
+            Self::Minted(info) => info,
+            Self::Unminted {
+                provider,
+                id,
+                local,
+                parent,
+            } => SubagentRunInfo {
+                run_id: uuid_like(),
+                provider: provider.to_string(),
+                id,
+                local,
+                parent,
+            },
         }
     }
 }
@@ -452,8 +503,9 @@ mod tests {
         let service = SubagentService::new();
         let provider: Arc<dyn SubagentProvider> = Arc::new(Named("spawn"));
         let _registration = service.register_provider(provider.clone()).unwrap();
-        let (found, unlabeled) = service.lookup("spawn").expect("registered");
+        let (found, name, unlabeled) = service.lookup("spawn").expect("registered");
         assert!(Arc::ptr_eq(&found, &provider));
+        assert_eq!(&*name, "spawn");
         let expected = snapshot_subagent_descriptor(&SubagentDescriptor::one_shot("spawn", None)).unwrap();
         assert_eq!(unlabeled, Some(expected));
         assert!(service.lookup("other").is_none());
