@@ -257,7 +257,9 @@ impl InProcessDriver {
                     tool_filter: request.tool_filter.clone(),
                 },
                 structured.clone(),
-                DescriptorAppend::new(descriptor_event),
+                // Into its shared allocation at once: the event is not moved again through the
+                // setup closure, its box and its future.
+                Arc::new(DescriptorAppend::new(descriptor_event)),
             )),
             owner: Some(parent),
         };
@@ -348,7 +350,7 @@ fn setup(
     policy: DelegatedPolicyOverrides,
     composition: ChildComposition,
     structured: Option<Arc<StructuredCapture>>,
-    descriptor: DescriptorAppend,
+    descriptor: Arc<DescriptorAppend>,
 ) -> Setup {
     Box::new(move |ctx: Ctx| {
         async move {
@@ -364,7 +366,7 @@ fn compose(
     policy: &DelegatedPolicyOverrides,
     composition: &ChildComposition,
     structured: Option<&Arc<StructuredCapture>>,
-    descriptor: DescriptorAppend,
+    descriptor: Arc<DescriptorAppend>,
 ) -> Result<(), AgentError> {
     let child = ctx.agent().ok_or_else(|| {
         AgentError::Inactive(subagent::agent::ScopeInactive(SessionId::from(
@@ -380,6 +382,6 @@ fn compose(
         structured.attach(ctx)?;
     }
     // 6.4 The descriptor, inside the first turn.
-    drop(ctx.on_pre_step(Arc::new(descriptor))?);
+    drop(ctx.on_pre_step(descriptor)?);
     Ok(())
 }
