@@ -206,13 +206,17 @@ async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
             // is the backstop for a token cancelled directly (no listener runs for that). A
             // child that already settled needs no wait on the signal (and no token for it): a
             // cancellation that also landed is handled by the level check below, with the same
-            // outcome as the signal branch.
-            tokio::select! {
-                biased;
-                () = &mut idle => {}
-                () = signal.cancelled() => {
-                    state.fire();
-                    idle.await;
+            // outcome as the signal branch. So the child is polled once on its own first —
+            // `select!` builds every branch's future before it polls any, and the signal's
+            // future creates the signal's token.
+            if futures::poll!(&mut idle).is_pending() {
+                tokio::select! {
+                    biased;
+                    () = &mut idle => {}
+                    () = signal.cancelled() => {
+                        state.fire();
+                        idle.await;
+                    }
                 }
             }
         }
