@@ -342,6 +342,12 @@ impl LocalRun {
                 let id = self.state.id.clone();
                 async move {
                     let released = match teardown {
+                        // A result that settled already (the caller awaited it first, as most
+                        // do) leaves the teardown alone to wait for.
+                        Ok(teardown) if result.peek().is_some() => AssertUnwindSafe(teardown)
+                            .catch_unwind()
+                            .await
+                            .map_err(|panic| panic_message(&*panic)),
                         Ok(teardown) => {
                             let (released, ()) =
                                 futures::join!(AssertUnwindSafe(teardown).catch_unwind(), settled(result));
