@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 use std::fmt;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -108,15 +109,23 @@ impl SubagentProvider for ForkProvider {
         true
     }
 
-    async fn start(
-        &self,
+    /// The seed (the parent's completed-turn prefix) and everything the driver captures at
+    /// call time are taken when this is called, not when the future is first polled: parent
+    /// history or a policy switch after the call never reaches the child. Written out rather
+    /// than `async fn`, which would defer the capture to the first poll and box a second
+    /// future around the driver's.
+    fn start<'life0, 'async_trait>(
+        &'life0 self,
         request: ResolvedSubagentStartRequest,
-    ) -> Result<Box<dyn SubagentRun>, SubagentError> {
+    ) -> Pin<Box<dyn Future<Output = Result<Box<dyn SubagentRun>, SubagentError>> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
         let options = InProcessRunOptions {
             seed: completed_turn_prefix(&request.request.parent),
         };
-        let run = self.driver.start(request, options).await?;
-        Ok(Box::new(run))
+        self.driver.start_boxed(request, options)
     }
 
     fn continuable(&self) -> Option<&dyn PrepareContinuable> {

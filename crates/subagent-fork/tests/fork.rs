@@ -64,6 +64,32 @@ async fn frk_86_start_event_after_seeded_publication() {
     host.finish().await;
 }
 
+/// spec: POL-21, FRK-88 — the fork provider's `start` captures its seed (and, through the
+/// driver, the delegated policy) when it is called: a parent turn completed between the call and
+/// the first poll of its future does not reach the child.
+#[tokio::test(start_paused = true)]
+async fn the_seed_is_captured_when_start_is_called() {
+    let host = Host::new(vec![
+        chunks::text("first parent answer").into(),
+        chunks::text("second parent answer").into(),
+        chunks::text("child answer").into(),
+    ])
+    .await;
+    host.parent_turn("first question").await;
+    let at_call = host.parent.session().len();
+    let provider = ForkProvider::new(host.driver.clone());
+    let starting = provider.start(resolve(host.request(), DEFAULT_NAME));
+    host.parent_turn("second question").await;
+    assert!(host.parent.session().len() > at_call);
+    let run = starting.await.expect("started");
+    run.result().await.unwrap();
+    let child = run.local_agent().unwrap();
+    assert_eq!(child.session().header().seed_length, Some(at_call as u64));
+    assert_eq!(turn_ends(&events_of(&child)[..at_call]), 1);
+    run.dispose().await.unwrap();
+    host.finish().await;
+}
+
 /// spec: FRK-87 — with no completed parent turn the child is unseeded: one own `turn/end`, no
 /// `seedLength`, no end-seed marker.
 #[tokio::test(start_paused = true)]
