@@ -308,7 +308,7 @@ impl InProcessDriver {
                         Ok(true)
                     }
                     Ok(Err(_)) if !state.child.is_live() => {
-                        state.drained_before_delivery();
+                        state.drained();
                         Ok(false)
                     }
                     Ok(Err(e)) => Err(RunFailure::new(e)),

@@ -113,11 +113,13 @@ impl RunState {
         }
     }
 
-    /// Called when the prompt could not be delivered because the child is no longer live: its
-    /// owner drained it (the parent was disposed, or the runtime shut down) after publication.
-    /// That is a cancellation of the run, like a parent disposal at any later point, so the run
-    /// counts as cancelled and its result is `aborted`, not an infrastructure fault.
-    pub(crate) fn drained_before_delivery(&self) {
+    /// Called when the child is found no longer live — its owner drained it (the parent was
+    /// disposed, or the runtime shut down) after publication — either at the prompt's delivery
+    /// or when the result is derived. That is a cancellation of the run, so the run counts as
+    /// cancelled: its result is `aborted` unless the child's turn completed (spec §3.7 step 4),
+    /// never an infrastructure fault, and never `error` for a drain that landed before the
+    /// child's turn claimed its prompt (no accounting turn in its log).
+    pub(crate) fn drained(&self) {
         self.cancelled.store(true, Ordering::SeqCst);
     }
 
@@ -224,6 +226,12 @@ async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
         // still runs the (one-shot, armed-only) action before the result is read.
         if signal.is_cancelled() {
             state.fire();
+        }
+        // A child its owner drained was cancelled with the run, whatever its log shows: a drain
+        // landing between the turn's start and its claim leaves no accounting turn, which alone
+        // would read as `error`.
+        if !state.child.is_live() {
+            state.drained();
         }
         let events = state.child.session().events();
         let own = &events[boundary.min(events.len())..];

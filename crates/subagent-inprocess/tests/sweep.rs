@@ -210,7 +210,16 @@ async fn run_once(interrupt: Interrupt, point: usize, structured: bool, exact: b
         StopReason::Completed if structured => assert_eq!(result.structured, Some(answer())),
         StopReason::Completed => assert_eq!(result.output, vec![ContentBlock::text("done")]),
         StopReason::Aborted => {}
-        ref other => panic!("{interrupt:?} at point {point}: unexpected stop reason {other:?}"),
+        ref other => panic!(
+            "{interrupt:?} at point {point}: unexpected stop reason {other:?}: {result:?}; child log: {:?}",
+            run.local_agent()
+                .expect("local")
+                .session()
+                .events()
+                .iter()
+                .map(|e| format!("{} {:?}", e.type_name(), e.data))
+                .collect::<Vec<_>>()
+        ),
     }
     // A structured value is reported exactly when its capture committed: the capture call has a
     // successful result in the child's own log.
