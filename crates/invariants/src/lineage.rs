@@ -41,6 +41,9 @@ pub(crate) struct LineageTrace {
     seed_length: Option<u64>,
     /// Whether the session is a subagent child (`origin: subagent`).
     subagent: bool,
+    /// Whether the seed's last event is itself `session/end-seed` (a seed taken from a resumed
+    /// log by the store's general fork): the constructor then adds no second marker.
+    seed_marked: bool,
     /// Seq of the first descriptor in the child's own suffix.
     first_descriptor: Option<u64>,
     /// Seq of the first `step/start` in the child's own suffix.
@@ -52,6 +55,7 @@ pub(crate) struct LineageTrace {
 pub(crate) struct LineageDelta {
     descriptor: Option<u64>,
     step: Option<u64>,
+    seed_marked: bool,
 }
 
 impl LineageTrace {
@@ -59,6 +63,7 @@ impl LineageTrace {
         Self {
             seed_length: header.and_then(|h| h.seed_length).filter(|n| *n > 0),
             subagent: header.is_some_and(|h| h.origin == Some(Origin::Subagent)),
+            seed_marked: false,
             first_descriptor: None,
             first_step: None,
         }
@@ -73,7 +78,11 @@ impl LineageTrace {
     pub(crate) fn validate(&self, index: u64, ev: &SessionEvent, out: &mut Vec<Finding>) -> LineageDelta {
         let mut d = LineageDelta::default();
         if let Some(n) = self.seed_length {
-            if index + 1 == n && !matches!(ev.data, EventData::TurnEnd { .. }) {
+            let end_seed = matches!(ev.data, EventData::EndSeed);
+            // Only the fork provider clips its seed to the balanced completed-turn prefix
+            // (providers §5.3); the store's general fork keeps trailing log-only events (spine
+            // §4.8), so a seed that is not a subagent child's may end with any of them.
+            if index + 1 == n && self.subagent && !matches!(ev.data, EventData::TurnEnd { .. }) {
                 out.push((
                     RuleId::SEED,
                     format!(
@@ -83,7 +92,12 @@ impl LineageTrace {
                     ),
                 ));
             }
-            if index == n && !matches!(ev.data, EventData::EndSeed) {
+            if index + 1 == n {
+                d.seed_marked = end_seed;
+            }
+            // Spine §4.7 (4): the constructor appends the marker unless the seed already ends
+            // with one.
+            if index == n && !self.seed_marked && !end_seed {
                 out.push((
                     RuleId::SEED,
                     format!(
@@ -131,6 +145,7 @@ impl LineageTrace {
 
     /// Commits a delta computed by [`LineageTrace::validate`].
     pub(crate) fn apply(&mut self, d: LineageDelta) {
+        self.seed_marked |= d.seed_marked;
         if self.first_descriptor.is_none() {
             self.first_descriptor = d.descriptor;
         }
@@ -139,10 +154,11 @@ impl LineageTrace {
         }
     }
 
-    /// End-of-log findings: a seeded log holds its whole seed and the end-seed marker.
+    /// End-of-log findings: a seeded log holds its whole seed and the end-seed marker (the
+    /// seed's own last event when it already is one).
     pub(crate) fn finish(&self, events: u64, out: &mut Vec<Finding>) {
         if let Some(n) = self.seed_length
-            && events <= n
+            && (events < n || (events == n && !self.seed_marked))
         {
             out.push((
                 RuleId::SEED,

@@ -58,8 +58,10 @@ impl RuleId {
     pub const X1: Self = Self("X1");
     /// The header (line 1 of a log file) is missing, malformed or invalid (spine §5).
     pub const HEADER: Self = Self("HEADER");
-    /// A seeded session's layout: the seed of `seedLength` events ends with `turn/end` and is
-    /// followed by `session/end-seed` (spine §4.7, providers §3.3, §5.3).
+    /// A seeded session's layout: the seed of `seedLength` events is followed by
+    /// `session/end-seed` unless it already ends with one (spine §4.7 (4)), and a subagent
+    /// child's seed ends with `turn/end` (providers §3.3, §5.3: the fork provider clips to the
+    /// balanced completed-turn prefix; the store's general fork need not, spine §4.8).
     pub const SEED: Self = Self("SEED");
     /// A subagent child records exactly one `subagent/descriptor` in its own suffix, before its
     /// first model request (seam §2.12).
@@ -216,7 +218,7 @@ impl RuleId {
             "A3" => "approval/policy is ask or never",
             "X1" => "sandbox/mode is read-only, workspace-write or danger-full-access",
             "HEADER" => "the log starts with a valid session header",
-            "SEED" => "a seed ends with turn/end and is followed by session/end-seed",
+            "SEED" => "a seed is followed by session/end-seed; a subagent child's seed ends with turn/end",
             "DESCRIPTOR" => "a subagent child records one descriptor in its own suffix before its first step",
             "LINEAGE" => "a subagent child names its parent session",
             "DEPTH" => "a subagent child's depth is its parent's plus one",

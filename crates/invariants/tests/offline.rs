@@ -398,3 +398,127 @@ fn a_huge_file_without_line_breaks_is_read_only_to_the_line_bound() {
         report.violations
     );
 }
+
+/// Appends `items` to `session` (surface events as `append`).
+fn append_all(session: &agent::Session, items: impl IntoIterator<Item = agent::event::EventData>) {
+    for data in items {
+        let surface = surface_for(&data);
+        session.append(data, surface).expect("a valid append");
+    }
+}
+
+/// spec: SPN-62 (spine §4.7 (4), §4.8) — a session seeded by the store's general
+/// `fork(source, boundary?)` is a valid log although its seed need not end with `turn/end`: that
+/// fork keeps the trailing log-only events (or, with no closed turn, only the leading ones), and
+/// when the seed already ends with `session/end-seed` (a resumed source) the constructor adds no
+/// second marker. Only the fork *provider*'s children (`origin: subagent`) end their seed with
+/// `turn/end` (providers §5.3).
+#[test]
+fn store_fork_children_with_trailing_log_only_events_replay_clean() {
+    use agent::SessionStore as _;
+    use agent_loop::runtime::MemorySessionStore;
+
+    let store = MemorySessionStore::default();
+    let source = store
+        .prepare("src".into(), None, agent::SessionMeta::default())
+        .unwrap();
+    append_all(
+        &source,
+        [
+            turn_start(1),
+            step_start(1, 1),
+            user("hi"),
+            step_end(1, 1),
+            turn_end(1),
+            agent::event::EventData::SandboxMode {
+                mode: "read-only".into(),
+                source: None,
+            },
+            turn_start(2),
+        ],
+    );
+    let _entered = store.enter(source.clone()).unwrap();
+    let child_turn = [
+        turn_start(2),
+        step_start(2, 1),
+        user("go"),
+        step_end(2, 1),
+        turn_end(2),
+    ];
+
+    // Latest boundary: the seed is turn 1 plus the trailing `sandbox/mode`.
+    let fork = store.fork(source.id(), None, Some("child".into())).unwrap();
+    assert_eq!(fork.seed.events.last().unwrap().type_name(), "sandbox/mode");
+    let child = store
+        .prepare(fork.child_id, Some(fork.seed.events), fork.meta)
+        .unwrap();
+    append_all(&child, child_turn.clone());
+    let r = replay_log(Some(child.header()), child.events().iter().map(|e| &**e));
+    assert!(r.is_clean(), "{:#?}", r.violations);
+    // The marker is still required after such a seed.
+    let n = child.header().seed_length.unwrap() as usize;
+    let unmarked: Vec<_> = (child.events()[..n].iter().map(|e| e.data.clone()))
+        .chain(child_turn.clone())
+        .enumerate()
+        .map(|(i, data)| {
+            let mut e = ev(i as u64, data);
+            e.surface = surface_for(&e.data);
+            e
+        })
+        .collect();
+    let v = replay_log(Some(child.header()), &unmarked).violations;
+    assert_eq!(rules(&v), ["SEED"], "{v:#?}");
+    assert_eq!(v[0].seq, Some(n as u64));
+
+    // A resumed source ends with its own `session/end-seed`: the fork's seed keeps it and the
+    // child gets no second marker.
+    let resumed = agent::Session::new(
+        agent::SessionMeta::default()
+            .into_header("resumed".into(), 1)
+            .unwrap(),
+        Some(log([
+            turn_start(1),
+            step_start(1, 1),
+            user("hi"),
+            step_end(1, 1),
+            turn_end(1),
+        ])),
+    )
+    .unwrap();
+    assert_eq!(resumed.events().last().unwrap().type_name(), "session/end-seed");
+    let seed = agent_loop::runtime::fork_seed(&resumed.events()[..], None).unwrap();
+    let n = seed.events.len() as u64;
+    assert_eq!(seed.events.last().unwrap().type_name(), "session/end-seed");
+    let meta = agent::SessionMeta {
+        parent_session: Some("resumed".into()),
+        seed_length: Some(n),
+        ..agent::SessionMeta::default()
+    };
+    let child =
+        agent::Session::new(meta.into_header("child2".into(), 2).unwrap(), Some(seed.events)).unwrap();
+    append_all(&child, child_turn.clone());
+    assert_eq!(child.events()[n as usize].type_name(), "turn/start");
+    let r = replay_log(Some(child.header()), child.events().iter().map(|e| &**e));
+    assert!(r.is_clean(), "{:#?}", r.violations);
+
+    // A source without a closed turn: the seed is its leading log-only events.
+    let early = agent::Session::new(
+        agent::SessionMeta::default()
+            .into_header("early".into(), 1)
+            .unwrap(),
+        None,
+    )
+    .unwrap();
+    append_all(&early, [other("x/note", serde_json::json!({})), turn_start(1)]);
+    let seed = agent_loop::runtime::fork_seed(&early.events()[..], None).unwrap();
+    let meta = agent::SessionMeta {
+        parent_session: Some("early".into()),
+        seed_length: Some(seed.events.len() as u64),
+        ..agent::SessionMeta::default()
+    };
+    let child =
+        agent::Session::new(meta.into_header("child3".into(), 2).unwrap(), Some(seed.events)).unwrap();
+    append_all(&child, [turn_start(1), turn_end(1)]);
+    let r = replay_log(Some(child.header()), child.events().iter().map(|e| &**e));
+    assert!(r.is_clean(), "{:#?}", r.violations);
+}
