@@ -16,7 +16,8 @@ use crate::violation::Violation;
 ///
 /// * the session rules S1–S14 of providers §6.4 (S15 names the unconstrained events);
 /// * the envelope rules a live session enforces on append (spine §4.2): seqs contiguous from 0
-///   (`SEQ`) and surface markers exactly on surface events (`SURFACE`);
+///   (`SEQ`), surface markers exactly on surface events (`SURFACE`), lossless data and model
+///   provenance (`EVENT`);
 /// * the replaying companions of §6.5 whose events reach the log: approval A1–A3 and sandbox X1;
 /// * with a header ([`SessionReplay::with_header`]): the seed layout of a seeded child (`SEED`)
 ///   and, for a subagent child, one `subagent/descriptor` in its own suffix before its first

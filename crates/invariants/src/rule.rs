@@ -48,6 +48,10 @@ impl RuleId {
     /// Spine §4.2 (3): surface markers only on surface events, `sourceEventSeqs` only on
     /// `assistant/message`, and every surface event declares `surfaceOp`.
     pub const SURFACE: Self = Self("SURFACE");
+    /// Spine §4.2 (2), §4.7 (1): an event's data is lossless JSON (no negative zero), and every
+    /// `assistant/message` and `request/header` names its provider and model — what a session
+    /// validates on each append and seed event, and a store on load.
+    pub const EVENT: Self = Self("EVENT");
     /// A1: `approval/asked` inside an open turn, non-empty `toolName`, id not already pending.
     pub const A1: Self = Self("A1");
     /// A2: `approval/decided` inside an open turn, answering a pending id, with a known outcome.
@@ -135,6 +139,7 @@ impl RuleId {
         Self::S14,
         Self::SEQ,
         Self::SURFACE,
+        Self::EVENT,
         Self::A1,
         Self::A2,
         Self::A3,
@@ -213,6 +218,7 @@ impl RuleId {
             "S14" => "todo/write, request/header and request/context stand inside an open turn",
             "SEQ" => "seqs are contiguous from 0",
             "SURFACE" => "surface metadata appears exactly on surface events",
+            "EVENT" => "event data is lossless JSON and model events name provider and model",
             "A1" => "approval/asked is turn-enclosed, names a tool and opens a fresh id",
             "A2" => "approval/decided is turn-enclosed, answers a pending id with a known outcome",
             "A3" => "approval/policy is ask or never",

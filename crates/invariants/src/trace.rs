@@ -127,6 +127,7 @@ impl CoreTrace {
             }
         }
         check_surface(ev, out);
+        check_contents(ev, out);
 
         let mut t = CoreTransition {
             // Trusting the event's seq (rather than the maximum seen) keeps one renumbered
@@ -332,6 +333,37 @@ fn answered_call(message: &agent::Message) -> Option<CallId> {
         ContentBlock::ToolResult { tool_call_id, .. } => Some(tool_call_id.clone()),
         _ => None,
     })
+}
+
+/// Spine §4.2 (2), §4.7 (1): what a session validates in every appended or seeded event besides
+/// seqs and surface markers — lossless JSON data and model provenance — so that a log read from
+/// disk that a store would refuse to load is not called clean.
+fn check_contents(ev: &SessionEvent, out: &mut Vec<Finding>) {
+    let kind = ev.type_name();
+    if let Err(reason) = agent::session::check_lossless(&ev.data.payload()) {
+        out.push((
+            RuleId::EVENT,
+            format!("{kind} data to be losslessly JSON-serializable ({reason})"),
+        ));
+    }
+    match &ev.data {
+        EventData::AssistantMessage { message, .. } => match &message.source {
+            MessageSource::Model { provider, model, .. } if !provider.is_empty() && !model.is_empty() => {}
+            _ => out.push((
+                RuleId::EVENT,
+                "assistant/message to carry model provenance with provider and model".to_owned(),
+            )),
+        },
+        EventData::RequestHeader { header, .. }
+            if header.config.provider.is_empty() || header.config.model.is_empty() =>
+        {
+            out.push((
+                RuleId::EVENT,
+                "request/header to name provider and model".to_owned(),
+            ));
+        }
+        _ => {}
+    }
 }
 
 /// Spine §4.2 (3): surface events declare `surfaceOp`; other events carry no surface metadata;

@@ -609,3 +609,54 @@ fn a_commit_without_a_staged_check_is_recorded() {
     SessionObserver::committed(&obs, &s, &Arc::new(ev(2, user("x"))));
     assert_eq!(rules(&obs.violations()), ["STAGE", "STAGE", "SEQ"]);
 }
+
+/// spec: SPN-60 (spine §4.2 (2), §4.7 (1)) — what a session validates on every append and seed
+/// event besides seqs and surface markers is checked for logs from elsewhere too: data is
+/// lossless JSON (a negative zero read from disk is not), and assistant messages and request
+/// headers carry provider and model. A store refuses to load such a log, so the checker must not
+/// call it clean.
+#[test]
+fn event_contents_a_session_would_refuse_are_flagged() {
+    let mut events = log([
+        turn_start(1),
+        step_start(1, 1),
+        request_header(),
+        assistant(1, 1),
+        step_end(1, 1),
+        turn_end(1),
+        other("x/note", json!({"v": 1.5})),
+    ]);
+    assert_eq!(replay(&events), vec![]);
+
+    events[6].data = other("x/note", json!({"v": -0.0}));
+    if let EventData::AssistantMessage { message, .. } = &mut events[3].data {
+        message.source = agent::MessageSource::Model {
+            provider: String::new(),
+            model: "m".into(),
+            replay_state: None,
+        };
+    }
+    if let EventData::RequestHeader { header, .. } = &mut events[2].data {
+        header.config.model = String::new();
+    }
+    let v = replay(&events);
+    assert_eq!(rules(&v), ["EVENT", "EVENT", "EVENT"], "{v:#?}");
+    assert_eq!(
+        v.iter().map(|v| v.seq).collect::<Vec<_>>(),
+        [Some(2), Some(3), Some(6)]
+    );
+    // The same from a file.
+    let mut text = serde_json::to_string(&invariants::synthetic::header("f")).unwrap();
+    for e in &events {
+        text.push('\n');
+        text.push_str(&serde_json::to_string(e).unwrap());
+    }
+    text.push('\n');
+    let r = invariants::replay_jsonl_reader(&"f".into(), text.as_bytes()).unwrap();
+    assert_eq!(
+        rules(&r.violations),
+        ["EVENT", "EVENT", "EVENT"],
+        "{:#?}",
+        r.violations
+    );
+}
