@@ -660,3 +660,38 @@ fn event_contents_a_session_would_refuse_are_flagged() {
         r.violations
     );
 }
+
+/// spec: S11 — `tool/call` names exactly the open `(turn, step)`: outside any turn, between
+/// steps, and naming another step of the open turn are each flagged S11 (offline and online),
+/// and the rejected call is not pending afterwards.
+#[test]
+fn s11_tool_calls_name_the_open_step() {
+    assert_eq!(next_breaks(&[], tool_call(1, 1, "c")), ["S11"]);
+    assert_eq!(next_breaks(&[turn_start(1)], tool_call(1, 1, "c")), ["S11"]);
+    let open = [turn_start(1), step_start(1, 1)];
+    assert_eq!(next_breaks(&open, tool_call(1, 2, "c")), ["S11"]);
+    assert_eq!(next_breaks(&open, tool_call(2, 1, "c")), ["S11"]);
+    assert_eq!(next_breaks(&open, tool_call(1, 1, "c")), Vec::<&str>::new());
+    let closed = [turn_start(1), step_start(1, 1), step_end(1, 1)];
+    assert_eq!(next_breaks(&closed, tool_call(1, 1, "c")), ["S11"]);
+
+    let (s, obs) = live("calls");
+    append(&s, turn_start(1)).unwrap();
+    append(&s, step_start(1, 1)).unwrap();
+    let reason = veto_reason(append(&s, tool_call(1, 2, "c")));
+    assert!(
+        reason.contains("[S11]") && reason.contains("open turn 1/step 1, got turn 1/step 2"),
+        "{reason}"
+    );
+    // The vetoed call never became pending: a result for it is still unknown.
+    let reason = veto_reason(append(&s, tool_result(1, 1, "c")));
+    assert!(reason.contains("[S12]"), "{reason}");
+    assert_eq!(s.len(), 2);
+    assert_eq!(
+        obs.violations()
+            .iter()
+            .map(|v| v.rule.as_str())
+            .collect::<Vec<_>>(),
+        ["S11", "S12"]
+    );
+}
