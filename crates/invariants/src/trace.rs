@@ -32,6 +32,9 @@ pub(crate) struct CoreTrace {
     next_turn: u64,
     next_step: u64,
     pending_calls: HashSet<CallId>,
+    /// Seqs of the `assistant/chunk` events of the open step, in log order (spine §4.2 (4):
+    /// what an `assistant/message`'s `sourceEventSeqs` may name).
+    step_chunks: Vec<u64>,
     /// Set after an unreadable line: the next seq gap is expected and not reported.
     seq_gap_expected: bool,
 }
@@ -45,18 +48,25 @@ impl Default for CoreTrace {
             next_turn: 1,
             next_step: 1,
             pending_calls: HashSet::new(),
+            step_chunks: Vec::new(),
             seq_gap_expected: false,
         }
     }
 }
 
-/// How one accepted event changes the pending-call set.
+/// How one accepted event changes the pending-call set (and, at a boundary, the open step's
+/// chunks).
 #[derive(Clone, Debug)]
 pub(crate) enum CallsDelta {
     None,
     Add(CallId),
     Remove(CallId),
+    /// A turn or step boundary: no call is pending and no chunk belongs to an open step.
     Clear,
+    /// An `assistant/chunk` of the open step: its seq and, when that breaks contiguity, the
+    /// seq it should have had (a message may name either, so one renumbered chunk is reported
+    /// once, as `SEQ`).
+    Chunk(u64, Option<u64>),
 }
 
 /// One event's deferred change to a [`CoreTrace`].
@@ -223,8 +233,14 @@ impl CoreTrace {
                 t.next_step = step.saturating_add(1);
                 t.calls = CallsDelta::Clear;
             }
-            EventData::AssistantChunk { turn, step, .. } | EventData::AssistantMessage { turn, step, .. } => {
+            EventData::AssistantChunk { turn, step, .. } => {
                 self.require_open_step(kind, *turn, *step, RuleId::S10, out);
+                let position = self.last_seq.map_or(0, |l| l.saturating_add(1));
+                t.calls = CallsDelta::Chunk(seq, (position != seq).then_some(position));
+            }
+            EventData::AssistantMessage { turn, step, .. } => {
+                self.require_open_step(kind, *turn, *step, RuleId::S10, out);
+                self.check_source_seqs(ev, out);
             }
             EventData::ToolCall {
                 turn, step, call_id, ..
@@ -293,6 +309,25 @@ impl CoreTrace {
         t
     }
 
+    /// Spine §4.2 (4): an appended `assistant/message`'s `sourceEventSeqs` lists the seqs of the
+    /// chunks that built it — `assistant/chunk` events of its own (open) step, logged before it.
+    /// An explicit empty list ("known empty stream") and an absent one pass; a replacing message
+    /// (compaction) is not checked, its chunks being in an earlier step.
+    fn check_source_seqs(&self, ev: &SessionEvent, out: &mut Vec<Finding>) {
+        let Some(meta) = &ev.surface else { return };
+        let (Some(SurfaceOp::Append), Some(seqs)) = (&meta.surface_op, &meta.source_event_seqs) else {
+            return;
+        };
+        if let Some(bad) = seqs.iter().find(|s| self.step_chunks.binary_search(s).is_err()) {
+            out.push((
+                RuleId::SURFACE,
+                format!(
+                    "sourceEventSeqs to name assistant/chunk events of the open step logged before the message, but seq {bad} is not one"
+                ),
+            ));
+        }
+    }
+
     fn require_open_turn(&self, kind: &str, out: &mut Vec<Finding>) {
         if self.open_turn.is_none() {
             out.push((
@@ -318,7 +353,24 @@ impl CoreTrace {
             CallsDelta::Remove(c) => {
                 self.pending_calls.remove(&c);
             }
-            CallsDelta::Clear => self.pending_calls.clear(),
+            CallsDelta::Clear => {
+                self.pending_calls.clear();
+                self.step_chunks.clear();
+            }
+            // Seqs only grow on the valid path; a resynchronised (out-of-order) one is kept
+            // sorted so lookups stay binary searches.
+            CallsDelta::Chunk(seq, position) => {
+                for seq in std::iter::once(seq).chain(position) {
+                    match self.step_chunks.last() {
+                        Some(last) if *last >= seq => {
+                            if let Err(at) = self.step_chunks.binary_search(&seq) {
+                                self.step_chunks.insert(at, seq);
+                            }
+                        }
+                        _ => self.step_chunks.push(seq),
+                    }
+                }
+            }
         }
     }
 }

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use agent::event::EventData;
+use agent::event::{EventData, SurfaceMeta, SurfaceOp};
 use agent::{LogError, Session, SessionEvent, SessionObserver};
 use common::*;
 use invariants::{InvariantObserver, RuleId, SessionReplay, Violation, replay_log, synthetic};
@@ -694,4 +694,69 @@ fn s11_tool_calls_name_the_open_step() {
             .collect::<Vec<_>>(),
         ["S11", "S12"]
     );
+}
+
+/// spec: SPN-60 (spine §4.2 (4)) — an appended `assistant/message`'s `sourceEventSeqs` names the
+/// `assistant/chunk` events of its own step logged before it. An explicit empty list (a known
+/// empty stream) and an absent list pass; a seq that is not such a chunk (another event, a
+/// chunk of an earlier step, a later seq) is flagged `SURFACE`, offline and online alike.
+#[test]
+fn source_event_seqs_name_chunks_of_the_open_step() {
+    let with_seqs = |mut e: SessionEvent, seqs: Vec<u64>| {
+        e.surface.as_mut().unwrap().source_event_seqs = Some(seqs);
+        e
+    };
+    // 0 turn/start, 1 step/start, 2 chunk, 3 chunk, 4 message, 5 step/end, 6 step/start,
+    // 7 chunk, 8 message.
+    let base = log([
+        turn_start(1),
+        step_start(1, 1),
+        chunk(1, 1),
+        chunk(1, 1),
+        assistant(1, 1),
+        step_end(1, 1),
+        step_start(1, 2),
+        chunk(1, 2),
+        assistant(1, 2),
+    ]);
+    let build = |first: Vec<u64>, second: Vec<u64>| {
+        let mut events = base.clone();
+        events[4] = with_seqs(events[4].clone(), first);
+        events[8] = with_seqs(events[8].clone(), second);
+        events
+    };
+    for (first, second) in [(vec![2, 3], vec![7]), (vec![], vec![]), (vec![3], vec![7])] {
+        assert_eq!(replay(&build(first, second)), vec![]);
+    }
+    for (first, second, at) in [
+        (vec![2, 1], vec![7], 4), // a step/start
+        (vec![2, 3], vec![3], 8), // a chunk of the previous step
+        (vec![2, 9], vec![7], 4), // a later seq
+        (vec![2, 4], vec![7], 4), // the message itself
+    ] {
+        let v = replay(&build(first.clone(), second.clone()));
+        assert_eq!(rules(&v), ["SURFACE"], "{first:?} {second:?}: {v:#?}");
+        assert_eq!(v[0].seq, Some(at));
+    }
+
+    // Online: the same candidate is vetoed.
+    let (s, obs) = live("sources");
+    for data in [turn_start(1), step_start(1, 1), chunk(1, 1)] {
+        append(&s, data).unwrap();
+    }
+    let bad = SurfaceMeta {
+        surface_op: Some(SurfaceOp::Append),
+        source_event_seqs: Some(vec![1]),
+    };
+    let reason = veto_reason(s.append(assistant(1, 1), Some(bad)));
+    assert!(
+        reason.contains("[SURFACE]") && reason.contains("seq 1 is not one"),
+        "{reason}"
+    );
+    let good = SurfaceMeta {
+        surface_op: Some(SurfaceOp::Append),
+        source_event_seqs: Some(vec![2]),
+    };
+    s.append(assistant(1, 1), Some(good)).unwrap();
+    assert_eq!(obs.violations().len(), 1);
 }
