@@ -35,12 +35,10 @@ pub(crate) enum ApprovalDelta {
     Decided(String),
 }
 
-/// An approval id as a set key: strings as themselves, anything else as its JSON text.
+/// An approval id as a set key: its JSON text, so ids of different JSON types (the string
+/// `"1"` and the number `1`) stay different ids.
 fn id_key(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
+    v.to_string()
 }
 
 impl ApprovalTrace {
@@ -71,7 +69,7 @@ impl ApprovalTrace {
                 if self.pending.contains(&id) {
                     out.push((
                         RuleId::A1,
-                        format!("approval/asked to open a fresh id, but {id:?} is already pending"),
+                        format!("approval/asked to open a fresh id, but {id} is already pending"),
                     ));
                 }
                 ApprovalDelta::Asked(id)
@@ -99,7 +97,7 @@ impl ApprovalTrace {
                     out.push((
                         RuleId::A2,
                         format!(
-                            "approval/decided to answer a pending approval/asked, but {id:?} is not pending"
+                            "approval/decided to answer a pending approval/asked, but {id} is not pending"
                         ),
                     ));
                 }

@@ -760,3 +760,18 @@ fn source_event_seqs_name_chunks_of_the_open_step() {
     s.append(assistant(1, 1), Some(good)).unwrap();
     assert_eq!(obs.violations().len(), 1);
 }
+
+/// spec: A1, A2 — an approval id is compared as the JSON value it is: the number `1` does not
+/// answer (A2) or duplicate (A1) the string `"1"`.
+#[test]
+fn approval_ids_of_different_json_types_are_different_ids() {
+    let asked = |id: serde_json::Value| other("approval/asked", json!({"id": id, "toolName": "bash"}));
+    let decided = |id: serde_json::Value| other("approval/decided", json!({"id": id, "outcome": "rejected"}));
+    let pending = [turn_start(1), step_start(1, 1), asked(json!("1"))];
+    assert_eq!(next_breaks(&pending, decided(json!(1))), ["A2"]);
+    assert_eq!(next_breaks(&pending, asked(json!(1))), Vec::<&str>::new());
+    assert_eq!(next_breaks(&pending, decided(json!("1"))), Vec::<&str>::new());
+    let numeric = [turn_start(1), asked(json!(7))];
+    assert_eq!(next_breaks(&numeric, decided(json!(7))), Vec::<&str>::new());
+    assert_eq!(next_breaks(&numeric, decided(json!("7"))), ["A2"]);
+}
