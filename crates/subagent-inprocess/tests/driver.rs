@@ -380,17 +380,23 @@ async fn unbalanced_seed_is_refused_before_publication() {
         assert_eq!((host.agent_count(), host.session_count()), (agents, sessions));
         assert!(host.model.requests().is_empty());
     }
-    // A balanced seed (one closed turn with a step) is accepted and driven.
-    let balanced: Vec<_> = [
+    // A balanced seed (one closed turn with a step) is accepted and driven. It is the parent's
+    // own completed-turn prefix, as a fork's is, so the captured child log also passes the
+    // store rule that a seeded child starts with its parent's first `seedLength` events
+    // (FORK-SEED, `cargo xtask check-invariants`).
+    let session = host.parent.session();
+    for data in [
         turn_start(1),
         step_start(1, 1),
         EventData::StepEnd { turn: 1, step: 1 },
         turn_end(1),
-    ]
-    .into_iter()
-    .enumerate()
-    .map(|(i, d)| ev(i as u64, d))
-    .collect();
+    ] {
+        session
+            .append(data, None)
+            .expect("a closed turn on the idle parent");
+    }
+    let balanced: Vec<_> = session.events().iter().map(|e| (**e).clone()).collect();
+    assert_eq!(balanced.len(), 4);
     let run = host
         .driver
         .start(
