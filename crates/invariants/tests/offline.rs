@@ -521,4 +521,16 @@ fn store_fork_children_with_trailing_log_only_events_replay_clean() {
     append_all(&child, [turn_start(1), turn_end(1)]);
     let r = replay_log(Some(child.header()), child.events().iter().map(|e| &**e));
     assert!(r.is_clean(), "{:#?}", r.violations);
+    // Online, priming at `session/created` accepts such a child too, and so do its appends.
+    let observer = invariants::InvariantObserver::shared();
+    assert_eq!(observer.prime(&child), Ok(()));
+    use agent::SessionObserver as _;
+    let next = agent::SessionEvent {
+        seq: child.len() as u64,
+        time: 3,
+        data: turn_start(2),
+        surface: None,
+        ignorable: false,
+    };
+    assert_eq!(observer.check(&child, &next), Ok(()));
 }
