@@ -348,6 +348,14 @@ impl LoopAgent {
     fn wake_driver(&self, after_abort: bool) {
         let start = {
             let mut st = self.state.lock();
+            // A send that passed its liveness check before disposal began (another thread, or
+            // a listener of the send itself disposing the agent) must not start a driver on the
+            // disposing agent: teardown never waits on a new turn. Read under `state`, after
+            // `begin_disposal` stored the flag and before its `cancel` takes `state`, so a wake
+            // either sees the flag or opens a phase that cancel then aborts.
+            if self.disposed.load(Ordering::SeqCst) {
+                return;
+            }
             if !st.unlocked {
                 st.deferred_wake = true;
                 return;

@@ -271,6 +271,62 @@ async fn spn_19_no_latch_after_disposal_began() {
     finish(&rt2, [handle2]).await;
 }
 
+/// spec: SPN-19 — a send that passed its liveness check when disposal began (here: disposal
+/// started by an `InboxInserted` listener of that very send, which is also where a send on
+/// another thread can lose the race) never starts a driver: no `running` status, no
+/// `turn/start`, no model call after disposal began. (Before the fix the send's wake found the
+/// disposing agent idle and opened a turn on it.)
+#[tokio::test(start_paused = true)]
+async fn spn_19_send_racing_disposal_starts_no_turn() {
+    let model = ScriptedModel::new([chunks::text("should not run")]);
+    let rt = runtime(&model);
+    let handle = Arc::new(create(&rt, "a").await);
+    let agent = handle.agent().clone();
+    let (seen, recorder) = record_events(&rt);
+    let disposal = Arc::new(Mutex::new(None));
+    let (h, d) = (handle.clone(), disposal.clone());
+    let guard = rt.services().agent_events.on(move |e| {
+        if let AgentEvent::InboxInserted { .. } = e {
+            let mut d = d.lock();
+            if d.is_none() {
+                *d = Some(h.dispose());
+            }
+        }
+        Ok(())
+    });
+    let sent = agent.followup(user("racing the disposal"));
+    assert!(sent.is_ok(), "the send passed its liveness check: {sent:?}");
+    let fut = disposal
+        .lock()
+        .take()
+        .expect("the insert listener started disposal");
+    fut.await;
+    settle().await;
+    drop(guard);
+    drop(recorder);
+    let statuses: Vec<AgentStatus> = seen
+        .lock()
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::Status { status, .. } => Some(*status),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        statuses.is_empty(),
+        "no status change after disposal began: {statuses:?}"
+    );
+    assert_eq!(count(&*agent, "turn/start"), 0);
+    assert!(model.requests().is_empty());
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    assert!(
+        agent.inbox().is_empty(),
+        "the disposal's clear cancelled the message"
+    );
+    drop(handle);
+    finish(&rt, []).await;
+}
+
 /// spec: SPN-20 — cancel right after waking sends closes the synchronously opened turn
 /// without a step.
 #[tokio::test(start_paused = true)]
