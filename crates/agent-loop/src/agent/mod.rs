@@ -563,9 +563,14 @@ impl Agent for LoopAgent {
     }
 
     fn cancel(&self, cause: CancelCause, options: CancelOptions) {
+        // Whether the inbox was durably cleared by this call.
+        let mut cleared = false;
         if !options.keep_inbox {
-            if let Err(err) = self.inbox.clear() {
-                tracing::warn!(agent = %self.id, %err, "cancel could not durably clear the inbox");
+            match self.inbox.clear() {
+                Ok(_) => cleared = true,
+                Err(err) => {
+                    tracing::warn!(agent = %self.id, %err, "cancel could not durably clear the inbox");
+                }
             }
             let mut st = self.state.lock();
             st.deferred_wake = false;
@@ -573,8 +578,24 @@ impl Agent for LoopAgent {
                 *wake_requested = false;
             }
         }
-        let signal = match &self.state.lock().phase {
-            Phase::Running { signal, .. } => Some(signal.clone()),
+        let signal = match &mut self.state.lock().phase {
+            Phase::Running {
+                signal,
+                wake_requested,
+            } => {
+                // Work pending after a successful clear was sent while the inbox was being
+                // cleared (from a listener of the clear, or another thread): after the clear,
+                // before the token below is cancelled. The aborted turn will not claim it, so
+                // it is latched like a waking send after the cancel (never under `disposed`).
+                if cleared
+                    && !self.disposed.load(Ordering::SeqCst)
+                    && signal.cause().unwrap_or_else(|| cause.clone()) != CancelCause::Disposed
+                    && self.inbox.has_pending()
+                {
+                    *wake_requested = true;
+                }
+                Some(signal.clone())
+            }
             Phase::Idle => None,
         };
         if let Some(signal) = signal {

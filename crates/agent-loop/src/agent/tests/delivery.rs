@@ -210,6 +210,48 @@ async fn spn_17_cancel_clears_a_latched_wake() {
     finish(&rt, [handle]).await;
 }
 
+/// spec: SPN-16, SPN-17 — a waking send made while `cancel()` clears the inbox (here from an
+/// `InboxDiscarded` listener of that clear; another thread can hit the same window) arrives
+/// after the clear but before the active turn's token is cancelled. The clear cannot drop it
+/// and the aborted turn never claims it, so it is latched like a send after the cancel and
+/// replays at convergence. (Before the fix it was stranded: the agent went idle with the
+/// message pending and no wake.)
+#[tokio::test(start_paused = true)]
+async fn spn_16_send_during_cancel_clear_is_latched_not_stranded() {
+    let model = ScriptedModel::new([ScriptEntry::hang(), chunks::text("late reply").into()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("active")).unwrap();
+    settle().await;
+    agent.followup(user("queued")).unwrap();
+    let sender = Arc::downgrade(&agent);
+    let sent = Arc::new(Mutex::new(false));
+    let once = sent.clone();
+    let guard = rt.services().agent_events.on(move |e| {
+        if let AgentEvent::InboxDiscarded { .. } = e
+            && !std::mem::replace(&mut *once.lock(), true)
+            && let Some(agent) = sender.upgrade()
+        {
+            agent.followup(user("sent during the clear"))?;
+        }
+        Ok(())
+    });
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    assert!(*sent.lock(), "the discard listener sent");
+    agent.when_idle().await;
+    drop(guard);
+    assert_eq!(user_texts(&*agent), ["active", "sent during the clear"]);
+    assert_eq!(model.requests().len(), 2);
+    assert!(agent.inbox().is_empty(), "nothing stranded: {:?}", agent.inbox());
+    assert_eq!(
+        turn_ends(&*agent),
+        [aborted(CancelCause::User), TurnEndReason::Completed]
+    );
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    finish(&rt, [handle]).await;
+}
+
 /// spec: SPN-18 — removing a latched message before convergence suppresses the replay (no
 /// empty turn).
 #[tokio::test(start_paused = true)]
