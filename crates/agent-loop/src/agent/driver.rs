@@ -155,12 +155,30 @@ enum Streamed {
     Pending(Box<Draining>),
 }
 
+/// What the drain does after a turn (spine §8.6 step 4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AfterTurn {
+    /// The turn ended normally: go on while either list holds work.
+    AnyPending,
+    /// The turn failed: go on only for a queued prompt (`next-turn`), which was sent to the
+    /// running driver and carries no wake of its own (§8.3 rule 1). Steering or context left
+    /// in `next-step` stays pending until a wake (SPN-31).
+    QueuedPrompt,
+    /// Stop: the turn was blocked (§8.6 2.2) or aborted (SPN-15), its inbox claim failed, or
+    /// its `turn/end` could not be logged.
+    Stop,
+}
+
 /// Per-turn bookkeeping.
 struct TurnState {
     /// The turn's ending so far (`None`: the last step asked to continue).
     end: Option<TurnEnd>,
     /// The number of the last opened step.
     step: u64,
+    /// Whether claiming the inbox failed (the claim's splice could not be logged): the turn
+    /// consumed nothing, so the drain must not go on to the next turn (it would fail the same
+    /// way, forever).
+    claim_failed: bool,
 }
 
 /// The error facts logged beside a failed `tool/result`.
@@ -198,20 +216,30 @@ async fn next_or_cancelled(
 }
 
 impl LoopAgent {
-    /// Runs one opened turn to its `turn/end`. Returns whether it ended normally (so the driver
-    /// may continue with pending work).
+    /// Runs one opened turn to its `turn/end`. Returns what the drain does next (see
+    /// [`close_turn`](Self::close_turn)).
     ///
     /// `open` is borrowed (its claimed batch is taken) so that the driver task keeps one copy,
     /// and its number and signal are read from it rather than copied into the task. (An `async`
     /// block over the arguments rather than an `async fn`, whose arguments would be stored
     /// twice.)
     #[allow(clippy::manual_async_fn)]
-    pub(crate) fn run_turn<'a>(&'a self, open: &'a mut OpenTurn) -> impl Future<Output = bool> + Send + 'a {
+    pub(crate) fn run_turn<'a>(
+        &'a self,
+        open: &'a mut OpenTurn,
+    ) -> impl Future<Output = AfterTurn> + Send + 'a {
         async move {
-            let mut ts = TurnState { end: None, step: 0 };
+            let mut ts = TurnState {
+                end: None,
+                step: 0,
+                claim_failed: false,
+            };
             let first = match std::mem::replace(&mut open.claimed, Ok(Vec::new())) {
                 Ok(batch) => batch,
-                Err(failure) => return self.close_turn(open.turn, &open.signal, Err(failure), ts),
+                Err(failure) => {
+                    ts.claim_failed = true;
+                    return self.close_turn(open.turn, &open.signal, Err(failure), ts);
+                }
             };
             let body = AssertUnwindSafe(self.turn_body(open.turn, &open.signal, first, &mut ts))
                 .catch_unwind()
@@ -221,33 +249,54 @@ impl LoopAgent {
         }
     }
 
-    /// Logs `turn/end` for a turn body's outcome. Returns whether the turn ended normally.
-    fn close_turn(&self, turn: u64, signal: &Signal, body: Result<bool, TurnFailure>, ts: TurnState) -> bool {
-        let (reason, normal) = match body {
-            Ok(normal) => (ts.end.map_or(TurnEndReason::Completed, TurnEnd::reason), normal),
+    /// Logs `turn/end` for a turn body's outcome. Returns what the drain does next: after a
+    /// turn that ended normally it goes on with any pending work; after a failed one (unless
+    /// its inbox claim failed, which consumed nothing) with a queued prompt; after a blocked or
+    /// aborted one it stops.
+    fn close_turn(
+        &self,
+        turn: u64,
+        signal: &Signal,
+        body: Result<bool, TurnFailure>,
+        ts: TurnState,
+    ) -> AfterTurn {
+        let (reason, after) = match body {
+            Ok(normal) => (
+                ts.end.map_or(TurnEndReason::Completed, TurnEnd::reason),
+                if normal {
+                    AfterTurn::AnyPending
+                } else {
+                    AfterTurn::Stop
+                },
+            ),
             Err(_) if signal.is_cancelled() => (
                 TurnEndReason::Aborted {
                     reason: signal.cause().unwrap_or(agent::CancelCause::Disposed),
                 },
-                false,
+                AfterTurn::Stop,
             ),
             Err(TurnFailure::Cancelled) => (
                 TurnEndReason::Aborted {
                     reason: agent::CancelCause::Disposed,
                 },
-                false,
+                AfterTurn::Stop,
             ),
             Err(TurnFailure::Failed(failure)) => {
                 let failure = *failure;
                 self.report_error(failure.clone());
-                (TurnEndReason::Error { error: failure }, false)
+                let after = if ts.claim_failed {
+                    AfterTurn::Stop
+                } else {
+                    AfterTurn::QueuedPrompt
+                };
+                (TurnEndReason::Error { error: failure }, after)
             }
         };
         if let Err(err) = self.session.append(EventData::TurnEnd { turn, reason }, None) {
             self.report_error(failure_of(&err));
-            return false;
+            return AfterTurn::Stop;
         }
-        normal
+        after
     }
 
     /// The step loop of one turn. `Ok(true)`: the turn closed normally (also after an empty
@@ -271,7 +320,10 @@ impl LoopAgent {
                 let step = ts.step + 1;
                 let claimed = match first.take() {
                     Some(batch) => batch,
-                    None => self.inbox.claim(target, turn)?,
+                    None => self
+                        .inbox
+                        .claim(target, turn)
+                        .inspect_err(|_| ts.claim_failed = true)?,
                 };
                 // A block, so that the step's messages and prompt (consumed by its opening) are
                 // not kept in the driver task while the step runs.

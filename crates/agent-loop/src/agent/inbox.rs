@@ -168,6 +168,11 @@ impl Inbox {
         !lists.next_turn.is_empty() || !lists.next_step.is_empty()
     }
 
+    /// Whether `next-turn` holds a queued prompt.
+    pub(crate) fn has_queued_prompt(&self) -> bool {
+        !self.lists.lock().next_turn.is_empty()
+    }
+
     /// Whether `next-step` is empty.
     pub(crate) fn next_step_is_empty(&self) -> bool {
         self.lists.lock().next_step.is_empty()

@@ -45,7 +45,7 @@ use agent::{
 };
 
 use crate::prompt::RetainedSnapshot;
-use driver::OpenTurn;
+use driver::{AfterTurn, OpenTurn};
 use inbox::Inbox;
 
 /// Tunables of the loop.
@@ -143,8 +143,8 @@ impl Driver {
     fn drive(self, mut open: OpenTurn) -> impl Future<Output = ()> + Send + 'static {
         async move {
             loop {
-                let normal = self.run_turn(&mut open).await;
-                match self.after_turn(normal) {
+                let after = self.run_turn(&mut open).await;
+                match self.after_turn(after) {
                     Some(next) => open = next,
                     None => return,
                 }
@@ -457,17 +457,22 @@ impl LoopAgent {
         })
     }
 
-    /// After a turn: with pending work and an uncancelled activity, start the next turn with a
-    /// fresh signal; otherwise converge.
-    fn after_turn(&self, normal: bool) -> Option<OpenTurn> {
-        if normal {
+    /// After a turn: with work pending (what counts is `after`'s rule) and an uncancelled
+    /// activity, start the next turn with a fresh signal; otherwise converge.
+    fn after_turn(&self, after: AfterTurn) -> Option<OpenTurn> {
+        let pending = || match after {
+            AfterTurn::AnyPending => self.inbox.has_pending(),
+            AfterTurn::QueuedPrompt => self.inbox.has_queued_prompt(),
+            AfterTurn::Stop => false,
+        };
+        if after != AfterTurn::Stop {
             let fresh = {
                 let mut st = self.state.lock();
                 match &mut st.phase {
                     Phase::Running {
                         signal,
                         wake_requested,
-                    } if !signal.is_cancelled() && self.inbox.has_pending() => {
+                    } if !signal.is_cancelled() && pending() => {
                         *signal = Signal::new();
                         *wake_requested = false;
                         true

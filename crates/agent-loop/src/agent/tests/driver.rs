@@ -691,6 +691,43 @@ async fn spn_45_in_band_finish_failures_become_turn_errors() {
     finish(&rt, [handle]).await;
 }
 
+/// spec: SPN-38 (spine §8.6 step 4: after the turn, pending work starts the next turn) — a
+/// follow-up queued while the running turn fails with a model error runs as the next turn of
+/// the same drain. It was sent to a running, uncancelled driver, so it carried no wake of its
+/// own (§8.3 rule 1); only a blocked turn (§8.6 2.2) or an aborted one (SPN-15) leaves queued
+/// work parked. (Before the fix the error turn ended the drain and the follow-up stayed
+/// pending with no wake.)
+#[tokio::test(start_paused = true)]
+async fn queued_followup_runs_after_an_error_turn() {
+    let failure = LlmFailure::new("OVERLOADED", "provider overloaded");
+    let model = ScriptedModel::new([chunks::error(failure.clone()), chunks::text("second reply")]);
+    let rt = runtime(&model);
+    let (seen, recorder) = record_events(&rt);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("one")).unwrap();
+    agent.followup(user("two")).unwrap();
+    agent.when_idle().await;
+    drop(recorder);
+    assert_eq!(
+        turn_ends(&*agent),
+        [TurnEndReason::Error { error: failure }, TurnEndReason::Completed]
+    );
+    assert_eq!(user_texts(&*agent), ["one", "two"]);
+    assert_eq!(model.requests().len(), 2);
+    assert!(agent.inbox().is_empty());
+    let statuses: Vec<AgentStatus> = seen
+        .lock()
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::Status { status, .. } => Some(*status),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(statuses, [AgentStatus::Running, AgentStatus::Idle], "one drain");
+    finish(&rt, [handle]).await;
+}
+
 /// spec: SPN-46 — a model-less agent fails its step with a clear provider/model error.
 #[tokio::test(start_paused = true)]
 async fn spn_46_model_less_agent_fails_clearly() {
