@@ -20,9 +20,12 @@
 //! * `state` (phase, last turn number, request-header bookkeeping) is held for short
 //!   synchronous sections only, never across an `.await`, and never while events are emitted or
 //!   the session is appended to.
-//! * `status` is a re-entrant lock held while one `AgentEvent::Status` is emitted, so status
+//! * `status` is a re-entrant lock held while `AgentEvent::Status` is emitted, so status
 //!   events are delivered in order and never twice with the same value, while a listener on the
-//!   same thread may still call back into the agent.
+//!   same thread may still call back into the agent. A status change caused by such a listener
+//!   (say, a follow-up sent from the `idle` notification) is not emitted from inside the
+//!   running emission — later listeners would see it before the event still being delivered —
+//!   but by the outer emitter once every listener has seen its event.
 //! * The inbox has its own locks (see the `inbox` module).
 
 mod assemble;
@@ -170,6 +173,14 @@ impl Drop for Driver {
     }
 }
 
+/// The status emission state, behind the agent's re-entrant `status` lock.
+struct StatusEmission {
+    /// The last status emitted.
+    last: Cell<AgentStatus>,
+    /// Whether an emission is running (on the thread holding the lock).
+    emitting: Cell<bool>,
+}
+
 enum Phase {
     Idle,
     Running { signal: Signal, wake_requested: bool },
@@ -211,7 +222,7 @@ pub struct LoopAgent {
     inbox: Inbox,
     state: Mutex<State>,
     busy: Arc<IdleFlag>,
-    status: ReentrantMutex<Cell<AgentStatus>>,
+    status: ReentrantMutex<StatusEmission>,
     drivers: Drivers,
     disposed: AtomicBool,
 }
@@ -261,7 +272,10 @@ impl LoopAgent {
                 history: DerivedHistory::new(),
             }),
             busy,
-            status: ReentrantMutex::new(Cell::new(AgentStatus::Idle)),
+            status: ReentrantMutex::new(StatusEmission {
+                last: Cell::new(AgentStatus::Idle),
+                emitting: Cell::new(false),
+            }),
             drivers: Drivers::default(),
             disposed: AtomicBool::new(false),
         }))
@@ -330,18 +344,33 @@ impl LoopAgent {
         self.arc()
     }
 
-    /// Emits the current public status if it differs from the last one emitted.
+    /// Emits the current public status if it differs from the last one emitted. Called from a
+    /// status listener (re-entrantly on the emitting thread) it emits nothing: the outer call
+    /// re-reads the status after its event reached every listener and emits the change then.
     fn emit_status(&self) {
-        let last = self.status.lock();
-        let current = self.status();
-        if last.get() == current {
+        let emission = self.status.lock();
+        if emission.emitting.replace(true) {
             return;
         }
-        last.set(current);
-        self.services.agent_events.emit(&AgentEvent::Status {
-            agent: self.id.clone(),
-            status: current,
-        });
+        // Cleared even if an emission unwinds (listener failures are contained by the bus).
+        struct Done<'a>(&'a Cell<bool>);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.set(false);
+            }
+        }
+        let _done = Done(&emission.emitting);
+        loop {
+            let current = self.status();
+            if emission.last.get() == current {
+                return;
+            }
+            emission.last.set(current);
+            self.services.agent_events.emit(&AgentEvent::Status {
+                agent: self.id.clone(),
+                status: current,
+            });
+        }
     }
 
     /// Delivers a wake (spec §8.3 rule 1–2).

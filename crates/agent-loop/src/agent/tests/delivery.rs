@@ -622,3 +622,57 @@ async fn spn_27_one_turn_emits_running_then_idle() {
     assert_eq!(statuses, [AgentStatus::Running, AgentStatus::Idle]);
     finish(&rt, [handle]).await;
 }
+
+/// spec: SPN-27 (spine §8.4: every change of the public status emits `agent/status`; the same
+/// status is never emitted twice in a row) — a status listener that starts work from the `idle`
+/// notification (a follow-up) does not make later listeners see the statuses out of order.
+/// Before the fix the `running` of the new drain was emitted from inside the `idle` emission,
+/// so a listener registered after the sender saw `running, running, idle, idle`.
+#[tokio::test(start_paused = true)]
+async fn status_listener_waking_from_idle_keeps_later_listeners_in_order() {
+    let model = ScriptedModel::new([chunks::text("one"), chunks::text("two")]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    let sender = Arc::downgrade(&agent);
+    let sent = Arc::new(Mutex::new(false));
+    let once = sent.clone();
+    let waker = rt.services().agent_events.on(move |e| {
+        if let AgentEvent::Status {
+            status: AgentStatus::Idle,
+            ..
+        } = e
+            && !std::mem::replace(&mut *once.lock(), true)
+            && let Some(agent) = sender.upgrade()
+        {
+            agent.followup(user("second"))?;
+        }
+        Ok(())
+    });
+    let (seen, recorder) = record_events(&rt);
+    agent.followup(user("first")).unwrap();
+    agent.when_idle().await;
+    drop(recorder);
+    drop(waker);
+    assert!(*sent.lock());
+    assert_eq!(user_texts(&*agent), ["first", "second"]);
+    let statuses: Vec<AgentStatus> = seen
+        .lock()
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::Status { status, .. } => Some(*status),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            AgentStatus::Running,
+            AgentStatus::Idle,
+            AgentStatus::Running,
+            AgentStatus::Idle
+        ]
+    );
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    finish(&rt, [handle]).await;
+}
