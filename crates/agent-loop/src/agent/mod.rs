@@ -250,7 +250,17 @@ impl LoopAgent {
     ) -> Result<Arc<Self>, AgentError> {
         options.validate()?;
         let inbox = Inbox::new(session.clone(), services.agent_events.clone())?;
-        let last_turn = agent::next_turn_number(session.events().iter()) - 1;
+        // The number of the last `turn/start` exactly (not `next_turn_number - 1`, which
+        // saturates at the end of the range and would reuse the last number).
+        let last_turn = session
+            .events()
+            .iter()
+            .rev()
+            .find_map(|e| match e.data {
+                EventData::TurnStart { turn } => Some(turn),
+                _ => None,
+            })
+            .unwrap_or(0);
         let busy = Arc::new(IdleFlag::default());
         Ok(Arc::new_cyclic(|me| Self {
             me: me.clone(),
@@ -465,11 +475,26 @@ impl LoopAgent {
             let Phase::Running { signal, .. } = &st.phase else {
                 return None;
             };
-            (signal.clone(), st.last_turn + 1)
+            (signal.clone(), st.last_turn.checked_add(1))
         };
         if signal.is_cancelled() {
             return None;
         }
+        // A log (seeded, forked or resumed) can already hold the last number a turn may take;
+        // numbers stay safe integers so the log stays readable in the reference format.
+        let Some(turn) = turn.filter(|t| *t <= agent::header::MAX_SAFE_INTEGER) else {
+            self.report_error(driver::failure_of(&AgentError::Other(
+                format!(
+                    "agent \"{}\" cannot open another turn: its log already holds turn number {} \
+                     (turn numbers are safe integers, at most {})",
+                    self.id,
+                    self.state.lock().last_turn,
+                    agent::header::MAX_SAFE_INTEGER
+                )
+                .into(),
+            )));
+            return None;
+        };
         if let Err(err) = self.session.append(EventData::TurnStart { turn }, None) {
             self.report_error(driver::failure_of(&err));
             return None;

@@ -649,6 +649,73 @@ async fn spn_44_seeded_agent_continues_turn_numbers() {
     finish(&rt, [fork, parent]).await;
 }
 
+/// spec: SPN-44 — a seeded (or resumed) log whose turn numbers reach the end of the range (a
+/// hostile or corrupt log) does not make a wake panic or reuse a number: a turn whose number
+/// would pass the safe-integer range is not opened, an `agent/error` says why, the message
+/// stays pending, and the agent stays idle and disposable. (Before the fix the next turn was
+/// logged as `turn/start` with the seed's own number again — `u64::MAX` saturated — and the
+/// one after overflowed `last_turn + 1`, a panic in the caller's `followup`.) The runtime has no online
+/// invariant checker: it would veto every append to a session whose numbering starts there.
+#[tokio::test(start_paused = true)]
+async fn exhausted_turn_numbering_refuses_the_turn_without_panicking() {
+    let model = ScriptedModel::new([chunks::text("never")]);
+    let rt = crate::runtime::Runtime::builder()
+        .model(MOCK, model.adapter())
+        .build();
+    let (seen, recorder) = record_events(&rt);
+    let event = |seq: u64, data: EventData| agent::SessionEvent {
+        seq,
+        time: 0,
+        data,
+        surface: None,
+        ignorable: false,
+    };
+    let last = u64::MAX;
+    let seed = vec![
+        event(0, EventData::TurnStart { turn: last }),
+        event(
+            1,
+            EventData::TurnEnd {
+                turn: last,
+                reason: TurnEndReason::Completed,
+            },
+        ),
+    ];
+    let mut options = CreateAgentOptions::new("a".into());
+    options.agent_options = mock_options();
+    options.seed = Some(seed.clone());
+    let handle = rt.create(options).await.unwrap();
+    let agent = handle.agent().clone();
+    let before = agent.session().events().len();
+    agent.followup(user("one more")).unwrap();
+    agent.when_idle().await;
+    agent.followup(user("and another")).unwrap();
+    agent.when_idle().await;
+    drop(recorder);
+    assert_eq!(count(&*agent, "turn/start"), 1, "no turn opened after the seed");
+    assert_eq!(
+        agent.session().events().len(),
+        before + 2,
+        "only the insert splices"
+    );
+    assert_eq!(agent.inbox().next_turn.len(), 2, "the messages stay pending");
+    assert!(model.requests().is_empty());
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    let errors: Vec<LlmFailure> = seen
+        .lock()
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::Error { failure, .. } => Some(failure.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        errors.len() == 2 && errors.iter().all(|f| f.message.contains("turn number")),
+        "{errors:?}"
+    );
+    finish(&rt, [handle]).await;
+}
+
 /// spec: SPN-45 — an in-band `finish {error}` becomes a turn error with the failure verbatim;
 /// `finish {aborted}` without a cancelled signal becomes a turn error coded `ABORTED`.
 #[tokio::test(start_paused = true)]
