@@ -20,7 +20,8 @@
 //! * `state` (phase, last turn number, request-header bookkeeping) is held for short
 //!   synchronous sections only, never across an `.await`, and never while events are emitted or
 //!   the session is appended to.
-//! * `status` is a re-entrant lock held while `AgentEvent::Status` is emitted, so status
+//! * `status` is a re-entrant lock held while `AgentEvent::Status` is emitted (and by a
+//!   converging driver from its idle transition through that emission), so status
 //!   events are delivered in order and never twice with the same value, while a listener on the
 //!   same thread may still call back into the agent. A status change caused by such a listener
 //!   (say, a follow-up sent from the `idle` notification) is not emitted from inside the
@@ -339,6 +340,14 @@ impl LoopAgent {
         !self.busy.is_busy()
     }
 
+    /// Returns once no status emission is in progress on another thread: the `idle` event of a
+    /// drain that converged (on another thread) before the caller saw the agent idle has been
+    /// delivered. The teardown passes here before it unregisters the agent, so `agent/status`
+    /// never follows `agent/disposed`.
+    pub(crate) fn status_settled(&self) {
+        drop(self.status.lock());
+    }
+
     /// Marks the agent as being disposed: it takes no new work from now on.
     pub(crate) fn begin_disposal(&self) {
         self.disposed.store(true, Ordering::SeqCst);
@@ -441,6 +450,10 @@ impl LoopAgent {
     /// The driver has no turn in flight: replay a latched wake (fresh signal, still running) or
     /// become idle. Returns whether it replays.
     fn converge(&self) -> bool {
+        // Held from the idle transition through its status emission, so that a teardown that
+        // saw the agent idle (another thread) waits for the `idle` event before it announces
+        // the disposal (see `status_settled`).
+        let _emission = self.status.lock();
         let replay = {
             let mut st = self.state.lock();
             let latched = matches!(

@@ -272,6 +272,9 @@ pub(super) async fn teardown(entry: Arc<AgentEntry>) {
 fn release(entry: &Arc<AgentEntry>) {
     let agent = &entry.agent;
     let id = agent.id();
+    // A drain that converged on another thread may still be emitting its `idle`: it is
+    // delivered before `agent/disposed`.
+    agent.status_settled();
     contained_now(id, "scope", || agent.scope().dispose());
     if let Some(rt) = entry.runtime.upgrade() {
         rt.registry.lock().retain(|e| !Arc::ptr_eq(e, entry));

@@ -676,3 +676,55 @@ async fn status_listener_waking_from_idle_keeps_later_listeners_in_order() {
     assert_eq!(agent.status(), AgentStatus::Idle);
     finish(&rt, [handle]).await;
 }
+
+/// spec: SPN-19, SPN-55 — follow-ups racing the agent's disposal on a multi-threaded runtime:
+/// each is either refused (`Disposed`) or accepted, no `agent/status` follows `agent/disposed`
+/// (neither a drain started after the teardown nor the `idle` of a drain the disposal
+/// cancelled), and the agent ends idle with the runtime quiescent. (The deterministic
+/// reproduction of the send race is `spn_19_send_racing_disposal_starts_no_turn`; the `idle`
+/// emitted after `agent/disposed` has no deterministic reproduction: before its fix this test
+/// failed in about 3% of its runs.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_racing_disposal_on_threads_start_nothing_after_teardown() {
+    for round in 0..64 {
+        let model = ScriptedModel::new((0..64).map(|i| chunks::text(format!("reply {i}"))));
+        let rt = runtime(&model);
+        let (seen, recorder) = record_events(&rt);
+        let handle = create(&rt, "a").await;
+        let agent = handle.agent().clone();
+        let sender = {
+            let agent = agent.clone();
+            tokio::spawn(async move {
+                for n in 0.. {
+                    match agent.followup(user(&format!("m{n}"))) {
+                        Ok(_) => tokio::task::yield_now().await,
+                        Err(AgentError::Disposed(_)) => return,
+                        Err(other) => panic!("unexpected send error: {other:?}"),
+                    }
+                }
+            })
+        };
+        for _ in 0..round % 8 {
+            tokio::task::yield_now().await;
+        }
+        handle.dispose().await;
+        sender.await.unwrap();
+        agent.when_idle().await;
+        drop(recorder);
+        let events = seen.lock().clone();
+        let disposed = events
+            .iter()
+            .position(|e| matches!(e, AgentEvent::Disposed { .. }))
+            .unwrap_or_else(|| panic!("round {round}: no agent/disposed"));
+        assert!(
+            !events[disposed..]
+                .iter()
+                .any(|e| matches!(e, AgentEvent::Status { .. })),
+            "round {round}: a status change after the teardown: {:?}",
+            &events[disposed..]
+        );
+        assert_eq!(agent.status(), AgentStatus::Idle, "round {round}");
+        drop(agent);
+        finish(&rt, []).await;
+    }
+}
