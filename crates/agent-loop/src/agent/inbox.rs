@@ -226,20 +226,23 @@ impl Inbox {
 
     /// Claims the batch for one step: every `next-step` item plus, for `next-turn`, the first
     /// queued prompt, as pure-deletion splices; then one `InboxClaimed` per message.
+    ///
+    /// If the `next-turn` splice fails to log, the `next-step` items the first splice already
+    /// removed are still notified as claimed (the log says they were) before the error returns.
     pub(crate) fn claim(&self, target: InboxTarget, turn: u64) -> Result<Vec<Message>, AgentError> {
-        let claimed = {
+        let (claimed, failed) = {
             let _op = self.op.lock();
             let steps = self.lists.lock().next_step.len();
             let mut claimed = self.mutate(InboxTarget::NextStep, 0, steps, Vec::new(), false)?;
+            let mut failed = None;
             if target == InboxTarget::NextTurn {
-                let prompt = self.mutate(InboxTarget::NextTurn, 0, 1, Vec::new(), false)?;
-                if claimed.is_empty() {
-                    claimed = prompt;
-                } else {
-                    claimed.extend(prompt);
+                match self.mutate(InboxTarget::NextTurn, 0, 1, Vec::new(), false) {
+                    Ok(prompt) if claimed.is_empty() => claimed = prompt,
+                    Ok(prompt) => claimed.extend(prompt),
+                    Err(err) => failed = Some(err),
                 }
             }
-            claimed
+            (claimed, failed)
         };
         for message in &claimed {
             self.events.emit(&AgentEvent::InboxClaimed {
@@ -248,7 +251,10 @@ impl Inbox {
                 turn,
             });
         }
-        Ok(claimed)
+        match failed {
+            Some(err) => Err(err),
+            None => Ok(claimed),
+        }
     }
 
     fn locate(&self, id: &MessageId) -> Option<(InboxTarget, usize)> {

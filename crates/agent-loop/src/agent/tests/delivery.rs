@@ -74,6 +74,64 @@ async fn spn_12_inbox_clear_replace_and_duplicates() {
     finish(&rt, [handle]).await;
 }
 
+/// A session observer that vetoes the claim splice of the `next-turn` list (a pure deletion).
+struct VetoNextTurnClaim;
+
+impl agent::SessionObserver for VetoNextTurnClaim {
+    fn check(&self, _session: &agent::Session, candidate: &agent::SessionEvent) -> Result<(), String> {
+        match &candidate.data {
+            EventData::InboxSpliced(s)
+                if s.target == InboxTarget::NextTurn && s.inserted.is_empty() && s.outcome.is_none() =>
+            {
+                Err("next-turn claims are vetoed".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// spec: SPN-12 (spine §8.2: a claim removes the `next-step` items, then the first `next-turn`
+/// item, then emits `agent/inbox/claimed` per message) — when the `next-turn` half of a claim
+/// fails to log, the `next-step` items its first splice already removed still get their
+/// `claimed` notifications: every message that leaves the inbox is claimed or discarded, as
+/// the log says. (Before the fix the injected message left the inbox with no notification.)
+#[tokio::test(start_paused = true)]
+async fn a_half_failed_claim_still_notifies_what_it_claimed() {
+    let model = ScriptedModel::new([chunks::text("never")]);
+    let rt = crate::runtime::Runtime::builder()
+        .model(MOCK, model.adapter())
+        .session_observer(Arc::new(VetoNextTurnClaim))
+        .build();
+    let (seen, recorder) = record_events(&rt);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    let context = user("context");
+    agent.inject(context.clone()).unwrap();
+    agent.followup(user("prompt")).unwrap();
+    agent.when_idle().await;
+    drop(recorder);
+    let claimed_in_log: Vec<_> = splices(&*agent)
+        .into_iter()
+        .filter(|s| s.inserted.is_empty() && s.outcome.is_none())
+        .collect();
+    assert_eq!(claimed_in_log.len(), 1, "only the next-step half was logged");
+    assert_eq!(claimed_in_log[0].target, InboxTarget::NextStep);
+    let claimed: Vec<_> = seen
+        .lock()
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::InboxClaimed { message, .. } => Some(message.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(claimed, [context.id]);
+    assert!(agent.inbox().next_step.is_empty());
+    assert_eq!(agent.inbox().next_turn.len(), 1, "the prompt is still pending");
+    assert!(matches!(&turn_ends(&*agent)[..], [TurnEndReason::Error { .. }]));
+    assert!(model.requests().is_empty());
+    finish(&rt, [handle]).await;
+}
+
 /// spec: SPN-13 — `cancel()` on an idle agent with nothing queued is a no-op; the next prompt
 /// runs.
 #[tokio::test(start_paused = true)]
