@@ -195,6 +195,9 @@ struct State {
     unlocked: bool,
     /// A wake that arrived while the gate was closed.
     deferred_wake: bool,
+    /// How many wakes were delivered (wrapping): lets `cancel` tell a waking send made while
+    /// it cleared the inbox from a non-waking one.
+    wakes: u64,
     /// Whether this instance already logged its initial/resume request header.
     request_header_logged: bool,
     /// Incremental scan of the log for the last runtime-context snapshot: (events scanned,
@@ -278,6 +281,7 @@ impl LoopAgent {
                 last_turn,
                 unlocked: false,
                 deferred_wake: false,
+                wakes: 0,
                 request_header_logged: false,
                 snapshot_scan: (0, RetainedSnapshot::Never),
                 history: DerivedHistory::new(),
@@ -396,6 +400,7 @@ impl LoopAgent {
     fn wake_driver(&self, after_abort: bool) {
         let start = {
             let mut st = self.state.lock();
+            st.wakes = st.wakes.wrapping_add(1);
             // A send that passed its liveness check before disposal began (another thread, or
             // a listener of the send itself disposing the agent) must not start a driver on the
             // disposing agent: teardown never waits on a new turn. Read under `state`, after
@@ -637,6 +642,7 @@ impl Agent for LoopAgent {
     fn cancel(&self, cause: CancelCause, options: CancelOptions) {
         // Whether the inbox was durably cleared by this call.
         let mut cleared = false;
+        let wakes = self.state.lock().wakes;
         if !options.keep_inbox {
             match self.inbox.clear() {
                 Ok(_) => cleared = true,
@@ -650,7 +656,9 @@ impl Agent for LoopAgent {
                 *wake_requested = false;
             }
         }
-        let signal = match &mut self.state.lock().phase {
+        let mut st = self.state.lock();
+        let st_wakes = st.wakes;
+        let signal = match &mut st.phase {
             Phase::Running {
                 signal,
                 wake_requested,
@@ -658,8 +666,10 @@ impl Agent for LoopAgent {
                 // Work pending after a successful clear was sent while the inbox was being
                 // cleared (from a listener of the clear, or another thread): after the clear,
                 // before the token below is cancelled. The aborted turn will not claim it, so
-                // it is latched like a waking send after the cancel (never under `disposed`).
+                // if a waking send delivered it, it is latched like a waking send after the
+                // cancel (never under `disposed`); non-waking context stays parked.
                 if cleared
+                    && st_wakes != wakes
                     && !self.disposed.load(Ordering::SeqCst)
                     && signal.cause().unwrap_or_else(|| cause.clone()) != CancelCause::Disposed
                     && self.inbox.has_pending()
@@ -670,6 +680,7 @@ impl Agent for LoopAgent {
             }
             Phase::Idle => None,
         };
+        drop(st);
         if let Some(signal) = signal {
             signal.cancel(cause);
         }

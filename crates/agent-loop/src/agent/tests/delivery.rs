@@ -310,6 +310,46 @@ async fn spn_16_send_during_cancel_clear_is_latched_not_stranded() {
     finish(&rt, [handle]).await;
 }
 
+/// spec: SPN-16, SPN-17 (spine §8.3: `inject` does not wake) — context injected while
+/// `cancel()` clears the inbox is not latched: it stays pending for the next wake instead of
+/// starting a turn of its own.
+#[tokio::test(start_paused = true)]
+async fn inject_during_cancel_clear_stays_parked() {
+    let model = ScriptedModel::new([ScriptEntry::hang(), chunks::text("later reply").into()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("active")).unwrap();
+    settle().await;
+    agent.followup(user("queued")).unwrap();
+    let sender = Arc::downgrade(&agent);
+    let sent = Arc::new(Mutex::new(false));
+    let once = sent.clone();
+    let guard = rt.services().agent_events.on(move |e| {
+        if let AgentEvent::InboxDiscarded { .. } = e
+            && !std::mem::replace(&mut *once.lock(), true)
+            && let Some(agent) = sender.upgrade()
+        {
+            agent.inject(user("context during the clear"))?;
+        }
+        Ok(())
+    });
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    assert!(*sent.lock(), "the discard listener injected");
+    agent.when_idle().await;
+    drop(guard);
+    assert_eq!(user_texts(&*agent), ["active"]);
+    assert_eq!(model.requests().len(), 1, "no turn for a non-waking send");
+    assert_eq!(agent.inbox().next_step.len(), 1, "the context stays pending");
+    agent.followup(user("wake")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(
+        user_texts(&*agent),
+        ["active", "context during the clear", "wake"]
+    );
+    finish(&rt, [handle]).await;
+}
+
 /// spec: SPN-18 — removing a latched message before convergence suppresses the replay (no
 /// empty turn).
 #[tokio::test(start_paused = true)]
