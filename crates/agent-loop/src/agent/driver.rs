@@ -8,6 +8,7 @@ use futures::{FutureExt, StreamExt};
 use agent::bus::panic_message;
 use agent::event::{CallConfig, EpochHeader, RequestHeaderReason, ToolResultError};
 use agent::model::ToolSchema;
+use agent::session::now_ms;
 use agent::tools::ToolCallRequest;
 use agent::{
     AgentError, CallId, ContentBlock, EventData, FinishReason, GenerateOptions, InboxTarget, LlmFailure,
@@ -145,6 +146,17 @@ struct Draining {
     stream: agent::ModelStream,
     asm: BlockAssembler,
     seqs: Vec<u64>,
+    /// The clock reading shared by the appends of the current synchronous batch: the step's
+    /// opening, the chunks that were ready together and a close that follows them without
+    /// waiting. Cleared whenever the stream is awaited.
+    now: Option<u64>,
+}
+
+impl Draining {
+    /// The batch's timestamp: the clock is read by the batch's first append.
+    fn now(&mut self) -> u64 {
+        *self.now.get_or_insert_with(now_ms)
+    }
 }
 
 /// What the synchronous part of a step's stream came to.
@@ -354,17 +366,27 @@ impl LoopAgent {
                         return Ok(true);
                     }
                     check(signal)?;
-                    self.session.append(EventData::StepStart { turn, step }, None)?;
+                    // One clock reading for the step's synchronous opening: `step/start`, the
+                    // entered messages and the request header and context are appended
+                    // together, without waiting in between.
+                    let now = now_ms();
+                    self.session
+                        .append_at(EventData::StepStart { turn, step }, None, now)?;
                     ts.step = step;
                     // The step's synchronous opening (entered messages, request, stream) runs
                     // outside the step future, which keeps the driver task small; a panic in
                     // either part is the step's.
                     std::panic::catch_unwind(AssertUnwindSafe(|| {
                         for message in messages {
-                            self.session
-                                .append(EventData::UserMessage(message), Some(SurfaceMeta::append()))?;
+                            self.session.append_at(
+                                EventData::UserMessage(message),
+                                Some(SurfaceMeta::append()),
+                                now,
+                            )?;
                         }
-                        self.open_stream(prompt, signal)
+                        // The stream's first drain follows without waiting, so it shares the
+                        // opening's clock reading.
+                        self.open_stream(prompt, signal, now).map(|stream| (stream, now))
                     }))
                     .unwrap_or_else(|p| Err(panicked("a model step", &*p)))
                 };
@@ -536,8 +558,8 @@ impl LoopAgent {
     }
 
     /// Logs `request/header` (initial or resume first, change when it differs) and
-    /// `request/context` when the route changed.
-    fn log_request(&self, header: &EpochHeader) -> Result<(), TurnFailure> {
+    /// `request/context` when the route changed, both at `now` (the step opening's clock reading).
+    fn log_request(&self, header: &EpochHeader, now: u64) -> Result<(), TurnFailure> {
         // Both decisions are taken on the log as it is now (the header append cannot change
         // the context decision), and the snapshot is released before appending: an
         // outstanding snapshot would make the append copy the whole log.
@@ -578,12 +600,13 @@ impl LoopAgent {
             (reason, logged, changed)
         };
         if let Some(reason) = reason {
-            let appended = self.session.append(
+            let appended = self.session.append_at(
                 EventData::RequestHeader {
                     header: header.clone(),
                     reason,
                 },
                 None,
+                now,
             );
             if appended.is_err() && !logged {
                 self.state.lock().request_header_logged = false;
@@ -591,13 +614,14 @@ impl LoopAgent {
             appended?;
         }
         if context_changed {
-            self.session.append(
+            self.session.append_at(
                 EventData::RequestContext {
                     provider: header.config.provider.clone(),
                     model: header.config.model.clone(),
                     context_window: None,
                 },
                 None,
+                now,
             )?;
         }
         Ok(())
@@ -612,11 +636,12 @@ impl LoopAgent {
     }
 
     /// The synchronous opening of a step: the request header logged, the request built and the
-    /// model stream opened.
+    /// model stream opened. `now` is the step opening's clock reading.
     fn open_stream(
         &self,
         prompt: AssembledPrompt,
         signal: &Signal,
+        now: u64,
     ) -> Result<agent::ModelStream, TurnFailure> {
         let (provider, model) = match (&self.options.provider, &self.options.model) {
             (Some(p), Some(m)) if !p.is_empty() && !m.is_empty() => (p, m),
@@ -638,7 +663,7 @@ impl LoopAgent {
             system: prompt.system,
             tools: prompt.tools,
         };
-        self.log_request(&header)?;
+        self.log_request(&header, now)?;
         check(signal)?;
         let adapter = self.services.models.adapter(provider).ok_or_else(|| {
             TurnFailure::failed(LlmFailure::new(
@@ -671,7 +696,8 @@ impl LoopAgent {
         Ok(adapter.stream(request))
     }
 
-    /// One step over its `opened` stream (or the failure opening it): chunks, assistant
+    /// One step over its `opened` stream and the opening's clock reading (or the failure opening
+    /// it): chunks, assistant
     /// message, tool calls. Returns the step outcome (`None`: tool calls ran and none concluded
     /// the turn).
     ///
@@ -685,14 +711,15 @@ impl LoopAgent {
         &'a self,
         turn: u64,
         step: u64,
-        opened: Result<agent::ModelStream, TurnFailure>,
+        opened: Result<(agent::ModelStream, u64), TurnFailure>,
         signal: &'a Signal,
     ) -> impl Future<Output = Result<Option<TurnEnd>, TurnFailure>> + Send + 'a {
         async move {
             // A block, so that neither the stream's state nor its close is kept across the
             // tool calls.
             let calls = {
-                let streamed = self.stream_ready(turn, step, opened?, signal)?;
+                let (stream, now) = opened?;
+                let streamed = self.stream_ready(turn, step, stream, now, signal)?;
                 let close = match streamed {
                     Streamed::Closed(close) => close,
                     // Boxed: waiting is the slow path, and the draining state (assembler, chunk
@@ -713,11 +740,13 @@ impl LoopAgent {
 
     /// Drains the chunks of `stream` that are ready now; when the stream is over, closes the
     /// step, otherwise hands the draining state on for [`stream_rest`](Self::stream_rest).
+    /// `now` is the clock reading of the step's opening, which ran without waiting since.
     fn stream_ready(
         &self,
         turn: u64,
         step: u64,
         stream: agent::ModelStream,
+        now: u64,
         signal: &Signal,
     ) -> Result<Streamed, TurnFailure> {
         let mut draining = Draining {
@@ -725,6 +754,7 @@ impl LoopAgent {
             asm: BlockAssembler::default(),
             // Presized for a typical short stream, so it does not regrow chunk by chunk.
             seqs: Vec::with_capacity(8),
+            now: Some(now),
         };
         if self.drain_ready(turn, step, &mut draining, signal)? {
             return self
@@ -744,7 +774,10 @@ impl LoopAgent {
         signal: &Signal,
     ) -> Result<StepClose, TurnFailure> {
         loop {
-            match next_or_cancelled(&mut draining.stream, signal).await {
+            let next = next_or_cancelled(&mut draining.stream, signal).await;
+            // The stream was awaited: a new batch, with its own clock reading.
+            draining.now = None;
+            match next {
                 None => break,
                 Some(next) => {
                     if self.take_chunk(turn, step, &mut draining, next, signal)? {
@@ -829,9 +862,10 @@ impl LoopAgent {
         chunk: StreamChunk,
     ) -> Result<(), TurnFailure> {
         draining.asm.push(&chunk);
+        let now = draining.now();
         let event = self
             .session
-            .append(EventData::AssistantChunk { turn, step, chunk }, None)?;
+            .append_at(EventData::AssistantChunk { turn, step, chunk }, None, now)?;
         draining.seqs.push(event.seq);
         Ok(())
     }
@@ -844,9 +878,14 @@ impl LoopAgent {
         draining: Draining,
         signal: &Signal,
     ) -> Result<StepClose, TurnFailure> {
-        let Draining { stream, asm, seqs } = draining;
+        let Draining {
+            stream,
+            asm,
+            seqs,
+            now,
+        } = draining;
         drop(stream);
-        self.close_step(turn, step, asm, seqs, signal)
+        self.close_step(turn, step, asm, seqs, signal, now)
     }
 
     /// The synchronous close of a step's stream: the assistant message logged (or the
@@ -858,6 +897,7 @@ impl LoopAgent {
         asm: BlockAssembler,
         seqs: Vec<u64>,
         signal: &Signal,
+        now: Option<u64>,
     ) -> Result<StepClose, TurnFailure> {
         let (provider, model) = match (&self.options.provider, &self.options.model) {
             (Some(p), Some(m)) => (p, m),
@@ -866,7 +906,7 @@ impl LoopAgent {
         if signal.is_cancelled() {
             let content = asm.interrupted_blocks();
             if !content.is_empty() {
-                self.session.append(
+                self.session.append_at(
                     EventData::AssistantMessage {
                         turn,
                         step,
@@ -878,6 +918,7 @@ impl LoopAgent {
                         surface_op: Some(agent::SurfaceOp::Append),
                         source_event_seqs: Some(seqs),
                     }),
+                    now.unwrap_or_else(now_ms),
                 )?;
             }
             return Err(TurnFailure::Cancelled);
@@ -913,7 +954,7 @@ impl LoopAgent {
                 _ => None,
             })
             .collect();
-        self.session.append(
+        self.session.append_at(
             EventData::AssistantMessage {
                 turn,
                 step,
@@ -925,6 +966,7 @@ impl LoopAgent {
                 surface_op: Some(agent::SurfaceOp::Append),
                 source_event_seqs: Some(seqs),
             }),
+            now.unwrap_or_else(now_ms),
         )?;
         if finish == FinishReason::MaxTokens {
             return Ok(StepClose::Ended(Some(TurnEnd::MaxTokens)));
