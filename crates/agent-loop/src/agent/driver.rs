@@ -527,7 +527,7 @@ impl LoopAgent {
         })
         .map_err(|e| TurnFailure::failed(LlmFailure::unknown(e.to_string())))?;
         let tools = self.services.tools.schemas(Some(&self.id));
-        let contexts = prompt::render_contexts(&registry.runtime_contexts(Some(&self.id)), &self.id);
+        let contexts = prompt::render_contexts(registry.runtime_contexts(Some(&self.id)), &self.id);
         Ok((
             AssembledPrompt {
                 system,

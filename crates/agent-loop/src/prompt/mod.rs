@@ -384,15 +384,19 @@ pub(crate) fn render_sections(
 
 /// Renders the runtime contexts `agent` sees (already sorted) into snapshot sections; contexts
 /// that render to nothing or to empty text contribute nothing.
-pub fn render_contexts(contexts: &[RuntimeContext], agent: &SessionId) -> Vec<SnapshotSection> {
+///
+/// The contexts are consumed (as [`Prompt::runtime_contexts`] returns them, once per pre-step):
+/// each section takes its context's name, and the sections reuse the contexts' list.
+pub fn render_contexts(contexts: Vec<RuntimeContext>, agent: &SessionId) -> Vec<SnapshotSection> {
+    if contexts.is_empty() {
+        // No context (an agent nothing is delegated to): skip the in-place machinery.
+        return Vec::new();
+    }
     contexts
-        .iter()
+        .into_iter()
         .filter_map(|c| {
             let text = (c.render)(agent)?;
-            (!text.is_empty()).then(|| SnapshotSection {
-                name: c.name.clone(),
-                text,
-            })
+            (!text.is_empty()).then_some(SnapshotSection { name: c.name, text })
         })
         .collect()
 }
@@ -626,7 +630,7 @@ mod tests {
         let reg = PromptRegistry::new();
         assert_eq!(snapshot_message(&[], &RetainedSnapshot::Never), None);
         let guard = reg.runtime_context(None, RuntimeContext::fixed("policy", 110, "Mode: read-only."));
-        let current = render_contexts(&reg.runtime_contexts(Some(&a)), &a);
+        let current = render_contexts(reg.runtime_contexts(Some(&a)), &a);
         let msg = snapshot_message(&current, &RetainedSnapshot::Never).unwrap();
         assert!(is_snapshot_message(&msg));
         let text = snapshot_message_text(&msg).unwrap();
