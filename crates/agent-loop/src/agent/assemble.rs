@@ -13,8 +13,11 @@ struct Partial {
     call_id: Option<CallId>,
     name: Option<String>,
     arguments: String,
-    /// Set by `block-end`: authoritative, and freezes the partial.
+    /// Set by `block-end` when its block differs from what the deltas assembled: authoritative.
     block: Option<ContentBlock>,
+    /// Set by `block-end`: freezes the partial. A closed partial without a `block` stands for
+    /// the block its deltas assembled (which the `block-end` repeated).
+    closed: bool,
 }
 
 impl Partial {
@@ -27,7 +30,24 @@ impl Partial {
             name: None,
             arguments: String::new(),
             block: None,
+            closed: false,
         }
+    }
+
+    /// Closes the partial with the `block-end` block. A text or reasoning block equal to what
+    /// the deltas assembled (the common case) is not copied: the assembled text stands for it.
+    fn close(&mut self, block: &ContentBlock) {
+        let repeated = match (block, self.kind) {
+            (ContentBlock::Text { text }, Some(BlockType::Text)) => *text == self.text,
+            (ContentBlock::Reasoning { text, extra }, Some(BlockType::Reasoning)) => {
+                extra.is_empty() && *text == self.text
+            }
+            _ => false,
+        };
+        if !repeated {
+            self.block = Some(block.clone());
+        }
+        self.closed = true;
     }
 
     /// The block this partial stands for; `None` for an unclosed block of a type that cannot
@@ -98,7 +118,7 @@ impl BlockAssembler {
         self.partials
             .iter_mut()
             .rev()
-            .find(|p| p.index == index && p.block.is_none())
+            .find(|p| p.index == index && !p.closed)
     }
 
     /// The open partial with this index, opened with `kind` when there is none.
@@ -138,10 +158,11 @@ impl BlockAssembler {
                 partial.arguments.push_str(arguments_delta);
             }
             StreamChunk::BlockEnd { index, block } => match self.open(*index) {
-                Some(partial) => partial.block = Some(block.clone()),
+                Some(partial) => partial.close(block),
                 None => {
                     let mut partial = Partial::new(*index, BlockType::of(block));
                     partial.block = Some(block.clone());
+                    partial.closed = true;
                     self.partials.push(partial);
                 }
             },
@@ -178,7 +199,7 @@ impl BlockAssembler {
         let unfinished = self.finish.is_none();
         self.partials
             .into_iter()
-            .filter(|p| !(unfinished && p.block.is_none() && p.kind == Some(BlockType::ToolCall)))
+            .filter(|p| !(unfinished && !p.closed && p.kind == Some(BlockType::ToolCall)))
             .filter_map(Partial::into_block)
             .filter(|b| !(truncated && matches!(b, ContentBlock::ToolCall { .. })))
             .collect()
