@@ -47,6 +47,23 @@ pub fn install(store: &MemorySessionStore, dir: &Path) -> Registration {
     })
 }
 
+/// Removes this thread's capture of session `id`, if capture is on — for a test whose session
+/// log is deliberately ill-formed input (a hostile seed, say): `cargo xtask check-invariants`
+/// would rightly flag it, and it is no log a runtime wrote on its own. Call it after the
+/// session's last append (once its runtime is finished).
+///
+/// # Panics
+/// When capture is on but the session has no capture file here: the test's premise (which
+/// session it built) is wrong.
+pub fn discard_capture(id: &str) {
+    if let Some(root) = std::env::var_os(TRACE_DIR_ENV) {
+        let file = directory_for_this_thread(Path::new(&root)).join(format!("{}.jsonl", sanitize(id)));
+        if let Err(e) = std::fs::remove_file(&file) {
+            panic!("no capture of session {id:?} at {}: {e}", file.display());
+        }
+    }
+}
+
 fn sanitize(name: &str) -> String {
     name.chars()
         .map(|c| {

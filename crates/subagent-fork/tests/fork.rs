@@ -480,10 +480,7 @@ async fn an_ill_formed_parent_log_is_refused_with_a_typed_error() {
     host.finish().await;
     // The parent's log is this test's ill-formed input, not a log a loop wrote: keep its
     // capture out of `cargo xtask check-invariants`, which would rightly flag it (S5).
-    if let Some(root) = std::env::var_os(agent_loop::trace::TRACE_DIR_ENV) {
-        let dir = agent_loop::trace::directory_for_this_thread(std::path::Path::new(&root));
-        std::fs::remove_file(dir.join("ill-formed.jsonl")).expect("the ill-formed parent's capture");
-    }
+    agent_loop::trace::discard_capture("ill-formed");
 }
 
 /// spec: §5.3, §5.4, §3.6 (FRK-88, FRK-89) — a fork of a parent that is itself a fork child: the
