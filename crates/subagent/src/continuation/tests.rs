@@ -41,6 +41,18 @@ struct TestProvider {
     started: AtomicUsize,
 }
 
+impl TestProvider {
+    /// A continuable test provider named `name` (its name picks its preparation's behaviour).
+    fn continuable(name: &str) -> Arc<Self> {
+        Arc::new(Self {
+            name: name.into(),
+            continuable: true,
+            prepared: AtomicUsize::new(0),
+            started: AtomicUsize::new(0),
+        })
+    }
+}
+
 #[async_trait]
 impl SubagentProvider for TestProvider {
     fn name(&self) -> &str {
@@ -1900,12 +1912,7 @@ async fn cont_14_fork_child_continues_the_turn_numbering() {
     .await;
     let fork = host
         .service
-        .register_provider(Arc::new(TestProvider {
-            name: "fork".into(),
-            continuable: true,
-            prepared: AtomicUsize::new(0),
-            started: AtomicUsize::new(0),
-        }))
+        .register_provider(TestProvider::continuable("fork"))
         .unwrap();
     host.parent.followup(agent::Message::user_text("hello")).unwrap();
     host.parent.when_idle().await;
@@ -1939,12 +1946,7 @@ async fn a_panicking_preparation_is_a_provider_failure_and_leaves_nothing() {
     let host = Host::new(vec![chunks::text("child answer").into()]).await;
     let panicky = host
         .service
-        .register_provider(Arc::new(TestProvider {
-            name: "panicky".into(),
-            continuable: true,
-            prepared: AtomicUsize::new(0),
-            started: AtomicUsize::new(0),
-        }))
+        .register_provider(TestProvider::continuable("panicky"))
         .unwrap();
     let mut spec = host.spec("task");
     spec.provider = "panicky".into();
@@ -1979,12 +1981,7 @@ async fn an_unbalanced_prepared_seed_is_a_provider_failure_and_leaves_nothing() 
     let host = Host::new(vec![chunks::text("child answer").into()]).await;
     let unbalanced = host
         .service
-        .register_provider(Arc::new(TestProvider {
-            name: "unbalanced".into(),
-            continuable: true,
-            prepared: AtomicUsize::new(0),
-            started: AtomicUsize::new(0),
-        }))
+        .register_provider(TestProvider::continuable("unbalanced"))
         .unwrap();
     let agents = host.runtime.list().len();
     let mut spec = host.spec("task");
