@@ -722,3 +722,58 @@ async fn a_log_changed_since_it_was_read_is_read_again_before_appending() {
         all[..=n]
     );
 }
+
+/// A store that read a log with a torn tail, then let another store cut that tail and append an
+/// event exactly as long as it, must not take the unchanged file length for an unchanged file:
+/// its writer reads the log again under the lock instead of cutting at its stale offset (which
+/// would destroy the other store's flushed event), and reports the gap.
+#[tokio::test]
+async fn a_torn_log_continued_to_the_same_length_since_it_was_read_is_read_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = sample_log("s").len();
+    let path = dir.path().join("s.jsonl");
+    // The next event's line length depends on its seq and data, not on the earlier events.
+    let theirs_len = serde_json::to_vec(&continued(&sample_log("s"), 1)[n])
+        .unwrap()
+        .len()
+        + 1;
+    // A torn tail exactly as long as the line the other store will append in its place.
+    let mut tail = b"{".to_vec();
+    tail.resize(theirs_len, b'x');
+    let (events, torn) = log_with_tail(dir.path(), &tail).await;
+    let all = continued(&events, 1);
+    assert_eq!(serde_json::to_vec(&all[n]).unwrap().len() + 1, theirs_len);
+
+    let stale = JsonlStore::new(dir.path());
+    let loaded = stale.load(&"s".into()).await.unwrap();
+    assert!(loaded.repaired);
+    assert_eq!(loaded.events.len(), n);
+
+    let other = JsonlStore::new(dir.path());
+    other.load(&"s".into()).await.unwrap();
+    other.append(&"s".into(), &all[n]).unwrap();
+    other.flush(&"s".into()).await.unwrap();
+    other.close(&"s".into()).await.unwrap();
+    let before = fs::read(&path).unwrap();
+    assert_eq!(before.len(), torn.len(), "the file has its torn length again");
+
+    // The same length as the stale store's reading, different content.
+    let mut mine = all[n].clone();
+    mine.data = EventData::other("test/more", serde_json::json!({"i": 7}));
+    assert_eq!(serde_json::to_vec(&mine).unwrap().len() + 1, theirs_len);
+    stale.append(&"s".into(), &mine).unwrap();
+    let err = stale.flush(&"s".into()).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::SeqMismatch { expected, got, .. } if expected == n as u64 + 1 && got == n as u64),
+        "{err}"
+    );
+    assert_eq!(fs::read(&path).unwrap(), before, "the flushed event survives");
+    assert_eq!(
+        JsonlStore::new(dir.path())
+            .load(&"s".into())
+            .await
+            .unwrap()
+            .events,
+        all[..=n]
+    );
+}

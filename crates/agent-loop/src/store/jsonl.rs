@@ -42,7 +42,8 @@ const EXTENSION: &str = "jsonl";
 /// crashes releases it too). Meanwhile another store — in
 /// this process or another — can still read the log, but its writer fails with
 /// [`StoreError::Locked`] (surfacing at its flush) and writes nothing. A log that grew since
-/// this store read it is read again under the lock, so appends continuing the stale reading
+/// this store read it (or that had a torn tail when read) is read again under the lock, so
+/// appends continuing the stale reading
 /// fail with [`StoreError::SeqMismatch`] instead of writing a second event with the same seq.
 /// On a file system without advisory locks the log is written unlocked.
 ///

@@ -45,7 +45,8 @@ pub(crate) struct Known {
     /// Whether the last intact line lacks its `\n`.
     pub needs_newline: bool,
     /// The whole file's byte length when it was read: if the file has another length when the
-    /// writer opens it, someone else appended since, and the log is read again.
+    /// writer opens it, someone else appended since, and the log is read again (a torn log is
+    /// always read again: another writer may have cut its tail and appended as many bytes).
     pub file_len: u64,
 }
 
@@ -386,10 +387,15 @@ impl SessionFile {
                 self.lock(&file)?;
                 let len = file.metadata().map_err(|e| self.io(e))?.len();
                 let known = match known {
-                    // Read by this store and unchanged since.
-                    Some(known) if known.file_len == len => known,
-                    // Never read, or another writer appended after our read: read it now,
-                    // under the lock, so the seq check below sees what is really there.
+                    // Read by this store and unchanged since: another writer only ever grows
+                    // an intact log, so an unchanged length means unchanged contents. Not so
+                    // for a torn one: another writer may have cut the torn bytes and appended
+                    // a line exactly as long, which cutting at our stale `good_len` would
+                    // destroy.
+                    Some(known) if known.file_len == len && !known.torn => known,
+                    // Never read, torn when read, or another writer appended after our read:
+                    // read it now, under the lock, so the seq check below sees what is really
+                    // there.
                     _ => {
                         let parsed = read_log(&self.path, &self.id)?;
                         self.set_header(parsed.header.clone());
