@@ -777,3 +777,35 @@ async fn a_torn_log_continued_to_the_same_length_since_it_was_read_is_read_again
         all[..=n]
     );
 }
+
+/// A last line that is complete JSON but no valid event was written whole — an interrupted
+/// write only leaves a proper prefix of an encoded object, which never parses — so it is no torn
+/// write: the load is refused as corrupt (naming the line), like the same damage anywhere else,
+/// and nothing truncates it. Dropping it would let the next append cut a line that may hold a
+/// flushed event (written, say, by a newer version with a field this one rejects).
+#[tokio::test]
+async fn a_complete_json_last_line_that_is_no_event_is_corrupt_not_torn() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = sample_log("s").len();
+    let line = format!(r#"{{"type":"turn/start","seq":{n},"time":7,"data":{{"turn":"two"}}}}"#);
+    for newline in [true, false] {
+        let mut tail = line.clone().into_bytes();
+        if newline {
+            tail.push(b'\n');
+        }
+        let (events, bytes) = log_with_tail(dir.path(), &tail).await;
+        let path = dir.path().join("s.jsonl");
+        let err = JsonlStore::new(dir.path()).load(&"s".into()).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Corrupt { line, .. } if *line == n as u64 + 2),
+            "{err}"
+        );
+        // A store continuing the log refuses at its flush and cuts nothing.
+        let fresh = JsonlStore::new(dir.path());
+        fresh.append(&"s".into(), &continued(&events, 1)[n]).unwrap();
+        let err = fresh.flush(&"s".into()).await.unwrap_err();
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        assert_eq!(fs::read(&path).unwrap(), bytes);
+        fs::remove_file(&path).unwrap();
+    }
+}

@@ -3,11 +3,14 @@
 //! A log file is the header's JSON on line 1, then one event's JSON per line, every line ending
 //! in `\n`. A write that was interrupted can only damage the **end** of the file, so:
 //!
-//! * a last line that does not parse (whether or not it ends in `\n`) is a torn write and is
-//!   dropped;
+//! * a last line that is not even well-formed JSON (whether or not it ends in `\n`) is a torn
+//!   write and is dropped;
 //! * a last line that parses but lacks its `\n` is complete (a JSON object's proper prefix never
 //!   parses) and is kept; the writer adds the missing `\n` before appending;
-//! * any other line that does not parse is corruption, reported with its 1-based line number.
+//! * any other line that does not parse as an event is corruption, reported with its 1-based
+//!   line number — including a last line that is well-formed JSON but no valid event: an
+//!   interrupted write cannot produce one, so it was written whole (by another version, a tool,
+//!   a hand), may hold a flushed event, and must not be dropped and then cut by the next append.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead as _, BufReader, Read as _};
@@ -116,7 +119,11 @@ pub(crate) fn parse_log(path: &Path, id: &SessionId, bytes: &[u8]) -> Result<Par
                 good_len = if terminated { end + 1 } else { end } as u64;
                 needs_newline = !terminated;
             }
-            Err(e) if i == last => {
+            // Only a line that is not well-formed JSON can be a torn write.
+            Err(e)
+                if i == last
+                    && serde_json::from_slice::<serde::de::IgnoredAny>(&bytes[start..end]).is_err() =>
+            {
                 tracing::warn!(
                     path = %path.display(),
                     line = i + 1,

@@ -48,10 +48,11 @@ const EXTENSION: &str = "jsonl";
 /// On a file system without advisory locks the log is written unlocked.
 ///
 /// # Crash repair
-/// A torn **last** line (an interrupted write) is dropped on load with a `tracing` warning and
-/// reported as [`LoadedSession::repaired`]; the file is only rewritten by the next append, which
-/// first truncates the torn bytes. A damaged line anywhere else is [`StoreError::Corrupt`]
-/// naming the file and its 1-based line; such a file is never rewritten. Loaded events are
+/// A torn **last** line (an interrupted write: not well-formed JSON) is dropped on load with a
+/// `tracing` warning and reported as [`LoadedSession::repaired`]; the file is only rewritten by
+/// the next append, which first truncates the torn bytes. A damaged line anywhere else, and a
+/// last line that is well-formed JSON but no valid event (no interrupted write leaves one), is
+/// [`StoreError::Corrupt`] naming the file and its 1-based line; such a file is never rewritten. Loaded events are
 /// validated with [`agent::session::validate_log`].
 ///
 /// # Ownership and concurrency
