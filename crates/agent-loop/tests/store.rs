@@ -809,3 +809,37 @@ async fn a_complete_json_last_line_that_is_no_event_is_corrupt_not_torn() {
         fs::remove_file(&path).unwrap();
     }
 }
+
+/// A log deleted or replaced under a store that has it open must not swallow appends: the
+/// writer's file handle still points at the old (unlinked or renamed-over) file, so a flush
+/// that reported success would claim durability for events no reader will ever find. The
+/// flush fails with an I/O error naming the log instead, and the writer stays poisoned.
+#[tokio::test]
+async fn a_log_deleted_or_replaced_under_its_writer_fails_the_flush() {
+    for replace in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let events = sample_log("s");
+        let all = continued(&events, 2);
+        let n = events.len();
+        let path = dir.path().join("s.jsonl");
+        let store = JsonlStore::new(dir.path());
+        write_log(&store, "s", &events).await;
+        if replace {
+            let other = dir.path().join("other");
+            fs::write(&other, fs::read(&path).unwrap()).unwrap();
+            fs::rename(&other, &path).unwrap();
+        } else {
+            fs::remove_file(&path).unwrap();
+        }
+        store.append(&"s".into(), &all[n]).unwrap();
+        let err = store.flush(&"s".into()).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Io { path: p, .. } if p == &path),
+            "replace={replace}: {err}"
+        );
+        assert!(
+            store.append(&"s".into(), &all[n + 1]).is_err(),
+            "its writer stays poisoned"
+        );
+    }
+}

@@ -31,6 +31,10 @@ const EXTENSION: &str = "jsonl";
 ///   directory). Concurrent flushes of one session share one sync (group commit). Failures the
 ///   writer met after `create`/`append` returned (a different log already on disk, an I/O
 ///   error, a `seq` that does not continue an existing log) surface here.
+/// * A flush also checks that the file it synced is still the log at its path: a log deleted
+///   or replaced (renamed over) while this store had it open fails the flush with
+///   [`StoreError::Io`] (kind `NotFound`) rather than reporting durable events no reader will
+///   find.
 /// * After an I/O failure a session's writer is poisoned: its appends and flushes fail with the
 ///   same error until [`close`](Self::close) or [`remove`](Self::remove).
 ///

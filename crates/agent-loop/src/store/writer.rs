@@ -502,10 +502,45 @@ impl SessionFile {
         file.write_all(buf).map_err(|e| self.io(e))
     }
 
+    /// Fails unless the open file is still the log at `self.path`: a log deleted, or replaced
+    /// (renamed over), while this writer holds it open keeps receiving writes that no reader
+    /// will ever see, so a flush must not report them durable.
+    #[cfg(unix)]
+    fn check_still_at_path(&self, file: &File) -> Result<(), StoreError> {
+        use std::os::unix::fs::MetadataExt as _;
+        let open = file.metadata().map_err(|e| self.io(e))?;
+        let gone = || {
+            self.io(io::Error::new(
+                io::ErrorKind::NotFound,
+                "the session log was deleted or replaced while this store had it open; \
+                 events appended since its last successful flush are not in it",
+            ))
+        };
+        if open.nlink() == 0 {
+            return Err(gone());
+        }
+        match fs::metadata(&self.path) {
+            Ok(at_path) if at_path.dev() == open.dev() && at_path.ino() == open.ino() => Ok(()),
+            Ok(_) => Err(gone()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(gone()),
+            Err(e) => Err(self.io(e)),
+        }
+    }
+
+    /// Without file identities to compare, only a log deleted outright is noticed.
+    #[cfg(not(unix))]
+    fn check_still_at_path(&self, _file: &File) -> Result<(), StoreError> {
+        match fs::metadata(&self.path) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.io(e)),
+        }
+    }
+
     fn sync(&self, with_dir: bool) -> Result<(), StoreError> {
         self.syncs.fetch_add(1, Ordering::Relaxed);
         if let Some(file) = self.file.get() {
             file.sync_data().map_err(|e| self.io(e))?;
+            self.check_still_at_path(file)?;
         }
         if with_dir {
             // The first sync also makes the file's directory entry durable.
