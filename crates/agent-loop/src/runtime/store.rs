@@ -38,6 +38,9 @@ struct Entry {
     key: u64,
     session: Arc<Session>,
     announced: bool,
+    /// The session's durable writer, when persistence is configured; `flush` reports the
+    /// appends it could not write.
+    persist: Option<Arc<PersistObserver>>,
 }
 
 #[derive(Default)]
@@ -46,7 +49,9 @@ struct State {
     entries: Vec<Entry>,
 }
 
-/// Appends every committed event to durable persistence (post-commit; a failure is logged).
+/// Appends every committed event to durable persistence (post-commit; a failure is logged, and
+/// remembered: every later `flush` of the session fails with it, since the durable log now
+/// lacks an event the live session holds).
 ///
 /// Installed when the session is entered but *deferred* until the creation commits
 /// ([`Durability::commit`]): a creation rolled back before then writes nothing durable (no
@@ -56,6 +61,8 @@ struct PersistObserver {
     /// The seq of the next event to write; `None` while deferred (the commit writes the
     /// backlog). Taken by every write, so each event is written once and in order.
     next: Mutex<Option<u64>>,
+    /// The first append persistence refused after the commit; sticky.
+    failed: Mutex<Option<String>>,
 }
 
 impl PersistObserver {
@@ -92,6 +99,13 @@ impl SessionObserver for PersistObserver {
         *n = event.seq + 1;
         if let Err(err) = self.persistence.append(session.id(), event) {
             tracing::warn!(session = %session.id(), seq = event.seq, %err, "persisting a session event failed");
+            self.failed.lock().get_or_insert_with(|| {
+                format!(
+                    "event {} of session \"{}\" was not persisted: {err}",
+                    event.seq,
+                    session.id()
+                )
+            });
         }
     }
 }
@@ -230,6 +244,13 @@ impl MemorySessionStore {
         session: Arc<Session>,
         persisted: Option<usize>,
     ) -> Result<(Registration, Durability), AgentError> {
+        let persist = self.inner.persistence.as_ref().map(|persistence| {
+            Arc::new(PersistObserver {
+                persistence: persistence.clone(),
+                next: Mutex::new(None),
+                failed: Mutex::new(None),
+            })
+        });
         let key = {
             let mut state = self.inner.state.lock();
             if state.entries.iter().any(|e| e.session.id() == session.id()) {
@@ -241,17 +262,12 @@ impl MemorySessionStore {
                 key,
                 session: session.clone(),
                 announced: false,
+                persist: persist.clone(),
             });
             key
         };
         let guard = self.removal_guard(key);
         let mut observers: Vec<Arc<dyn SessionObserver>> = Vec::new();
-        let persist = self.inner.persistence.as_ref().map(|persistence| {
-            Arc::new(PersistObserver {
-                persistence: persistence.clone(),
-                next: Mutex::new(None),
-            })
-        });
         if let Some(p) = &persist {
             observers.push(p.clone());
         }
@@ -380,12 +396,25 @@ impl SessionStore for MemorySessionStore {
             .collect()
     }
 
+    /// Also fails — after the persistence flush settled — when an event committed to the live
+    /// session could not be appended to persistence: the durable log lacks it, so reporting
+    /// the checkpoint as reached would be a lie.
     async fn flush(&self, id: &SessionId) -> Result<bool, AgentError> {
-        if self.get(id).is_none() {
-            return Err(AgentError::NotFound(id.clone()));
-        }
+        let persist = {
+            let state = self.inner.state.lock();
+            let Some(entry) = state.entries.iter().find(|e| e.session.id() == id) else {
+                return Err(AgentError::NotFound(id.clone()));
+            };
+            entry.persist.clone()
+        };
         match &self.inner.persistence {
-            Some(p) => p.flush(id).await.map(|()| true),
+            Some(p) => {
+                p.flush(id).await?;
+                match persist.and_then(|o| o.failed.lock().clone()) {
+                    Some(failed) => Err(AgentError::Persistence(failed)),
+                    None => Ok(true),
+                }
+            }
             None => Ok(false),
         }
     }

@@ -192,6 +192,8 @@ pub(crate) struct TestPersistence {
     pub(crate) sessions: Mutex<HashMap<SessionId, (SessionHeader, Vec<SessionEvent>)>>,
     /// When set, `create` panics (a host persistence bug).
     pub(crate) panic_on_create: std::sync::atomic::AtomicBool,
+    /// When set, appending the event with this seq fails (a full disk, say).
+    pub(crate) fail_append_at: Mutex<Option<u64>>,
 }
 
 impl TestPersistence {
@@ -232,6 +234,12 @@ impl SessionPersistence for TestPersistence {
         let (_, events) = sessions
             .get_mut(id)
             .ok_or_else(|| AgentError::NotFound(id.clone()))?;
+        if *self.fail_append_at.lock() == Some(event.seq) {
+            return Err(AgentError::Persistence(format!(
+                "no space left for seq {}",
+                event.seq
+            )));
+        }
         if event.seq != events.len() as u64 {
             return Err(AgentError::Persistence(format!(
                 "seq {} out of order (expected {})",

@@ -854,3 +854,30 @@ async fn setup_delivery_waits_for_publication() {
     assert_eq!(turn_ends(&**handle.agent()), [TurnEndReason::Completed]);
     finish(&rt, [handle]).await;
 }
+
+/// An event the live session committed but persistence refused (a full disk, say) is missing
+/// from the durable log; the refusal is contained as the observer's failure (spec §4.2.6), but
+/// the session's next durability checkpoint must not report success — and nor may any later
+/// one, since every later event sits behind the gap.
+#[tokio::test]
+async fn an_append_persistence_refused_fails_every_later_flush() {
+    let persistence = Arc::new(TestPersistence::default());
+    *persistence.fail_append_at.lock() = Some(1);
+    let store = MemorySessionStore::new(Some(persistence.clone()));
+    let header = agent::SessionMeta::default().into_header("s".into(), 1).unwrap();
+    let session = Arc::new(agent::Session::new(header, None).unwrap());
+    let _entered = agent::SessionStore::enter(&store, session.clone()).unwrap();
+    let note = || EventData::other("test/note", serde_json::json!({}));
+    session.append(note(), None).unwrap();
+    assert!(agent::SessionStore::flush(&store, &"s".into()).await.unwrap());
+    session.append(note(), None).unwrap();
+    session.append(note(), None).unwrap();
+    assert_eq!(persistence.events(&"s".into()).len(), 1);
+    for _ in 0..2 {
+        let err = agent::SessionStore::flush(&store, &"s".into()).await.unwrap_err();
+        assert!(
+            matches!(&err, AgentError::Persistence(m) if m.contains("event 1 of session \"s\"") && m.contains("no space left")),
+            "{err}"
+        );
+    }
+}
