@@ -150,3 +150,95 @@ fn an_open_step_after_a_finished_tool_round_needs_no_results() {
     assert_eq!(tail, vec![EventData::StepEnd { turn: 1, step: 2 }, turn_end(1)]);
     assert_resumable(&events, 2);
 }
+
+/// The next turn number after `events` (one more than the last `turn/start`'s).
+fn next_turn(events: &[agent::SessionEvent]) -> u64 {
+    events
+        .iter()
+        .filter_map(|e| match e.data {
+            EventData::TurnStart { turn } => Some(turn),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+        + 1
+}
+
+/// Crash at any byte, then resume: a JSON-lines log holding a finished turn and an open one
+/// mid tool round, cut at every byte after its header, loads a prefix of what was written and
+/// repairs to a resumable log; the repair, appended to the file, survives a second crash at
+/// any byte of its own write: the reload repairs again to a resumable log that keeps every
+/// original event.
+#[tokio::test]
+async fn a_log_cut_at_any_byte_loads_and_repairs_to_a_resumable_log_twice() {
+    use agent_loop::store::JsonlStore;
+    let mut b = LogBuilder::new("s");
+    for ev in sample_log("s").iter().take(11) {
+        b.push(ev.data.clone());
+    }
+    b.push(EventData::TurnStart { turn: 2 })
+        .push(EventData::StepStart { turn: 2, step: 1 })
+        .push(assistant(
+            2,
+            1,
+            vec![
+                ContentBlock::tool_call("done", "read", "{}"),
+                ContentBlock::tool_call("running", "read", "{}"),
+                ContentBlock::tool_call("queued", "read", "{}"),
+            ],
+        ))
+        .push(tool_call(2, 1, "done"))
+        .push(tool_result(2, 1, "done"))
+        .push(tool_call(2, 1, "running"));
+    let events = b.events();
+    let id = agent::SessionId::from("s");
+    let dir = tempfile::tempdir().unwrap();
+    let store = JsonlStore::new(dir.path());
+    store.create(&header("s")).unwrap();
+    for ev in &events {
+        store.append(&id, ev).unwrap();
+    }
+    store.flush(&id).await.unwrap();
+    store.close(&id).await.unwrap();
+    let full = std::fs::read(dir.path().join("s.jsonl")).unwrap();
+    let header_end = full.iter().position(|b| *b == b'\n').unwrap() + 1;
+
+    let cut_dir = tempfile::tempdir().unwrap();
+    let cut_path = cut_dir.path().join("s.jsonl");
+    for cut in header_end..=full.len() {
+        std::fs::write(&cut_path, &full[..cut]).unwrap();
+        let loaded = JsonlStore::new(cut_dir.path()).load(&id).await;
+        let mut loaded = loaded.unwrap_or_else(|e| panic!("cut at {cut}: {e}")).events;
+        assert_eq!(loaded[..], events[..loaded.len()], "cut at {cut}");
+        let next = next_turn(&loaded);
+        repair_open_turn_at(&mut loaded, 9);
+        assert_resumable(&loaded, next);
+    }
+
+    // The whole log, repaired and the repair written back, then cut inside that write.
+    let store = JsonlStore::new(dir.path());
+    let mut repaired = store.load(&id).await.unwrap().events;
+    assert!(repair_open_turn_at(&mut repaired, 9));
+    for ev in &repaired[events.len()..] {
+        store.append(&id, ev).unwrap();
+    }
+    store.flush(&id).await.unwrap();
+    store.close(&id).await.unwrap();
+    let full = std::fs::read(dir.path().join("s.jsonl")).unwrap();
+    let original_len = std::fs::read(&cut_path).unwrap().len();
+    for cut in original_len..=full.len() {
+        std::fs::write(&cut_path, &full[..cut]).unwrap();
+        let loaded = JsonlStore::new(cut_dir.path()).load(&id).await;
+        let mut loaded = loaded
+            .unwrap_or_else(|e| panic!("repair cut at {cut}: {e}"))
+            .events;
+        assert!(
+            loaded.len() >= events.len(),
+            "repair cut at {cut}: lost an original event"
+        );
+        assert_eq!(loaded[..], repaired[..loaded.len()], "repair cut at {cut}");
+        repair_open_turn_at(&mut loaded, 9);
+        assert_resumable(&loaded, 3);
+        assert_eq!(loaded[..events.len()], events[..]);
+    }
+}
