@@ -206,3 +206,39 @@ fn creating_over_a_fifo_fails_without_blocking_or_replacing_it() {
     assert_not_regular(flushed, "a FIFO");
     assert!(is_fifo(&fifo), "the FIFO is left in place");
 }
+
+/// Loading (or creating over) a file named like a log whose first line is longer than any
+/// header can be — here 64 MiB of sparse zeros — reads only to the header bound: loading it is
+/// a corrupt header, not a read of the whole file into memory (a 1 TiB one would exhaust it),
+/// and creating a session over it is refused at the flush instead of deleting the file as a
+/// torn header.
+#[test]
+fn loading_or_creating_over_a_file_without_a_header_line_reads_only_to_the_header_bound() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("huge.jsonl");
+    let len = 64 << 20;
+    fs::File::create(&path)
+        .expect("create")
+        .set_len(len)
+        .expect("sparse file");
+    let store = JsonlStore::new(dir.path());
+    let id = SessionId::from("huge");
+    let (loaded, created) = block_on(async {
+        let loaded = store.load(&id).await;
+        let fresh = JsonlStore::new(dir.path());
+        fresh.create(&header("huge")).expect("create");
+        (loaded, fresh.flush(&id).await)
+    });
+    for (what, result) in [("create", created), ("load", loaded.map(drop))] {
+        match result {
+            Err(StoreError::Corrupt { line: 1, reason, .. }) => {
+                assert!(
+                    reason.starts_with("the header line is longer than"),
+                    "{what}: {reason}"
+                );
+            }
+            other => panic!("{what}: expected a corrupt header, got {other:?}"),
+        }
+    }
+    assert_eq!(fs::metadata(&path).expect("still there").len(), len);
+}

@@ -248,12 +248,32 @@ pub(crate) fn read_header(path: &Path, id: &SessionId) -> Result<SessionHeader, 
     })
 }
 
-/// Reads and parses a whole log (blocking).
-pub(crate) fn read_log(path: &Path, id: &SessionId) -> Result<ParsedLog, StoreError> {
+/// Reads a whole log file's bytes from `file` (blocking), but refuses one whose first line is
+/// longer than [`MAX_HEADER_LINE`] after reading only that far: such a file holds no header,
+/// so it is no log, and a huge (possibly sparse) one must not be pulled into memory whole.
+pub(crate) fn read_log_bytes(path: &Path, file: &File) -> Result<Vec<u8>, StoreError> {
+    let mut reader = BufReader::new(file);
     let mut bytes = Vec::new();
-    open_for_reading(path, id)?
+    (&mut reader)
+        .take(MAX_HEADER_LINE + 1)
+        .read_until(b'\n', &mut bytes)
+        .map_err(|e| StoreError::io(path, e))?;
+    if bytes.last() != Some(&b'\n') && bytes.len() as u64 > MAX_HEADER_LINE {
+        return Err(corrupt(
+            path,
+            1,
+            format!("the header line is longer than {MAX_HEADER_LINE} bytes"),
+        ));
+    }
+    reader
         .read_to_end(&mut bytes)
         .map_err(|e| StoreError::io(path, e))?;
+    Ok(bytes)
+}
+
+/// Reads and parses a whole log (blocking).
+pub(crate) fn read_log(path: &Path, id: &SessionId) -> Result<ParsedLog, StoreError> {
+    let bytes = read_log_bytes(path, &open_for_reading(path, id)?)?;
     parse_log(path, id, &bytes)
 }
 

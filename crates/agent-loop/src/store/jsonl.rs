@@ -120,7 +120,9 @@ impl JsonlStore {
     /// session); a different header is [`StoreError::Duplicate`]. A log already on disk is
     /// adopted when its header is equal and reported as a duplicate by the next `flush`
     /// otherwise; a file left with only a torn header line (a crash during creation) is
-    /// replaced, with a warning.
+    /// replaced, with a warning. A file whose first line is longer than any header
+    /// (`MAX_HEADER_LINE`) is no torn header: it is [`StoreError::Corrupt`] at the flush and
+    /// left alone, and only that much of it is read (as by [`load`](Self::load)).
     pub fn create(&self, header: &SessionHeader) -> Result<(), StoreError> {
         header.validate()?;
         let path = self.path_of(&header.id)?;

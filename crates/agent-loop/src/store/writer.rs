@@ -21,7 +21,7 @@
 //! each accepted event line is one more. Waiters watch the published progress.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read as _, Write as _};
+use std::io::{self, Write as _};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -30,7 +30,7 @@ use agent::{SessionHeader, SessionId};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use super::codec::{ParsedLog, encode_line, open_regular, parse_header, parse_log, read_log};
+use super::codec::{ParsedLog, encode_line, open_regular, parse_header, parse_log, read_log, read_log_bytes};
 use super::error::StoreError;
 
 /// What a freshly parsed log told us, so the drainer need not read it again.
@@ -464,8 +464,7 @@ impl SessionFile {
                 let existing = open_regular(&self.path, OpenOptions::new().read(true).append(true))
                     .map_err(|e| self.io(e))?;
                 self.lock(&existing)?;
-                let mut bytes = Vec::new();
-                (&existing).read_to_end(&mut bytes).map_err(|e| self.io(e))?;
+                let bytes = read_log_bytes(&self.path, &existing)?;
                 if bytes.contains(&b'\n') || parse_header(&self.path, &self.id, &bytes).is_ok() {
                     let parsed = parse_log(&self.path, &self.id, &bytes)?;
                     if &parsed.header != header {
