@@ -153,6 +153,13 @@ impl Inbox {
         })
     }
 
+    /// Holds the operation lock: no other thread mutates the inbox until the guard drops (this
+    /// thread may, re-entrantly). The agent holds it across `send`'s phase read and append and
+    /// across `cancel`'s clear and abort decision, so the two never interleave (spec: SPN-16).
+    pub(crate) fn exclusive(&self) -> parking_lot::ReentrantMutexGuard<'_, ()> {
+        self.op.lock()
+    }
+
     /// A copy of both lists.
     pub(crate) fn snapshot(&self) -> InboxSnapshot {
         let lists = self.lists.lock();

@@ -7,7 +7,9 @@
 //! *wake latch*: a waking send that arrives after that signal was cancelled (for any cause but
 //! `disposed`) is redirected to `next-turn` and latched; when the aborted driver converges it
 //! replays the latch — as a fresh turn in the same driver, so the status stays `running` — if
-//! work is still pending. `cancel` without `keep_inbox` drops the latch with the inbox.
+//! work is still pending. `cancel` without `keep_inbox` drops the latch with the inbox. A
+//! `cancel` marks the activity `aborting` before it cancels the signal; sends treat the mark
+//! like the cancelled signal.
 //!
 //! # Driver start
 //! A wake delivered to an idle agent runs the driver's synchronous prefix on the caller's
@@ -27,7 +29,11 @@
 //!   (say, a follow-up sent from the `idle` notification) is not emitted from inside the
 //!   running emission — later listeners would see it before the event still being delivered —
 //!   but by the outer emitter once every listener has seen its event.
-//! * The inbox has its own locks (see the `inbox` module).
+//! * The inbox has its own locks (see the `inbox` module). Its re-entrant operation lock is
+//!   also held by `send` across its phase read and append, and by `cancel` across its clear
+//!   and abort decision (not across cancelling the token, whose listeners may cancel other
+//!   agents), so the two never interleave. Order: inbox operation lock → `state` → the inbox
+//!   projection; `state` is never held while the operation lock is taken.
 
 mod assemble;
 mod driver;
@@ -184,7 +190,21 @@ struct StatusEmission {
 
 enum Phase {
     Idle,
-    Running { signal: Signal, wake_requested: bool },
+    Running {
+        signal: Signal,
+        wake_requested: bool,
+        /// A `cancel` decided to abort this activity (under the inbox's operation lock) and is
+        /// about to cancel `signal`: from then on a waking send is handled as arriving after
+        /// the abort, and no further turn opens for it.
+        aborting: bool,
+    },
+}
+
+impl Phase {
+    /// Whether the running activity is aborted (or about to be, by a `cancel` in progress).
+    fn is_aborting(&self) -> bool {
+        matches!(self, Phase::Running { signal, aborting, .. } if *aborting || signal.is_cancelled())
+    }
 }
 
 struct State {
@@ -423,6 +443,7 @@ impl LoopAgent {
                 Phase::Running {
                     signal,
                     wake_requested,
+                    ..
                 } => {
                     if after_abort && signal.cause() != Some(CancelCause::Disposed) {
                         *wake_requested = true;
@@ -433,6 +454,7 @@ impl LoopAgent {
                     st.phase = Phase::Running {
                         signal: Signal::new(),
                         wake_requested: false,
+                        aborting: false,
                     };
                     self.busy.set(true);
                     true
@@ -473,6 +495,7 @@ impl LoopAgent {
                 st.phase = Phase::Running {
                     signal: Signal::new(),
                     wake_requested: false,
+                    aborting: false,
                 };
             } else {
                 st.phase = Phase::Idle;
@@ -544,6 +567,7 @@ impl LoopAgent {
                     Phase::Running {
                         signal,
                         wake_requested,
+                        aborting: false,
                     } if !signal.is_cancelled() && pending() => {
                         *signal = Signal::new();
                         *wake_requested = false;
@@ -614,17 +638,24 @@ impl Agent for LoopAgent {
                 "waking an agent requires a tokio runtime on the calling thread".into(),
             ));
         }
-        // Captured before the insertion, so a re-entrant cancel from a splice observer cannot
-        // reclassify it.
-        let after_abort = wake
-            && matches!(&self.state.lock().phase, Phase::Running { signal, .. } if signal.is_cancelled());
-        let target = if after_abort {
-            InboxTarget::NextTurn
-        } else {
-            target
-        };
         let id = message.id.clone();
-        self.inbox.append(target, message)?;
+        let after_abort = {
+            // The phase read and the append form one step that a `cancel` on another thread
+            // cannot split (spec: SPN-16, SPN-17): otherwise a send that read the running phase
+            // before the cancel could append after its clear and find the turn aborted, neither
+            // cleared nor latched.
+            let _exclusive = self.inbox.exclusive();
+            // Captured before the insertion, so a re-entrant cancel from a splice observer
+            // cannot reclassify it.
+            let after_abort = wake && self.state.lock().phase.is_aborting();
+            let target = if after_abort {
+                InboxTarget::NextTurn
+            } else {
+                target
+            };
+            self.inbox.append(target, message)?;
+            after_abort
+        };
         if wake {
             self.wake_driver(after_abort);
         }
@@ -640,6 +671,10 @@ impl Agent for LoopAgent {
     }
 
     fn cancel(&self, cause: CancelCause, options: CancelOptions) {
+        // The clear and the abort decision form one step that a `send` on another thread cannot
+        // split (see `send`; spec: SPN-16, SPN-17). The token itself is cancelled after the lock
+        // is released (its listeners may cancel other agents); `aborting` covers the gap.
+        let exclusive = self.inbox.exclusive();
         // Whether the inbox was durably cleared by this call.
         let mut cleared = false;
         let wakes = self.state.lock().wakes;
@@ -662,6 +697,7 @@ impl Agent for LoopAgent {
             Phase::Running {
                 signal,
                 wake_requested,
+                aborting,
             } => {
                 // Work pending after a successful clear was sent while the inbox was being
                 // cleared (from a listener of the clear, or another thread): after the clear,
@@ -676,11 +712,13 @@ impl Agent for LoopAgent {
                 {
                     *wake_requested = true;
                 }
+                *aborting = true;
                 Some(signal.clone())
             }
             Phase::Idle => None,
         };
         drop(st);
+        drop(exclusive);
         if let Some(signal) = signal {
             signal.cancel(cause);
         }

@@ -826,3 +826,62 @@ async fn sends_racing_disposal_on_threads_start_nothing_after_teardown() {
         finish(&rt, []).await;
     }
 }
+
+/// spec: SPN-16, SPN-17 — a waking send racing a full `cancel()` on another thread. The send
+/// is either cleared by the cancel (it came first) or latched and replayed after the aborted
+/// turn (it came after), never parked with no wake: the agent does not end idle with the
+/// message pending. (Before the fix `send` read the phase before taking the inbox's operation
+/// lock: a send that read the uncancelled phase while the cancel was clearing the inbox
+/// appended after the clear, counted its wake after the cancel's latch check, and found the
+/// token cancelled without being redirected or latched. No hook runs inside that gap on the
+/// sending thread, so there is no deterministic reproduction; this test failed in most of its
+/// runs before the fix.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spn_16_send_racing_cancel_on_threads_is_cleared_or_latched() {
+    for round in 0..64 {
+        let model = ScriptedModel::new([
+            ScriptEntry::hang(),
+            chunks::text("reply").into(),
+            chunks::text("spare").into(),
+        ]);
+        let rt = runtime(&model);
+        let handle = create(&rt, "a").await;
+        let agent = handle.agent().clone();
+        agent.followup(user("active")).unwrap();
+        while model.requests().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        agent.followup(user("queued")).unwrap();
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let sender = {
+            let (agent, barrier) = (agent.clone(), barrier.clone());
+            tokio::task::spawn_blocking(move || {
+                barrier.wait();
+                agent.followup(user("raced")).unwrap();
+            })
+        };
+        let canceller = {
+            let (agent, barrier) = (agent.clone(), barrier.clone());
+            tokio::task::spawn_blocking(move || {
+                barrier.wait();
+                agent.cancel(CancelCause::User, CancelOptions::default());
+            })
+        };
+        sender.await.unwrap();
+        canceller.await.unwrap();
+        agent.when_idle().await;
+        assert!(
+            agent.inbox().is_empty(),
+            "round {round}: the raced send is stranded: {:?}",
+            agent.inbox()
+        );
+        let texts = user_texts(&*agent);
+        assert!(
+            texts == ["active"] || texts == ["active", "raced"],
+            "round {round}: {texts:?}"
+        );
+        assert_eq!(agent.status(), AgentStatus::Idle, "round {round}");
+        drop(agent);
+        finish(&rt, [handle]).await;
+    }
+}
