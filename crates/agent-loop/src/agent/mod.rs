@@ -28,7 +28,9 @@
 //!   same thread may still call back into the agent. A status change caused by such a listener
 //!   (say, a follow-up sent from the `idle` notification) is not emitted from inside the
 //!   running emission — later listeners would see it before the event still being delivered —
-//!   but by the outer emitter once every listener has seen its event.
+//!   but by the outer emitter once every listener has seen its event. The outer emitter also
+//!   clears the busy flag behind `when_idle` (under `state`, while the phase is still idle),
+//!   so idle waiters resolve only after the `idle` event was delivered.
 //! * The inbox has its own locks (see the `inbox` module). Its re-entrant operation lock is
 //!   also held by `send` across its phase read and append, and by `cancel` across its clear
 //!   and abort decision (not across cancelling the token, whose listeners may cancel other
@@ -390,6 +392,10 @@ impl LoopAgent {
     /// Emits the current public status if it differs from the last one emitted. Called from a
     /// status listener (re-entrantly on the emitting thread) it emits nothing: the outer call
     /// re-reads the status after its event reached every listener and emits the change then.
+    ///
+    /// The outer call also releases the idle waiters, once the agent is idle and its `idle`
+    /// event reached every listener (spec: SPN-26, SPN-27; the reference resolves `whenIdle()`
+    /// after the event), so a waiter never sees the agent idle before the listeners do.
     fn emit_status(&self) {
         let emission = self.status.lock();
         if emission.emitting.replace(true) {
@@ -406,6 +412,14 @@ impl LoopAgent {
         loop {
             let current = self.status();
             if emission.last.get() == current {
+                if current == AgentStatus::Idle {
+                    // Under `state`, so a wake that opened a new phase meanwhile (another
+                    // thread) keeps the flag set.
+                    let st = self.state.lock();
+                    if matches!(st.phase, Phase::Idle) {
+                        self.busy.set(false);
+                    }
+                }
                 return;
             }
             emission.last.set(current);
@@ -498,8 +512,8 @@ impl LoopAgent {
                     aborting: false,
                 };
             } else {
+                // The idle waiters are released by the emission below, after the `idle` event.
                 st.phase = Phase::Idle;
-                self.busy.set(false);
             }
             replay
         };

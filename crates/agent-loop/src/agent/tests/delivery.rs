@@ -775,6 +775,61 @@ async fn status_listener_waking_from_idle_keeps_later_listeners_in_order() {
     finish(&rt, [handle]).await;
 }
 
+/// spec: SPN-26, SPN-27 (spine §8.4; the reference resolves `whenIdle()` after the `idle`
+/// event) — `when_idle` resolves only once the `idle` status event reached every listener: a
+/// listener of that event (which calls back into the agent) still sees it pending, and the
+/// waiter resolves afterwards. Before the fix the busy flag was cleared before the emission, so
+/// a waiter (on another thread, or polled from the first listener as here) saw the agent idle
+/// while later listeners had not received `idle` yet.
+#[tokio::test(start_paused = true)]
+async fn when_idle_resolves_after_the_idle_event_reached_every_listener() {
+    let model = ScriptedModel::new([chunks::text("reply")]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    let observer = Arc::downgrade(&agent);
+    let during = Arc::new(Mutex::new(Vec::new()));
+    let sink = during.clone();
+    let first = rt.services().agent_events.on(move |e| {
+        if let AgentEvent::Status {
+            status: AgentStatus::Idle,
+            ..
+        } = e
+            && let Some(agent) = observer.upgrade()
+        {
+            sink.lock().push((
+                agent.when_idle().now_or_never().is_some(),
+                agent.status(),
+                agent.inbox().is_empty(),
+            ));
+        }
+        Ok(())
+    });
+    let (seen, recorder) = record_events(&rt);
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    assert!(
+        matches!(
+            seen.lock().last(),
+            Some(AgentEvent::Status {
+                status: AgentStatus::Idle,
+                ..
+            })
+        ),
+        "the waiter resolved after the idle event reached the last listener"
+    );
+    drop(recorder);
+    drop(first);
+    assert_eq!(
+        *during.lock(),
+        [(false, AgentStatus::Idle, true)],
+        "when_idle is still pending while the idle event is delivered"
+    );
+    assert!(agent.when_idle().now_or_never().is_some());
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    finish(&rt, [handle]).await;
+}
+
 /// spec: SPN-19, SPN-55 — follow-ups racing the agent's disposal on a multi-threaded runtime:
 /// each is either refused (`Disposed`) or accepted, no `agent/status` follows `agent/disposed`
 /// (neither a drain started after the teardown nor the `idle` of a drain the disposal
