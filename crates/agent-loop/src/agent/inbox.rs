@@ -1,7 +1,8 @@
 //! The agent inbox (spec §8.2): two pending lists projected from durable
 //! `agent/inbox/spliced` events.
 
-use std::collections::HashSet;
+use std::cell::RefCell;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, ReentrantMutex};
@@ -14,6 +15,26 @@ use agent::{
 
 /// Insertions up to this many messages are validated by scanning the lists.
 const SCAN_LIMIT: usize = 8;
+
+thread_local! {
+    /// The inboxes this thread is delivering a notification of (keyed by address, valid while
+    /// the delivery borrows the inbox), each with the notifications its listeners caused.
+    static DELIVERING: RefCell<Vec<(usize, VecDeque<AgentEvent>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Ends an inbox's delivery on its thread (even if a delivery unwinds).
+struct Delivering(usize);
+
+impl Drop for Delivering {
+    fn drop(&mut self) {
+        DELIVERING.with(|d| {
+            let mut d = d.borrow_mut();
+            if let Some(i) = d.iter().position(|(k, _)| *k == self.0) {
+                d.swap_remove(i);
+            }
+        });
+    }
+}
 
 /// The in-memory projection.
 #[derive(Default)]
@@ -111,7 +132,11 @@ impl Lists {
 /// Every mutation is validated, logged as one normalised `agent/inbox/spliced` event, and only
 /// then applied to the projection, so synchronous session observers see the pre-splice lists.
 /// Notifications (`InboxInserted`, `InboxDiscarded`, `InboxClaimed`) are emitted after the
-/// projection changed, with only the re-entrant operation lock held.
+/// projection changed, with only the re-entrant operation lock held. A notification caused by a
+/// listener of another one of the same inbox (on the delivering thread) is not emitted from
+/// inside the running delivery — later listeners would see it first — but queued and emitted
+/// by the outer delivery once every listener has seen its event (spec: SPN-12; as nested status
+/// changes are).
 ///
 /// # Locking
 /// * `op` serialises a whole mutation (validate → append → apply). It is re-entrant so that a
@@ -252,7 +277,7 @@ impl Inbox {
             (claimed, failed)
         };
         for message in &claimed {
-            self.events.emit(&AgentEvent::InboxClaimed {
+            self.notify(AgentEvent::InboxClaimed {
                 agent: self.agent.clone(),
                 message: message.id.clone(),
                 turn,
@@ -261,6 +286,37 @@ impl Inbox {
         match failed {
             Some(err) => Err(err),
             None => Ok(claimed),
+        }
+    }
+
+    /// Emits `event`, or, from inside a delivery of this inbox's notifications on this thread,
+    /// queues it for that delivery to emit once its event reached every listener.
+    fn notify(&self, event: AgentEvent) {
+        let key = std::ptr::from_ref(self) as usize;
+        let Some(event) = DELIVERING.with(|d| {
+            let mut d = d.borrow_mut();
+            match d.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, queued)) => {
+                    queued.push_back(event);
+                    None
+                }
+                None => {
+                    d.push((key, VecDeque::new()));
+                    Some(event)
+                }
+            }
+        }) else {
+            return;
+        };
+        let _delivering = Delivering(key);
+        self.events.emit(&event);
+        while let Some(next) = DELIVERING.with(|d| {
+            d.borrow_mut()
+                .iter_mut()
+                .find(|(k, _)| *k == key)
+                .and_then(|(_, queued)| queued.pop_front())
+        }) {
+            self.events.emit(&next);
         }
     }
 
@@ -306,13 +362,13 @@ impl Inbox {
         };
         let removed = self.lists.lock().apply(splice);
         if cancel && !removed.is_empty() {
-            self.events.emit(&AgentEvent::InboxDiscarded {
+            self.notify(AgentEvent::InboxDiscarded {
                 agent: self.agent.clone(),
                 messages: removed.iter().map(|m| m.id.clone()).collect(),
             });
         }
         for message in &splice.inserted {
-            self.events.emit(&AgentEvent::InboxInserted {
+            self.notify(AgentEvent::InboxInserted {
                 agent: self.agent.clone(),
                 message: message.id.clone(),
             });

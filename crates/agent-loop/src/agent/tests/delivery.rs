@@ -830,6 +830,52 @@ async fn when_idle_resolves_after_the_idle_event_reached_every_listener() {
     finish(&rt, [handle]).await;
 }
 
+/// spec: SPN-12 (spine §8.2 notifications; event delivery is in order) — a listener that changes
+/// the inbox from an inbox notification does not make later listeners see the notifications out
+/// of order: the nested change's notification is delivered once every listener saw the one
+/// being delivered (as nested status changes are). Before the fix it was emitted from inside
+/// the running emission, so a listener registered after the injector saw `second` inserted
+/// before `first`.
+#[tokio::test(start_paused = true)]
+async fn inbox_listener_changing_the_inbox_keeps_later_listeners_in_order() {
+    let model = ScriptedModel::new(Vec::<ScriptEntry>::new());
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    let injector = Arc::downgrade(&agent);
+    let injected = Arc::new(Mutex::new(false));
+    let once = injected.clone();
+    let nested = rt.services().agent_events.on(move |e| {
+        if let AgentEvent::InboxInserted { .. } = e
+            && !std::mem::replace(&mut *once.lock(), true)
+            && let Some(agent) = injector.upgrade()
+        {
+            agent.inject(user("second"))?;
+        }
+        Ok(())
+    });
+    let (seen, recorder) = record_events(&rt);
+    let first = agent.inject(user("first")).unwrap();
+    assert!(*injected.lock(), "the listener injected");
+    drop(recorder);
+    drop(nested);
+    let snapshot = agent.inbox();
+    let texts: Vec<String> = snapshot.next_step.iter().map(|m| m.text()).collect();
+    assert_eq!(texts, ["first", "second"]);
+    let second = snapshot.next_step[1].id.clone();
+    let inserted: Vec<agent::MessageId> = seen
+        .lock()
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::InboxInserted { message, .. } => Some(message.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(inserted, [first, second]);
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    finish(&rt, [handle]).await;
+}
+
 /// spec: SPN-19, SPN-55 — follow-ups racing the agent's disposal on a multi-threaded runtime:
 /// each is either refused (`Disposed`) or accepted, no `agent/status` follows `agent/disposed`
 /// (neither a drain started after the teardown nor the `idle` of a drain the disposal
