@@ -8,8 +8,8 @@ use parking_lot::Mutex;
 use agent::event::SpliceOutcome;
 use agent::model::BlockType;
 use agent::{
-    AgentError, AgentEvent, AgentStatus, CancelCause, CancelOptions, ContentBlock, EventData, InboxTarget,
-    Message, StreamChunk, TurnEndReason,
+    AgentError, AgentEvent, AgentHandle, AgentStatus, CancelCause, CancelOptions, ContentBlock, EventData,
+    InboxTarget, Message, MessageId, StreamChunk, TurnEndReason,
 };
 
 use super::*;
@@ -268,6 +268,38 @@ async fn spn_17_cancel_clears_a_latched_wake() {
     finish(&rt, [handle]).await;
 }
 
+/// Agent `a` with a hanging turn on "active" and "queued" waiting behind it, cancelled by the
+/// user while an `InboxDiscarded` listener of that clear makes `deliver`'s delivery (once).
+/// Returns once the agent is idle again, the listener removed.
+async fn cancel_with_a_delivery_during_the_clear(
+    model: &ScriptedModel,
+    deliver: impl Fn(&AgentRef) -> Result<MessageId, AgentError> + Send + Sync + 'static,
+) -> (crate::runtime::Runtime, AgentHandle, AgentRef) {
+    let rt = runtime(model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("active")).unwrap();
+    settle().await;
+    agent.followup(user("queued")).unwrap();
+    let sender = Arc::downgrade(&agent);
+    let delivered = Arc::new(Mutex::new(false));
+    let once = delivered.clone();
+    let guard = rt.services().agent_events.on(move |e| {
+        if let AgentEvent::InboxDiscarded { .. } = e
+            && !std::mem::replace(&mut *once.lock(), true)
+            && let Some(agent) = sender.upgrade()
+        {
+            deliver(&agent)?;
+        }
+        Ok(())
+    });
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    assert!(*delivered.lock(), "the discard listener delivered");
+    agent.when_idle().await;
+    drop(guard);
+    (rt, handle, agent)
+}
+
 /// spec: SPN-16, SPN-17 — a waking send made while `cancel()` clears the inbox (here from an
 /// `InboxDiscarded` listener of that clear; another thread can hit the same window) arrives
 /// after the clear but before the active turn's token is cancelled. The clear cannot drop it
@@ -277,28 +309,10 @@ async fn spn_17_cancel_clears_a_latched_wake() {
 #[tokio::test(start_paused = true)]
 async fn spn_16_send_during_cancel_clear_is_latched_not_stranded() {
     let model = ScriptedModel::new([ScriptEntry::hang(), chunks::text("late reply").into()]);
-    let rt = runtime(&model);
-    let handle = create(&rt, "a").await;
-    let agent = handle.agent().clone();
-    agent.followup(user("active")).unwrap();
-    settle().await;
-    agent.followup(user("queued")).unwrap();
-    let sender = Arc::downgrade(&agent);
-    let sent = Arc::new(Mutex::new(false));
-    let once = sent.clone();
-    let guard = rt.services().agent_events.on(move |e| {
-        if let AgentEvent::InboxDiscarded { .. } = e
-            && !std::mem::replace(&mut *once.lock(), true)
-            && let Some(agent) = sender.upgrade()
-        {
-            agent.followup(user("sent during the clear"))?;
-        }
-        Ok(())
-    });
-    agent.cancel(CancelCause::User, CancelOptions::default());
-    assert!(*sent.lock(), "the discard listener sent");
-    agent.when_idle().await;
-    drop(guard);
+    let (rt, handle, agent) = cancel_with_a_delivery_during_the_clear(&model, |agent| {
+        agent.followup(user("sent during the clear"))
+    })
+    .await;
     assert_eq!(user_texts(&*agent), ["active", "sent during the clear"]);
     assert_eq!(model.requests().len(), 2);
     assert!(agent.inbox().is_empty(), "nothing stranded: {:?}", agent.inbox());
@@ -316,28 +330,10 @@ async fn spn_16_send_during_cancel_clear_is_latched_not_stranded() {
 #[tokio::test(start_paused = true)]
 async fn inject_during_cancel_clear_stays_parked() {
     let model = ScriptedModel::new([ScriptEntry::hang(), chunks::text("later reply").into()]);
-    let rt = runtime(&model);
-    let handle = create(&rt, "a").await;
-    let agent = handle.agent().clone();
-    agent.followup(user("active")).unwrap();
-    settle().await;
-    agent.followup(user("queued")).unwrap();
-    let sender = Arc::downgrade(&agent);
-    let sent = Arc::new(Mutex::new(false));
-    let once = sent.clone();
-    let guard = rt.services().agent_events.on(move |e| {
-        if let AgentEvent::InboxDiscarded { .. } = e
-            && !std::mem::replace(&mut *once.lock(), true)
-            && let Some(agent) = sender.upgrade()
-        {
-            agent.inject(user("context during the clear"))?;
-        }
-        Ok(())
-    });
-    agent.cancel(CancelCause::User, CancelOptions::default());
-    assert!(*sent.lock(), "the discard listener injected");
-    agent.when_idle().await;
-    drop(guard);
+    let (rt, handle, agent) = cancel_with_a_delivery_during_the_clear(&model, |agent| {
+        agent.inject(user("context during the clear"))
+    })
+    .await;
     assert_eq!(user_texts(&*agent), ["active"]);
     assert_eq!(model.requests().len(), 1, "no turn for a non-waking send");
     assert_eq!(agent.inbox().next_step.len(), 1, "the context stays pending");
