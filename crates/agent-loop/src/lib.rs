@@ -18,6 +18,7 @@ pub use model::OpenAiCompatible;
 pub use model::{ScriptEntry, ScriptedModel};
 pub use store::{JsonlStore, LoadedSession, MemoryStore, SessionSummary, StoreError, repair_open_turn};
 pub mod agent;
+mod excerpt;
 pub mod jobs;
 pub mod prompt;
 pub mod runtime;

@@ -9,6 +9,8 @@
 use agent::jobs::JobStatus;
 use serde_json::{Value, json};
 
+use crate::excerpt::excerpt;
+
 /// Name of the read tool.
 pub const JOB_OUTPUT: &str = "job_output";
 /// Name of the listing tool.
@@ -208,21 +210,4 @@ pub fn job_kill_parameters() -> Value {
 
 fn render_json(value: &Value) -> String {
     excerpt(serde_json::to_string(value).unwrap_or_else(|_| "<unrenderable>".to_owned()))
-}
-
-/// The most bytes of a model-supplied value quoted back in a refusal.
-const EXCERPT_CAP: usize = 200;
-
-/// `text` cut to at most [`EXCERPT_CAP`] bytes on a char boundary and marked `…` when cut, so
-/// a refusal never echoes a huge argument back into the model's context.
-fn excerpt(mut text: String) -> String {
-    if text.len() > EXCERPT_CAP {
-        let mut end = EXCERPT_CAP;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-        text.push('…');
-    }
-    text
 }

@@ -9,9 +9,10 @@ pub fn error_content(message: &str) -> String {
     format!("Error: {message}")
 }
 
-/// A call naming a tool the calling agent cannot see (unknown, or restricted away).
+/// A call naming a tool the calling agent cannot see (unknown, or restricted away). The name is
+/// the model's own and is quoted as a bounded excerpt (a huge name is not echoed back in full).
 pub fn unknown_tool(name: &str) -> String {
-    format!("unknown tool \"{name}\"")
+    format!("unknown tool \"{}\"", crate::excerpt::excerpt(name.to_owned()))
 }
 
 /// The call's signal was cancelled before its body was invoked.
@@ -95,6 +96,8 @@ mod tests {
     fn model_texts_are_pinned() {
         assert_eq!(error_content("x"), "Error: x");
         assert_eq!(unknown_tool("bash"), "unknown tool \"bash\"");
+        let huge = unknown_tool(&"x".repeat(100_000));
+        assert!(huge.len() < 300 && huge.ends_with("…\""), "{huge}");
         assert_eq!(ABORTED_BEFORE_DISPATCH, "tool call aborted before dispatch");
         assert_eq!(ABORTED, "tool call aborted");
         assert_eq!(NOT_STARTED, "tool call not started: the step was cancelled");

@@ -334,22 +334,11 @@ impl Assembler {
     }
 }
 
-/// At most [`EXCERPT_CAP`] bytes of a value's JSON text (on a char boundary), for messages.
+/// At most [`EXCERPT_CAP`](crate::excerpt::EXCERPT_CAP) bytes of a value's JSON text (on a
+/// char boundary), for messages.
 fn excerpt(value: &Value) -> String {
-    let mut text = value.to_string();
-    if text.len() > EXCERPT_CAP {
-        let mut end = EXCERPT_CAP;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-        text.push('…');
-    }
-    text
+    crate::excerpt::excerpt(value.to_string())
 }
-
-/// The most bytes of a damaged value quoted in a failure message.
-const EXCERPT_CAP: usize = 200;
 
 fn parse_usage(usage: &Value) -> TokenUsage {
     let n = |v: Option<&Value>| v.and_then(Value::as_u64);
