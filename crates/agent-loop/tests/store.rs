@@ -707,20 +707,7 @@ async fn a_log_changed_since_it_was_read_is_read_again_before_appending() {
 
     // Accepted against the stale length (seq n), refused when the writer opens the file.
     stale.append(&"s".into(), &all[n]).unwrap();
-    let err = stale.flush(&"s".into()).await.unwrap_err();
-    assert!(
-        matches!(err, StoreError::SeqMismatch { expected, got, .. } if expected == n as u64 + 1 && got == n as u64),
-        "{err}"
-    );
-    assert_eq!(fs::read(&path).unwrap(), before);
-    assert_eq!(
-        JsonlStore::new(dir.path())
-            .load(&"s".into())
-            .await
-            .unwrap()
-            .events,
-        all[..=n]
-    );
+    assert_stale_flush_refused(&stale, dir.path(), &before, &all[..=n]).await;
 }
 
 /// A store that read a log with a torn tail, then let another store cut that tail and append an
@@ -762,20 +749,7 @@ async fn a_torn_log_continued_to_the_same_length_since_it_was_read_is_read_again
     mine.data = EventData::other("test/more", serde_json::json!({"i": 7}));
     assert_eq!(serde_json::to_vec(&mine).unwrap().len() + 1, theirs_len);
     stale.append(&"s".into(), &mine).unwrap();
-    let err = stale.flush(&"s".into()).await.unwrap_err();
-    assert!(
-        matches!(err, StoreError::SeqMismatch { expected, got, .. } if expected == n as u64 + 1 && got == n as u64),
-        "{err}"
-    );
-    assert_eq!(fs::read(&path).unwrap(), before, "the flushed event survives");
-    assert_eq!(
-        JsonlStore::new(dir.path())
-            .load(&"s".into())
-            .await
-            .unwrap()
-            .events,
-        all[..=n]
-    );
+    assert_stale_flush_refused(&stale, dir.path(), &before, &all[..=n]).await;
 }
 
 /// A last line that is complete JSON but no valid event was written whole — an interrupted
@@ -842,4 +816,30 @@ async fn a_log_deleted_or_replaced_under_its_writer_fails_the_flush() {
             "its writer stays poisoned"
         );
     }
+}
+
+/// A stale store's flush of session `s` (its append at the seq another store already used) is
+/// refused with the seq gap, the log file keeps its bytes `before` (the other store's flushed
+/// event survives), and a fresh load reads exactly `expected`.
+async fn assert_stale_flush_refused(
+    stale: &JsonlStore,
+    dir: &std::path::Path,
+    before: &[u8],
+    expected: &[SessionEvent],
+) {
+    let n = expected.len() - 1;
+    let err = stale.flush(&"s".into()).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::SeqMismatch { expected, got, .. } if expected == n as u64 + 1 && got == n as u64),
+        "{err}"
+    );
+    assert_eq!(
+        fs::read(dir.join("s.jsonl")).unwrap(),
+        before,
+        "the flushed event survives"
+    );
+    assert_eq!(
+        JsonlStore::new(dir).load(&"s".into()).await.unwrap().events,
+        expected
+    );
 }

@@ -145,6 +145,17 @@ fn routed() -> AgentOptions {
 }
 
 impl Host {
+    /// After a refused start: the parent can still delegate, and that child runs and persists.
+    async fn delegates_again(&self) {
+        let (child_id, _) = self
+            .manager
+            .start_continuable(self.spec("next"))
+            .await
+            .expect("the parent can delegate again");
+        self.settle().await;
+        assert!(self.persisted(&child_id).await.events.len() > 1);
+    }
+
     async fn new(script: Vec<ScriptEntry>) -> Self {
         Self::build(script, true, true, routed()).await
     }
@@ -1962,13 +1973,7 @@ async fn a_panicking_preparation_is_a_provider_failure_and_leaves_nothing() {
     );
     assert!(host.manager.resident().is_empty());
     assert!(host.starts().is_empty(), "no start edge");
-    let (child_id, _) = host
-        .manager
-        .start_continuable(host.spec("next"))
-        .await
-        .expect("the parent can delegate again");
-    host.settle().await;
-    assert!(host.persisted(&child_id).await.events.len() > 1);
+    host.delegates_again().await;
     drop(panicky);
     host.finish().await;
 }
@@ -2000,13 +2005,7 @@ async fn an_unbalanced_prepared_seed_is_a_provider_failure_and_leaves_nothing() 
     assert!(host.manager.resident().is_empty());
     assert!(host.starts().is_empty(), "no start edge");
     assert!(host.model.requests().is_empty(), "no model call");
-    let (child_id, _) = host
-        .manager
-        .start_continuable(host.spec("next"))
-        .await
-        .expect("the parent can delegate again");
-    host.settle().await;
-    assert!(host.persisted(&child_id).await.events.len() > 1);
+    host.delegates_again().await;
     drop(unbalanced);
     host.finish().await;
 }
