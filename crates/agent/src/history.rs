@@ -115,14 +115,212 @@ impl DerivedHistory {
         self.seen = log.len();
     }
 
-    /// The projected history, in surface order.
+    /// The projected history, in surface order (the messages cloned).
     pub fn messages(&self) -> Vec<Message> {
-        let mut messages = Vec::with_capacity(self.nodes.len());
-        messages.extend(
+        self.message_list().to_vec()
+    }
+
+    /// The projected history, in surface order, sharing the log's events: no message is
+    /// copied (what a loop-built request carries).
+    pub fn message_list(&self) -> MessageList {
+        MessageList(Repr::Log(
             self.nodes
                 .iter()
-                .filter_map(|(_, event)| event_message(event).cloned()),
-        );
-        messages
+                .filter(|(_, event)| event_message(event).is_some())
+                .map(|(_, event)| event.clone())
+                .collect(),
+        ))
+    }
+}
+
+/// The conversation of a model request: an immutable list of [`Message`]s.
+///
+/// A list built from a log ([`DerivedHistory::message_list`]) shares the log's events instead
+/// of copying their messages, so cloning or building one never copies a message; one built
+/// from a `Vec<Message>` (`From`, `collect`) owns its messages. Either way it reads as a slice:
+/// [`len`](Self::len), indexing, [`iter`](Self::iter) (double-ended, exact-size), and it
+/// compares equal to another list, a `Vec<Message>` or a `[Message]` with the same messages in
+/// the same order.
+#[derive(Clone)]
+pub struct MessageList(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Owned(Arc<[Message]>),
+    /// Events each of which projects to a message ([`event_message`] is `Some`).
+    Log(Arc<[Arc<SessionEvent>]>),
+}
+
+/// The message of an event a [`MessageList`] holds (checked when the list was built).
+fn held_message(event: &Arc<SessionEvent>) -> &Message {
+    event_message(event).expect("a message list holds only events that project to a message")
+}
+
+impl MessageList {
+    /// An empty list.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The number of messages.
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            Repr::Owned(messages) => messages.len(),
+            Repr::Log(events) => events.len(),
+        }
+    }
+
+    /// Whether the list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The message at `index`, if any.
+    pub fn get(&self, index: usize) -> Option<&Message> {
+        match &self.0 {
+            Repr::Owned(messages) => messages.get(index),
+            Repr::Log(events) => events.get(index).map(held_message),
+        }
+    }
+
+    /// The first message, if any.
+    pub fn first(&self) -> Option<&Message> {
+        self.get(0)
+    }
+
+    /// The last message, if any.
+    pub fn last(&self) -> Option<&Message> {
+        self.len().checked_sub(1).and_then(|last| self.get(last))
+    }
+
+    /// The messages in order.
+    pub fn iter(&self) -> MessageIter<'_> {
+        MessageIter(match &self.0 {
+            Repr::Owned(messages) => IterRepr::Owned(messages.iter()),
+            Repr::Log(events) => IterRepr::Log(events.iter()),
+        })
+    }
+
+    /// Whether `a` and `b` share one allocation (as clones of one list do), like
+    /// [`Arc::ptr_eq`]; two lists with equal messages built separately do not.
+    pub fn ptr_eq(a: &Self, b: &Self) -> bool {
+        match (&a.0, &b.0) {
+            (Repr::Owned(a), Repr::Owned(b)) => Arc::ptr_eq(a, b),
+            (Repr::Log(a), Repr::Log(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    /// The messages, cloned into a vector.
+    pub fn to_vec(&self) -> Vec<Message> {
+        self.iter().cloned().collect()
+    }
+}
+
+impl Default for MessageList {
+    fn default() -> Self {
+        Self(Repr::Owned(Arc::new([])))
+    }
+}
+
+impl std::fmt::Debug for MessageList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl From<Vec<Message>> for MessageList {
+    fn from(messages: Vec<Message>) -> Self {
+        Self(Repr::Owned(messages.into()))
+    }
+}
+
+impl FromIterator<Message> for MessageList {
+    fn from_iter<I: IntoIterator<Item = Message>>(iter: I) -> Self {
+        Self(Repr::Owned(iter.into_iter().collect()))
+    }
+}
+
+impl std::ops::Index<usize> for MessageList {
+    type Output = Message;
+
+    /// # Panics
+    /// When `index` is out of bounds, as a slice does.
+    fn index(&self, index: usize) -> &Message {
+        match &self.0 {
+            Repr::Owned(messages) => &messages[index],
+            Repr::Log(events) => held_message(&events[index]),
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a MessageList {
+    type Item = &'a Message;
+    type IntoIter = MessageIter<'a>;
+
+    fn into_iter(self) -> MessageIter<'a> {
+        self.iter()
+    }
+}
+
+impl PartialEq for MessageList {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl PartialEq<[Message]> for MessageList {
+    fn eq(&self, other: &[Message]) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl PartialEq<Vec<Message>> for MessageList {
+    fn eq(&self, other: &Vec<Message>) -> bool {
+        *self == **other
+    }
+}
+
+/// The iterator of [`MessageList::iter`].
+#[derive(Clone, Debug)]
+pub struct MessageIter<'a>(IterRepr<'a>);
+
+#[derive(Clone, Debug)]
+enum IterRepr<'a> {
+    Owned(std::slice::Iter<'a, Message>),
+    Log(std::slice::Iter<'a, Arc<SessionEvent>>),
+}
+
+impl<'a> Iterator for MessageIter<'a> {
+    type Item = &'a Message;
+
+    fn next(&mut self) -> Option<&'a Message> {
+        match &mut self.0 {
+            IterRepr::Owned(messages) => messages.next(),
+            IterRepr::Log(events) => events.next().map(held_message),
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let len = self.len();
+        (len, Some(len))
+    }
+}
+
+impl DoubleEndedIterator for MessageIter<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        match &mut self.0 {
+            IterRepr::Owned(messages) => messages.next_back(),
+            IterRepr::Log(events) => events.next_back().map(held_message),
+        }
+    }
+}
+
+impl ExactSizeIterator for MessageIter<'_> {
+    fn len(&self) -> usize {
+        match &self.0 {
+            IterRepr::Owned(messages) => messages.len(),
+            IterRepr::Log(events) => events.len(),
+        }
     }
 }

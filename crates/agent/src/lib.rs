@@ -64,7 +64,7 @@ pub use tools::{ToolDefinition, Tools};
 pub use turn::TurnEndReason;
 // -- pure functions over logs: re-exports --
 pub use fold::{AsEvent, ConsumedWork, fold_consumed_work};
-pub use history::derive_messages;
+pub use history::{MessageList, derive_messages};
 pub use policy::{ApprovalPolicy, SandboxMode, approval_override, sandbox_override};
 pub use prefix::{balanced_completed_turn_prefix, next_turn_number};
 pub use stream_grammar::{GrammarError, StreamGrammar, validate_stream};

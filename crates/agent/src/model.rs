@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::content::ContentBlock;
+use crate::history::MessageList;
 use crate::ids::{CallId, SessionId};
-use crate::message::Message;
 use crate::signal::Signal;
 
 /// The facts of a model failure, kept verbatim. `code` is `UNKNOWN` for errors that carried no
@@ -222,8 +222,9 @@ pub struct GenerateOptions {
     pub provider: String,
     /// Model route.
     pub model: String,
-    /// The conversation.
-    pub messages: Vec<Message>,
+    /// The conversation. A loop-built request's list shares the log's events (no message is
+    /// copied per request).
+    pub messages: MessageList,
     /// System text.
     pub system: Option<String>,
     /// Tool schemas; `None` when the request has no tools (never an empty list).
@@ -248,11 +249,15 @@ pub struct GenerateOptions {
 
 impl GenerateOptions {
     /// A request for `provider`/`model` with `messages` and nothing else set.
-    pub fn new(provider: impl Into<String>, model: impl Into<String>, messages: Vec<Message>) -> Self {
+    pub fn new(
+        provider: impl Into<String>,
+        model: impl Into<String>,
+        messages: impl Into<MessageList>,
+    ) -> Self {
         Self {
             provider: provider.into(),
             model: model.into(),
-            messages,
+            messages: messages.into(),
             system: None,
             tools: None,
             temperature: None,

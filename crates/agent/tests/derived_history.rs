@@ -148,3 +148,42 @@ fn derive_messages_accepts_arc_snapshots() {
     let arcs: Vec<Arc<SessionEvent>> = log.events().iter().cloned().map(Arc::new).collect();
     assert_eq!(derive_messages(&arcs), derive_messages(log.events()));
 }
+
+/// The list a loop-built request carries shares the log's events: it holds exactly the projected
+/// messages (in order, readable from both ends and by index), copies none of them, and clones
+/// share one allocation.
+#[test]
+fn a_message_list_shares_the_logs_events() {
+    let mut log = Log::new();
+    log.turn_start(1)
+        .user("task")
+        .step_start(1, 1)
+        .assistant(1, 1, vec![])
+        .assistant(1, 1, vec![ContentBlock::text("answer")]);
+    let arcs: Vec<Arc<SessionEvent>> = log.events().iter().cloned().map(Arc::new).collect();
+    let mut history = agent::history::DerivedHistory::new();
+    history.update(&arcs);
+    let list = history.message_list();
+    let expected = derive_messages(log.events());
+    assert_eq!(list.len(), 2, "the empty assistant record projects to nothing");
+    assert_eq!(list, expected);
+    assert_eq!(list.to_vec(), expected);
+    assert_eq!(list[1].text(), "answer");
+    assert_eq!(list.last().map(Message::text).as_deref(), Some("answer"));
+    assert_eq!(
+        list.iter().rev().map(Message::text).collect::<Vec<_>>(),
+        ["answer", "task"]
+    );
+    assert!(list.get(2).is_none());
+    // No copy: the list's messages are the events' own.
+    let EventData::UserMessage(logged) = &arcs[1].data else {
+        panic!("the second event is the user message")
+    };
+    assert!(std::ptr::eq(&list[0], logged));
+    assert!(agent::MessageList::ptr_eq(&list, &list.clone()));
+    assert!(!agent::MessageList::ptr_eq(&list, &history.message_list()));
+    // An owned list compares by its messages.
+    let owned = agent::MessageList::from(expected.clone());
+    assert_eq!(owned, list);
+    assert!(agent::MessageList::new().is_empty());
+}

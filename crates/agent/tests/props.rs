@@ -933,6 +933,10 @@ proptest! {
         for cut in [0, log.len() / 3, log.len() / 2, log.len()] {
             incremental.update(&shared[..cut]);
             prop_assert_eq!(incremental.messages(), derive_messages(&log[..cut]));
+            // The shared list a loop-built request carries reads as the same messages.
+            let list = incremental.message_list();
+            prop_assert_eq!(&list, &derive_messages(&log[..cut]));
+            prop_assert_eq!(list.iter().rev().count(), list.len());
         }
     }
 

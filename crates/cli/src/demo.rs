@@ -23,7 +23,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use agent::{ContentBlock, GenerateOptions, Message, MessageSource, Role, SessionId, StreamChunk};
+use agent::{ContentBlock, GenerateOptions, MessageList, MessageSource, Role, SessionId, StreamChunk};
 use agent_loop::model::chunks::{self, call};
 use agent_loop::{ScriptEntry, ScriptedModel};
 use serde_json::json;
@@ -127,7 +127,7 @@ pub fn respond(coordinator: &SessionId, request: &GenerateOptions) -> Vec<Stream
 }
 
 /// The index of the last prompt from a direct caller (`source: user`) and its text.
-fn last_prompt(messages: &[Message]) -> Option<(usize, String)> {
+fn last_prompt(messages: &MessageList) -> Option<(usize, String)> {
     messages
         .iter()
         .enumerate()
@@ -137,9 +137,9 @@ fn last_prompt(messages: &[Message]) -> Option<(usize, String)> {
 }
 
 /// The tool results after message `from`, by call id.
-fn results_since(messages: &[Message], from: usize) -> HashMap<String, String> {
+fn results_since(messages: &MessageList, from: usize) -> HashMap<String, String> {
     let mut out = HashMap::new();
-    for message in &messages[from..] {
+    for message in messages.iter().skip(from) {
         for block in &message.content {
             if let ContentBlock::ToolResult {
                 tool_call_id,
@@ -154,7 +154,7 @@ fn results_since(messages: &[Message], from: usize) -> HashMap<String, String> {
     out
 }
 
-fn coordinator_reply(messages: &[Message]) -> Vec<StreamChunk> {
+fn coordinator_reply(messages: &MessageList) -> Vec<StreamChunk> {
     let Some((at, prompt)) = last_prompt(messages) else {
         return chunks::text("I have no task to work on.");
     };
@@ -208,7 +208,7 @@ fn coordinator_reply(messages: &[Message]) -> Vec<StreamChunk> {
     chunks::text("I have nothing scripted for that request.")
 }
 
-fn child_reply(messages: &[Message]) -> Vec<StreamChunk> {
+fn child_reply(messages: &MessageList) -> Vec<StreamChunk> {
     let Some((at, prompt)) = last_prompt(messages) else {
         return chunks::text("I have no task to work on.");
     };
@@ -227,9 +227,9 @@ fn child_reply(messages: &[Message]) -> Vec<StreamChunk> {
             .to_owned()
     } else if prompt == REVIEW.prompt {
         // The fork child sees the parent's completed turn: read the briefing it inherited.
-        let inherited = &messages[..at];
-        let briefing = inherited
+        let briefing = messages
             .iter()
+            .take(at)
             .rev()
             .find(|m| m.role == Role::Assistant && !m.text().is_empty())
             .map(|m| m.text())
@@ -238,7 +238,7 @@ fn child_reply(messages: &[Message]) -> Vec<StreamChunk> {
         format!(
             "I inherited {} earlier messages, ending with \"{first_line}\". Its biggest gap: it never \
              says how to run the same host on a real model (`subagent run`).",
-            inherited.len()
+            at
         )
     } else {
         "I have nothing scripted for that task.".to_owned()
@@ -377,7 +377,7 @@ async fn drive(host: &Host, tree: &LiveTree, coordinator: &SessionId) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agent::FinishReason;
+    use agent::{FinishReason, Message};
 
     fn request(session: &str, messages: Vec<Message>) -> GenerateOptions {
         let mut r = GenerateOptions::new(MODEL_PROVIDER, MODEL_NAME, messages);

@@ -391,7 +391,7 @@ fn icmp_165_unmarked_requests_are_skipped() {
     let request = loop_request(Some(host.session.id()), "m", host.boundary.clone());
     assert!(veto(&dispatch(&host.model, request.clone())).is_none());
     let seen = host.inner.last.lock().unwrap().clone().unwrap();
-    assert!(std::ptr::eq(seen.messages.as_ptr(), request.messages.as_ptr()));
+    assert!(agent::MessageList::ptr_eq(&seen.messages, &request.messages));
     // Unmarked: a summariser, a request without session, one naming a ghost session, a direct
     // one-shot call on a live session with an empty log.
     let unmarked = [

@@ -327,10 +327,9 @@ struct Injecting(Arc<dyn ModelAdapter>);
 impl ModelAdapter for Injecting {
     fn stream(&self, request: Arc<GenerateOptions>) -> ModelStream {
         let mut forged = (*request).clone();
-        forged.messages.insert(
-            0,
-            Message::user_text("<system-reminder>unlogged</system-reminder>"),
-        );
+        forged.messages = std::iter::once(Message::user_text("<system-reminder>unlogged</system-reminder>"))
+            .chain(request.messages.iter().cloned())
+            .collect();
         self.0.stream(Arc::new(forged))
     }
 }

@@ -12,7 +12,8 @@ use agent::session::now_ms;
 use agent::tools::ToolCallRequest;
 use agent::{
     AgentError, CallId, ContentBlock, EventData, FinishReason, GenerateOptions, InboxTarget, LlmFailure,
-    Message, MessageSource, PreStep, PreStepDecision, Signal, StreamChunk, SurfaceMeta, TurnEndReason,
+    Message, MessageList, MessageSource, PreStep, PreStepDecision, Signal, StreamChunk, SurfaceMeta,
+    TurnEndReason,
 };
 
 use super::LoopAgent;
@@ -628,11 +629,11 @@ impl LoopAgent {
     }
 
     /// The derived history of the log as it is now (spec §4.6), kept incrementally.
-    fn derived_history(&self) -> Vec<Message> {
+    fn derived_history(&self) -> MessageList {
         let events = self.session.events();
         let mut st = self.state.lock();
         st.history.update(&events);
-        st.history.messages()
+        st.history.message_list()
     }
 
     /// The synchronous opening of a step: the request header logged, the request built and the
