@@ -5,6 +5,8 @@
 //! deserialize into typed [`EventData`] variants; every other type is kept losslessly as
 //! [`EventData::Other`].
 
+use std::sync::Arc;
+
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
@@ -316,8 +318,9 @@ pub enum EventData {
     Other {
         /// The event type.
         kind: String,
-        /// The raw payload.
-        data: Value,
+        /// The raw payload, shared: cloning the event (or a cached event appended to many
+        /// logs, as a subagent descriptor is) never copies it.
+        data: Arc<Value>,
     },
 }
 
@@ -607,10 +610,10 @@ impl EventData {
     }
 
     /// A log-only plugin event of type `kind` with payload `data`.
-    pub fn other(kind: impl Into<String>, data: Value) -> Self {
+    pub fn other(kind: impl Into<String>, data: impl Into<Arc<Value>>) -> Self {
         Self::Other {
             kind: kind.into(),
-            data,
+            data: data.into(),
         }
     }
 
@@ -729,7 +732,7 @@ impl EventData {
             }
             other => Self::Other {
                 kind: other.to_owned(),
-                data,
+                data: Arc::new(data),
             },
         })
     }
@@ -843,6 +846,19 @@ impl<'de> Deserialize<'de> for SessionEvent {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A cloned plugin-owned event (a cached subagent descriptor appended to every child's log)
+    /// shares its payload; the clone still serializes as the original.
+    #[test]
+    fn cloning_an_other_event_shares_its_payload() {
+        let event = EventData::other("subagent/descriptor", json!({"version": 2, "mode": "one-shot"}));
+        let clone = event.clone();
+        let (EventData::Other { data: a, .. }, EventData::Other { data: b, .. }) = (&event, &clone) else {
+            panic!("both are plugin-owned events")
+        };
+        assert!(Arc::ptr_eq(a, b));
+        assert_eq!(clone.to_data(), json!({"version": 2, "mode": "one-shot"}));
+    }
 
     #[test]
     fn envelope_round_trips() {

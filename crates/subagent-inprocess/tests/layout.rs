@@ -42,7 +42,7 @@ async fn spawn_layout_places_the_descriptor_inside_the_first_turn() {
         EventData::Other { kind, data } => {
             assert_eq!(kind, "subagent/descriptor");
             assert_eq!(
-                data,
+                &**data,
                 &json!({"version": 2, "mode": "one-shot", "provider": "spawn", "label": "child task"})
             );
         }

@@ -49,7 +49,7 @@ fn log(descriptors: &[Value]) -> Vec<SessionEvent> {
             time: 100 + i as u64,
             data: EventData::Other {
                 kind: crate::SUBAGENT_DESCRIPTOR_EVENT.to_owned(),
-                data: d.clone(),
+                data: d.clone().into(),
             },
             surface: None,
             ignorable: false,
@@ -950,7 +950,7 @@ fn event(seq: u64, data: EventData, surface: Option<agent::SurfaceMeta>) -> Sess
 fn fork_log(ancestor: &str, own: &str) -> Vec<SessionEvent> {
     let descriptor = |label| EventData::Other {
         kind: crate::SUBAGENT_DESCRIPTOR_EVENT.to_owned(),
-        data: continuable(label),
+        data: continuable(label).into(),
     };
     vec![
         event(0, descriptor(ancestor), None),
