@@ -96,6 +96,14 @@ pub fn present_value<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<se
     <serde_json::Value as serde::Deserialize>::deserialize(d).map(Some)
 }
 
+/// [`present_value`], boxed: for the rarely present adapter-private fields kept out of line so
+/// the types carrying them stay small.
+pub fn present_boxed_value<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Box<serde_json::Value>>, D::Error> {
+    <serde_json::Value as serde::Deserialize>::deserialize(d).map(|v| Some(Box::new(v)))
+}
+
 /// Concatenates the visible text of every `text` block, in order, with no separator.
 pub fn visible_text(blocks: &[ContentBlock]) -> String {
     blocks.iter().filter_map(ContentBlock::as_text).collect()

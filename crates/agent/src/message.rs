@@ -114,10 +114,10 @@ pub enum MessageSource {
         #[serde(
             rename = "replayState",
             default,
-            deserialize_with = "crate::content::present_value",
+            deserialize_with = "crate::content::present_boxed_value",
             skip_serializing_if = "Option::is_none"
         )]
-        replay_state: Option<Value>,
+        replay_state: Option<Box<Value>>,
     },
     /// A tool-result message.
     Tool {

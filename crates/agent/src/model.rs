@@ -196,10 +196,10 @@ pub enum StreamChunk {
         /// Adapter-private replay state.
         #[serde(
             default,
-            deserialize_with = "crate::content::present_value",
+            deserialize_with = "crate::content::present_boxed_value",
             skip_serializing_if = "Option::is_none"
         )]
-        replay_state: Option<Value>,
+        replay_state: Option<Box<Value>>,
     },
 }
 

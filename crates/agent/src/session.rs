@@ -803,14 +803,17 @@ mod tests {
                     form: Some(PluginForm::Other(bad_map())),
                 },
             )),
-            assistant(msg(vec![ContentBlock::text("a")], model_source(Some(bad())))),
+            assistant(msg(
+                vec![ContentBlock::text("a")],
+                model_source(Some(Box::new(bad()))),
+            )),
             chunk(StreamChunk::BlockEnd {
                 index: 0,
                 block: ContentBlock::Other(bad_map()),
             }),
             chunk(StreamChunk::Finish {
                 reason: FinishReason::Stop,
-                replay_state: Some(bad()),
+                replay_state: Some(Box::new(bad())),
             }),
             turn_end(TurnEndReason::Other(bad_map())),
             turn_end(TurnEndReason::Aborted {
@@ -847,7 +850,7 @@ mod tests {
             user(plain_msg()),
             assistant(msg(
                 vec![ContentBlock::text("a")],
-                model_source(Some(json!({"t": 0.5}))),
+                model_source(Some(Box::new(json!({"t": 0.5})))),
             )),
             tool_result(
                 Message::tool_result("c".into(), vec![ContentBlock::text("ok")], false),
@@ -871,7 +874,7 @@ mod tests {
             }),
             chunk(StreamChunk::Finish {
                 reason: FinishReason::Stop,
-                replay_state: Some(json!({"r": 0.5})),
+                replay_state: Some(Box::new(json!({"r": 0.5}))),
             }),
             chunk(StreamChunk::Usage {
                 usage: crate::model::TokenUsage::default(),

@@ -197,7 +197,7 @@ fn assistant_message() -> BoxedStrategy<Message> {
             source: MessageSource::Model {
                 provider,
                 model,
-                replay_state,
+                replay_state: replay_state.map(Box::new),
             },
         })
         .boxed()
@@ -281,8 +281,10 @@ fn chunk() -> BoxedStrategy<StreamChunk> {
         }),
         (index, content_block()).prop_map(|(index, block)| StreamChunk::BlockEnd { index, block }),
         usage().prop_map(|usage| StreamChunk::Usage { usage }),
-        (finish_reason(), option::of(json_some()))
-            .prop_map(|(reason, replay_state)| StreamChunk::Finish { reason, replay_state }),
+        (finish_reason(), option::of(json_some())).prop_map(|(reason, replay_state)| StreamChunk::Finish {
+            reason,
+            replay_state: replay_state.map(Box::new),
+        }),
     ]
     .boxed()
 }

@@ -109,7 +109,7 @@ pub(crate) struct BlockAssembler {
     partials: Vec<Partial>,
     usage: Option<TokenUsage>,
     finish: Option<FinishReason>,
-    replay_state: Option<Value>,
+    replay_state: Option<Box<Value>>,
 }
 
 impl BlockAssembler {
@@ -185,7 +185,7 @@ impl BlockAssembler {
     }
 
     /// Adapter-private replay state from the `finish` chunk.
-    pub(crate) fn replay_state(&self) -> Option<Value> {
+    pub(crate) fn replay_state(&self) -> Option<Box<Value>> {
         self.replay_state.clone()
     }
 

@@ -168,7 +168,7 @@ fn plain_chunk(chunk: &StreamChunk) -> bool {
         | StreamChunk::Usage { .. } => true,
         StreamChunk::BlockEnd { block, .. } => plain_block(block),
         StreamChunk::Finish { reason, replay_state } => {
-            finish_reason(reason) && replay_state.as_ref().is_none_or(plain_value)
+            finish_reason(reason) && replay_state.as_deref().is_none_or(plain_value)
         }
     }
 }
@@ -209,7 +209,7 @@ fn plain_message(message: &Message) -> bool {
                 ) => true,
                 Some(PluginForm::Other(map)) => plain_map(map),
             },
-            MessageSource::Model { replay_state, .. } => replay_state.as_ref().is_none_or(plain_value),
+            MessageSource::Model { replay_state, .. } => replay_state.as_deref().is_none_or(plain_value),
             MessageSource::Tool { extra, .. } => plain_map(extra),
             MessageSource::Other(map) => plain_map(map),
         }
