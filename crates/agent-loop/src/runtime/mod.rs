@@ -605,7 +605,17 @@ impl Runtime {
                 .map_err(|e| AgentError::Other(Box::new(e)))?;
             self.recheck(&id, signal.as_ref(), owner.as_ref())?;
             {
-                let _lifecycle = self.inner.agent_lifecycle.lock();
+                let lifecycle = self.inner.agent_lifecycle.lock();
+                // A teardown that began since the check above (a shutdown draining the runtime,
+                // on another thread) may already have released the entry: its release looked
+                // at the mark under this lock, found it unset and emitted no `Disposed`, so a
+                // `Created` now would never be paired. Its disposal is set before that release,
+                // so under this lock it is seen here whenever the release came first.
+                if entry.disposing.is_set() {
+                    drop(lifecycle);
+                    self.recheck(&id, signal.as_ref(), owner.as_ref())?;
+                    return Err(AgentError::Disposed(id));
+                }
                 entry.announced.store(true, std::sync::atomic::Ordering::SeqCst);
                 self.inner
                     .services
