@@ -195,8 +195,9 @@ impl Activation {
             .any(|a| Arc::ptr_eq(&a, agent))
     }
 
-    pub(crate) fn begin_epoch(&self, info: SubagentRunInfo) {
-        let boundary = self.agent.session().len();
+    /// Opens an epoch whose own events start at `boundary` (the child's log length when it
+    /// became resident).
+    pub(crate) fn begin_epoch(&self, info: SubagentRunInfo, boundary: usize) {
         *self.epoch.lock() = Some((info, boundary));
     }
 

@@ -735,7 +735,15 @@ impl Inner {
                 owner.own(activation.child_id.clone());
             }
         }
-        activation.set_ancestry(self.lineage(&activation.agent, parent));
+        // The lineage and the epoch boundary read host agents (their `session`) and the host
+        // runtime (`get`): a panic there fails the start like a host call that threw, and the
+        // caller's rollback undoes the ownership registered above (unwound, it left the child
+        // resident, owned and registered with no epoch).
+        let ancestry = host_call("the agent runtime", || self.lineage(&activation.agent, parent))
+            .map_err(agent_failure)?;
+        activation.set_ancestry(ancestry);
+        let boundary =
+            host_call("the child agent", || activation.agent.session().len()).map_err(agent_failure)?;
         let weak = Arc::downgrade(activation);
         let registration = self
             .services
@@ -754,7 +762,7 @@ impl Inner {
             local: true,
             parent: activation.parent_session.clone(),
         };
-        activation.begin_epoch(info.clone());
+        activation.begin_epoch(info.clone(), boundary);
         self.service.events().emit(&SubagentEvent::Start(info));
         Ok(())
     }
@@ -1110,10 +1118,14 @@ fn send_contained(
     who: &str,
     send: impl FnOnce() -> Result<MessageId, AgentError>,
 ) -> Result<MessageId, AgentError> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(send)).unwrap_or_else(|payload| {
-        Err(AgentError::Other(
-            format!("{who} panicked: {}", agent::bus::panic_message(&*payload)).into(),
-        ))
+    host_call(who, send)?
+}
+
+/// A synchronous call into host code (`who`), with a panic contained as a failed call
+/// (`AgentError::Other`, "`who` panicked: …").
+fn host_call<T>(who: &str, call: impl FnOnce() -> T) -> Result<T, AgentError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).map_err(|payload| {
+        AgentError::Other(format!("{who} panicked: {}", agent::bus::panic_message(&*payload)).into())
     })
 }
 

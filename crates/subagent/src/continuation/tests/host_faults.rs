@@ -32,6 +32,9 @@ enum Fault {
     /// `session` panics once the agent was cancelled: a teardown that cannot read the epoch's
     /// terminal facts (its capture fails).
     SessionAfterCancel,
+    /// `session` always panics: a child whose log the manager cannot read when it installs the
+    /// child's first epoch.
+    Session,
 }
 
 /// A host agent over a live reference agent that panics as its [`Fault`] says and otherwise
@@ -52,6 +55,9 @@ impl Agent for FaultyAgent {
     fn session(&self) -> &Arc<agent::Session> {
         if self.fault == Fault::SessionAfterCancel && self.cancelled.load(AtomicOrdering::SeqCst) {
             panic!("the child's log exploded");
+        }
+        if self.fault == Fault::Session {
+            panic!("the child's log exploded at residency");
         }
         self.inner.session()
     }
@@ -732,6 +738,38 @@ async fn a_panicking_report_delivery_fails_the_report_and_pins_nothing() {
         vec![(gc_id, StopReason::Completed), (child_id, StopReason::Completed)]
     );
     drop((child_hook, gc_hook));
+    host.finish().await;
+}
+
+/// A child whose host agent's `session` panics when the manager reads the epoch boundary (the
+/// last step of making it resident, after its ownership was registered) fails the start like a
+/// host call that threw: `PROVIDER_FAILED` naming the panic, and the residency guard's rollback
+/// runs — the child is disposed and unregistered, no start or end edge is emitted, no prompt is
+/// sent, and a later manager drain has nothing left to do. (The panic unwound through the start
+/// with the child resident and registered, and no epoch to end.)
+#[tokio::test(start_paused = true)]
+async fn a_panicking_child_session_at_residency_rolls_the_start_back() {
+    let (host, _agents) = faulty_host(by_session(4), &[("child", Fault::Session)]).await;
+    let mut spec = host.spec("task");
+    spec.child_id = Some(SessionId::from("child"));
+    let err = within(PATIENCE, host.manager.start_continuable(spec))
+        .await
+        .expect("the start resolved")
+        .unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::ProviderFailed, "{err}");
+    assert!(
+        err.to_string()
+            .contains("the child agent panicked: the child's log exploded at residency"),
+        "{err}"
+    );
+    host.settle().await;
+    let child_id = SessionId::from("child");
+    assert!(!host.manager.is_resident(&child_id));
+    assert!(host.get(&child_id).is_none(), "the rollback disposed the child");
+    assert!(host.starts().is_empty());
+    assert!(host.ends().is_empty());
+    assert_eq!(host.model.requests().len(), 0, "no prompt reached the child");
+    host.manager.dispose_all().await.expect("a later drain succeeds");
     host.finish().await;
 }
 
