@@ -276,16 +276,21 @@ async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
 ///   ([`HandleDisposalFailed`], also when the host's disposer panicked at the call: `dispose`
 ///   itself never panics); a result failure stays on [`result`](SubagentRun::result).
 /// * **Drop** without dispose starts the same disposal in the background (a task on the
-///   driver's tracker, so [`InProcessDriver::wait`](crate::InProcessDriver::wait) awaits it) and
-///   logs a warning — unless the request signal had already fired: a caller that drops the run
-///   because its own token was cancelled (a cancelled tool call's future is dropped mid-await)
-///   made no mistake, so that drop is logged at debug level only.
+///   driver's tracker, so [`InProcessDriver::wait`](crate::InProcessDriver::wait) awaits it,
+///   spawned on the runtime the run was started on, even when the drop happens outside any
+///   runtime) and logs a warning — unless the request signal had already fired: a caller that
+///   drops the run because its own token was cancelled (a cancelled tool call's future is
+///   dropped mid-await) made no mistake, so that drop is logged at debug level only.
 pub struct LocalRun {
     state: Arc<RunState>,
     result: RunResultFuture,
     dispose: OnceLock<RunDisposeFuture>,
     /// The driver's tracker: the result task and a background disposal run on it.
     tasks: TaskTracker,
+    /// The runtime the run was launched on (its child's tasks run there): a run dropped
+    /// undisposed outside any runtime — on a plain thread, or after its caller's `block_on`
+    /// returned — still has its background disposal spawned there.
+    runtime: tokio::runtime::Handle,
 }
 
 impl fmt::Debug for LocalRun {
@@ -299,10 +304,12 @@ impl fmt::Debug for LocalRun {
 }
 
 impl LocalRun {
-    /// Starts the result task on `tasks` and wraps the run.
+    /// Starts the result task on `tasks` and wraps the run. Called on a tokio runtime (the
+    /// driver's start runs on one), which the run keeps for its background disposal.
     pub(crate) fn launch(drive_inputs: Drive, tasks: &TaskTracker) -> Self {
         let state = drive_inputs.state.clone();
-        let join = tasks.spawn(settle(drive_inputs));
+        let runtime = tokio::runtime::Handle::current();
+        let join = tasks.spawn_on(settle(drive_inputs), &runtime);
         let result = async move {
             match join.await {
                 Ok(outcome) => outcome,
@@ -316,6 +323,7 @@ impl LocalRun {
             result,
             dispose: OnceLock::new(),
             tasks: tasks.clone(),
+            runtime,
         }
     }
 
@@ -427,9 +435,8 @@ impl Drop for LocalRun {
         } else {
             tracing::warn!(child = %self.state.id, "subagent run dropped without dispose(); disposing in the background");
         }
-        let fut = self.start_dispose();
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            drop(self.tasks.spawn_on(fut, &rt));
-        }
+        // On the runtime the run was launched on, wherever the drop happens. Once that runtime
+        // has shut down nothing can run the disposal; its child's tasks went with it.
+        drop(self.tasks.spawn_on(self.start_dispose(), &self.runtime));
     }
 }

@@ -835,6 +835,35 @@ async fn dropped_run_is_disposed_in_the_background() {
     host.finish().await;
 }
 
+/// ARCHITECTURE (ownership): a run dropped undisposed outside any tokio runtime — on a plain
+/// thread — is still disposed in the background, on the runtime it was started on: the child
+/// leaves the registry, its session is removed and the driver's tracker awaits the disposal.
+/// (It used to start the disposal and drop it unrun: the child stayed registered and live.)
+#[tokio::test(start_paused = true)]
+async fn run_dropped_outside_a_runtime_is_disposed_on_its_own() {
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let run = host
+        .driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    let id = run.id().clone();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    std::thread::spawn(move || {
+        assert!(
+            tokio::runtime::Handle::try_current().is_err(),
+            "no runtime on this thread"
+        );
+        drop(run);
+    })
+    .join()
+    .expect("the drop did not panic");
+    host.driver.wait().await;
+    assert!(host.get(&id).is_none(), "disposed in the background");
+    assert_eq!(host.session_count(), 1, "only the parent's session is left");
+    host.finish().await;
+}
+
 /// §3.8 — a run dropped after its request signal fired (what a cancelled tool call does: its
 /// future, holding the run, is dropped mid-await) is disposed in the background like any
 /// dropped run, but logs no warning; a run dropped with its signal live still warns.

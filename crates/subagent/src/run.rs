@@ -39,8 +39,9 @@ pub type SettledCallback = Box<dyn FnOnce(&Result<SubagentResult, RunFailure>) +
 ///   [`dispose`](SubagentRun::dispose) on every path, including after consuming the result.
 ///   The run owns the child; the child may have another owner too (an in-process child is owned
 ///   by its parent as well, so disposing the parent disposes it).
-/// * **Drop.** Implementations that are dropped undisposed dispose in the background (on the
-///   current tokio runtime) and log a warning. The in-process run logs only at debug level when
+/// * **Drop.** Implementations that are dropped undisposed dispose in the background (the
+///   in-process run on the tokio runtime it was started on, wherever it is dropped) and log a
+///   warning. The in-process run logs only at debug level when
 ///   the request signal had already fired — the expected case of a cancelled caller dropping the
 ///   run mid-await. Dropping a run does not cancel the request signal.
 /// * **`result`** can be awaited any number of times (a [`Shared`] future). It resolves for
