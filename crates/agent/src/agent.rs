@@ -195,7 +195,8 @@ pub trait Agent: Send + Sync + 'static {
 ///   [`AgentHandle`]'s drop spawns it on the current tokio runtime, if there is one, and drops it
 ///   otherwise. Start the teardown in `dispose` itself. The reference runtime does: the call
 ///   marks the agent disposing and cancels its turn (cause `disposed`) before returning, and a
-///   first future dropped unfinished hands the rest to a runtime task.
+///   first future dropped unfinished hands the rest to a runtime task — on the current tokio
+///   runtime, or, dropped outside any, on the one it created its agents on.
 /// * **Panics.** The returned futures never panic in the reference runtime: each teardown step
 ///   that runs host code (owned agents' teardowns, the [`Jobs`](crate::Jobs) service, the undo
 ///   closures of the agent's scope) is contained, logged with `tracing::warn!`, and the teardown
@@ -214,7 +215,8 @@ pub trait Disposer: Send + Sync + 'static {
 /// or concurrent calls, owner disposal and runtime teardown all await the same completion.
 /// Dropping a handle without disposing it starts the same teardown in the background (on the
 /// current tokio runtime, if any) and logs a warning; without a tokio runtime only what
-/// [`Disposer::dispose`] does before returning happens.
+/// [`Disposer::dispose`] does before returning happens, and what its dropped future does (the
+/// reference runtime's finishes the teardown on the runtime it created the agent on).
 pub struct AgentHandle {
     agent: AgentRef,
     disposer: Arc<dyn Disposer>,

@@ -255,6 +255,7 @@ impl RuntimeBuilder {
             agent_lifecycle: parking_lot::ReentrantMutex::new(()),
             shutdown: Signal::new(),
             tasks: TaskTracker::new(),
+            tokio: std::sync::OnceLock::new(),
             held: Mutex::new(guards),
             baseline: Mutex::new(Baseline::default()),
         });

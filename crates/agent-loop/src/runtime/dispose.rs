@@ -375,8 +375,8 @@ impl Wake for AgentEntry {
 }
 
 /// One caller's view of the teardown: polling drives it. The first caller's view, dropped
-/// unfinished, hands the rest to a runtime task (or a plain tokio task when the runtime is gone;
-/// nothing without a tokio runtime).
+/// unfinished, hands the rest to a runtime task (or a plain tokio task when the runtime is gone),
+/// on the current tokio runtime or else on the one the registry created its agents on.
 struct Teardown {
     /// `None` once the teardown completed.
     entry: Option<Arc<AgentEntry>>,
@@ -404,17 +404,21 @@ impl Drop for Teardown {
         if !self.first || entry.teardown_settled() {
             return;
         }
-        // Drive the teardown in the background so it progresses even if no caller polls.
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let runtime = entry.runtime.upgrade();
-            let rest = Teardown {
-                entry: Some(entry),
-                first: false,
-            };
-            match runtime {
-                Some(rt) => drop(rt.tasks.spawn_on(rest, &handle)),
-                None => drop(handle.spawn(rest)),
-            }
+        // Drive the teardown in the background so it progresses even if no caller polls: on the
+        // current tokio runtime, or — dropped outside any — on the one the registry's agents
+        // were created on.
+        let runtime = entry.runtime.upgrade();
+        let handle = tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| runtime.as_ref().and_then(|rt| rt.tokio.get().cloned()));
+        let Some(handle) = handle else { return };
+        let rest = Teardown {
+            entry: Some(entry),
+            first: false,
+        };
+        match runtime {
+            Some(rt) => drop(rt.tasks.spawn_on(rest, &handle)),
+            None => drop(handle.spawn(rest)),
         }
     }
 }

@@ -104,6 +104,10 @@ struct RuntimeInner {
     agent_lifecycle: parking_lot::ReentrantMutex<()>,
     shutdown: Signal,
     tasks: TaskTracker,
+    /// The tokio runtime of the first creation or resumption: an agent's teardown left
+    /// undriven by a drop outside any runtime (an [`AgentHandle`] dropped on a plain thread) is
+    /// driven there.
+    tokio: std::sync::OnceLock<tokio::runtime::Handle>,
     /// Registrations kept for the runtime's life: the builder's (the deployment persona) and
     /// those handed to [`Runtime::hold`].
     held: Mutex<Vec<Registration>>,
@@ -420,6 +424,11 @@ impl Runtime {
         } = plan;
         let id = session.id().clone();
         options.validate()?;
+        if self.inner.tokio.get().is_none()
+            && let Ok(handle) = tokio::runtime::Handle::try_current()
+        {
+            let _ = self.inner.tokio.set(handle);
+        }
         let owner = self.owner_entry(owner.as_ref())?;
         if let Some(s) = &signal
             && s.is_cancelled()

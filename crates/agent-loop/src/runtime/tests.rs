@@ -704,6 +704,41 @@ async fn reentrant_dispose_and_dropped_handles_tear_down() {
     finish(&rt, []).await;
 }
 
+/// A handle dropped without `dispose` outside any tokio runtime (on a plain thread) is torn down
+/// in the background all the same, on the runtime its agent was created on: the agent leaves
+/// the registry, its turn is aborted and nothing stays published. (Its teardown used to start
+/// and be dropped unrun there: the agent stayed registered, mid-turn, for ever.)
+#[tokio::test(start_paused = true)]
+async fn a_handle_dropped_outside_a_runtime_is_torn_down() {
+    let model = ScriptedModel::new([ScriptEntry::hang_slow()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    handle.agent().followup(user("work")).unwrap();
+    settle().await;
+    let agent = handle.agent().clone();
+    std::thread::spawn(move || {
+        assert!(
+            tokio::runtime::Handle::try_current().is_err(),
+            "no runtime on this thread"
+        );
+        drop(handle);
+    })
+    .join()
+    .expect("the drop did not panic");
+    settle().await;
+    agent.when_idle().await;
+    assert!(!agent.is_live());
+    assert_eq!(
+        turn_ends(&*agent),
+        [TurnEndReason::Aborted {
+            reason: CancelCause::Disposed
+        }]
+    );
+    nothing_published(&rt, "a");
+    drop(agent);
+    finish(&rt, []).await;
+}
+
 /// A later disposer drives the memoized teardown while the first call's future is held
 /// unpolled; the first future then resolves at once and dropping it starts no task.
 #[tokio::test(start_paused = true)]
