@@ -121,7 +121,9 @@ pub struct ToolExecution {
 pub struct ToolContext {
     /// The execution.
     pub execution: Arc<ToolExecution>,
-    /// The step's cancellation; bodies must observe it.
+    /// This call's cancellation; bodies must observe it. The reference loop hands each call its
+    /// own [child](Signal::child) of the step's signal: the step's cancellation reaches it, and
+    /// a body that cancels it cancels only its own call.
     pub signal: Signal,
     concluded: Arc<AtomicBool>,
     deferred: Arc<Mutex<Vec<Message>>>,

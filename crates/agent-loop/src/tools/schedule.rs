@@ -30,8 +30,11 @@ use super::{ToolRegistry, codes, model_text};
 ///   Pre-execute policies and guards run when a call starts, hence also in model order. A
 ///   success whose body settled before the step was cancelled stays a success even if its
 ///   commit waited for an earlier call past the cancellation.
-/// * Cancellation (`signal`): calls already started drain (their bodies observe the same
-///   `signal`, so they settle promptly as cancelled); calls not yet started receive a synthetic
+/// * Cancellation (`signal`): each call gets its own [child](Signal::child) of `signal`, so a
+///   body cancelling the signal it was handed cancels only itself, never its siblings or the
+///   step (the reference hands tools a signal they cannot fire at all). A cancellation of the
+///   step reaches every call: calls already started drain (their bodies observe their signals,
+///   so they settle promptly as cancelled); calls not yet started receive a synthetic
 ///   error result — `tool call not started: the step was cancelled`, code `CANCELLED` — without
 ///   entering the pipeline (no policy, guard or observer sees them).
 ///
@@ -60,7 +63,7 @@ pub async fn run_step_calls(
             break;
         }
         if !concurrency_safe(tools, agent, &call) {
-            results.push(tools.execute(agent, call, signal.clone()).await);
+            results.push(tools.execute(agent, call, signal.child()).await);
             continue;
         }
         let mut group = vec![call];
@@ -73,7 +76,7 @@ pub async fn run_step_calls(
                     if signal.is_cancelled() {
                         Slot::NotStarted(not_started(agent, call))
                     } else {
-                        Slot::Dispatched(registry.dispatch(agent, call, signal.clone()).await)
+                        Slot::Dispatched(registry.dispatch(agent, call, signal.child()).await)
                     }
                 };
                 let commit = |slot| match slot {
@@ -87,7 +90,7 @@ pub async fn run_step_calls(
                     if signal.is_cancelled() {
                         not_started(agent, call)
                     } else {
-                        tools.execute(agent, call, signal.clone()).await
+                        tools.execute(agent, call, signal.child()).await
                     }
                 };
                 rolling_pool(group, pool, start, |executed| executed, &mut results).await;

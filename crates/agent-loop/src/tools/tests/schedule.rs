@@ -210,6 +210,41 @@ async fn cancellation_drains_started_calls_and_fails_unstarted_ones() {
     assert!(!f.log.entries().iter().any(|e| e.starts_with("end:")));
 }
 
+/// A body that cancels the signal it was handed cancels only its own call: the step's signal
+/// stays live, and the calls after it — exclusive or in a parallel run — start and succeed. (Each call used to get the step's own signal, so one tool could
+/// cancel its siblings and the rest of the step.)
+#[tokio::test(start_paused = true)]
+async fn a_call_cancelling_its_own_signal_cancels_nothing_else() {
+    let f = fixture();
+    let quitter = tool_with("quit", false, |_, ctx| {
+        Box::pin(async move {
+            ctx.signal.cancel(CancelCause::User);
+            Ok(ToolOutput::text("gave up"))
+        })
+    });
+    let _quitter = f.reg.register(None, quitter).unwrap();
+    let calls = vec![
+        call("q", "quit", "{}"),
+        call("x", "excl", r#"{"ms": 1}"#),
+        call("s1", "safe", r#"{"ms": 5}"#),
+        call("s2", "safe", r#"{"ms": 5}"#),
+    ];
+    let signal = Signal::new();
+    let results = run_step_calls(&f.reg, &sid("a"), calls, &signal, 4).await;
+    assert!(!signal.is_cancelled(), "the step's signal is untouched");
+    assert_eq!(ids(&results), ["q", "x", "s1", "s2"]);
+    assert!(results[0].result.is_error, "the quitter's own call is cancelled");
+    assert_eq!(code(&results[0]), codes::CANCELLED);
+    for later in &results[1..] {
+        assert!(
+            !later.result.is_error,
+            "{}: {}",
+            later.execution.call_id,
+            text(later)
+        );
+    }
+}
+
 /// Cancellation during an exclusive call: it drains as cancelled and nothing after it starts.
 #[tokio::test(start_paused = true)]
 async fn cancellation_during_an_exclusive_call_stops_the_step() {
