@@ -327,6 +327,12 @@ pub enum ToolRegistryError {
     /// A second tool with the same name in one layer.
     #[error("tool \"{0}\" is already registered in this layer")]
     Duplicate(String),
+    /// A name no model could call: empty, or containing whitespace or control characters (the
+    /// name is shown `{:?}`-quoted).
+    #[error(
+        "tool name {0:?} is not callable: it must be non-empty, without whitespace or control characters"
+    )]
+    InvalidName(String),
     /// The scope is disposed.
     #[error("scope of agent \"{0}\" is inactive")]
     Inactive(SessionId),

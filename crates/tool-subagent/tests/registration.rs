@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicUsize;
 
 use common::{FakeProvider, Host, text};
 use serde_json::{Value, json};
+use subagent::agent::tools::ToolRegistryError;
 use tool_subagent::{
     BackgroundMode, DEPENDENCIES, PLUGIN_NAME, SubagentToolConfig, SubagentToolPlugin, ToolSubagentError,
 };
@@ -401,6 +402,38 @@ async fn duplicate_tool_names_are_refused_at_mount() {
         error.to_string(),
         "tool \"subagent\" is already registered in this layer"
     );
+    host.close().await;
+}
+
+/// A `toolName` no model could call (whitespace only, or with whitespace inside) passes the
+/// config's non-empty check but is refused at mount by the registry, with a typed error and
+/// nothing mounted (neither the tool nor its guidance).
+#[tokio::test(start_paused = true)]
+async fn uncallable_tool_names_are_refused_at_mount() {
+    let host = Host::new();
+    let _p = host.provider(reply("spawn", "hi").with_continuable());
+    let tools_before = host.services().tools.schemas(None).len();
+    let guidance_before = guidance_sections(&host);
+    for name in ["   ", "ask agent"] {
+        let config = json!({"provider": "spawn", "toolName": name, "backgroundMode": "continuable"});
+        let error = SubagentToolPlugin::load(
+            host.services(),
+            &host.subagents,
+            SubagentToolConfig::from_json(&config).expect("passes the config check"),
+        )
+        .expect_err("refused at mount");
+        assert!(
+            matches!(&error, ToolSubagentError::Register(ToolRegistryError::InvalidName(n)) if n == name),
+            "{error}"
+        );
+        assert!(!host.has_tool(name));
+    }
+    assert_eq!(
+        host.services().tools.schemas(None).len(),
+        tools_before,
+        "no tool mounted"
+    );
+    assert_eq!(guidance_sections(&host), guidance_before, "no guidance mounted");
     host.close().await;
 }
 

@@ -164,6 +164,9 @@ impl State {
         scope: Option<&SessionId>,
         def: ToolDefinition,
     ) -> Result<u64, ToolRegistryError> {
+        if def.name.is_empty() || def.name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(ToolRegistryError::InvalidName(def.name));
+        }
         if def.name == RESERVED_TOOL_NAME {
             return Err(ToolRegistryError::Reserved);
         }

@@ -285,6 +285,40 @@ async fn scoped_tools_stay_in_their_layer() {
     assert_eq!(run(&reg, "mine", "other").await, "Error: unknown tool \"mine\"");
 }
 
+/// A name no model could call — empty, or with whitespace or control characters anywhere — is
+/// refused in every layer, with nothing registered. (Such names used to be accepted.)
+#[test]
+fn uncallable_names_are_refused() {
+    let reg = ToolRegistry::new();
+    let a = sid("a");
+    for name in [
+        "",
+        " ",
+        "read file",
+        " read",
+        "read\t",
+        "read\n",
+        "re\u{7}ad",
+        "\u{a0}",
+    ] {
+        for scope in [None, Some(&a)] {
+            assert_eq!(
+                reg.register(scope, tool(name)).unwrap_err(),
+                ToolRegistryError::InvalidName(name.into()),
+                "{name:?}"
+            );
+        }
+    }
+    assert_eq!(
+        reg.register(None, tool("read file")).unwrap_err().to_string(),
+        "tool name \"read file\" is not callable: it must be non-empty, without whitespace or control characters"
+    );
+    assert!(names(&reg, Some("a")).is_empty(), "nothing was registered");
+    // Punctuation, digits and non-ASCII letters are callable names.
+    let _ok =
+        ["read_file", "fs.read-1", "lire_fichier_é"].map(|name| reg.register(None, tool(name)).unwrap());
+}
+
 /// One name per layer; `run_code` can never be registered.
 #[test]
 fn registration_rules() {
