@@ -219,20 +219,54 @@ impl Inbox {
 
     /// Durably cancels all pending work: `next-step` first, then `next-turn`. An empty clear logs
     /// nothing. Returns the cancelled messages.
+    ///
+    /// It cancels exactly the messages pending when it is called. The discard listeners of the
+    /// `next-step` splice run (on this thread) before the `next-turn` one and may edit the
+    /// lists: what they send stays pending, what they remove is gone already, and the
+    /// `next-turn` messages of the call that are still pending are cancelled — one splice per
+    /// contiguous run of them (one in the common case). (Cancelling the `next-turn` list's first
+    /// *n* entries instead, n counted at the call, dropped a listener's send whenever it had
+    /// also removed a queued prompt, and kept it otherwise.)
     pub(crate) fn clear(&self) -> Result<Vec<Message>, AgentError> {
         let _op = self.op.lock();
-        let (steps, turns) = {
+        let (steps, mut turns) = {
             let lists = self.lists.lock();
-            (lists.next_step.len(), lists.next_turn.len())
+            let turns: Vec<MessageId> = lists.next_turn.iter().map(|m| m.id.clone()).collect();
+            (lists.next_step.len(), turns)
         };
         let mut removed = self.mutate(InboxTarget::NextStep, 0, steps, Vec::new(), true)?;
-        let turns = self.mutate(InboxTarget::NextTurn, 0, turns, Vec::new(), true)?;
-        if removed.is_empty() {
-            removed = turns;
-        } else {
-            removed.extend(turns);
+        // Each pass cancels at least one id of `turns` and forgets it, so this ends even if a
+        // listener re-sends a message it saw cancelled (that send stays pending).
+        while let Some((start, len)) = self.pending_run(&turns) {
+            let cancelled = self.mutate(InboxTarget::NextTurn, start, len, Vec::new(), true)?;
+            if cancelled.is_empty() {
+                break;
+            }
+            turns.retain(|id| !cancelled.iter().any(|m| &m.id == id));
+            if removed.is_empty() {
+                removed = cancelled;
+            } else {
+                removed.extend(cancelled);
+            }
         }
         Ok(removed)
+    }
+
+    /// The first contiguous run of `ids` in the `next-turn` list, as `(start, len)`.
+    fn pending_run(&self, ids: &[MessageId]) -> Option<(usize, usize)> {
+        if ids.is_empty() {
+            return None;
+        }
+        let lists = self.lists.lock();
+        let listed = |m: &Message| ids.contains(&m.id);
+        let start = lists.next_turn.iter().position(listed)?;
+        let len = lists
+            .next_turn
+            .iter()
+            .skip(start)
+            .take_while(|m| listed(m))
+            .count();
+        Some((start, len))
     }
 
     /// Removes a pending message from either list as a durable cancellation.

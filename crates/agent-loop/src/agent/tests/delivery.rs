@@ -324,6 +324,56 @@ async fn spn_16_send_during_cancel_clear_is_latched_not_stranded() {
     finish(&rt, [handle]).await;
 }
 
+/// spec: SPN-12 — `clear` cancels exactly the messages pending when it was called. Here a
+/// discard listener of its `next-step` splice removes one queued prompt and sends a follow-up
+/// before the `next-turn` splice: the other queued prompt is cancelled, the listener's send is
+/// kept (latched, it replays at convergence), and the log's splices say so. (The clear used to
+/// cancel as many `next-turn` entries as were pending at the call, which then took the
+/// listener's send with them; without the removal the same send was kept.)
+#[tokio::test(start_paused = true)]
+async fn spn_12_clear_cancels_exactly_what_was_pending_at_the_call() {
+    let model = ScriptedModel::new([ScriptEntry::hang(), chunks::text("late reply").into()]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("active")).unwrap();
+    settle().await;
+    agent.inject(user("context")).unwrap();
+    let first = agent.followup(user("queued 1")).unwrap();
+    agent.followup(user("queued 2")).unwrap();
+    let sender = Arc::downgrade(&agent);
+    let discards = Arc::new(Mutex::new(Vec::new()));
+    let seen = discards.clone();
+    let guard = rt.services().agent_events.on(move |e| {
+        if let AgentEvent::InboxDiscarded { messages, .. } = e {
+            let mut seen = seen.lock();
+            seen.push(messages.len());
+            if seen.len() == 1
+                && let Some(agent) = sender.upgrade()
+            {
+                assert!(agent.remove_pending(&first)?);
+                agent.followup(user("sent during the clear"))?;
+            }
+        }
+        Ok(())
+    });
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    agent.when_idle().await;
+    drop(guard);
+    assert_eq!(
+        *discards.lock(),
+        [1, 1, 1],
+        "the context, the listener's removal, the other queued prompt"
+    );
+    assert_eq!(user_texts(&*agent), ["active", "sent during the clear"]);
+    assert!(agent.inbox().is_empty(), "nothing stranded: {:?}", agent.inbox());
+    assert_eq!(
+        turn_ends(&*agent),
+        [aborted(CancelCause::User), TurnEndReason::Completed]
+    );
+    finish(&rt, [handle]).await;
+}
+
 /// spec: SPN-16, SPN-17 (spine §8.3: `inject` does not wake) — context injected while
 /// `cancel()` clears the inbox is not latched: it stays pending for the next wake instead of
 /// starting a turn of its own.
