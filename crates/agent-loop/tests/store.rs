@@ -450,6 +450,39 @@ async fn close_releases_the_handle_and_the_next_append_reopens() {
     assert_eq!(store.load(&id).await.unwrap().events, events);
 }
 
+/// Appends made while `close` is still waiting for the closed writer's lines go to a new writer
+/// that opens the log only after the closed one let go of its lock: they continue the log in
+/// order and their flush succeeds. (The new writer used to open the log at once and find it
+/// still locked by the closing one: its flush failed `Locked`.)
+#[tokio::test]
+async fn appends_made_while_close_runs_continue_the_log_after_it() {
+    for _ in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let store = JsonlStore::new(dir.path());
+        let events = sample_log("s");
+        let id = SessionId::from("s");
+        store.create(&header("s")).unwrap();
+        for ev in &events[..5] {
+            store.append(&id, ev).unwrap();
+        }
+        let mut closing = std::pin::pin!(store.close(&id));
+        // The first poll takes the writer out of the store; it then waits for its writes.
+        let closed = futures::poll!(closing.as_mut());
+        for ev in &events[5..] {
+            store.append(&id, ev).unwrap();
+        }
+        if closed.is_pending() {
+            closing.await.unwrap();
+        }
+        store.flush(&id).await.unwrap();
+        assert_eq!(store.load(&id).await.unwrap().events, events);
+        assert_eq!(
+            JsonlStore::new(dir.path()).load(&id).await.unwrap().events,
+            events
+        );
+    }
+}
+
 #[tokio::test]
 async fn turn_end_reason_interrupted_round_trips_through_the_store() {
     let dir = tempfile::tempdir().unwrap();

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 
 use super::codec::{encode_line, read_header, read_log};
 use super::error::StoreError;
-use super::writer::{Known, Plan, SessionFile};
+use super::writer::{Known, Plan, ReleaseLatch, SessionFile};
 use super::{LoadedSession, SessionSummary};
 
 /// The file extension of session logs.
@@ -74,8 +74,13 @@ const EXTENSION: &str = "jsonl";
 pub struct JsonlStore {
     dir: PathBuf,
     /// Writer state by session. The lock protects only the map (never held across an
-    /// `.await` or during I/O).
+    /// `.await` or during I/O); an append accepts its line under it, so a writer taken out of
+    /// the map (by `close` or `remove`) never accepts another line.
     files: Mutex<HashMap<SessionId, Arc<SessionFile>>>,
+    /// The release latches of the writers `close` is closing: a writer made for the same log
+    /// meanwhile opens the log only after its predecessor let go of the lock. Taken after
+    /// `files` when both are held.
+    closing: Mutex<HashMap<SessionId, Arc<ReleaseLatch>>>,
 }
 
 /// Runs blocking file-system work on tokio's blocking pool.
@@ -100,6 +105,7 @@ impl JsonlStore {
         Self {
             dir: dir.into(),
             files: Mutex::new(HashMap::new()),
+            closing: Mutex::new(HashMap::new()),
         }
     }
 
@@ -140,6 +146,7 @@ impl JsonlStore {
             path,
             self.dir.clone(),
             Plan::Create(header.clone()),
+            self.closing.lock().get(&header.id).cloned(),
         );
         file.start();
         files.insert(header.id.clone(), file);
@@ -156,20 +163,20 @@ impl JsonlStore {
             seq: event.seq,
             reason: e.to_string(),
         })?;
-        let file = {
-            let mut files = self.files.lock();
-            match files.get(id) {
-                Some(file) => file.clone(),
-                None => {
-                    let file = SessionFile::new(
-                        id.clone(),
-                        self.path_of(id)?,
-                        self.dir.clone(),
-                        Plan::Existing(None),
-                    );
-                    files.insert(id.clone(), file.clone());
-                    file
-                }
+        // Accepted under the map's lock: a writer `close` or `remove` has taken out of the map
+        // (and is waiting for, or has released) gets no more lines.
+        let mut files = self.files.lock();
+        let file = match files.get(id) {
+            Some(file) => file,
+            None => {
+                let file = SessionFile::new(
+                    id.clone(),
+                    self.path_of(id)?,
+                    self.dir.clone(),
+                    Plan::Existing(None),
+                    self.closing.lock().get(id).cloned(),
+                );
+                files.entry(id.clone()).or_insert(file)
             }
         };
         file.accept(event.seq, &line)
@@ -255,14 +262,16 @@ impl JsonlStore {
                 }
             }
             None => {
+                let mut files = self.files.lock();
                 let file = SessionFile::new(
                     id.clone(),
                     self.path_of(id)?,
                     self.dir.clone(),
                     Plan::Existing(Some(Known::from(&parsed))),
+                    self.closing.lock().get(id).cloned(),
                 );
                 file.set_header(parsed.header.clone());
-                self.files.lock().entry(id.clone()).or_insert(file);
+                files.entry(id.clone()).or_insert(file);
             }
         }
         Ok(LoadedSession {
@@ -292,18 +301,30 @@ impl JsonlStore {
     /// Forgets session `id`'s writer state and closes its file after every accepted append has
     /// reached the file (not a durability checkpoint: flush first for that), releasing the
     /// log's lock before it returns. Also clears a writer poisoned by a failure, returning that
-    /// failure. A later append reopens the log. No-op for a session this store holds no state
-    /// for.
+    /// failure. A later append reopens the log — also one made while `close` runs, whose new
+    /// writer opens the log only once this one has let go of it (when `close` returns, or when
+    /// a dropped `close` future's writer is dropped). No-op for a session this store holds no
+    /// state for.
     pub async fn close(&self, id: &SessionId) -> Result<(), StoreError> {
-        let cached = self.files.lock().remove(id);
-        match cached {
-            Some(file) => {
-                let settled = file.settle().await;
-                file.release();
-                settled
+        let cached = {
+            let mut files = self.files.lock();
+            let cached = files.remove(id);
+            if let Some(file) = &cached {
+                self.closing.lock().insert(id.clone(), file.latch());
             }
-            None => Ok(()),
-        }
+            cached
+        };
+        let Some(file) = cached else { return Ok(()) };
+        // Forgets the latch however this ends (a dropped `close` included): the writer raises
+        // it itself when it is dropped.
+        let _closing = Closing {
+            store: self,
+            id,
+            latch: file.latch(),
+        };
+        let settled = file.settle().await;
+        file.release();
+        settled
     }
 
     /// How many `fdatasync`s this store has issued for session `id` since it began holding
@@ -325,6 +346,23 @@ impl Drop for JsonlStore {
     fn drop(&mut self) {
         for file in self.files.get_mut().values() {
             file.release_if_written();
+        }
+    }
+}
+
+/// Removes a closed writer's latch from [`JsonlStore::closing`] unless a later `close` of the
+/// same session replaced it.
+struct Closing<'a> {
+    store: &'a JsonlStore,
+    id: &'a SessionId,
+    latch: Arc<ReleaseLatch>,
+}
+
+impl Drop for Closing<'_> {
+    fn drop(&mut self) {
+        let mut closing = self.store.closing.lock();
+        if closing.get(self.id).is_some_and(|l| Arc::ptr_eq(l, &self.latch)) {
+            closing.remove(self.id);
         }
     }
 }

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use agent::{SessionHeader, SessionId};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use tokio::sync::watch;
 
 use super::codec::{ParsedLog, encode_line, open_regular, parse_header, parse_log, read_log, read_log_bytes};
@@ -119,6 +119,30 @@ struct WriterState {
     failed: Option<StoreError>,
 }
 
+/// Raised once a writer has let go of its log's advisory lock: when it is released, or when the
+/// writer (and with it the open file) is dropped. A successor writer of the same log in this
+/// store waits for it before it opens the log, so it never finds its predecessor's lock.
+#[derive(Debug, Default)]
+pub(crate) struct ReleaseLatch {
+    released: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl ReleaseLatch {
+    fn raise(&self) {
+        *self.released.lock() = true;
+        self.changed.notify_all();
+    }
+
+    /// Blocks the calling (drainer) thread until the latch is raised.
+    fn wait(&self) {
+        let mut released = self.released.lock();
+        while !*released {
+            self.changed.wait(&mut released);
+        }
+    }
+}
+
 /// A session log this store writes (or may write) to.
 #[derive(Debug)]
 pub(crate) struct SessionFile {
@@ -133,12 +157,30 @@ pub(crate) struct SessionFile {
     progress: watch::Sender<Progress>,
     /// `fdatasync`s issued (diagnostics).
     syncs: AtomicU64,
+    /// Raised when this writer lets go of the log's lock.
+    latch: Arc<ReleaseLatch>,
+    /// The latch of the writer this one succeeds (one its store was closing when this one was
+    /// made): the drainer waits for it before opening the log.
+    predecessor: Option<Arc<ReleaseLatch>>,
+}
+
+impl Drop for SessionFile {
+    fn drop(&mut self) {
+        // The open file (and its lock) goes with the writer.
+        self.latch.raise();
+    }
 }
 
 impl SessionFile {
-    /// A writer that will open the log as `plan` says. `next_seq` is the log's length when
-    /// known.
-    pub(crate) fn new(id: SessionId, path: PathBuf, dir: PathBuf, plan: Plan) -> Arc<Self> {
+    /// A writer that will open the log as `plan` says, once `predecessor` (the latch of a
+    /// writer of the same log its store is closing) is raised.
+    pub(crate) fn new(
+        id: SessionId,
+        path: PathBuf,
+        dir: PathBuf,
+        plan: Plan,
+        predecessor: Option<Arc<ReleaseLatch>>,
+    ) -> Arc<Self> {
         let (header, next_seq) = match &plan {
             Plan::Create(h) => (Some(h.clone()), Some(0)),
             Plan::Existing(known) => (None, known.map(|k| k.events)),
@@ -165,7 +207,14 @@ impl SessionFile {
             }),
             progress: watch::channel(Progress::default()).0,
             syncs: AtomicU64::new(0),
+            latch: Arc::default(),
+            predecessor,
         })
+    }
+
+    /// The latch raised when this writer lets go of the log's lock.
+    pub(crate) fn latch(&self) -> Arc<ReleaseLatch> {
+        self.latch.clone()
     }
 
     /// The header, when known to this writer.
@@ -191,7 +240,9 @@ impl SessionFile {
             && let Err(e) = file.unlock()
         {
             tracing::debug!(session = %self.id, error = %e, "could not release a session log's lock; it goes with the file");
+            return;
         }
+        self.latch.raise();
     }
 
     /// [`release`](Self::release) when the file is open and every accepted line has been
@@ -370,8 +421,13 @@ impl SessionFile {
     }
 
     /// Opens (or creates) the file and makes it ready for appending, holding its advisory lock
-    /// from before anything is read or repaired until this writer is dropped.
+    /// from before anything is read or repaired until this writer is dropped. A successor first
+    /// waits for its predecessor to let go of the lock (it has nothing left to write: its store
+    /// forgot it and only waits for what it accepted).
     fn open(&self, plan: Plan) -> Result<(), StoreError> {
+        if let Some(predecessor) = &self.predecessor {
+            predecessor.wait();
+        }
         let (file, known) = match plan {
             Plan::Create(header) => match self.create(&header)? {
                 Created::New => return Ok(()),
