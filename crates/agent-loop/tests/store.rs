@@ -432,8 +432,9 @@ async fn concurrent_appends_and_flushes_across_sessions_stay_ordered() {
     }
 }
 
-#[tokio::test]
-async fn close_releases_the_handle_and_the_next_append_reopens() {
+/// A store over a fresh directory in which session `s` was created and given the first five
+/// events of `sample_log("s")` (all of which it returns).
+fn five_appended() -> (tempfile::TempDir, JsonlStore, SessionId, Vec<SessionEvent>) {
     let dir = tempfile::tempdir().unwrap();
     let store = JsonlStore::new(dir.path());
     let events = sample_log("s");
@@ -442,6 +443,12 @@ async fn close_releases_the_handle_and_the_next_append_reopens() {
     for ev in &events[..5] {
         store.append(&id, ev).unwrap();
     }
+    (dir, store, id, events)
+}
+
+#[tokio::test]
+async fn close_releases_the_handle_and_the_next_append_reopens() {
+    let (_dir, store, id, events) = five_appended();
     store.close(&id).await.unwrap();
     assert_eq!(store.sync_count(&id), None);
     for ev in &events[5..] {
@@ -457,14 +464,7 @@ async fn close_releases_the_handle_and_the_next_append_reopens() {
 #[tokio::test]
 async fn appends_made_while_close_runs_continue_the_log_after_it() {
     for _ in 0..20 {
-        let dir = tempfile::tempdir().unwrap();
-        let store = JsonlStore::new(dir.path());
-        let events = sample_log("s");
-        let id = SessionId::from("s");
-        store.create(&header("s")).unwrap();
-        for ev in &events[..5] {
-            store.append(&id, ev).unwrap();
-        }
+        let (dir, store, id, events) = five_appended();
         let mut closing = std::pin::pin!(store.close(&id));
         // The first poll takes the writer out of the store; it then waits for its writes.
         let closed = futures::poll!(closing.as_mut());

@@ -815,18 +815,24 @@ async fn parent_disposal_drains_the_child() {
     host.finish().await;
 }
 
-/// ARCHITECTURE (ownership): a run dropped without `dispose()` is disposed in the background
-/// (with a warning); the child leaves the registry and its session is removed.
-#[tokio::test(start_paused = true)]
-async fn dropped_run_is_disposed_in_the_background() {
-    let host = Host::new(vec![ScriptEntry::hang()]).await;
+/// A fresh run of the host's parent whose child is in a turn that never ends.
+async fn hanging_run(host: &Host) -> subagent_inprocess::LocalRun {
     let run = host
         .driver
         .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
         .await
         .unwrap();
-    let id = run.id().clone();
     tokio::time::sleep(Duration::from_millis(10)).await;
+    run
+}
+
+/// ARCHITECTURE (ownership): a run dropped without `dispose()` is disposed in the background
+/// (with a warning); the child leaves the registry and its session is removed.
+#[tokio::test(start_paused = true)]
+async fn dropped_run_is_disposed_in_the_background() {
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let run = hanging_run(&host).await;
+    let id = run.id().clone();
     drop(run);
     while host.get(&id).is_some() || host.session_count() > 1 {
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -842,13 +848,8 @@ async fn dropped_run_is_disposed_in_the_background() {
 #[tokio::test(start_paused = true)]
 async fn run_dropped_outside_a_runtime_is_disposed_on_its_own() {
     let host = Host::new(vec![ScriptEntry::hang()]).await;
-    let run = host
-        .driver
-        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
-        .await
-        .unwrap();
+    let run = hanging_run(&host).await;
     let id = run.id().clone();
-    tokio::time::sleep(Duration::from_millis(10)).await;
     std::thread::spawn(move || {
         assert!(
             tokio::runtime::Handle::try_current().is_err(),
