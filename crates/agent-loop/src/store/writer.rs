@@ -166,7 +166,9 @@ pub(crate) struct SessionFile {
 
 impl Drop for SessionFile {
     fn drop(&mut self) {
-        // The open file (and its lock) goes with the writer.
+        // The open file (and its lock) goes with the writer: closed first, then announced (the
+        // fields would only be dropped after this body).
+        drop(self.file.take());
         self.latch.raise();
     }
 }
