@@ -302,12 +302,12 @@ impl InProcessDriver {
                 Ok(false)
             } else {
                 let message = Message::user(prompt, MessageSource::User);
-                match catch_unwind(AssertUnwindSafe(|| state.child.followup(message))) {
+                match catch_unwind(AssertUnwindSafe(|| state.child().followup(message))) {
                     Ok(Ok(_)) => {
                         state.cancel_if_fired_during_delivery();
                         Ok(true)
                     }
-                    Ok(Err(_)) if !state.child.is_live() => {
+                    Ok(Err(_)) if !state.child().is_live() => {
                         state.drained();
                         Ok(false)
                     }

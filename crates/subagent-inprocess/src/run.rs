@@ -38,8 +38,12 @@ pub struct HandleDisposalFailed {
 /// derived. Both are atomics; the action takes no lock.
 pub(crate) struct RunState {
     pub(crate) id: SessionId,
-    pub(crate) child: AgentRef,
+    /// Owns the child (its agent is [`child`](Self::child)).
     handle: AgentHandle,
+    /// The runtime the run was launched on (its child's tasks run there): a run dropped
+    /// undisposed outside any runtime — on a plain thread, or after its caller's `block_on`
+    /// returned — still has its background disposal spawned there.
+    runtime: tokio::runtime::Handle,
     armed: AtomicBool,
     cancelled: AtomicBool,
     /// The synchronous request-signal listener, until disarmed.
@@ -55,16 +59,23 @@ enum Settle {
 }
 
 impl RunState {
+    /// The state of a run owning `handle`. Called on a tokio runtime (the driver's start runs
+    /// on one), which the run keeps for its background disposal.
     pub(crate) fn new(handle: AgentHandle) -> Arc<Self> {
         Arc::new(Self {
             id: handle.id().clone(),
-            child: handle.agent().clone(),
             handle,
+            runtime: tokio::runtime::Handle::current(),
             armed: AtomicBool::new(true),
             cancelled: AtomicBool::new(false),
             listener: Mutex::new(None),
             settle: Mutex::new(Settle::Open(None)),
         })
+    }
+
+    /// The exact child agent.
+    pub(crate) fn child(&self) -> &AgentRef {
+        self.handle.agent()
     }
 
     /// Marks the result settled and calls the registered observer, if any, outside the lock.
@@ -125,7 +136,7 @@ impl RunState {
 
     /// Cancels the child with cause `parent`, containing a panicking `cancel`.
     fn cancel_child(&self) {
-        let cancel = || self.child.cancel(CancelCause::Parent, CancelOptions::default());
+        let cancel = || self.child().cancel(CancelCause::Parent, CancelOptions::default());
         if let Err(panic) = catch_unwind(AssertUnwindSafe(cancel)) {
             tracing::warn!(
                 child = %self.id,
@@ -202,7 +213,7 @@ async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
     } = d;
     let outcome = async {
         if delivered? {
-            let idle = state.child.when_idle();
+            let idle = state.child().when_idle();
             tokio::pin!(idle);
             // A `Signal::cancel` already ran the action through the listener; the signal branch
             // is the backstop for a token cancelled directly (no listener runs for that). A
@@ -230,10 +241,10 @@ async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
         // A child its owner drained was cancelled with the run, whatever its log shows: a drain
         // landing between the turn's start and its claim leaves no accounting turn, which alone
         // would read as `error`.
-        if !state.child.is_live() {
+        if !state.child().is_live() {
             state.drained();
         }
-        let events = state.child.session().events();
+        let events = state.child().session().events();
         let own = &events[boundary.min(events.len())..];
         Ok(derive_result(
             own,
@@ -287,10 +298,6 @@ pub struct LocalRun {
     dispose: OnceLock<RunDisposeFuture>,
     /// The driver's tracker: the result task and a background disposal run on it.
     tasks: TaskTracker,
-    /// The runtime the run was launched on (its child's tasks run there): a run dropped
-    /// undisposed outside any runtime — on a plain thread, or after its caller's `block_on`
-    /// returned — still has its background disposal spawned there.
-    runtime: tokio::runtime::Handle,
 }
 
 impl fmt::Debug for LocalRun {
@@ -304,12 +311,10 @@ impl fmt::Debug for LocalRun {
 }
 
 impl LocalRun {
-    /// Starts the result task on `tasks` and wraps the run. Called on a tokio runtime (the
-    /// driver's start runs on one), which the run keeps for its background disposal.
+    /// Starts the result task on `tasks` (on the run's runtime) and wraps the run.
     pub(crate) fn launch(drive_inputs: Drive, tasks: &TaskTracker) -> Self {
         let state = drive_inputs.state.clone();
-        let runtime = tokio::runtime::Handle::current();
-        let join = tasks.spawn_on(settle(drive_inputs), &runtime);
+        let join = tasks.spawn_on(settle(drive_inputs), &state.runtime);
         let result = async move {
             match join.await {
                 Ok(outcome) => outcome,
@@ -323,7 +328,6 @@ impl LocalRun {
             result,
             dispose: OnceLock::new(),
             tasks: tasks.clone(),
-            runtime,
         }
     }
 
@@ -334,7 +338,7 @@ impl LocalRun {
 
     /// The exact child agent.
     pub fn child(&self) -> &AgentRef {
-        &self.state.child
+        self.state.child()
     }
 
     /// Whether the run was cancelled (by its request signal or by disposal).
@@ -397,7 +401,7 @@ impl SubagentRun for LocalRun {
     }
 
     fn local_agent(&self) -> Option<AgentRef> {
-        Some(self.state.child.clone())
+        Some(self.state.child().clone())
     }
 
     fn result(&self) -> RunResultFuture {
@@ -437,6 +441,6 @@ impl Drop for LocalRun {
         }
         // On the runtime the run was launched on, wherever the drop happens. Once that runtime
         // has shut down nothing can run the disposal; its child's tasks went with it.
-        drop(self.tasks.spawn_on(self.start_dispose(), &self.runtime));
+        drop(self.tasks.spawn_on(self.start_dispose(), &self.state.runtime));
     }
 }
