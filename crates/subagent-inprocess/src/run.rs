@@ -37,8 +37,7 @@ pub struct HandleDisposalFailed {
 /// driver's cancellation flag (set by that action or by disposal) read when the result is
 /// derived. Both are atomics; the action takes no lock.
 pub(crate) struct RunState {
-    pub(crate) id: SessionId,
-    /// Owns the child (its agent is [`child`](Self::child)).
+    /// Owns the child (its id is [`id`](Self::id), its agent [`child`](Self::child)).
     handle: AgentHandle,
     /// The runtime the run was launched on (its child's tasks run there): a run dropped
     /// undisposed outside any runtime — on a plain thread, or after its caller's `block_on`
@@ -63,7 +62,6 @@ impl RunState {
     /// on one), which the run keeps for its background disposal.
     pub(crate) fn new(handle: AgentHandle) -> Arc<Self> {
         Arc::new(Self {
-            id: handle.id().clone(),
             handle,
             runtime: tokio::runtime::Handle::current(),
             armed: AtomicBool::new(true),
@@ -71,6 +69,11 @@ impl RunState {
             listener: Mutex::new(None),
             settle: Mutex::new(Settle::Open(None)),
         })
+    }
+
+    /// The child's session id (the run's id).
+    pub(crate) fn id(&self) -> &SessionId {
+        self.handle.id()
     }
 
     /// The exact child agent.
@@ -90,7 +93,7 @@ impl RunState {
             && let Err(panic) = catch_unwind(AssertUnwindSafe(|| observer(outcome)))
         {
             tracing::warn!(
-                child = %self.id,
+                child = %self.id(),
                 message = %panic_message(&*panic),
                 "subagent run's settled observer panicked; the result stands"
             );
@@ -139,7 +142,7 @@ impl RunState {
         let cancel = || self.child().cancel(CancelCause::Parent, CancelOptions::default());
         if let Err(panic) = catch_unwind(AssertUnwindSafe(cancel)) {
             tracing::warn!(
-                child = %self.id,
+                child = %self.id(),
                 message = %panic_message(&*panic),
                 "subagent child's cancel panicked; the run stays cancelled"
             );
@@ -303,7 +306,7 @@ pub struct LocalRun {
 impl fmt::Debug for LocalRun {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LocalRun")
-            .field("id", &self.state.id)
+            .field("id", self.state.id())
             .field("cancelled", &self.state.is_cancelled())
             .field("disposed", &self.dispose.get().is_some())
             .finish()
@@ -333,7 +336,7 @@ impl LocalRun {
 
     /// The child session id.
     pub fn id(&self) -> &SessionId {
-        &self.state.id
+        self.state.id()
     }
 
     /// The exact child agent.
@@ -359,7 +362,7 @@ impl LocalRun {
                 let teardown = catch_unwind(AssertUnwindSafe(|| self.state.handle.dispose()))
                     .map_err(|panic| panic_message(&*panic));
                 let result = self.result.clone();
-                let id = self.state.id.clone();
+                let id = self.state.id().clone();
                 async move {
                     let released = match teardown {
                         // A result that settled already (the caller awaited it first, as most
@@ -397,7 +400,7 @@ async fn settled(result: RunResultFuture) {
 
 impl SubagentRun for LocalRun {
     fn id(&self) -> &SessionId {
-        &self.state.id
+        self.state.id()
     }
 
     fn local_agent(&self) -> Option<AgentRef> {
@@ -435,9 +438,9 @@ impl Drop for LocalRun {
         if self.state.is_cancelled() {
             // The request signal fired (disposal returned above): the caller dropping the run
             // because its own token was cancelled — as a cancelled tool call does — is expected.
-            tracing::debug!(child = %self.state.id, "cancelled subagent run dropped; disposing in the background");
+            tracing::debug!(child = %self.state.id(), "cancelled subagent run dropped; disposing in the background");
         } else {
-            tracing::warn!(child = %self.state.id, "subagent run dropped without dispose(); disposing in the background");
+            tracing::warn!(child = %self.state.id(), "subagent run dropped without dispose(); disposing in the background");
         }
         // On the runtime the run was launched on, wherever the drop happens. Once that runtime
         // has shut down nothing can run the disposal; its child's tasks went with it.
