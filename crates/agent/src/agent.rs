@@ -25,12 +25,13 @@ pub type AgentRef = Arc<dyn Agent>;
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentOptions {
-    /// Provider route for model requests.
+    /// Provider route for model requests (shared: every request and message of the agent
+    /// names it without a copy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub provider: Option<String>,
-    /// Model route for model requests.
+    pub provider: Option<Arc<str>>,
+    /// Model route for model requests (shared like `provider`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
+    pub model: Option<Arc<str>>,
     /// Output-token cap; when present, a positive safe integer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u64>,

@@ -114,9 +114,9 @@ pub enum RequestHeaderReason {
 #[serde(rename_all = "camelCase")]
 pub struct CallConfig {
     /// Provider route.
-    pub provider: String,
+    pub provider: Arc<str>,
     /// Model route.
-    pub model: String,
+    pub model: Arc<str>,
     /// Reasoning effort id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_effort: Option<String>,
@@ -289,9 +289,9 @@ pub enum EventData {
     /// `request/context {provider, model, contextWindow?}`.
     RequestContext {
         /// Provider route.
-        provider: String,
+        provider: Arc<str>,
         /// Model route.
-        model: String,
+        model: Arc<str>,
         /// The model's context window.
         context_window: Option<u64>,
     },
@@ -389,8 +389,8 @@ mod wire {
     #[derive(Serialize, Deserialize)]
     #[serde(rename_all = "camelCase")]
     pub struct RequestContext {
-        pub provider: String,
-        pub model: String,
+        pub provider: Arc<str>,
+        pub model: Arc<str>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub context_window: Option<u64>,
     }

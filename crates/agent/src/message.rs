@@ -1,5 +1,7 @@
 //! Messages and their provenance.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -50,8 +52,8 @@ impl Message {
     /// An assistant message with `model` provenance and a fresh id.
     pub fn assistant(
         content: Vec<ContentBlock>,
-        provider: impl Into<String>,
-        model: impl Into<String>,
+        provider: impl Into<Arc<str>>,
+        model: impl Into<Arc<str>>,
     ) -> Self {
         Self {
             id: MessageId::generate(),
@@ -107,9 +109,9 @@ pub enum MessageSource {
     /// Assistant provenance.
     Model {
         /// The provider that produced the message.
-        provider: String,
+        provider: Arc<str>,
         /// The model that produced the message.
-        model: String,
+        model: Arc<str>,
         /// Adapter-private lossless JSON needed to replay the message.
         #[serde(
             rename = "replayState",

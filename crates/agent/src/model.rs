@@ -219,9 +219,9 @@ pub struct ToolSchema {
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {
     /// Provider route.
-    pub provider: String,
+    pub provider: Arc<str>,
     /// Model route.
-    pub model: String,
+    pub model: Arc<str>,
     /// The conversation. A loop-built request's list shares the log's events (no message is
     /// copied per request).
     pub messages: MessageList,
@@ -250,8 +250,8 @@ pub struct GenerateOptions {
 impl GenerateOptions {
     /// A request for `provider`/`model` with `messages` and nothing else set.
     pub fn new(
-        provider: impl Into<String>,
-        model: impl Into<String>,
+        provider: impl Into<Arc<str>>,
+        model: impl Into<Arc<str>>,
         messages: impl Into<MessageList>,
     ) -> Self {
         Self {

@@ -195,8 +195,8 @@ fn assistant_message() -> BoxedStrategy<Message> {
             role: Role::Assistant,
             content,
             source: MessageSource::Model {
-                provider,
-                model,
+                provider: provider.into(),
+                model: model.into(),
                 replay_state: replay_state.map(Box::new),
             },
         })
@@ -300,8 +300,8 @@ fn epoch_header() -> BoxedStrategy<EpochHeader> {
     )
         .prop_map(
             |(provider, model, reasoning_effort, temperature, max_tokens, stop)| CallConfig {
-                provider,
-                model,
+                provider: provider.into(),
+                model: model.into(),
                 reasoning_effort,
                 temperature,
                 max_tokens,
@@ -562,8 +562,8 @@ impl Writer {
             StepItem::User(m) => self.push(EventData::UserMessage(m)),
             StepItem::Header(header, reason) => self.push(EventData::RequestHeader { header, reason }),
             StepItem::Context(provider, model, context_window) => self.push(EventData::RequestContext {
-                provider,
-                model,
+                provider: provider.into(),
+                model: model.into(),
                 context_window,
             }),
             StepItem::Chunk(chunk) => self.push(EventData::AssistantChunk { turn, step, chunk }),

@@ -432,8 +432,8 @@ impl Host {
             ..SessionMeta::default()
         };
         create.agent_options = AgentOptions {
-            provider: Some(self.options.model_provider.clone()),
-            model: Some(self.options.model_name.clone()),
+            provider: Some(self.options.model_provider.as_str().into()),
+            model: Some(self.options.model_name.as_str().into()),
             max_tokens: self.options.max_tokens,
             ..AgentOptions::default()
         };

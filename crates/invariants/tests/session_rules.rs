@@ -631,13 +631,13 @@ fn event_contents_a_session_would_refuse_are_flagged() {
     events[6].data = other("x/note", json!({"v": -0.0}));
     if let EventData::AssistantMessage { message, .. } = &mut events[3].data {
         message.source = agent::MessageSource::Model {
-            provider: String::new(),
+            provider: "".into(),
             model: "m".into(),
             replay_state: None,
         };
     }
     if let EventData::RequestHeader { header, .. } = &mut events[2].data {
-        header.config.model = String::new();
+        header.config.model = "".into();
     }
     let v = replay(&events);
     assert_eq!(rules(&v), ["EVENT", "EVENT", "EVENT"], "{v:#?}");

@@ -392,7 +392,7 @@ async fn spw_73_requested_model_when_the_parent_has_none() {
     });
     let run = start(&host, request).await;
     assert_eq!(run.result().await.unwrap().stop_reason, StopReason::Completed);
-    assert_eq!(host.model.requests()[0].model, MODEL);
+    assert_eq!(&*host.model.requests()[0].model, MODEL);
     assert_eq!(run.local_agent().unwrap().options().model.as_deref(), Some(MODEL));
     run.dispose().await.unwrap();
     host.finish().await;

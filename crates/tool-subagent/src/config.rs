@@ -234,8 +234,8 @@ impl RawAgentOptions {
             },
         };
         Ok(AgentOptions {
-            provider: self.provider,
-            model: self.model,
+            provider: self.provider.map(Into::into),
+            model: self.model.map(Into::into),
             max_tokens,
             ..AgentOptions::default()
         })

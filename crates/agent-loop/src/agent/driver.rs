@@ -515,14 +515,14 @@ impl LoopAgent {
         let mut vars: Option<PromptVariables> = None;
         let system = prompt::render_sections(&registry.sections(Some(&self.id)), |section| {
             let vars = vars.get_or_insert_with(|| PromptVariables {
-                model: self.options.model.clone(),
+                model: self.options.model.as_deref().map(str::to_owned),
                 cwd: self
                     .session
                     .header()
                     .cwd
                     .as_ref()
                     .map(|p| p.display().to_string()),
-                provider: self.options.provider.clone(),
+                provider: self.options.provider.as_deref().map(str::to_owned),
             });
             prompt::interpolate(&section.text, vars, &section.name)
         })
@@ -911,7 +911,7 @@ impl LoopAgent {
                     EventData::AssistantMessage {
                         turn,
                         step,
-                        message: Message::assistant(content, provider, model),
+                        message: Message::assistant(content, provider.clone(), model.clone()),
                         usage: asm.usage(),
                         interrupted: true,
                     },
@@ -939,7 +939,7 @@ impl LoopAgent {
         // The assembler's blocks are moved into the message, not copied.
         let mut blocks = asm.into_blocks();
         make_call_ids_unique(&mut blocks);
-        let mut message = Message::assistant(blocks, provider, model);
+        let mut message = Message::assistant(blocks, provider.clone(), model.clone());
         if let (Some(state), MessageSource::Model { replay_state, .. }) = (state, &mut message.source) {
             *replay_state = Some(state);
         }

@@ -289,11 +289,13 @@ impl Inner {
             provider: spec.provider.clone(),
             label: spec.label.clone(),
             agent_provider: requested
-                .and_then(|o| o.provider.clone())
-                .or_else(|| parent.options().provider.clone()),
+                .and_then(|o| o.provider.as_deref())
+                .or(parent.options().provider.as_deref())
+                .map(str::to_owned),
             agent_model: requested
-                .and_then(|o| o.model.clone())
-                .or_else(|| parent.options().model.clone()),
+                .and_then(|o| o.model.as_deref())
+                .or(parent.options().model.as_deref())
+                .map(str::to_owned),
             persona: spec.persona.clone(),
             tool_filter: spec.tool_filter.clone(),
         });

@@ -75,8 +75,8 @@ impl Inner {
         let resume = ResumeAgentOptions {
             session_id: child_id.clone(),
             agent_options: agent::AgentOptions {
-                provider: descriptor.agent_provider.clone(),
-                model: descriptor.agent_model.clone(),
+                provider: descriptor.agent_provider.as_deref().map(Into::into),
+                model: descriptor.agent_model.as_deref().map(Into::into),
                 ..agent::AgentOptions::default()
             },
             signal: Some(signal.clone()),

@@ -1388,7 +1388,7 @@ async fn cont_15_94_declared_model_and_persona_survive_cold_resume() {
         .requests()
         .iter()
         .filter(|r| r.session_id.as_ref() == Some(&child_id))
-        .map(|r| r.model.clone())
+        .map(|r| r.model.to_string())
         .collect();
     assert_eq!(child_models, vec!["special", "special"]);
     host.finish().await;

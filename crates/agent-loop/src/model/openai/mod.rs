@@ -203,7 +203,7 @@ impl ModelAdapter for OpenAiCompatible {
         let model = if request.model.is_empty() {
             self.config.model.as_str()
         } else {
-            request.model.as_str()
+            &request.model
         };
         let body = request::build_body(&request, model);
         let mut http = self.client.post(&*self.url).json(&body);
