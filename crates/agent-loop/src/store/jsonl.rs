@@ -10,6 +10,7 @@ use agent::{SessionEvent, SessionHeader, SessionId};
 use parking_lot::Mutex;
 
 use super::codec::{encode_line, read_header, read_log};
+use super::dir::StoreDir;
 use super::error::StoreError;
 use super::writer::{Known, Plan, ReleaseLatch, SessionFile};
 use super::{LoadedSession, SessionSummary};
@@ -72,7 +73,8 @@ const EXTENSION: &str = "jsonl";
 /// if every handle to the store is dropped.
 #[derive(Debug)]
 pub struct JsonlStore {
-    dir: PathBuf,
+    /// The directory, created (and its chain of entries synced) with the first session.
+    dir: Arc<StoreDir>,
     /// Writer state by session. The lock protects only the map (never held across an
     /// `.await` or during I/O); an append accepts its line under it, so a writer taken out of
     /// the map (by `close` or `remove`) never accepts another line.
@@ -100,10 +102,12 @@ where
 
 impl JsonlStore {
     /// A store over `dir`. No I/O happens here; the directory is created with the first
-    /// session, and a missing directory lists as empty.
+    /// session, and a missing directory lists as empty. Creating it also syncs the entries of
+    /// every directory made (and of `dir` itself) in their parents, once per store, so a log
+    /// reported durable survives a crash together with the directories that hold it.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
-            dir: dir.into(),
+            dir: Arc::new(StoreDir::new(dir.into())),
             files: Mutex::new(HashMap::new()),
             closing: Mutex::new(HashMap::new()),
         }
@@ -111,13 +115,13 @@ impl JsonlStore {
 
     /// The directory this store writes to.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.dir.path()
     }
 
     /// The log file of session `id` (whether or not it exists).
     pub fn path_of(&self, id: &SessionId) -> Result<PathBuf, StoreError> {
         check_id(id)?;
-        Ok(self.dir.join(format!("{id}.{EXTENSION}")))
+        Ok(self.dir.path().join(format!("{id}.{EXTENSION}")))
     }
 
     /// Creates session `header.id`; its header line is written in the background.
@@ -202,8 +206,8 @@ impl JsonlStore {
                 tracing::warn!(error = %e, "a session log write failed before listing");
             }
         }
-        let dir = self.dir.clone();
-        blocking(self.dir.clone(), move || {
+        let dir = self.dir.path().to_owned();
+        blocking(dir.clone(), move || {
             let entries = match fs::read_dir(&dir) {
                 Ok(entries) => entries,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),

@@ -21,6 +21,7 @@
 //! live again.
 
 mod codec;
+mod dir;
 mod error;
 mod jsonl;
 mod memory;

@@ -31,6 +31,7 @@ use parking_lot::{Condvar, Mutex};
 use tokio::sync::watch;
 
 use super::codec::{ParsedLog, encode_line, open_regular, parse_header, parse_log, read_log, read_log_bytes};
+use super::dir::StoreDir;
 use super::error::StoreError;
 
 /// What a freshly parsed log told us, so the drainer need not read it again.
@@ -148,7 +149,8 @@ impl ReleaseLatch {
 pub(crate) struct SessionFile {
     id: SessionId,
     path: PathBuf,
-    dir: PathBuf,
+    /// The store's directory (created, and made durable, before the log is created in it).
+    dir: Arc<StoreDir>,
     /// The header, when this instance created the session or has read it.
     header: Mutex<Option<SessionHeader>>,
     /// The open file; set once by the drainer.
@@ -179,7 +181,7 @@ impl SessionFile {
     pub(crate) fn new(
         id: SessionId,
         path: PathBuf,
-        dir: PathBuf,
+        dir: Arc<StoreDir>,
         plan: Plan,
         predecessor: Option<Arc<ReleaseLatch>>,
     ) -> Arc<Self> {
@@ -513,7 +515,7 @@ impl SessionFile {
     /// header is adopted (locked, returned for the caller to continue); a different one is a
     /// duplicate; a file whose header write never completed is replaced.
     fn create(&self, header: &SessionHeader) -> Result<Created, StoreError> {
-        fs::create_dir_all(&self.dir).map_err(|e| StoreError::io(&self.dir, e))?;
+        self.dir.ensure()?;
         let create = || OpenOptions::new().append(true).create_new(true).open(&self.path);
         let file = match create() {
             Ok(file) => file,
@@ -601,9 +603,7 @@ impl SessionFile {
         }
         if with_dir {
             // The first sync also makes the file's directory entry durable.
-            File::open(&self.dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| StoreError::io(&self.dir, e))?;
+            self.dir.sync(self.dir.path())?;
         }
         Ok(())
     }
