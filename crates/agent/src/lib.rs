@@ -45,7 +45,7 @@ pub use agent::{
 };
 pub use bus::{BoxError, Carried, EventBus};
 pub use content::ContentBlock;
-pub use error::AgentError;
+pub use error::{AgentError, error_chain};
 pub use event::{EventData, InboxSplice, InboxTarget, SessionEvent, SurfaceMeta, SurfaceOp};
 pub use header::{HeaderError, Origin, SessionHeader, SessionMeta};
 pub use hooks::{AgentEvent, PreStep, PreStepDecision, PreStepInterceptor, TurnStoppingHook};

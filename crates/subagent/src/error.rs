@@ -14,6 +14,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub use agent::error_chain;
+
 /// A shareable, type-erased error: the cause a [`SubagentError`] carries, and the failure type of
 /// memoized (shared) futures such as a run's disposal.
 pub type SharedError = Arc<dyn StdError + Send + Sync + 'static>;
@@ -642,43 +644,6 @@ fn join_chains(failures: &[&(dyn StdError + 'static)]) -> String {
         .map(|e| error_chain(*e))
         .collect::<Vec<_>>()
         .join("; ")
-}
-
-/// Renders an error with its whole cause chain: the outermost message first, each cause appended
-/// with `": "`, skipping a cause whose text repeats the message it wraps (wrappers that embed
-/// their cause's text would otherwise print it twice). An empty message renders as
-/// `<empty error>`.
-///
-/// For diagnostics only (messages, notices, logs): never parse the result, route on codes.
-pub fn error_chain(error: &(dyn StdError + 'static)) -> String {
-    let text = |e: &dyn StdError| {
-        let s = e.to_string();
-        if s.is_empty() {
-            "<empty error>".to_owned()
-        } else {
-            s
-        }
-    };
-    let mut out = text(error);
-    let mut last = out.clone();
-    let mut current = error.source();
-    // Cause chains are finite in practice; the bound guards against a pathological cycle.
-    let mut budget = 64usize;
-    while let Some(cause) = current {
-        if budget == 0 {
-            out.push_str(": <cause chain truncated>");
-            break;
-        }
-        budget -= 1;
-        let t = text(cause);
-        if t != last {
-            out.push_str(": ");
-            out.push_str(&t);
-        }
-        last = t;
-        current = cause.source();
-    }
-    out
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The stores as [`agent::SessionPersistence`] backends.
 
-use agent::{AgentError, SessionEvent, SessionHeader, SessionId, SessionPersistence};
+use agent::{AgentError, SessionEvent, SessionHeader, SessionId, SessionPersistence, error_chain};
 use async_trait::async_trait;
 
 use super::error::StoreError;
@@ -18,20 +18,6 @@ impl From<StoreError> for AgentError {
             other => AgentError::Persistence(error_chain(&other)),
         }
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let s_text = s.to_string();
-        if !text.contains(&s_text) {
-            text.push_str(": ");
-            text.push_str(&s_text);
-        }
-        source = s.source();
-    }
-    text
 }
 
 fn spine(loaded: super::LoadedSession) -> agent::store::LoadedSession {

@@ -11,7 +11,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use agent::{FinishReason, GenerateOptions, LlmFailure, ModelAdapter, ModelStream, Signal, StreamChunk};
+use agent::{
+    FinishReason, GenerateOptions, LlmFailure, ModelAdapter, ModelStream, Signal, StreamChunk, error_chain,
+};
 use futures::stream::{self, BoxStream};
 use futures::{StreamExt as _, TryStreamExt as _};
 use reqwest::header::{HeaderMap, HeaderValue};
@@ -643,21 +645,6 @@ fn transport_failure(e: &reqwest::Error) -> StreamChunk {
         },
         replay_state: None,
     }
-}
-
-/// An error and its sources, joined with `: `.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let s_text = s.to_string();
-        if !text.contains(&s_text) {
-            text.push_str(": ");
-            text.push_str(&s_text);
-        }
-        source = s.source();
-    }
-    text
 }
 
 /// Caps a message at [`MESSAGE_CAP`] bytes on a char boundary.
