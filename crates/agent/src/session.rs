@@ -115,6 +115,10 @@ pub type EventSnapshot = Arc<Vec<Arc<SessionEvent>>>;
 
 struct Inner {
     events: EventSnapshot,
+    /// Whether an observed append holds the next seq (it read `events.len()` and has not
+    /// committed or been vetoed yet). An unobserved append finding it set waits on
+    /// `append_lock` instead of taking that seq.
+    reserved: bool,
 }
 
 /// One session: its header and its append-only event log.
@@ -126,6 +130,7 @@ pub struct Session {
     header: SessionHeader,
     first_live_seq: u64,
     inner: Mutex<Inner>,
+    /// Serializes observed appends (and an unobserved one that finds a seq reserved).
     append_lock: Mutex<()>,
     /// Whether some append is running observers (raised before `publishing` is set, lowered
     /// after it is cleared). While it is down no append can be reentering, so the exact check
@@ -193,6 +198,7 @@ impl Session {
             first_live_seq,
             inner: Mutex::new(Inner {
                 events: Arc::new(events),
+                reserved: false,
             }),
             append_lock: Mutex::new(()),
             observing: AtomicBool::new(false),
@@ -302,16 +308,28 @@ impl Session {
         // The event is built before it is validated, so the payload moves straight from the
         // argument into the allocation. (Validated first, the payload's address has escaped into
         // the validation, and the compiler then copies it twice more on its way to the heap.)
-        // Its seq is assigned below, under the log lock.
-        let mut event = new_event(time, data, surface);
-        let _guard = self.append_lock.lock();
-        if let Err(e) = validate_candidate(&event.data, event.surface.as_ref()) {
-            let kind = event.type_name().to_owned();
+        // Its seq is assigned below, under the log lock, through the same exclusive borrow.
+        let mut event = new_event(time, surface);
+        let unshared = Arc::get_mut(&mut event).expect("a new event is not shared");
+        place_payload(unshared, data);
+        if let Err(e) = validate_candidate(&unshared.data, unshared.surface.as_ref()) {
+            let kind = unshared.type_name().to_owned();
             return Err(match e {
                 CandidateError::Lossless(reason) => LogError::NotLossless { kind, reason },
                 CandidateError::Invalid(reason) => LogError::Invalid { kind, reason },
             });
         }
+        // Unobserved, seq assignment and commit share one lock and need no other — unless an
+        // observed append (the observer list was replaced meanwhile) holds a seq.
+        if !self.observed.load(Ordering::Acquire) {
+            let mut inner = self.inner.lock();
+            if !inner.reserved {
+                unshared.seq = inner.events.len() as u64;
+                push_event(&mut inner.events, event.clone());
+                return Ok(event);
+            }
+        }
+        let _serial = self.append_lock.lock();
         // An empty observer list behaves exactly like none: nothing to consult or announce.
         let observers = if self.observed.load(Ordering::Acquire) {
             match &*self.observers.read() {
@@ -322,17 +340,23 @@ impl Session {
             None
         };
         let Some(observers) = observers else {
-            // Nobody to consult, so seq assignment and commit share one lock.
+            // Reservations are made under `append_lock`, which this append holds: none is open.
             let mut inner = self.inner.lock();
-            set_seq(&mut event, inner.events.len() as u64);
+            unshared.seq = inner.events.len() as u64;
             push_event(&mut inner.events, event.clone());
             return Ok(event);
         };
-        let seq = self.inner.lock().events.len() as u64;
-        set_seq(&mut event, seq);
+        let seq = {
+            let mut inner = self.inner.lock();
+            inner.reserved = true;
+            inner.events.len() as u64
+        };
+        unshared.seq = seq;
         self.observing.store(true, Ordering::Release);
         *self.publishing.lock() = Some(std::thread::current().id());
         // A panicking check is a veto: the append is refused and the session stays usable.
+        // (Observer calls are the only code between reserving the seq and releasing it that
+        // can unwind, and they are contained.)
         let verdict = observers.iter().try_for_each(|o| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| o.check(self, &event))).unwrap_or_else(
                 |payload| {
@@ -344,13 +368,18 @@ impl Session {
             )
         });
         if let Err(reason) = verdict {
+            self.inner.lock().reserved = false;
             self.end_observing();
             return Err(LogError::Vetoed {
                 kind: event.type_name().to_owned(),
                 reason,
             });
         }
-        push_event(&mut self.inner.lock().events, event.clone());
+        {
+            let mut inner = self.inner.lock();
+            push_event(&mut inner.events, event.clone());
+            inner.reserved = false;
+        }
         for o in observers.iter() {
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| o.committed(self, &event)));
             if result.is_err() {
@@ -367,36 +396,31 @@ impl Session {
     }
 }
 
-/// Builds the shared event (its seq still 0), copying the large payload once, straight into the
-/// allocation.
+/// Allocates the shared event with a payload-free placeholder (its seq still 0), for
+/// [`place_payload`] to fill in place.
 ///
 /// A plain `Arc::new` of the whole event assembles the event and then its reference counts on
 /// the stack before copying them to the heap: three copies of the payload (measured). Here
-/// `Arc::new_cyclic` (its weak handle unused) allocates first and writes a payload-free
-/// placeholder event field by field; the payload then replaces the placeholder in place.
+/// `Arc::new_cyclic` (its weak handle unused) allocates first and writes the placeholder field
+/// by field; the payload then replaces it in place, copied once.
 #[inline(always)]
-fn new_event(time: u64, data: EventData, surface: Option<SurfaceMeta>) -> Arc<SessionEvent> {
-    let mut event = Arc::new_cyclic(|_| SessionEvent {
+fn new_event(time: u64, surface: Option<SurfaceMeta>) -> Arc<SessionEvent> {
+    Arc::new_cyclic(|_| SessionEvent {
         seq: 0,
         time,
         data: EventData::EndSeed,
         surface,
         ignorable: false,
-    });
-    let slot = &mut Arc::get_mut(&mut event).expect("a new event is not shared").data;
-    let placeholder = std::mem::replace(slot, data);
+    })
+}
+
+/// Moves `data` into a new event's placeholder.
+#[inline(always)]
+fn place_payload(event: &mut SessionEvent, data: EventData) {
+    let placeholder = std::mem::replace(&mut event.data, data);
     // `EndSeed` owns nothing, so skipping its drop glue leaks nothing.
     debug_assert!(matches!(placeholder, EventData::EndSeed));
     std::mem::forget(placeholder);
-    event
-}
-
-/// Assigns the seq of an event built by [`new_event`] and not shared yet.
-#[inline(always)]
-fn set_seq(event: &mut Arc<SessionEvent>, seq: u64) {
-    Arc::get_mut(event)
-        .expect("an event is not shared before it is committed")
-        .seq = seq;
 }
 
 /// Initial capacity of a log's event list: a short session never reallocates it.
@@ -1025,5 +1049,60 @@ mod tests {
         s.append(EventData::TurnStart { turn: 2 }, None)
             .expect("the session still takes appends on this thread");
         assert_eq!(s.len(), 2);
+    }
+
+    /// Holds its first check until released, telling the test when it is inside it.
+    struct Gate {
+        entered: std::sync::mpsc::SyncSender<()>,
+        release: Mutex<std::sync::mpsc::Receiver<()>>,
+    }
+    impl SessionObserver for Gate {
+        fn check(&self, _: &Session, _: &SessionEvent) -> Result<(), String> {
+            let _ = self.entered.send(());
+            let _ = self.release.lock().recv();
+            Ok(())
+        }
+    }
+
+    /// An unobserved append (the observer list was emptied meanwhile) that arrives while an
+    /// observed append is between taking its seq and committing waits for it, instead of taking
+    /// the same seq: the log stays numbered by position.
+    #[test]
+    fn an_unobserved_append_never_takes_a_seq_an_observed_one_holds() {
+        let s = Arc::new(Session::new(header("a"), None).unwrap());
+        let (entered_tx, entered) = std::sync::mpsc::sync_channel(1);
+        let (release, release_rx) = std::sync::mpsc::channel();
+        s.publish(vec![Arc::new(Gate {
+            entered: entered_tx,
+            release: Mutex::new(release_rx),
+        })]);
+        let observed = std::thread::spawn({
+            let s = s.clone();
+            move || s.append(EventData::TurnStart { turn: 1 }, None).map(|e| e.seq)
+        });
+        entered.recv().expect("the observed append is in its check");
+        s.publish(Vec::new());
+        let done = Arc::new(AtomicBool::new(false));
+        let unobserved = std::thread::spawn({
+            let (s, done) = (s.clone(), done.clone());
+            move || {
+                let seq = s.append(EventData::TurnStart { turn: 2 }, None).map(|e| e.seq);
+                done.store(true, Ordering::SeqCst);
+                seq
+            }
+        });
+        // Give the unobserved append every chance to (wrongly) commit before the observed one.
+        for _ in 0..10_000 {
+            if done.load(Ordering::SeqCst) {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        release.send(()).expect("released");
+        let first = observed.join().unwrap().expect("observed append");
+        let second = unobserved.join().unwrap().expect("unobserved append");
+        assert_eq!((first, second), (0, 1));
+        let seqs: Vec<u64> = s.events().iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, vec![0, 1]);
     }
 }
