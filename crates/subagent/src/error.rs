@@ -796,6 +796,20 @@ mod tests {
             cause: Plain("same"),
         };
         assert_eq!(error_chain(&repeated), "same");
+        // A wrapper whose message ends with its cause's text (`"<context>: {source}"`) shows the
+        // cause once; a deeper cause it does not embed is still appended.
+        let embedding = SubagentError::new(
+            SubagentErrorCode::ProviderFailed,
+            "agent \"c\" setup failed: unknown tool",
+        )
+        .with_source(Wrapped {
+            msg: "unknown tool",
+            cause: Plain("registry closed"),
+        });
+        assert_eq!(
+            error_chain(&embedding),
+            "agent \"c\" setup failed: unknown tool: registry closed"
+        );
         assert_eq!(error_chain(&Plain("")), "<empty error>");
         let cloned = err.clone();
         assert_eq!(cloned, err);

@@ -184,6 +184,34 @@ async fn tool_41_start_failure_settles_failed() {
     host.close().await;
 }
 
+/// A startup rejection whose message already ends with its cause's text (the in-process
+/// driver's `agent "<id>" setup failed: <cause>`, keeping the cause as its source) settles the
+/// job `failed` with that text once, the cause not repeated after itself (§3.8 step 5).
+#[tokio::test(start_paused = true)]
+async fn a_start_rejection_names_its_cause_once_in_the_job() {
+    let mut host = Host::new();
+    let _p = host.provider(FakeProvider::new(
+        "spawn",
+        Arc::new(|_| {
+            let failure = subagent_inprocess::StartFailure::Create(agent::AgentError::Setup {
+                id: "child-1".into(),
+                source: "unknown global tool \"nonexistent\"".into(),
+            });
+            async move { Err(failure.into()) }.boxed()
+        }),
+    ));
+    let _tool = host.load_json(json!({"provider": "spawn"}));
+    let parent = host.parent("sess-parent").await;
+    let started = host.call("subagent", &parent, background()).await;
+    assert_eq!(text(&started), "started background subagent job subagent-1");
+    let output = host.job_output(&parent, "subagent-1").await;
+    assert_eq!(
+        text(&output),
+        "(no new output)\n[status: failed, agent \"child-1\" setup failed: unknown global tool \"nonexistent\"]"
+    );
+    host.close().await;
+}
+
 fn pending_start(name: &str, rejection: SubagentError) -> FakeProvider {
     FakeProvider::new(
         name,

@@ -613,6 +613,41 @@ async fn start_rejection_is_an_error_result() {
     host.close().await;
 }
 
+/// A start rejection whose message already ends with its cause's text — the in-process
+/// driver's setup failure (`agent "<id>" setup failed: <cause>`, keeping the cause as its
+/// source), as when a configured tool filter names an unknown tool — reaches the model with the
+/// cause once (§3.7 step 1: `Error: <message>`), not repeated after itself.
+#[tokio::test(start_paused = true)]
+async fn a_start_rejection_names_its_cause_once() {
+    let mut host = Host::new();
+    let _p = host.provider(setup_failing_provider());
+    let _tool = host.load_json(json!({"provider": "spawn"}));
+    let parent = host.parent("parent").await;
+    let outcome = host.call("subagent", &parent, args()).await;
+    assert!(outcome.is_error);
+    assert_eq!(
+        text(&outcome),
+        "Error: agent \"child-1\" setup failed: unknown global tool \"nonexistent\""
+    );
+    assert_eq!(outcome.error.map(|e| e.code), Some("PROVIDER_FAILED".to_owned()));
+    host.close().await;
+}
+
+/// A provider whose start rejects as the in-process driver does when the child's setup window
+/// fails: a `PROVIDER_FAILED` error whose message embeds its source's text.
+fn setup_failing_provider() -> FakeProvider {
+    FakeProvider::new(
+        "spawn",
+        Arc::new(|_| {
+            let failure = subagent_inprocess::StartFailure::Create(agent::AgentError::Setup {
+                id: "child-1".into(),
+                source: "unknown global tool \"nonexistent\"".into(),
+            });
+            async move { Err(failure.into()) }.boxed()
+        }),
+    )
+}
+
 /// Malformed arguments are refused as `INVALID_ARGS` before anything starts.
 #[tokio::test(start_paused = true)]
 async fn malformed_arguments_are_invalid_args() {
