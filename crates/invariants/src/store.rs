@@ -26,7 +26,8 @@ struct Entry {
 /// * `DEPTH`: a subagent child's `delegationDepth` is its parent's plus one;
 /// * `NOTICE-PARENT`: every settlement notice a session received (a message whose source kind is
 ///   `subagent-settled`, logged as a `user/message` or inserted by an inbox splice) names, as its
-///   `senderSessionId`, a child whose `parentSession` is that session;
+///   `senderSessionId`, a child whose `parentSession` is that session (a fork child's inherited
+///   seed holds its parent's notices, which are the parent's to answer for, not the child's);
 /// * `FORK-SEED`: a child with `seedLength = n` starts with exactly its parent's first `n`
 ///   events (compared as JSON values, so key order does not matter); lines unreadable on either
 ///   side are skipped (they are already `PARSE` violations) and only the first difference is
@@ -96,7 +97,7 @@ pub fn check_store(dir: &Path) -> Result<DirReport, ReadError> {
         }
     }
     for receiver in &entries {
-        match settlement_notices(&receiver.path) {
+        match settlement_notices(&receiver.path, receiver.header.seed_length.unwrap_or(0)) {
             Ok(notices) => {
                 for (seq, sender) in notices {
                     let Some([child]) = by_id.get(&sender).map(Vec::as_slice) else {
@@ -130,10 +131,12 @@ pub fn check_store(dir: &Path) -> Result<DirReport, ReadError> {
 /// The source kind of the seam's settlement notices (seam §2.14.13).
 const SETTLED_SOURCE: &str = "subagent-settled";
 
-/// `(seq, senderSessionId)` of every settlement notice in a log: `user/message` events and
-/// messages inserted by `agent/inbox/spliced`. Unreadable lines are skipped (they are already
-/// `PARSE` findings).
-fn settlement_notices(path: &Path) -> io::Result<Vec<(u64, SessionId)>> {
+/// `(seq, senderSessionId)` of every settlement notice a log's session received itself:
+/// `user/message` events and messages inserted by `agent/inbox/spliced`, after the first
+/// `seed_length` events (a fork child's inherited prefix holds what its parent received, checked
+/// in the parent's log and compared with it by `FORK-SEED`). Unreadable lines are skipped (they
+/// are already `PARSE` findings).
+fn settlement_notices(path: &Path, seed_length: u64) -> io::Result<Vec<(u64, SessionId)>> {
     fn sender(message: &Value) -> Option<SessionId> {
         let source = message.get("source")?;
         (source.get("kind")?.as_str()? == SETTLED_SOURCE)
@@ -143,7 +146,8 @@ fn settlement_notices(path: &Path) -> io::Result<Vec<(u64, SessionId)>> {
     let mut out = Vec::new();
     let file = open_log(path)?;
     for_each_line(BufReader::new(file), |line| {
-        if line.number == 1 {
+        // Line 1 is the header; event `i` is on line `i + 2`.
+        if line.number < seed_length.saturating_add(2) {
             return true;
         }
         let Ok(event) = serde_json::from_slice::<Value>(line.bytes) else {

@@ -200,3 +200,48 @@ fn settlement_notices_must_come_from_the_receivers_own_children() {
     assert_eq!(found[0].seq, Some(bad_seq));
     assert_eq!(rules(&report.violations), vec!["NOTICE-PARENT"]);
 }
+
+/// A fork child inherits its parent's history, settlement notices included: a notice the
+/// parent received from its own child, copied into the fork's seed, was not received by the
+/// fork child and is no finding in its log (the parent's own log is where it is checked).
+/// A notice from that same sibling in the fork child's own suffix still is.
+#[test]
+fn a_notice_inherited_through_a_fork_seed_is_the_parents_not_the_forks() {
+    let dir = scratch("store-notice-seed");
+    let (parent, spawned, _, _) = family();
+    // The parent hears from its spawn child between two turns, then completes another turn.
+    let mut p = LogBuilder::new(parent.header.clone());
+    p.turn(2, 1, None);
+    p.event(
+        agent::EventData::UserMessage(notice_from("spawned")),
+        Some(agent::SurfaceMeta::append()),
+    );
+    p.turn(1, 0, None);
+    let parent = p.build();
+    // Forked after that turn: the seed is the parent's whole balanced log, the notice included.
+    let n = parent.events.len() as u64;
+    let mut f = LogBuilder::seeded(child_header("forked", &parent.header, n), &parent.events);
+    f.turn(1, 0, Some("fork"));
+    let forked = f.build();
+    put(&dir, "parent.jsonl", &parent);
+    put(&dir, "spawned.jsonl", &spawned);
+    put(&dir, "forked.jsonl", &forked);
+    let report = check_store(&dir).unwrap();
+    assert!(report.is_clean(), "{:#?}", report.violations);
+
+    // The same notice in the fork child's own suffix is one it received itself: a finding.
+    let mut f = LogBuilder::seeded(forked.header.clone(), &forked.events[..n as usize]);
+    f.turn(1, 0, Some("fork"));
+    f.event(
+        agent::EventData::UserMessage(notice_from("spawned")),
+        Some(agent::SurfaceMeta::append()),
+    );
+    let forked = f.build();
+    put(&dir, "forked.jsonl", &forked);
+    let report = check_store(&dir).unwrap();
+    assert_eq!(rules(&report.violations), ["NOTICE-PARENT"]);
+    assert_eq!(
+        (report.violations[0].session.as_str(), report.violations[0].seq),
+        ("forked", Some(forked.events.len() as u64 - 1))
+    );
+}
