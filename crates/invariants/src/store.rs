@@ -61,16 +61,19 @@ pub fn check_store(dir: &Path) -> Result<DirReport, ReadError> {
     for (i, e) in entries.iter().enumerate() {
         by_id.entry(&e.header.id).or_default().push(i);
     }
-    for (id, idx) in &by_id {
-        for &dup in &idx[1..] {
+    // In path order (entries are), so that a store's findings read the same on every run.
+    for (i, entry) in entries.iter().enumerate() {
+        if let Some(&first) = by_id.get(&entry.header.id).and_then(|holders| holders.first())
+            && first != i
+        {
             report.violations.push(Violation::at(
-                (*id).clone(),
+                entry.header.id.clone(),
                 None,
                 RuleId::DUPLICATE_SESSION,
                 format!(
                     "one log per session id, but {} and {} both hold it",
-                    entries[idx[0]].path.display(),
-                    entries[dup].path.display()
+                    entries[first].path.display(),
+                    entry.path.display()
                 ),
             ));
         }

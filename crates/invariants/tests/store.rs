@@ -245,3 +245,28 @@ fn a_notice_inherited_through_a_fork_seed_is_the_parents_not_the_forks() {
         ("forked", Some(forked.events.len() as u64 - 1))
     );
 }
+
+/// The findings of one store come in the same order on every run: duplicated session ids are
+/// reported in the path order of their second copies, like every other finding.
+#[test]
+fn duplicate_sessions_are_reported_in_path_order() {
+    let dir = scratch("store-dup-order");
+    let ids: Vec<String> = (0..12).map(|i| format!("s{i:02}")).collect();
+    for id in &ids {
+        let log = synthetic::valid_log(id, 1, 1, 0);
+        put(&dir, &format!("a/{id}.jsonl"), &log);
+        put(&dir, &format!("b/{id}.jsonl"), &log);
+    }
+    let report = check_store(&dir).unwrap();
+    let reported: Vec<&str> = report.violations.iter().map(|v| v.session.as_str()).collect();
+    assert_eq!(reported, ids, "{:#?}", report.violations);
+    assert!(
+        report.violations[0].expected.ends_with(&format!(
+            "{} and {} both hold it",
+            dir.join("a/s00.jsonl").display(),
+            dir.join("b/s00.jsonl").display()
+        )),
+        "{}",
+        report.violations[0]
+    );
+}
