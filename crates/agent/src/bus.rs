@@ -210,6 +210,37 @@ impl<E: 'static> EventBus<E> {
         }
         Ok(())
     }
+
+    /// Like [`try_emit_for`](Self::try_emit_for), for an event a listener may veto whose
+    /// effects must then be undone: at the first failure, `undo()` is delivered (contained, in
+    /// reverse order) to exactly the listeners that had received `event`, and the failure is
+    /// returned. Listeners after the failing one hear neither.
+    pub fn try_emit_for_or_undo(
+        &self,
+        carrier: Option<&SessionId>,
+        event: &E,
+        undo: impl FnOnce() -> E,
+    ) -> Result<(), ListenerFailed> {
+        if self.is_silent() {
+            return Ok(());
+        }
+        let entries = self.snapshot();
+        let matching: Vec<&Entry<E>> = entries.iter().filter(|e| Self::matches(e, carrier)).collect();
+        for (delivered, e) in matching.iter().enumerate() {
+            if let Err(message) = Self::call(&e.listener, event) {
+                if delivered > 0 {
+                    let undo = undo();
+                    for told in matching[..delivered].iter().rev() {
+                        if let Err(message) = Self::call(&told.listener, &undo) {
+                            tracing::warn!(%message, "event listener failed on an undo; delivery continues");
+                        }
+                    }
+                }
+                return Err(ListenerFailed { message });
+            }
+        }
+        Ok(())
+    }
 }
 
 impl<E: Carried + 'static> EventBus<E> {
@@ -221,6 +252,11 @@ impl<E: Carried + 'static> EventBus<E> {
     /// Like [`EventBus::emit`] but stops at, and returns, the first failure.
     pub fn try_emit(&self, event: &E) -> Result<(), ListenerFailed> {
         self.try_emit_for(event.carrier(), event)
+    }
+
+    /// [`try_emit_for_or_undo`](Self::try_emit_for_or_undo) for the event's own carrier.
+    pub fn try_emit_or_undo(&self, event: &E, undo: impl FnOnce() -> E) -> Result<(), ListenerFailed> {
+        self.try_emit_for_or_undo(event.carrier(), event, undo)
     }
 }
 
@@ -305,5 +341,38 @@ mod tests {
             bus.try_emit(&Ev(None, 1)).unwrap_err().message,
             "<unrenderable thrown value>"
         );
+    }
+
+    /// A vetoed emission is undone for exactly the listeners that heard it, latest first;
+    /// listeners after the veto hear nothing, and a failing undo does not stop the others.
+    #[test]
+    fn a_vetoed_emission_is_undone_for_the_listeners_that_heard_it() {
+        let bus: EventBus<Ev> = EventBus::new();
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let listener = |name: &'static str, veto: Option<u32>, fail_undo: bool| {
+            let heard = heard.clone();
+            move |e: &Ev| {
+                heard.lock().push((name, e.1));
+                if Some(e.1) == veto || (fail_undo && e.1 == 0) {
+                    Err("no".into())
+                } else {
+                    Ok(())
+                }
+            }
+        };
+        let _a = bus.on(listener("a", None, false));
+        let _b = bus.on(listener("b", None, true));
+        let _c = bus.on(listener("c", Some(7), false));
+        let _d = bus.on(listener("d", None, false));
+        let failure = bus.try_emit_or_undo(&Ev(None, 7), || Ev(None, 0)).unwrap_err();
+        assert_eq!(failure.message, "no");
+        assert_eq!(
+            *heard.lock(),
+            vec![("a", 7), ("b", 7), ("c", 7), ("b", 0), ("a", 0)]
+        );
+        heard.lock().clear();
+        bus.try_emit_or_undo(&Ev(None, 8), || unreachable!("nothing to undo"))
+            .expect("delivered");
+        assert_eq!(heard.lock().len(), 4);
     }
 }

@@ -138,7 +138,9 @@ impl SubagentService {
     /// Fails with `DUPLICATE_PROVIDER` when the name is taken, and with `PROVIDER_FAILED` when
     /// the provider's `name()` panics (it is called once, here). After storing the provider,
     /// `subagent/provider-added` is emitted **uncontained**: if a listener fails, the
-    /// registration is unwound and the listener's error is returned. Dropping the returned guard
+    /// registration is unwound, the listeners that had already received the addition receive
+    /// `subagent/provider-removed` for it (latest first, contained), and the listener's error is
+    /// returned. Dropping the returned guard
     /// removes the provider and emits `subagent/provider-removed` (contained, unscoped).
     pub fn register_provider(
         &self,
@@ -174,17 +176,29 @@ impl SubagentService {
                 }
             }
         });
-        if let Err(failure) = self
-            .inner
-            .events
-            .try_emit(&SubagentEvent::ProviderAdded(provider.clone()))
-        {
-            // Unwind through the registration's own removal step, without announcing a removal
-            // of a provider nobody was told about.
+        // A listener's refusal unwinds the registration: the listeners that were told of the
+        // provider (a tool plugin that mounted its tool) are told of its removal; the others
+        // never heard of it.
+        // The provider leaves the registry before they hear it (a plugin keeps a mount over a
+        // provider that is still registered).
+        let unregister = || {
             self.inner
                 .providers
                 .write()
                 .retain(|e| !Arc::ptr_eq(&e.provider, &provider));
+        };
+        let removed = name.clone();
+        if let Err(failure) =
+            self.inner
+                .events
+                .try_emit_or_undo(&SubagentEvent::ProviderAdded(provider.clone()), || {
+                    unregister();
+                    SubagentEvent::ProviderRemoved(removed)
+                })
+        {
+            // Unwind through the registration's own removal step, without a second removal
+            // announcement.
+            unregister();
             drop(guard);
             return Err(RegisterError::Listener(failure));
         }

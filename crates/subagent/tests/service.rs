@@ -258,6 +258,44 @@ fn svc_2_failing_provider_added_listener_unwinds_registration() {
     assert!(service.list().is_empty());
 }
 
+/// spec: SVC-2 — a listener that accepted the addition (a tool plugin that mounted its tool)
+/// hears the removal when a later listener refuses it, so nothing stays mounted for a provider
+/// that is not registered; a listener after the refusal hears neither.
+#[test]
+fn svc_2_a_refused_registration_is_withdrawn_from_the_listeners_that_accepted_it() {
+    let service = SubagentService::new();
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let record = |who: &'static str| {
+        let heard = heard.clone();
+        move |e: &SubagentEvent| {
+            match e {
+                SubagentEvent::ProviderAdded(p) => heard.lock().push(format!("{who}: added {}", p.name())),
+                SubagentEvent::ProviderRemoved(name) => heard.lock().push(format!("{who}: removed {name}")),
+                _ => {}
+            }
+            Ok(())
+        }
+    };
+    let _mounting = service.events().on(record("mounting"));
+    let _refusing = service.events().on(|e| match e {
+        SubagentEvent::ProviderAdded(_) => Err("listener refused".into()),
+        _ => Ok(()),
+    });
+    let _later = service.events().on(record("later"));
+    let err = service
+        .register_provider(FakeProvider::new("spawn", SubagentCapabilities::ALL))
+        .unwrap_err();
+    assert!(matches!(err, RegisterError::Listener(_)));
+    assert!(service.list().is_empty());
+    assert_eq!(
+        *heard.lock(),
+        vec![
+            "mounting: added spawn".to_owned(),
+            "mounting: removed spawn".to_owned()
+        ]
+    );
+}
+
 /// spec: SVC-3
 #[tokio::test]
 async fn svc_3_duplicate_provider_and_unknown_name() {

@@ -364,6 +364,34 @@ async fn tool_53_numeric_cap_needs_depth_limit() {
     host.close().await;
 }
 
+/// spec: TOOL-53 — a later tool refusing a provider at mount unwinds its registration, and the
+/// earlier tool that had mounted over it unmounts with it: no tool stays visible for a provider
+/// that is not registered.
+#[tokio::test(start_paused = true)]
+async fn a_refused_registration_unmounts_the_tools_that_mounted_over_it() {
+    let host = Host::new();
+    let managed = host
+        .load_json(json!({"provider": "acp", "maxDepth": "provider-managed", "toolName": "subagent_acp"}));
+    let capped = host.load_json(json!({"provider": "acp", "maxDepth": 3, "toolName": "subagent_strict"}));
+    let refused = host
+        .subagents
+        .register_provider(Arc::new(reply("acp", "hi").capability_less()))
+        .expect_err("the capped tool refuses a capability-less provider");
+    assert!(refused.to_string().contains("provider-managed"), "{refused}");
+    assert!(host.subagents.get_provider("acp").is_none());
+    assert!(!capped.is_mounted());
+    assert!(
+        !managed.is_mounted(),
+        "the managed tool unmounted with the provider"
+    );
+    assert!(!host.has_tool("subagent_acp"));
+    // A provider both can use mounts both.
+    let _ok = host.provider(reply("acp", "hi"));
+    assert!(managed.is_mounted() && capped.is_mounted());
+    assert!(host.has_tool("subagent_acp") && host.has_tool("subagent_strict"));
+    host.close().await;
+}
+
 /// spec: TOOL-54 — `provider-managed` mounts over a capability-less provider and sends no
 /// `maxDepth`.
 #[tokio::test(start_paused = true)]
