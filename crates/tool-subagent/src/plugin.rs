@@ -244,6 +244,16 @@ impl Shared {
         if slot.unloaded || slot.mounted.as_ref().is_some_and(|m| m.is_over(provider)) {
             return Ok(());
         }
+        // Read under the slot lock, which every mount and unmount holds: a notice that arrives
+        // after its provider was removed again (a removal racing the registration) mounts
+        // nothing — that removal's notice found nothing to unmount, or is still to come.
+        let current = self
+            .invocation
+            .subagents
+            .get_provider(&self.invocation.config.provider);
+        if !current.is_some_and(|current| std::ptr::addr_eq(Arc::as_ptr(&current), Arc::as_ptr(provider))) {
+            return Ok(());
+        }
         // Unmount the predecessor first: the new tool registers under the same name.
         drop(slot.mounted.take());
         slot.mounted = Some(Mount {
@@ -260,9 +270,10 @@ impl Shared {
         if name != self.invocation.config.provider {
             return;
         }
-        let current = self.invocation.subagents.get_provider(name);
         let stale = {
             let mut slot = self.slot.lock();
+            // Read under the slot lock: a re-registration's mount cannot slip in between.
+            let current = self.invocation.subagents.get_provider(name);
             match (&slot.mounted, &current) {
                 (Some(mount), Some(current)) if mount.is_over(current) => None,
                 _ => slot.mounted.take(),

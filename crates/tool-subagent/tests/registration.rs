@@ -392,6 +392,22 @@ async fn a_refused_registration_unmounts_the_tools_that_mounted_over_it() {
     host.close().await;
 }
 
+/// A `provider-added` notice that reaches the tool after its provider was removed again (a
+/// removal racing the registration: the removal's notice found nothing to unmount) mounts
+/// nothing, so no tool is left over a provider that is not registered.
+#[tokio::test(start_paused = true)]
+async fn a_late_added_notice_for_a_removed_provider_mounts_nothing() {
+    let host = Host::new();
+    let tool = host.load_json(json!({"provider": "acp", "maxDepth": "provider-managed"}));
+    let gone: Arc<dyn subagent::provider::SubagentProvider> = Arc::new(reply("acp", "hi"));
+    host.subagents
+        .events()
+        .emit(&subagent::events::SubagentEvent::ProviderAdded(gone));
+    assert!(!tool.is_mounted());
+    assert!(!host.has_tool("subagent"));
+    host.close().await;
+}
+
 /// spec: TOOL-54 — `provider-managed` mounts over a capability-less provider and sends no
 /// `maxDepth`.
 #[tokio::test(start_paused = true)]
