@@ -247,8 +247,8 @@ impl<T: ?Sized + Send + Sync + 'static> HookList<T> {
 /// The unscoped (global) context returns the guards to the caller instead.
 #[derive(Clone)]
 pub struct Ctx {
-    /// The host's services.
-    pub services: Services,
+    /// The host's services (shared: building a context costs one reference count).
+    pub services: Arc<Services>,
     scope: Option<Arc<Scope>>,
     agent: Option<AgentRef>,
 }
@@ -261,18 +261,18 @@ impl fmt::Debug for Ctx {
 
 impl Ctx {
     /// The global context.
-    pub fn global(services: Services) -> Self {
+    pub fn global(services: impl Into<Arc<Services>>) -> Self {
         Self {
-            services,
+            services: services.into(),
             scope: None,
             agent: None,
         }
     }
 
     /// The context of one agent.
-    pub fn scoped(services: Services, agent: AgentRef) -> Self {
+    pub fn scoped(services: impl Into<Arc<Services>>, agent: AgentRef) -> Self {
         Self {
-            services,
+            services: services.into(),
             scope: Some(agent.scope().clone()),
             agent: Some(agent),
         }

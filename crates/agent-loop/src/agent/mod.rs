@@ -242,7 +242,7 @@ pub struct LoopAgent {
     options: AgentOptions,
     session: Arc<Session>,
     scope: Arc<Scope>,
-    services: Services,
+    services: Arc<Services>,
     config: LoopConfig,
     resumed: bool,
     inbox: Inbox,
@@ -267,7 +267,7 @@ impl LoopAgent {
     /// The inbox is replayed from the header's `seedLength`; turn numbering continues after the
     /// last `turn/start` in the log. `resumed` makes the first request header `resume`.
     pub fn new(
-        services: Services,
+        services: impl Into<Arc<Services>>,
         session: Arc<Session>,
         options: AgentOptions,
         scope: Arc<Scope>,
@@ -275,6 +275,7 @@ impl LoopAgent {
         resumed: bool,
     ) -> Result<Arc<Self>, AgentError> {
         options.validate()?;
+        let services = services.into();
         let inbox = Inbox::new(session.clone(), services.agent_events.clone())?;
         // The number of the last `turn/start` exactly (not `next_turn_number - 1`, which
         // saturates at the end of the range and would reuse the last number).

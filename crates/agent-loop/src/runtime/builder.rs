@@ -246,7 +246,8 @@ impl RuntimeBuilder {
                 pre_step: HookList::default(),
                 turn_stopping: HookList::default(),
             }
-            .services(),
+            .services()
+            .into(),
             sessions,
             prompt,
             tool_registry,

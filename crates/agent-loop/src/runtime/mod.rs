@@ -91,7 +91,8 @@ fn inactive(id: &SessionId) -> AgentError {
 }
 
 struct RuntimeInner {
-    services: Services,
+    /// Shared with every agent and context (one reference count each, not one per service).
+    services: Arc<Services>,
     sessions: MemorySessionStore,
     prompt: PromptRegistry,
     tool_registry: Option<ToolRegistry>,
