@@ -274,7 +274,8 @@ impl Session {
         data: EventData,
         surface: Option<SurfaceMeta>,
     ) -> Result<Arc<SessionEvent>, LogError> {
-        self.append_impl(data, surface, None)
+        self.append_impl::<true>(data, surface, None)
+            .map(Committed::event)
     }
 
     /// Appends an event with an explicit timestamp. The seq is assigned here (`== len`). On any
@@ -285,18 +286,39 @@ impl Session {
         surface: Option<SurfaceMeta>,
         time: u64,
     ) -> Result<Arc<SessionEvent>, LogError> {
-        self.append_impl(data, surface, Some(time))
+        self.append_impl::<true>(data, surface, Some(time))
+            .map(Committed::event)
     }
 
-    /// The append itself; `time: None` reads the clock. Inlined into both entry points so the
-    /// (large) payload is moved as few times as possible.
+    /// [`append`](Self::append) for a caller that does not need the event back: the log keeps
+    /// the only reference (no reference count is taken and dropped for the caller). Returns the
+    /// event's seq.
+    pub fn record(&self, data: EventData, surface: Option<SurfaceMeta>) -> Result<u64, LogError> {
+        self.append_impl::<false>(data, surface, None).map(Committed::seq)
+    }
+
+    /// [`append_at`](Self::append_at) for a caller that does not need the event back; see
+    /// [`record`](Self::record).
+    pub fn record_at(
+        &self,
+        data: EventData,
+        surface: Option<SurfaceMeta>,
+        time: u64,
+    ) -> Result<u64, LogError> {
+        self.append_impl::<false>(data, surface, Some(time))
+            .map(Committed::seq)
+    }
+
+    /// The append itself; `time: None` reads the clock; `SHARE` hands the committed event back
+    /// (otherwise only its seq). Inlined into every entry point so the (large) payload is moved
+    /// as few times as possible.
     #[inline(always)]
-    fn append_impl(
+    fn append_impl<const SHARE: bool>(
         &self,
         data: EventData,
         surface: Option<SurfaceMeta>,
         time: Option<u64>,
-    ) -> Result<Arc<SessionEvent>, LogError> {
+    ) -> Result<Committed, LogError> {
         // An append can only reenter from inside an observer, and this thread raised
         // `observing` (program order) before calling one, so a lowered flag rules it out.
         if self.observing.load(Ordering::Acquire)
@@ -324,9 +346,9 @@ impl Session {
         if !self.observed.load(Ordering::Acquire) {
             let mut inner = self.inner.lock();
             if !inner.reserved {
-                unshared.seq = inner.events.len() as u64;
-                push_event(&mut inner.events, event.clone());
-                return Ok(event);
+                let seq = inner.events.len() as u64;
+                unshared.seq = seq;
+                return Ok(commit::<SHARE>(&mut inner.events, event, seq));
             }
         }
         let _serial = self.append_lock.lock();
@@ -342,9 +364,9 @@ impl Session {
         let Some(observers) = observers else {
             // Reservations are made under `append_lock`, which this append holds: none is open.
             let mut inner = self.inner.lock();
-            unshared.seq = inner.events.len() as u64;
-            push_event(&mut inner.events, event.clone());
-            return Ok(event);
+            let seq = inner.events.len() as u64;
+            unshared.seq = seq;
+            return Ok(commit::<SHARE>(&mut inner.events, event, seq));
         };
         let seq = {
             let mut inner = self.inner.lock();
@@ -387,7 +409,11 @@ impl Session {
             }
         }
         self.end_observing();
-        Ok(event)
+        Ok(if SHARE {
+            Committed::Shared(event)
+        } else {
+            Committed::Seq(seq)
+        })
     }
 
     fn end_observing(&self) {
@@ -421,6 +447,41 @@ fn place_payload(event: &mut SessionEvent, data: EventData) {
     // `EndSeed` owns nothing, so skipping its drop glue leaks nothing.
     debug_assert!(matches!(placeholder, EventData::EndSeed));
     std::mem::forget(placeholder);
+}
+
+/// What an append hands back: the shared event, or only its seq.
+enum Committed {
+    Shared(Arc<SessionEvent>),
+    Seq(u64),
+}
+
+impl Committed {
+    fn seq(self) -> u64 {
+        match self {
+            Self::Shared(event) => event.seq,
+            Self::Seq(seq) => seq,
+        }
+    }
+
+    fn event(self) -> Arc<SessionEvent> {
+        match self {
+            Self::Shared(event) => event,
+            Self::Seq(_) => unreachable!("a sharing append hands back its event"),
+        }
+    }
+}
+
+/// Pushes `event` (its seq assigned) to the log, keeping a reference for the caller when
+/// `SHARE`.
+#[inline(always)]
+fn commit<const SHARE: bool>(events: &mut EventSnapshot, event: Arc<SessionEvent>, seq: u64) -> Committed {
+    if SHARE {
+        push_event(events, event.clone());
+        Committed::Shared(event)
+    } else {
+        push_event(events, event);
+        Committed::Seq(seq)
+    }
 }
 
 /// Initial capacity of a log's event list: a short session never reallocates it.
@@ -1104,5 +1165,39 @@ mod tests {
         assert_eq!((first, second), (0, 1));
         let seqs: Vec<u64> = s.events().iter().map(|e| e.seq).collect();
         assert_eq!(seqs, vec![0, 1]);
+    }
+
+    /// `record` appends like `append` (same seq assignment, validation and observers) and
+    /// returns the seq; the log then holds the event's only reference.
+    #[test]
+    fn record_appends_like_append_and_keeps_the_only_reference() {
+        let s = Session::new(header("a"), None).unwrap();
+        assert_eq!(s.record(EventData::TurnStart { turn: 1 }, None), Ok(0));
+        assert_eq!(s.record_at(EventData::TurnStart { turn: 2 }, None, 7), Ok(1));
+        let events = s.events();
+        assert_eq!((events[1].seq, events[1].time), (1, 7));
+        drop(events);
+        let re = Arc::new(Reenter(Mutex::new(None)));
+        s.publish(vec![Arc::new(Veto), re.clone()]);
+        assert_eq!(s.record(EventData::TurnStart { turn: 3 }, None), Ok(2));
+        assert_eq!(
+            *re.0.lock(),
+            Some(LogError::Reentrant),
+            "observers were consulted"
+        );
+        let vetoed = s.record(
+            EventData::TurnEnd {
+                turn: 3,
+                reason: crate::TurnEndReason::Completed,
+            },
+            None,
+        );
+        assert!(matches!(vetoed, Err(LogError::Vetoed { .. })));
+        let events = s.events();
+        assert_eq!(events.len(), 3);
+        assert!(
+            events.iter().all(|e| Arc::strong_count(e) == 1),
+            "the log holds the only references"
+        );
     }
 }

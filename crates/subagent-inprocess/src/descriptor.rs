@@ -53,7 +53,7 @@ impl PreStepInterceptor for DescriptorAppend {
         if matches!(proposed, PreStepDecision::Enter(_)) {
             let event = self.event.lock().take();
             if let Some(event) = event {
-                step.agent.session().append(event, None)?;
+                step.agent.session().record(event, None)?;
             }
         }
         Ok(proposed)

@@ -416,7 +416,7 @@ pub fn seed_descriptor_turn(
             reason: e.to_string(),
         })?;
     let staged = agent::Session::new(header, provider_seed)?;
-    staged.append(descriptor_event, None)?;
+    staged.record(descriptor_event, None)?;
     Ok(staged.events().iter().map(|e| (**e).clone()).collect())
 }
 

@@ -93,7 +93,7 @@ pub fn append_delegated_policy_overrides(
     overrides: &DelegatedPolicyOverrides,
 ) -> Result<(), LogError> {
     for data in overrides.events() {
-        child.append(data, None)?;
+        child.record(data, None)?;
     }
     Ok(())
 }

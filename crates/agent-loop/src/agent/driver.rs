@@ -305,7 +305,7 @@ impl LoopAgent {
                 (TurnEndReason::Error { error: failure }, after)
             }
         };
-        if let Err(err) = self.session.append(EventData::TurnEnd { turn, reason }, None) {
+        if let Err(err) = self.session.record(EventData::TurnEnd { turn, reason }, None) {
             self.report_error(failure_of(&err));
             return AfterTurn::Stop;
         }
@@ -372,14 +372,14 @@ impl LoopAgent {
                     // together, without waiting in between.
                     let now = now_ms();
                     self.session
-                        .append_at(EventData::StepStart { turn, step }, None, now)?;
+                        .record_at(EventData::StepStart { turn, step }, None, now)?;
                     ts.step = step;
                     // The step's synchronous opening (entered messages, request, stream) runs
                     // outside the step future, which keeps the driver task small; a panic in
                     // either part is the step's.
                     std::panic::catch_unwind(AssertUnwindSafe(|| {
                         for message in messages {
-                            self.session.append_at(
+                            self.session.record_at(
                                 EventData::UserMessage(message),
                                 Some(SurfaceMeta::append()),
                                 now,
@@ -395,7 +395,7 @@ impl LoopAgent {
                     .catch_unwind()
                     .await
                     .unwrap_or_else(|p| Err(panicked("a model step", &*p)));
-                let closed = self.session.append(EventData::StepEnd { turn, step }, None);
+                let closed = self.session.record(EventData::StepEnd { turn, step }, None);
                 let step_end = ran?;
                 closed?;
                 if ts.end != Some(TurnEnd::MaxTokens) {
@@ -601,7 +601,7 @@ impl LoopAgent {
             (reason, logged, changed)
         };
         if let Some(reason) = reason {
-            let appended = self.session.append_at(
+            let appended = self.session.record_at(
                 EventData::RequestHeader {
                     header: header.clone(),
                     reason,
@@ -615,7 +615,7 @@ impl LoopAgent {
             appended?;
         }
         if context_changed {
-            self.session.append_at(
+            self.session.record_at(
                 EventData::RequestContext {
                     provider: header.config.provider.clone(),
                     model: header.config.model.clone(),
@@ -864,10 +864,10 @@ impl LoopAgent {
     ) -> Result<(), TurnFailure> {
         draining.asm.push(&chunk);
         let now = draining.now();
-        let event = self
+        let seq = self
             .session
-            .append_at(EventData::AssistantChunk { turn, step, chunk }, None, now)?;
-        draining.seqs.push(event.seq);
+            .record_at(EventData::AssistantChunk { turn, step, chunk }, None, now)?;
+        draining.seqs.push(seq);
         Ok(())
     }
 
@@ -907,7 +907,7 @@ impl LoopAgent {
         if signal.is_cancelled() {
             let content = asm.interrupted_blocks();
             if !content.is_empty() {
-                self.session.append_at(
+                self.session.record_at(
                     EventData::AssistantMessage {
                         turn,
                         step,
@@ -955,7 +955,7 @@ impl LoopAgent {
                 _ => None,
             })
             .collect();
-        self.session.append_at(
+        self.session.record_at(
             EventData::AssistantMessage {
                 turn,
                 step,
@@ -987,7 +987,7 @@ impl LoopAgent {
         signal: &Signal,
     ) -> Result<Option<TurnEnd>, TurnFailure> {
         for call in &calls {
-            self.session.append(
+            self.session.record(
                 EventData::ToolCall {
                     turn,
                     step,
@@ -1012,7 +1012,7 @@ impl LoopAgent {
             let result = done.result;
             concluded |= !result.is_error && result.concludes_turn;
             deferred.extend(done.deferred);
-            self.session.append(
+            self.session.record(
                 EventData::ToolResult {
                     turn,
                     step,

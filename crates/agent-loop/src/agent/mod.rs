@@ -551,7 +551,7 @@ impl LoopAgent {
             )));
             return None;
         };
-        if let Err(err) = self.session.append(EventData::TurnStart { turn }, None) {
+        if let Err(err) = self.session.record(EventData::TurnStart { turn }, None) {
             self.report_error(driver::failure_of(&err));
             return None;
         }

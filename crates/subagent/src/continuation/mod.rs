@@ -1067,7 +1067,7 @@ fn setup(descriptor: EventData, policy: DelegatedPolicyOverrides, composition: C
             let child = ctx
                 .agent()
                 .ok_or_else(|| AgentError::Inactive(ScopeInactive(SessionId::from("<global context>"))))?;
-            child.session().append(descriptor, None)?;
+            child.session().record(descriptor, None)?;
             append_delegated_policy_overrides(child.session(), &policy)?;
             apply_child_composition(&ctx, &composition)?;
             Ok(None::<Commit>)
