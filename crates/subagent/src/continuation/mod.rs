@@ -686,8 +686,12 @@ impl Inner {
         self.admit(parent)?;
         self.check_available(child_id)?;
         if reserved {
+            // Raced with the signal (the token owns the lookup): an abort during a slow read
+            // rejects at once, instead of waiting for the store with the child's lock held.
             let persisted = match &self.services.persistence {
-                Some(p) => store_call(|| p.inspect(child_id)).await.map_err(agent_failure)?,
+                Some(p) => resume::until_cancelled(signal, store_call(|| p.inspect(child_id)))
+                    .await?
+                    .map_err(agent_failure)?,
                 None => None,
             };
             if persisted.is_some() {

@@ -158,7 +158,7 @@ fn resume_setup(composition: ChildComposition) -> Setup {
 
 /// `read`'s output, unless `signal` is cancelled first (then the `CANCELLED` rejection, and
 /// `read` is dropped).
-async fn until_cancelled<F: std::future::Future>(
+pub(super) async fn until_cancelled<F: std::future::Future>(
     signal: &Signal,
     read: F,
 ) -> Result<F::Output, SubagentError> {

@@ -3456,6 +3456,50 @@ async fn cont_23_abort_during_cold_inspection_rejects_at_once() {
     host.finish().await;
 }
 
+/// A reserved-id start's persisted-catalog check (spec §2.14.2 step 9, "with the token"; the
+/// start's counterpart of CONT-23) runs under the start's signal: an abort while the store is still reading rejects the
+/// start at once with `CANCELLED` naming the abort's cause, instead of waiting for the store
+/// with the child's lock held; nothing is created, and once the store answers again the same id
+/// starts. (The check awaited the store unraced: the aborted start hung as long as the store.)
+#[tokio::test(start_paused = true)]
+async fn abort_during_a_reserved_starts_catalog_check_rejects_at_once() {
+    let store = Arc::new(MemoryStore::new());
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let stuck = Arc::new(Mutex::new(Some(SessionId::from("reserved"))));
+    let persistence: Arc<dyn SessionPersistence> = Arc::new(StuckInspect {
+        store: store.clone(),
+        stuck: stuck.clone(),
+        entered: entered.clone(),
+    });
+    let host = Host::build_on(by_session(4), store, Some(persistence), true, routed(), false).await;
+    let mut spec = host.spec("task");
+    spec.child_id = Some(SessionId::from("reserved"));
+    let signal = spec.signal.clone();
+    let start = host.manager.start_continuable(spec);
+    let abort = async {
+        entered.notified().await;
+        signal.cancel(agent::CancelCause::User);
+    };
+    let (outcome, ()) = tokio::time::timeout(std::time::Duration::from_secs(3600), async {
+        tokio::join!(start, abort)
+    })
+    .await
+    .expect("the start does not wait for the stuck store");
+    let err = outcome.unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Cancelled, "{err}");
+    assert!(err.to_string().contains("User"), "{err}");
+    assert_eq!(host.agent_count(), 1);
+    assert!(host.manager.resident().is_empty());
+    assert!(host.starts().is_empty());
+    *stuck.lock() = None;
+    let child_id = start_reserved(&host, "reserved").await;
+    host.settle().await;
+    assert_eq!(texts(&host.persisted(&child_id).await.events), vec!["task"]);
+    host.parent.when_idle().await;
+    host.settle().await;
+    host.finish().await;
+}
+
 /// A host runtime whose `resume` holds the resumed agent — already published — until released,
 /// before handing the caller its handle: a cold materialization held open.
 struct PausingResume {
