@@ -838,7 +838,16 @@ impl Inner {
                     tracing::warn!(child = %activation.child_id, panic = %panic,
                         "the child agent's when_idle panicked; tearing its activation down");
                 }
-                if idle.is_err() || activation.is_settled() {
+                // The settle decision reads the host agent's `status`: a panic there is contained
+                // and tears the child down like a panicking `when_idle` (left to unwind, it killed
+                // this watcher and the child stayed resident, its owner waiting, for ever).
+                let settled = idle.is_ok()
+                    && host_call("the child agent's status", || activation.is_settled()).unwrap_or_else(|e| {
+                        tracing::warn!(child = %activation.child_id, error = %e,
+                            "the child agent's status panicked; tearing its activation down");
+                        true
+                    });
+                if idle.is_err() || settled {
                     let disposal = inner.open_disposal(&activation);
                     drop(guard);
                     if let Err(e) = disposal.await {
@@ -847,7 +856,11 @@ impl Inner {
                     break;
                 }
                 drop(guard);
-                if activation.agent.status() == AgentStatus::Idle {
+                // A status that panics now (it did not above) routes again: the next settle
+                // decision reads it once more.
+                let idle_now = host_call("the child agent's status", || activation.agent.status())
+                    .is_ok_and(|status| status == AgentStatus::Idle);
+                if idle_now {
                     activation.notified().await;
                 }
             }

@@ -12,6 +12,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::*;
+use crate::model_text::settlement_outcome_line;
 
 /// Where a [`FaultyAgent`] panics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +36,8 @@ enum Fault {
     /// `session` always panics: a child whose log the manager cannot read when it installs the
     /// child's first epoch.
     Session,
+    /// `status` always panics: a child whose status the settlement watcher cannot read.
+    Status,
 }
 
 /// A host agent over a live reference agent that panics as its [`Fault`] says and otherwise
@@ -90,6 +93,9 @@ impl Agent for FaultyAgent {
         self.inner.cancel(cause, options);
     }
     fn status(&self) -> AgentStatus {
+        if self.fault == Fault::Status {
+            panic!("status exploded");
+        }
         self.inner.status()
     }
     fn when_idle(&self) -> BoxFuture<'static, ()> {
@@ -377,6 +383,42 @@ async fn a_child_whose_when_idle_panics_is_torn_down_instead_of_pinned() {
         logged.iter().any(|w| w.contains("when_idle panicked")),
         "{logged:?}"
     );
+    host.cold_resume_and_settle(&child_id, "again").await;
+    assert_eq!(host.ends().len(), 2);
+    assert_eq!(host.ends()[1].stop_reason, StopReason::Completed);
+    host.finish().await;
+}
+
+/// A child whose host agent's `status` panics (so the settlement watcher cannot tell whether it
+/// is quiescent) is torn down like one whose `when_idle` panics, instead of staying resident: the
+/// failure is logged, the Activation is removed and the agent released, the parent gets the
+/// settlement notice and the epoch its end edge. A later follow-up cold-resumes the child. (The
+/// panic killed the settlement watcher: the child stayed resident and registered, with no end
+/// edge and no notice, and an owning parent Activation would have waited for ever.)
+#[tokio::test(start_paused = true)]
+async fn a_child_whose_status_panics_is_torn_down_instead_of_pinned() {
+    let warnings = WarningCapture::new();
+    let _subscriber = warnings.install();
+    let (host, _agents) = faulty_host(by_session(6), &[("child", Fault::Status)]).await;
+    let child_id = start_reserved(&host, "child").await;
+    within(PATIENCE, async {
+        host.settle().await;
+        host.parent.when_idle().await;
+        host.settle().await;
+    })
+    .await
+    .expect("the child was released");
+    assert!(host.get(&child_id).is_none());
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    let notices = notices(&host.parent);
+    assert_eq!(notices.len(), 1);
+    assert_eq!(
+        block_texts(&notices[0].content)[0],
+        settlement_outcome_line(child_id.as_str(), &ends[0].stop_reason)
+    );
+    let logged = warnings.messages();
+    assert!(logged.iter().any(|w| w.contains("status panicked")), "{logged:?}");
     host.cold_resume_and_settle(&child_id, "again").await;
     assert_eq!(host.ends().len(), 2);
     assert_eq!(host.ends()[1].stop_reason, StopReason::Completed);
