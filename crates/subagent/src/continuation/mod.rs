@@ -976,7 +976,16 @@ impl Inner {
             }
         }
         if activation.is_announced() {
-            self.deliver_notice(&activation, &stop_reason, output.as_deref());
+            // Resolving the parent and its state calls host code (the runtime's `get`, the
+            // parent's session and status): a panic there fails this delivery only — left to
+            // unwind, it abandoned the transaction after the removal, with no ownership release
+            // (the parent pinned `waiting`) and no end edge.
+            let delivered = host_call("the notice's parent lookup", || {
+                self.deliver_notice(&activation, &stop_reason, output.as_deref());
+            });
+            if let Err(e) = delivered {
+                tracing::warn!(child = %child_id, error = %e, "settlement notice was not delivered to its parent");
+            }
         }
         self.release_ownership(&child_id);
         if let Some(info) = activation.epoch() {

@@ -130,6 +130,8 @@ struct FaultyRuntime {
     created: Mutex<Vec<Arc<FaultyAgent>>>,
     /// While set, `create` and `resume` panic.
     panicking: AtomicBool,
+    /// While set, `get` of this id panics.
+    panicking_get: Mutex<Option<SessionId>>,
 }
 
 #[async_trait]
@@ -160,6 +162,9 @@ impl AgentRuntime for FaultyRuntime {
         self.inner.resume(options).await
     }
     fn get(&self, id: &SessionId) -> Option<AgentRef> {
+        if self.panicking_get.lock().as_ref() == Some(id) {
+            panic!("the runtime's get exploded");
+        }
         let live = self.inner.get(id)?;
         let faulty = self
             .created
@@ -202,6 +207,7 @@ async fn faulty_host_over(
             .collect(),
         created: Mutex::new(Vec::new()),
         panicking: AtomicBool::new(false),
+        panicking_get: Mutex::new(None),
     });
     services.agents = agents.clone();
     host.manager = ContinuationManager::new(host.service.clone(), services);
@@ -302,6 +308,72 @@ async fn a_panicking_parent_send_during_notice_delivery_is_contained() {
     spec.child_id = Some(SessionId::from("grandchild"));
     let (gc_id, _) = host.manager.start_continuable(spec).await.unwrap();
     yield_a_while().await;
+    child_gate.send(true).unwrap();
+    within(PATIENCE, async {
+        host.settle().await;
+        host.parent.when_idle().await;
+        host.settle().await;
+    })
+    .await
+    .expect("the child settled");
+    let ends: Vec<(SessionId, StopReason)> = host
+        .ends()
+        .into_iter()
+        .map(|e| (e.info.id, e.stop_reason))
+        .collect();
+    assert_eq!(
+        ends,
+        vec![
+            (gc_id, StopReason::Completed),
+            (child_id.clone(), StopReason::Completed)
+        ]
+    );
+    assert!(notices(&child).is_empty());
+    assert_eq!(notices(&host.parent).len(), 1);
+    let logged = warnings.messages();
+    assert_eq!(
+        logged
+            .iter()
+            .filter(|w| w.contains("settlement notice was not delivered to its parent"))
+            .count(),
+        1,
+        "{logged:?}"
+    );
+    drop(hook);
+    host.finish().await;
+}
+
+/// spec: CONT-82 — a settlement notice whose delivery fails because the host runtime's `get`
+/// *panics* while the manager resolves the parent (here a resident continuable child taking its
+/// grandchild's notice) is logged as not delivered and never breaks the teardown: the ownership
+/// edge is released, so the parent still settles, and both epochs get their end edges. (The
+/// panic abandoned the grandchild's transaction after its removal: no end edge, and the parent
+/// kept owning the grandchild, `waiting` for ever.)
+#[tokio::test(start_paused = true)]
+async fn a_panicking_parent_lookup_during_notice_delivery_is_contained() {
+    let warnings = WarningCapture::new();
+    let _subscriber = warnings.install();
+    let (host, agents) = faulty_host(by_session(10), &[]).await;
+    let (child_gate, hook) = gate(&host, "child");
+    let child_id = start_reserved(&host, "child").await;
+    let child = agents.get(&child_id).expect("the child is live");
+    let mut spec = ContinuableStartSpec::new(
+        "spawn",
+        "deeper",
+        vec![ContentBlock::text("gc task")],
+        child.clone(),
+    );
+    spec.child_id = Some(SessionId::from("grandchild"));
+    let (gc_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    *agents.panicking_get.lock() = Some(child_id.clone());
+    within(PATIENCE, async {
+        while host.manager.is_resident(&gc_id) || host.ends().is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the grandchild's epoch ended");
+    *agents.panicking_get.lock() = None;
     child_gate.send(true).unwrap();
     within(PATIENCE, async {
         host.settle().await;
