@@ -379,7 +379,9 @@ impl Inner {
         let seed_length = seed.as_ref().map_or(0, Vec::len) as u64;
         // 9. Under the child lock: re-check everything.
         let lock = inner.child_lock(&child_id);
-        let _guard = lock.lock().await;
+        // The lock may be held by another operation on this id waiting on outside work (a
+        // store's read, a runtime's resume): the wait is raced with the signal.
+        let _guard = resume::until_cancelled(&spec.signal, lock.lock()).await?;
         if let Err(e) = inner.reserve(&parent, &child_id, reserved, &spec.signal).await {
             drop(_guard);
             return Err(e);
@@ -495,7 +497,9 @@ impl ContinuationManager {
         inner.admit(parent)?;
         loop {
             let lock = inner.child_lock(child_id);
-            let guard = lock.lock().await;
+            // Raced with the signal: the lock may be held by another operation on this child
+            // waiting on outside work (a cold resume's store read or runtime resume).
+            let guard = resume::until_cancelled(signal, lock.lock()).await?;
             let activation = inner.activations.lock().get(child_id).cloned();
             let activation = match activation {
                 Some(activation) => activation,

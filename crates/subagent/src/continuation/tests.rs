@@ -3500,6 +3500,75 @@ async fn abort_during_a_reserved_starts_catalog_check_rejects_at_once() {
     host.finish().await;
 }
 
+/// A follow-up waiting for a child's lock behind another follow-up's cold resume (stuck on a slow
+/// store) runs under its own signal too (CONT-23): aborting it rejects it at once with
+/// `CANCELLED`, instead of waiting as long as the store with the other follow-up; so does a start
+/// reserving the same id; no message is logged. (The wait for the child's lock was not raced with the signal: the aborted follow-up
+/// hung until the stuck one finished.)
+#[tokio::test(start_paused = true)]
+async fn abort_while_waiting_for_the_childs_lock_rejects_at_once() {
+    let store = Arc::new(MemoryStore::new());
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let stuck = Arc::new(Mutex::new(None));
+    let persistence: Arc<dyn SessionPersistence> = Arc::new(StuckInspect {
+        store: store.clone(),
+        stuck: stuck.clone(),
+        entered: entered.clone(),
+    });
+    let host = Host::build_on(by_session(4), store, Some(persistence), true, routed(), false).await;
+    let child_id = start_reserved(&host, "cold").await;
+    host.settle().await;
+    host.parent.when_idle().await;
+    *stuck.lock() = Some(child_id.clone());
+    let (stuck_signal, waiting_signal) = (Signal::new(), Signal::new());
+    let first = host.manager.followup_with(
+        &host.parent,
+        &child_id,
+        vec![ContentBlock::text("stuck")],
+        MessageSource::User,
+        &stuck_signal,
+    );
+    let second = async {
+        entered.notified().await;
+        let waiting = host.manager.followup_with(
+            &host.parent,
+            &child_id,
+            vec![ContentBlock::text("waiting")],
+            MessageSource::User,
+            &waiting_signal,
+        );
+        // A start reserving the same id waits for the same lock (spec §2.14.2 step 9).
+        let mut spec = host.spec("again");
+        spec.child_id = Some(child_id.clone());
+        let start_signal = spec.signal.clone();
+        let starting = host.manager.start_continuable(spec);
+        let abort = async {
+            yield_a_while().await;
+            waiting_signal.cancel(agent::CancelCause::User);
+            start_signal.cancel(agent::CancelCause::User);
+        };
+        let (outcome, started, ()) = tokio::join!(waiting, starting, abort);
+        // Only now is the stuck follow-up let go.
+        stuck_signal.cancel(agent::CancelCause::Parent);
+        (outcome, started)
+    };
+    let (first, (second, started)) = tokio::time::timeout(std::time::Duration::from_secs(3600), async {
+        tokio::join!(first, second)
+    })
+    .await
+    .expect("the aborted follow-up does not wait for the stuck one");
+    let err = second.unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Cancelled, "{err}");
+    assert!(err.to_string().contains("User"), "{err}");
+    let err = started.unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Cancelled, "{err}");
+    assert_eq!(first.unwrap_err().code(), SubagentErrorCode::Cancelled);
+    assert!(!host.manager.is_resident(&child_id));
+    assert!(host.get(&child_id).is_none());
+    assert_eq!(texts(&host.persisted(&child_id).await.events), vec!["task"]);
+    host.finish().await;
+}
+
 /// A host runtime whose `resume` holds the resumed agent — already published — until released,
 /// before handing the caller its handle: a cold materialization held open.
 struct PausingResume {
