@@ -1030,8 +1030,18 @@ impl LoopAgent {
                 Some(SurfaceMeta::append()),
             )?;
         }
-        for message in deferred {
-            self.inbox.append(InboxTarget::NextStep, message)?;
+        if !deferred.is_empty() {
+            // The deferred contexts are for the next step of this turn. A cancelled turn has
+            // none: appended after `cancel` cleared the inbox, they would reach the next,
+            // unrelated turn (or sit in a disposed agent's inbox). Decided under the inbox's
+            // operation lock, like a `send`, so a `cancel` on another thread either cleared
+            // them or is seen here (its `aborting` mark precedes the signal's cancellation).
+            let _exclusive = self.inbox.exclusive();
+            if !signal.is_cancelled() && !self.state.lock().phase.is_aborting() {
+                for message in deferred {
+                    self.inbox.append(InboxTarget::NextStep, message)?;
+                }
+            }
         }
         Ok((concluded).then_some(TurnEnd::Completed))
     }

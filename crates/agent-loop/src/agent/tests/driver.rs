@@ -1394,3 +1394,70 @@ async fn a_non_lossless_deferred_context_fails_its_call_not_the_turn() {
     drop(guard);
     finish(&rt, [handle]).await;
 }
+
+/// A call that deferred a context and *succeeded*, in a step that is then cancelled during a
+/// later call, leaves nothing behind either: the turn it deferred the context for is aborted,
+/// so the context must not be appended to the inbox that `cancel()` just cleared and reach the
+/// next, unrelated turn (spec §8.5: cancellation clears the inbox; §11.5).
+#[tokio::test(start_paused = true)]
+async fn a_successful_calls_deferred_context_does_not_outlive_its_cancelled_step() {
+    let model = ScriptedModel::new([
+        chunks::tool_calls(
+            None,
+            vec![
+                chunks::call("c1", "defer", json!({})),
+                chunks::call("c2", "hang", json!({})),
+            ],
+        ),
+        chunks::text("second"),
+    ]);
+    let rt = runtime(&model);
+    let guards = [
+        rt.services()
+            .tools
+            .register(
+                None,
+                tool("defer", |_args, ctx| async move {
+                    ctx.defer_context(Message::user_text("deferred by the first call"));
+                    Ok(ToolOutput::text("done"))
+                }),
+            )
+            .unwrap(),
+        rt.services()
+            .tools
+            .register(
+                None,
+                tool("hang", |_args, _ctx| async move {
+                    std::future::pending::<()>().await;
+                    Ok(ToolOutput::text("never"))
+                }),
+            )
+            .unwrap(),
+    ];
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("first")).unwrap();
+    settle().await;
+    assert_eq!(count(&*agent, "tool/call"), 2, "both calls were made");
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    agent.when_idle().await;
+    assert_eq!(turn_ends(&*agent), [aborted(CancelCause::User)]);
+    let pending = agent.inbox();
+    assert!(
+        pending.next_turn.is_empty() && pending.next_step.is_empty(),
+        "cancel() left the inbox holding {pending:?}"
+    );
+    agent.followup(user("next")).unwrap();
+    agent.when_idle().await;
+    let second = &model.requests()[1];
+    assert!(
+        second
+            .messages
+            .iter()
+            .all(|m| m.text() != "deferred by the first call"),
+        "{:#?}",
+        second.messages
+    );
+    drop(guards);
+    finish(&rt, [handle]).await;
+}
