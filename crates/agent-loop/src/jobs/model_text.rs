@@ -158,6 +158,11 @@ pub fn done_panicked(message: &str) -> String {
     format!("job panicked before settling: {message}")
 }
 
+/// The failure detail of a job whose task was dropped before its `done` future resolved: the
+/// tokio runtime it was started on shut down, so nothing is left to settle it.
+pub const TASK_DROPPED: &str =
+    "job stopped before settling: the runtime running it shut down; its work may be orphaned";
+
 /// The failure detail of a job whose `done` resolved with a non-terminal status.
 pub fn non_terminal_outcome(status: JobStatus) -> String {
     format!("job settled with non-terminal status {status}")

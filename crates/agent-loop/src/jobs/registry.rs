@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -181,7 +182,9 @@ impl JobCounts {
 ///   reads as [`JobError::NotFound`], exactly like an unknown id.
 /// * **First-wins settlement.** One task per job (tracked by the registry's
 ///   [`TaskTracker`]) awaits `done`; the first terminal outcome — the producer's, or a teardown
-///   force-failure — is recorded, later ones are ignored. A `done` that panics settles `failed`.
+///   force-failure — is recorded, later ones are ignored. A `done` that panics settles `failed`,
+///   and so does a job whose task is dropped before `done` resolved (the tokio runtime it was
+///   started on shut down: nothing else would ever settle it).
 /// * **Kill** calls `cancel(reason)` and only then marks the job `stopping` and reported. A
 ///   `cancel` that panics is contained as in teardown: the record is forced `failed` and its task
 ///   aborted ([`KillOutcome::CancelPanicked`]).
@@ -612,16 +615,16 @@ impl Inner {
     }
 
     /// Records the first terminal outcome of `id`, releases its waiters, then emits its notice
-    /// unless reported.
-    fn settle(&self, id: &JobId, outcome: JobOutcome) {
+    /// unless reported. Returns whether this outcome was the one recorded.
+    fn settle(&self, id: &JobId, outcome: JobOutcome) -> bool {
         let notice = {
             let mut state = self.state.lock();
             let closed = state.closed;
             let Some(rec) = state.jobs.get_mut(id) else {
-                return;
+                return false;
             };
             if rec.status.is_terminal() {
-                return;
+                return false;
             }
             let outcome = normalize(outcome);
             rec.status = outcome.status;
@@ -636,6 +639,7 @@ impl Inner {
         if let Some(notice) = notice {
             self.notices.emit(&notice);
         }
+        true
     }
 
     /// Cancels (once) and awaits every job of `owner` (or of everyone), until no start for it is
@@ -714,8 +718,10 @@ impl Inner {
                 detail: Some(detail),
             },
         );
-        if let Some(rec) = self.state.lock().jobs.get(id) {
-            rec.abort.abort();
+        // Aborted with the lock released: a task dropped in place settles through the lock.
+        let abort = self.state.lock().jobs.get(id).map(|rec| rec.abort.clone());
+        if let Some(abort) = abort {
+            abort.abort();
         }
     }
 }
@@ -751,7 +757,7 @@ impl Reservation {
     ) -> JobId {
         let JobHooks { cancel, done } = hooks;
         let inner = self.inner.clone();
-        let id = {
+        let (id, dropped) = {
             let mut state = inner.state.lock();
             let n = state.counters.entry(kind.clone()).or_insert(0);
             *n += 1;
@@ -762,6 +768,16 @@ impl Reservation {
             let torn_down = state.closed || state.owners.get(&self.owner).is_some_and(|o| o.disposing > 0);
             let weak: Weak<Inner> = Arc::downgrade(&inner);
             let task_id = id.clone();
+            // Settles the job if the task's future is dropped before `done` resolved (polled
+            // or not: the runtime running it shut down): nothing else would, and the record
+            // would stay live forever.
+            let arming = Arc::new(AtomicU8::new(UNARMED));
+            let dropped = SettleOnDrop {
+                inner: weak.clone(),
+                id: task_id.clone(),
+                arming: arming.clone(),
+                disarmed: false,
+            };
             let task = inner.tracker.spawn_on(
                 async move {
                     let outcome = match AssertUnwindSafe(done).catch_unwind().await {
@@ -776,6 +792,7 @@ impl Reservation {
                             }
                         }
                     };
+                    dropped.disarm();
                     if let Some(inner) = weak.upgrade() {
                         inner.settle(&task_id, outcome);
                     }
@@ -809,8 +826,16 @@ impl Reservation {
                 },
             );
             state.release_reservation(&self.owner);
-            id
+            // A task dropped before this point (a runtime that is shut down drops it inside
+            // the spawn) left its settlement to us: the lock is held here.
+            let dropped = arming
+                .compare_exchange(UNARMED, ARMED, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err();
+            (id, dropped)
         };
+        if dropped {
+            inner.settle(&id, task_dropped());
+        }
         self.live = false;
         inner.bump_reservations();
         id
@@ -822,6 +847,61 @@ impl Drop for Reservation {
         if self.live {
             self.inner.state.lock().release_reservation(&self.owner);
             self.inner.bump_reservations();
+        }
+    }
+}
+
+/// [`SettleOnDrop::arming`] while the job's record is not registered yet.
+const UNARMED: u8 = 0;
+/// [`SettleOnDrop::arming`] once the record is registered: a drop settles it.
+const ARMED: u8 = 1;
+/// [`SettleOnDrop::arming`] after a drop before the record was registered: the registration
+/// settles it.
+const DROPPED: u8 = 2;
+
+/// The outcome of a job whose task was dropped before `done` resolved.
+fn task_dropped() -> JobOutcome {
+    JobOutcome {
+        status: JobStatus::Failed,
+        output: None,
+        detail: Some(model_text::TASK_DROPPED.to_owned()),
+    }
+}
+
+/// Moved into a job's task with its `done` future: dropped with the task before `done`
+/// resolved (the tokio runtime running it shut down, or an abort after a panicking `cancel`),
+/// it settles the job `failed` (first-wins: a forced failure has settled it already).
+struct SettleOnDrop {
+    inner: Weak<Inner>,
+    id: JobId,
+    /// [`UNARMED`], [`ARMED`] or [`DROPPED`]: a drop while the starting thread still holds the
+    /// state lock (inside the spawn) must not take it, so it leaves the settlement to that
+    /// thread.
+    arming: Arc<AtomicU8>,
+    /// Set once `done` resolved: the task settles the job itself.
+    disarmed: bool,
+}
+
+impl SettleOnDrop {
+    fn disarm(mut self) {
+        self.disarmed = true;
+    }
+}
+
+impl Drop for SettleOnDrop {
+    fn drop(&mut self) {
+        if self.disarmed
+            || self
+                .arming
+                .compare_exchange(UNARMED, DROPPED, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            return;
+        }
+        if let Some(inner) = self.inner.upgrade()
+            && inner.settle(&self.id, task_dropped())
+        {
+            tracing::warn!(job = %self.id, "job task dropped before its done future resolved; job settled failed");
         }
     }
 }

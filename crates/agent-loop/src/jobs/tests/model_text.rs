@@ -90,6 +90,7 @@ fn result_and_notice_texts() {
     line("invalid reason", t::invalid_reason(&json!(1)));
     line("invalid arguments", t::invalid_arguments(&json!([1])));
     line("done panicked", t::done_panicked("boom"));
+    line("task dropped", t::TASK_DROPPED.to_owned());
     line(
         "non-terminal outcome",
         t::non_terminal_outcome(JobStatus::Stopping),

@@ -16,7 +16,7 @@ use super::{
     OnCancel, assert_ends_empty, completed, failed, killable, killed, producer, producer_with,
     record_notices, settle_tasks,
 };
-use crate::jobs::{JobCounts, JobRegistry, JobRegistryConfig, KillOutcome};
+use crate::jobs::{JobCounts, JobRegistry, JobRegistryConfig, KillOutcome, model_text};
 
 fn id(s: &str) -> JobId {
     JobId(s.to_owned())
@@ -833,5 +833,67 @@ async fn listing_is_in_start_order_with_statuses() {
     );
     p1.settle(completed(""));
     p2.settle(completed(""));
+    assert_ends_empty(&registry).await;
+}
+
+/// A job whose task is dropped before `done` resolved — the tokio runtime it was started on
+/// shut down — settles `failed` instead of staying `running` with no task left to settle it:
+/// otherwise a wait for it never returned, and the owner's disposal (or the registry's
+/// shutdown) spun forever on a record that never became terminal.
+#[tokio::test(start_paused = true)]
+async fn a_job_whose_runtime_shut_down_settles_failed() {
+    let registry = Arc::new(JobRegistry::new());
+    let (spec, producer) = producer("bash", "orphan", "a");
+    let starter = registry.clone();
+    let id = std::thread::spawn(move || {
+        let short_lived = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let id = short_lived.block_on(async { starter.start(spec) });
+        drop(short_lived);
+        id
+    })
+    .join()
+    .expect("the short-lived runtime's thread")
+    .expect("started");
+    assert_eq!(producer.started(), 1);
+    let job = registry.get(&owner("a"), &id).expect("the record is kept");
+    assert_eq!(job.status, JobStatus::Failed, "{job:?}");
+    assert_eq!(job.detail.as_deref(), Some(model_text::TASK_DROPPED));
+    assert!(
+        registry
+            .wait_settled(&owner("a"), &id, None, &Signal::new())
+            .await
+            .expect("a wait returns")
+    );
+    registry.dispose_owner(&owner("a")).await;
+    assert!(registry.list(&owner("a")).is_empty());
+    assert_ends_empty(&registry).await;
+}
+
+/// A job started on a runtime that is already shut down (its task is dropped inside the spawn,
+/// while the registry holds its lock) settles `failed` at once, without deadlocking the start.
+#[tokio::test(start_paused = true)]
+async fn a_job_started_on_a_shut_down_runtime_settles_failed() {
+    let registry = Arc::new(JobRegistry::new());
+    let (spec, producer) = producer("bash", "stillborn", "a");
+    let starter = registry.clone();
+    let id = std::thread::spawn(move || {
+        let gone = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let handle = gone.handle().clone();
+        drop(gone);
+        let _entered = handle.enter();
+        starter.start(spec)
+    })
+    .join()
+    .expect("the start returned")
+    .expect("started");
+    assert_eq!(producer.started(), 1);
+    let job = registry.get(&owner("a"), &id).expect("the record is kept");
+    assert_eq!(job.status, JobStatus::Failed, "{job:?}");
+    assert_eq!(job.detail.as_deref(), Some(model_text::TASK_DROPPED));
+    registry.dispose_owner(&owner("a")).await;
     assert_ends_empty(&registry).await;
 }
