@@ -876,3 +876,27 @@ async fn assert_stale_flush_refused(
         expected
     );
 }
+
+/// A seq at the end of the range appended to a log this store has not read yet is refused as a
+/// seq mismatch (at the flush, when the writer opens the log) — the append used to compute the
+/// next seq as `seq + 1` and panicked on the overflow — and the log is left as it was.
+#[tokio::test]
+async fn an_append_with_the_last_seq_of_the_range_is_a_seq_mismatch_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = sample_log("s");
+    write_log(&JsonlStore::new(dir.path()), "s", &events).await;
+    let id = SessionId::from("s");
+    let store = JsonlStore::new(dir.path());
+    let mut last = events[0].clone();
+    last.seq = u64::MAX;
+    let err = match store.append(&id, &last) {
+        Err(e) => e,
+        Ok(()) => store.flush(&id).await.unwrap_err(),
+    };
+    assert!(
+        matches!(err, StoreError::SeqMismatch { got: u64::MAX, .. }),
+        "{err}"
+    );
+    let fresh = JsonlStore::new(dir.path());
+    assert_eq!(fresh.load(&id).await.unwrap().events, events);
+}

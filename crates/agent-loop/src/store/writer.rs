@@ -290,7 +290,10 @@ impl SessionFile {
             });
         }
         st.first_accepted.get_or_insert(seq);
-        st.next_seq = seq + 1;
+        // Saturating: a first append at the end of the range (to a log not read yet, so not
+        // checked above) must not overflow; no log holds that many events, so the writer's
+        // open refuses it as a seq mismatch before anything is written.
+        st.next_seq = seq.saturating_add(1);
         st.pending.extend_from_slice(line);
         st.accepted += 1;
         self.kick(&mut st);
