@@ -12,6 +12,14 @@
 //! SPAWN_BARE=1 valgrind --tool=callgrind target/release/examples/spawn_profile  # runtime alone
 //! ```
 //!
+//! Atomic read-modify-writes (reference counts, mutexes) cost more than their instruction count
+//! shows; `xtask/locked_rmw.py` counts them per delegation from a per-instruction profile:
+//!
+//! ```text
+//! valgrind --tool=callgrind --dump-instr=yes --callgrind-out-file=cg.out target/release/examples/spawn_profile
+//! python3 xtask/locked_rmw.py cg.out target/release/examples/spawn_profile 2000
+//! ```
+//!
 //! `SPAWN_BARE` runs what a delegation costs the reference runtime alone, without the seam:
 //! create an agent on the same instant model, give it the task, wait for its one turn, dispose
 //! of it. The difference to a delegation is the seam's and the driver's share.
