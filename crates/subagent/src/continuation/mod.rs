@@ -386,12 +386,15 @@ impl Inner {
             drop(_guard);
             return Err(e);
         }
-        // 10. Materialize: re-check admission, register the in-flight record.
+        // 10. Materialize: register the in-flight record, then re-check admission — in that
+        // order, so a drain starting meanwhile either finds the record (and waits for it) or is
+        // found by the check: never neither.
+        let materializing = inner.begin_materialization(&parent);
         if let Err(e) = check_signal(&spec.signal).and_then(|()| inner.admit(&parent)) {
+            drop(materializing);
             drop(_guard);
             return Err(e);
         }
-        let materializing = inner.begin_materialization(&parent);
         let create = CreateAgentOptions {
             session_id: child_id.clone(),
             meta: child_session_meta(parent.session().header(), child_depth, seed_length),

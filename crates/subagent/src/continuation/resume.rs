@@ -86,8 +86,10 @@ impl Inner {
             })),
             owner: None,
         };
-        self.admit(parent)?;
+        // Registered before the admission check, so a drain starting meanwhile either finds
+        // this record (and waits for it) or is found by the check: never neither.
         let materializing = self.begin_materialization(parent);
+        self.admit(parent)?;
         let handle = runtime_call(|| self.services.agents.resume(resume))
             .await
             .map_err(|e| {
