@@ -119,11 +119,14 @@ pub fn repair_open_turn_at(events: &mut Vec<SessionEvent>, time: u64) -> bool {
 /// The calls of step `(turn, step)` (events starting at its `step/start`) that no `tool/result`
 /// answered, in order of first appearance, each with whether a `tool/call` was logged for it.
 fn unanswered_calls(step_events: &[SessionEvent], turn: u64, step: u64) -> Vec<(CallId, bool)> {
+    // First-seen order, deduplicated through a set (a linear `contains` made a hostile step
+    // with many calls quadratic to repair).
     let mut order: Vec<CallId> = Vec::new();
+    let mut seen: HashSet<CallId> = HashSet::new();
     let mut logged: HashSet<CallId> = HashSet::new();
     let mut answered: HashSet<CallId> = HashSet::new();
-    let note = |order: &mut Vec<CallId>, id: &CallId| {
-        if !order.contains(id) {
+    let mut note = |order: &mut Vec<CallId>, id: &CallId| {
+        if seen.insert(id.clone()) {
             order.push(id.clone());
         }
     };
