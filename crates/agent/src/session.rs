@@ -511,7 +511,8 @@ enum CandidateError {
     Invalid(String),
 }
 
-/// Checks that a JSON value is lossless: no negative zero anywhere.
+/// Checks that a JSON value is lossless: no negative zero anywhere, and no deeper nesting than
+/// a JSON reader accepts (see [`check_lossless`]).
 pub fn check_lossless_json(value: &Value) -> Result<(), String> {
     // A direct look at the numbers decides the common (lossless) case; the walk names the path.
     if lossless::plain_value(value) {
@@ -521,11 +522,19 @@ pub fn check_lossless_json(value: &Value) -> Result<(), String> {
 }
 
 /// Checks that the JSON rendering of `value` is lossless: no float in it is negative zero or
-/// non-finite (`serde_json` would silently render the latter as `null`). The walk follows
-/// `value`'s `Serialize` implementation without building a JSON tree; the error names the first
-/// offending number and its path in the rendering (`.key`, `[i]`, `$` for the root).
+/// non-finite (`serde_json` would silently render the latter as `null`), and its arrays and
+/// objects nest at most 127 levels deep (`serde_json` writes deeper renderings but refuses to
+/// read them back). The walk follows `value`'s `Serialize` implementation without building a
+/// JSON tree; the error names the first offending number or container and its path in the
+/// rendering (`.key`, `[i]`, `$` for the root).
 pub fn check_lossless<T: serde::Serialize + ?Sized>(value: &T) -> Result<(), String> {
-    lossless::check(value).map_err(|fault| fault.reason())
+    lossless::check(value, lossless::MAX_READABLE_DEPTH).map_err(|fault| fault.reason())
+}
+
+/// [`check_lossless`] for an event's `data`, which sits one level inside its envelope: the
+/// whole line must read back.
+fn check_lossless_payload(data: &EventData) -> Result<(), String> {
+    lossless::check(&data.payload(), lossless::MAX_READABLE_DEPTH - 1).map_err(|fault| fault.reason())
 }
 
 fn validate_candidate(data: &EventData, surface: Option<&SurfaceMeta>) -> Result<(), CandidateError> {
@@ -548,7 +557,7 @@ fn validate_candidate(data: &EventData, surface: Option<&SurfaceMeta>) -> Result
     }
     // The fast path only skips walks that cannot fail; anything it is unsure of is walked.
     if !lossless::plainly_lossless(data) {
-        check_lossless(&data.payload()).map_err(CandidateError::Lossless)?;
+        check_lossless_payload(data).map_err(CandidateError::Lossless)?;
     }
     match (data.is_surface(), surface) {
         (true, None) | (true, Some(SurfaceMeta { surface_op: None, .. })) => {
@@ -757,6 +766,85 @@ mod tests {
             check_lossless_json(&serde_json::json!(-0.0)),
             Err("-0.0 at `$` is not lossless".to_owned())
         );
+    }
+
+    /// `depth` nested one-element arrays around `1`.
+    fn nested(depth: usize) -> Value {
+        (0..depth).fold(serde_json::json!(1), |v, _| serde_json::json!([v]))
+    }
+
+    /// An append is accepted only if its JSON line reads back as the same event: a payload
+    /// nested deeper than a JSON reader accepts (`serde_json` stops at 128 levels) used to be
+    /// appended, and its line then failed to parse ("recursion limit exceeded"), so a store
+    /// holding it could not load the log (or dropped it as a torn last line). The deepest
+    /// payloads that do read back are still accepted, and a seed is held to the same rule.
+    #[test]
+    fn an_event_whose_line_could_not_be_read_back_is_refused() {
+        let plugin = |depth| EventData::other("x/y", nested(depth));
+        let tool_meta = |depth| EventData::ToolResult {
+            turn: 1,
+            step: 1,
+            message: Message::tool_result("c".into(), vec![], false),
+            error: None,
+            meta: Some(nested(depth)),
+        };
+        // (payload, deepest accepted depth): the envelope and the tool result's `data` object
+        // each take one level of the reader's budget.
+        let cases: [(&dyn Fn(usize) -> EventData, usize); 2] = [(&plugin, 126), (&tool_meta, 125)];
+        for (make, deepest) in cases {
+            for depth in deepest - 3..=deepest + 3 {
+                let data = make(depth);
+                let surface = data.is_surface().then(SurfaceMeta::append);
+                let s = Session::new(header("a"), None).unwrap();
+                match s.append(data, surface) {
+                    Ok(event) => {
+                        assert!(depth <= deepest, "depth {depth} was accepted");
+                        let line = serde_json::to_string(&*event).unwrap();
+                        let back: SessionEvent = serde_json::from_str(&line)
+                            .unwrap_or_else(|e| panic!("depth {depth}: the line reads back: {e}"));
+                        assert_eq!(back, *event);
+                    }
+                    Err(err) => {
+                        assert!(depth > deepest, "depth {depth} was refused: {err}");
+                        assert!(
+                            matches!(&err, LogError::NotLossless { reason, .. }
+                                if reason.contains("nests deeper than")),
+                            "{err}"
+                        );
+                        assert!(s.is_empty());
+                    }
+                }
+            }
+        }
+        // Typed nesting counts too: tool-result blocks inside one another (two levels each).
+        let results = |levels: usize| {
+            let block = (0..levels).fold(crate::ContentBlock::text("x"), |inner, _| {
+                crate::ContentBlock::ToolResult {
+                    tool_call_id: "c".into(),
+                    content: vec![inner],
+                    is_error: None,
+                }
+            });
+            EventData::UserMessage(Message::user(vec![block], MessageSource::User))
+        };
+        let s = Session::new(header("a"), None).unwrap();
+        let event = s.append(results(20), Some(SurfaceMeta::append())).unwrap();
+        let back: SessionEvent = serde_json::from_str(&serde_json::to_string(&*event).unwrap()).unwrap();
+        assert_eq!(back, *event);
+        assert!(matches!(
+            s.append(results(70), Some(SurfaceMeta::append())),
+            Err(LogError::NotLossless { .. })
+        ));
+        let seed = vec![ev(0, plugin(127))];
+        assert!(matches!(
+            Session::new(header("a"), Some(seed)),
+            Err(LogError::SeedNotLossless { index: 0, .. })
+        ));
+        // A standalone value is held to the reader's own limit.
+        assert_eq!(check_lossless_json(&nested(127)), Ok(()));
+        assert!(serde_json::from_str::<Value>(&nested(127).to_string()).is_ok());
+        assert!(check_lossless_json(&nested(128)).is_err());
+        assert!(serde_json::from_str::<Value>(&nested(128).to_string()).is_err());
     }
 
     /// The fast path of the lossless check: every event kind that can carry a float (an

@@ -43,6 +43,8 @@ pub(super) struct Fault {
 enum What {
     Float(f64),
     Unserializable(String),
+    /// A container opened where the reader's nesting budget was spent.
+    TooDeep(usize),
 }
 
 impl Fault {
@@ -71,6 +73,10 @@ impl Fault {
             What::Unserializable(msg) => {
                 format!("value at `{}` is not JSON-serializable: {msg}", self.path())
             }
+            What::TooDeep(limit) => format!(
+                "value at `{}` nests deeper than {limit} levels, which a JSON reader refuses",
+                self.path()
+            ),
         }
     }
 }
@@ -93,9 +99,10 @@ impl ser::Error for Fault {
 }
 
 /// Whether `data`'s payload is certainly lossless, decided without driving its `Serialize`
-/// implementation: only the places a float can hide are visited (embedded
-/// [`serde_json::Value`]s, open-union maps and the one typed float, the request temperature);
-/// every other field is a string, integer, boolean or closed enum and can never be at fault.
+/// implementation: only the places a float (or deep nesting) can hide are visited (embedded
+/// [`serde_json::Value`]s, open-union maps, nested `tool-result` blocks and the one typed
+/// float, the request temperature); every other field is a string, integer, boolean or closed
+/// enum and can never be at fault.
 ///
 /// `true` means the full walk ([`check`]) would find nothing. `false` means "not certain": the
 /// caller runs the full walk, which decides and, on a fault, names its path. So this fast path
@@ -177,20 +184,41 @@ fn plain_float(f: f64) -> bool {
     float(f).is_ok()
 }
 
-/// Whether a JSON value is certainly lossless (no negative-zero float); `false` means "walk it".
+/// How deeply an embedded JSON value (or open-union map) may nest and still be certain on the
+/// fast path, and how many `tool-result` blocks may nest inside one another. The typed fields
+/// around an embedded value add at most 6 levels to an event's `data`, and each nested
+/// `tool-result` 2, so a payload the fast path calls plain nests at most
+/// 6 + 2 × [`PLAIN_RESULT_NESTING`] + [`PLAIN_DEPTH`] = 102 levels: well inside what a reader
+/// accepts. Anything deeper is walked, and the walk counts exactly.
+const PLAIN_DEPTH: usize = 64;
+
+/// See [`PLAIN_DEPTH`].
+const PLAIN_RESULT_NESTING: usize = 16;
+
+/// Whether a JSON value is certainly lossless (no negative-zero float) and shallow enough to
+/// be read back; `false` means "walk it".
 pub(super) fn plain_value(value: &serde_json::Value) -> bool {
+    plain_value_within(value, PLAIN_DEPTH)
+}
+
+/// [`plain_value`] for a value with `budget` levels of containers left.
+fn plain_value_within(value: &serde_json::Value, budget: usize) -> bool {
     use serde_json::Value;
     match value {
         Value::Null | Value::Bool(_) | Value::String(_) => true,
         // Integers always pass; a float is checked like the walk checks it.
         Value::Number(n) => !n.is_f64() || n.as_f64().is_some_and(plain_float),
-        Value::Array(items) => items.iter().all(plain_value),
-        Value::Object(map) => plain_map(map),
+        Value::Array(items) => budget > 0 && items.iter().all(|item| plain_value_within(item, budget - 1)),
+        Value::Object(map) => plain_map_within(map, budget),
     }
 }
 
 fn plain_map(map: &serde_json::Map<String, serde_json::Value>) -> bool {
-    map.values().all(plain_value)
+    plain_map_within(map, PLAIN_DEPTH)
+}
+
+fn plain_map_within(map: &serde_json::Map<String, serde_json::Value>, budget: usize) -> bool {
+    budget > 0 && map.values().all(|v| plain_value_within(v, budget - 1))
 }
 
 fn plain_message(message: &Message) -> bool {
@@ -216,11 +244,18 @@ fn plain_message(message: &Message) -> bool {
 }
 
 fn plain_block(block: &ContentBlock) -> bool {
+    plain_block_within(block, PLAIN_RESULT_NESTING)
+}
+
+/// [`plain_block`] with `nesting` more `tool-result` levels allowed.
+fn plain_block_within(block: &ContentBlock, nesting: usize) -> bool {
     match block {
         ContentBlock::Text { .. } | ContentBlock::ToolCall { .. } => true,
         ContentBlock::Reasoning { extra, .. } => plain_map(extra),
         ContentBlock::Image { fields } => plain_map(fields),
-        ContentBlock::ToolResult { content, .. } => content.iter().all(plain_block),
+        ContentBlock::ToolResult { content, .. } => {
+            nesting > 0 && content.iter().all(|b| plain_block_within(b, nesting - 1))
+        }
         ContentBlock::Other(map) => plain_map(map),
     }
 }
@@ -255,9 +290,17 @@ fn finish_reason(reason: &FinishReason) -> bool {
     }
 }
 
-/// Walks `value`'s serialization; `Err` names the first number that is not lossless.
-pub(super) fn check<T: Serialize + ?Sized>(value: &T) -> Result<(), Fault> {
-    value.serialize(Walker)
+/// The deepest nesting of arrays and objects `serde_json` reads back (its parser refuses a
+/// 128th level): a rendering nested deeper is written fine but can never be read again.
+pub(super) const MAX_READABLE_DEPTH: usize = 127;
+
+/// Walks `value`'s serialization; `Err` names the first number that is not lossless, or the
+/// first container nested deeper than `max_depth` levels (counting `value`'s own).
+pub(super) fn check<T: Serialize + ?Sized>(value: &T, max_depth: usize) -> Result<(), Fault> {
+    value.serialize(Walker {
+        budget: max_depth,
+        limit: max_depth,
+    })
 }
 
 fn float(f: f64) -> Result<(), Fault> {
@@ -270,17 +313,40 @@ fn float(f: f64) -> Result<(), Fault> {
     Ok(())
 }
 
-fn keyed<T: Serialize + ?Sized>(key: &str, value: &T) -> Result<(), Fault> {
+fn keyed<T: Serialize + ?Sized>(walker: Walker, key: &str, value: &T) -> Result<(), Fault> {
     value
-        .serialize(Walker)
+        .serialize(walker)
         .map_err(|e| e.at(Segment::Key(key.to_owned())))
 }
 
-/// The walking serializer: it produces nothing and fails on the first lossy number.
-struct Walker;
+/// The walking serializer: it produces nothing and fails on the first lossy number or the
+/// first container opened with no nesting budget left.
+#[derive(Clone, Copy)]
+struct Walker {
+    /// How many more levels of arrays and objects may open here.
+    budget: usize,
+    /// The whole budget, for the error text.
+    limit: usize,
+}
+
+impl Walker {
+    /// The walker for what lies inside `levels` newly opened containers (a variant wrapper
+    /// object and its body are two), or the fault when that is deeper than the budget.
+    fn open(self, levels: usize) -> Result<Self, Fault> {
+        match self.budget.checked_sub(levels) {
+            Some(budget) => Ok(Self { budget, ..self }),
+            None => Err(Fault {
+                what: What::TooDeep(self.limit),
+                path: Vec::new(),
+            }),
+        }
+    }
+}
 
 /// A sequence, tuple or tuple-variant body (counts elements for the path).
 struct Seq {
+    /// The walker for the elements.
+    inner: Walker,
     /// The variant wrapper of a tuple variant, if any.
     variant: Option<&'static str>,
     next: usize,
@@ -288,11 +354,15 @@ struct Seq {
 
 /// A map body; `key` holds the rendered key between `serialize_key` and `serialize_value`.
 struct Map {
+    /// The walker for the values.
+    inner: Walker,
     key: Option<String>,
 }
 
 /// A struct or struct-variant body.
 struct Struct {
+    /// The walker for the fields.
+    inner: Walker,
     variant: Option<&'static str>,
 }
 
@@ -300,7 +370,7 @@ impl Seq {
     fn element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Fault> {
         let index = self.next;
         self.next += 1;
-        value.serialize(Walker).map_err(|e| {
+        value.serialize(self.inner).map_err(|e| {
             let e = e.at(Segment::Index(index));
             match self.variant {
                 Some(v) => e.at(Segment::Key(v.to_owned())),
@@ -312,7 +382,7 @@ impl Seq {
 
 impl Struct {
     fn field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), Fault> {
-        keyed(key, value).map_err(|e| match self.variant {
+        keyed(self.inner, key, value).map_err(|e| match self.variant {
             Some(v) => e.at(Segment::Key(v.to_owned())),
             None => e,
         })
@@ -410,11 +480,13 @@ impl ser::Serializer for Walker {
         variant: &'static str,
         value: &T,
     ) -> Result<(), Fault> {
-        keyed(variant, value)
+        // Rendered `{variant: value}`: the wrapper object is one level.
+        keyed(self.open(1)?, variant, value)
     }
 
     fn serialize_seq(self, _: Option<usize>) -> Result<Seq, Fault> {
         Ok(Seq {
+            inner: self.open(1)?,
             variant: None,
             next: 0,
         })
@@ -435,18 +507,26 @@ impl ser::Serializer for Walker {
         variant: &'static str,
         _: usize,
     ) -> Result<Seq, Fault> {
+        // Rendered `{variant: [...]}`: two levels.
         Ok(Seq {
+            inner: self.open(2)?,
             variant: Some(variant),
             next: 0,
         })
     }
 
     fn serialize_map(self, _: Option<usize>) -> Result<Map, Fault> {
-        Ok(Map { key: None })
+        Ok(Map {
+            inner: self.open(1)?,
+            key: None,
+        })
     }
 
     fn serialize_struct(self, _: &'static str, _: usize) -> Result<Struct, Fault> {
-        Ok(Struct { variant: None })
+        Ok(Struct {
+            inner: self.open(1)?,
+            variant: None,
+        })
     }
 
     fn serialize_struct_variant(
@@ -456,7 +536,9 @@ impl ser::Serializer for Walker {
         variant: &'static str,
         _: usize,
     ) -> Result<Struct, Fault> {
+        // Rendered `{variant: {...}}`: two levels.
         Ok(Struct {
+            inner: self.open(2)?,
             variant: Some(variant),
         })
     }
@@ -529,7 +611,7 @@ impl ser::SerializeMap for Map {
 
     fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Fault> {
         let key = self.key.take().unwrap_or_default();
-        value.serialize(Walker).map_err(|e| e.at(Segment::Key(key)))
+        value.serialize(self.inner).map_err(|e| e.at(Segment::Key(key)))
     }
 
     fn serialize_entry<K: Serialize + ?Sized, V: Serialize + ?Sized>(
@@ -540,7 +622,7 @@ impl ser::SerializeMap for Map {
         // The key is rendered only when the value is at fault (the common case allocates
         // nothing); it must still be a valid JSON object key.
         key.serialize(KeyCheck)?;
-        value.serialize(Walker).map_err(|e| {
+        value.serialize(self.inner).map_err(|e| {
             let key = key.serialize(KeyText).unwrap_or_default();
             e.at(Segment::Key(key))
         })
@@ -753,7 +835,7 @@ mod tests {
     use serde_json::json;
 
     fn reason<T: Serialize>(v: &T) -> Option<String> {
-        check(v).err().map(|f| f.reason())
+        check(v, MAX_READABLE_DEPTH).err().map(|f| f.reason())
     }
 
     #[test]
