@@ -19,6 +19,26 @@ use crate::turn::TurnEndReason;
 /// The event types whose payloads form the model-facing surface.
 pub const SURFACE_TYPES: [&str; 3] = ["user/message", "assistant/message", "tool/result"];
 
+/// The event types read back as typed [`EventData`] variants (every type but
+/// [`EventData::Other`]'s). A plugin-owned event must use another name.
+pub const TYPED_TYPES: [&str; 15] = [
+    "turn/start",
+    "turn/end",
+    "step/start",
+    "step/end",
+    "user/message",
+    "assistant/chunk",
+    "assistant/message",
+    "tool/call",
+    "tool/result",
+    "request/header",
+    "request/context",
+    "session/end-seed",
+    "agent/inbox/spliced",
+    "sandbox/mode",
+    "approval/policy",
+];
+
 /// Which inbox list a splice addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -980,6 +1000,26 @@ mod tests {
             },
             EventData::other("x/y", json!([1, {"a": null}])),
         ];
+        // The typed names are exactly the typed variants' (a plugin event may use none).
+        let mut names: Vec<&str> = all
+            .iter()
+            .map(EventData::type_name)
+            .filter(|n| *n != "x/y")
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let mut typed = TYPED_TYPES.to_vec();
+        typed.sort_unstable();
+        assert_eq!(names, typed);
+        for kind in TYPED_TYPES {
+            assert!(
+                !matches!(
+                    EventData::from_parts(kind, Value::Null),
+                    Ok(EventData::Other { .. })
+                ),
+                "{kind}"
+            );
+        }
         for data in all {
             let rendered = data.to_data();
             assert_eq!(serde_json::to_value(data.payload()).unwrap(), rendered);

@@ -559,6 +559,14 @@ fn validate_candidate(data: &EventData, surface: Option<&SurfaceMeta>) -> Result
     if !lossless::plainly_lossless(data) {
         check_lossless_payload(data).map_err(CandidateError::Lossless)?;
     }
+    // A plugin event named like a typed one would read back as that type (or not at all).
+    if let EventData::Other { kind, .. } = data
+        && crate::event::TYPED_TYPES.contains(&kind.as_str())
+    {
+        return Err(CandidateError::Invalid(format!(
+            "`{kind}` is a typed event type; a plugin event may not use it"
+        )));
+    }
     match (data.is_surface(), surface) {
         (true, None) | (true, Some(SurfaceMeta { surface_op: None, .. })) => {
             return Err(invalid("surface events must declare surfaceOp"));
@@ -766,6 +774,67 @@ mod tests {
             check_lossless_json(&serde_json::json!(-0.0)),
             Err("-0.0 at `$` is not lossless".to_owned())
         );
+    }
+
+    /// A plugin-owned (`Other`) event may not name a type the log reads back as a typed event:
+    /// it used to be accepted, and then either its line failed to read back (a payload not of
+    /// that type's shape made the whole log unloadable) or it read back as the typed event, so
+    /// the folds over the live log (which ignore plugin events) and over the reloaded log
+    /// disagreed. Plugin types of their own are still accepted, and seeds are held to the
+    /// same rule.
+    #[test]
+    fn a_plugin_event_may_not_take_a_typed_events_name() {
+        let s = Session::new(header("a"), None).unwrap();
+        let impostors = [
+            (
+                EventData::other("turn/start", serde_json::json!({"turn": "one"})),
+                None,
+            ),
+            (
+                EventData::other(
+                    "turn/end",
+                    serde_json::json!({"turn": 1, "reason": {"kind": "completed"}}),
+                ),
+                None,
+            ),
+            (
+                EventData::other("sandbox/mode", serde_json::json!({"mode": "read-only"})),
+                None,
+            ),
+            (EventData::other("session/end-seed", serde_json::json!({})), None),
+            (
+                EventData::other("user/message", serde_json::json!({"id": 1})),
+                Some(SurfaceMeta::append()),
+            ),
+        ];
+        for (data, surface) in impostors {
+            let kind = data.type_name().to_owned();
+            let err = s.append(data.clone(), surface.clone()).unwrap_err();
+            assert_eq!(
+                err,
+                LogError::Invalid {
+                    kind: kind.clone(),
+                    reason: format!("`{kind}` is a typed event type; a plugin event may not use it"),
+                }
+            );
+            let seed = vec![SessionEvent {
+                surface,
+                ..ev(0, data)
+            }];
+            assert!(matches!(
+                Session::new(header("a"), Some(seed)),
+                Err(LogError::SeedInvalid { index: 0, .. })
+            ));
+        }
+        assert!(s.is_empty());
+        let event = s
+            .append(
+                EventData::other("subagent/descriptor", serde_json::json!({"version": 2})),
+                None,
+            )
+            .unwrap();
+        let back: SessionEvent = serde_json::from_str(&serde_json::to_string(&*event).unwrap()).unwrap();
+        assert_eq!(back, *event);
     }
 
     /// `depth` nested one-element arrays around `1`.
