@@ -239,6 +239,74 @@ async fn direct_driver_start_rejects_an_out_of_subset_schema() {
     host.finish().await;
 }
 
+/// An object-rooted schema nested `depth` JSON levels deep (arrays of arrays of strings under
+/// the property `deep`).
+fn nested_schema(depth: usize) -> Value {
+    let mut schema = json!({"type": "string"});
+    for _ in 0..depth - 3 {
+        schema = json!({"type": "array", "items": schema});
+    }
+    json!({"type": "object", "properties": {"deep": schema}})
+}
+
+/// spec: STR-38 — a schema inside the subset but nested deeper than the value validator's bound
+/// (`MAX_VALIDATION_DEPTH`) can never judge a capture: it rejects the start with
+/// `UNSUPPORTED_SCHEMA` before any child exists (through the service and directly), instead of
+/// starting a child whose every capture fails `INVALID_ARGS` and which can only end `error`.
+/// A schema at the bound still starts and captures.
+#[tokio::test(start_paused = true)]
+async fn schema_nested_past_the_validation_bound_rejects_before_anything_starts() {
+    let host = Host::new(vec![capture("c1", json!({"deep": []}))]).await;
+    let _p = host.register_inline("spawn", CAPS);
+    let before = (host.agent_count(), host.session_count(), events_of(&host.parent));
+    let too_deep = nested_schema(subagent::schema::MAX_VALIDATION_DEPTH + 1);
+    let Err(err) = host
+        .service
+        .start("spawn", request(&host, too_deep.clone()))
+        .await
+    else {
+        panic!("the start must reject a schema no value can be validated under");
+    };
+    let subagent::service::StartError::Subagent(err) = err else {
+        panic!("a schema error expected, got {err}");
+    };
+    assert_eq!(err.code(), SubagentErrorCode::UnsupportedSchema, "{err}");
+    assert_eq!(
+        err.to_string(),
+        "unsupported JSON schema: schema nests deeper than 128 levels"
+    );
+    let Err(err) = host
+        .driver
+        .start(
+            resolve(request(&host, too_deep), "direct"),
+            InProcessRunOptions::fresh(),
+        )
+        .await
+    else {
+        panic!("the direct start must reject too");
+    };
+    assert_eq!(err.code(), SubagentErrorCode::UnsupportedSchema, "{err}");
+    assert_eq!(
+        (host.agent_count(), host.session_count(), events_of(&host.parent)),
+        before
+    );
+    assert!(host.model.requests().is_empty());
+    // At the bound the schema is usable: the child starts and its capture commits.
+    let run = host
+        .service
+        .start(
+            "spawn",
+            request(&host, nested_schema(subagent::schema::MAX_VALIDATION_DEPTH)),
+        )
+        .await
+        .expect("started");
+    let result = run.result().await.expect("result resolves");
+    assert_eq!(result.stop_reason, StopReason::Completed);
+    assert_eq!(result.structured, Some(json!({"deep": []})));
+    run.dispose().await.unwrap();
+    host.finish().await;
+}
+
 /// spec: STR-34 — arguments that are not JSON reach the body as the raw string and fail
 /// validation (`INVALID_ARGS`); the model retries in the same turn and the valid call captures.
 #[tokio::test(start_paused = true)]

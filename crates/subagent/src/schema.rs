@@ -260,7 +260,9 @@ fn enter<'a>(node: &'a Value, path: String, tasks: &mut Vec<Task<'a>>, out: &mut
 }
 
 /// Every subset violation of `schema`, in walk order (empty = inside the subset). With
-/// `object_root`, a schema that is otherwise valid must also have `type: "object"` at its root.
+/// `object_root`, a schema that is otherwise valid must also have `type: "object"` at its root
+/// and nest no deeper than [`MAX_VALIDATION_DEPTH`] (the bound [`validate_structured`] judges
+/// values under).
 ///
 /// Never panics and never recurses, whatever the input.
 pub fn schema_violations(schema: &Value, object_root: bool) -> Vec<String> {
@@ -284,6 +286,12 @@ pub fn schema_violations(schema: &Value, object_root: bool) -> Vec<String> {
     }
     if object_root && out.is_empty() && schema.get("type").and_then(Value::as_str) != Some("object") {
         out.push("schema.type must be \"object\" (structured output is object-rooted)".to_owned());
+    }
+    // An output schema must also be usable by `validate_structured`, which refuses schemas
+    // nested deeper than its bound: accepted, such a schema would start a child whose every
+    // capture fails.
+    if object_root && out.is_empty() && nesting_depth(schema) > MAX_VALIDATION_DEPTH {
+        out.push(format!("schema nests deeper than {MAX_VALIDATION_DEPTH} levels"));
     }
     out
 }
@@ -564,7 +572,12 @@ mod tests {
         root.insert("type".into(), json!("object"));
         root.insert("properties".into(), Value::Object(properties));
         let root = Value::Object(root);
-        assert!(schema_violations(&root, true).is_empty());
+        // The walk itself is inside the subset; as an output schema it is refused for its depth.
+        assert!(schema_violations(&root, false).is_empty());
+        assert_eq!(
+            schema_violations(&root, true),
+            vec!["schema nests deeper than 128 levels".to_owned()]
+        );
         // Value validation refuses such a schema with a typed error instead of recursing.
         let Err(StructuredValueError::Schema(err)) = validate_structured(&root, &json!({})) else {
             panic!("a too-deep schema must be refused");
@@ -573,6 +586,49 @@ mod tests {
         // serde_json drops nested values recursively; leak this deliberately deep test value
         // instead of letting its drop overflow the test thread's stack.
         std::mem::forget(root);
+    }
+
+    /// An object-rooted schema `depth` levels deep: `{"type": "object", "properties": {"deep":
+    /// <arrays of arrays … of strings>}}`.
+    fn nested_output_schema(depth: usize) -> Value {
+        let mut schema = json!({"type": "string"});
+        // The root's `properties` map, the `deep` node and the innermost node's `type` value
+        // are three levels; each array node adds one.
+        for _ in 0..depth - 3 {
+            let mut node = Map::new();
+            node.insert("type".into(), json!("array"));
+            node.insert("items".into(), schema);
+            schema = Value::Object(node);
+        }
+        json!({"type": "object", "properties": {"deep": schema}})
+    }
+
+    /// spec: §2.10 — an output schema is accepted only when values can be judged under it: one
+    /// nested exactly to the validation bound is accepted and validates values, one level more is
+    /// refused with `UNSUPPORTED_SCHEMA` at the assertion (not accepted and then refused at every
+    /// capture).
+    #[test]
+    fn output_schemas_nested_past_the_validation_bound_are_refused() {
+        let at_bound = nested_output_schema(MAX_VALIDATION_DEPTH);
+        assert_eq!(nesting_depth(&at_bound), MAX_VALIDATION_DEPTH);
+        assert_output_schema(&at_bound).unwrap();
+        validate_structured(&at_bound, &json!({})).unwrap();
+        validate_structured(&at_bound, &json!({"deep": [[]]})).unwrap();
+        assert!(matches!(
+            validate_structured(&at_bound, &json!({"deep": ["x"]})),
+            Err(StructuredValueError::Invalid { .. })
+        ));
+
+        let past = nested_output_schema(MAX_VALIDATION_DEPTH + 1);
+        assert_eq!(nesting_depth(&past), MAX_VALIDATION_DEPTH + 1);
+        let err = assert_output_schema(&past).unwrap_err();
+        assert_eq!(err.code(), SubagentErrorCode::UnsupportedSchema);
+        assert_eq!(
+            err.to_string(),
+            "unsupported JSON schema: schema nests deeper than 128 levels"
+        );
+        // Still inside the subset where any root is allowed (no value validation there).
+        assert_supported_schema(&past).unwrap();
     }
 
     #[test]
