@@ -249,17 +249,17 @@ fn nested_schema(depth: usize) -> Value {
     json!({"type": "object", "properties": {"deep": schema}})
 }
 
-/// spec: STR-38 — a schema inside the subset but nested deeper than the value validator's bound
-/// (`MAX_VALIDATION_DEPTH`) can never judge a capture: it rejects the start with
-/// `UNSUPPORTED_SCHEMA` before any child exists (through the service and directly), instead of
-/// starting a child whose every capture fails `INVALID_ARGS` and which can only end `error`.
+/// spec: STR-38 — a schema inside the subset but nested deeper than an output schema may
+/// (`MAX_OUTPUT_SCHEMA_DEPTH`: values are judged under it, and the child logs it in every
+/// request header) rejects the start with `UNSUPPORTED_SCHEMA` before any child exists (through
+/// the service and directly), instead of starting a child that can only end `error`.
 /// A schema at the bound still starts and captures.
 #[tokio::test(start_paused = true)]
 async fn schema_nested_past_the_validation_bound_rejects_before_anything_starts() {
     let host = Host::new(vec![capture("c1", json!({"deep": []}))]).await;
     let _p = host.register_inline("spawn", CAPS);
     let before = (host.agent_count(), host.session_count(), events_of(&host.parent));
-    let too_deep = nested_schema(subagent::schema::MAX_VALIDATION_DEPTH + 1);
+    let too_deep = nested_schema(subagent::schema::MAX_OUTPUT_SCHEMA_DEPTH + 1);
     let Err(err) = host
         .service
         .start("spawn", request(&host, too_deep.clone()))
@@ -273,7 +273,7 @@ async fn schema_nested_past_the_validation_bound_rejects_before_anything_starts(
     assert_eq!(err.code(), SubagentErrorCode::UnsupportedSchema, "{err}");
     assert_eq!(
         err.to_string(),
-        "unsupported JSON schema: schema nests deeper than 128 levels"
+        "unsupported JSON schema: schema nests deeper than 120 levels"
     );
     let Err(err) = host
         .driver
@@ -296,7 +296,7 @@ async fn schema_nested_past_the_validation_bound_rejects_before_anything_starts(
         .service
         .start(
             "spawn",
-            request(&host, nested_schema(subagent::schema::MAX_VALIDATION_DEPTH)),
+            request(&host, nested_schema(subagent::schema::MAX_OUTPUT_SCHEMA_DEPTH)),
         )
         .await
         .expect("started");

@@ -261,8 +261,8 @@ fn enter<'a>(node: &'a Value, path: String, tasks: &mut Vec<Task<'a>>, out: &mut
 
 /// Every subset violation of `schema`, in walk order (empty = inside the subset). With
 /// `object_root`, a schema that is otherwise valid must also have `type: "object"` at its root
-/// and nest no deeper than [`MAX_VALIDATION_DEPTH`] (the bound [`validate_structured`] judges
-/// values under).
+/// and nest no deeper than [`MAX_OUTPUT_SCHEMA_DEPTH`] (within the bound [`validate_structured`]
+/// judges values under, and loggable in the child's requests).
 ///
 /// Never panics and never recurses, whatever the input.
 pub fn schema_violations(schema: &Value, object_root: bool) -> Vec<String> {
@@ -290,8 +290,10 @@ pub fn schema_violations(schema: &Value, object_root: bool) -> Vec<String> {
     // An output schema must also be usable by `validate_structured`, which refuses schemas
     // nested deeper than its bound: accepted, such a schema would start a child whose every
     // capture fails.
-    if object_root && out.is_empty() && nesting_depth(schema) > MAX_VALIDATION_DEPTH {
-        out.push(format!("schema nests deeper than {MAX_VALIDATION_DEPTH} levels"));
+    if object_root && out.is_empty() && nesting_depth(schema) > MAX_OUTPUT_SCHEMA_DEPTH {
+        out.push(format!(
+            "schema nests deeper than {MAX_OUTPUT_SCHEMA_DEPTH} levels"
+        ));
     }
     out
 }
@@ -322,6 +324,13 @@ pub fn assert_output_schema(schema: &Value) -> Result<(), SubagentError> {
 /// The deepest nesting [`validate_structured`] accepts in a schema or a value (the nesting
 /// limit JSON parsers apply by default, so any value parsed from text fits).
 pub const MAX_VALIDATION_DEPTH: usize = 128;
+
+/// The deepest nesting an **output** schema may have: values must be judged under it
+/// ([`MAX_VALIDATION_DEPTH`]), and the schema is also written into the child's log, as the
+/// capture tool's parameters inside each `request/header` event, five levels below the top of
+/// the line — and a log line nests at most 127 levels, the JSON reader's limit. A deeper schema
+/// would start a child that can never log a request.
+pub const MAX_OUTPUT_SCHEMA_DEPTH: usize = 120;
 
 /// How deeply `value` nests (a scalar is 0), computed without recursion.
 fn nesting_depth(value: &Value) -> usize {
@@ -576,13 +585,13 @@ mod tests {
         assert!(schema_violations(&root, false).is_empty());
         assert_eq!(
             schema_violations(&root, true),
-            vec!["schema nests deeper than 128 levels".to_owned()]
+            vec!["schema nests deeper than 120 levels".to_owned()]
         );
         // Value validation refuses such a schema with a typed error instead of recursing.
         let Err(StructuredValueError::Schema(err)) = validate_structured(&root, &json!({})) else {
             panic!("a too-deep schema must be refused");
         };
-        assert!(err.to_string().contains("nests deeper than 128 levels"), "{err}");
+        assert!(err.to_string().contains("nests deeper than 120 levels"), "{err}");
         // serde_json drops nested values recursively; leak this deliberately deep test value
         // instead of letting its drop overflow the test thread's stack.
         std::mem::forget(root);
@@ -603,14 +612,14 @@ mod tests {
         json!({"type": "object", "properties": {"deep": schema}})
     }
 
-    /// spec: §2.10 — an output schema is accepted only when values can be judged under it: one
-    /// nested exactly to the validation bound is accepted and validates values, one level more is
+    /// spec: §2.10 — an output schema is accepted only when values can be judged under it and
+    /// the child can log it: one nested exactly to the output bound is accepted and validates values, one level more is
     /// refused with `UNSUPPORTED_SCHEMA` at the assertion (not accepted and then refused at every
     /// capture).
     #[test]
     fn output_schemas_nested_past_the_validation_bound_are_refused() {
-        let at_bound = nested_output_schema(MAX_VALIDATION_DEPTH);
-        assert_eq!(nesting_depth(&at_bound), MAX_VALIDATION_DEPTH);
+        let at_bound = nested_output_schema(MAX_OUTPUT_SCHEMA_DEPTH);
+        assert_eq!(nesting_depth(&at_bound), MAX_OUTPUT_SCHEMA_DEPTH);
         assert_output_schema(&at_bound).unwrap();
         validate_structured(&at_bound, &json!({})).unwrap();
         validate_structured(&at_bound, &json!({"deep": [[]]})).unwrap();
@@ -619,13 +628,13 @@ mod tests {
             Err(StructuredValueError::Invalid { .. })
         ));
 
-        let past = nested_output_schema(MAX_VALIDATION_DEPTH + 1);
-        assert_eq!(nesting_depth(&past), MAX_VALIDATION_DEPTH + 1);
+        let past = nested_output_schema(MAX_OUTPUT_SCHEMA_DEPTH + 1);
+        assert_eq!(nesting_depth(&past), MAX_OUTPUT_SCHEMA_DEPTH + 1);
         let err = assert_output_schema(&past).unwrap_err();
         assert_eq!(err.code(), SubagentErrorCode::UnsupportedSchema);
         assert_eq!(
             err.to_string(),
-            "unsupported JSON schema: schema nests deeper than 128 levels"
+            "unsupported JSON schema: schema nests deeper than 120 levels"
         );
         // Still inside the subset where any root is allowed (no value validation there).
         assert_supported_schema(&past).unwrap();
