@@ -299,46 +299,9 @@ async fn a_panicking_parent_send_during_notice_delivery_is_contained() {
     let (child_gate, hook) = gate(&host, "child");
     let child_id = start_reserved(&host, "child").await;
     let child = agents.get(&child_id).expect("the child is live");
-    let mut spec = ContinuableStartSpec::new(
-        "spawn",
-        "deeper",
-        vec![ContentBlock::text("gc task")],
-        child.clone(),
-    );
-    spec.child_id = Some(SessionId::from("grandchild"));
-    let (gc_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    let gc_id = start_grandchild(&host, &child).await;
     yield_a_while().await;
-    child_gate.send(true).unwrap();
-    within(PATIENCE, async {
-        host.settle().await;
-        host.parent.when_idle().await;
-        host.settle().await;
-    })
-    .await
-    .expect("the child settled");
-    let ends: Vec<(SessionId, StopReason)> = host
-        .ends()
-        .into_iter()
-        .map(|e| (e.info.id, e.stop_reason))
-        .collect();
-    assert_eq!(
-        ends,
-        vec![
-            (gc_id, StopReason::Completed),
-            (child_id.clone(), StopReason::Completed)
-        ]
-    );
-    assert!(notices(&child).is_empty());
-    assert_eq!(notices(&host.parent).len(), 1);
-    let logged = warnings.messages();
-    assert_eq!(
-        logged
-            .iter()
-            .filter(|w| w.contains("settlement notice was not delivered to its parent"))
-            .count(),
-        1,
-        "{logged:?}"
-    );
+    settle_with_one_undelivered_notice(&host, &warnings, &child_gate, &child, &child_id, &gc_id).await;
     drop(hook);
     host.finish().await;
 }
@@ -357,14 +320,7 @@ async fn a_panicking_parent_lookup_during_notice_delivery_is_contained() {
     let (child_gate, hook) = gate(&host, "child");
     let child_id = start_reserved(&host, "child").await;
     let child = agents.get(&child_id).expect("the child is live");
-    let mut spec = ContinuableStartSpec::new(
-        "spawn",
-        "deeper",
-        vec![ContentBlock::text("gc task")],
-        child.clone(),
-    );
-    spec.child_id = Some(SessionId::from("grandchild"));
-    let (gc_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    let gc_id = start_grandchild(&host, &child).await;
     *agents.panicking_get.lock() = Some(child_id.clone());
     within(PATIENCE, async {
         while host.manager.is_resident(&gc_id) || host.ends().is_empty() {
@@ -374,37 +330,7 @@ async fn a_panicking_parent_lookup_during_notice_delivery_is_contained() {
     .await
     .expect("the grandchild's epoch ended");
     *agents.panicking_get.lock() = None;
-    child_gate.send(true).unwrap();
-    within(PATIENCE, async {
-        host.settle().await;
-        host.parent.when_idle().await;
-        host.settle().await;
-    })
-    .await
-    .expect("the child settled");
-    let ends: Vec<(SessionId, StopReason)> = host
-        .ends()
-        .into_iter()
-        .map(|e| (e.info.id, e.stop_reason))
-        .collect();
-    assert_eq!(
-        ends,
-        vec![
-            (gc_id, StopReason::Completed),
-            (child_id.clone(), StopReason::Completed)
-        ]
-    );
-    assert!(notices(&child).is_empty());
-    assert_eq!(notices(&host.parent).len(), 1);
-    let logged = warnings.messages();
-    assert_eq!(
-        logged
-            .iter()
-            .filter(|w| w.contains("settlement notice was not delivered to its parent"))
-            .count(),
-        1,
-        "{logged:?}"
-    );
+    settle_with_one_undelivered_notice(&host, &warnings, &child_gate, &child, &child_id, &gc_id).await;
     drop(hook);
     host.finish().await;
 }
@@ -1010,4 +936,60 @@ async fn a_panicking_cancel_fails_the_interrupt_and_leaves_the_turn_running() {
     assert!(!host.manager.is_resident(&child_id));
     drop(hook);
     host.finish().await;
+}
+
+/// Starts the continuable grandchild `grandchild` below the resident `child`.
+async fn start_grandchild(host: &Host, child: &AgentRef) -> SessionId {
+    let mut spec = ContinuableStartSpec::new(
+        "spawn",
+        "deeper",
+        vec![ContentBlock::text("gc task")],
+        child.clone(),
+    );
+    spec.child_id = Some(SessionId::from("grandchild"));
+    host.manager.start_continuable(spec).await.unwrap().0
+}
+
+/// Opens the child's gate and asserts what a lost grandchild notice leaves: both epochs ended
+/// `completed` (grandchild first), no notice in the child, the child's own notice in the parent,
+/// and exactly one "not delivered" warning.
+async fn settle_with_one_undelivered_notice(
+    host: &Host,
+    warnings: &WarningCapture,
+    child_gate: &tokio::sync::watch::Sender<bool>,
+    child: &AgentRef,
+    child_id: &SessionId,
+    gc_id: &SessionId,
+) {
+    child_gate.send(true).unwrap();
+    within(PATIENCE, async {
+        host.settle().await;
+        host.parent.when_idle().await;
+        host.settle().await;
+    })
+    .await
+    .expect("the child settled");
+    let ends: Vec<(SessionId, StopReason)> = host
+        .ends()
+        .into_iter()
+        .map(|e| (e.info.id, e.stop_reason))
+        .collect();
+    assert_eq!(
+        ends,
+        vec![
+            (gc_id.clone(), StopReason::Completed),
+            (child_id.clone(), StopReason::Completed)
+        ]
+    );
+    assert!(notices(child).is_empty());
+    assert_eq!(notices(&host.parent).len(), 1);
+    let logged = warnings.messages();
+    assert_eq!(
+        logged
+            .iter()
+            .filter(|w| w.contains("settlement notice was not delivered to its parent"))
+            .count(),
+        1,
+        "{logged:?}"
+    );
 }
