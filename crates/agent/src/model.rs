@@ -57,9 +57,10 @@ impl std::fmt::Display for LlmFailure {
 
 impl std::error::Error for LlmFailure {}
 
-/// Why a model stream finished. An open union: unknown kinds must be treated as failures.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
+/// Why a model stream finished. An open union (spine §13.3): a kind this version does not know
+/// — read from a log a newer writer produced, or built by an adapter — is kept as
+/// [`Unknown`](Self::Unknown), round-trips unchanged, and counts as a failure.
+#[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum FinishReason {
     /// The model stopped normally.
@@ -78,12 +79,97 @@ pub enum FinishReason {
         /// The failure facts.
         failure: LlmFailure,
     },
+    /// A kind this version does not know; treated as a failure.
+    Unknown {
+        /// Its `kind`.
+        kind: String,
+        /// Its other fields, as written.
+        fields: Map<String, Value>,
+    },
 }
 
 impl FinishReason {
-    /// Whether this finish is a failure (`aborted` or `error`).
+    /// Whether this finish is a failure (`aborted`, `error`, or a kind this version does not
+    /// know).
     pub fn is_failure(&self) -> bool {
-        matches!(self, Self::Aborted { .. } | Self::Error { .. })
+        matches!(
+            self,
+            Self::Aborted { .. } | Self::Error { .. } | Self::Unknown { .. }
+        )
+    }
+}
+
+/// The known kinds' wire form, borrowed for writing.
+#[derive(Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+enum KnownFinishRef<'a> {
+    Stop,
+    ToolCalls,
+    MaxTokens,
+    Aborted { failure: &'a LlmFailure },
+    Error { failure: &'a LlmFailure },
+}
+
+/// The known kinds' wire form, owned for reading.
+#[derive(Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+enum KnownFinish {
+    Stop,
+    ToolCalls,
+    MaxTokens,
+    Aborted { failure: LlmFailure },
+    Error { failure: LlmFailure },
+}
+
+/// The kinds [`KnownFinish`] reads.
+const KNOWN_FINISH_KINDS: [&str; 5] = ["stop", "tool-calls", "max-tokens", "aborted", "error"];
+
+impl Serialize for FinishReason {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let known = match self {
+            Self::Stop => KnownFinishRef::Stop,
+            Self::ToolCalls => KnownFinishRef::ToolCalls,
+            Self::MaxTokens => KnownFinishRef::MaxTokens,
+            Self::Aborted { failure } => KnownFinishRef::Aborted { failure },
+            Self::Error { failure } => KnownFinishRef::Error { failure },
+            Self::Unknown { kind, fields } => {
+                let mut map = serializer.serialize_map(Some(fields.len() + 1))?;
+                map.serialize_entry("kind", kind)?;
+                for (key, value) in fields {
+                    if key != "kind" {
+                        map.serialize_entry(key, value)?;
+                    }
+                }
+                return map.end();
+            }
+        };
+        known.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for FinishReason {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let mut fields = Map::<String, Value>::deserialize(deserializer)?;
+        let kind = match fields.get("kind") {
+            Some(Value::String(kind)) => kind.clone(),
+            Some(_) => return Err(D::Error::custom("finish reason `kind` must be a string")),
+            None => return Err(D::Error::missing_field("kind")),
+        };
+        if !KNOWN_FINISH_KINDS.contains(&kind.as_str()) {
+            fields.remove("kind");
+            return Ok(Self::Unknown { kind, fields });
+        }
+        Ok(
+            match KnownFinish::deserialize(Value::Object(fields)).map_err(D::Error::custom)? {
+                KnownFinish::Stop => Self::Stop,
+                KnownFinish::ToolCalls => Self::ToolCalls,
+                KnownFinish::MaxTokens => Self::MaxTokens,
+                KnownFinish::Aborted { failure } => Self::Aborted { failure },
+                KnownFinish::Error { failure } => Self::Error { failure },
+            },
+        )
     }
 }
 
@@ -326,5 +412,59 @@ mod tests {
             serde_json::to_value(&s).unwrap(),
             json!({"type": "block-start", "index": 1, "blockType": "tool-call"})
         );
+    }
+}
+
+#[cfg(test)]
+mod finish_reason_tests {
+    use super::*;
+
+    /// spine §13.3 — the finish reason is an open union: an unknown kind reads back as
+    /// `Unknown` with its fields, writes back unchanged and is a failure; known kinds keep their
+    /// wire form; a known kind with a bad payload, or no string `kind`, is refused.
+    #[test]
+    fn unknown_finish_kinds_round_trip_and_count_as_failures() {
+        let line = r#"{"kind":"content-withheld","detail":{"policy":7},"retry":false}"#;
+        let reason: FinishReason = serde_json::from_str(line).unwrap();
+        match &reason {
+            FinishReason::Unknown { kind, fields } => {
+                assert_eq!(kind, "content-withheld");
+                assert_eq!(fields.len(), 2);
+            }
+            other => panic!("expected an unknown kind, got {other:?}"),
+        }
+        assert!(reason.is_failure());
+        let back: Value = serde_json::to_value(&reason).unwrap();
+        assert_eq!(back, serde_json::from_str::<Value>(line).unwrap());
+
+        for (line, reason) in [
+            (r#"{"kind":"stop"}"#, FinishReason::Stop),
+            (r#"{"kind":"tool-calls"}"#, FinishReason::ToolCalls),
+            (r#"{"kind":"max-tokens"}"#, FinishReason::MaxTokens),
+            (
+                r#"{"kind":"error","failure":{"message":"m","code":"C"}}"#,
+                FinishReason::Error {
+                    failure: LlmFailure::new("C", "m"),
+                },
+            ),
+        ] {
+            assert_eq!(serde_json::from_str::<FinishReason>(line).unwrap(), reason);
+            assert_eq!(
+                serde_json::to_value(&reason).unwrap(),
+                serde_json::from_str::<Value>(line).unwrap()
+            );
+            assert_eq!(reason.is_failure(), matches!(reason, FinishReason::Error { .. }));
+        }
+        for bad in [
+            r#"{"kind":"error"}"#,
+            r#"{"kind":7}"#,
+            r#"{"failure":{}}"#,
+            r#""stop""#,
+        ] {
+            assert!(
+                serde_json::from_str::<FinishReason>(bad).is_err(),
+                "{bad} was accepted"
+            );
+        }
     }
 }

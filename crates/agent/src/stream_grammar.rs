@@ -68,6 +68,8 @@ fn finish_name(reason: &FinishReason) -> &'static str {
         FinishReason::MaxTokens => "max-tokens",
         FinishReason::Aborted { .. } => "aborted",
         FinishReason::Error { .. } => "error",
+        // A failure: open blocks at it are no violation, so it is never named there.
+        FinishReason::Unknown { .. } => "unknown",
     }
 }
 

@@ -932,6 +932,13 @@ impl LoopAgent {
                 failure.code = "ABORTED".to_owned();
                 return Err(TurnFailure::failed(failure));
             }
+            // An open-union kind this runtime does not know is a failure (spine §13.3).
+            FinishReason::Unknown { kind, .. } => {
+                return Err(TurnFailure::failed(LlmFailure::new(
+                    "UNKNOWN_FINISH",
+                    format!("the model stream finished with unknown kind `{kind}`"),
+                )));
+            }
             _ => {}
         }
         let usage = asm.usage();

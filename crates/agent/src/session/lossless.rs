@@ -287,6 +287,7 @@ fn finish_reason(reason: &FinishReason) -> bool {
         | FinishReason::MaxTokens
         | FinishReason::Aborted { .. }
         | FinishReason::Error { .. } => true,
+        FinishReason::Unknown { fields, .. } => plain_map(fields),
     }
 }
 

@@ -10,8 +10,8 @@ use agent::event::RequestHeaderReason;
 use agent::tools::ToolOutput;
 use agent::{
     AgentError, AgentEvent, AgentOptions, AgentRef, AgentRuntime, AgentStatus, CancelCause, CancelOptions,
-    ContentBlock, CreateAgentOptions, EventData, LlmFailure, Message, PreStep, PreStepDecision, SessionMeta,
-    TurnEndReason,
+    ContentBlock, CreateAgentOptions, EventData, FinishReason, LlmFailure, Message, PreStep, PreStepDecision,
+    SessionMeta, StreamChunk, TurnEndReason,
 };
 
 use super::*;
@@ -282,6 +282,42 @@ async fn spn_34_steering_during_concluding_step_runs_another_step() {
     assert_eq!(user_texts(&*agent), ["go", "late steer"]);
     slot.lock().take();
     drop(guard);
+    finish(&rt, [handle]).await;
+}
+
+/// A model stream that finishes with a kind this runtime does not know (the open union of
+/// spine §13.3) ends the turn `error`, coded `UNKNOWN_FINISH`, instead of counting as a stop;
+/// the logged finish keeps the kind and its fields.
+#[tokio::test(start_paused = true)]
+async fn an_unknown_finish_kind_fails_the_turn() {
+    let mut fields = serde_json::Map::new();
+    fields.insert("detail".into(), serde_json::json!({"policy": 7}));
+    let unknown = FinishReason::Unknown {
+        kind: "content-withheld".into(),
+        fields,
+    };
+    let mut stream = chunks::text("partial");
+    stream.pop();
+    stream.push(chunks::finish_chunk(unknown.clone()));
+    let model = ScriptedModel::new([ScriptEntry::Chunks(stream)]);
+    let rt = runtime(&model);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    let ends = turn_ends(&*agent);
+    assert!(
+        matches!(&ends[..], [TurnEndReason::Error { error }] if error.code == "UNKNOWN_FINISH"),
+        "{ends:?}"
+    );
+    let logged = agent.session().events().iter().find_map(|e| match &e.data {
+        EventData::AssistantChunk {
+            chunk: StreamChunk::Finish { reason, .. },
+            ..
+        } => Some(reason.clone()),
+        _ => None,
+    });
+    assert_eq!(logged, Some(unknown));
     finish(&rt, [handle]).await;
 }
 
