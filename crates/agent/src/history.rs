@@ -34,8 +34,10 @@ pub fn event_message<E: AsEvent + ?Sized>(event: &E) -> Option<&Message> {
 ///   as an append too.
 /// * `surfaceOp: replace {start, end}` replaces the current nodes from seq `start` through seq
 ///   `end` (inclusive, positions in the current surface) with this node, as compaction does.
-///   A range that does not name current nodes in order (which the append contract rejects) is
-///   treated as an append, so no content is ever dropped silently.
+///   Session appends and seeds refuse a range that does not name current nodes in order
+///   ([`Session::append`](crate::Session::append), [`validate_log`](crate::session::validate_log));
+///   in a hand-built log such a range is treated as an append, so no content is ever dropped
+///   silently.
 ///
 /// Each node then projects through [`event_message`]; nodes projecting to nothing are
 /// skipped. Never panics. [`DerivedHistory`] computes the same projection incrementally for a
@@ -56,28 +58,124 @@ where
     nodes.into_iter().filter_map(|(_, message)| message).collect()
 }
 
+/// The `(start, end)` of a `surfaceOp: replace`, if `event` carries one.
+pub(crate) fn replace_op(surface: Option<&crate::event::SurfaceMeta>) -> Option<(u64, u64)> {
+    match surface?.surface_op.as_ref()? {
+        SurfaceOp::Replace { start, end } => Some((*start, *end)),
+        SurfaceOp::Append => None,
+    }
+}
+
+/// The positions in `nodes` (current surface nodes, keyed by seq) that a replacement of seqs
+/// `start` through `end` covers: both must be current nodes, `start` not after `end`.
+fn replace_span<T>(nodes: &[(u64, T)], (start, end): (u64, u64)) -> Option<std::ops::RangeInclusive<usize>> {
+    let first = nodes.iter().position(|(seq, _)| *seq == start)?;
+    let last = nodes[first..].iter().position(|(seq, _)| *seq == end)?;
+    Some(first..=first + last)
+}
+
 /// Places the surface node of `event` (a surface event) carrying `item` into `nodes`.
 fn place<T>(nodes: &mut Vec<(u64, T)>, event: &SessionEvent, item: T) {
     let node = (event.seq, item);
-    let replace = event
-        .surface
-        .as_ref()
-        .and_then(|meta| meta.surface_op.as_ref())
-        .and_then(|op| match op {
-            SurfaceOp::Replace { start, end } => Some((*start, *end)),
-            SurfaceOp::Append => None,
-        });
-    let range = replace.and_then(|(start, end)| {
-        let first = nodes.iter().position(|(seq, _)| *seq == start)?;
-        let last = nodes.iter().position(|(seq, _)| *seq == end)?;
-        (first <= last).then_some(first..=last)
-    });
-    match range {
-        Some(range) => {
-            nodes.splice(range, [node]);
+    match replace_op(event.surface.as_ref()).and_then(|range| replace_span(nodes, range)) {
+        Some(span) => {
+            nodes.splice(span, [node]);
         }
         None => nodes.push(node),
     }
+}
+
+/// The current surface nodes of a log being validated, event by event: what the append
+/// contract checks a `surfaceOp: replace {start, end}` against.
+#[derive(Debug, Default)]
+pub(crate) struct SurfaceNodes(Vec<(u64, ())>);
+
+impl SurfaceNodes {
+    /// The surface nodes of `events` (a valid log, in order).
+    pub(crate) fn of<'a>(events: impl IntoIterator<Item = &'a Arc<SessionEvent>>) -> Self {
+        let mut nodes = Self::default();
+        for event in events {
+            if event.data.is_surface() {
+                place(&mut nodes.0, event, ());
+            }
+        }
+        nodes
+    }
+
+    /// Checks the replacement of seqs `start` through `end` by `data`: the range names current
+    /// surface nodes in surface order, and a `tool/result` replacement rewrites exactly one
+    /// current `tool/result`, changing only its result's content. `event_at` looks an earlier
+    /// event up by seq.
+    pub(crate) fn check_replace<'a>(
+        &self,
+        (start, end): (u64, u64),
+        data: &EventData,
+        event_at: impl Fn(u64) -> Option<&'a SessionEvent>,
+    ) -> Result<(), String> {
+        let Some(span) = replace_span(&self.0, (start, end)) else {
+            return Err(format!(
+                "surfaceOp replace {{start: {start}, end: {end}}} must name current surface nodes, start not after end"
+            ));
+        };
+        if !matches!(data, EventData::ToolResult { .. }) {
+            return Ok(());
+        }
+        if span.start() != span.end() {
+            return Err("a tool/result surface replacement must rewrite exactly one current node".to_owned());
+        }
+        match event_at(start).map(|e| &e.data) {
+            Some(original @ EventData::ToolResult { .. }) if same_but_content(original, data) => Ok(()),
+            Some(EventData::ToolResult { .. }) => {
+                Err("a tool/result surface replacement may change only the result's content".to_owned())
+            }
+            _ => Err("a tool/result surface replacement must target a current tool/result".to_owned()),
+        }
+    }
+
+    /// Places `event` (a surface event whose replacement, if any, was checked).
+    pub(crate) fn place(&mut self, event: &SessionEvent) {
+        place(&mut self.0, event, ());
+    }
+}
+
+/// Whether two `tool/result` payloads agree in everything but the content of the result block
+/// (the message's first block).
+fn same_but_content(a: &EventData, b: &EventData) -> bool {
+    let (
+        EventData::ToolResult {
+            turn,
+            step,
+            message,
+            error,
+            meta,
+        },
+        EventData::ToolResult {
+            turn: turn_b,
+            step: step_b,
+            message: message_b,
+            error: error_b,
+            meta: meta_b,
+        },
+    ) = (a, b)
+    else {
+        return false;
+    };
+    let result_key = |m: &Message| match m.content.first() {
+        Some(crate::ContentBlock::ToolResult {
+            tool_call_id,
+            is_error,
+            ..
+        }) => Ok((tool_call_id.clone(), *is_error)),
+        other => Err(other.cloned()),
+    };
+    turn == turn_b
+        && step == step_b
+        && error == error_b
+        && meta == meta_b
+        && message.id == message_b.id
+        && message.role == message_b.role
+        && message.source == message_b.source
+        && result_key(message) == result_key(message_b)
 }
 
 /// [`derive_messages`] kept up to date incrementally over one growing log.

@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::event::{EventData, SessionEvent, SurfaceMeta};
 use crate::header::SessionHeader;
+use crate::history::{self, SurfaceNodes};
 use crate::ids::SessionId;
 use crate::message::MessageSource;
 
@@ -174,9 +175,7 @@ impl Session {
         let (events, first_live_seq) = match seed {
             None => (Vec::with_capacity(LOG_CAPACITY), 0),
             Some(seed) => {
-                for (index, ev) in seed.iter().enumerate() {
-                    validate_seed_event(index, ev)?;
-                }
+                validate_log(&seed)?;
                 let len = seed.len() as u64;
                 let ends_with_marker = matches!(seed.last(), Some(e) if matches!(e.data, EventData::EndSeed));
                 let mut events: Vec<Arc<SessionEvent>> = Vec::with_capacity(seed.len() + 1 + LOG_CAPACITY);
@@ -280,6 +279,13 @@ impl Session {
 
     /// Appends an event with an explicit timestamp. The seq is assigned here (`== len`). On any
     /// error nothing changes.
+    ///
+    /// The candidate is checked against the append contract (spine §4.2) first: lossless JSON,
+    /// surface markers, model provenance, and for a `surfaceOp: replace {start, end}` a range
+    /// that names current surface nodes in surface order (a `tool/result` replacement: exactly
+    /// one current `tool/result`, changing only its result's content) — checked against the
+    /// log the event commits to, under the lock that assigns its seq. A published session then
+    /// offers it to its observers' checks.
     pub fn append_at(
         &self,
         data: EventData,
@@ -341,11 +347,15 @@ impl Session {
                 CandidateError::Invalid(reason) => LogError::Invalid { kind, reason },
             });
         }
+        // A replacement's range is checked against the log it commits to, under the lock that
+        // assigns its seq (each commit site below).
+        let replace = history::replace_op(unshared.surface.as_ref());
         // Unobserved, seq assignment and commit share one lock and need no other — unless an
         // observed append (the observer list was replaced meanwhile) holds a seq.
         if !self.observed.load(Ordering::Acquire) {
             let mut inner = self.inner.lock();
             if !inner.reserved {
+                check_replace(&inner.events, replace, unshared)?;
                 let seq = inner.events.len() as u64;
                 unshared.seq = seq;
                 return Ok(commit::<SHARE>(&mut inner.events, event, seq));
@@ -364,12 +374,16 @@ impl Session {
         let Some(observers) = observers else {
             // Reservations are made under `append_lock`, which this append holds: none is open.
             let mut inner = self.inner.lock();
+            check_replace(&inner.events, replace, unshared)?;
             let seq = inner.events.len() as u64;
             unshared.seq = seq;
             return Ok(commit::<SHARE>(&mut inner.events, event, seq));
         };
         let seq = {
+            // While the seq is reserved no other append commits, so the range checked here is
+            // the one the event commits against.
             let mut inner = self.inner.lock();
+            check_replace(&inner.events, replace, unshared)?;
             inner.reserved = true;
             inner.events.len() as u64
         };
@@ -629,12 +643,55 @@ fn validate_seed_event(index: usize, ev: &SessionEvent) -> Result<(), LogError> 
 }
 
 /// Validates a whole log as a seed would be validated (seq contiguity, losslessness, surface
-/// markers, provenance). Used by stores when loading and by tools that check logs.
+/// markers and replacement ranges, provenance). Used by stores when loading and by tools that
+/// check logs.
 pub fn validate_log(events: &[SessionEvent]) -> Result<(), LogError> {
-    events
-        .iter()
-        .enumerate()
-        .try_for_each(|(i, e)| validate_seed_event(i, e))
+    let mut surface = SurfaceNodes::default();
+    for (index, event) in events.iter().enumerate() {
+        validate_seed_event(index, event)?;
+        if !event.data.is_surface() {
+            continue;
+        }
+        if let Some(range) = history::replace_op(event.surface.as_ref()) {
+            surface
+                .check_replace(range, &event.data, |seq| events.get(usize::try_from(seq).ok()?))
+                .map_err(|reason| LogError::SeedInvalid { index, reason })?;
+        }
+        surface.place(event);
+    }
+    Ok(())
+}
+
+/// Refuses a replacement (`replace`, from the candidate's surface metadata) whose range does
+/// not name current surface nodes of `events` in order. The check replays the log's surface,
+/// which only a replacement (rare: compaction) pays for.
+#[inline(always)]
+fn check_replace(
+    events: &[Arc<SessionEvent>],
+    replace: Option<(u64, u64)>,
+    candidate: &SessionEvent,
+) -> Result<(), LogError> {
+    match replace {
+        None => Ok(()),
+        Some(range) => check_replace_slow(events, range, candidate),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn check_replace_slow(
+    events: &[Arc<SessionEvent>],
+    range: (u64, u64),
+    candidate: &SessionEvent,
+) -> Result<(), LogError> {
+    SurfaceNodes::of(events)
+        .check_replace(range, &candidate.data, |seq| {
+            events.get(usize::try_from(seq).ok()?).map(|e| &**e)
+        })
+        .map_err(|reason| LogError::Invalid {
+            kind: candidate.type_name().to_owned(),
+            reason,
+        })
 }
 
 #[cfg(test)]
@@ -1356,5 +1413,174 @@ mod tests {
             events.iter().all(|e| Arc::strong_count(e) == 1),
             "the log holds the only references"
         );
+    }
+
+    fn replace(start: u64, end: u64) -> Option<SurfaceMeta> {
+        Some(SurfaceMeta {
+            surface_op: Some(crate::SurfaceOp::Replace { start, end }),
+            source_event_seqs: None,
+        })
+    }
+
+    fn user(text: &str) -> EventData {
+        EventData::UserMessage(Message::user_text(text))
+    }
+
+    /// A session whose surface is the user messages `a`, `b`, `c` at seqs 1, 2, 3 (seq 0 is a
+    /// `turn/start`, which is no surface node), unobserved or published with an observer.
+    fn three_messages(observed: bool) -> Session {
+        let s = Session::new(header("a"), None).unwrap();
+        if observed {
+            s.publish(vec![Arc::new(Veto)]);
+        }
+        s.append(EventData::TurnStart { turn: 1 }, None).unwrap();
+        for text in ["a", "b", "c"] {
+            s.append(user(text), Some(SurfaceMeta::append())).unwrap();
+        }
+        s
+    }
+
+    fn surface_texts(s: &Session) -> Vec<String> {
+        crate::derive_messages(s.events().iter())
+            .iter()
+            .map(|m| m.text())
+            .collect()
+    }
+
+    /// spec: SPN §4.2 rule 3 (a `replace {start, end}` is validated by the session: the
+    /// invariant checker's S13 relies on it). A range that does not name current surface nodes
+    /// in surface order is refused and leaves the log unchanged, on the unobserved and the
+    /// published (observed) append paths alike; a valid one commits and the derived history
+    /// shows the replacement.
+    #[test]
+    fn a_surface_replacement_must_name_current_nodes_in_order() {
+        for observed in [false, true] {
+            let s = three_messages(observed);
+            for (start, end, why) in [
+                (3, 1, "start after end"),
+                (1, 9, "end past the log"),
+                (0, 2, "start is not a surface node"),
+                (7, 7, "neither exists"),
+            ] {
+                let err = s.append(user("summary"), replace(start, end)).unwrap_err();
+                assert!(
+                    matches!(&err, LogError::Invalid { kind, reason } if kind == "user/message"
+                        && reason.contains(&format!("replace {{start: {start}, end: {end}}}"))),
+                    "{why} (observed: {observed}): {err}"
+                );
+                assert_eq!(s.len(), 4, "{why}: the log is unchanged");
+            }
+            let summary = s.append(user("summary of a, b"), replace(1, 2)).unwrap();
+            assert_eq!(summary.seq, 4);
+            assert_eq!(surface_texts(&s), ["summary of a, b", "c"]);
+            // The replaced nodes are gone from the surface: a range naming them is refused, one
+            // from the replacement (seq 4) through `c` (seq 3) is in surface order.
+            assert!(s.append(user("x"), replace(1, 3)).is_err());
+            s.append(user("all"), replace(4, 3)).unwrap();
+            assert_eq!(surface_texts(&s), ["all"]);
+        }
+    }
+
+    /// A seed (and so a stored log, which stores load with `validate_log`) is held to the same
+    /// rule, naming the offending event's index; a valid replacement in a seed is kept.
+    #[test]
+    fn a_seed_replacement_must_name_current_nodes_in_order() {
+        let mut seed = vec![
+            ev(0, EventData::TurnStart { turn: 1 }),
+            SessionEvent {
+                surface: Some(SurfaceMeta::append()),
+                ..ev(1, user("a"))
+            },
+            SessionEvent {
+                surface: replace(0, 1),
+                ..ev(2, user("summary"))
+            },
+        ];
+        let err = Session::new(header("a"), Some(seed.clone())).unwrap_err();
+        assert!(
+            matches!(&err, LogError::SeedInvalid { index: 2, reason } if reason.contains("replace {start: 0, end: 1}")),
+            "{err}"
+        );
+        assert_eq!(validate_log(&seed), Err(err));
+        seed[2].surface = replace(1, 1);
+        let s = Session::new(header("a"), Some(seed.clone())).unwrap();
+        assert_eq!(surface_texts(&s), ["summary"]);
+        assert_eq!(validate_log(&seed), Ok(()));
+    }
+
+    fn tool_result(message: Message) -> EventData {
+        EventData::ToolResult {
+            turn: 1,
+            step: 1,
+            message,
+            error: None,
+            meta: None,
+        }
+    }
+
+    /// spec: S13's premise (inprocess-providers.md, "the session itself validated the
+    /// replacement"): a `tool/result` replacement rewrites exactly one current `tool/result`
+    /// and changes only its result's content; anything else is refused, the log unchanged.
+    #[test]
+    fn a_tool_result_replacement_rewrites_one_result_and_only_its_content() {
+        let s = three_messages(false);
+        let original =
+            Message::tool_result("c1".into(), vec![crate::ContentBlock::text("long output")], false);
+        let result_seq = s
+            .append(tool_result(original.clone()), Some(SurfaceMeta::append()))
+            .unwrap()
+            .seq;
+        let rewritten = |text: &str| {
+            let mut message = original.clone();
+            message.content =
+                Message::tool_result("c1".into(), vec![crate::ContentBlock::text(text)], false).content;
+            message
+        };
+        let mut other_call = rewritten("short");
+        other_call.content = Message::tool_result("c2".into(), vec![], false).content;
+        let mut other_id = rewritten("short");
+        other_id.id = crate::MessageId::generate();
+        let refusals = [
+            (
+                tool_result(rewritten("short")),
+                (3, result_seq),
+                "exactly one current node",
+            ),
+            (
+                tool_result(rewritten("short")),
+                (3, 3),
+                "must target a current tool/result",
+            ),
+            (
+                tool_result(other_call),
+                (result_seq, result_seq),
+                "may change only",
+            ),
+            (tool_result(other_id), (result_seq, result_seq), "may change only"),
+            (
+                EventData::ToolResult {
+                    turn: 2,
+                    step: 1,
+                    message: rewritten("short"),
+                    error: None,
+                    meta: None,
+                },
+                (result_seq, result_seq),
+                "may change only",
+            ),
+        ];
+        for (data, (start, end), why) in refusals {
+            let err = s.append(data, replace(start, end)).unwrap_err();
+            assert!(
+                matches!(&err, LogError::Invalid { kind, reason } if kind == "tool/result" && reason.contains(why)),
+                "{why}: {err}"
+            );
+        }
+        assert_eq!(s.len(), 5, "the log is unchanged");
+        s.append(tool_result(rewritten("short")), replace(result_seq, result_seq))
+            .unwrap();
+        let history = crate::derive_messages(s.events().iter());
+        assert_eq!(history.len(), 4);
+        assert_eq!(history[3], rewritten("short"));
     }
 }

@@ -292,8 +292,9 @@ fn ises_149_a_replacement_inside_a_turn_is_accepted() {
         append(&s, data).unwrap();
     }
     append(&s, turn_start(2)).unwrap();
-    // Neither step nor pending-call checks apply to a replacement.
-    s.append_at(tool_result(1, 1, "rewrite"), replace(3), 1).unwrap();
+    // Neither step nor pending-call checks apply to a replacement (of the result at seq 3 by
+    // its own payload: the session accepts a rewrite that changes only the content).
+    s.append_at(s.events()[3].data.clone(), replace(3), 1).unwrap();
     assert_eq!(obs.violations(), vec![]);
 }
 
@@ -304,7 +305,7 @@ fn ises_150_a_replacement_outside_a_turn_is_rejected() {
     for data in rewritten_turn() {
         append(&s, data).unwrap();
     }
-    let reason = veto_reason(s.append_at(tool_result(1, 1, "rewrite"), replace(3), 1));
+    let reason = veto_reason(s.append_at(s.events()[3].data.clone(), replace(3), 1));
     assert!(
         reason.contains("[S13]") && reason.contains("open turn"),
         "{reason}"

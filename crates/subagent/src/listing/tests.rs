@@ -1116,7 +1116,7 @@ async fn compacted_and_uncompacted_twins_list_identically() {
                 3,
                 EventData::UserMessage(Message::user_text("summary of task and more")),
                 Some(SurfaceMeta {
-                    surface_op: Some(SurfaceOp::Replace { start: 1, end: 3 }),
+                    surface_op: Some(SurfaceOp::Replace { start: 1, end: 2 }),
                     source_event_seqs: None,
                 }),
             ));
