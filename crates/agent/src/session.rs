@@ -14,11 +14,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use parking_lot::{Mutex, RwLock};
 use serde_json::Value;
 
+use crate::content::ContentBlock;
 use crate::event::{EventData, SessionEvent, SurfaceMeta};
 use crate::header::SessionHeader;
 use crate::history::{self, SurfaceNodes};
 use crate::ids::SessionId;
-use crate::message::MessageSource;
+use crate::message::{Message, MessageSource};
 
 mod lossless;
 
@@ -543,6 +544,37 @@ pub fn check_lossless_json(value: &Value) -> Result<(), String> {
 /// rendering (`.key`, `[i]`, `$` for the root).
 pub fn check_lossless<T: serde::Serialize + ?Sized>(value: &T) -> Result<(), String> {
     lossless::check(value, lossless::MAX_READABLE_DEPTH).map_err(|fault| fault.reason())
+}
+
+/// Checks that a tool's final outcome can be logged as the `content` and `meta` of a
+/// `tool/result` event: [`check_lossless`] of each, with the nesting budget left where each
+/// sits in the event's line. (The result content is four levels deeper than the line's top —
+/// `data.message.content[0].content` — and `meta` two, so content or metadata that passes
+/// [`check_lossless`] on its own can still nest too deep to be read back once logged.) A
+/// caller that checks with this before committing an outcome never has the append refuse it
+/// for its shape. The error names the part (`content: …`, `meta: …`) and the path inside it.
+pub fn check_tool_result_loggable(content: &[ContentBlock], meta: Option<&Value>) -> Result<(), String> {
+    // line → data → message → content array → tool-result block → its content array.
+    const CONTENT_DEPTH: usize = lossless::MAX_READABLE_DEPTH - 5;
+    // line → data → meta.
+    const META_DEPTH: usize = lossless::MAX_READABLE_DEPTH - 2;
+    lossless::check(content, CONTENT_DEPTH).map_err(|fault| format!("content: {}", fault.reason()))?;
+    match meta {
+        Some(meta) if !lossless::plain_value(meta) => {
+            lossless::check(meta, META_DEPTH).map_err(|fault| format!("meta: {}", fault.reason()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Checks that `messages` can be logged as the messages an inbox splice inserts
+/// (`agent/inbox/spliced`, whose `data.inserted` holds them): [`check_lossless`] with the
+/// nesting budget left there, so an inbox insertion of messages that pass never fails for
+/// their shape.
+pub fn check_inbox_insert_loggable(messages: &[Message]) -> Result<(), String> {
+    // line → data → inserted array.
+    const INSERTED_DEPTH: usize = lossless::MAX_READABLE_DEPTH - 2;
+    lossless::check(messages, INSERTED_DEPTH).map_err(|fault| fault.reason())
 }
 
 /// [`check_lossless`] for an event's `data`, which sits one level inside its envelope: the
@@ -1582,5 +1614,71 @@ mod tests {
         let history = crate::derive_messages(s.events().iter());
         assert_eq!(history.len(), 4);
         assert_eq!(history[3], rewritten("short"));
+    }
+
+    /// The loggability checks agree with the append at the nesting limit: a tool outcome
+    /// (result content, metadata) or inbox insertion passes the check exactly when the event
+    /// that logs it is accepted — the pipeline relies on this to turn an unloggable outcome
+    /// into an error result instead of a failed turn.
+    #[test]
+    fn loggability_checks_agree_with_the_append_at_the_nesting_limit() {
+        let s = Session::new(header("a"), None).unwrap();
+        let block = |depth: usize| {
+            let mut map = serde_json::Map::new();
+            map.insert("type".into(), "x-deep".into());
+            map.insert("v".into(), nested(depth));
+            crate::ContentBlock::Other(map)
+        };
+        let mut accepted = [0usize; 3];
+        for depth in 115..=127 {
+            let content = vec![block(depth)];
+            let checked = check_tool_result_loggable(&content, None).is_ok();
+            let logged = s
+                .append(
+                    tool_result(Message::tool_result("c".into(), content, false)),
+                    Some(SurfaceMeta::append()),
+                )
+                .is_ok();
+            assert_eq!(checked, logged, "content nesting {depth}");
+            accepted[0] += usize::from(logged);
+
+            let meta = nested(depth);
+            let checked = check_tool_result_loggable(&[], Some(&meta)).is_ok();
+            let logged = s
+                .append(
+                    EventData::ToolResult {
+                        turn: 1,
+                        step: 1,
+                        message: Message::tool_result("c".into(), vec![], false),
+                        error: None,
+                        meta: Some(meta),
+                    },
+                    Some(SurfaceMeta::append()),
+                )
+                .is_ok();
+            assert_eq!(checked, logged, "meta nesting {depth}");
+            accepted[1] += usize::from(logged);
+
+            let messages = vec![Message::user(vec![block(depth)], crate::MessageSource::User)];
+            let checked = check_inbox_insert_loggable(&messages).is_ok();
+            let logged = s
+                .append(
+                    EventData::InboxSpliced(crate::event::InboxSplice {
+                        target: crate::event::InboxTarget::NextTurn,
+                        start: 0,
+                        removed_count: None,
+                        inserted: messages,
+                        outcome: None,
+                    }),
+                    None,
+                )
+                .is_ok();
+            assert_eq!(checked, logged, "inserted message nesting {depth}");
+            accepted[2] += usize::from(logged);
+        }
+        // Each boundary lies inside the range walked, so both verdicts were seen.
+        assert!(accepted.iter().all(|n| (1..13).contains(n)), "{accepted:?}");
+        let err = check_tool_result_loggable(&[block(127)], None).unwrap_err();
+        assert!(err.starts_with("content: value at `[0].v[0]"), "{err}");
     }
 }

@@ -7,7 +7,7 @@ use futures::FutureExt;
 use serde_json::Value;
 
 use agent::bus::panic_message;
-use agent::session::{check_lossless, check_lossless_json};
+use agent::session::{check_inbox_insert_loggable, check_lossless_json, check_tool_result_loggable};
 use agent::tools::{
     ExecutedTool, ExecutionId, PostExecuteDecision, PostExecutePolicy, PreExecuteDecision, PreExecutePolicy,
     ToolCallRequest, ToolContext, ToolExecution, ToolGuard, ToolResult, ToolResultError,
@@ -321,12 +321,13 @@ impl ToolRegistry {
 }
 
 /// Why a final outcome cannot be recorded (spec §11.1: output values must be lossless JSON), if
-/// it cannot: the first negative zero in its content, value, metadata or deferred contexts,
-/// with its path. Without this check the outcome reached the log's append (or the inbox's, for
-/// a deferred context), which refused it and ended the whole turn with an error.
+/// it cannot: the first negative zero in its content, metadata, value or deferred contexts, or
+/// the first container nested too deep to read back from where it is logged (content and
+/// metadata in the `tool/result` event, deferred contexts in the inbox splice that queues
+/// them), with its path. Without this check the outcome reached the log's append (or the
+/// inbox's, for a deferred context), which refused it and ended the whole turn with an error.
 fn output_fault(result: &ToolResult, deferred: &[Message]) -> Option<String> {
-    check_lossless(&result.content)
-        .map_err(|detail| format!("content: {detail}"))
+    check_tool_result_loggable(&result.content, result.meta.as_ref())
         .and_then(|()| {
             result
                 .value
@@ -335,13 +336,8 @@ fn output_fault(result: &ToolResult, deferred: &[Message]) -> Option<String> {
                 .map_err(|detail| format!("value: {detail}"))
         })
         .and_then(|()| {
-            result
-                .meta
-                .as_ref()
-                .map_or(Ok(()), check_lossless_json)
-                .map_err(|detail| format!("meta: {detail}"))
+            check_inbox_insert_loggable(deferred).map_err(|detail| format!("deferred context: {detail}"))
         })
-        .and_then(|()| check_lossless(deferred).map_err(|detail| format!("deferred context: {detail}")))
         .err()
 }
 

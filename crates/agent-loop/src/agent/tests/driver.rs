@@ -1431,6 +1431,94 @@ async fn a_non_lossless_deferred_context_fails_its_call_not_the_turn() {
     finish(&rt, [handle]).await;
 }
 
+/// Tool output nested deep enough to pass a standalone lossless check but too deep to read
+/// back from where the log holds it — result content 123 levels deep (inside
+/// `data.message.content[0].content` of its `tool/result` line), metadata 126 levels, a deferred
+/// context's block 126 levels (inside an inbox splice) — fails its own call in place (`FAILED`)
+/// instead of failing the append after the step and ending the turn with an error; the turn
+/// completes and the other call keeps its result.
+#[tokio::test(start_paused = true)]
+async fn tool_output_too_deep_for_its_log_line_fails_its_call_not_the_turn() {
+    fn nested(depth: usize) -> serde_json::Value {
+        (1..depth).fold(json!([]), |inner, _| json!([inner]))
+    }
+    fn deep_block(depth: usize) -> ContentBlock {
+        let mut block = serde_json::Map::new();
+        block.insert("type".into(), json!("x-deep"));
+        block.insert("v".into(), nested(depth));
+        ContentBlock::Other(block)
+    }
+    let model = ScriptedModel::new([
+        chunks::tool_calls(
+            None,
+            vec![
+                chunks::call("c1", "deep", json!({"part": "content"})),
+                chunks::call("c2", "deep", json!({"part": "meta"})),
+                chunks::call("c3", "deep", json!({"part": "deferred"})),
+                chunks::call("c4", "deep", json!({"part": "none"})),
+            ],
+        ),
+        chunks::text("done"),
+    ]);
+    let rt = runtime(&model);
+    let guard = rt
+        .services()
+        .tools
+        .register(
+            None,
+            tool("deep", |args, ctx| async move {
+                Ok(match args["part"].as_str() {
+                    // The block array is level 1 of the content, so the value nests 123 levels.
+                    Some("content") => ToolOutput {
+                        content: vec![deep_block(121)],
+                        ..ToolOutput::text("")
+                    },
+                    Some("meta") => ToolOutput {
+                        meta: Some(nested(126)),
+                        ..ToolOutput::text("ok")
+                    },
+                    Some("deferred") => {
+                        ctx.defer_context(Message::user(vec![deep_block(122)], agent::MessageSource::User));
+                        ToolOutput::text("ok")
+                    }
+                    _ => ToolOutput::text("fine"),
+                })
+            }),
+        )
+        .unwrap();
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(turn_ends(&*agent), [TurnEndReason::Completed]);
+    let results: Vec<(Option<String>, String)> = agent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::ToolResult { message, error, .. } => match message.content.as_slice() {
+                [ContentBlock::ToolResult { content, .. }] => {
+                    Some((error.as_ref().map(|e| e.code.clone()), texts(content).concat()))
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results.len(), 4, "{results:#?}");
+    for (result, part) in results[..3].iter().zip(["content", "meta", "deferred context"]) {
+        assert_eq!(result.0.as_deref(), Some("FAILED"), "{part}: {results:#?}");
+        assert!(
+            result.1.contains(&format!("not lossless JSON: {part}: "))
+                && result.1.contains("nests deeper than"),
+            "{part}: {results:#?}"
+        );
+    }
+    assert_eq!(results[3], (None, "fine".to_owned()));
+    drop(guard);
+    finish(&rt, [handle]).await;
+}
+
 /// A call that deferred a context and *succeeded*, in a step that is then cancelled during a
 /// later call, leaves nothing behind either: the turn it deferred the context for is aborted,
 /// so the context must not be appended to the inbox that `cancel()` just cleared and reach the
