@@ -9,25 +9,35 @@ use subagent::SubagentError;
 use subagent::agent::bus::panic_message;
 use subagent::agent::tools::{ToolContext, ToolError, ToolHandler, ToolOutput};
 use subagent::agent::{AgentRef, CancelCause, ContentBlock, Services, Signal};
+use subagent::continuation::{ContinuableStartSpec, ContinuationManager};
 use subagent::provider::SubagentStartRequest;
 use subagent::service::SubagentService;
+use tokio::task::JoinError;
 use tokio_util::task::TaskTracker;
 
 use crate::config::SubagentToolConfig;
 use crate::model_text;
 use crate::route::{Route, resolve_route};
-use crate::{background, foreground};
+use crate::{background, continuable, foreground};
 
 /// What every call of one instance shares: its configuration, the host's services, the
-/// subagent service and the tracker of foreground runs in flight.
+/// subagent service, the continuation manager (when the host gave one) and the trackers of the
+/// foreground runs and continuable starts in flight.
 pub(crate) struct Invocation {
     pub(crate) config: SubagentToolConfig,
     pub(crate) services: Services,
     pub(crate) subagents: SubagentService,
+    /// Starts continuable children; `None` when the plugin was loaded without one, and then the
+    /// continuable route answers `CONTINUATION_UNAVAILABLE`.
+    pub(crate) continuation: Option<ContinuationManager>,
     /// Foreground runs execute on tracked tasks so that a call whose body is dropped (the
     /// registry drops a cancelled body; a host may abandon a call) still awaits its result and
     /// disposes its run. A dropped body cancels its run first (see `AbandonGuard`).
     pub(crate) tracker: TaskTracker,
+    /// Continuable starts execute on tracked tasks for the same reason: a dropped body never
+    /// cuts a start (or its rollback) short; it cancels the start's signal instead, and the task
+    /// ends as soon as the manager has answered — it never outlives the start.
+    pub(crate) starts: TaskTracker,
 }
 
 impl Invocation {
@@ -44,6 +54,31 @@ impl Invocation {
         request.tool_filter.clone_from(&config.tool_filter);
         request.max_depth = config.request_max_depth().map(Value::from);
         request
+    }
+
+    /// The continuable start spec of one call (§3.9), built from [`request`](Self::request) so
+    /// that every route shares one construction: provider from the configuration, `label` =
+    /// description, the same prompt, parent and configured extras, and `signal` as the token
+    /// that owns the start until the child accepts its prompt.
+    fn continuable_spec(
+        &self,
+        args: &DelegationArgs,
+        parent: AgentRef,
+        signal: Signal,
+    ) -> ContinuableStartSpec {
+        let request = self.request(args, parent, signal);
+        let mut spec = ContinuableStartSpec::new(
+            self.config.provider.clone(),
+            args.description.clone(),
+            request.prompt,
+            request.parent,
+        );
+        spec.agent_options = request.agent_options;
+        spec.max_depth = request.max_depth;
+        spec.tool_filter = request.tool_filter;
+        spec.persona = request.persona;
+        spec.signal = request.signal;
+        spec
     }
 }
 
@@ -84,27 +119,53 @@ impl DelegationArgs {
     }
 }
 
-/// Cancels a foreground run's signal when the tool body is dropped before the run's task
-/// answered (a host abandoning the call without firing its signal): nobody will read that
-/// run's result, so its child must stop rather than work on unobserved. The task still awaits
-/// the result and disposes the run.
-struct AbandonGuard(Option<Signal>);
+/// Cancels the signal of a call's task when the tool body is dropped before that task answered
+/// (a host abandoning the call without firing its signal), with `reason`:
+///
+/// * a foreground run — nobody will read its result, so its child must stop rather than work on
+///   unobserved; the task still awaits the result and disposes the run;
+/// * a continuable start not yet accepted — nobody will learn the child's id, so the start must
+///   reject (and roll back) rather than leave a child the model never heard of.
+struct AbandonGuard {
+    signal: Option<Signal>,
+    reason: &'static str,
+}
 
 impl AbandonGuard {
+    /// A guard cancelling `signal` with `reason` unless disarmed.
+    fn new(signal: Signal, reason: &'static str) -> Self {
+        Self {
+            signal: Some(signal),
+            reason,
+        }
+    }
+
     /// The task answered: the call is no longer abandonable.
     fn disarm(mut self) {
-        self.0 = None;
+        self.signal = None;
     }
 }
 
 impl Drop for AbandonGuard {
     fn drop(&mut self) {
-        if let Some(signal) = self.0.take() {
+        if let Some(signal) = self.signal.take() {
             signal.cancel(CancelCause::Other {
-                reason: model_text::CALL_ABANDONED_REASON.to_owned(),
+                reason: self.reason.to_owned(),
             });
         }
     }
+}
+
+/// A call's task that ended without an answer: it panicked (every provider call in it is
+/// contained; this is a last resort that still names the panic rather than the runtime's task
+/// text), or the runtime cancelled it. `failed` words the detail for the route.
+fn task_failure(join: JoinError, failed: fn(&str) -> String) -> ToolError {
+    let detail = if join.is_panic() {
+        panic_message(&*join.into_panic())
+    } else {
+        model_text::FOREGROUND_TASK_CANCELLED.to_owned()
+    };
+    ToolError::failed(failed(&detail))
 }
 
 /// The body of one mounted tool instance.
@@ -132,26 +193,14 @@ impl ToolHandler for DelegationTool {
                 // The run listens to a child of the call's token, cancelled by `abandon` when
                 // this body is dropped before the run's task has answered.
                 let signal = ctx.signal.child();
-                let abandon = AbandonGuard(Some(signal.clone()));
+                let abandon = AbandonGuard::new(signal.clone(), model_text::CALL_ABANDONED_REASON);
                 let request = inv.request(&args, parent, signal);
                 let task = inv
                     .tracker
                     .spawn(foreground::run(inv.subagents.clone(), provider, request));
                 let joined = task.await;
                 abandon.disarm();
-                match joined {
-                    Ok(outcome) => outcome?,
-                    Err(join) => {
-                        // Every provider call in the task is contained; this is a last resort
-                        // that still names the panic rather than the runtime's task text.
-                        let detail = if join.is_panic() {
-                            panic_message(&*join.into_panic())
-                        } else {
-                            model_text::FOREGROUND_TASK_CANCELLED.to_owned()
-                        };
-                        return Err(ToolError::failed(model_text::foreground_task_failed(&detail)));
-                    }
-                }
+                joined.map_err(|join| task_failure(join, model_text::foreground_task_failed))??
             }
             Route::OneShotBackground => {
                 let request = inv.request(&args, parent, ctx.signal.clone());
@@ -168,10 +217,22 @@ impl ToolHandler for DelegationTool {
                 )?
             }
             Route::Continuable => {
-                // The continuable route (§3.9) needs the continuation manager, which this
-                // service does not offer yet: refuse with the seam's own error.
-                let error = SubagentError::continuation_unavailable();
-                return Err(ToolError::new(error.code().as_str(), error.message()));
+                // §3.9. Without a continuation manager there is nothing to start children
+                // with: refuse with the seam's own error (the spec's "no agents service").
+                let Some(manager) = &inv.continuation else {
+                    return Err(continuable::failure(SubagentError::continuation_unavailable()));
+                };
+                // The start listens to a child of the call's token: cancelled with it, and by
+                // `abandon` when this body is dropped before the manager answered.
+                let signal = ctx.signal.child();
+                let abandon = AbandonGuard::new(signal.clone(), model_text::START_ABANDONED_REASON);
+                let spec = inv.continuable_spec(&args, parent, signal);
+                // The manager's admission and policy capture run here, synchronously; the
+                // rest of the start runs on a tracked task.
+                let task = inv.starts.spawn(continuable::start(manager, spec));
+                let joined = task.await;
+                abandon.disarm();
+                joined.map_err(|join| task_failure(join, model_text::continuable_start_failed))??
             }
         };
         Ok(value.into_output())

@@ -14,10 +14,13 @@
 //! | `handler` | the tool body and common request construction (§3.6) |
 //! | `foreground` | start, await the result, always dispose (§3.7) |
 //! | [`background`] | a one-shot run owned by a job (§3.8) |
+//! | `continuable` | a continuable child started through the seam's continuation manager (§3.9) |
 //!
-//! The continuable route (§3.9) is recognised by route resolution and the wording, but starting
-//! continuable children needs the seam's continuation manager; until the service offers it, a
-//! continuable call fails with `CONTINUATION_UNAVAILABLE`.
+//! The continuable route (§3.9) starts children through the host's
+//! [`ContinuationManager`](subagent::continuation::ContinuationManager), given at load with
+//! [`SubagentToolPlugin::load_with_continuation`]; the call answers the child's durable id and
+//! the manager owns the child from then on. An instance loaded with [`SubagentToolPlugin::load`]
+//! has no manager, and its continuable calls fail with `CONTINUATION_UNAVAILABLE`.
 //!
 //! The crate depends on the spine contracts (`agent`) and the seam (`subagent`) only; it never
 //! depends on a runtime.
@@ -25,6 +28,7 @@
 
 pub mod background;
 pub mod config;
+mod continuable;
 pub mod error;
 mod foreground;
 mod handler;

@@ -247,6 +247,12 @@ pub const DEFAULT_KILL_REASON: &str = "background subagent task killed";
 /// (the call's future dropped before the run answered, without the call's signal firing).
 pub const CALL_ABANDONED_REASON: &str = "the subagent tool call was abandoned before the run finished";
 
+/// The cancellation reason a continuable start receives when its tool call is abandoned (the
+/// call's future dropped before the child accepted its prompt, without the call's signal
+/// firing).
+pub const START_ABANDONED_REASON: &str =
+    "the subagent tool call was abandoned before the child accepted its task";
+
 /// The arguments are not a JSON object.
 pub const ARGUMENTS_NOT_OBJECT: &str =
     "subagent arguments must be a JSON object with string fields `description` and `prompt`";
@@ -264,14 +270,20 @@ pub const PROMPT_BLANK: &str =
 pub const RUN_IN_BACKGROUND_NOT_BOOLEAN: &str =
     "subagent argument `run_in_background` must be a boolean when present";
 
-/// The detail of [`foreground_task_failed`] when the runtime cancelled the foreground run's
-/// task (it is shutting down).
+/// The detail of [`foreground_task_failed`] and [`continuable_start_failed`] when the runtime
+/// cancelled the call's task (it is shutting down).
 pub const FOREGROUND_TASK_CANCELLED: &str = "its task was cancelled by the runtime";
 
 /// The background task of a foreground call ended without an answer (it panicked, or the
 /// runtime cancelled it): `subagent run failed: <detail>`.
 pub fn foreground_task_failed(detail: &str) -> String {
     format!("subagent run failed: {detail}")
+}
+
+/// The task of a continuable start ended without an answer (it panicked, or the runtime
+/// cancelled it): `subagent start failed: <detail>`.
+pub fn continuable_start_failed(detail: &str) -> String {
+    format!("subagent start failed: {detail}")
 }
 
 #[cfg(test)]
@@ -345,12 +357,15 @@ mod tests {
         lines.push(JOBS_UNAVAILABLE.to_owned());
         lines.push(DEFAULT_KILL_REASON.to_owned());
         lines.push(CALL_ABANDONED_REASON.to_owned());
+        lines.push(START_ABANDONED_REASON.to_owned());
         lines.push(ARGUMENTS_NOT_OBJECT.to_owned());
         lines.push(string_param_required(PROMPT_PARAM));
         lines.push(PROMPT_BLANK.to_owned());
         lines.push(RUN_IN_BACKGROUND_NOT_BOOLEAN.to_owned());
         lines.push(foreground_task_failed("panicked"));
         lines.push(foreground_task_failed(FOREGROUND_TASK_CANCELLED));
+        lines.push(continuable_start_failed("panicked"));
+        lines.push(continuable_start_failed(FOREGROUND_TASK_CANCELLED));
         insta::assert_snapshot!(lines.join("\n---\n"));
     }
 
@@ -392,8 +407,10 @@ mod tests {
         }
     }
 
-    /// The continuable description and parameter promise no job and name `send_message`; the
-    /// guidance carries its load-bearing phrases (wording only; the continuable route is not built yet).
+    /// spec: TOOL-46 (wording half) — the continuable description and parameter promise no job
+    /// and name `send_message`; the guidance carries its load-bearing phrases. The route itself
+    /// (an omitted flag starts a persisted child, no job) is exercised end to end in
+    /// `tests/continuable.rs`.
     #[test]
     fn continuable_wording_phrases() {
         let description = tool_description(false, BackgroundExposure::Continuable);

@@ -23,6 +23,7 @@ use subagent::agent::bus::{BoxError, panic_message};
 use subagent::agent::prompt::PromptSection;
 use subagent::agent::tools::ToolDefinition;
 use subagent::agent::{Registration, Services};
+use subagent::continuation::ContinuationManager;
 use subagent::events::SubagentEvent;
 use subagent::provider::SubagentProvider;
 use subagent::service::SubagentService;
@@ -46,8 +47,10 @@ pub const DEPENDENCIES: [&str; 3] = ["tools", "subagents", "systemPrompt"];
 /// The plugin owns its listeners and, while mounted, the tool's registration and (continuable
 /// mode) its guidance section. Dropping the plugin is [`unload`](Self::unload). Calls already
 /// running keep their runs: a foreground call still disposes its run, a background job belongs
-/// to the job registry. [`shutdown`](Self::shutdown) additionally waits for the foreground runs
-/// in flight.
+/// to the job registry, a continuable start still finishes (accepted or rolled back), and every
+/// continuable child belongs to the [`ContinuationManager`] the plugin was loaded with — never
+/// to the plugin. [`shutdown`](Self::shutdown) additionally waits for the foreground runs and
+/// continuable starts in flight.
 pub struct SubagentToolPlugin {
     shared: Arc<Shared>,
 }
@@ -104,9 +107,67 @@ impl SubagentToolPlugin {
     /// registration. A panic in the provider's code read at mount (`name()`, `capabilities()`,
     /// `continuable()`, `inherits_parent_context()`) is such a mount failure
     /// ([`ToolSubagentError::Provider`]), never an unwind.
+    ///
+    /// An instance loaded this way has no continuation manager: in `backgroundMode: continuable`
+    /// it mounts as usual (the foreground route works), but every call taking the continuable
+    /// route fails with the seam's `CONTINUATION_UNAVAILABLE` error
+    /// (`continuable subagents require the agents service`) and starts nothing. Use
+    /// [`load_with_continuation`](Self::load_with_continuation) to serve that route.
     pub fn load(
         services: &Services,
         subagents: &SubagentService,
+        config: SubagentToolConfig,
+    ) -> Result<Self, ToolSubagentError> {
+        Self::load_inner(services, subagents, None, config)
+    }
+
+    /// Loads one instance like [`load`](Self::load), whose continuable route (`acp-and-tools.md`
+    /// §3.9) starts children through `continuation`.
+    ///
+    /// `continuation` should be the host's manager over the same subagent service and services,
+    /// `ContinuationManager::new(subagents.clone(), services.clone())` (or `with_policy`): the
+    /// manager looks the provider up in its own service and creates children through its own
+    /// agents service, while this instance mounts and words the tool from `subagents`, so a
+    /// manager over other services would start children with a provider the tool was not
+    /// mounted over. It is used only by calls taking the continuable route
+    /// (`backgroundMode: continuable` with `run_in_background` omitted or `true`); other modes
+    /// never touch it.
+    ///
+    /// # What a continuable call guarantees
+    /// * It answers `{kind: "continuable", subagentId}` rendered `started subagent <id>` once the
+    ///   child's inbox accepted the prompt. No job is registered, and the tool keeps nothing of
+    ///   the child afterwards (no handle, no result, no task).
+    /// * A rejection surfaces as a tool error with the seam's code and message
+    ///   (`PERSISTENCE_UNAVAILABLE`, `DRAINING`, `DUPLICATE_CHILD`, depth errors, …); nothing is
+    ///   left behind.
+    ///
+    /// # Ownership
+    /// The plugin keeps a clone of the manager; every child it starts belongs to the manager.
+    /// Unloading or shutting the plugin down never stops a child: the host ends them with the
+    /// manager (`dispose_all`, or the drains).
+    ///
+    /// # Cancellation
+    /// The call's execution signal owns the start until the child accepts its prompt:
+    /// cancelling it earlier makes the start reject (`CANCELLED`) and leaves no agent, no
+    /// Activation and no persisted child, without affecting sibling starts; cancelling it later
+    /// does not affect the child. A call whose future is dropped before the manager answered
+    /// cancels its start the same way (reason
+    /// [`START_ABANDONED_REASON`](model_text::START_ABANDONED_REASON)); the start still runs to
+    /// its end — acceptance or full rollback — on a task [`shutdown`](Self::shutdown) waits for.
+    pub fn load_with_continuation(
+        services: &Services,
+        subagents: &SubagentService,
+        continuation: ContinuationManager,
+        config: SubagentToolConfig,
+    ) -> Result<Self, ToolSubagentError> {
+        Self::load_inner(services, subagents, Some(continuation), config)
+    }
+
+    /// The loader both public entry points share.
+    fn load_inner(
+        services: &Services,
+        subagents: &SubagentService,
+        continuation: Option<ContinuationManager>,
         config: SubagentToolConfig,
     ) -> Result<Self, ToolSubagentError> {
         config.validate()?;
@@ -115,7 +176,9 @@ impl SubagentToolPlugin {
                 config,
                 services: services.clone(),
                 subagents: subagents.clone(),
+                continuation,
                 tracker: TaskTracker::new(),
+                starts: TaskTracker::new(),
             }),
             slot: Mutex::new(Slot::default()),
         });
@@ -179,17 +242,28 @@ impl SubagentToolPlugin {
     }
 
     /// Unloads, then waits until every foreground run started through this instance has been
-    /// disposed.
+    /// disposed and every continuable start through it has ended (the child accepted its
+    /// prompt, or the start rejected and rolled back). Continuable children themselves are the
+    /// manager's and keep running.
     pub async fn shutdown(self) {
         self.unload();
-        let tracker = self.shared.invocation.tracker.clone();
-        tracker.close();
-        tracker.wait().await;
+        let invocation = &self.shared.invocation;
+        for tracker in [&invocation.tracker, &invocation.starts] {
+            tracker.close();
+            tracker.wait().await;
+        }
     }
 
     /// The number of foreground runs in flight (for tests asserting quiescence).
     pub fn foreground_runs(&self) -> usize {
         self.shared.invocation.tracker.len()
+    }
+
+    /// The number of continuable starts in flight: started by a call and not yet answered by
+    /// the manager (for tests asserting quiescence). A start outlives its call only when the
+    /// call was cancelled or dropped first, and then only until the manager answers.
+    pub fn continuable_starts(&self) -> usize {
+        self.shared.invocation.starts.len()
     }
 }
 

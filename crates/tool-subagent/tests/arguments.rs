@@ -1063,7 +1063,8 @@ enum Expected {
     Foreground,
     /// A one-shot background job answering [`ANSWER`].
     Background,
-    /// The continuable route, which this service cannot serve yet: `CONTINUATION_UNAVAILABLE`.
+    /// The continuable route of an instance loaded without a continuation manager (this rig
+    /// loads with `SubagentToolPlugin::load`): `CONTINUATION_UNAVAILABLE`.
     ContinuationUnavailable,
 }
 

@@ -509,30 +509,6 @@ async fn tool_48_continuable_mode_explicit_false_is_foreground() {
     host.close().await;
 }
 
-/// The continuable route itself needs the seam's continuation manager: until the service
-/// offers it, a continuable call fails with `CONTINUATION_UNAVAILABLE` and nothing starts.
-#[tokio::test(start_paused = true)]
-async fn continuable_route_is_unavailable_without_a_continuation_manager() {
-    let mut host = Host::new();
-    let provider = FakeProvider::replying("spawn", "ok", counter()).with_continuable();
-    let requests = provider.requests.clone();
-    let _p = host.provider(provider);
-    let _tool = host.load_json(json!({"provider": "spawn", "backgroundMode": "continuable"}));
-    let parent = host.parent("parent").await;
-    let outcome = host.call("subagent", &parent, args()).await;
-    assert!(outcome.is_error);
-    assert_eq!(
-        text(&outcome),
-        "Error: continuable subagents require the agents service"
-    );
-    assert_eq!(
-        outcome.error.map(|e| e.code),
-        Some("CONTINUATION_UNAVAILABLE".to_owned())
-    );
-    assert!(requests.lock().is_empty());
-    host.close().await;
-}
-
 /// spec: TOOL-51 — the default `maxDepth` 3 and `label = description` reach the request; no
 /// tool filter is injected.
 #[tokio::test(start_paused = true)]
