@@ -139,7 +139,12 @@ impl RunState {
 
     /// Cancels the child with cause `parent`, containing a panicking `cancel`.
     fn cancel_child(&self) {
-        let cancel = || self.child().cancel(CancelCause::Parent, CancelOptions::default());
+        self.cancel_child_with(CancelCause::Parent);
+    }
+
+    /// Cancels the child with `cause`, containing a panicking `cancel`.
+    fn cancel_child_with(&self, cause: CancelCause) {
+        let cancel = || self.child().cancel(cause, CancelOptions::default());
         if let Err(panic) = catch_unwind(AssertUnwindSafe(cancel)) {
             tracing::warn!(
                 child = %self.id(),
@@ -288,7 +293,8 @@ async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
 ///   is polled, like any Rust future, and that future resolves when both it and the result have
 ///   settled, each independently. Await it. It fails only when the handle's teardown failed
 ///   ([`HandleDisposalFailed`], also when the host's disposer panicked at the call: `dispose`
-///   itself never panics); a result failure stays on [`result`](SubagentRun::result).
+///   itself never panics, and the run then cancels the child itself, cause `disposed`, so the
+///   result still settles); a result failure stays on [`result`](SubagentRun::result).
 /// * **Drop** without dispose starts the same disposal in the background (a task on the
 ///   driver's tracker, so [`InProcessDriver::wait`](crate::InProcessDriver::wait) awaits it,
 ///   spawned on the runtime the run was started on, even when the drop happens outside any
@@ -361,6 +367,12 @@ impl LocalRun {
                 // into `Drop`, where a panic while unwinding aborts the process).
                 let teardown = catch_unwind(AssertUnwindSafe(|| self.state.handle.dispose()))
                     .map_err(|panic| panic_message(&*panic));
+                if teardown.is_err() {
+                    // A disposer that panicked at the call may not have cancelled the child: do
+                    // it here, so its turn stops and the result (which this future also waits
+                    // for) settles instead of hanging on a child nobody is tearing down.
+                    self.state.cancel_child_with(CancelCause::Disposed);
+                }
                 let result = self.result.clone();
                 let id = self.state.id().clone();
                 async move {

@@ -29,6 +29,17 @@ impl Disposer for PanicsAtTheCall {
     }
 }
 
+/// Panics at the call without starting any teardown: the child is neither cancelled nor
+/// released by the call. It holds the real handle, whose teardown starts only when the wrapper
+/// (and so this disposer) is dropped.
+struct RefusesAtTheCall(#[allow(dead_code)] AgentHandle);
+
+impl Disposer for RefusesAtTheCall {
+    fn dispose(&self) -> BoxFuture<'static, ()> {
+        panic!("disposer refused before doing anything");
+    }
+}
+
 /// Waits (paused clock) until the child left the registry and its session was removed.
 async fn until_released(host: &Host, id: &agent::SessionId) {
     while host.get(id).is_some() || host.session_count() > 1 {
@@ -61,6 +72,56 @@ async fn a_disposer_panicking_at_the_call_fails_dispose_not_its_caller() {
     let second = run.dispose().await.unwrap_err();
     assert_eq!(second.to_string(), first.to_string(), "memoized");
     assert_eq!(run.result().await.unwrap().stop_reason, StopReason::Aborted);
+    drop(run);
+    until_released(&host, &id).await;
+    driver.wait().await;
+    assert_eq!(driver.task_count(), 0);
+    host.finish().await;
+}
+
+/// spec: DRV-5 — a host disposer that panics at the call before cancelling anything does not
+/// leave `dispose()` waiting forever on a child nobody tears down: the run cancels the child
+/// itself (cause `disposed`), so the result settles `aborted` and `dispose()` fails with the
+/// disposer's panic. The child stays owned by its parent's scope, which releases it.
+#[tokio::test(start_paused = true)]
+async fn a_disposer_refusing_at_the_call_still_stops_the_child() {
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let driver = wrapped_driver(&host, |handle| {
+        let agent = handle.agent().clone();
+        AgentHandle::new(agent, Arc::new(RefusesAtTheCall(handle)))
+    });
+    let run = driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    let id = run.id().clone();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let failure = tokio::time::timeout(Duration::from_secs(3600), run.dispose())
+        .await
+        .expect("dispose settles although the disposer started no teardown")
+        .unwrap_err();
+    assert!(
+        failure
+            .to_string()
+            .contains("disposer refused before doing anything"),
+        "{failure}"
+    );
+    assert_eq!(run.result().await.unwrap().stop_reason, StopReason::Aborted);
+    assert_eq!(
+        run.child()
+            .session()
+            .events()
+            .iter()
+            .rev()
+            .find_map(|e| match &e.data {
+                agent::EventData::TurnEnd { reason, .. } => Some(reason.clone()),
+                _ => None,
+            }),
+        Some(agent::TurnEndReason::Aborted {
+            reason: CancelCause::Disposed
+        }),
+        "the child's turn was cancelled with cause disposed"
+    );
     drop(run);
     until_released(&host, &id).await;
     driver.wait().await;
