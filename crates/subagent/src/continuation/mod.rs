@@ -23,9 +23,12 @@
 //!   [`ContinuationManager::drain_continuable_descendants`] (§2.14.11): the selected teardown,
 //!   and the scoped drain with the lineage-based admission it closes.
 //!
-//! Drains wait for in-flight materializations in their scope (spec §2.14.4 step 1).
+//! * [`ContinuationManager::register_continuable_setup`] (§2.14.12): setup contributions
+//!   installed into every fresh or cold-resumed child's unpublished scope, after its base
+//!   composition, with a commit that refuses a child whose installation was revoked meanwhile.
 //!
-//! Not yet implemented: setup contributions (§2.14.12) and listing (§2.18).
+//! Drains wait for in-flight materializations in their scope (spec §2.14.4 step 1). Listing
+//! (§2.18) lives in [`crate::listing`].
 //!
 //! # Locks
 //! * `Inner::activations` (sync) — the live map `child id → Activation`; held only for lookups
@@ -53,12 +56,15 @@ mod interrupt;
 mod notice;
 mod report;
 mod resume;
+mod setup;
+
+pub use setup::{ContinuableSetupRegistration, ContinuableSetupRemover, SetupContribution, SetupRelease};
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use agent::runtime::{Commit, Setup};
+use agent::runtime::Setup;
 use agent::{
     AgentError, AgentRef, AgentStatus, ContentBlock, CreateAgentOptions, Ctx, EventData, Message, MessageId,
     MessageSource, ScopeInactive, Services, SessionEvent, SessionId, Signal,
@@ -171,6 +177,8 @@ pub(crate) struct Inner {
     /// Serializes submission spans with the opening of disposal transactions (see the module's
     /// lock list).
     admission: parking_lot::ReentrantMutex<()>,
+    /// Setup contributions (§2.14.12), installed into every child this manager materializes.
+    setup: Arc<setup::SetupRegistry>,
 }
 
 /// The continuation manager (spec §2.14). Cheap to clone (shared).
@@ -216,8 +224,26 @@ impl ContinuationManager {
                 materializing: Mutex::new(Vec::new()),
                 tasks: TaskTracker::new(),
                 admission: parking_lot::ReentrantMutex::new(()),
+                setup: Arc::default(),
             }),
         }
+    }
+
+    /// Registers a setup contribution (spec §2.14.12): from now on every fresh creation and every
+    /// cold resume installs it into the child's unpublished scope, after the child's base
+    /// composition and after every contribution registered before it. Resident children are not
+    /// retrofitted.
+    ///
+    /// The returned registration owns the contribution: [`remove`](ContinuableSetupRegistration::remove)
+    /// (or dropping it) closes it to new installations and releases every installation it has,
+    /// in resident children and in children still being set up (whose start or resume then
+    /// fails with `ACTIVATION_SETUP_REVOKED`). A child's disposal releases that child's
+    /// installations only. Each installation is released exactly once, whichever comes first.
+    pub fn register_continuable_setup(
+        &self,
+        contribution: SetupContribution,
+    ) -> ContinuableSetupRegistration {
+        self.inner.setup.register(contribution)
     }
 
     /// The ids of the resident children, in no particular order.
@@ -402,6 +428,7 @@ impl Inner {
             agent_options: resolve_child_agent_options(parent.options(), requested, child_depth),
             signal: Some(spec.signal.clone()),
             setup: Some(setup(
+                inner.setup.clone(),
                 descriptor_event,
                 policy,
                 ChildComposition {
@@ -411,9 +438,11 @@ impl Inner {
             )),
             owner: None,
         };
+        // A seam error raised in the setup window (a contribution's, or its commit's
+        // `ACTIVATION_SETUP_REVOKED`) propagates unchanged; any other failure is the provider's.
         let handle = runtime_call(|| inner.services.agents.create(create))
             .await
-            .map_err(agent_failure);
+            .map_err(|e| resume::seam_error_within(e).unwrap_or_else(agent_failure));
         let handle = match handle {
             Ok(handle) => handle,
             Err(e) => {
@@ -1092,9 +1121,15 @@ impl Drop for ChildLock {
     }
 }
 
-/// The setup window of a fresh continuable child: the descriptor, the delegated policy, then
-/// the child composition (spec §2.14.4 step 3).
-fn setup(descriptor: EventData, policy: DelegatedPolicyOverrides, composition: ChildComposition) -> Setup {
+/// The setup window of a fresh continuable child: the descriptor, the delegated policy, the
+/// child composition, then the setup contributions, whose commit it returns (spec §2.14.4 step
+/// 3).
+fn setup(
+    contributions: Arc<setup::SetupRegistry>,
+    descriptor: EventData,
+    policy: DelegatedPolicyOverrides,
+    composition: ChildComposition,
+) -> Setup {
     Box::new(move |ctx: Ctx| {
         async move {
             let child = ctx
@@ -1103,7 +1138,7 @@ fn setup(descriptor: EventData, policy: DelegatedPolicyOverrides, composition: C
             child.session().record(descriptor, None)?;
             append_delegated_policy_overrides(child.session(), &policy)?;
             apply_child_composition(&ctx, &composition)?;
-            Ok(None::<Commit>)
+            Ok(Some(contributions.apply(&ctx)?))
         }
         .boxed()
     })

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use agent::runtime::{Commit, Setup};
+use agent::runtime::Setup;
 use agent::{AgentError, AgentRef, Ctx, ResumeAgentOptions, SessionId, Signal};
 use futures::FutureExt;
 
@@ -80,10 +80,13 @@ impl Inner {
                 ..agent::AgentOptions::default()
             },
             signal: Some(signal.clone()),
-            setup: Some(resume_setup(ChildComposition {
-                persona: descriptor.persona.clone(),
-                tool_filter: descriptor.tool_filter.clone(),
-            })),
+            setup: Some(resume_setup(
+                self.setup.clone(),
+                ChildComposition {
+                    persona: descriptor.persona.clone(),
+                    tool_filter: descriptor.tool_filter.clone(),
+                },
+            )),
             owner: None,
         };
         // Registered before the admission check, so a drain starting meanwhile either finds
@@ -132,7 +135,7 @@ impl Inner {
 /// The [`SubagentError`] a runtime's resume failed with — directly (`AgentError::Other`) or from
 /// the setup window (`AgentError::Setup`) — moved out unchanged (spec §2.14.5: a seam error
 /// raised while re-materializing propagates as it is); any other failure is given back.
-fn seam_error_within(e: AgentError) -> Result<SubagentError, AgentError> {
+pub(super) fn seam_error_within(e: AgentError) -> Result<SubagentError, AgentError> {
     match e {
         AgentError::Other(source) => source
             .downcast::<SubagentError>()
@@ -146,13 +149,13 @@ fn seam_error_within(e: AgentError) -> Result<SubagentError, AgentError> {
     }
 }
 
-/// The setup window of a cold-resumed child: the child composition only (no descriptor, no
-/// policy re-capture).
-fn resume_setup(composition: ChildComposition) -> Setup {
+/// The setup window of a cold-resumed child: the child composition (no descriptor, no policy
+/// re-capture), then the setup contributions, whose commit it returns.
+fn resume_setup(contributions: Arc<super::setup::SetupRegistry>, composition: ChildComposition) -> Setup {
     Box::new(move |ctx: Ctx| {
         async move {
             apply_child_composition(&ctx, &composition)?;
-            Ok(None::<Commit>)
+            Ok(Some(contributions.apply(&ctx)?))
         }
         .boxed()
     })

@@ -29,6 +29,7 @@ use crate::service::SubagentService;
 
 mod host_faults;
 mod maintenance;
+mod setup;
 mod surface;
 
 const MODEL: &str = "mock";
