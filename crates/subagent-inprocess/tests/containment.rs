@@ -47,6 +47,32 @@ async fn until_released(host: &Host, id: &agent::SessionId) {
     }
 }
 
+/// A started run on a child that hangs in its turn, whose handle's disposer is `disposer` (given
+/// the real handle), after the child's turn began.
+async fn hanging_run_disposed_by(
+    host: &Host,
+    disposer: impl Fn(AgentHandle) -> Arc<dyn Disposer> + Send + Sync + 'static,
+) -> (subagent_inprocess::InProcessDriver, subagent_inprocess::LocalRun) {
+    let driver = wrapped_driver(host, move |handle| {
+        let agent = handle.agent().clone();
+        AgentHandle::new(agent, disposer(handle))
+    });
+    let run = driver
+        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    (driver, run)
+}
+
+/// Waits until child `id` was released, then checks the driver and the host end quiescent.
+async fn ends_released(host: Host, driver: &subagent_inprocess::InProcessDriver, id: &agent::SessionId) {
+    until_released(&host, id).await;
+    driver.wait().await;
+    assert_eq!(driver.task_count(), 0);
+    host.finish().await;
+}
+
 /// spec: DRV-5 — a host disposer that panics when called (not in its future) fails `dispose()`
 /// with `HandleDisposalFailed` instead of unwinding into the caller: every call returns the same
 /// failure, the result keeps its own channel, dropping the run does not panic, and the registries
@@ -54,16 +80,8 @@ async fn until_released(host: &Host, id: &agent::SessionId) {
 #[tokio::test(start_paused = true)]
 async fn a_disposer_panicking_at_the_call_fails_dispose_not_its_caller() {
     let host = Host::new(vec![ScriptEntry::hang()]).await;
-    let driver = wrapped_driver(&host, |handle| {
-        let agent = handle.agent().clone();
-        AgentHandle::new(agent, Arc::new(PanicsAtTheCall(handle)))
-    });
-    let run = driver
-        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
-        .await
-        .unwrap();
+    let (driver, run) = hanging_run_disposed_by(&host, |handle| Arc::new(PanicsAtTheCall(handle))).await;
     let id = run.id().clone();
-    tokio::time::sleep(Duration::from_millis(10)).await;
     let first = run.dispose().await.unwrap_err();
     assert!(
         first.to_string().contains("disposer refused at the call"),
@@ -73,10 +91,7 @@ async fn a_disposer_panicking_at_the_call_fails_dispose_not_its_caller() {
     assert_eq!(second.to_string(), first.to_string(), "memoized");
     assert_eq!(run.result().await.unwrap().stop_reason, StopReason::Aborted);
     drop(run);
-    until_released(&host, &id).await;
-    driver.wait().await;
-    assert_eq!(driver.task_count(), 0);
-    host.finish().await;
+    ends_released(host, &driver, &id).await;
 }
 
 /// spec: DRV-5 — a host disposer that panics at the call before cancelling anything does not
@@ -86,16 +101,8 @@ async fn a_disposer_panicking_at_the_call_fails_dispose_not_its_caller() {
 #[tokio::test(start_paused = true)]
 async fn a_disposer_refusing_at_the_call_still_stops_the_child() {
     let host = Host::new(vec![ScriptEntry::hang()]).await;
-    let driver = wrapped_driver(&host, |handle| {
-        let agent = handle.agent().clone();
-        AgentHandle::new(agent, Arc::new(RefusesAtTheCall(handle)))
-    });
-    let run = driver
-        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
-        .await
-        .unwrap();
+    let (driver, run) = hanging_run_disposed_by(&host, |handle| Arc::new(RefusesAtTheCall(handle))).await;
     let id = run.id().clone();
-    tokio::time::sleep(Duration::from_millis(10)).await;
     let failure = tokio::time::timeout(Duration::from_secs(3600), run.dispose())
         .await
         .expect("dispose settles although the disposer started no teardown")
@@ -123,10 +130,7 @@ async fn a_disposer_refusing_at_the_call_still_stops_the_child() {
         "the child's turn was cancelled with cause disposed"
     );
     drop(run);
-    until_released(&host, &id).await;
-    driver.wait().await;
-    assert_eq!(driver.task_count(), 0);
-    host.finish().await;
+    ends_released(host, &driver, &id).await;
 }
 
 /// spec: DRV-5 — a run dropped undisposed whose host disposer panics at the call does not panic
@@ -135,21 +139,10 @@ async fn a_disposer_refusing_at_the_call_still_stops_the_child() {
 #[tokio::test(start_paused = true)]
 async fn dropping_a_run_whose_disposer_panics_does_not_panic() {
     let host = Host::new(vec![ScriptEntry::hang()]).await;
-    let driver = wrapped_driver(&host, |handle| {
-        let agent = handle.agent().clone();
-        AgentHandle::new(agent, Arc::new(PanicsAtTheCall(handle)))
-    });
-    let run = driver
-        .start(resolve(host.request(), "test"), InProcessRunOptions::fresh())
-        .await
-        .unwrap();
+    let (driver, run) = hanging_run_disposed_by(&host, |handle| Arc::new(PanicsAtTheCall(handle))).await;
     let id = run.id().clone();
-    tokio::time::sleep(Duration::from_millis(10)).await;
     drop(run);
-    until_released(&host, &id).await;
-    driver.wait().await;
-    assert_eq!(driver.task_count(), 0);
-    host.finish().await;
+    ends_released(host, &driver, &id).await;
 }
 
 /// spec: §3.5 — after publication failures belong to `result`: a prompt delivery that panics

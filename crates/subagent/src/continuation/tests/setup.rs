@@ -5,6 +5,7 @@ use agent::Ctx;
 use agent::bus::BoxError;
 
 use super::*;
+use crate::continuation::ContinuableSetupRegistration;
 use crate::continuation::setup::{SetupContribution, SetupRegistry, SetupRelease};
 
 /// Who installed and who released, in order (`"install:<tag>@<child>"`, `"release:<tag>@<child>"`).
@@ -63,10 +64,13 @@ fn failing_installer(message: &'static str) -> SetupContribution {
     Arc::new(move |_: &Ctx| Err::<SetupRelease, BoxError>(message.into()))
 }
 
-/// Children for the registry tests: real agents, so each has its own scope.
+/// The registry tests' fixture: a registry, a journal, and children that are real agents, so
+/// each has its own scope.
 struct Children {
     host: Host,
     handles: Vec<AgentHandle>,
+    registry: Arc<SetupRegistry>,
+    journal: Journal,
 }
 
 impl Children {
@@ -74,7 +78,21 @@ impl Children {
         Self {
             host: Host::new(vec![]).await,
             handles: Vec::new(),
+            registry: Arc::default(),
+            journal: Journal::default(),
         }
+    }
+
+    /// Registers the journalling contribution `tag`.
+    fn register(&self, tag: &'static str) -> ContinuableSetupRegistration {
+        self.registry.register(self.journal.contribution(tag))
+    }
+
+    /// A fresh child `id` set up and committed; its index.
+    async fn committed(&mut self, id: &str) -> usize {
+        let (index, ctx) = self.child(id).await;
+        self.registry.apply(&ctx).expect("installed")().expect("committed");
+        index
     }
 
     /// A fresh agent's scoped context (index into `handles`).
@@ -112,10 +130,9 @@ fn revoked(e: BoxError) -> SubagentError {
 #[tokio::test]
 async fn set_1_contributions_install_in_registration_order() {
     let mut children = Children::new().await;
-    let registry = Arc::new(SetupRegistry::default());
-    let journal = Journal::default();
-    let _first = registry.register(journal.contribution("first"));
-    let _second = registry.register(journal.contribution("second"));
+    let (registry, journal) = (children.registry.clone(), children.journal.clone());
+    let _first = children.register("first");
+    let _second = children.register("second");
     let (_, ctx) = children.child("c1").await;
     let commit = registry.apply(&ctx).expect("installed");
     assert_eq!(journal.entries(), ["install:first@c1", "install:second@c1"]);
@@ -129,11 +146,9 @@ async fn set_1_contributions_install_in_registration_order() {
 #[tokio::test]
 async fn set_2_repeated_removal_then_child_disposal_release_once() {
     let mut children = Children::new().await;
-    let registry = Arc::new(SetupRegistry::default());
-    let journal = Journal::default();
-    let registration = registry.register(journal.contribution("cap"));
-    let (index, ctx) = children.child("c1").await;
-    registry.apply(&ctx).unwrap()().unwrap();
+    let (registry, journal) = (children.registry.clone(), children.journal.clone());
+    let registration = children.register("cap");
+    let index = children.committed("c1").await;
     registration.remove().unwrap();
     registration.remove().unwrap();
     assert!(registration.is_removed());
@@ -148,11 +163,9 @@ async fn set_2_repeated_removal_then_child_disposal_release_once() {
 #[tokio::test]
 async fn set_3_child_disposal_then_removal_release_once() {
     let mut children = Children::new().await;
-    let registry = Arc::new(SetupRegistry::default());
-    let journal = Journal::default();
-    let registration = registry.register(journal.contribution("cap"));
-    let (index, ctx) = children.child("c1").await;
-    registry.apply(&ctx).unwrap()().unwrap();
+    let journal = children.journal.clone();
+    let registration = children.register("cap");
+    let index = children.committed("c1").await;
     children.dispose(index).await;
     assert_eq!(journal.count("release:"), 1);
     registration.remove().unwrap();
@@ -164,13 +177,11 @@ async fn set_3_child_disposal_then_removal_release_once() {
 #[tokio::test]
 async fn set_4_a_removed_contribution_is_skipped() {
     let mut children = Children::new().await;
-    let registry = Arc::new(SetupRegistry::default());
-    let journal = Journal::default();
-    let gone = registry.register(journal.contribution("gone"));
-    let _kept = registry.register(journal.contribution("kept"));
+    let journal = children.journal.clone();
+    let gone = children.register("gone");
+    let _kept = children.register("kept");
     gone.remove().unwrap();
-    let (_, ctx) = children.child("c1").await;
-    registry.apply(&ctx).unwrap()().unwrap();
+    children.committed("c1").await;
     assert_eq!(journal.entries(), ["install:kept@c1"]);
     children.finish().await;
 }
@@ -180,9 +191,8 @@ async fn set_4_a_removed_contribution_is_skipped() {
 #[tokio::test]
 async fn set_5_removal_before_commit_fails_the_commit() {
     let mut children = Children::new().await;
-    let registry = Arc::new(SetupRegistry::default());
-    let journal = Journal::default();
-    let registration = registry.register(journal.contribution("cap"));
+    let (registry, journal) = (children.registry.clone(), children.journal.clone());
+    let registration = children.register("cap");
     let (_, ctx) = children.child("c1").await;
     let commit = registry.apply(&ctx).unwrap();
     registration.remove().unwrap();
@@ -206,8 +216,7 @@ async fn set_5_removal_before_commit_fails_the_commit() {
 #[tokio::test]
 async fn set_6_an_installer_revoking_itself_fails_the_commit() {
     let mut children = Children::new().await;
-    let registry = Arc::new(SetupRegistry::default());
-    let journal = Journal::default();
+    let (registry, journal) = (children.registry.clone(), children.journal.clone());
     let remover: Arc<Mutex<Option<crate::continuation::ContinuableSetupRemover>>> = Arc::default();
     let installer = journal.contribution("self");
     let slot = remover.clone();
@@ -237,12 +246,10 @@ async fn set_6_an_installer_revoking_itself_fails_the_commit() {
 #[tokio::test]
 async fn set_7_removal_attempts_every_release_then_fails() {
     let mut children = Children::new().await;
-    let registry = Arc::new(SetupRegistry::default());
-    let journal = Journal::default();
+    let (registry, journal) = (children.registry.clone(), children.journal.clone());
     let registration = registry.register(journal.failing_release("cap", |child| child == "c1"));
     for id in ["c1", "c2", "c3"] {
-        let (_, ctx) = children.child(id).await;
-        registry.apply(&ctx).unwrap()().unwrap();
+        children.committed(id).await;
     }
     let e = registration.remove().unwrap_err();
     assert_eq!(e.code(), SubagentErrorCode::ActivationSetupReleaseFailed);
@@ -266,12 +273,10 @@ async fn set_8_child_disposal_attempts_every_release() {
     let warnings = WarningCapture::new();
     let _installed = warnings.install();
     let mut children = Children::new().await;
-    let registry = Arc::new(SetupRegistry::default());
-    let journal = Journal::default();
+    let (registry, journal) = (children.registry.clone(), children.journal.clone());
     let _a = registry.register(journal.failing_release("a", |_| true));
-    let _b = registry.register(journal.contribution("b"));
-    let (index, ctx) = children.child("c1").await;
-    registry.apply(&ctx).unwrap()().unwrap();
+    let _b = children.register("b");
+    let index = children.committed("c1").await;
     children.dispose(index).await;
     assert_eq!(journal.count("release:a@c1"), 1);
     assert_eq!(journal.count("release:b@c1"), 1);
@@ -284,11 +289,10 @@ async fn set_8_child_disposal_attempts_every_release() {
 #[tokio::test]
 async fn set_9_a_failing_installer_rolls_back_earlier_installations() {
     let mut children = Children::new().await;
-    let registry = Arc::new(SetupRegistry::default());
-    let journal = Journal::default();
-    let _first = registry.register(journal.contribution("first"));
+    let (registry, journal) = (children.registry.clone(), children.journal.clone());
+    let _first = children.register("first");
     let _boom = registry.register(failing_installer("boom"));
-    let _third = registry.register(journal.contribution("third"));
+    let _third = children.register("third");
     let (_, ctx) = children.child("c1").await;
     let Err(e) = registry.apply(&ctx) else {
         panic!("the setup fails")
@@ -304,9 +308,8 @@ async fn set_9_a_failing_installer_rolls_back_earlier_installations() {
 #[tokio::test]
 async fn set_9_a_panicking_installer_is_contained_and_rolled_back() {
     let mut children = Children::new().await;
-    let registry = Arc::new(SetupRegistry::default());
-    let journal = Journal::default();
-    let _first = registry.register(journal.contribution("first"));
+    let (registry, journal) = (children.registry.clone(), children.journal.clone());
+    let _first = children.register("first");
     let _panics = registry.register(Arc::new(|_: &Ctx| -> Result<SetupRelease, BoxError> {
         panic!("installer exploded")
     }));
@@ -324,9 +327,8 @@ async fn set_9_a_panicking_installer_is_contained_and_rolled_back() {
 #[tokio::test]
 async fn set_10_revoked_then_rolled_back_releases_once() {
     let mut children = Children::new().await;
-    let registry = Arc::new(SetupRegistry::default());
-    let journal = Journal::default();
-    let first = registry.register(journal.contribution("first"));
+    let (registry, journal) = (children.registry.clone(), children.journal.clone());
+    let first = children.register("first");
     let remover = first.remover();
     let _second = registry.register(Arc::new(move |_: &Ctx| -> Result<SetupRelease, BoxError> {
         remover.remove().expect("removed");
@@ -347,13 +349,10 @@ async fn set_10_revoked_then_rolled_back_releases_once() {
 #[tokio::test]
 async fn set_11_children_are_never_cross_released() {
     let mut children = Children::new().await;
-    let registry = Arc::new(SetupRegistry::default());
-    let journal = Journal::default();
-    let _cap = registry.register(journal.contribution("cap"));
-    let (one, ctx) = children.child("c1").await;
-    registry.apply(&ctx).unwrap()().unwrap();
-    let (_, ctx) = children.child("c2").await;
-    registry.apply(&ctx).unwrap()().unwrap();
+    let journal = children.journal.clone();
+    let _cap = children.register("cap");
+    let one = children.committed("c1").await;
+    children.committed("c2").await;
     children.dispose(one).await;
     assert_eq!(journal.count("release:"), 1);
     assert_eq!(journal.count("release:cap@c1"), 1);
