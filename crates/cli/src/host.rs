@@ -1,14 +1,15 @@
 //! The host composition: one [`Host`] is the reference runtime (`agent-loop`) with durable
 //! JSON-lines sessions, a background job registry and its `job_*` tools, the subagent service
-//! with the in-process `spawn` and `fork` providers, one delegation tool per provider
-//! (`subagent` → `spawn`, `fork` → `fork`), optionally the read-only workspace tools and,
-//! optionally, a per-turn step limit for every agent ([`StepLimit`]).
+//! with the in-process `spawn` and `fork` providers and its continuation manager, one delegation
+//! tool per provider (`subagent` → `spawn`, `fork` → `fork`), optionally the read-only
+//! workspace tools and, optionally, a per-turn step limit for every agent ([`StepLimit`]).
 //!
 //! ```text
 //!   Runtime ── Services { agents, sessions, persistence: JsonlStore, tools, prompt, jobs, models }
 //!      │
 //!   SubagentService ── SpawnProvider ("spawn") ── tool "subagent"
 //!                   └─ ForkProvider  ("fork")  ── tool "fork"
+//!   ContinuationManager ── continuable children of both tools  (background mode, optional)
 //!   JobRegistry ── job_output / job_list / job_kill     (+ completion notices, optional)
 //!   Workspace   ── read_file / list_dir / grep          (optional, read-only)
 //!   StepLimit   ── global agent/pre-step interceptor     (optional, every agent)
@@ -16,8 +17,9 @@
 //!
 //! [`build_host`] composes it; [`Host::create_agent`] creates a top-level agent on the
 //! configured model; [`Host::run_turn`] delivers one prompt and waits until the agent (and, with
-//! job notices on, every background job it started) has settled; [`Host::shutdown`] tears it all
-//! down in order and makes every session log durable. Tests drive the same host in-process.
+//! job notices on, every background job it started; with continuable children on, every child
+//! it started) has settled; [`Host::shutdown`] tears it all down in order and makes every
+//! session log durable. Tests drive the same host in-process.
 //!
 //! # Ownership
 //! The host owns every registration it made (providers, tool mounts, job tools, workspace tools,
@@ -39,11 +41,12 @@ use agent_loop::JsonlStore;
 use agent_loop::jobs::{JobRegistry, JobToolsConfig, job_guidance_section, job_tools_with};
 use agent_loop::runtime::Runtime;
 use parking_lot::Mutex;
+use subagent::continuation::ContinuationManager;
 use subagent::service::SubagentService;
 use subagent_fork::ForkProvider;
 use subagent_inprocess::InProcessDriver;
 use subagent_spawn::SpawnProvider;
-use tool_subagent::{MaxDepth, SubagentToolConfig, SubagentToolPlugin};
+use tool_subagent::{BackgroundMode, MaxDepth, SubagentToolConfig, SubagentToolPlugin};
 
 use crate::workspace::{Workspace, workspace_tools};
 
@@ -94,6 +97,12 @@ pub struct HostOptions {
     /// the limit instead of calling the model again; a child's run then ends with stop reason
     /// `error`, which its parent sees as a failed delegation.
     pub max_steps_per_turn: Option<u32>,
+    /// Background delegations start **continuable** children (`backgroundMode: continuable` on
+    /// both delegation tools) instead of one-shot background jobs: each child is a durable
+    /// session the host's [`ContinuationManager`] keeps resident while it works, releases when
+    /// it settles (announcing its settlement into the parent's conversation, which wakes the
+    /// parent), and can cold-resume later. Off by default.
+    pub continuable: bool,
 }
 
 impl std::fmt::Debug for HostOptions {
@@ -106,6 +115,7 @@ impl std::fmt::Debug for HostOptions {
             .field("deliver_job_notices", &self.deliver_job_notices)
             .field("max_depth", &self.max_depth)
             .field("max_steps_per_turn", &self.max_steps_per_turn)
+            .field("continuable", &self.continuable)
             .finish_non_exhaustive()
     }
 }
@@ -113,7 +123,8 @@ impl std::fmt::Debug for HostOptions {
 impl HostOptions {
     /// Options for `adapter` served as `model_provider`/`model_name`, storing sessions in
     /// `store_dir`, with every other setting at its default (no persona, no workspace tools, no
-    /// job notices, depth cap [`DEFAULT_MAX_DEPTH`], job waits of 30 s, no step limit).
+    /// job notices, depth cap [`DEFAULT_MAX_DEPTH`], job waits of 30 s, no step limit, one-shot
+    /// background delegations).
     pub fn new(
         store_dir: impl Into<PathBuf>,
         adapter: Arc<dyn ModelAdapter>,
@@ -135,6 +146,7 @@ impl HostOptions {
             session_observers: Vec::new(),
             subagents: None,
             max_steps_per_turn: None,
+            continuable: false,
         }
     }
 }
@@ -242,6 +254,8 @@ pub struct Host {
     jobs: Arc<JobRegistry>,
     store: Arc<JsonlStore>,
     driver: InProcessDriver,
+    /// Owns every continuable child (drained at shutdown, before the runtime).
+    continuation: ContinuationManager,
     options: HostOptions,
     cwd: PathBuf,
     /// Job ids whose completion notice was delivered into their owner's conversation.
@@ -336,7 +350,8 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
             .map_err(|e| register_err("provider fork", e))?,
     );
 
-    // One delegation tool per provider.
+    // One delegation tool per provider; their continuable route goes through one manager.
+    let continuation = ContinuationManager::new(subagents.clone(), services.clone());
     let mut plugins = Vec::new();
     for (provider, tool) in [
         (subagent_spawn::DEFAULT_NAME, SPAWN_TOOL),
@@ -345,8 +360,12 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
         let mut config = SubagentToolConfig::new(provider);
         config.tool_name = tool.to_owned();
         config.max_depth = Some(MaxDepth::Cap(options.max_depth));
-        let plugin = SubagentToolPlugin::load(&services, &subagents, config)
-            .map_err(|e| register_err(&format!("tool {tool}"), e))?;
+        if options.continuable {
+            config.background_mode = BackgroundMode::Continuable;
+        }
+        let plugin =
+            SubagentToolPlugin::load_with_continuation(&services, &subagents, continuation.clone(), config)
+                .map_err(|e| register_err(&format!("tool {tool}"), e))?;
         plugins.push(plugin);
     }
 
@@ -377,6 +396,7 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
         jobs,
         store,
         driver,
+        continuation,
         options,
         cwd,
         delivered,
@@ -394,6 +414,12 @@ impl Host {
     /// The subagent service (providers, lifecycle events).
     pub fn subagents(&self) -> &SubagentService {
         &self.subagents
+    }
+
+    /// The continuation manager that owns every continuable child (see
+    /// [`HostOptions::continuable`]); also usable directly, e.g. to send a child a follow-up.
+    pub fn continuation(&self) -> &ContinuationManager {
+        &self.continuation
     }
 
     /// The background job registry.
@@ -449,12 +475,15 @@ impl Host {
         Ok(())
     }
 
-    /// Waits until `agent` is idle and (with job notices on) has no unsettled or undelivered
-    /// background job.
+    /// Waits until `agent` is idle, (with job notices on) has no unsettled or undelivered
+    /// background job, and has no resident continuable descendant: a continuable child
+    /// announces its settlement into its parent's conversation before it is released, so by
+    /// then the parent has the notice and its turn for it is under way or done.
     pub async fn settle(&self, agent: &AgentRef) {
         loop {
             agent.when_idle().await;
-            if !self.options.deliver_job_notices || self.jobs_quiet(agent.id()) {
+            let jobs_quiet = !self.options.deliver_job_notices || self.jobs_quiet(agent.id());
+            if jobs_quiet && !self.has_resident_descendant(agent.id()) {
                 if agent.status() == AgentStatus::Idle {
                     return;
                 }
@@ -462,6 +491,24 @@ impl Host {
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
+    }
+
+    /// Whether a resident continuable child has `ancestor` in its live lineage (followed through
+    /// the live agents' headers).
+    fn has_resident_descendant(&self, ancestor: &SessionId) -> bool {
+        self.continuation.resident().iter().any(|child| {
+            let mut next = self.runtime.get(child);
+            // Bounded: a lineage is a chain of live agents, each at a greater depth.
+            for _ in 0..=self.runtime.list().len() {
+                let Some(agent) = next else { return false };
+                match agent.session().header().parent_session.clone() {
+                    Some(parent) if &parent == ancestor => return true,
+                    Some(parent) => next = self.runtime.get(&parent),
+                    None => return false,
+                }
+            }
+            false
+        })
     }
 
     /// Whether every job of `owner` has settled and was either reported or had its notice
@@ -484,8 +531,8 @@ impl Host {
         })
     }
 
-    /// Tears the host down: unloads the delegation tools (waiting for foreground runs), shuts
-    /// the runtime down (disposing every agent, its children and its jobs), shuts the job
+    /// Tears the host down: unloads the delegation tools (waiting for foreground runs), drains
+    /// the continuable children, shuts the runtime down (disposing every agent, its children and its jobs), shuts the job
     /// registry down, waits for pending lifecycle events and result tasks, drops every
     /// registration, then flushes every session log to stable storage.
     pub async fn shutdown(self) -> Result<(), HostError> {
@@ -495,6 +542,7 @@ impl Host {
             jobs,
             store,
             driver,
+            continuation,
             options,
             plugins,
             guards,
@@ -502,6 +550,11 @@ impl Host {
         } = self;
         for plugin in &plugins {
             plugin.unload();
+        }
+        // Continuable children first: the manager owns them, and draining it delivers their
+        // settlement notices while their parents are still live.
+        if let Err(e) = continuation.dispose_all().await {
+            tracing::warn!(error = %e, "draining the continuable children failed");
         }
         runtime.shutdown().await;
         for plugin in plugins {

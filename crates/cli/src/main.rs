@@ -83,6 +83,11 @@ enum Command {
         /// Where to store the session logs.
         #[arg(long, value_name = "DIR", default_value = DEFAULT_STORE)]
         store: PathBuf,
+        /// Background delegations start continuable children instead of one-shot jobs: durable
+        /// children the coordinator can message and interrupt, which report back and announce
+        /// when they settle. The run ends once the coordinator and every child have settled.
+        #[arg(long)]
+        continuable: bool,
         /// The task.
         task: String,
     },
@@ -178,11 +183,13 @@ async fn dispatch(command: Command) -> Result<(), CliError> {
             max_tokens,
             max_steps,
             store,
+            continuable,
             task,
         } => {
             let limits = Limits {
                 max_tokens,
                 max_steps,
+                continuable,
             };
             run(model, base_url, api_key, limits, &store, &task).await
         }
@@ -367,13 +374,15 @@ fn parse_max_steps(value: &str) -> Result<u32, String> {
     }
 }
 
-/// `subagent run`'s per-call and per-turn limits.
+/// `subagent run`'s per-call and per-turn limits, and how background delegations run.
 #[derive(Clone, Copy, Debug)]
 struct Limits {
     /// Output-token cap per model call.
     max_tokens: Option<u64>,
     /// Model steps per turn of every agent.
     max_steps: u32,
+    /// Continuable background children (see [`HostOptions::continuable`]).
+    continuable: bool,
 }
 
 async fn run(
@@ -412,6 +421,7 @@ async fn run(
     let mut options = HostOptions::new(store, Arc::new(adapter), "openai", model);
     options.max_tokens = limits.max_tokens;
     options.max_steps_per_turn = Some(limits.max_steps);
+    options.continuable = limits.continuable;
     options.persona = Some(subagent_cli::model_text::run_persona(workspace.root()));
     options.workspace = Some(workspace);
     options.deliver_job_notices = true;

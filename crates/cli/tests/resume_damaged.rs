@@ -48,7 +48,7 @@ fn host(dir: &Path) -> (Host, Arc<InvariantObserver>) {
 }
 
 fn manager(host: &Host) -> ContinuationManager {
-    ContinuationManager::new(host.subagents().clone(), host.runtime().services().clone())
+    host.continuation().clone()
 }
 
 /// Waits (virtual time) until the manager has released every child.
