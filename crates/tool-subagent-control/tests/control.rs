@@ -304,6 +304,38 @@ async fn the_token_owns_only_the_phase_before_acceptance() {
     rig.finish().await;
 }
 
+/// §4.2 — a call abandoned while its delivery is cold-resuming the child (the call's future
+/// dropped, its signal never fired) cancels that delivery: the delivery still runs to its end on
+/// its tracked task, rejects, and leaves nothing behind — no resident child, no live agent, no
+/// new message in the child's log.
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_call_cancels_its_delivery() {
+    let (rig, held) = Rig::with_held_inspect(vec![answer("first")]).await;
+    let child = rig.start(rig.parent(), "child", "child task", "child task").await;
+    rig.until_released(&child).await;
+    *held.held.lock() = Some(child.clone());
+    let signal = Signal::new();
+    let mut call = Box::pin(rig.call_with("send_message", PARENT, send("child", "lost"), signal.clone()));
+    tokio::select! {
+        result = &mut call => panic!("the call answered while resuming: {}", text(&result)),
+        () = held.entered.notified() => {}
+    }
+    let control = rig.control.as_ref().expect("loaded");
+    assert_eq!(control.deliveries(), 1, "the delivery is in flight");
+    drop(call);
+    rig.until("the abandoned delivery ended", |rig| {
+        rig.control.as_ref().is_some_and(|c| c.deliveries() == 0)
+    })
+    .await;
+    assert!(!signal.is_cancelled(), "the call's own signal never fired");
+    assert!(!rig.manager.is_resident(&child));
+    assert!(rig.agent("child").is_none());
+    *held.held.lock() = None;
+    assert_eq!(prompts(&rig.persisted(&child).await.events), ["child task"]);
+    assert_eq!(rig.model.requests().len(), 1);
+    rig.finish().await;
+}
+
 /// §4.2 — a composition without a continuation manager: `send_message` fails
 /// `CONTINUATION_UNAVAILABLE`, `interrupt_agent` from a live caller is an accepted no-op.
 #[tokio::test(start_paused = true)]

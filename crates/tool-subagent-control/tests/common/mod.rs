@@ -88,6 +88,45 @@ impl agent::PreStepInterceptor for Gate {
     }
 }
 
+// ---- a persistence that can hold an inspection ---------------------------------------------
+
+/// Persistence over a [`MemoryStore`] whose `inspect` of the held session (if any) signals
+/// `entered` and then never answers: a cold resume of that session waits there until its
+/// delivery's signal is cancelled (the manager races store reads with it).
+pub struct HeldInspect {
+    store: Arc<MemoryStore>,
+    /// The session whose inspection is held.
+    pub held: parking_lot::Mutex<Option<SessionId>>,
+    /// Notified when a held inspection begins.
+    pub entered: tokio::sync::Notify,
+}
+
+#[async_trait]
+impl SessionPersistence for HeldInspect {
+    fn create(&self, header: &agent::SessionHeader) -> Result<(), agent::AgentError> {
+        SessionPersistence::create(self.store.as_ref(), header)
+    }
+    fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), agent::AgentError> {
+        SessionPersistence::append(self.store.as_ref(), id, event)
+    }
+    async fn flush(&self, id: &SessionId) -> Result<(), agent::AgentError> {
+        SessionPersistence::flush(self.store.as_ref(), id).await
+    }
+    async fn list(&self) -> Result<Vec<agent::SessionHeader>, agent::AgentError> {
+        SessionPersistence::list(self.store.as_ref()).await
+    }
+    async fn inspect(&self, id: &SessionId) -> Result<Option<agent::SessionHeader>, agent::AgentError> {
+        if self.held.lock().as_ref() == Some(id) {
+            self.entered.notify_one();
+            std::future::pending::<()>().await;
+        }
+        SessionPersistence::inspect(self.store.as_ref(), id).await
+    }
+    async fn load(&self, id: &SessionId) -> Result<agent::store::LoadedSession, agent::AgentError> {
+        SessionPersistence::load(self.store.as_ref(), id).await
+    }
+}
+
 // ---- the rig ------------------------------------------------------------------------------
 
 /// A real host with both control plugins loaded and one parked parent agent.
@@ -112,22 +151,44 @@ impl Rig {
     /// A rig whose model answers with `script` and whose `list_agents` reads the seam's
     /// listing over the host.
     pub async fn new(script: Vec<ScriptEntry>) -> Self {
-        Self::build(script, None).await
+        Self::build(script, None, None).await
     }
 
     /// A rig whose `list_agents` reads `listing` instead of the seam's listing.
     pub async fn with_listing(script: Vec<ScriptEntry>, listing: Arc<dyn AgentListing>) -> Self {
-        Self::build(script, Some(listing)).await
+        Self::build(script, Some(listing), None).await
     }
 
-    async fn build(script: Vec<ScriptEntry>, listing: Option<Arc<dyn AgentListing>>) -> Self {
-        let model = ScriptedModel::new(script);
+    /// A rig whose persistence can hold the inspection of one session (see [`HeldInspect`]).
+    pub async fn with_held_inspect(script: Vec<ScriptEntry>) -> (Self, Arc<HeldInspect>) {
         let store = Arc::new(MemoryStore::new());
+        let held = Arc::new(HeldInspect {
+            store: store.clone(),
+            held: parking_lot::Mutex::new(None),
+            entered: tokio::sync::Notify::new(),
+        });
+        let rig = Self::build(script, None, Some((store, held.clone()))).await;
+        (rig, held)
+    }
+
+    async fn build(
+        script: Vec<ScriptEntry>,
+        listing: Option<Arc<dyn AgentListing>>,
+        held: Option<(Arc<MemoryStore>, Arc<HeldInspect>)>,
+    ) -> Self {
+        let model = ScriptedModel::new(script);
+        let (store, persistence): (Arc<MemoryStore>, Arc<dyn SessionPersistence>) = match held {
+            Some((store, held)) => (store, held),
+            None => {
+                let store = Arc::new(MemoryStore::new());
+                (store.clone(), store)
+            }
+        };
         let observer = InvariantObserver::shared();
         let rt = Runtime::builder()
             .model(MODEL, model.adapter())
             .session_observer(observer.clone())
-            .persistence(store.clone())
+            .persistence(persistence)
             .build();
         let subagents = SubagentService::new();
         let driver = InProcessDriver::new(rt.services().clone());
