@@ -10,6 +10,7 @@
 //!   SubagentService ── SpawnProvider ("spawn") ── tool "subagent"
 //!                   └─ ForkProvider  ("fork")  ── tool "fork"
 //!   ContinuationManager ── continuable children of both tools  (background mode, optional)
+//!                       └─ send_message / interrupt_agent / list_agents  (with it)
 //!   JobRegistry ── job_output / job_list / job_kill     (+ completion notices, optional)
 //!   Workspace   ── read_file / list_dir / grep          (optional, read-only)
 //!   StepLimit   ── global agent/pre-step interceptor     (optional, every agent)
@@ -32,21 +33,25 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use agent::projection::ProjectionRegistry;
 use agent::{
     Agent, AgentError, AgentHandle, AgentOptions, AgentRef, AgentRuntime, AgentStatus, BoxError,
     CreateAgentOptions, Message, ModelAdapter, PreStep, PreStepDecision, PreStepInterceptor, Registration,
-    SessionId, SessionMeta, SessionObserver,
+    SessionId, SessionMeta, SessionObserver, SessionPersistence,
 };
 use agent_loop::JsonlStore;
 use agent_loop::jobs::{JobRegistry, JobToolsConfig, job_guidance_section, job_tools_with};
 use agent_loop::runtime::Runtime;
 use parking_lot::Mutex;
 use subagent::continuation::ContinuationManager;
+use subagent::listing::ListingServices;
+use subagent::projection::register_projections;
 use subagent::service::SubagentService;
 use subagent_fork::ForkProvider;
 use subagent_inprocess::InProcessDriver;
 use subagent_spawn::SpawnProvider;
 use tool_subagent::{BackgroundMode, MaxDepth, SubagentToolConfig, SubagentToolPlugin};
+use tool_subagent_control::{ListAgentsPlugin, SubagentControlPlugin};
 
 use crate::workspace::{Workspace, workspace_tools};
 
@@ -101,7 +106,8 @@ pub struct HostOptions {
     /// both delegation tools) instead of one-shot background jobs: each child is a durable
     /// session the host's [`ContinuationManager`] keeps resident while it works, releases when
     /// it settles (announcing its settlement into the parent's conversation, which wakes the
-    /// parent), and can cold-resume later. Off by default.
+    /// parent), and can cold-resume later. The coordinator also gets the control tools
+    /// `send_message`, `interrupt_agent` and `list_agents`. Off by default.
     pub continuable: bool,
 }
 
@@ -262,6 +268,8 @@ pub struct Host {
     delivered: Arc<Mutex<HashSet<String>>>,
     /// Loaded delegation tools (unloaded first at shutdown).
     plugins: Vec<SubagentToolPlugin>,
+    /// The control tools, with continuable children on (unloaded with the delegation tools).
+    control: Option<(SubagentControlPlugin, ListAgentsPlugin)>,
     /// Every other registration, dropped at shutdown.
     guards: Vec<Registration>,
 }
@@ -369,6 +377,26 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
         plugins.push(plugin);
     }
 
+    // The control tools over the same manager, and a child listing over the live registry and
+    // the durable store.
+    let control = if options.continuable {
+        let projections = ProjectionRegistry::new();
+        guards.push(register_projections(&projections).map_err(|e| register_err("projections", e))?);
+        let listing = ListingServices {
+            projections: Some(projections),
+            store: Some(services.sessions.clone()),
+            persistence: Some(store.clone() as Arc<dyn SessionPersistence>),
+            cache: None,
+        };
+        let control = SubagentControlPlugin::load(&services, continuation.clone())
+            .map_err(|e| register_err("the control tools", e))?;
+        let list = ListAgentsPlugin::load(&services, Arc::new(listing))
+            .map_err(|e| register_err("tool list_agents", e))?;
+        Some((control, list))
+    } else {
+        None
+    };
+
     // Completion notices into the owner's conversation.
     let delivered: Arc<Mutex<HashSet<String>>> = Arc::default();
     if options.deliver_job_notices {
@@ -401,6 +429,7 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
         cwd,
         delivered,
         plugins,
+        control,
         guards,
     })
 }
@@ -545,11 +574,16 @@ impl Host {
             continuation,
             options,
             plugins,
+            control,
             guards,
             ..
         } = self;
         for plugin in &plugins {
             plugin.unload();
+        }
+        if let Some((control, list)) = control {
+            list.unload();
+            control.shutdown().await;
         }
         // Continuable children first: the manager owns them, and draining it delivers their
         // settlement notices while their parents are still live.

@@ -1,12 +1,13 @@
 //! The host with continuable background delegations ([`HostOptions::continuable`]): the
 //! coordinator's `subagent` call starts a durable child through the host's continuation manager,
-//! the child's settlement notice wakes the coordinator, and [`Host::run_turn`] returns only once
-//! the coordinator has answered it. Every session append passes the online invariant checker,
-//! and the host shuts down with nothing resident.
+//! the child's settlement notice wakes the coordinator, which sends it a follow-up with
+//! `send_message` (the released child cold-resumes from its log), and [`Host::run_turn`]
+//! returns only once the coordinator has answered the second notice. Every session append
+//! passes the online invariant checker, and the host shuts down with nothing resident.
 
 use std::sync::Arc;
 
-use agent::{AgentRuntime, GenerateOptions, Message, ModelAdapter, ModelStream, SessionId, StreamChunk};
+use agent::{AgentRuntime, GenerateOptions, ModelAdapter, ModelStream, SessionId, StreamChunk};
 use agent_loop::model::chunks;
 use futures::StreamExt;
 use invariants::InvariantObserver;
@@ -14,43 +15,75 @@ use subagent::descriptor::{SubagentDescriptor, fold_subagent_descriptor};
 use subagent_cli::host::{Host, HostOptions, build_host};
 
 const CHILD_TASK: &str = "CHILD-TASK: find the answer";
+const COORDINATOR_TASK: &str = "delegate the research";
+const FOLLOW_UP: &str = "FOLLOW-UP: and the second half?";
 
-/// The coordinator delegates once, says it is waiting, and answers the child's settlement
-/// notice; the child answers its task.
+/// The coordinator delegates once and says it is waiting; on the child's first settlement
+/// notice it sends the child a follow-up with `send_message` (the released child cold-resumes);
+/// on the second it answers. The child answers each of its turns.
 struct Coordinated;
 
+/// Every message's content as JSON text (tool results included, whose text is not visible
+/// text).
 fn texts(options: &GenerateOptions) -> Vec<String> {
-    options.messages.iter().map(Message::text).collect()
+    options
+        .messages
+        .iter()
+        .map(|m| serde_json::to_string(&m.content).expect("content serializes"))
+        .collect()
 }
 
-fn has_source(options: &GenerateOptions, kind: &str) -> bool {
-    options.messages.iter().any(|m| m.source.kind() == kind)
+fn count_source(options: &GenerateOptions, kind: &str) -> usize {
+    options
+        .messages
+        .iter()
+        .filter(|m| m.source.kind() == kind)
+        .count()
+}
+
+fn reply(options: &GenerateOptions) -> Vec<StreamChunk> {
+    let texts = texts(options);
+    let mentions = |needle: &str| texts.iter().any(|t| t.contains(needle));
+    // A `spawn` child never sees its parent's conversation; the coordinator's holds its task.
+    if !mentions(COORDINATOR_TASK) {
+        return chunks::text(if mentions(FOLLOW_UP) {
+            "the second finding"
+        } else {
+            "the child's finding"
+        });
+    }
+    let notices = count_source(options, "subagent-settled");
+    let child = texts.iter().find_map(|t| {
+        let (_, rest) = t.split_once("started subagent ")?;
+        Some(rest.split('"').next()?.to_owned())
+    });
+    match (notices, child) {
+        (0, None) => chunks::tool_call(
+            "call-1",
+            "subagent",
+            serde_json::json!({"description": "research", "prompt": CHILD_TASK}),
+        ),
+        (0, Some(_)) => chunks::text("waiting for the child"),
+        (1, Some(child)) if !mentions("message queued") => chunks::tool_call(
+            "call-2",
+            "send_message",
+            serde_json::json!({"subagent_id": child, "message": FOLLOW_UP}),
+        ),
+        (1, _) => chunks::text("waiting for the child again"),
+        _ => chunks::text("final: the child answered twice"),
+    }
 }
 
 impl ModelAdapter for Coordinated {
     fn stream(&self, options: Arc<GenerateOptions>) -> ModelStream {
-        let texts = texts(&options);
-        let reply: Vec<StreamChunk> = if texts.iter().any(|t| t.contains(CHILD_TASK)) {
-            chunks::text("the child's finding")
-        } else if has_source(&options, "subagent-settled") {
-            chunks::text("final: the child reported")
-        } else if has_source(&options, "tool") {
-            chunks::text("waiting for the child")
-        } else {
-            chunks::tool_call(
-                "call-1",
-                "subagent",
-                serde_json::json!({"description": "research", "prompt": CHILD_TASK}),
-            )
-        };
-        futures::stream::iter(reply.into_iter().map(Ok)).boxed()
+        futures::stream::iter(reply(&options).into_iter().map(Ok)).boxed()
     }
 }
 
-/// The continuable route end to end through the host: start, settlement notice, the
-/// coordinator's answer, clean shutdown.
+/// The continuable route end to end through the host: start, settlement notice, a follow-up by
+/// `send_message` (cold resume), a second notice, the coordinator's answer, clean shutdown.
 #[tokio::test(start_paused = true)]
-async fn a_continuable_child_settles_and_its_notice_is_answered() {
+async fn a_continuable_child_settles_takes_a_follow_up_and_is_answered() {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut options = HostOptions::new(dir.path(), Arc::new(Coordinated), "mock", "mock");
     options.continuable = true;
@@ -61,13 +94,13 @@ async fn a_continuable_child_settles_and_its_notice_is_answered() {
         .create_agent(SessionId::from("coordinator"))
         .await
         .expect("coordinator");
-    host.run_turn(coordinator.agent(), "delegate the research")
+    host.run_turn(coordinator.agent(), COORDINATOR_TASK)
         .await
         .expect("the turn runs");
     assert_eq!(
         Host::last_answer(coordinator.agent().as_ref()).as_deref(),
-        Some("final: the child reported"),
-        "run_turn waited for the child's notice and the coordinator's answer to it"
+        Some("final: the child answered twice"),
+        "run_turn waited for both notices and the coordinator's answer to the second"
     );
     assert!(
         host.continuation().resident().is_empty(),
@@ -90,6 +123,19 @@ async fn a_continuable_child_settles_and_its_notice_is_answered() {
     assert!(
         matches!(state.into_supported(), Some(SubagentDescriptor::Continuable(_))),
         "the child is continuable, so it can cold-resume"
+    );
+    let child_texts: Vec<String> = loaded
+        .events
+        .iter()
+        .filter_map(|e| match &e.data {
+            agent::EventData::AssistantMessage { message, .. } => Some(message.text()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        child_texts,
+        ["the child's finding", "the second finding"],
+        "the follow-up reached the child's durable log as its second turn"
     );
     assert!(
         host.runtime().get(&children[0]).is_none(),
