@@ -551,3 +551,80 @@ async fn dropping_the_plugin_revokes_like_unloading() {
     assert!(!has_guidance(&rig, "child"));
     rig.finish().await;
 }
+
+/// Calls the body of `definition` directly, as `caller`, under `signal` (what the pipeline does
+/// once it has resolved the call).
+async fn call_body(
+    definition: &ToolDefinition,
+    caller: &str,
+    output: &str,
+    signal: Signal,
+) -> Result<agent::tools::ToolOutput, agent::tools::ToolError> {
+    let execution = agent::tools::ToolExecution {
+        id: agent::tools::ExecutionId::next(),
+        agent: SessionId::from(caller),
+        call_id: "direct".into(),
+        name: "report".to_owned(),
+        arguments: json!({"output": output}),
+    };
+    definition
+        .handler
+        .execute(
+            json!({"output": output}),
+            agent::tools::ToolContext::new(Arc::new(execution), signal),
+        )
+        .await
+}
+
+/// The body itself refuses what the pipeline would not have dispatched: a call resolved just
+/// before the revocation (`FAILED`, the revocation text), a caller that is not the child the
+/// tool was installed for (`UNAUTHORIZED`, the seam's text), a cancelled token (`CANCELLED`).
+/// None delivers anything; a good call through the same body does.
+#[tokio::test(start_paused = true)]
+async fn the_body_refuses_revoked_foreign_and_cancelled_calls() {
+    let rig = Rig::new(quiet()).await;
+    rig.models.hold("child");
+    rig.start(rig.parent(), "child", "child task").await;
+    let definition = rig
+        .rt
+        .services()
+        .tools
+        .get("report", Some(&"child".into()))
+        .expect("installed");
+
+    let error = call_body(&definition, PARENT, "foreign", Signal::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, "UNAUTHORIZED");
+    assert_eq!(
+        error.message,
+        "agent \"parent\" is not a live continuable subagent and cannot report"
+    );
+    let cancelled = Signal::new();
+    cancelled.cancel(agent::CancelCause::User);
+    let error = call_body(&definition, "child", "cancelled", cancelled)
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, "CANCELLED");
+    assert!(reports(rig.parent()).is_empty());
+
+    let output = call_body(&definition, "child", "direct", Signal::new())
+        .await
+        .expect("delivered");
+    let id = output.value.as_ref().expect("value")["messageId"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    assert_eq!(reports(rig.parent()).len(), 1);
+    assert_eq!(reports(rig.parent())[0].id, id);
+
+    rig.plugin.as_ref().expect("loaded").unload().expect("unloads");
+    let error = call_body(&definition, "child", "late", Signal::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, "FAILED");
+    assert_eq!(error.message, model_text::REVOKED);
+    assert_eq!(reports(rig.parent()).len(), 1, "nothing more delivered");
+    drop(definition);
+    rig.finish().await;
+}
