@@ -46,7 +46,8 @@ pub enum ToolSubagentReportError {
         rollback: UndoFailure,
     },
     /// Revoking an installation failed: both removals were attempted (the tool first, then the
-    /// section) and these failed, in that order. Both registrations are gone regardless.
+    /// section) and these failed, in that order. Both guards were consumed regardless: each
+    /// undo ran exactly once, and the installation counts as revoked.
     #[error(
         "tool-subagent-report: failed to revoke the report tool and prompt registrations: {}",
         join(failures)
