@@ -10,7 +10,8 @@
 //!   SubagentService ── SpawnProvider ("spawn") ── tool "subagent"
 //!                   └─ ForkProvider  ("fork")  ── tool "fork"
 //!   ContinuationManager ── continuable children of both tools  (background mode, optional)
-//!                       └─ send_message / interrupt_agent / list_agents  (with it)
+//!                       ├─ send_message / interrupt_agent / list_agents  (with it)
+//!                       └─ report, in each continuable child's own scope  (with it)
 //!   JobRegistry ── job_output / job_list / job_kill     (+ completion notices, optional)
 //!   Workspace   ── read_file / list_dir / grep          (optional, read-only)
 //!   StepLimit   ── global agent/pre-step interceptor     (optional, every agent)
@@ -52,6 +53,7 @@ use subagent_inprocess::InProcessDriver;
 use subagent_spawn::SpawnProvider;
 use tool_subagent::{BackgroundMode, MaxDepth, SubagentToolConfig, SubagentToolPlugin};
 use tool_subagent_control::{ListAgentsPlugin, SubagentControlPlugin};
+use tool_subagent_report::{ReportToolConfig, ReportToolPlugin};
 
 use crate::workspace::{Workspace, workspace_tools};
 
@@ -107,7 +109,8 @@ pub struct HostOptions {
     /// session the host's [`ContinuationManager`] keeps resident while it works, releases when
     /// it settles (announcing its settlement into the parent's conversation, which wakes the
     /// parent), and can cold-resume later. The coordinator also gets the control tools
-    /// `send_message`, `interrupt_agent` and `list_agents`. Off by default.
+    /// `send_message`, `interrupt_agent` and `list_agents`, and every continuable child the
+    /// `report` tool (delivered to its parent's next step). Off by default.
     pub continuable: bool,
 }
 
@@ -253,6 +256,13 @@ fn register_err(what: &str, e: impl std::fmt::Display) -> HostError {
     }
 }
 
+/// The tools of continuable delegation beyond the delegation tools themselves.
+struct ControlTools {
+    control: SubagentControlPlugin,
+    list: ListAgentsPlugin,
+    report: ReportToolPlugin,
+}
+
 /// A composed host (see the module docs).
 pub struct Host {
     runtime: Runtime,
@@ -268,8 +278,9 @@ pub struct Host {
     delivered: Arc<Mutex<HashSet<String>>>,
     /// Loaded delegation tools (unloaded first at shutdown).
     plugins: Vec<SubagentToolPlugin>,
-    /// The control tools, with continuable children on (unloaded with the delegation tools).
-    control: Option<(SubagentControlPlugin, ListAgentsPlugin)>,
+    /// The control tools and the report tool's setup contribution, with continuable children
+    /// on (unloaded with the delegation tools).
+    control: Option<ControlTools>,
     /// Every other registration, dropped at shutdown.
     guards: Vec<Registration>,
 }
@@ -392,7 +403,12 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
             .map_err(|e| register_err("the control tools", e))?;
         let list = ListAgentsPlugin::load(&services, Arc::new(listing))
             .map_err(|e| register_err("tool list_agents", e))?;
-        Some((control, list))
+        let report = ReportToolPlugin::load(&continuation, ReportToolConfig::default());
+        Some(ControlTools {
+            control,
+            list,
+            report,
+        })
     } else {
         None
     };
@@ -581,8 +597,16 @@ impl Host {
         for plugin in &plugins {
             plugin.unload();
         }
-        if let Some((control, list)) = control {
+        if let Some(ControlTools {
+            control,
+            list,
+            report,
+        }) = control
+        {
             list.unload();
+            if let Err(e) = report.unload() {
+                tracing::warn!(error = %e, "unloading the report tool failed");
+            }
             control.shutdown().await;
         }
         // Continuable children first: the manager owns them, and draining it delivers their

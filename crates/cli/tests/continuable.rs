@@ -1,6 +1,7 @@
 //! The host with continuable background delegations ([`HostOptions::continuable`]): the
 //! coordinator's `subagent` call starts a durable child through the host's continuation manager,
-//! the child's settlement notice wakes the coordinator, which sends it a follow-up with
+//! the child reports an interim result with its `report` tool, its settlement notice wakes the
+//! coordinator, which sends it a follow-up with
 //! `send_message` (the released child cold-resumes from its log), and [`Host::run_turn`]
 //! returns only once the coordinator has answered the second notice. Every session append
 //! passes the online invariant checker, and the host shuts down with nothing resident.
@@ -16,11 +17,13 @@ use subagent_cli::host::{Host, HostOptions, build_host};
 
 const CHILD_TASK: &str = "CHILD-TASK: find the answer";
 const COORDINATOR_TASK: &str = "delegate the research";
+const INTERIM: &str = "INTERIM: half of it";
 const FOLLOW_UP: &str = "FOLLOW-UP: and the second half?";
 
 /// The coordinator delegates once and says it is waiting; on the child's first settlement
 /// notice it sends the child a follow-up with `send_message` (the released child cold-resumes);
-/// on the second it answers. The child answers each of its turns.
+/// on the second it answers. The child reports an interim result with `report` in its first
+/// turn, then answers each of its turns.
 struct Coordinated;
 
 /// Every message's content as JSON text (tool results included, whose text is not visible
@@ -46,11 +49,13 @@ fn reply(options: &GenerateOptions) -> Vec<StreamChunk> {
     let mentions = |needle: &str| texts.iter().any(|t| t.contains(needle));
     // A `spawn` child never sees its parent's conversation; the coordinator's holds its task.
     if !mentions(COORDINATOR_TASK) {
-        return chunks::text(if mentions(FOLLOW_UP) {
-            "the second finding"
+        return if mentions(FOLLOW_UP) {
+            chunks::text("the second finding")
+        } else if count_source(options, "tool") == 0 {
+            chunks::tool_call("report-1", "report", serde_json::json!({"output": INTERIM}))
         } else {
-            "the child's finding"
-        });
+            chunks::text("the child's finding")
+        };
     }
     let notices = count_source(options, "subagent-settled");
     let child = texts.iter().find_map(|t| {
@@ -106,6 +111,20 @@ async fn a_continuable_child_settles_takes_a_follow_up_and_is_answered() {
         host.continuation().resident().is_empty(),
         "the child was released"
     );
+    let reports: Vec<String> = coordinator
+        .agent()
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            agent::EventData::UserMessage(m) if m.source.kind() == "subagent-report" => Some(m.text()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        reports.len() == 1 && reports[0].contains(INTERIM),
+        "the child's report reached the coordinator: {reports:?}"
+    );
     let children: Vec<SessionId> = host
         .store()
         .list()
@@ -128,7 +147,9 @@ async fn a_continuable_child_settles_takes_a_follow_up_and_is_answered() {
         .events
         .iter()
         .filter_map(|e| match &e.data {
-            agent::EventData::AssistantMessage { message, .. } => Some(message.text()),
+            agent::EventData::AssistantMessage { message, .. } if !message.text().is_empty() => {
+                Some(message.text())
+            }
             _ => None,
         })
         .collect();
