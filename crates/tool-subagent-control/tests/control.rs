@@ -338,6 +338,10 @@ async fn an_abandoned_call_cancels_its_delivery() {
 
 /// §4.2 — a composition without a continuation manager: `send_message` fails
 /// `CONTINUATION_UNAVAILABLE`, `interrupt_agent` from a live caller is an accepted no-op.
+///
+/// spec: SVC-6 (Rust equivalent) — "without a manager, `interrupt` does not throw": the Rust
+/// service has no `interrupt` member (it is the manager's), so the interrupt a host without a
+/// manager offers is this tool's, and it is accepted, never an error.
 #[tokio::test(start_paused = true)]
 async fn without_a_manager_delivery_is_unavailable_and_interrupts_are_no_ops() {
     let mut rig = Rig::new(vec![]).await;

@@ -84,6 +84,43 @@ async fn cont_85_the_seam_has_no_extra_verbs_and_registers_no_control_tools() {
     host.finish().await;
 }
 
+/// Zero-argument methods named after the drains, for every type: the service must have none
+/// (the manager has them, which is why they are not in [`Absent`]).
+#[allow(dead_code)]
+trait AbsentDrains {
+    fn dispose_all(&self) -> Missing {
+        Missing
+    }
+    fn drain(&self) -> Missing {
+        Missing
+    }
+    fn drain_continuable_children(&self) -> Missing {
+        Missing
+    }
+    fn drain_continuable_descendants(&self) -> Missing {
+        Missing
+    }
+}
+
+impl<T: ?Sized> AbsentDrains for T {}
+
+/// spec: SVC-5 (Rust equivalent) — the reference service exists without an agents service and
+/// then has no manager-wide drain member while its public drains resolve to nothing. Here the
+/// drains belong to the [`ContinuationManager`](super::ContinuationManager) alone, which cannot
+/// be built without the host's `Services` (whose `agents` is not optional): the service has no
+/// drain member at all — no manager-wide one, no public one (checked at compile time as in the
+/// module docs) — so a host without a manager has nothing to drain and nothing to call.
+#[tokio::test(start_paused = true)]
+async fn svc_5_the_service_has_no_drain_members() {
+    let host = Host::new(vec![]).await;
+    let service = &host.service;
+    assert_eq!(service.dispose_all(), Missing);
+    assert_eq!(service.drain(), Missing);
+    assert_eq!(service.drain_continuable_children(), Missing);
+    assert_eq!(service.drain_continuable_descendants(), Missing);
+    host.finish().await;
+}
+
 /// spec: CONT-86 — a one-shot run has no `steer` member: a [`SubagentRun`] (the trait object
 /// every provider's start returns) offers none. Compile-time, see the module docs: with a
 /// `steer` on the trait, the call below would be ambiguous and this module would not build.
