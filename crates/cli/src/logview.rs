@@ -71,7 +71,13 @@ pub fn render_log(header: &SessionHeader, events: &[SessionEvent]) -> String {
         // `describe` escaped every field already; a line goes through `multi_line` once more
         // so that nothing it may be extended with can reach the terminal raw (a no-op,
         // without allocating, on clean text).
-        for (i, line) in describe(event).lines().enumerate() {
+        let text = match event.data {
+            // The marker at the seed's end is where a fork child's own events begin; any later
+            // one was written by a cold resume, which reopened the log with its events replayed.
+            EventData::EndSeed if event.seq != seed => format!("#{:<4} ── resumed ──", event.seq),
+            _ => describe(event),
+        };
+        for (i, line) in text.lines().enumerate() {
             let indent = if i == 0 { "" } else { "       " };
             let _ = writeln!(out, "{margin}{indent}{}", multi_line(line));
         }

@@ -158,6 +158,11 @@ async fn a_continuable_child_settles_takes_a_follow_up_and_is_answered() {
         ["the child's finding", "the second finding"],
         "the follow-up reached the child's durable log as its second turn"
     );
+    let view = subagent_cli::logview::render_log(&loaded.header, &loaded.events);
+    assert!(
+        view.contains("── resumed ──") && !view.contains("inherited prefix"),
+        "`subagent log` marks the cold resume as such (the child inherited nothing): {view}"
+    );
     assert!(
         host.runtime().get(&children[0]).is_none(),
         "released children leave the registry"
