@@ -79,6 +79,9 @@ impl RuleId {
     pub const FORK_SEED: Self = Self("FORK-SEED");
     /// Two logs in one store carry the same session id.
     pub const DUPLICATE_SESSION: Self = Self("DUP-SESSION");
+    /// A log's file name is its session id (`<id>.jsonl`): a store finds a session by that name
+    /// and refuses a file whose header names another, so a misnamed log is unloadable.
+    pub const FILE_ID: Self = Self("FILE-ID");
     /// A settlement notice a parent received names a child whose `parentSession` is that parent
     /// (seam §2.14.8: notices go to the child's durable direct parent only).
     pub const NOTICE_PARENT: Self = Self("NOTICE-PARENT");
@@ -152,6 +155,7 @@ impl RuleId {
         Self::DEPTH,
         Self::FORK_SEED,
         Self::DUPLICATE_SESSION,
+        Self::FILE_ID,
         Self::NOTICE_PARENT,
         Self::PARSE,
         Self::TORN,
@@ -195,7 +199,7 @@ impl RuleId {
             "L2" | "L3" | "L5" | "L6" | "L7" | "L8" => "agent-loop",
             "DESCRIPTOR" | "LINEAGE" | "DEPTH" | "FORK-SEED" | "NOTICE-PARENT" | "B1" | "B2" | "B3"
             | "B4" | "B5" | "B6" | "B7" => "subagent",
-            "PARSE" | "TORN" | "IO" | "DUP-SESSION" | "STAGE" => "invariants",
+            "PARSE" | "TORN" | "IO" | "DUP-SESSION" | "FILE-ID" | "STAGE" => "invariants",
             _ => "session",
         }
     }
@@ -231,6 +235,7 @@ impl RuleId {
             "DEPTH" => "a subagent child's depth is its parent's plus one",
             "FORK-SEED" => "a fork child's seed equals its parent's prefix",
             "DUP-SESSION" => "session ids are unique within a store",
+            "FILE-ID" => "a log's file name is its session id",
             "NOTICE-PARENT" => "a settlement notice names a child of the receiving session",
             "PARSE" => "every log line is one session event as JSON",
             "TORN" => "the last log line is complete",

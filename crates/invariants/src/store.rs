@@ -23,6 +23,8 @@ struct Entry {
 ///
 /// * `DUP-SESSION`: no two logs carry the same session id (relations through a duplicated id
 ///   are then skipped: the parent would be ambiguous);
+/// * `FILE-ID`: each log's file name is its header's session id (`<id>.jsonl`), the name its
+///   store loads it by (a store refuses a file whose header names another session);
 /// * `DEPTH`: a subagent child's `delegationDepth` is its parent's plus one;
 /// * `NOTICE-PARENT`: every settlement notice a session received (a message whose source kind is
 ///   `subagent-settled`, logged as a `user/message` or inserted by an inbox splice) names, as its
@@ -54,6 +56,22 @@ pub fn check_store(dir: &Path) -> Result<DirReport, ReadError> {
                 report.logs += 1;
                 report.violations.push(io_violation(&path, &e));
             }
+        }
+    }
+
+    for entry in &entries {
+        let named = stem_id(&entry.path);
+        if named != entry.header.id {
+            report.violations.push(Violation::at(
+                entry.header.id.clone(),
+                None,
+                RuleId::FILE_ID,
+                format!(
+                    "a log's file name to be its session id, but {} holds session {}: its store cannot load it under either name",
+                    entry.path.display(),
+                    entry.header.id
+                ),
+            ));
         }
     }
 

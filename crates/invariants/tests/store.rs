@@ -130,6 +130,25 @@ fn session_ids_are_unique_in_a_store() {
     assert_eq!(report.violations[0].session.as_str(), "parent");
 }
 
+/// A log copied or renamed to another file name is one its store cannot load (it finds a
+/// session by file name and refuses a header naming another): `FILE-ID`, naming the session in
+/// the header and the file. The copy also duplicates the id.
+#[test]
+fn a_log_is_named_after_its_session() {
+    let dir = scratch("store-file-id");
+    let (parent, spawned, _, _) = family();
+    put(&dir, "parent.jsonl", &parent);
+    put(&dir, "parent-copy.jsonl", &parent);
+    put(&dir, "spawned.jsonl", &spawned);
+    let report = check_store(&dir).unwrap();
+    assert_eq!(rules(&report.violations), ["FILE-ID", "DUP-SESSION"]);
+    let message = report.violations[0].to_string();
+    assert!(
+        message.contains("parent-copy.jsonl holds session parent"),
+        "{message}"
+    );
+}
+
 #[test]
 fn per_log_rules_still_apply_in_a_store() {
     let dir = scratch("store-perlog");
