@@ -171,10 +171,11 @@ fn grace(name: &str, value: f64) -> Result<Duration, AcpConfigError> {
 /// and absolute paths are kept as given.
 fn resolve_command(command: &str) -> PathBuf {
     let path = Path::new(command);
-    if path.is_relative() && path.components().count() > 1 {
-        if let Ok(launch) = std::env::current_dir() {
-            return launch.join(path);
-        }
+    if path.is_relative()
+        && path.components().count() > 1
+        && let Ok(launch) = std::env::current_dir()
+    {
+        return launch.join(path);
     }
     path.to_path_buf()
 }

@@ -639,8 +639,11 @@ async fn acp_39_missing_command_through_the_service() {
     host.finish().await;
 }
 
+/// Every failure a sink was told about: the error's text and the stop reason.
+type SinkCalls = Arc<Mutex<Vec<(String, StopReason)>>>;
+
 /// A failure sink that records every call.
-fn recording_sink() -> (subagent_acp::FailureSink, Arc<Mutex<Vec<(String, StopReason)>>>) {
+fn recording_sink() -> (subagent_acp::FailureSink, SinkCalls) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let record = seen.clone();
     let sink: subagent_acp::FailureSink = Arc::new(move |error, reason| {
