@@ -91,6 +91,9 @@ pub enum AcpError {
         #[source]
         source: std::sync::Arc<std::io::Error>,
     },
+    /// `start` was called outside a tokio runtime (the run's tasks need one).
+    #[error("subagent-acp: start must be called inside a tokio runtime")]
+    NoRuntime,
     /// The child's stdin or stdout pipe was unavailable after spawning.
     #[error("subagent-acp: the child's stdio pipes are unavailable")]
     Pipes,

@@ -103,6 +103,7 @@ impl AcpProvider {
         if request.signal.is_cancelled() {
             return Err(AcpError::AbortedBeforeStart);
         }
+        let runtime = Handle::try_current().map_err(|_| AcpError::NoRuntime)?;
         let parent_cwd = request.parent.session().header().cwd.clone();
         let cwd = resolve_child_cwd(PREFIX, self.settings.cwd.as_deref(), parent_cwd.as_deref())?;
         let id = SessionId::from(uuid::Uuid::new_v4().to_string());
@@ -115,7 +116,7 @@ impl AcpProvider {
         let (process, pipes) = ChildProcess::spawn(&spec);
         let pid = process.id();
         let mut startup = Startup {
-            runtime: Handle::current(),
+            runtime,
             process: Some(process),
             connection: None,
             settings: self.settings.clone(),

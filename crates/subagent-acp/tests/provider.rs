@@ -1026,3 +1026,56 @@ async fn lifecycle_events_are_remote() {
     );
     host.finish().await;
 }
+
+/// A start future dropped mid-handshake (the tool pipeline drops a cancelled call's body) still
+/// reaps its unpublished child.
+#[tokio::test]
+async fn dropped_start_reaps_the_child() {
+    let dir = scratch();
+    let (gate_ready, gate_go, pidfile) = (
+        dir.path().join("ns-ready"),
+        dir.path().join("ns-go"),
+        dir.path().join("pid"),
+    );
+    let host = Host::new(Some(dir.path())).await;
+    let mut config = mock_config(&[
+        ("MOCK_NEWSESSION_READY", &path_str(&gate_ready)),
+        ("MOCK_NEWSESSION_GO", &path_str(&gate_go)),
+        ("MOCK_PID_FILE", &path_str(&pidfile)),
+    ]);
+    config.dispose_eof_grace_ms = 200.0;
+    let _p = register(&host.service, &config).unwrap();
+    {
+        let starting = host.service.start("acp", host.request());
+        tokio::select! {
+            _ = starting => panic!("the gate keeps session/new pending"),
+            _ = wait_for(&gate_ready) => {}
+        }
+    }
+    let pid: u32 = std::fs::read_to_string(&pidfile).unwrap().parse().unwrap();
+    let deadline = Instant::now() + BOUND;
+    while alive(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the dropped start's child was never reaped"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    host.finish().await;
+}
+
+/// A start outside any tokio runtime fails with a typed error instead of panicking.
+#[test]
+fn start_outside_a_runtime_is_a_typed_error() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = scratch();
+    let host = runtime.block_on(Host::new(Some(dir.path())));
+    let request = host.request();
+    let provider = AcpProvider::load(&mock_config(&[])).unwrap();
+    let outcome = futures::executor::block_on(provider.start_run(&request));
+    assert!(matches!(outcome, Err(subagent_acp::AcpError::NoRuntime)));
+    runtime.block_on(host.finish());
+}
