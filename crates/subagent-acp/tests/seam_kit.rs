@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use agent::{CancelCause, ContentBlock, SessionId, Signal};
 use futures::FutureExt;
 use parking_lot::Mutex;
+use subagent::capabilities::SubagentCapabilities;
 use subagent::out_of_process::{
     assert_positive_finite, assert_usable_cwd, resolve_child_cwd, validate_configured_cwd,
 };
@@ -27,11 +28,19 @@ struct Torn;
 /// copies and cannot change the shared advertisement).
 #[test]
 fn acp_51_no_capabilities_constant() {
-    let mut copy = NO_START_CAPABILITIES;
-    assert!(!copy.output_schema && !copy.depth_limit && !copy.tool_filter && !copy.persona);
-    copy.persona = true;
-    assert!(copy.persona);
-    assert!(!NO_START_CAPABILITIES.persona, "the shared constant is immutable");
+    assert_eq!(
+        serde_json::to_value(NO_START_CAPABILITIES).unwrap(),
+        serde_json::json!({"outputSchema": false, "depthLimit": false, "toolFilter": false, "persona": false})
+    );
+    let copy = SubagentCapabilities {
+        persona: true,
+        ..NO_START_CAPABILITIES
+    };
+    assert_ne!(
+        copy, NO_START_CAPABILITIES,
+        "changing a copy leaves the shared constant as it was"
+    );
+    assert_eq!(NO_START_CAPABILITIES, SubagentCapabilities::default());
 }
 
 /// spec: ACP-52 — positive-finite validation rejects 0, negatives, NaN and +∞ with
