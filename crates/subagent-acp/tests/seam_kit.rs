@@ -255,3 +255,30 @@ fn acp_58_diagnostic_bound() {
     assert!(capped.ends_with("[diagnostic truncated]"));
     assert!(!capped.contains('\u{FFFD}'));
 }
+
+/// spec: ACP-47 (Rust form) — the package is named `subagent-acp`, and among workspace crates
+/// it depends on the seam (`subagent`) only, with the ACP SDK pinned exactly. Upstream pins
+/// the plugin's named exports and its `subagents`/`subprocess` dependencies; in Rust the crate
+/// manifest carries that shape.
+#[test]
+fn acp_47_package_shape() {
+    assert_eq!(env!("CARGO_PKG_NAME"), "subagent-acp");
+    let manifest = include_str!("../Cargo.toml");
+    let dependencies = manifest
+        .split("[dependencies]")
+        .nth(1)
+        .and_then(|rest| rest.split("\n[").next())
+        .expect("a [dependencies] table");
+    let path_deps: Vec<&str> = dependencies
+        .lines()
+        .filter(|line| line.contains("path ="))
+        .map(|line| line.split('=').next().unwrap_or("").trim())
+        .collect();
+    assert_eq!(path_deps, ["subagent"]);
+    // Exactly pinned, default features only (no `process`, no `stdio`).
+    let sdk: Vec<&str> = dependencies
+        .lines()
+        .filter(|line| line.starts_with("agent-client-protocol"))
+        .collect();
+    assert_eq!(sdk, ["agent-client-protocol = \"=5.2.0\""]);
+}
