@@ -1,0 +1,252 @@
+//! Provider configuration and its load-time validation (spec `acp-and-tools.md` §1.2, §1.4).
+//!
+//! A misconfiguration fails [`AcpConfig::load`] — the Rust form of "plugin load" — never the first
+//! delegation. Validation order: the two graces, then an empty `cwd`, then `cwd` resolution.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use subagent::out_of_process::{assert_positive_finite, validate_configured_cwd};
+
+use crate::error::AcpConfigError;
+
+/// The registry name a provider uses when `providerName` is not configured.
+pub const DEFAULT_PROVIDER_NAME: &str = "acp";
+
+/// The diagnostic prefix of every message this crate authors.
+pub const PREFIX: &str = "subagent-acp";
+
+/// The largest accepted grace, in milliseconds (the largest single timer delay upstream).
+pub const MAX_GRACE_MS: f64 = 2_147_483_647.0;
+
+/// Default tier-1 teardown window after stdin EOF, in milliseconds.
+pub const DEFAULT_DISPOSE_EOF_GRACE_MS: f64 = 6000.0;
+
+/// Default POSIX wait between SIGTERM and SIGKILL, in milliseconds.
+pub const DEFAULT_DISPOSE_GRACE_MS: f64 = 3000.0;
+
+/// How the provider answers the child's `session/request_permission` requests (§1.8).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PermissionPolicy {
+    /// Always answer `cancelled` (the default): the child must not proceed.
+    #[default]
+    Reject,
+    /// Select the first `allow_once`/`allow_always` option in list order; `cancelled` when there
+    /// is none.
+    Allow,
+}
+
+/// The raw, unvalidated configuration of one ACP provider instance, with the spec's key names
+/// (`providerName`, `command`, `args`, `cwd`, `permission`, `env`, `disposeEofGraceMs`,
+/// `disposeGraceMs`) when deserialized. Turn it into an [`AcpSettings`] with [`AcpConfig::load`].
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AcpConfig {
+    /// Registry name (default [`DEFAULT_PROVIDER_NAME`]).
+    #[serde(default = "default_name")]
+    pub provider_name: String,
+    /// Executable spawned per run (required).
+    pub command: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Working-directory override for the child process and its ACP session.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Auto-answer policy for permission requests.
+    #[serde(default)]
+    pub permission: PermissionPolicy,
+    /// Explicit child environment, layered after the credential scrub (§1.5).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Tier-1 teardown window after stdin EOF, in milliseconds.
+    #[serde(default = "default_eof_grace")]
+    pub dispose_eof_grace_ms: f64,
+    /// POSIX wait between SIGTERM and SIGKILL, in milliseconds.
+    #[serde(default = "default_grace")]
+    pub dispose_grace_ms: f64,
+}
+
+fn default_name() -> String {
+    DEFAULT_PROVIDER_NAME.to_owned()
+}
+
+fn default_eof_grace() -> f64 {
+    DEFAULT_DISPOSE_EOF_GRACE_MS
+}
+
+fn default_grace() -> f64 {
+    DEFAULT_DISPOSE_GRACE_MS
+}
+
+/// The validated settings a provider runs with. Immutable once loaded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AcpSettings {
+    /// Registry name.
+    pub provider_name: String,
+    /// The executable: resolved against the launch directory at load when it is a relative path
+    /// containing a separator (so the child's cwd never changes which program runs); a bare name
+    /// is searched on the child's `PATH`.
+    pub command: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// The validated absolute `cwd` override, when configured.
+    pub cwd: Option<PathBuf>,
+    /// Permission policy.
+    pub permission: PermissionPolicy,
+    /// Explicit child environment.
+    pub env: BTreeMap<String, String>,
+    /// Teardown graces.
+    pub graces: Graces,
+}
+
+/// The two teardown windows of the ladder (§1.11).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Graces {
+    /// How long the whole tree may take to exit after stdin EOF.
+    pub eof: Duration,
+    /// How long the tree may take to exit after SIGTERM before SIGKILL.
+    pub terminate: Duration,
+}
+
+impl Default for Graces {
+    fn default() -> Self {
+        Self {
+            eof: Duration::from_millis(DEFAULT_DISPOSE_EOF_GRACE_MS as u64),
+            terminate: Duration::from_millis(DEFAULT_DISPOSE_GRACE_MS as u64),
+        }
+    }
+}
+
+impl AcpConfig {
+    /// A configuration with every key at its default and the given `command`.
+    pub fn new(command: impl Into<String>) -> Self {
+        Self {
+            provider_name: default_name(),
+            command: command.into(),
+            args: Vec::new(),
+            cwd: None,
+            permission: PermissionPolicy::default(),
+            env: BTreeMap::new(),
+            dispose_eof_grace_ms: DEFAULT_DISPOSE_EOF_GRACE_MS,
+            dispose_grace_ms: DEFAULT_DISPOSE_GRACE_MS,
+        }
+    }
+
+    /// Validates the configuration (graces, then empty `cwd`, then `cwd` resolution against the
+    /// launch directory) and resolves it into settings. Touches the filesystem only to check the
+    /// configured `cwd`; spawns nothing.
+    pub fn load(&self) -> Result<AcpSettings, AcpConfigError> {
+        let eof = grace("disposeEofGraceMs", self.dispose_eof_grace_ms)?;
+        let terminate = grace("disposeGraceMs", self.dispose_grace_ms)?;
+        let cwd = validate_configured_cwd(PREFIX, self.cwd.as_deref()).map_err(AcpConfigError::from)?;
+        Ok(AcpSettings {
+            provider_name: self.provider_name.clone(),
+            command: resolve_command(&self.command),
+            args: self.args.clone(),
+            cwd,
+            permission: self.permission,
+            env: self.env.clone(),
+            graces: Graces { eof, terminate },
+        })
+    }
+}
+
+/// Validates one grace: positive and finite (the seam's check), and no greater than
+/// [`MAX_GRACE_MS`]. Every failure carries the spec's single range message.
+fn grace(name: &str, value: f64) -> Result<Duration, AcpConfigError> {
+    let in_range = assert_positive_finite(PREFIX, name, value).is_ok() && value <= MAX_GRACE_MS;
+    if !in_range {
+        return Err(AcpConfigError::new(format!(
+            "{PREFIX}: {name} must be a positive finite number no greater than 2147483647"
+        )));
+    }
+    Ok(Duration::from_secs_f64(value / 1000.0))
+}
+
+/// A relative command path containing a separator is pinned to the launch directory; bare names
+/// and absolute paths are kept as given.
+fn resolve_command(command: &str) -> PathBuf {
+    let path = Path::new(command);
+    if path.is_relative()
+        && path.components().count() > 1
+        && let Ok(launch) = std::env::current_dir()
+    {
+        return launch.join(path);
+    }
+    path.to_path_buf()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// spec: ACP-38 — graces of 0, −1, NaN, +∞ and max+1 (each field) fail load with the exact
+    /// range message; the maximum itself is accepted.
+    #[test]
+    fn acp_38_grace_range() {
+        for field in ["disposeEofGraceMs", "disposeGraceMs"] {
+            for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, MAX_GRACE_MS + 1.0] {
+                let mut config = AcpConfig::new("true");
+                if field == "disposeEofGraceMs" {
+                    config.dispose_eof_grace_ms = bad;
+                } else {
+                    config.dispose_grace_ms = bad;
+                }
+                let err = config.load().unwrap_err();
+                assert_eq!(
+                    err.to_string(),
+                    format!(
+                        "subagent-acp: {field} must be a positive finite number no greater than 2147483647"
+                    )
+                );
+            }
+        }
+        let mut config = AcpConfig::new("true");
+        config.dispose_eof_grace_ms = MAX_GRACE_MS;
+        config.dispose_grace_ms = 1.0;
+        assert!(config.load().is_ok());
+    }
+
+    /// Graces are validated before the cwd (spec §1.2 validation order).
+    #[test]
+    fn graces_are_checked_before_cwd() {
+        let mut config = AcpConfig::new("true");
+        config.cwd = Some(String::new());
+        config.dispose_grace_ms = 0.0;
+        assert!(config.load().unwrap_err().to_string().contains("disposeGraceMs"));
+    }
+
+    /// The spec's key names deserialize, with the documented defaults.
+    #[test]
+    fn deserializes_spec_keys_with_defaults() {
+        let config: AcpConfig = serde_json::from_value(serde_json::json!({
+            "command": "agent", "permission": "allow", "env": {"A": "1"}
+        }))
+        .unwrap();
+        assert_eq!(config.provider_name, "acp");
+        assert_eq!(config.permission, PermissionPolicy::Allow);
+        assert_eq!(config.dispose_eof_grace_ms, 6000.0);
+        assert_eq!(config.dispose_grace_ms, 3000.0);
+        let settings = config.load().unwrap();
+        assert_eq!(settings.graces, Graces::default());
+        assert_eq!(settings.cwd, None);
+    }
+
+    /// A relative command with a separator is pinned to the launch directory.
+    #[test]
+    fn relative_command_is_resolved_at_load() {
+        let settings = AcpConfig::new("bin/agent").load().unwrap();
+        assert_eq!(
+            settings.command,
+            std::env::current_dir().unwrap().join("bin/agent")
+        );
+        assert_eq!(
+            AcpConfig::new("agent").load().unwrap().command,
+            PathBuf::from("agent")
+        );
+    }
+}

@@ -1,0 +1,465 @@
+//! The ACP client side of one child (spec §1.6–§1.8, §2): the protocol connection over the
+//! child's pipes, the streaming output fold, the permission policy and the wire mappings.
+//!
+//! # Ownership and concurrency
+//! [`Connection::open`] spawns one tokio task that drives the protocol engine. The task keeps the
+//! connection open until [`Connection::close`] is called; returning from it drops the transport,
+//! which closes the child's stdin (tier 1 of the teardown ladder). The task is owned by the
+//! [`Connection`] and awaited by [`Connection::finish`]; dropping a `Connection` aborts it.
+//! Inbound callbacks run one at a time in arrival order and only append to the fold or answer a
+//! permission request, so every chunk that precedes the prompt response is folded before the
+//! response is processed (§1.7).
+
+use std::sync::Arc;
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::v1::schema::{
+    self as acp, InitializeRequest, PermissionOptionKind, RequestPermissionOutcome, RequestPermissionRequest,
+    RequestPermissionResponse, SelectedPermissionOutcome, SessionNotification, SessionUpdate,
+};
+use agent_client_protocol::{ByteStreams, Client, JsonRpcMessage, JsonRpcRequest, UntypedMessage};
+use parking_lot::Mutex;
+use serde::Serialize;
+use serde_json::Value;
+use subagent::agent::ContentBlock;
+use subagent::{AssistantOutputFold, StopReason};
+use tokio::task::JoinHandle;
+use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::PermissionPolicy;
+use crate::error::{AcpError, Stage};
+use crate::process::ChildPipes;
+
+/// The streamed assistant text of one run, shared between the protocol callbacks (writers) and
+/// every settlement path (readers). The lock guards only the fold and is never held across an
+/// `.await`.
+pub type SharedFold = Arc<Mutex<AssistantOutputFold>>;
+
+/// The text an ACP content block contributes to the output: its text when it is a text block,
+/// nothing otherwise.
+pub fn content_text(block: &acp::ContentBlock) -> Option<&str> {
+    match block {
+        acp::ContentBlock::Text(text) => Some(&text.text),
+        _ => None,
+    }
+}
+
+/// Folds one `session/update`: only `agent_message_chunk` text contributes; thoughts, tool
+/// activity, plans and every other update are consumed and dropped.
+pub fn fold_update(fold: &mut AssistantOutputFold, update: &SessionUpdate) {
+    if let SessionUpdate::AgentMessageChunk(chunk) = update
+        && let Some(text) = content_text(&chunk.content)
+    {
+        fold.push_text(text);
+    }
+}
+
+/// The prompt the child receives: the request's text blocks, in order; every other harness block
+/// (reasoning, images, tool calls) is dropped.
+pub fn prompt_blocks(prompt: &[ContentBlock]) -> Vec<acp::ContentBlock> {
+    prompt
+        .iter()
+        .filter_map(|block| match block {
+            ContentBlock::Text { text } => Some(acp::ContentBlock::Text(acp::TextContent::new(text.clone()))),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Maps an ACP stop reason to the harness's (§1.9): `end_turn` → completed, `max_tokens` →
+/// max-tokens, `refusal` → refusal, `cancelled` → aborted, anything else (including
+/// `max_turn_requests`) → error.
+pub fn map_stop_reason(reason: &acp::StopReason) -> StopReason {
+    match reason {
+        acp::StopReason::EndTurn => StopReason::Completed,
+        acp::StopReason::MaxTokens => StopReason::MaxTokens,
+        acp::StopReason::Refusal => StopReason::Refusal,
+        acp::StopReason::Cancelled => StopReason::Aborted,
+        _ => StopReason::Error,
+    }
+}
+
+/// Decodes a raw `session/prompt` response into the harness stop reason. A response whose
+/// `stopReason` is missing or unknown is malformed: it becomes a prompt failure (`error`), never
+/// a silent `completed`.
+pub fn decode_prompt_response(raw: Value) -> Result<StopReason, AcpError> {
+    serde_json::from_value::<acp::PromptResponse>(raw)
+        .map(|response| map_stop_reason(&response.stop_reason))
+        .map_err(|source| AcpError::Malformed {
+            stage: Stage::Prompt,
+            source,
+        })
+}
+
+/// Extracts the session id from a raw `session/new` response; a missing or non-string
+/// `sessionId` is [`AcpError::MissingSessionId`].
+pub fn decode_session_id(raw: &Value) -> Result<acp::SessionId, AcpError> {
+    match raw.get("sessionId") {
+        Some(Value::String(id)) => Ok(acp::SessionId::new(id.as_str())),
+        _ => Err(AcpError::MissingSessionId),
+    }
+}
+
+/// The automatic answer to a permission request under `policy` (§1.8). `allow` selects the first
+/// option, in list order, whose kind is `allow_once` or `allow_always` (never inventing an id),
+/// else `cancelled`; `reject` always answers `cancelled`.
+pub fn permission_response(
+    policy: PermissionPolicy,
+    request: &RequestPermissionRequest,
+) -> RequestPermissionResponse {
+    let selected = match policy {
+        PermissionPolicy::Reject => None,
+        PermissionPolicy::Allow => request
+            .options
+            .iter()
+            .find(|option| {
+                matches!(
+                    option.kind,
+                    PermissionOptionKind::AllowOnce | PermissionOptionKind::AllowAlways
+                )
+            })
+            .map(|option| option.option_id.clone()),
+    };
+    RequestPermissionResponse::new(match selected {
+        Some(id) => RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(id)),
+        None => RequestPermissionOutcome::Cancelled,
+    })
+}
+
+/// A request sent with typed params whose response is kept as raw JSON, so the provider decides
+/// how a malformed response fails (for example a `session/new` answer without `sessionId`).
+#[derive(Clone, Debug)]
+pub struct RawRequest<P> {
+    method: &'static str,
+    params: P,
+}
+
+impl<P> RawRequest<P> {
+    /// `session/new` with `params`.
+    pub fn session_new(params: P) -> Self {
+        Self {
+            method: "session/new",
+            params,
+        }
+    }
+
+    /// `session/prompt` with `params`.
+    pub fn prompt(params: P) -> Self {
+        Self {
+            method: "session/prompt",
+            params,
+        }
+    }
+}
+
+impl<P> JsonRpcMessage for RawRequest<P>
+where
+    P: Serialize + serde::de::DeserializeOwned + Clone + std::fmt::Debug + Send + 'static,
+{
+    fn matches_method(method: &str) -> bool {
+        method == "session/new" || method == "session/prompt"
+    }
+
+    fn method(&self) -> &str {
+        self.method
+    }
+
+    fn to_untyped_message(&self) -> Result<UntypedMessage, agent_client_protocol::Error> {
+        UntypedMessage::new(self.method, &self.params)
+    }
+
+    fn parse_message(method: &str, params: &Value) -> Result<Self, agent_client_protocol::Error> {
+        let method = match method {
+            "session/new" => "session/new",
+            "session/prompt" => "session/prompt",
+            _ => return Err(agent_client_protocol::Error::method_not_found()),
+        };
+        let params = serde_json::from_value(params.clone())
+            .map_err(|_| agent_client_protocol::Error::invalid_params())?;
+        Ok(Self { method, params })
+    }
+}
+
+impl<P> JsonRpcRequest for RawRequest<P>
+where
+    P: Serialize + serde::de::DeserializeOwned + Clone + std::fmt::Debug + Send + 'static,
+{
+    type Response = Value;
+}
+
+/// One open ACP client connection to a child.
+#[derive(Debug)]
+pub struct Connection {
+    cx: ConnectionTo<agent_client_protocol::Agent>,
+    close: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Connection {
+    /// Opens the connection over `pipes`: session updates are folded into `fold` and permission
+    /// requests answered under `policy`. Fails when the engine stops before it is ready (the
+    /// child's pipes are gone).
+    pub async fn open(
+        pipes: ChildPipes,
+        fold: SharedFold,
+        policy: PermissionPolicy,
+    ) -> Result<Self, AcpError> {
+        let transport = ByteStreams::new(pipes.stdin.compat_write(), pipes.stdout.compat());
+        let close = CancellationToken::new();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let closing = close.clone();
+        let task = tokio::spawn(async move {
+            let outcome = Client
+                .v1()
+                .name("subagent-acp")
+                .on_receive_notification(
+                    async move |notification: SessionNotification, _cx| {
+                        fold_update(&mut fold.lock(), &notification.update);
+                        Ok(())
+                    },
+                    agent_client_protocol::on_receive_notification!(),
+                )
+                .on_receive_request(
+                    async move |request: RequestPermissionRequest, responder, _cx| {
+                        responder.respond(permission_response(policy, &request))
+                    },
+                    agent_client_protocol::on_receive_request!(),
+                )
+                .connect_with(
+                    transport,
+                    async move |cx: ConnectionTo<agent_client_protocol::Agent>| {
+                        let _ = ready_tx.send(cx);
+                        closing.cancelled().await;
+                        Ok(())
+                    },
+                )
+                .await;
+            if let Err(error) = outcome {
+                tracing::debug!(%error, "subagent-acp: the ACP connection ended with an error");
+            }
+        });
+        match ready_rx.await {
+            Ok(cx) => Ok(Self {
+                cx,
+                close,
+                task: Some(task),
+            }),
+            Err(_) => {
+                let _ = task.await;
+                Err(AcpError::Protocol {
+                    stage: Stage::Connection,
+                    source: agent_client_protocol::Error::internal_error(),
+                })
+            }
+        }
+    }
+
+    /// The connection context (cheap to clone) for sending requests and notifications.
+    pub fn context(&self) -> &ConnectionTo<agent_client_protocol::Agent> {
+        &self.cx
+    }
+
+    /// `initialize` with protocol version 1 and no optional client capabilities.
+    pub async fn initialize(&self) -> Result<(), AcpError> {
+        self.cx
+            .send_request(InitializeRequest::new(ProtocolVersion::V1))
+            .block_task()
+            .await
+            .map(drop)
+            .map_err(|source| AcpError::Protocol {
+                stage: Stage::Initialize,
+                source,
+            })
+    }
+
+    /// `session/new {cwd, mcpServers: []}`; returns the child's session id.
+    pub async fn new_session(&self, cwd: &std::path::Path) -> Result<acp::SessionId, AcpError> {
+        let raw = self
+            .cx
+            .send_request(RawRequest::session_new(acp::NewSessionRequest::new(cwd)))
+            .block_task()
+            .await
+            .map_err(|source| AcpError::Protocol {
+                stage: Stage::SessionNew,
+                source,
+            })?;
+        decode_session_id(&raw)
+    }
+
+    /// Asks the connection to end: the engine returns, dropping the transport, which closes the
+    /// child's stdin. Idempotent; does not wait.
+    pub fn close(&self) {
+        self.close.cancel();
+    }
+
+    /// Closes the connection and waits for its task to end.
+    pub async fn finish(mut self) {
+        self.close();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.close.cancel();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Sends `session/prompt` and decodes the response into the harness stop reason.
+pub async fn prompt(
+    cx: &ConnectionTo<agent_client_protocol::Agent>,
+    session: acp::SessionId,
+    blocks: Vec<acp::ContentBlock>,
+) -> Result<StopReason, AcpError> {
+    let raw = cx
+        .send_request(RawRequest::prompt(acp::PromptRequest::new(session, blocks)))
+        .block_task()
+        .await
+        .map_err(|source| AcpError::Protocol {
+            stage: Stage::Prompt,
+            source,
+        })?;
+    decode_prompt_response(raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// spec: ACP-1 — end_turn → completed, max_tokens → max-tokens, refusal → refusal,
+    /// cancelled → aborted, max_turn_requests → error.
+    #[test]
+    fn acp_1_stop_reason_mapping() {
+        let cases = [
+            (acp::StopReason::EndTurn, StopReason::Completed),
+            (acp::StopReason::MaxTokens, StopReason::MaxTokens),
+            (acp::StopReason::Refusal, StopReason::Refusal),
+            (acp::StopReason::Cancelled, StopReason::Aborted),
+            (acp::StopReason::MaxTurnRequests, StopReason::Error),
+        ];
+        for (wire, expected) in cases {
+            assert_eq!(map_stop_reason(&wire), expected, "{wire:?}");
+        }
+        assert_eq!(
+            decode_prompt_response(json!({"stopReason": "end_turn"})).unwrap(),
+            StopReason::Completed
+        );
+    }
+
+    /// spec: ACP-2 — an unknown ACP stop reason is a malformed prompt response, which the
+    /// settlement flattens to `error` (never `completed`).
+    #[test]
+    fn acp_2_unknown_stop_reason_is_error() {
+        let err = decode_prompt_response(json!({"stopReason": "surprise"})).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                AcpError::Malformed {
+                    stage: Stage::Prompt,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(decode_prompt_response(json!({})).is_err());
+    }
+
+    /// spec: ACP-3 — a text block yields its text; an image block yields nothing.
+    #[test]
+    fn acp_3_content_extraction() {
+        let text = acp::ContentBlock::Text(acp::TextContent::new("hello"));
+        assert_eq!(content_text(&text), Some("hello"));
+        let image = acp::ContentBlock::Image(acp::ImageContent::new("AAAA", "image/png"));
+        assert_eq!(content_text(&image), None);
+    }
+
+    /// spec: ACP-4 — the prompt keeps text blocks and drops non-text blocks (reasoning).
+    #[test]
+    fn acp_4_prompt_translation() {
+        let blocks = prompt_blocks(&[
+            ContentBlock::text("one"),
+            ContentBlock::reasoning("hidden"),
+            ContentBlock::text("two"),
+        ]);
+        let texts: Vec<_> = blocks.iter().filter_map(content_text).collect();
+        assert_eq!(texts, ["one", "two"]);
+        assert!(prompt_blocks(&[ContentBlock::reasoning("only")]).is_empty());
+    }
+
+    /// spec: ACP-35 — a thought chunk is consumed but excluded; message chunks concatenate in
+    /// arrival order with no separator.
+    #[test]
+    fn acp_35_thoughts_are_excluded_from_the_fold() {
+        let mut fold = AssistantOutputFold::new();
+        let chunk = |t: &str| acp::ContentChunk::new(acp::ContentBlock::Text(acp::TextContent::new(t)));
+        fold_update(&mut fold, &SessionUpdate::AgentThoughtChunk(chunk("thinking")));
+        fold_update(&mut fold, &SessionUpdate::AgentMessageChunk(chunk("a")));
+        fold_update(&mut fold, &SessionUpdate::UserMessageChunk(chunk("user")));
+        fold_update(&mut fold, &SessionUpdate::AgentMessageChunk(chunk("b")));
+        assert_eq!(fold.collect(), Some(vec![ContentBlock::text("ab")]));
+    }
+
+    fn permission_request(options: Vec<acp::PermissionOption>) -> RequestPermissionRequest {
+        RequestPermissionRequest::new(
+            acp::SessionId::new("s"),
+            acp::ToolCallUpdate::new("call", acp::ToolCallUpdateFields::new()),
+            options,
+        )
+    }
+
+    fn option(id: &str, kind: PermissionOptionKind) -> acp::PermissionOption {
+        acp::PermissionOption::new(id.to_owned(), id.to_owned(), kind)
+    }
+
+    /// The allow policy picks the first allow-shaped option in list order; reject (and allow
+    /// without an allow option) answers cancelled.
+    #[test]
+    fn permission_policy_answers() {
+        let request = permission_request(vec![
+            option("no", PermissionOptionKind::RejectOnce),
+            option("always", PermissionOptionKind::AllowAlways),
+            option("once", PermissionOptionKind::AllowOnce),
+        ]);
+        let selected = |r: RequestPermissionResponse| match r.outcome {
+            RequestPermissionOutcome::Selected(s) => Some(s.option_id.to_string()),
+            _ => None,
+        };
+        assert_eq!(
+            selected(permission_response(PermissionPolicy::Allow, &request)),
+            Some("always".into())
+        );
+        assert_eq!(
+            selected(permission_response(PermissionPolicy::Reject, &request)),
+            None
+        );
+        let rejects_only = permission_request(vec![option("no", PermissionOptionKind::RejectOnce)]);
+        assert_eq!(
+            selected(permission_response(PermissionPolicy::Allow, &rejects_only)),
+            None
+        );
+    }
+
+    /// A `session/new` answer without a string session id is rejected with the spec's message.
+    #[test]
+    fn missing_session_id_message() {
+        assert_eq!(
+            decode_session_id(&json!({})).unwrap_err().to_string(),
+            "ACP child published without a session id"
+        );
+        assert_eq!(
+            decode_session_id(&json!({"sessionId": 3}))
+                .unwrap_err()
+                .to_string(),
+            "ACP child published without a session id"
+        );
+        assert_eq!(&*decode_session_id(&json!({"sessionId": "x"})).unwrap().0, "x");
+    }
+}
