@@ -752,8 +752,11 @@ async fn run_case(case: Case, dir: PathBuf) -> Result<(), TestCaseError> {
         header: d.header.clone(),
         events: d.events.clone(),
     };
-    std::fs::write(dir.join("parent.jsonl"), parent_log.to_jsonl()).expect("written");
-    std::fs::write(dir.join("child.jsonl"), child_log.to_jsonl()).expect("written");
+    // Each log under its session's id, as a store names them.
+    for log in [&parent_log, &child_log] {
+        let file = dir.join(format!("{}.jsonl", log.header.id));
+        std::fs::write(file, log.to_jsonl()).expect("written");
+    }
     let store = check_store(&dir).expect("store read");
     prop_assert!(store.violations.is_empty(), "{:#?}", store.violations);
     prop_assert!(
