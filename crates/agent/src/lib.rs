@@ -58,7 +58,7 @@ pub use model::{
 pub use registration::{Registration, Scope, ScopeInactive};
 pub use runtime::{AgentRuntime, CreateAgentOptions, Ctx, ResumeAgentOptions, Services};
 pub use session::{LogError, Session, SessionObserver};
-pub use signal::{CancelCause, CancelListener, Signal};
+pub use signal::{CancelCause, CancelListener, CancelOnDrop, Signal};
 pub use store::{SessionPersistence, SessionStore};
 pub use tools::{ToolDefinition, Tools};
 pub use turn::TurnEndReason;

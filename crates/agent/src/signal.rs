@@ -209,6 +209,15 @@ impl Signal {
         }
     }
 
+    /// A guard that cancels this signal with `cause` when dropped, unless
+    /// [`disarm`](CancelOnDrop::disarm)ed first: for work handed to a task whose caller may be
+    /// dropped mid-await (an abandoned tool call), so that the task learns nobody is waiting.
+    pub fn cancel_on_drop(&self, cause: CancelCause) -> CancelOnDrop {
+        CancelOnDrop {
+            armed: Some((self.clone(), cause)),
+        }
+    }
+
     /// Cancels with `cause`. Returns `true` when this call decided the cause (first wins), `false`
     /// when the signal was already cancelled (directly or through an ancestor).
     pub fn cancel(&self, cause: CancelCause) -> bool {
@@ -370,6 +379,38 @@ impl Signal {
     }
 }
 
+/// Cancels a [`Signal`] when dropped, unless disarmed (see [`Signal::cancel_on_drop`]).
+///
+/// Dropping it cancels the signal with the guard's cause (a no-op when the signal was already
+/// cancelled: the first cause wins); [`disarm`](Self::disarm) consumes it without cancelling.
+#[must_use = "dropping the guard cancels the signal at once"]
+pub struct CancelOnDrop {
+    armed: Option<(Signal, CancelCause)>,
+}
+
+impl CancelOnDrop {
+    /// Consumes the guard without cancelling the signal.
+    pub fn disarm(mut self) {
+        self.armed = None;
+    }
+}
+
+impl fmt::Debug for CancelOnDrop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CancelOnDrop")
+            .field("armed", &self.armed.is_some())
+            .finish()
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some((signal, cause)) = self.armed.take() {
+            signal.cancel(cause);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,6 +422,17 @@ mod tests {
         let cause: CancelCause = serde_json::from_value(raw.clone()).unwrap();
         assert_eq!(cause.to_string(), "timeout");
         assert_eq!(serde_json::to_value(&cause).unwrap(), raw);
+    }
+
+    #[test]
+    fn cancel_on_drop_cancels_unless_disarmed() {
+        let s = Signal::new();
+        s.cancel_on_drop(CancelCause::Disposed).disarm();
+        assert!(!s.is_cancelled());
+        drop(s.cancel_on_drop(CancelCause::User));
+        assert_eq!(s.cause(), Some(CancelCause::User));
+        drop(s.cancel_on_drop(CancelCause::Disposed));
+        assert_eq!(s.cause(), Some(CancelCause::User), "the first cause stands");
     }
 
     #[test]

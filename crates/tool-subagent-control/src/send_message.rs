@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use subagent::SubagentError;
 use subagent::agent::bus::panic_message;
 use subagent::agent::tools::{ToolContext, ToolError, ToolHandler, ToolOutput};
-use subagent::agent::{CancelCause, ContentBlock, MessageSource, SessionId, Signal};
+use subagent::agent::{CancelCause, ContentBlock, MessageSource, SessionId};
 use tokio::task::JoinError;
 
 use crate::control::Control;
@@ -87,29 +87,6 @@ pub(crate) fn relay_source(sender: &SessionId) -> MessageSource {
     MessageSource::Other(source)
 }
 
-/// Cancels a delivery's signal when the tool body is dropped before the delivery answered (a
-/// host abandoning the call without firing its signal): nobody would learn whether the message
-/// was accepted, so the delivery must reject (and roll a cold resume back) instead.
-struct AbandonGuard {
-    signal: Option<Signal>,
-}
-
-impl AbandonGuard {
-    fn disarm(mut self) {
-        self.signal = None;
-    }
-}
-
-impl Drop for AbandonGuard {
-    fn drop(&mut self) {
-        if let Some(signal) = self.signal.take() {
-            signal.cancel(CancelCause::Other {
-                reason: model_text::DELIVERY_ABANDONED_REASON.to_owned(),
-            });
-        }
-    }
-}
-
 /// The body of `send_message`.
 pub(crate) struct SendMessageTool {
     pub(crate) control: Arc<Control>,
@@ -132,9 +109,12 @@ impl ToolHandler for SendMessageTool {
         // only the phase before inbox acceptance), and by `abandon` when this body is dropped
         // before the delivery answered.
         let signal = ctx.signal.child();
-        let abandon = AbandonGuard {
-            signal: Some(signal.clone()),
-        };
+        // Dropped with this body before the delivery answered (a host abandoning the call
+        // without firing its signal), it cancels the delivery: nobody would learn whether the
+        // message was accepted, so it must reject (and roll a cold resume back) instead.
+        let abandon = signal.cancel_on_drop(CancelCause::Other {
+            reason: model_text::DELIVERY_ABANDONED_REASON.to_owned(),
+        });
         let child_id = SessionId::from(args.subagent_id.as_str());
         let content = vec![ContentBlock::text(args.message)];
         let source = relay_source(parent.id());

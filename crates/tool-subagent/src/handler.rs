@@ -8,7 +8,7 @@ use serde_json::Value;
 use subagent::SubagentError;
 use subagent::agent::bus::panic_message;
 use subagent::agent::tools::{ToolContext, ToolError, ToolHandler, ToolOutput};
-use subagent::agent::{AgentRef, CancelCause, ContentBlock, Services, Signal};
+use subagent::agent::{AgentRef, CancelCause, CancelOnDrop, ContentBlock, Services, Signal};
 use subagent::continuation::{ContinuableStartSpec, ContinuationManager};
 use subagent::provider::SubagentStartRequest;
 use subagent::service::SubagentService;
@@ -32,7 +32,7 @@ pub(crate) struct Invocation {
     pub(crate) continuation: Option<ContinuationManager>,
     /// Foreground runs execute on tracked tasks so that a call whose body is dropped (the
     /// registry drops a cancelled body; a host may abandon a call) still awaits its result and
-    /// disposes its run. A dropped body cancels its run first (see `AbandonGuard`).
+    /// disposes its run. A dropped body cancels its run first (see `abandon_guard`).
     pub(crate) tracker: TaskTracker,
     /// Continuable starts execute on tracked tasks for the same reason: a dropped body never
     /// cuts a start (or its rollback) short; it cancels the start's signal instead, and the task
@@ -126,34 +126,10 @@ impl DelegationArgs {
 ///   unobserved; the task still awaits the result and disposes the run;
 /// * a continuable start not yet accepted — nobody will learn the child's id, so the start must
 ///   reject (and roll back) rather than leave a child the model never heard of.
-struct AbandonGuard {
-    signal: Option<Signal>,
-    reason: &'static str,
-}
-
-impl AbandonGuard {
-    /// A guard cancelling `signal` with `reason` unless disarmed.
-    fn new(signal: Signal, reason: &'static str) -> Self {
-        Self {
-            signal: Some(signal),
-            reason,
-        }
-    }
-
-    /// The task answered: the call is no longer abandonable.
-    fn disarm(mut self) {
-        self.signal = None;
-    }
-}
-
-impl Drop for AbandonGuard {
-    fn drop(&mut self) {
-        if let Some(signal) = self.signal.take() {
-            signal.cancel(CancelCause::Other {
-                reason: self.reason.to_owned(),
-            });
-        }
-    }
+fn abandon_guard(signal: &Signal, reason: &'static str) -> CancelOnDrop {
+    signal.cancel_on_drop(CancelCause::Other {
+        reason: reason.to_owned(),
+    })
 }
 
 /// A call's task that ended without an answer: it panicked (every provider call in it is
@@ -193,7 +169,7 @@ impl ToolHandler for DelegationTool {
                 // The run listens to a child of the call's token, cancelled by `abandon` when
                 // this body is dropped before the run's task has answered.
                 let signal = ctx.signal.child();
-                let abandon = AbandonGuard::new(signal.clone(), model_text::CALL_ABANDONED_REASON);
+                let abandon = abandon_guard(&signal, model_text::CALL_ABANDONED_REASON);
                 let request = inv.request(&args, parent, signal);
                 let task = inv
                     .tracker
@@ -225,7 +201,7 @@ impl ToolHandler for DelegationTool {
                 // The start listens to a child of the call's token: cancelled with it, and by
                 // `abandon` when this body is dropped before the manager answered.
                 let signal = ctx.signal.child();
-                let abandon = AbandonGuard::new(signal.clone(), model_text::START_ABANDONED_REASON);
+                let abandon = abandon_guard(&signal, model_text::START_ABANDONED_REASON);
                 let spec = inv.continuable_spec(&args, parent, signal);
                 // The manager's admission and policy capture run here, synchronously; the
                 // rest of the start runs on a tracked task.
