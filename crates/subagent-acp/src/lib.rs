@@ -8,7 +8,7 @@
 //! | module | concept |
 //! |---|---|
 //! | [`config`] | configuration and load-time validation (§1.2) |
-//! | [`env`] | the child environment: credential scrub, then explicit layering (§1.5) |
+//! | [`mod@env`] | the child environment: credential scrub, then explicit layering (§1.5) |
 //! | [`process`] | spawning and the teardown ladder EOF → SIGTERM → SIGKILL (§1.11) |
 //! | [`connection`] | the ACP client: fold, permission policy, stop-reason map (§1.7–§1.9) |
 //! | [`provider`] | [`AcpProvider`] and its start flow (§1.6) |
