@@ -38,13 +38,20 @@ async fn start_err(host: &Host) -> String {
 /// Runs the mock with `script` (cwd = a scratch parent cwd) to completion; returns (stop, text).
 async fn run_script(script: &[(&str, &str)]) -> (StopReason, String) {
     let dir = scratch();
-    let host = Host::new(Some(dir.path())).await;
-    let _p = register(&host.service, &mock_config(script)).unwrap();
+    let result = run_config(Some(dir.path()), &mock_config(script)).await;
+    (result.stop_reason, text(&result.output))
+}
+
+/// Registers `config` on a fresh host whose parent works in `cwd`, runs one delegation to its
+/// result, disposes it and ends the host (checking it quiescent); the result.
+async fn run_config(cwd: Option<&std::path::Path>, config: &AcpConfig) -> subagent::SubagentResult {
+    let host = Host::new(cwd).await;
+    let _p = register(&host.service, config).unwrap();
     let run = start(&host).await;
     let result = run.result().await.unwrap();
     run.dispose().await.unwrap();
     host.finish().await;
-    (result.stop_reason, text(&result.output))
+    result
 }
 
 /// spec: ACP-21 — streamed text becomes the output with `completed`; the run id is not the
@@ -158,17 +165,12 @@ async fn acp_11_parent_cwd_fallback() {
 async fn acp_13_config_cwd_override() {
     let parent_dir = scratch();
     let override_dir = scratch();
-    let host = Host::new(Some(parent_dir.path())).await;
     let mut config = mock_config(&[("MOCK_ECHO_CWD", "1")]);
     config.cwd = Some(path_str(override_dir.path()));
-    let _p = register(&host.service, &config).unwrap();
-    let run = start(&host).await;
-    let out = text(&run.result().await.unwrap().output);
-    run.dispose().await.unwrap();
+    let out = text(&run_config(Some(parent_dir.path()), &config).await.output);
     let (real, announced) = out.split_once('\n').unwrap();
     assert_eq!(canonical(real), canonical(override_dir.path()));
     assert_eq!(announced, path_str(override_dir.path()));
-    host.finish().await;
 }
 
 /// spec: ACP-14 — a relative config cwd is resolved against the launch directory at load; the
@@ -178,13 +180,9 @@ async fn acp_14_relative_config_cwd() {
     let launch = std::env::current_dir().unwrap();
     let dir = tempfile::tempdir_in(&launch).unwrap();
     let relative = dir.path().strip_prefix(&launch).unwrap().display().to_string();
-    let host = Host::new(None).await;
     let mut config = mock_config(&[("MOCK_ECHO_CWD", "1")]);
     config.cwd = Some(relative);
-    let _p = register(&host.service, &config).unwrap();
-    let run = start(&host).await;
-    let out = text(&run.result().await.unwrap().output);
-    run.dispose().await.unwrap();
+    let out = text(&run_config(None, &config).await.output);
     let (real, announced) = out.split_once('\n').unwrap();
     assert_eq!(
         announced,
@@ -192,7 +190,6 @@ async fn acp_14_relative_config_cwd() {
     );
     assert!(std::path::Path::new(announced).is_absolute());
     assert_eq!(canonical(real), canonical(dir.path()));
-    host.finish().await;
 }
 
 /// A `touch`-a-sentinel command: proves whether anything was spawned.
@@ -574,16 +571,11 @@ async fn acp_32_default_reject_policy() {
 #[tokio::test]
 async fn acp_33_allow_policy() {
     let dir = scratch();
-    let host = Host::new(Some(dir.path())).await;
     let mut config = mock_config(&[("MOCK_PERMISSION", "1")]);
     config.permission = PermissionPolicy::Allow;
-    let _p = register(&host.service, &config).unwrap();
-    let run = start(&host).await;
-    let result = run.result().await.unwrap();
-    run.dispose().await.unwrap();
+    let result = run_config(Some(dir.path()), &config).await;
     assert_eq!(result.stop_reason, StopReason::Completed);
     assert_eq!(text(&result.output), "mock child answer (permitted)");
-    host.finish().await;
 }
 
 /// spec: ACP-34 — the allow policy with only reject-shaped options answers `cancelled` →
@@ -591,15 +583,10 @@ async fn acp_33_allow_policy() {
 #[tokio::test]
 async fn acp_34_allow_without_allow_option() {
     let dir = scratch();
-    let host = Host::new(Some(dir.path())).await;
     let mut config = mock_config(&[("MOCK_PERMISSION", "1"), ("MOCK_NO_ALLOW", "1")]);
     config.permission = PermissionPolicy::Allow;
-    let _p = register(&host.service, &config).unwrap();
-    let run = start(&host).await;
-    let result = run.result().await.unwrap();
-    run.dispose().await.unwrap();
+    let result = run_config(Some(dir.path()), &config).await;
     assert_eq!(result.stop_reason, StopReason::Aborted);
-    host.finish().await;
 }
 
 /// spec: ACP-35 (end to end) — a thought chunk is consumed but excluded from the output.
