@@ -212,7 +212,10 @@ impl AgentRuntime for RefusingAgents {
     fn get(&self, id: &SessionId) -> Option<AgentRef> {
         let live = self.inner.get(id)?;
         if self.refusing.lock().contains(id) {
-            return Some(Arc::new(RefusingAgent(live)));
+            return Some(Arc::new(Proxy {
+                inner: live,
+                refuse_sends: true,
+            }));
         }
         Some(live)
     }
@@ -227,86 +230,58 @@ impl AgentRuntime for RefusingAgents {
     }
 }
 
-/// A live agent whose `send` fails; everything else delegates.
-struct RefusingAgent(AgentRef);
-
-impl Agent for RefusingAgent {
-    fn id(&self) -> &SessionId {
-        self.0.id()
-    }
-    fn options(&self) -> &AgentOptions {
-        self.0.options()
-    }
-    fn session(&self) -> &Arc<agent::Session> {
-        self.0.session()
-    }
-    fn scope(&self) -> &Arc<agent::Scope> {
-        self.0.scope()
-    }
-    fn send(&self, _: Message, _: InboxTarget, _: bool) -> Result<MessageId, AgentError> {
-        Err(AgentError::Other("parent closed during delivery".into()))
-    }
-    fn remove_pending(&self, id: &MessageId) -> Result<bool, AgentError> {
-        self.0.remove_pending(id)
-    }
-    fn inbox(&self) -> agent::InboxSnapshot {
-        self.0.inbox()
-    }
-    fn cancel(&self, cause: agent::CancelCause, options: agent::CancelOptions) {
-        self.0.cancel(cause, options);
-    }
-    fn status(&self) -> AgentStatus {
-        self.0.status()
-    }
-    fn when_idle(&self) -> futures::future::BoxFuture<'static, ()> {
-        self.0.when_idle()
-    }
-    fn is_live(&self) -> bool {
-        self.0.is_live()
-    }
-}
-
 /// A stand-in for the exact agent `agent`: same id, same session, another object (a forged or
 /// stale reference).
 pub fn forged(agent: &AgentRef) -> AgentRef {
-    Arc::new(Forged(agent.clone()))
+    Arc::new(Proxy {
+        inner: agent.clone(),
+        refuse_sends: false,
+    })
 }
 
-struct Forged(AgentRef);
+/// Another object standing for a live agent: everything delegates to it, except that with
+/// `refuse_sends` every `send` fails (a parent closing during a delivery).
+struct Proxy {
+    inner: AgentRef,
+    refuse_sends: bool,
+}
 
-impl Agent for Forged {
+impl Agent for Proxy {
     fn id(&self) -> &SessionId {
-        self.0.id()
+        self.inner.id()
     }
     fn options(&self) -> &AgentOptions {
-        self.0.options()
+        self.inner.options()
     }
     fn session(&self) -> &Arc<agent::Session> {
-        self.0.session()
+        self.inner.session()
     }
     fn scope(&self) -> &Arc<agent::Scope> {
-        self.0.scope()
+        self.inner.scope()
     }
     fn send(&self, message: Message, target: InboxTarget, wake: bool) -> Result<MessageId, AgentError> {
-        self.0.send(message, target, wake)
+        if self.refuse_sends {
+            return Err(AgentError::Other("parent closed during delivery".into()));
+        }
+        self.inner.send(message, target, wake)
     }
     fn remove_pending(&self, id: &MessageId) -> Result<bool, AgentError> {
-        self.0.remove_pending(id)
+        self.inner.remove_pending(id)
     }
     fn inbox(&self) -> agent::InboxSnapshot {
-        self.0.inbox()
+        self.inner.inbox()
     }
     fn cancel(&self, cause: agent::CancelCause, options: agent::CancelOptions) {
-        self.0.cancel(cause, options);
+        self.inner.cancel(cause, options);
     }
     fn status(&self) -> AgentStatus {
-        self.0.status()
+        self.inner.status()
     }
     fn when_idle(&self) -> futures::future::BoxFuture<'static, ()> {
-        self.0.when_idle()
+        self.inner.when_idle()
     }
     fn is_live(&self) -> bool {
-        self.0.is_live()
+        self.inner.is_live()
     }
 }
 
