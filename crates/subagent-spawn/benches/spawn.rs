@@ -5,6 +5,10 @@
 //! * `one_shot/spawn_start_result_dispose` — one `spawn` delegation through the service on the
 //!   reference runtime: validation, child creation (setup window, publication), the child's one
 //!   turn against an instant model, result derivation, and quiescent disposal.
+//! * `one_shot/bare_runtime_create_turn_dispose` — the reference runtime's share of that
+//!   delegation with no seam at all: create an agent on the same instant model, give it the task,
+//!   wait for its one turn, dispose of it. No provider can cost less than this row; the
+//!   difference to the row above is the seam's and the driver's share.
 //!
 //! The figure to watch is `spawn_start_result_dispose ÷ floor_tokio_spawn_join` (`cargo xtask
 //! bench` prints it). Both run on the system allocator, as a host would: the fan-out's
@@ -24,18 +28,6 @@ use std::hint::black_box;
 use common::Bench;
 use criterion::{Criterion, criterion_group, criterion_main};
 
-async fn delegate_once(bench: &Bench) {
-    let run = bench
-        .service
-        .start("spawn", bench.request())
-        .await
-        .expect("started");
-    let result = run.result().await.expect("result");
-    assert!(result.stop_reason.is_completed());
-    run.dispose().await.expect("disposed");
-    black_box(result);
-}
-
 fn bench_one_shot(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -49,7 +41,14 @@ fn bench_one_shot(c: &mut Criterion) {
         })
     });
     group.bench_function("spawn_start_result_dispose", |b| {
-        b.iter(|| rt.block_on(delegate_once(&bench)))
+        b.iter(|| rt.block_on(async { black_box(bench.delegate_once().await) }))
+    });
+    let mut cycle = 0u64;
+    group.bench_function("bare_runtime_create_turn_dispose", |b| {
+        b.iter(|| {
+            cycle += 1;
+            rt.block_on(bench.bare_cycle(agent::SessionId::new(format!("bare-{cycle}"))))
+        })
     });
     group.finish();
     assert_eq!(bench.live_agents(), 1, "every child disposed");

@@ -29,8 +29,7 @@ mod common;
 
 use std::time::Instant;
 
-use agent::AgentRuntime as _;
-use common::{Bench, instant_agent, instant_runtime};
+use common::Bench;
 
 fn main() {
     let delegations: u64 = std::env::var("SPAWN_DELEGATIONS")
@@ -53,24 +52,16 @@ fn main() {
         );
         return;
     }
+    let bench = rt.block_on(Bench::new());
     if std::env::var_os("SPAWN_BARE").is_some() {
-        bare(&rt, delegations);
+        bare(&rt, &bench, delegations);
+        rt.block_on(bench.close());
         return;
     }
-    let bench = rt.block_on(Bench::new());
     // One `block_on` per delegation, as in the benchmark.
     let start = Instant::now();
     for _ in 0..delegations {
-        rt.block_on(async {
-            let run = bench
-                .service
-                .start("spawn", bench.request())
-                .await
-                .expect("started");
-            let result = run.result().await.expect("result");
-            assert!(result.stop_reason.is_completed());
-            run.dispose().await.expect("disposed");
-        });
+        rt.block_on(bench.delegate_once());
     }
     let elapsed = start.elapsed();
     assert_eq!(bench.live_agents(), 1, "every child disposed");
@@ -82,25 +73,13 @@ fn main() {
 }
 
 /// The reference runtime's share of a delegation: create → one turn → dispose, per `block_on`.
-fn bare(rt: &tokio::runtime::Runtime, cycles: u64) {
-    let runtime = instant_runtime();
+fn bare(rt: &tokio::runtime::Runtime, bench: &Bench, cycles: u64) {
     let start = Instant::now();
     for i in 0..cycles {
-        rt.block_on(async {
-            let handle = runtime
-                .create(instant_agent(agent::SessionId::new(format!("child-{i}"))))
-                .await
-                .expect("child");
-            handle
-                .agent()
-                .followup(agent::Message::user_text("task"))
-                .expect("accepted");
-            handle.agent().when_idle().await;
-            handle.dispose().await;
-        });
+        rt.block_on(bench.bare_cycle(agent::SessionId::new(format!("child-{i}"))));
     }
     let elapsed = start.elapsed();
-    rt.block_on(runtime.shutdown());
+    assert_eq!(bench.live_agents(), 1, "every child disposed");
     println!(
         "{cycles} bare runtime cycles, {:.0} ns per cycle",
         elapsed.as_secs_f64() * 1e9 / cycles as f64

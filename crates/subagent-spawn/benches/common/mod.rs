@@ -80,6 +80,33 @@ impl Bench {
         )
     }
 
+    /// One one-shot delegation: start → result (asserted `completed`) → dispose.
+    #[allow(dead_code)] // used by `benches/spawn.rs` and the profiling example, not the fan-out
+    pub async fn delegate_once(&self) -> subagent::result::SubagentResult {
+        let run = self
+            .service
+            .start("spawn", self.request())
+            .await
+            .expect("started");
+        let result = run.result().await.expect("result");
+        assert!(result.stop_reason.is_completed());
+        run.dispose().await.expect("disposed");
+        result
+    }
+
+    /// What a delegation costs the reference runtime alone, without the seam: create agent `id`
+    /// on the instant model, give it the task, wait for its one turn, dispose of it.
+    #[allow(dead_code)] // used by `benches/spawn.rs` and the profiling example, not the fan-out
+    pub async fn bare_cycle(&self, id: SessionId) {
+        let handle = self.runtime.create(instant_agent(id)).await.expect("child");
+        handle
+            .agent()
+            .followup(agent::Message::user_text("task"))
+            .expect("accepted");
+        handle.agent().when_idle().await;
+        handle.dispose().await;
+    }
+
     /// Number of live agents on the runtime (the parent counts as one).
     pub fn live_agents(&self) -> usize {
         AgentRuntime::list(&self.runtime).len()
