@@ -61,6 +61,16 @@ pub enum CliError {
     /// `subagent run` was given an empty (or blank) task.
     #[error("the task is empty: say what the coordinator should do")]
     EmptyTask,
+    /// `subagent run --acp-config` named a file that cannot be read or is not an ACP provider
+    /// configuration (a JSON object with the spec's keys: `command` required; `args`, `cwd`,
+    /// `permission`, `env`, `providerName`, `disposeEofGraceMs`, `disposeGraceMs` optional).
+    #[error("cannot use ACP configuration {}: {}", path_line(path), single_line(reason))]
+    AcpConfig {
+        /// The configuration file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// The host could not be composed.
     #[error("cannot start the host: {}", single_line(.0))]
     Host(String),

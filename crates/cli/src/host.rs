@@ -8,7 +8,8 @@
 //!   Runtime ── Services { agents, sessions, persistence: JsonlStore, tools, prompt, jobs, models }
 //!      │
 //!   SubagentService ── SpawnProvider ("spawn") ── tool "subagent"
-//!                   └─ ForkProvider  ("fork")  ── tool "fork"
+//!                   ├─ ForkProvider  ("fork")  ── tool "fork"
+//!                   └─ AcpProvider   ("acp")   ── tool "acp"   (optional: an ACP agent subprocess)
 //!   ContinuationManager ── continuable children of both tools  (background mode, optional)
 //!                       ├─ send_message / interrupt_agent / list_agents  (with it)
 //!                       └─ report, in each continuable child's own scope  (with it)
@@ -61,6 +62,8 @@ use crate::workspace::{Workspace, workspace_tools};
 pub const SPAWN_TOOL: &str = "subagent";
 /// The tool name the `fork` provider is mounted under.
 pub const FORK_TOOL: &str = "fork";
+/// The tool name an ACP provider ([`HostOptions::acp`]) is mounted under.
+pub const ACP_TOOL: &str = "acp";
 /// The delegation depth cap every delegation tool sends (the tool's config default).
 pub const DEFAULT_MAX_DEPTH: u64 = tool_subagent::DEFAULT_MAX_DEPTH;
 
@@ -112,6 +115,15 @@ pub struct HostOptions {
     /// `send_message`, `interrupt_agent` and `list_agents`, and every continuable child the
     /// `report` tool (delivered to its parent's next step). Off by default.
     pub continuable: bool,
+    /// Also delegate to an external agent over the Agent Client Protocol: the `acp` provider
+    /// (crate `subagent-acp`) loaded from this configuration and mounted as the tool
+    /// [`ACP_TOOL`]. Every delegation spawns a fresh subprocess running one prompt turn; with
+    /// `cwd` omitted the child runs in, and is announced, the delegating session's working
+    /// directory. The tool sends no depth cap (the child manages its own recursion) and its
+    /// background delegations stay one-shot jobs even with [`continuable`](Self::continuable)
+    /// on, since an ACP child cannot be continued. A configuration that does not load fails
+    /// [`build_host`] before any agent exists. `None` (the default) mounts nothing.
+    pub acp: Option<subagent_acp::AcpConfig>,
 }
 
 impl std::fmt::Debug for HostOptions {
@@ -125,6 +137,7 @@ impl std::fmt::Debug for HostOptions {
             .field("max_depth", &self.max_depth)
             .field("max_steps_per_turn", &self.max_steps_per_turn)
             .field("continuable", &self.continuable)
+            .field("acp", &self.acp)
             .finish_non_exhaustive()
     }
 }
@@ -156,6 +169,7 @@ impl HostOptions {
             subagents: None,
             max_steps_per_turn: None,
             continuable: false,
+            acp: None,
         }
     }
 }
@@ -203,6 +217,19 @@ impl PreStepInterceptor for StepLimit {
         }
         Ok(proposed)
     }
+}
+
+/// Reads an ACP provider configuration ([`HostOptions::acp`]) from a JSON file with the spec's
+/// key names, e.g. `{"command": "my-acp-agent", "args": ["--stdio"], "permission": "reject"}`.
+/// Unknown keys are refused, so a misspelt key is never silently ignored. Only reads and parses:
+/// the configuration is validated when [`build_host`] loads it.
+pub fn read_acp_config(path: &Path) -> Result<subagent_acp::AcpConfig, crate::CliError> {
+    let failed = |reason: String| crate::CliError::AcpConfig {
+        path: path.to_owned(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| failed(e.to_string()))?;
+    serde_json::from_str(&text).map_err(|e| failed(e.to_string()))
 }
 
 /// Why the host could not be composed or driven.
@@ -385,6 +412,17 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
         let plugin =
             SubagentToolPlugin::load_with_continuation(&services, &subagents, continuation.clone(), config)
                 .map_err(|e| register_err(&format!("tool {tool}"), e))?;
+        plugins.push(plugin);
+    }
+
+    // An optional out-of-process provider: loaded (and so validated) before any agent exists.
+    if let Some(acp) = &options.acp {
+        guards.push(subagent_acp::register(&subagents, acp).map_err(|e| register_err("provider acp", e))?);
+        let mut config = SubagentToolConfig::new(acp.provider_name.clone());
+        config.tool_name = ACP_TOOL.to_owned();
+        config.max_depth = Some(MaxDepth::ProviderManaged);
+        let plugin = SubagentToolPlugin::load(&services, &subagents, config)
+            .map_err(|e| register_err(&format!("tool {ACP_TOOL}"), e))?;
         plugins.push(plugin);
     }
 

@@ -5,7 +5,7 @@
 //!
 //! | module | what it is |
 //! |---|---|
-//! | [`host`] | [`build_host`]: runtime + subagent service + `spawn`/`fork` providers + delegation tools + background jobs + JSON-lines store (+ read-only workspace tools; + continuable children with `send_message`, `interrupt_agent`, `list_agents` and `report`) |
+//! | [`host`] | [`build_host`]: runtime + subagent service + `spawn`/`fork` providers + delegation tools + background jobs + JSON-lines store (+ read-only workspace tools; + continuable children with `send_message`, `interrupt_agent`, `list_agents` and `report`; + an `acp` provider and tool) |
 //! | [`demo`] | the scripted coordinator of `subagent demo` and [`demo::run_demo`] |
 //! | [`tree`] | the live delegation tree fed by lifecycle and status events |
 //! | [`catalog`] | the stored sessions as a parent → child tree (`subagent agents`) |

@@ -19,7 +19,7 @@ use clap::{Parser, Subcommand};
 use parking_lot::Mutex;
 use subagent_cli::catalog::{check_store_dir, read_catalog};
 use subagent_cli::demo::run_demo;
-use subagent_cli::host::{FORK_TOOL, SPAWN_TOOL};
+use subagent_cli::host::{FORK_TOOL, SPAWN_TOOL, read_acp_config};
 use subagent_cli::interrupt::{Abandoned, TwoStage};
 use subagent_cli::terminal_text::{final_answer, single_line, single_line_owned};
 use subagent_cli::tree::{LiveTree, TreeChange, TreeNode, TreeSink, node_line, short_id};
@@ -58,7 +58,8 @@ enum Command {
     },
     /// Run a task on a real model through an OpenAI-compatible endpoint, with read-only
     /// workspace tools (read_file, list_dir, grep; confined to the working directory) and the
-    /// delegation tools `subagent` (provider spawn) and `fork` (provider fork).
+    /// delegation tools `subagent` (provider spawn) and `fork` (provider fork); with
+    /// `--acp-config`, also `acp` (an external agent over the Agent Client Protocol).
     #[command(after_help = "Environment variables (used when the flag is absent):\n  \
         SUBAGENT_BASE_URL  API base URL up to the version segment, e.g. https://api.openai.com/v1\n  \
         SUBAGENT_API_KEY   bearer token (optional for local servers)\n  \
@@ -88,6 +89,13 @@ enum Command {
         /// when they settle. The run ends once the coordinator and every child have settled.
         #[arg(long)]
         continuable: bool,
+        /// Also delegate to an external agent over the Agent Client Protocol, through the tool
+        /// `acp`: a JSON file configuring the provider (`{"command": "my-acp-agent", "args":
+        /// [...]}`; optional `cwd`, `permission` (`reject` or `allow`), `env`). Each delegation
+        /// runs the command as a fresh subprocess for one prompt turn, in the working directory
+        /// unless `cwd` says otherwise.
+        #[arg(long, value_name = "FILE")]
+        acp_config: Option<PathBuf>,
         /// The task.
         task: String,
     },
@@ -184,12 +192,14 @@ async fn dispatch(command: Command) -> Result<(), CliError> {
             max_steps,
             store,
             continuable,
+            acp_config,
             task,
         } => {
             let limits = Limits {
                 max_tokens,
                 max_steps,
                 continuable,
+                acp_config,
             };
             run(model, base_url, api_key, limits, &store, &task).await
         }
@@ -374,8 +384,9 @@ fn parse_max_steps(value: &str) -> Result<u32, String> {
     }
 }
 
-/// `subagent run`'s per-call and per-turn limits, and how background delegations run.
-#[derive(Clone, Copy, Debug)]
+/// `subagent run`'s per-call and per-turn limits, how background delegations run, and the
+/// optional ACP provider.
+#[derive(Clone, Debug)]
 struct Limits {
     /// Output-token cap per model call.
     max_tokens: Option<u64>,
@@ -383,6 +394,8 @@ struct Limits {
     max_steps: u32,
     /// Continuable background children (see [`HostOptions::continuable`]).
     continuable: bool,
+    /// The ACP provider's configuration file (see [`HostOptions::acp`]).
+    acp_config: Option<PathBuf>,
 }
 
 async fn run(
@@ -410,6 +423,7 @@ async fn run(
     if task.trim().is_empty() {
         return Err(CliError::EmptyTask);
     }
+    let acp = limits.acp_config.as_deref().map(read_acp_config).transpose()?;
     let api_key = api_key.filter(|s| !s.is_empty());
     let adapter = OpenAiCompatible::new(OpenAiConfig::new(base_url, api_key, model.clone()))
         .map_err(|e| CliError::Host(e.to_string()))?;
@@ -422,6 +436,7 @@ async fn run(
     options.max_tokens = limits.max_tokens;
     options.max_steps_per_turn = Some(limits.max_steps);
     options.continuable = limits.continuable;
+    options.acp = acp;
     options.persona = Some(subagent_cli::model_text::run_persona(workspace.root()));
     options.workspace = Some(workspace);
     options.deliver_job_notices = true;

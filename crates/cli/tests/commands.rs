@@ -237,6 +237,52 @@ fn run_without_model_settings_is_one_line_error() {
     );
 }
 
+/// A missing, malformed or misspelt `--acp-config` file is one user error naming the file,
+/// before any store, host or model is touched.
+#[test]
+fn run_with_a_bad_acp_config_is_one_line_error() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = dir.path().join("store");
+    let store = store.to_str().expect("utf-8 path");
+    let run = |config: &Path| {
+        subagent(&[
+            "run",
+            "--store",
+            store,
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--model",
+            "m",
+            "--acp-config",
+            config.to_str().expect("utf-8 path"),
+            "do it",
+        ])
+    };
+    let missing = dir.path().join("missing.json");
+    assert_user_error(&run(&missing), "cannot use ACP configuration");
+    for (name, text, needle) in [
+        ("garbled.json", "{not json", "key must be a string"),
+        ("no-command.json", "{}", "missing field `command`"),
+        (
+            "misspelt.json",
+            r#"{"command": "a", "permisions": "allow"}"#,
+            "unknown field `permisions`",
+        ),
+        (
+            "bad-policy.json",
+            r#"{"command": "a", "permission": "maybe"}"#,
+            "unknown variant `maybe`",
+        ),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        let out = run(&path);
+        assert_user_error(&out, needle);
+        assert!(stderr(&out).contains(name), "the file is named: {}", stderr(&out));
+    }
+    assert!(!dir.path().join("store").exists(), "nothing was stored");
+}
+
 #[test]
 fn run_help_documents_the_environment() {
     let out = subagent(&["run", "--help"]);

@@ -1,0 +1,126 @@
+//! The host with an ACP provider mounted ([`HostOptions::acp`]): a real composition in which a
+//! scripted coordinator delegates once through the `acp` tool to a real subprocess (the
+//! `subagent-acp` crate's scripted mock ACP agent), with the provider's `cwd` omitted.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use agent::{EventData, GenerateOptions, ModelAdapter, ModelStream, SessionId, StreamChunk};
+use agent_loop::model::chunks;
+use futures::StreamExt;
+use invariants::InvariantObserver;
+use subagent_acp::AcpConfig;
+use subagent_cli::catalog::tool_result_text;
+use subagent_cli::host::{ACP_TOOL, Host, HostOptions, build_host};
+
+/// The mock ACP agent's executable, built once per test process. `cargo test --workspace`
+/// has already built it next to this test's own executable; a narrower run builds it here.
+fn mock_acp_agent() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test knows its executable");
+        let sibling = exe
+            .parent()
+            .and_then(Path::parent)
+            .map(|dir| dir.join(format!("mock_acp_agent{}", std::env::consts::EXE_SUFFIX)));
+        if let Some(path) = sibling.filter(|p| p.is_file()) {
+            return path;
+        }
+        escargot::CargoBuild::new()
+            .package("subagent-acp")
+            .bin("mock_acp_agent")
+            .run()
+            .expect("the mock ACP agent builds")
+            .path()
+            .to_owned()
+    })
+}
+
+/// Delegates once through the `acp` tool, then answers with whatever the tool returned.
+struct DelegatesOnce;
+
+impl ModelAdapter for DelegatesOnce {
+    fn stream(&self, options: Arc<GenerateOptions>) -> ModelStream {
+        let result = options
+            .messages
+            .iter()
+            .find(|m| m.source.kind() == "tool")
+            .map(tool_result_text);
+        let reply: Vec<StreamChunk> = match result {
+            None => chunks::tool_call(
+                "call-1",
+                ACP_TOOL,
+                serde_json::json!({"description": "where are you", "prompt": "report your cwd"}),
+            ),
+            Some(text) => chunks::text(format!("the child said: {text}")),
+        };
+        futures::stream::iter(reply.into_iter().map(Ok)).boxed()
+    }
+}
+
+/// spec: ACP-48 — a real composition with the provider's `cwd` omitted: a scripted parent
+/// delegates once through the mounted `acp` tool; the child process runs in, and is announced in
+/// `session/new`, the parent session's working directory, so the single `tool/result` reads
+/// `<workspace>\n<workspace>`. Nothing goes wrong on the way (the Rust form of "no unhandled
+/// errors on stderr"): the coordinator answers with that result, every log append passes the
+/// online invariant checker, and the host shuts down cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acp_48_composition_without_cwd_runs_the_child_in_the_parent_workspace() {
+    let store = tempfile::tempdir().expect("store dir");
+    let workspace = tempfile::tempdir().expect("workspace dir");
+    // The child reports its real (canonical) directory.
+    let workspace_path = workspace.path().canonicalize().expect("canonical workspace");
+    let mut acp = AcpConfig::new(mock_acp_agent().to_str().expect("a UTF-8 path"));
+    acp.env.insert("MOCK_ECHO_CWD".to_owned(), "1".to_owned());
+    assert_eq!(acp.cwd, None, "the provider's cwd is omitted");
+    let mut options = HostOptions::new(store.path(), Arc::new(DelegatesOnce), "mock", "mock");
+    options.cwd = Some(workspace_path.clone());
+    options.acp = Some(acp);
+    let observer = InvariantObserver::shared();
+    options.session_observers.push(observer.clone());
+    let host: Host = build_host(options).expect("the host composes");
+    let coordinator = host
+        .create_agent(SessionId::from("coordinator"))
+        .await
+        .expect("coordinator");
+    host.run_turn(coordinator.agent(), "delegate once")
+        .await
+        .expect("the turn runs");
+
+    let events = coordinator.agent().session().events();
+    let results: Vec<String> = events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::ToolResult { message, .. } => Some(tool_result_text(message)),
+            _ => None,
+        })
+        .collect();
+    let ws = workspace_path.display();
+    assert_eq!(
+        results,
+        [format!("{ws}\n{ws}")],
+        "one tool result: real cwd, then announced cwd"
+    );
+    assert_eq!(
+        Host::last_answer(coordinator.agent().as_ref()).as_deref(),
+        Some(format!("the child said: {ws}\n{ws}").as_str())
+    );
+    coordinator.dispose().await;
+    host.shutdown().await.expect("shutdown");
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+}
+
+/// A configuration that does not load fails the composition before any agent exists, naming
+/// the provider; nothing is left registered.
+#[tokio::test]
+async fn an_acp_configuration_that_does_not_load_fails_the_host() {
+    let store = tempfile::tempdir().expect("store dir");
+    let mut acp = AcpConfig::new("mock_acp_agent");
+    acp.cwd = Some(String::new());
+    let mut options = HostOptions::new(store.path(), Arc::new(DelegatesOnce), "mock", "mock");
+    options.acp = Some(acp);
+    let error = build_host(options).expect_err("an empty cwd is refused at load");
+    let text = error.to_string();
+    assert!(text.starts_with("cannot register provider acp: "), "{text}");
+    assert!(text.contains("cwd"), "{text}");
+}
