@@ -14,6 +14,7 @@
 //! | [`model_text`] | every text this crate shows a model (tool descriptions, schemas, failures, personas) |
 //! | [`error`] | [`CliError`], the one-line user-facing failures |
 //! | [`terminal_text`] | untrusted text (labels, ids, messages, errors) made safe to print: control and bidi characters shown as visible escapes |
+//! | [`serve`] | `subagent acp`: the host's coordinator served over the Agent Client Protocol on stdio, one host per ACP session |
 //! | [`interrupt`] | Ctrl-C in two stages: the first winds the work down, the second abandons it |
 #![warn(missing_docs)]
 
@@ -24,6 +25,7 @@ pub mod host;
 pub mod interrupt;
 pub mod logview;
 pub mod model_text;
+pub mod serve;
 pub mod terminal_text;
 pub mod tree;
 pub mod workspace;

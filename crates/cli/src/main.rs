@@ -1,7 +1,7 @@
 //! `subagent`: the command-line program of the subagent workspace.
 //!
 //! Subcommands: `demo` (a scripted coordinator, no network), `run` (the same host on a real
-//! OpenAI-compatible model), `agents` (the stored sessions as a tree), `log` (one session log,
+//! OpenAI-compatible model), `acp` (that host served over the Agent Client Protocol), `agents` (the stored sessions as a tree), `log` (one session log,
 //! readable) and `check` (invariant replay over a store). Failures print one line on stderr
 //! (`subagent: <message>`) and exit non-zero: 1 when `check` found violations, 130 when a second
 //! Ctrl-C cut `run`'s shutdown short, 2 otherwise.
@@ -21,6 +21,7 @@ use subagent_cli::catalog::{check_store_dir, read_catalog};
 use subagent_cli::demo::run_demo;
 use subagent_cli::host::{FORK_TOOL, SPAWN_TOOL, read_acp_config};
 use subagent_cli::interrupt::{Abandoned, TwoStage};
+use subagent_cli::serve::{ServeOptions, serve};
 use subagent_cli::terminal_text::{final_answer, single_line, single_line_owned};
 use subagent_cli::tree::{LiveTree, TreeChange, TreeNode, TreeSink, node_line, short_id};
 use subagent_cli::workspace::Workspace;
@@ -65,22 +66,8 @@ enum Command {
         SUBAGENT_API_KEY   bearer token (optional for local servers)\n  \
         SUBAGENT_MODEL     model name, e.g. gpt-4o-mini")]
     Run {
-        /// Model name.
-        #[arg(long, env = "SUBAGENT_MODEL", value_name = "NAME")]
-        model: Option<String>,
-        /// API base URL, up to and including the version segment.
-        #[arg(long, env = "SUBAGENT_BASE_URL", value_name = "URL")]
-        base_url: Option<String>,
-        /// API key sent as a bearer token (optional for local servers).
-        #[arg(long, env = "SUBAGENT_API_KEY", value_name = "KEY", hide_env_values = true)]
-        api_key: Option<String>,
-        /// Output-token cap per model call.
-        #[arg(long, value_name = "N", value_parser = parse_max_tokens)]
-        max_tokens: Option<u64>,
-        /// The most model calls one turn of any agent (the coordinator and every subagent) may
-        /// make; a turn that needs more ends with an error.
-        #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_STEPS, value_parser = parse_max_steps)]
-        max_steps: u32,
+        #[command(flatten)]
+        model: ModelArgs,
         /// Where to store the session logs.
         #[arg(long, value_name = "DIR", default_value = DEFAULT_STORE)]
         store: PathBuf,
@@ -98,6 +85,22 @@ enum Command {
         acp_config: Option<PathBuf>,
         /// The task.
         task: String,
+    },
+    /// Serve the coordinator over the Agent Client Protocol on stdin/stdout, so an ACP client
+    /// (an editor, another harness's `acp` provider) can delegate to it: each ACP session gets
+    /// its own coordinator (with the read-only workspace tools over the session's cwd and the
+    /// delegation tools) on a real OpenAI-compatible model. Runs until stdin closes; stdout
+    /// carries only the protocol.
+    #[command(after_help = "Environment variables (used when the flag is absent):\n  \
+        SUBAGENT_BASE_URL  API base URL up to the version segment, e.g. https://api.openai.com/v1\n  \
+        SUBAGENT_API_KEY   bearer token (optional for local servers)\n  \
+        SUBAGENT_MODEL     model name, e.g. gpt-4o-mini")]
+    Acp {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Where to store the session logs (resolved against the launch directory).
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_STORE)]
+        store: PathBuf,
     },
     /// List the stored sessions as a parent → child tree (provider, label, depth, turns, last
     /// stop reason).
@@ -121,6 +124,59 @@ enum Command {
         #[arg(value_name = "DIR", default_value = DEFAULT_STORE)]
         dir: PathBuf,
     },
+}
+
+/// The model settings and limits `run` and `acp` share.
+#[derive(clap::Args, Debug)]
+struct ModelArgs {
+    /// Model name.
+    #[arg(long, env = "SUBAGENT_MODEL", value_name = "NAME")]
+    model: Option<String>,
+    /// API base URL, up to and including the version segment.
+    #[arg(long, env = "SUBAGENT_BASE_URL", value_name = "URL")]
+    base_url: Option<String>,
+    /// API key sent as a bearer token (optional for local servers).
+    #[arg(long, env = "SUBAGENT_API_KEY", value_name = "KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Output-token cap per model call.
+    #[arg(long, value_name = "N", value_parser = parse_max_tokens)]
+    max_tokens: Option<u64>,
+    /// The most model calls one turn of any agent (the coordinator and every subagent) may
+    /// make; a turn that needs more ends with an error.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_STEPS, value_parser = parse_max_steps)]
+    max_steps: u32,
+}
+
+impl ModelArgs {
+    /// The base URL and model name, each required (flag or environment variable).
+    fn required(&self) -> Result<(String, String), CliError> {
+        let base_url =
+            self.base_url
+                .clone()
+                .filter(|s| !s.is_empty())
+                .ok_or(CliError::MissingModelSetting {
+                    what: "the API base URL",
+                    flag: "--base-url",
+                    env: "SUBAGENT_BASE_URL",
+                })?;
+        let model = self
+            .model
+            .clone()
+            .filter(|s| !s.is_empty())
+            .ok_or(CliError::MissingModelSetting {
+                what: "the model name",
+                flag: "--model",
+                env: "SUBAGENT_MODEL",
+            })?;
+        Ok((base_url, model))
+    }
+
+    /// The OpenAI-compatible adapter for `base_url` and `model`.
+    fn adapter(&self, base_url: String, model: &str) -> Result<OpenAiCompatible, CliError> {
+        let api_key = self.api_key.clone().filter(|s| !s.is_empty());
+        OpenAiCompatible::new(OpenAiConfig::new(base_url, api_key, model.to_owned()))
+            .map_err(|e| CliError::Host(e.to_string()))
+    }
 }
 
 /// `println!` on standard output that returns a failure instead of panicking: a reader that
@@ -186,23 +242,12 @@ async fn dispatch(command: Command) -> Result<(), CliError> {
         Command::Demo { store } => demo(&store).await,
         Command::Run {
             model,
-            base_url,
-            api_key,
-            max_tokens,
-            max_steps,
             store,
             continuable,
             acp_config,
             task,
-        } => {
-            let limits = Limits {
-                max_tokens,
-                max_steps,
-                continuable,
-                acp_config,
-            };
-            run(model, base_url, api_key, limits, &store, &task).await
-        }
+        } => run(&model, continuable, acp_config.as_deref(), &store, &task).await,
+        Command::Acp { model, store } => acp(&model, &store).await,
         Command::Agents { store } => agents(&store).await,
         Command::Log { session_id, store } => log(&session_id, &store).await,
         Command::Check { dir } => check(&dir),
@@ -384,58 +429,28 @@ fn parse_max_steps(value: &str) -> Result<u32, String> {
     }
 }
 
-/// `subagent run`'s per-call and per-turn limits, how background delegations run, and the
-/// optional ACP provider.
-#[derive(Clone, Debug)]
-struct Limits {
-    /// Output-token cap per model call.
-    max_tokens: Option<u64>,
-    /// Model steps per turn of every agent.
-    max_steps: u32,
-    /// Continuable background children (see [`HostOptions::continuable`]).
-    continuable: bool,
-    /// The ACP provider's configuration file (see [`HostOptions::acp`]).
-    acp_config: Option<PathBuf>,
-}
-
 async fn run(
-    model: Option<String>,
-    base_url: Option<String>,
-    api_key: Option<String>,
-    limits: Limits,
+    settings: &ModelArgs,
+    continuable: bool,
+    acp_config: Option<&Path>,
     store: &Path,
     task: &str,
 ) -> Result<(), CliError> {
-    let base_url = base_url
-        .filter(|s| !s.is_empty())
-        .ok_or(CliError::MissingModelSetting {
-            what: "the API base URL",
-            flag: "--base-url",
-            env: "SUBAGENT_BASE_URL",
-        })?;
-    let model = model
-        .filter(|s| !s.is_empty())
-        .ok_or(CliError::MissingModelSetting {
-            what: "the model name",
-            flag: "--model",
-            env: "SUBAGENT_MODEL",
-        })?;
+    let (base_url, model) = settings.required()?;
     if task.trim().is_empty() {
         return Err(CliError::EmptyTask);
     }
-    let acp = limits.acp_config.as_deref().map(read_acp_config).transpose()?;
-    let api_key = api_key.filter(|s| !s.is_empty());
-    let adapter = OpenAiCompatible::new(OpenAiConfig::new(base_url, api_key, model.clone()))
-        .map_err(|e| CliError::Host(e.to_string()))?;
+    let acp = acp_config.map(read_acp_config).transpose()?;
+    let adapter = settings.adapter(base_url, &model)?;
     let cwd = std::env::current_dir().map_err(|e| CliError::Io {
         context: "cannot determine the working directory".to_owned(),
         source: e,
     })?;
     let workspace = Workspace::new(&cwd).map_err(|e| CliError::Host(e.to_string()))?;
     let mut options = HostOptions::new(store, Arc::new(adapter), "openai", model);
-    options.max_tokens = limits.max_tokens;
-    options.max_steps_per_turn = Some(limits.max_steps);
-    options.continuable = limits.continuable;
+    options.max_tokens = settings.max_tokens;
+    options.max_steps_per_turn = Some(settings.max_steps);
+    options.continuable = continuable;
     options.acp = acp;
     options.persona = Some(subagent_cli::model_text::run_persona(workspace.root()));
     options.workspace = Some(workspace);
@@ -513,6 +528,26 @@ async fn run(
     }
     outln!("{}", final_answer(&answer.unwrap_or_default(), terminal))?;
     Ok(())
+}
+
+/// `subagent acp`: serves ACP on stdin/stdout until stdin closes (see [`subagent_cli::serve`]).
+async fn acp(settings: &ModelArgs, store: &Path) -> Result<(), CliError> {
+    let (base_url, model) = settings.required()?;
+    let adapter = settings.adapter(base_url, &model)?;
+    let store_dir = std::path::absolute(store).map_err(|e| CliError::Io {
+        context: format!("cannot resolve the store directory {}", store.display()),
+        source: e,
+    })?;
+    let options = ServeOptions {
+        adapter: Arc::new(adapter),
+        model_provider: "openai".to_owned(),
+        model_name: model,
+        max_tokens: settings.max_tokens,
+        max_steps_per_turn: Some(settings.max_steps),
+        store_dir,
+        session_observers: Vec::new(),
+    };
+    serve(options, tokio::io::stdin(), tokio::io::stdout()).await
 }
 
 /// The failure of the agent's last turn, if it did not complete.

@@ -1,14 +1,21 @@
 //! The host with an ACP provider mounted ([`HostOptions::acp`]): a real composition in which a
 //! scripted coordinator delegates once through the `acp` tool to a real subprocess (the
-//! `subagent-acp` crate's scripted mock ACP agent), with the provider's `cwd` omitted.
+//! `subagent-acp` crate's scripted mock ACP agent), with the provider's `cwd` omitted; and the
+//! harness's own ACP agent, `subagent acp`, driven by that provider as its child.
+
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use agent::{EventData, GenerateOptions, ModelAdapter, ModelStream, SessionId, StreamChunk};
+use agent::{
+    ContentBlock, EventData, GenerateOptions, ModelAdapter, ModelStream, SessionId, Signal, StreamChunk,
+};
 use agent_loop::model::chunks;
 use futures::StreamExt;
 use invariants::InvariantObserver;
+use subagent::StopReason;
+use subagent::provider::SubagentStartRequest;
 use subagent_acp::AcpConfig;
 use subagent_cli::catalog::tool_result_text;
 use subagent_cli::host::{ACP_TOOL, Host, HostOptions, build_host};
@@ -123,4 +130,86 @@ async fn an_acp_configuration_that_does_not_load_fails_the_host() {
     let text = error.to_string();
     assert!(text.starts_with("cannot register provider acp: "), "{text}");
     assert!(text.contains("cwd"), "{text}");
+}
+
+/// spec: ACP-49 — the harness's own ACP agent answers a `PONG` prompt with `completed`. Rust
+/// form, keyless: the `acp` provider starts this crate's `subagent acp` (on a local
+/// OpenAI-compatible server replaying a recorded `PONG` answer) as its child; the run's result
+/// is that answer with stop reason `completed`. The served session's log lands in the child's
+/// store, rooted at the delegating session's working directory, with its one turn completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acp_49_the_harness_own_acp_agent_answers_pong_with_completed() {
+    let (base, exchanges) = support::sse::serve(|_| ("pong.sse", support::sse::recording("pong.sse")));
+    let store = tempfile::tempdir().expect("store dir");
+    let child_store = tempfile::tempdir().expect("child store dir");
+    let workspace = tempfile::tempdir().expect("workspace dir");
+    let workspace_path = workspace.path().canonicalize().expect("canonical workspace");
+    let mut acp = AcpConfig::new(env!("CARGO_BIN_EXE_subagent"));
+    acp.args = ["acp", "--base-url", &base, "--model", "gpt-4o-mini", "--store"]
+        .map(str::to_owned)
+        .to_vec();
+    acp.args
+        .push(child_store.path().to_str().expect("a UTF-8 path").to_owned());
+    let mut options = HostOptions::new(store.path(), Arc::new(DelegatesOnce), "mock", "mock");
+    options.cwd = Some(workspace_path.clone());
+    options.acp = Some(acp);
+    let host: Host = build_host(options).expect("the host composes");
+    let parent = host
+        .create_agent(SessionId::from("parent"))
+        .await
+        .expect("parent");
+    let request = SubagentStartRequest::new(
+        vec![ContentBlock::text("PONG")],
+        parent.agent().clone(),
+        Signal::new(),
+    );
+    let run = host
+        .subagents()
+        .start("acp", request)
+        .await
+        .expect("the child starts");
+    let result = run.result().await.expect("a result");
+    run.dispose().await.expect("disposed");
+    assert_eq!(
+        result.stop_reason,
+        StopReason::Completed,
+        "{:?}",
+        result.diagnostic
+    );
+    assert_eq!(agent::content::visible_text(&result.output), "PONG");
+
+    let prompts: Vec<String> = exchanges
+        .lock()
+        .iter()
+        .filter_map(|e| {
+            let messages = e.body["messages"].as_array()?;
+            messages
+                .last()
+                .and_then(|m| m["content"].as_str())
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(
+        prompts,
+        ["PONG"],
+        "the served coordinator asked its model once, with the prompt"
+    );
+    let served = agent_loop::JsonlStore::new(child_store.path());
+    let sessions = agent::SessionPersistence::list(&served).await.expect("listed");
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    let loaded = agent::SessionPersistence::load(&served, &sessions[0].id)
+        .await
+        .expect("the served session's log loads");
+    assert_eq!(loaded.header.cwd.as_deref(), Some(workspace_path.as_path()));
+    let ends: Vec<&str> = loaded
+        .events
+        .iter()
+        .filter_map(|e| match &e.data {
+            EventData::TurnEnd { reason, .. } => Some(reason.kind()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ends, ["completed"]);
+    parent.dispose().await;
+    host.shutdown().await.expect("shutdown");
 }

@@ -283,6 +283,18 @@ fn run_with_a_bad_acp_config_is_one_line_error() {
     assert!(!dir.path().join("store").exists(), "nothing was stored");
 }
 
+/// `subagent acp` needs the same model settings as `run`, and says so before serving anything.
+#[test]
+fn acp_without_model_settings_is_one_line_error() {
+    let out = subagent(&["acp"]);
+    assert_user_error(&out, "SUBAGENT_BASE_URL");
+    assert!(out.stdout.is_empty(), "nothing on the protocol channel");
+    assert_user_error(
+        &subagent(&["acp", "--base-url", "http://127.0.0.1:9/v1"]),
+        "SUBAGENT_MODEL",
+    );
+}
+
 #[test]
 fn run_help_documents_the_environment() {
     let out = subagent(&["run", "--help"]);

@@ -4,26 +4,19 @@
 //! coordinator answers from the child's result. The store then shows the child under the
 //! coordinator and replays clean.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+mod support;
+
+use std::net::TcpListener;
 use std::process::Command;
 use std::sync::Arc;
-use std::thread;
 
 use parking_lot::Mutex;
 use serde_json::Value;
+use support::sse::Exchange;
 
 /// The prompt the recorded coordinator stream delegates (see `coordinator_delegates.sse`).
 const DELEGATED_PROMPT: &str =
     "List the top-level entries of the workspace and say which one is the manifest.";
-
-/// One request the server answered: which recording it replayed, its headers and JSON body.
-#[derive(Clone, Debug)]
-struct Exchange {
-    replayed: &'static str,
-    head: String,
-    body: Value,
-}
 
 /// Picks the recording for a request by its content (never by arrival order).
 fn route(body: &Value) -> &'static str {
@@ -40,66 +33,12 @@ fn route(body: &Value) -> &'static str {
     }
 }
 
-fn recording(name: &str) -> Vec<u8> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name);
-    std::fs::read(&path).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()))
-}
-
-/// Reads one HTTP/1.1 request: the head and a `content-length` body.
-fn read_request(stream: &mut TcpStream) -> Option<(String, Vec<u8>)> {
-    let mut reader = BufReader::new(stream.try_clone().ok()?);
-    let mut head = String::new();
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).ok()? == 0 {
-            return None;
-        }
-        if line == "\r\n" {
-            break;
-        }
-        head.push_str(&line);
-    }
-    let length = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse::<usize>().ok())?
-        })
-        .unwrap_or(0);
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).ok()?;
-    Some((head, body))
-}
-
-/// Serves recordings on 127.0.0.1 until the process ends; returns the base URL and the log of
-/// exchanges.
+/// Serves the recordings [`route`] picks, on 127.0.0.1.
 fn serve() -> (String, Arc<Mutex<Vec<Exchange>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
-    let base = format!("http://{}/v1", listener.local_addr().expect("local addr"));
-    let log: Arc<Mutex<Vec<Exchange>>> = Arc::default();
-    let seen = log.clone();
-    thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let Some((head, body)) = read_request(&mut stream) else {
-                continue;
-            };
-            let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            let replayed = route(&body);
-            seen.lock().push(Exchange { replayed, head, body });
-            let reply = recording(replayed);
-            let _ = stream.write_all(
-                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\
-                  x-request-id: req_replay\r\nconnection: close\r\n\r\n",
-            );
-            let _ = stream.write_all(&reply);
-            let _ = stream.flush();
-        }
-    });
-    (base, log)
+    support::sse::serve(|body| {
+        let name = route(body);
+        (name, support::sse::recording(name))
+    })
 }
 
 #[test]

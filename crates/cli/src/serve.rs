@@ -1,0 +1,396 @@
+//! `subagent acp`: the harness's own agent served over the Agent Client Protocol (ACP v1), so an
+//! ACP client — an editor, or another harness's `acp` provider — can delegate to it.
+//!
+//! Every `session/new` composes a fresh [`Host`] rooted at the session's `cwd` (its read-only
+//! workspace tools confined there, its logs in the configured store) with one coordinator agent
+//! whose session id is the ACP session id. Every `session/prompt` delivers the prompt's text
+//! blocks as one turn and, once the coordinator has settled (its delegations and background jobs
+//! included), streams the turn's final answer as one `agent_message_chunk` and answers with the
+//! stop reason of the turn: `completed` → `end_turn`, `max-tokens` → `max_tokens`, `blocked` →
+//! `refusal`, `aborted`/`interrupted` → `cancelled`; a failed turn answers with a JSON-RPC error
+//! carrying the failure. `session/cancel` cancels the running turn (cause `user`).
+//!
+//! # Ownership and shutdown
+//! [`serve`] owns every session and every request task. When the input ends (the client closed
+//! it, or went away) or the connection fails, it aborts the request tasks still running, waits
+//! for them, then disposes every coordinator and shuts every host down, so each session log ends
+//! balanced and durable; only then does it return. Permission requests are never sent: the
+//! served agent has no tool that needs one (its workspace tools only read).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use agent::{
+    AgentHandle, CancelCause, CancelOptions, EventData, ModelAdapter, SessionId, SessionObserver,
+    TurnEndReason,
+};
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::v1::schema::{
+    AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, InitializeRequest, InitializeResponse,
+    NewSessionRequest, NewSessionResponse, PromptRequest, PromptResponse, SessionId as SessionIdWire,
+    SessionNotification, SessionUpdate, StopReason, TextContent,
+};
+use agent_client_protocol::{Agent as AcpAgent, ByteStreams, Client, Error as AcpError, ErrorCode};
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::task::JoinSet;
+use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+use tokio_util::sync::CancellationToken;
+
+use crate::CliError;
+use crate::host::{Host, HostOptions, build_host};
+use crate::workspace::Workspace;
+
+/// What every served session is composed from.
+#[derive(Clone)]
+pub struct ServeOptions {
+    /// The model adapter every agent uses.
+    pub adapter: Arc<dyn ModelAdapter>,
+    /// The provider route the adapter is registered under.
+    pub model_provider: String,
+    /// The model name agents ask for.
+    pub model_name: String,
+    /// Optional output-token cap per model call.
+    pub max_tokens: Option<u64>,
+    /// The most model steps one turn of any agent may take ([`HostOptions::max_steps_per_turn`]).
+    pub max_steps_per_turn: Option<u32>,
+    /// Where every session's logs are stored (absolute, so a session's `cwd` cannot move it).
+    pub store_dir: PathBuf,
+    /// Observers installed into every session (an online invariant checker in tests).
+    pub session_observers: Vec<Arc<dyn SessionObserver>>,
+}
+
+impl std::fmt::Debug for ServeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeOptions")
+            .field("model_provider", &self.model_provider)
+            .field("model_name", &self.model_name)
+            .field("max_tokens", &self.max_tokens)
+            .field("max_steps_per_turn", &self.max_steps_per_turn)
+            .field("store_dir", &self.store_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One served ACP session: its host and its coordinator.
+struct Served {
+    host: Host,
+    coordinator: AgentHandle,
+    /// The running prompt's cancellation, registered when its request arrives (so a
+    /// `session/cancel` that follows it always reaches it); a second prompt is refused while it
+    /// is set.
+    prompt: Mutex<Option<CancellationToken>>,
+}
+
+/// Everything a connection's handlers share.
+struct State {
+    options: ServeOptions,
+    sessions: Mutex<HashMap<String, Arc<Served>>>,
+    /// Request tasks (`session/new`, `session/prompt`); reaped as they finish.
+    tasks: Mutex<JoinSet<()>>,
+    /// Set once the input ended: no task is spawned after that.
+    closed: AtomicBool,
+}
+
+impl State {
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        let mut tasks = self.tasks.lock();
+        while tasks.try_join_next().is_some() {}
+        if !self.closed.load(Ordering::Acquire) {
+            tasks.spawn(task);
+        }
+    }
+
+    async fn new_session(&self, request: NewSessionRequest) -> Result<NewSessionResponse, AcpError> {
+        let cwd = session_cwd(&request.cwd)?;
+        if !request.mcp_servers.is_empty() {
+            tracing::warn!(
+                servers = request.mcp_servers.len(),
+                "subagent acp: MCP servers are not supported; the session runs without them"
+            );
+        }
+        let workspace = Workspace::new(&cwd)
+            .map_err(|e| invalid_params(format!("cannot use cwd {}: {e}", cwd.display())))?;
+        let mut options = HostOptions::new(
+            &self.options.store_dir,
+            self.options.adapter.clone(),
+            self.options.model_provider.clone(),
+            self.options.model_name.clone(),
+        );
+        options.max_tokens = self.options.max_tokens;
+        options.max_steps_per_turn = self.options.max_steps_per_turn;
+        options.persona = Some(crate::model_text::run_persona(workspace.root()));
+        options.cwd = Some(cwd);
+        options.workspace = Some(workspace);
+        options.deliver_job_notices = true;
+        options.session_observers = self.options.session_observers.clone();
+        let host = build_host(options).map_err(|e| internal(format!("cannot start the host: {e}")))?;
+        let id = format!("acp-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let coordinator = match host.create_agent(SessionId::new(id.clone())).await {
+            Ok(handle) => handle,
+            Err(e) => {
+                let message = format!("cannot create the session's agent: {e}");
+                if let Err(e) = host.shutdown().await {
+                    tracing::warn!(error = %e, "subagent acp: shutting an unused host down failed");
+                }
+                return Err(internal(message));
+            }
+        };
+        let served = Arc::new(Served {
+            host,
+            coordinator,
+            prompt: Mutex::new(None),
+        });
+        self.sessions.lock().insert(id.clone(), served);
+        Ok(NewSessionResponse::new(id))
+    }
+
+    /// Admits a prompt as its request arrives (handlers run one at a time, in arrival order):
+    /// the session exists, the prompt has text, and no other prompt is running. Registers the
+    /// prompt's cancellation.
+    fn admit(&self, request: &PromptRequest) -> Result<(Arc<Served>, String, CancellationToken), AcpError> {
+        let session = &request.session_id;
+        let served = self
+            .sessions
+            .lock()
+            .get(&*session.0)
+            .cloned()
+            .ok_or_else(|| invalid_params(format!("unknown session `{}`", session.0)))?;
+        let text = prompt_text(&request.prompt);
+        if text.trim().is_empty() {
+            return Err(invalid_params("the prompt has no text".to_owned()));
+        }
+        let token = CancellationToken::new();
+        {
+            let mut running = served.prompt.lock();
+            if running.is_some() {
+                return Err(AcpError::new(
+                    ErrorCode::INVALID_REQUEST,
+                    format!("a prompt is already running in session `{}`", session.0),
+                ));
+            }
+            *running = Some(token.clone());
+        }
+        Ok((served, text, token))
+    }
+
+    /// Runs an admitted prompt to its response, then releases the session for the next one.
+    async fn prompt(
+        &self,
+        served: Arc<Served>,
+        session: SessionIdWire,
+        text: String,
+        cancel: CancellationToken,
+        cx: ConnectionTo<Client>,
+    ) -> Result<PromptResponse, AcpError> {
+        let outcome = if cancel.is_cancelled() {
+            // Cancelled before its turn began: no turn is run.
+            Ok((
+                None,
+                TurnEndReason::Aborted {
+                    reason: CancelCause::User,
+                },
+            ))
+        } else {
+            self.run_prompt(&served, text, &cancel).await
+        };
+        *served.prompt.lock() = None;
+        let (answer, reason) = outcome?;
+        if let Some(answer) = answer {
+            let chunk = ContentChunk::new(ContentBlock::Text(TextContent::new(answer)));
+            cx.send_notification(SessionNotification::new(
+                session,
+                SessionUpdate::AgentMessageChunk(chunk),
+            ))?;
+        }
+        Ok(PromptResponse::new(stop_reason(reason)?))
+    }
+
+    /// Runs one turn of `served`'s coordinator; returns its final answer and how it ended.
+    async fn run_prompt(
+        &self,
+        served: &Served,
+        text: String,
+        cancel: &CancellationToken,
+    ) -> Result<(Option<String>, TurnEndReason), AcpError> {
+        let agent = served.coordinator.agent().clone();
+        let from = agent.session().len();
+        let turn = tokio::select! {
+            // The prompt is delivered before the cancellation is looked at, so a cancel that
+            // came first still ends a turn rather than leaving none half-started.
+            biased;
+            turn = served.host.run_turn(&agent, text) => turn,
+            () = cancel.cancelled() => {
+                agent.cancel(CancelCause::User, CancelOptions::default());
+                agent.when_idle().await;
+                Ok(())
+            }
+        };
+        turn.map_err(|e| internal(format!("the turn could not start: {e}")))?;
+        let events = agent.session().events();
+        let turn = events.get(from..).unwrap_or_default();
+        let answer = turn.iter().rev().find_map(|e| match &e.data {
+            EventData::AssistantMessage { message, .. } if !message.text().is_empty() => Some(message.text()),
+            _ => None,
+        });
+        let reason = turn
+            .iter()
+            .rev()
+            .find_map(|e| match &e.data {
+                EventData::TurnEnd { reason, .. } => Some(reason.clone()),
+                _ => None,
+            })
+            .ok_or_else(|| internal("the turn left no end in the session log".to_owned()))?;
+        Ok((answer, reason))
+    }
+
+    /// `session/cancel`: cancels the session's running prompt, if any (its turn ends
+    /// `aborted`, answered `cancelled`).
+    fn cancel(&self, notification: &CancelNotification) {
+        let served = self.sessions.lock().get(&*notification.session_id.0).cloned();
+        if let Some(token) = served.and_then(|s| s.prompt.lock().clone()) {
+            token.cancel();
+        }
+    }
+
+    /// Ends every request task, then every session: coordinators disposed, hosts shut down.
+    async fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        let mut tasks = std::mem::take(&mut *self.tasks.lock());
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        let sessions: Vec<(String, Arc<Served>)> = self.sessions.lock().drain().collect();
+        for (id, served) in sessions {
+            // Every task that held a session has ended, so the map held the last reference.
+            let Ok(served) = Arc::try_unwrap(served) else {
+                tracing::warn!(session = %id, "subagent acp: a session is still shared at shutdown; leaving it");
+                continue;
+            };
+            served.coordinator.dispose().await;
+            if let Err(e) = served.host.shutdown().await {
+                tracing::warn!(session = %id, error = %e, "subagent acp: shutting a session's host down failed");
+            }
+        }
+    }
+}
+
+/// The session's working directory: an absolute path to an existing directory (ACP requires
+/// absolute paths), canonicalized so the workspace confinement and the session header agree.
+fn session_cwd(cwd: &Path) -> Result<PathBuf, AcpError> {
+    if !cwd.is_absolute() {
+        return Err(invalid_params(format!(
+            "cwd must be an absolute path, got {}",
+            cwd.display()
+        )));
+    }
+    let canonical = cwd
+        .canonicalize()
+        .map_err(|e| invalid_params(format!("cannot use cwd {}: {e}", cwd.display())))?;
+    if !canonical.is_dir() {
+        return Err(invalid_params(format!(
+            "cwd {} is not a directory",
+            cwd.display()
+        )));
+    }
+    Ok(canonical)
+}
+
+/// The prompt's text blocks, one per line; every other block (images, resources) is dropped.
+fn prompt_text(blocks: &[ContentBlock]) -> String {
+    blocks
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::Text(text) => Some(text.text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The ACP stop reason of a turn end; a failed turn is an error response.
+fn stop_reason(reason: TurnEndReason) -> Result<StopReason, AcpError> {
+    match reason {
+        TurnEndReason::Completed => Ok(StopReason::EndTurn),
+        TurnEndReason::MaxTokens => Ok(StopReason::MaxTokens),
+        TurnEndReason::Blocked => Ok(StopReason::Refusal),
+        TurnEndReason::Aborted { .. } | TurnEndReason::Interrupted => Ok(StopReason::Cancelled),
+        TurnEndReason::Error { error } => Err(internal(format!("the turn failed: {error}"))),
+        other => Err(internal(format!("the turn ended with `{}`", other.kind()))),
+    }
+}
+
+fn invalid_params(message: String) -> AcpError {
+    AcpError::new(ErrorCode::INVALID_PARAMS, message)
+}
+
+fn internal(message: String) -> AcpError {
+    AcpError::new(ErrorCode::INTERNAL_ERROR, message)
+}
+
+/// Serves ACP v1 on `input`/`output` until `input` ends, then winds every session down (see the
+/// module docs). Fails only when the connection itself failed; the sessions are wound down
+/// either way.
+pub async fn serve<R, W>(options: ServeOptions, input: R, output: W) -> Result<(), CliError>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    let transport = ByteStreams::new(output.compat_write(), input.compat());
+    let state = Arc::new(State {
+        options,
+        sessions: Mutex::new(HashMap::new()),
+        tasks: Mutex::new(JoinSet::new()),
+        closed: AtomicBool::new(false),
+    });
+    let (for_new, for_prompt, for_cancel) = (state.clone(), state.clone(), state.clone());
+    let served = AcpAgent
+        .v1()
+        .name("subagent")
+        .on_receive_request(
+            async move |_request: InitializeRequest, responder, _cx| {
+                responder.respond(
+                    InitializeResponse::new(ProtocolVersion::V1).agent_capabilities(AgentCapabilities::new()),
+                )
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: NewSessionRequest, responder, _cx| {
+                let state = for_new.clone();
+                for_new.spawn(async move {
+                    let _ = responder.respond_with_result(state.new_session(request).await);
+                });
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: PromptRequest, responder, cx: ConnectionTo<Client>| {
+                let (served, text, cancel) = match for_prompt.admit(&request) {
+                    Ok(admitted) => admitted,
+                    Err(refused) => return responder.respond_with_error(refused),
+                };
+                let state = for_prompt.clone();
+                for_prompt.spawn(async move {
+                    let response = state.prompt(served, request.session_id, text, cancel, cx).await;
+                    let _ = responder.respond_with_result(response);
+                });
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_notification(
+            async move |notification: CancelNotification, _cx| {
+                for_cancel.cancel(&notification);
+                Ok(())
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .connect_to(transport)
+        .await;
+    state.close().await;
+    served.map_err(|e| CliError::Run(format!("the ACP connection failed: {e}")))
+}

@@ -1,0 +1,185 @@
+//! `subagent acp`'s server ([`subagent_cli::serve::serve`]) driven in-process by an ACP client
+//! over an in-memory pipe: a prompt answered with its final text and `end_turn`, every
+//! malformed request refused with a clear error (nothing stored for it), a running turn
+//! cancelled by `session/cancel`, and every session wound down — logs balanced and durable —
+//! once the client closes its end.
+
+use std::sync::Arc;
+
+use agent::{GenerateOptions, ModelAdapter, ModelStream};
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::v1::schema::{
+    CancelNotification, ContentBlock, InitializeRequest, NewSessionRequest, PromptRequest,
+    SessionNotification, SessionUpdate, StopReason, TextContent,
+};
+use agent_client_protocol::{ByteStreams, Client};
+use agent_loop::model::chunks;
+use futures::StreamExt;
+use invariants::InvariantObserver;
+use parking_lot::Mutex;
+use subagent_cli::serve::{ServeOptions, serve};
+use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
+
+/// Answers every prompt at once, except one containing `WAIT`, whose stream never yields.
+struct Answers;
+
+impl ModelAdapter for Answers {
+    fn stream(&self, options: Arc<GenerateOptions>) -> ModelStream {
+        let waits = options.messages.iter().any(|m| m.text().contains("WAIT"));
+        if waits {
+            return futures::stream::pending().boxed();
+        }
+        futures::stream::iter(chunks::text("hello back").into_iter().map(Ok)).boxed()
+    }
+}
+
+fn text(t: &str) -> Vec<ContentBlock> {
+    vec![ContentBlock::Text(TextContent::new(t))]
+}
+
+/// The served agent over ACP v1: one host per session, the final answer streamed, stop
+/// reasons mapped, bad requests refused, a second concurrent prompt refused, `session/cancel`
+/// honoured, and a clean wind-down at EOF.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_served_agent_answers_refuses_bad_requests_cancels_and_winds_down_at_eof() {
+    let store = tempfile::tempdir().expect("store dir");
+    let workspace = tempfile::tempdir().expect("workspace dir");
+    let workspace_path = workspace.path().canonicalize().expect("canonical workspace");
+    let observer = InvariantObserver::shared();
+    let options = ServeOptions {
+        adapter: Arc::new(Answers),
+        model_provider: "mock".to_owned(),
+        model_name: "mock".to_owned(),
+        max_tokens: None,
+        max_steps_per_turn: Some(5),
+        store_dir: store.path().to_owned(),
+        session_observers: vec![observer.clone()],
+    };
+    let (client_end, server_end) = tokio::io::duplex(1 << 16);
+    let (server_read, server_write) = tokio::io::split(server_end);
+    let server = tokio::spawn(serve(options, server_read, server_write));
+
+    let (client_read, client_write) = tokio::io::split(client_end);
+    let transport = ByteStreams::new(client_write.compat_write(), client_read.compat());
+    let chunks_seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = chunks_seen.clone();
+    let cwd = workspace_path.clone();
+    Client
+        .v1()
+        .name("test-client")
+        .on_receive_notification(
+            async move |notification: SessionNotification, _cx| {
+                if let SessionUpdate::AgentMessageChunk(chunk) = notification.update
+                    && let ContentBlock::Text(t) = chunk.content
+                {
+                    seen.lock().push(t.text);
+                }
+                Ok(())
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .connect_with(
+            transport,
+            async move |cx: ConnectionTo<agent_client_protocol::Agent>| {
+                let init = cx
+                    .send_request(InitializeRequest::new(ProtocolVersion::V1))
+                    .block_task()
+                    .await?;
+                assert_eq!(init.protocol_version, ProtocolVersion::V1);
+
+                // A relative or missing cwd is refused.
+                for bad in ["relative/dir", "/no/such/dir/anywhere"] {
+                    let refused = cx
+                        .send_request(NewSessionRequest::new(bad))
+                        .block_task()
+                        .await
+                        .expect_err("a bad cwd is refused");
+                    assert!(refused.message.contains("cwd"), "{refused:?}");
+                }
+                let session = cx
+                    .send_request(NewSessionRequest::new(cwd.clone()))
+                    .block_task()
+                    .await?
+                    .session_id;
+
+                // Unknown sessions and prompts without text are refused.
+                let unknown = cx
+                    .send_request(PromptRequest::new("acp-nope", text("hi")))
+                    .block_task()
+                    .await
+                    .expect_err("an unknown session is refused");
+                assert!(
+                    unknown.message.contains("unknown session `acp-nope`"),
+                    "{unknown:?}"
+                );
+                let empty = cx
+                    .send_request(PromptRequest::new(session.clone(), text("   ")))
+                    .block_task()
+                    .await
+                    .expect_err("a prompt without text is refused");
+                assert!(empty.message.contains("no text"), "{empty:?}");
+
+                // A prompt is answered with the turn's final text and `end_turn`.
+                let answered = cx
+                    .send_request(PromptRequest::new(session.clone(), text("say hello")))
+                    .block_task()
+                    .await?;
+                assert_eq!(answered.stop_reason, StopReason::EndTurn);
+
+                // While a prompt runs, another is refused; `session/cancel` ends the running one.
+                // (The server admits requests in arrival order, so both are deterministic.)
+                let waiting = cx.send_request(PromptRequest::new(session.clone(), text("WAIT for it")));
+                let busy = cx
+                    .send_request(PromptRequest::new(session.clone(), text("again")))
+                    .block_task()
+                    .await
+                    .expect_err("a second prompt is refused while one runs");
+                assert!(busy.message.contains("already running"), "{busy:?}");
+                cx.send_notification(CancelNotification::new(session.clone()))?;
+                let cancelled = waiting.block_task().await?;
+                assert_eq!(cancelled.stop_reason, StopReason::Cancelled);
+                Ok(())
+            },
+        )
+        .await
+        .expect("the client's exchange succeeds");
+    // The client's end is gone: the server winds down and returns.
+    server
+        .await
+        .expect("the server task")
+        .expect("the server ends cleanly");
+    let chunks = chunks_seen.lock().clone();
+    assert_eq!(
+        chunks.first().map(String::as_str),
+        Some("hello back"),
+        "{chunks:?}"
+    );
+
+    let stored = agent_loop::JsonlStore::new(store.path());
+    let sessions = agent::SessionPersistence::list(&stored).await.expect("listed");
+    assert_eq!(
+        sessions.len(),
+        1,
+        "only the valid session was stored: {sessions:?}"
+    );
+    let loaded = agent::SessionPersistence::load(&stored, &sessions[0].id)
+        .await
+        .expect("the log loads");
+    assert_eq!(loaded.header.cwd.as_deref(), Some(workspace_path.as_path()));
+    let ends: Vec<&str> = loaded
+        .events
+        .iter()
+        .filter_map(|e| match &e.data {
+            agent::EventData::TurnEnd { reason, .. } => Some(reason.kind()),
+            _ => None,
+        })
+        .collect();
+    // The cancel may reach the waiting prompt before or after its turn began: no second turn,
+    // or one that ended `aborted`.
+    assert!(
+        ends == ["completed"] || ends == ["completed", "aborted"],
+        "the waiting prompt left no completed turn: {ends:?}"
+    );
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+}
