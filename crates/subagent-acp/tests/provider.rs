@@ -578,6 +578,35 @@ async fn acp_33_allow_policy() {
     assert_eq!(text(&result.output), "mock child answer (permitted)");
 }
 
+/// spec: ACP-50 — with `permission: allow` the child acts in the configured cwd: it asks
+/// permission, is granted it, and writes `proof.txt` there, which the test reads back
+/// independently (nothing lands in the parent's cwd). Rust form, keyless: upstream's real
+/// agent writes the file with its bash tool on a model key; here the scripted mock writes it
+/// once the provider's policy has granted the request.
+#[tokio::test]
+async fn acp_50_allowed_child_writes_in_the_configured_cwd() {
+    let parent_dir = scratch();
+    let configured = scratch();
+    let mut config = mock_config(&[("MOCK_PERMISSION", "1"), ("MOCK_WRITE_FILE", "proof.txt")]);
+    config.permission = PermissionPolicy::Allow;
+    config.cwd = Some(path_str(configured.path()));
+    let result = run_config(Some(parent_dir.path()), &config).await;
+    assert_eq!(result.stop_reason, StopReason::Completed);
+    assert_eq!(
+        std::fs::read_to_string(configured.path().join("proof.txt")).expect("the proof was written"),
+        "proof"
+    );
+    assert!(!parent_dir.path().join("proof.txt").exists());
+
+    // Under the default reject policy the same child writes nothing.
+    let refused = scratch();
+    let mut config = mock_config(&[("MOCK_PERMISSION", "1"), ("MOCK_WRITE_FILE", "proof.txt")]);
+    config.cwd = Some(path_str(refused.path()));
+    let result = run_config(Some(parent_dir.path()), &config).await;
+    assert_eq!(result.stop_reason, StopReason::Aborted);
+    assert!(!refused.path().join("proof.txt").exists());
+}
+
 /// spec: ACP-34 — the allow policy with only reject-shaped options answers `cancelled` →
 /// `aborted`.
 #[tokio::test]

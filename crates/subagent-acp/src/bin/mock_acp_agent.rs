@@ -13,6 +13,7 @@
 //! | `MOCK_NEWSESSION_READY` + `MOCK_NEWSESSION_GO` | touch READY on entering `session/new`, then wait for GO |
 //! | `MOCK_PERMISSION=1` | ask permission (`yes`/allow_once, `no`/reject_once); `cancelled` → stop `cancelled` |
 //! | `MOCK_NO_ALLOW=1` | with `MOCK_PERMISSION`, offer only the reject option |
+//! | `MOCK_WRITE_FILE=<name>` | with `MOCK_PERMISSION`, once permitted write `proof` to `<name>` in the process cwd (a denied request writes nothing) |
 //! | `MOCK_THOUGHT=1` | send an `agent_thought_chunk` before the message chunk |
 //! | `MOCK_HANG=1` | after streaming, wait for `session/cancel`, then answer `cancelled` |
 //! | `MOCK_IGNORE_CANCEL=1` | with hang: receive `session/cancel` but never answer |
@@ -158,6 +159,12 @@ async fn run_prompt(
         let response = cx.send_request(request).block_task().await?;
         if let RequestPermissionOutcome::Cancelled = response.outcome {
             return Ok(json!({"stopReason": "cancelled"}));
+        }
+        if let Some(name) = var("MOCK_WRITE_FILE")
+            && let Err(error) = std::fs::write(&name, b"proof")
+        {
+            eprintln!("mock_acp_agent: cannot write {name}: {error}");
+            return Ok(json!({"stopReason": "refusal"}));
         }
         cx.send_notification(chunk(&session, " (permitted)".to_owned(), false))?;
     }
