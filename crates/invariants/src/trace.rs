@@ -310,9 +310,10 @@ impl CoreTrace {
     }
 
     /// Spine §4.2 (4): an appended `assistant/message`'s `sourceEventSeqs` lists the seqs of the
-    /// chunks that built it — `assistant/chunk` events of its own (open) step, logged before it.
-    /// An explicit empty list ("known empty stream") and an absent one pass; a replacing message
-    /// (compaction) is not checked, its chunks being in an earlier step.
+    /// chunks that built it — `assistant/chunk` events of its own (open) step, logged before it,
+    /// each once and in log order. An explicit empty list ("known empty stream") and an absent
+    /// one pass; a replacing message (compaction) is not checked, its chunks being in an earlier
+    /// step.
     fn check_source_seqs(&self, ev: &SessionEvent, out: &mut Vec<Finding>) {
         let Some(meta) = &ev.surface else { return };
         let (Some(SurfaceOp::Append), Some(seqs)) = (&meta.surface_op, &meta.source_event_seqs) else {
@@ -323,6 +324,14 @@ impl CoreTrace {
                 RuleId::SURFACE,
                 format!(
                     "sourceEventSeqs to name assistant/chunk events of the open step logged before the message, but seq {bad} is not one"
+                ),
+            ));
+        } else if let Some(pair) = seqs.windows(2).find(|w| w[0] >= w[1]) {
+            out.push((
+                RuleId::SURFACE,
+                format!(
+                    "sourceEventSeqs to list each chunk once, in log order, but {} is followed by {}",
+                    pair[0], pair[1]
                 ),
             ));
         }

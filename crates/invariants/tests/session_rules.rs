@@ -698,9 +698,10 @@ fn s11_tool_calls_name_the_open_step() {
 }
 
 /// spec: SPN-60 (spine §4.2 (4)) — an appended `assistant/message`'s `sourceEventSeqs` names the
-/// `assistant/chunk` events of its own step logged before it. An explicit empty list (a known
-/// empty stream) and an absent list pass; a seq that is not such a chunk (another event, a
-/// chunk of an earlier step, a later seq) is flagged `SURFACE`, offline and online alike.
+/// `assistant/chunk` events of its own step logged before it, each once and in log order. An
+/// explicit empty list (a known empty stream) and an absent list pass; a seq that is not such a
+/// chunk (another event, a chunk of an earlier step, a later seq), a repeated chunk and chunks
+/// out of order are flagged `SURFACE`, offline and online alike.
 #[test]
 fn source_event_seqs_name_chunks_of_the_open_step() {
     let with_seqs = |mut e: SessionEvent, seqs: Vec<u64>| {
@@ -734,6 +735,8 @@ fn source_event_seqs_name_chunks_of_the_open_step() {
         (vec![2, 3], vec![3], 8), // a chunk of the previous step
         (vec![2, 9], vec![7], 4), // a later seq
         (vec![2, 4], vec![7], 4), // the message itself
+        (vec![2, 2], vec![7], 4), // a chunk named twice
+        (vec![3, 2], vec![7], 4), // chunks out of log order
     ] {
         let v = replay(&build(first.clone(), second.clone()));
         assert_eq!(rules(&v), ["SURFACE"], "{first:?} {second:?}: {v:#?}");
