@@ -30,6 +30,12 @@ use subagent_cli::{CliError, Host, HostOptions, build_host};
 /// The default store directory.
 const DEFAULT_STORE: &str = ".subagent";
 
+/// The model settings' environment variables, after `run --help` and `acp --help`.
+const MODEL_ENV_HELP: &str = "Environment variables (used when the flag is absent):\n  \
+    SUBAGENT_BASE_URL  API base URL up to the version segment, e.g. https://api.openai.com/v1\n  \
+    SUBAGENT_API_KEY   bearer token (optional for local servers)\n  \
+    SUBAGENT_MODEL     model name, e.g. gpt-4o-mini";
+
 /// `subagent run`'s default step limit per turn of every agent.
 const DEFAULT_MAX_STEPS: u32 = 50;
 
@@ -61,10 +67,7 @@ enum Command {
     /// workspace tools (read_file, list_dir, grep; confined to the working directory) and the
     /// delegation tools `subagent` (provider spawn) and `fork` (provider fork); with
     /// `--acp-config`, also `acp` (an external agent over the Agent Client Protocol).
-    #[command(after_help = "Environment variables (used when the flag is absent):\n  \
-        SUBAGENT_BASE_URL  API base URL up to the version segment, e.g. https://api.openai.com/v1\n  \
-        SUBAGENT_API_KEY   bearer token (optional for local servers)\n  \
-        SUBAGENT_MODEL     model name, e.g. gpt-4o-mini")]
+    #[command(after_help = MODEL_ENV_HELP)]
     Run {
         #[command(flatten)]
         model: ModelArgs,
@@ -91,10 +94,7 @@ enum Command {
     /// its own coordinator (with the read-only workspace tools over the session's cwd and the
     /// delegation tools) on a real OpenAI-compatible model. Runs until stdin closes; stdout
     /// carries only the protocol.
-    #[command(after_help = "Environment variables (used when the flag is absent):\n  \
-        SUBAGENT_BASE_URL  API base URL up to the version segment, e.g. https://api.openai.com/v1\n  \
-        SUBAGENT_API_KEY   bearer token (optional for local servers)\n  \
-        SUBAGENT_MODEL     model name, e.g. gpt-4o-mini")]
+    #[command(after_help = MODEL_ENV_HELP)]
     Acp {
         #[command(flatten)]
         model: ModelArgs,

@@ -9,9 +9,11 @@
 //! pass `subagent check`.
 #![cfg(unix)]
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
@@ -453,28 +455,6 @@ fn uuid_like() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-fn read_request(stream: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut reader = BufReader::new(stream.try_clone().ok()?);
-    let mut length = 0;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).ok()? == 0 {
-            return None;
-        }
-        if line == "\r\n" {
-            break;
-        }
-        if let Some((k, v)) = line.split_once(':')
-            && k.eq_ignore_ascii_case("content-length")
-        {
-            length = v.trim().parse().ok()?;
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).ok()?;
-    Some(body)
-}
-
 type Script = dyn Fn(&Value) -> Reply + Send + Sync;
 
 /// Serves `script` on 127.0.0.1 (one thread per connection) until the test ends; returns the
@@ -492,7 +472,7 @@ fn serve(script: impl Fn(&Value) -> Reply + Send + Sync + 'static) -> (String, m
             let Ok(mut stream) = stream else { continue };
             let (script, tx, stalled) = (script.clone(), tx.clone(), stalled.clone());
             thread::spawn(move || {
-                let Some(body) = read_request(&mut stream) else {
+                let Some((_, body)) = support::sse::read_request(&mut stream) else {
                     return;
                 };
                 let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);

@@ -27,7 +27,7 @@ pub fn recording(name: &str) -> Vec<u8> {
 }
 
 /// Reads one HTTP/1.1 request: the head and a `content-length` body.
-fn read_request(stream: &mut TcpStream) -> Option<(String, Vec<u8>)> {
+pub fn read_request(stream: &mut TcpStream) -> Option<(String, Vec<u8>)> {
     let mut reader = BufReader::new(stream.try_clone().ok()?);
     let mut head = String::new();
     loop {
