@@ -122,7 +122,7 @@ pub struct HostOptions {
     /// directory. The tool sends no depth cap (the child manages its own recursion) and its
     /// background delegations stay one-shot jobs even with [`continuable`](Self::continuable)
     /// on, since an ACP child cannot be continued. A configuration that does not load fails
-    /// [`build_host`] before any agent exists. `None` (the default) mounts nothing.
+    /// [`build_host`] before anything is composed. `None` (the default) mounts nothing.
     pub acp: Option<subagent_acp::AcpConfig>,
 }
 
@@ -329,6 +329,13 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
         (None, Some(ws)) => ws.root().to_owned(),
         (None, None) => std::env::current_dir().map_err(HostError::Cwd)?,
     };
+    // A misconfigured ACP provider fails before anything is composed.
+    let acp = match &options.acp {
+        Some(config) => {
+            Some(subagent_acp::AcpProvider::load(config).map_err(|e| register_err("provider acp", e))?)
+        }
+        None => None,
+    };
     ensure_store_dir(&options.store_dir)?;
     let store = Arc::new(JsonlStore::new(&options.store_dir));
     let jobs = Arc::new(JobRegistry::new());
@@ -415,10 +422,13 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
         plugins.push(plugin);
     }
 
-    // An optional out-of-process provider: loaded (and so validated) before any agent exists.
-    if let Some(acp) = &options.acp {
-        guards.push(subagent_acp::register(&subagents, acp).map_err(|e| register_err("provider acp", e))?);
-        let mut config = SubagentToolConfig::new(acp.provider_name.clone());
+    // The optional out-of-process provider, loaded (so validated) above.
+    if let Some(acp) = acp {
+        let name = acp.settings().provider_name.clone();
+        guards.push(
+            subagent_acp::register_provider(&subagents, acp).map_err(|e| register_err("provider acp", e))?,
+        );
+        let mut config = SubagentToolConfig::new(name);
         config.tool_name = ACP_TOOL.to_owned();
         config.max_depth = Some(MaxDepth::ProviderManaged);
         let plugin = SubagentToolPlugin::load(&services, &subagents, config)

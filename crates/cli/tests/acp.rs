@@ -117,16 +117,18 @@ async fn acp_48_composition_without_cwd_runs_the_child_in_the_parent_workspace()
     assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
 }
 
-/// A configuration that does not load fails the composition before any agent exists, naming
-/// the provider; nothing is left registered.
+/// A configuration that does not load fails the composition before anything is composed (not
+/// even the store directory is created), naming the provider.
 #[tokio::test]
 async fn an_acp_configuration_that_does_not_load_fails_the_host() {
     let store = tempfile::tempdir().expect("store dir");
     let mut acp = AcpConfig::new("mock_acp_agent");
     acp.cwd = Some(String::new());
-    let mut options = HostOptions::new(store.path(), Arc::new(DelegatesOnce), "mock", "mock");
+    let store_dir = store.path().join("not-yet");
+    let mut options = HostOptions::new(&store_dir, Arc::new(DelegatesOnce), "mock", "mock");
     options.acp = Some(acp);
     let error = build_host(options).expect_err("an empty cwd is refused at load");
+    assert!(!store_dir.exists(), "nothing was composed");
     let text = error.to_string();
     assert!(text.starts_with("cannot register provider acp: "), "{text}");
     assert!(text.contains("cwd"), "{text}");
