@@ -1,8 +1,9 @@
 //! `subagent`: the command-line program of the subagent workspace.
 //!
 //! Subcommands: `demo` (a scripted coordinator, no network), `run` (the same host on a real
-//! OpenAI-compatible model), `acp` (that host served over the Agent Client Protocol), `agents` (the stored sessions as a tree), `log` (one session log,
-//! readable) and `check` (invariant replay over a store). Failures print one line on stderr
+//! OpenAI-compatible model), `acp` (that host served over the Agent Client Protocol), `agents`
+//! (the stored sessions as a tree), `log` (one session log, readable) and `check` (invariant
+//! replay over a store). Failures print one line on stderr
 //! (`subagent: <message>`) and exit non-zero: 1 when `check` found violations, 130 when a second
 //! Ctrl-C cut `run`'s shutdown short, 2 otherwise.
 
