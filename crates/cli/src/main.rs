@@ -94,7 +94,7 @@ enum Command {
     /// (an editor, another harness's `acp` provider) can delegate to it: each ACP session gets
     /// its own coordinator (with the read-only workspace tools over the session's cwd and the
     /// delegation tools) on a real OpenAI-compatible model. Runs until stdin closes; stdout
-    /// carries only the protocol.
+    /// carries only the protocol, warnings go to stderr.
     #[command(after_help = MODEL_ENV_HELP)]
     Acp {
         #[command(flatten)]
@@ -534,6 +534,13 @@ async fn run(
 /// `subagent acp`: serves ACP on stdin/stdout until stdin closes (see [`subagent_cli::serve`]).
 async fn acp(settings: &ModelArgs, store: &Path) -> Result<(), CliError> {
     let (base_url, model) = settings.required()?;
+    // Stdout carries the protocol; warnings (an ignored MCP server, a host that failed to shut
+    // down) go to stderr, which ACP clients keep as the agent's log.
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .try_init();
     let adapter = settings.adapter(base_url, &model)?;
     let store_dir = std::path::absolute(store).map_err(|e| CliError::Io {
         context: format!("cannot resolve the store directory {}", store.display()),

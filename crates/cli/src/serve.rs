@@ -15,7 +15,9 @@
 //! it, or went away) or the connection fails, it aborts the request tasks still running, waits
 //! for them, then disposes every coordinator and shuts every host down, so each session log ends
 //! balanced and durable; only then does it return. Permission requests are never sent: the
-//! served agent has no tool that needs one (its workspace tools only read).
+//! served agent has no tool that needs one (its workspace tools only read). MCP servers offered
+//! in `session/new` are not connected: the session runs without them, with a `tracing` warning
+//! (which `subagent acp` prints on stderr).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

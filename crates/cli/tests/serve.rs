@@ -183,3 +183,72 @@ async fn the_served_agent_answers_refuses_bad_requests_cancels_and_winds_down_at
     );
     assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
 }
+
+/// The `subagent acp` binary speaks newline-delimited JSON-RPC on stdout only: a session offered
+/// MCP servers is created without them and says so on stderr, and closing stdin ends the
+/// program cleanly, its session's log stored.
+#[test]
+fn the_binary_serves_on_stdio_warns_about_mcp_servers_on_stderr_and_exits_at_eof() {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    use std::process::{Command, Stdio};
+
+    let store = tempfile::tempdir().expect("store dir");
+    let workspace = tempfile::tempdir().expect("workspace dir");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_subagent"))
+        .args([
+            "acp",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--model",
+            "m",
+            "--store",
+        ])
+        .arg(store.path())
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut response = |request: serde_json::Value| {
+        writeln!(stdin, "{request}").expect("request written");
+        let id = request["id"].clone();
+        loop {
+            let mut line = String::new();
+            assert!(
+                stdout.read_line(&mut line).expect("stdout read") > 0,
+                "stdout closed early"
+            );
+            let message: serde_json::Value =
+                serde_json::from_str(&line).expect("stdout carries JSON-RPC only");
+            if message["id"] == id {
+                return message;
+            }
+        }
+    };
+    let init = response(
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": 1}}),
+    );
+    assert_eq!(init["result"]["protocolVersion"], 1, "{init}");
+    let created = response(
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+        "params": {"cwd": workspace.path(), "mcpServers": [
+            {"name": "tools", "command": "/bin/true", "args": [], "env": []}]}}),
+    );
+    let session = created["result"]["sessionId"]
+        .as_str()
+        .expect("a session id")
+        .to_owned();
+    drop(stdin);
+    let out = child.wait_with_output().expect("the binary exits");
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("MCP servers are not supported"), "{stderr}");
+    assert!(
+        store.path().join(format!("{session}.jsonl")).is_file(),
+        "the session's log is stored"
+    );
+}
