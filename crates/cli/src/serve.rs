@@ -4,9 +4,10 @@
 //! Every `session/new` composes a fresh [`Host`] rooted at the session's `cwd` (its read-only
 //! workspace tools confined there, its logs in the configured store) with one coordinator agent
 //! whose session id is the ACP session id. Every `session/prompt` delivers the prompt's text
-//! blocks as one turn and, once the coordinator has settled (its delegations and background jobs
-//! included), streams the turn's final answer as one `agent_message_chunk` and answers with the
-//! stop reason of the turn: `completed` → `end_turn`, `max-tokens` → `max_tokens`, `blocked` →
+//! blocks as one turn, streams the coordinator's visible text to the client as its log records
+//! it (one `agent_message_chunk` per text delta, a blank line between the texts of different
+//! model steps) and, once the coordinator has settled (its delegations and background jobs
+//! included), answers with the stop reason of the turn: `completed` → `end_turn`, `max-tokens` → `max_tokens`, `blocked` →
 //! `refusal`, `aborted`/`interrupted` → `cancelled`; a failed turn answers with a JSON-RPC error
 //! carrying the failure. `session/cancel` cancels the running turn (cause `user`).
 //!
@@ -25,8 +26,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use agent::{
-    AgentHandle, CancelCause, CancelOptions, EventData, ModelAdapter, SessionId, SessionObserver,
-    TurnEndReason,
+    AgentHandle, CancelCause, CancelOptions, EventData, ModelAdapter, Session, SessionEvent, SessionId,
+    SessionObserver, StreamChunk, TurnEndReason,
 };
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::ConnectionTo;
@@ -81,6 +82,8 @@ impl std::fmt::Debug for ServeOptions {
 struct Served {
     host: Host,
     coordinator: AgentHandle,
+    /// Forwards the coordinator's text to the client (installed into its session).
+    stream: Arc<TextStream>,
     /// The running prompt's cancellation, registered when its request arrives (so a
     /// `session/cancel` that follows it always reaches it); a second prompt is refused while it
     /// is set.
@@ -106,7 +109,11 @@ impl State {
         }
     }
 
-    async fn new_session(&self, request: NewSessionRequest) -> Result<NewSessionResponse, AcpError> {
+    async fn new_session(
+        &self,
+        request: NewSessionRequest,
+        cx: ConnectionTo<Client>,
+    ) -> Result<NewSessionResponse, AcpError> {
         let cwd = session_cwd(&request.cwd)?;
         if !request.mcp_servers.is_empty() {
             tracing::warn!(
@@ -141,9 +148,16 @@ impl State {
                 return Err(internal(message));
             }
         };
+        let stream = Arc::new(TextStream {
+            session: SessionIdWire::new(id.as_str()),
+            cx,
+            last_step: Mutex::new(None),
+        });
+        coordinator.agent().session().add_observer(stream.clone());
         let served = Arc::new(Served {
             host,
             coordinator,
+            stream,
             prompt: Mutex::new(None),
         });
         self.sessions.lock().insert(id.clone(), served);
@@ -179,45 +193,36 @@ impl State {
         Ok((served, text, token))
     }
 
-    /// Runs an admitted prompt to its response, then releases the session for the next one.
+    /// Runs an admitted prompt to its response (its text streamed meanwhile), then releases the
+    /// session for the next one.
     async fn prompt(
         &self,
         served: Arc<Served>,
-        session: SessionIdWire,
         text: String,
         cancel: CancellationToken,
-        cx: ConnectionTo<Client>,
     ) -> Result<PromptResponse, AcpError> {
-        let outcome = if cancel.is_cancelled() {
+        let reason = if cancel.is_cancelled() {
             // Cancelled before its turn began: no turn is run.
-            Ok((
-                None,
-                TurnEndReason::Aborted {
-                    reason: CancelCause::User,
-                },
-            ))
+            Ok(TurnEndReason::Aborted {
+                reason: CancelCause::User,
+            })
         } else {
-            self.run_prompt(&served, text, &cancel).await
+            *served.stream.last_step.lock() = None;
+            run_prompt(&served, text, &cancel).await
         };
         *served.prompt.lock() = None;
-        let (answer, reason) = outcome?;
-        if let Some(answer) = answer {
-            let chunk = ContentChunk::new(ContentBlock::Text(TextContent::new(answer)));
-            cx.send_notification(SessionNotification::new(
-                session,
-                SessionUpdate::AgentMessageChunk(chunk),
-            ))?;
-        }
-        Ok(PromptResponse::new(stop_reason(reason)?))
+        Ok(PromptResponse::new(stop_reason(reason?)?))
     }
+}
 
-    /// Runs one turn of `served`'s coordinator; returns its final answer and how it ended.
-    async fn run_prompt(
-        &self,
-        served: &Served,
-        text: String,
-        cancel: &CancellationToken,
-    ) -> Result<(Option<String>, TurnEndReason), AcpError> {
+/// Runs one turn of `served`'s coordinator (racing `cancel`) until it has settled; returns how
+/// its last turn ended.
+async fn run_prompt(
+    served: &Served,
+    text: String,
+    cancel: &CancellationToken,
+) -> Result<TurnEndReason, AcpError> {
+    {
         let agent = served.coordinator.agent().clone();
         let from = agent.session().len();
         let turn = tokio::select! {
@@ -233,22 +238,20 @@ impl State {
         };
         turn.map_err(|e| internal(format!("the turn could not start: {e}")))?;
         let events = agent.session().events();
-        let turn = events.get(from..).unwrap_or_default();
-        let answer = turn.iter().rev().find_map(|e| match &e.data {
-            EventData::AssistantMessage { message, .. } if !message.text().is_empty() => Some(message.text()),
-            _ => None,
-        });
-        let reason = turn
+        events
+            .get(from..)
+            .unwrap_or_default()
             .iter()
             .rev()
             .find_map(|e| match &e.data {
                 EventData::TurnEnd { reason, .. } => Some(reason.clone()),
                 _ => None,
             })
-            .ok_or_else(|| internal("the turn left no end in the session log".to_owned()))?;
-        Ok((answer, reason))
+            .ok_or_else(|| internal("the turn left no end in the session log".to_owned()))
     }
+}
 
+impl State {
     /// `session/cancel`: cancels the session's running prompt, if any (its turn ends
     /// `aborted`, answered `cancelled`).
     fn cancel(&self, notification: &CancelNotification) {
@@ -275,6 +278,49 @@ impl State {
             if let Err(e) = served.host.shutdown().await {
                 tracing::warn!(session = %id, error = %e, "subagent acp: shutting a session's host down failed");
             }
+        }
+    }
+}
+
+/// Streams a served coordinator's visible text to the client as its session log records it:
+/// one `agent_message_chunk` per `text-delta` chunk (reasoning and tool activity are not sent),
+/// with a blank line before the first text of a model step that follows text of an earlier
+/// one. Installed into the coordinator's session, it runs synchronously at each commit (before
+/// the turn can end, so every update precedes the prompt's response) and only enqueues.
+struct TextStream {
+    session: SessionIdWire,
+    cx: ConnectionTo<Client>,
+    /// `(turn, step)` of the last text sent for the current prompt.
+    last_step: Mutex<Option<(u64, u64)>>,
+}
+
+impl SessionObserver for TextStream {
+    fn committed(&self, _session: &Session, event: &Arc<SessionEvent>) {
+        let EventData::AssistantChunk {
+            turn,
+            step,
+            chunk: StreamChunk::TextDelta { text, .. },
+        } = &event.data
+        else {
+            return;
+        };
+        if text.is_empty() {
+            return;
+        }
+        let text = {
+            let mut last = self.last_step.lock();
+            let follows_other_step = last.is_some_and(|at| at != (*turn, *step));
+            *last = Some((*turn, *step));
+            if follows_other_step {
+                format!("\n\n{text}")
+            } else {
+                text.clone()
+            }
+        };
+        let chunk = ContentChunk::new(ContentBlock::Text(TextContent::new(text)));
+        let update = SessionNotification::new(self.session.clone(), SessionUpdate::AgentMessageChunk(chunk));
+        if let Err(error) = self.cx.send_notification(update) {
+            tracing::debug!(%error, "subagent acp: a text update could not be sent (the client is gone)");
         }
     }
 }
@@ -360,24 +406,24 @@ where
             agent_client_protocol::on_receive_request!(),
         )
         .on_receive_request(
-            async move |request: NewSessionRequest, responder, _cx| {
+            async move |request: NewSessionRequest, responder, cx: ConnectionTo<Client>| {
                 let state = for_new.clone();
                 for_new.spawn(async move {
-                    let _ = responder.respond_with_result(state.new_session(request).await);
+                    let _ = responder.respond_with_result(state.new_session(request, cx).await);
                 });
                 Ok(())
             },
             agent_client_protocol::on_receive_request!(),
         )
         .on_receive_request(
-            async move |request: PromptRequest, responder, cx: ConnectionTo<Client>| {
+            async move |request: PromptRequest, responder, _cx| {
                 let (served, text, cancel) = match for_prompt.admit(&request) {
                     Ok(admitted) => admitted,
                     Err(refused) => return responder.respond_with_error(refused),
                 };
                 let state = for_prompt.clone();
                 for_prompt.spawn(async move {
-                    let response = state.prompt(served, request.session_id, text, cancel, cx).await;
+                    let response = state.prompt(served, text, cancel).await;
                     let _ = responder.respond_with_result(response);
                 });
                 Ok(())

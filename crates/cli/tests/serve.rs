@@ -21,16 +21,29 @@ use parking_lot::Mutex;
 use subagent_cli::serve::{ServeOptions, serve};
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
-/// Answers every prompt at once, except one containing `WAIT`, whose stream never yields.
+/// Answers every prompt at once, except one containing `WAIT`, whose stream never yields;
+/// asked to `use a tool`, it says so and lists the workspace, then answers.
 struct Answers;
 
 impl ModelAdapter for Answers {
     fn stream(&self, options: Arc<GenerateOptions>) -> ModelStream {
-        let waits = options.messages.iter().any(|m| m.text().contains("WAIT"));
-        if waits {
+        let said = |needle: &str| options.messages.iter().any(|m| m.text().contains(needle));
+        if said("WAIT") {
             return futures::stream::pending().boxed();
         }
-        futures::stream::iter(chunks::text("hello back").into_iter().map(Ok)).boxed()
+        let tool_results = options
+            .messages
+            .iter()
+            .filter(|m| m.source.kind() == "tool")
+            .count();
+        let reply = match (said("use a tool"), tool_results) {
+            (false, _) => chunks::text("hello back"),
+            (true, 0) => {
+                chunks::text_and_tool_call("Looking.", "call-1", "list_dir", serde_json::json!({"path": "."}))
+            }
+            (true, _) => chunks::text("Done."),
+        };
+        futures::stream::iter(reply.into_iter().map(Ok)).boxed()
     }
 }
 
@@ -38,8 +51,8 @@ fn text(t: &str) -> Vec<ContentBlock> {
     vec![ContentBlock::Text(TextContent::new(t))]
 }
 
-/// The served agent over ACP v1: one host per session, the final answer streamed, stop
-/// reasons mapped, bad requests refused, a second concurrent prompt refused, `session/cancel`
+/// The served agent over ACP v1: one host per session, the coordinator's text streamed as it
+/// is written (a blank line between model steps), stop reasons mapped, bad requests refused, a second concurrent prompt refused, `session/cancel`
 /// honoured, and a clean wind-down at EOF.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_served_agent_answers_refuses_bad_requests_cancels_and_winds_down_at_eof() {
@@ -126,6 +139,11 @@ async fn the_served_agent_answers_refuses_bad_requests_cancels_and_winds_down_at
                     .block_task()
                     .await?;
                 assert_eq!(answered.stop_reason, StopReason::EndTurn);
+                let two_steps = cx
+                    .send_request(PromptRequest::new(session.clone(), text("use a tool")))
+                    .block_task()
+                    .await?;
+                assert_eq!(two_steps.stop_reason, StopReason::EndTurn);
 
                 // While a prompt runs, another is refused; `session/cancel` ends the running one.
                 // (The server admits requests in arrival order, so both are deterministic.)
@@ -178,7 +196,7 @@ async fn the_served_agent_answers_refuses_bad_requests_cancels_and_winds_down_at
     // The cancel may reach the waiting prompt before or after its turn began: no second turn,
     // or one that ended `aborted`.
     assert!(
-        ends == ["completed"] || ends == ["completed", "aborted"],
+        ends == ["completed", "completed"] || ends == ["completed", "completed", "aborted"],
         "the waiting prompt left no completed turn: {ends:?}"
     );
     assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
