@@ -536,11 +536,20 @@ async fn acp(settings: &ModelArgs, store: &Path) -> Result<(), CliError> {
     let (base_url, model) = settings.required()?;
     // Stdout carries the protocol; warnings (an ignored MCP server, a host that failed to shut
     // down) go to stderr, which ACP clients keep as the agent's log.
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .try_init();
+    // The protocol library's own warnings repeat every error response already sent to the
+    // client; only its errors are kept.
+    {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let filter = tracing_subscriber::filter::Targets::new()
+            .with_default(tracing::Level::WARN)
+            .with_target("agent_client_protocol", tracing::Level::ERROR);
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .finish()
+            .with(filter);
+        let _ = tracing::subscriber::set_global_default(subscriber);
+    }
     let adapter = settings.adapter(base_url, &model)?;
     let store_dir = std::path::absolute(store).map_err(|e| CliError::Io {
         context: format!("cannot resolve the store directory {}", store.display()),
