@@ -5,8 +5,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use agent::{
     ContentBlock, EventData, GenerateOptions, ModelAdapter, ModelStream, SessionId, Signal, StreamChunk,
@@ -19,29 +18,6 @@ use subagent::provider::SubagentStartRequest;
 use subagent_acp::AcpConfig;
 use subagent_cli::catalog::tool_result_text;
 use subagent_cli::host::{ACP_TOOL, Host, HostOptions, build_host};
-
-/// The mock ACP agent's executable, built once per test process. `cargo test --workspace`
-/// has already built it next to this test's own executable; a narrower run builds it here.
-fn mock_acp_agent() -> &'static Path {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let exe = std::env::current_exe().expect("the test knows its executable");
-        let sibling = exe
-            .parent()
-            .and_then(Path::parent)
-            .map(|dir| dir.join(format!("mock_acp_agent{}", std::env::consts::EXE_SUFFIX)));
-        if let Some(path) = sibling.filter(|p| p.is_file()) {
-            return path;
-        }
-        escargot::CargoBuild::new()
-            .package("subagent-acp")
-            .bin("mock_acp_agent")
-            .run()
-            .expect("the mock ACP agent builds")
-            .path()
-            .to_owned()
-    })
-}
 
 /// Delegates once through the `acp` tool, then answers with whatever the tool returned.
 struct DelegatesOnce;
@@ -77,7 +53,7 @@ async fn acp_48_composition_without_cwd_runs_the_child_in_the_parent_workspace()
     let workspace = tempfile::tempdir().expect("workspace dir");
     // The child reports its real (canonical) directory.
     let workspace_path = workspace.path().canonicalize().expect("canonical workspace");
-    let mut acp = AcpConfig::new(mock_acp_agent().to_str().expect("a UTF-8 path"));
+    let mut acp = AcpConfig::new(support::mock_acp_agent().to_str().expect("a UTF-8 path"));
     acp.env.insert("MOCK_ECHO_CWD".to_owned(), "1".to_owned());
     assert_eq!(acp.cwd, None, "the provider's cwd is omitted");
     let mut options = HostOptions::new(store.path(), Arc::new(DelegatesOnce), "mock", "mock");

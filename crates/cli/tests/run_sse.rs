@@ -194,3 +194,78 @@ fn run_reports_a_model_failure_as_one_error_line() {
     assert!(last.contains("CONNECTION_FAILED"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// `subagent run --acp-config FILE` mounts the `acp` tool: the coordinator (on the local
+/// server) delegates through it to a real ACP agent subprocess (the scripted mock), receives its
+/// streamed answer as the tool result, and answers; the store then checks clean.
+#[test]
+fn run_delegates_to_an_acp_agent_configured_with_acp_config() {
+    let (base, exchanges) = support::sse::serve(|body| {
+        let has_tool_result = body["messages"]
+            .as_array()
+            .is_some_and(|ms| ms.iter().any(|m| m["role"] == "tool"));
+        if has_tool_result {
+            (
+                "text",
+                support::sse::text_stream("Relayed the ACP agent's answer."),
+            )
+        } else {
+            let arguments = serde_json::json!({"description": "ask the ACP agent", "prompt": "hello"});
+            ("acp call", support::sse::tool_call_stream("acp", &arguments))
+        }
+    });
+    let workspace = tempfile::tempdir().expect("workspace");
+    let store = tempfile::tempdir().expect("store");
+    let config = workspace.path().join("acp.json");
+    let json =
+        serde_json::json!({"command": support::mock_acp_agent(), "env": {"MOCK_TEXT": "answer from ACP"}});
+    std::fs::write(&config, json.to_string()).expect("write config");
+    let out = Command::new(env!("CARGO_BIN_EXE_subagent"))
+        .current_dir(workspace.path())
+        .env_remove("SUBAGENT_BASE_URL")
+        .env_remove("SUBAGENT_API_KEY")
+        .env_remove("SUBAGENT_MODEL")
+        .args([
+            "run",
+            "--base-url",
+            &base,
+            "--model",
+            "test-model",
+            "--acp-config",
+        ])
+        .arg(&config)
+        .arg("--store")
+        .arg(store.path())
+        .arg("Ask the ACP agent.")
+        .output()
+        .expect("the binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(stdout.trim(), "Relayed the ACP agent's answer.");
+    let exchanges = exchanges.lock().clone();
+    assert_eq!(exchanges.len(), 2, "{exchanges:#?}");
+    let offered: Vec<&str> = exchanges[0].body["tools"]
+        .as_array()
+        .expect("tools offered")
+        .iter()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .collect();
+    assert!(offered.contains(&"acp"), "{offered:?}");
+    let tool_result = exchanges[1].body["messages"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["role"] == "tool"))
+        .expect("the tool result reached the model")
+        .to_string();
+    assert!(tool_result.contains("answer from ACP"), "{tool_result}");
+    let check = Command::new(env!("CARGO_BIN_EXE_subagent"))
+        .arg("check")
+        .arg(store.path())
+        .output()
+        .expect("check runs");
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+}

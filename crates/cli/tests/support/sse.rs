@@ -82,3 +82,36 @@ pub fn serve(
     });
     (base, log)
 }
+
+/// One streamed completion chunk (`delta`, optional `finish_reason`) as an SSE event.
+fn event(delta: Value, finish: Option<&str>) -> String {
+    let chunk = serde_json::json!({"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 1,
+        "model": "test-model", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+    format!("data: {chunk}\n\n")
+}
+
+/// A completion stream answering `text`.
+pub fn text_stream(text: &str) -> Vec<u8> {
+    [
+        event(serde_json::json!({"role": "assistant", "content": ""}), None),
+        event(serde_json::json!({"content": text}), None),
+        event(serde_json::json!({}), Some("stop")),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat()
+    .into_bytes()
+}
+
+/// A completion stream calling tool `name` with `arguments` (call id `call_1`).
+pub fn tool_call_stream(name: &str, arguments: &Value) -> Vec<u8> {
+    let call = serde_json::json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+        "function": {"name": name, "arguments": arguments.to_string()}}]});
+    [
+        event(serde_json::json!({"role": "assistant", "content": ""}), None),
+        event(call, None),
+        event(serde_json::json!({}), Some("tool_calls")),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat()
+    .into_bytes()
+}
