@@ -172,21 +172,7 @@ async fn acp_49_the_harness_own_acp_agent_answers_pong_with_completed() {
         ["PONG"],
         "the served coordinator asked its model once, with the prompt"
     );
-    let served = agent_loop::JsonlStore::new(child_store.path());
-    let sessions = agent::SessionPersistence::list(&served).await.expect("listed");
-    assert_eq!(sessions.len(), 1, "{sessions:?}");
-    let loaded = agent::SessionPersistence::load(&served, &sessions[0].id)
-        .await
-        .expect("the served session's log loads");
-    assert_eq!(loaded.header.cwd.as_deref(), Some(workspace_path.as_path()));
-    let ends: Vec<&str> = loaded
-        .events
-        .iter()
-        .filter_map(|e| match &e.data {
-            EventData::TurnEnd { reason, .. } => Some(reason.kind()),
-            _ => None,
-        })
-        .collect();
+    let ends = support::only_session_turn_ends(child_store.path(), &workspace_path).await;
     assert_eq!(ends, ["completed"]);
     parent.dispose().await;
     host.shutdown().await.expect("shutdown");

@@ -4,6 +4,8 @@
 //! cancelled by `session/cancel`, and every session wound down — logs balanced and durable —
 //! once the client closes its end.
 
+mod support;
+
 use std::sync::Arc;
 
 use agent::{GenerateOptions, ModelAdapter, ModelStream};
@@ -174,25 +176,8 @@ async fn the_served_agent_answers_refuses_bad_requests_cancels_and_winds_down_at
         "{chunks:?}"
     );
 
-    let stored = agent_loop::JsonlStore::new(store.path());
-    let sessions = agent::SessionPersistence::list(&stored).await.expect("listed");
-    assert_eq!(
-        sessions.len(),
-        1,
-        "only the valid session was stored: {sessions:?}"
-    );
-    let loaded = agent::SessionPersistence::load(&stored, &sessions[0].id)
-        .await
-        .expect("the log loads");
-    assert_eq!(loaded.header.cwd.as_deref(), Some(workspace_path.as_path()));
-    let ends: Vec<&str> = loaded
-        .events
-        .iter()
-        .filter_map(|e| match &e.data {
-            agent::EventData::TurnEnd { reason, .. } => Some(reason.kind()),
-            _ => None,
-        })
-        .collect();
+    // Only the valid session was stored.
+    let ends = support::only_session_turn_ends(store.path(), &workspace_path).await;
     // The cancel may reach the waiting prompt before or after its turn began: no second turn,
     // or one that ended `aborted`.
     assert!(

@@ -29,3 +29,23 @@ pub fn mock_acp_agent() -> &'static Path {
             .to_owned()
     })
 }
+
+/// Loads the only session stored in `store`, checks that its header records `cwd`, and returns
+/// the kinds of its turn ends, in order.
+pub async fn only_session_turn_ends(store: &Path, cwd: &Path) -> Vec<String> {
+    let stored = agent_loop::JsonlStore::new(store);
+    let sessions = agent::SessionPersistence::list(&stored).await.expect("listed");
+    assert_eq!(sessions.len(), 1, "one session stored: {sessions:?}");
+    let loaded = agent::SessionPersistence::load(&stored, &sessions[0].id)
+        .await
+        .expect("the session's log loads");
+    assert_eq!(loaded.header.cwd.as_deref(), Some(cwd));
+    loaded
+        .events
+        .iter()
+        .filter_map(|e| match &e.data {
+            agent::EventData::TurnEnd { reason, .. } => Some(reason.kind().to_owned()),
+            _ => None,
+        })
+        .collect()
+}
