@@ -7,9 +7,9 @@
 //! blocks as one turn, streams the coordinator's visible text to the client as its log records
 //! it (one `agent_message_chunk` per text delta, a blank line between the texts of different
 //! model steps) and, once the coordinator has settled (its delegations and background jobs
-//! included), answers with the stop reason of the turn: `completed` → `end_turn`, `max-tokens` → `max_tokens`, `blocked` →
-//! `refusal`, `aborted`/`interrupted` → `cancelled`; a failed turn answers with a JSON-RPC error
-//! carrying the failure. `session/cancel` cancels the running turn (cause `user`).
+//! included), answers with the stop reason of the turn: `completed` → `end_turn`, `max-tokens`
+//! → `max_tokens`, `blocked` → `refusal`, `aborted`/`interrupted` → `cancelled`; a failed turn
+//! answers with a JSON-RPC error carrying the failure. `session/cancel` cancels the running turn (cause `user`).
 //!
 //! # Ownership and shutdown
 //! [`serve`] owns every session and every request task. When the input ends (the client closed
@@ -213,45 +213,7 @@ impl State {
         *served.prompt.lock() = None;
         Ok(PromptResponse::new(stop_reason(reason?)?))
     }
-}
 
-/// Runs one turn of `served`'s coordinator (racing `cancel`) until it has settled; returns how
-/// its last turn ended.
-async fn run_prompt(
-    served: &Served,
-    text: String,
-    cancel: &CancellationToken,
-) -> Result<TurnEndReason, AcpError> {
-    {
-        let agent = served.coordinator.agent().clone();
-        let from = agent.session().len();
-        let turn = tokio::select! {
-            // The prompt is delivered before the cancellation is looked at, so a cancel that
-            // came first still ends a turn rather than leaving none half-started.
-            biased;
-            turn = served.host.run_turn(&agent, text) => turn,
-            () = cancel.cancelled() => {
-                agent.cancel(CancelCause::User, CancelOptions::default());
-                agent.when_idle().await;
-                Ok(())
-            }
-        };
-        turn.map_err(|e| internal(format!("the turn could not start: {e}")))?;
-        let events = agent.session().events();
-        events
-            .get(from..)
-            .unwrap_or_default()
-            .iter()
-            .rev()
-            .find_map(|e| match &e.data {
-                EventData::TurnEnd { reason, .. } => Some(reason.clone()),
-                _ => None,
-            })
-            .ok_or_else(|| internal("the turn left no end in the session log".to_owned()))
-    }
-}
-
-impl State {
     /// `session/cancel`: cancels the session's running prompt, if any (its turn ends
     /// `aborted`, answered `cancelled`).
     fn cancel(&self, notification: &CancelNotification) {
@@ -280,6 +242,40 @@ impl State {
             }
         }
     }
+}
+
+/// Runs one turn of `served`'s coordinator (racing `cancel`) until it has settled; returns how
+/// its last turn ended.
+async fn run_prompt(
+    served: &Served,
+    text: String,
+    cancel: &CancellationToken,
+) -> Result<TurnEndReason, AcpError> {
+    let agent = served.coordinator.agent().clone();
+    let from = agent.session().len();
+    let turn = tokio::select! {
+        // The prompt is delivered before the cancellation is looked at, so a cancel that
+        // came first still ends a turn rather than leaving none half-started.
+        biased;
+        turn = served.host.run_turn(&agent, text) => turn,
+        () = cancel.cancelled() => {
+            agent.cancel(CancelCause::User, CancelOptions::default());
+            agent.when_idle().await;
+            Ok(())
+        }
+    };
+    turn.map_err(|e| internal(format!("the turn could not start: {e}")))?;
+    let events = agent.session().events();
+    events
+        .get(from..)
+        .unwrap_or_default()
+        .iter()
+        .rev()
+        .find_map(|e| match &e.data {
+            EventData::TurnEnd { reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
+        .ok_or_else(|| internal("the turn left no end in the session log".to_owned()))
 }
 
 /// Streams a served coordinator's visible text to the client as its session log records it:
