@@ -5,7 +5,7 @@
 //! (`subagent/start` adds a child under its parent, `subagent/end` records its stop reason) and
 //! to the runtime's agent events (`agent/status` moves a node between `running` and `idle`).
 //! Labels come from each child's own `subagent/descriptor` event, read from its live session as
-//! soon as it is there; a child is marked as a background job when its parent owns a job with
+//! soon as it is there (an out-of-process child has none here: it shows its provider only); a child is marked as a background job when its parent owns a job with
 //! the child's label. Every change calls the tree's sink with what changed, so a front end can
 //! redraw or print a line. Listener work is short and synchronous (no lock is held while the
 //! sink runs).
@@ -184,7 +184,13 @@ impl LiveTree {
     fn on_subagent_event(&self, event: &SubagentEvent) {
         match event {
             SubagentEvent::Start(info) => {
-                let depth = self.depth_of(&info.id);
+                // A local child's header records its depth; an out-of-process child (`acp`)
+                // has no session here, and sits one level below its parent.
+                let depth = if info.local {
+                    self.depth_of(&info.id)
+                } else {
+                    self.depth_of(&info.parent) + 1
+                };
                 // The child's driver started when its prompt was delivered, before this event.
                 let status = match AgentRuntime::get(&self.runtime, &info.id).map(|a| a.status()) {
                     Some(AgentStatus::Running) => NodeStatus::Running,

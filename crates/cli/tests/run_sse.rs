@@ -243,6 +243,10 @@ fn run_delegates_to_an_acp_agent_configured_with_acp_config() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     assert_eq!(stdout.trim(), "Relayed the ACP agent's answer.");
+    assert!(
+        stderr.contains("  + acp  depth 1  (") && stderr.contains("  = acp  depth 1  completed  ("),
+        "the tree shows the out-of-process child one level below the coordinator:\n{stderr}"
+    );
     let exchanges = exchanges.lock().clone();
     assert_eq!(exchanges.len(), 2, "{exchanges:#?}");
     let offered: Vec<&str> = exchanges[0].body["tools"]
