@@ -550,13 +550,32 @@ impl Host {
             cwd: Some(self.cwd.clone()),
             ..SessionMeta::default()
         };
-        create.agent_options = AgentOptions {
+        create.agent_options = self.agent_options();
+        Ok(self.runtime.create(create).await?)
+    }
+
+    /// Cold-resumes the stored top-level agent `id` from its session log on the configured
+    /// model (its header, and so its recorded working directory, are the stored ones). Fails
+    /// with [`AgentError::NotFound`] when the store has no such session.
+    pub async fn resume_agent(&self, id: SessionId) -> Result<AgentHandle, HostError> {
+        let resume = agent::ResumeAgentOptions {
+            session_id: id,
+            agent_options: self.agent_options(),
+            signal: None,
+            setup: None,
+            owner: None,
+        };
+        Ok(self.runtime.resume(resume).await?)
+    }
+
+    /// The options every top-level agent of this host runs with.
+    fn agent_options(&self) -> AgentOptions {
+        AgentOptions {
             provider: Some(self.options.model_provider.as_str().into()),
             model: Some(self.options.model_name.as_str().into()),
             max_tokens: self.options.max_tokens,
             ..AgentOptions::default()
-        };
-        Ok(self.runtime.create(create).await?)
+        }
     }
 
     /// Delivers `prompt` to `agent` as a new turn and waits until it has settled: the agent is

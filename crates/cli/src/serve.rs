@@ -9,7 +9,9 @@
 //! model steps) and, once the coordinator has settled (its delegations and background jobs
 //! included), answers with the stop reason of the turn: `completed` → `end_turn`, `max-tokens`
 //! → `max_tokens`, `blocked` → `refusal`, `aborted`/`interrupted` → `cancelled`; a failed turn
-//! answers with a JSON-RPC error carrying the failure. `session/cancel` cancels the running turn (cause `user`).
+//! answers with a JSON-RPC error carrying the failure. `session/cancel` cancels the running
+//! turn (cause `user`). `session/load` cold-resumes a session the store holds (from an earlier
+//! run of the server), replays its conversation to the client, and serves it like a new one.
 //!
 //! # Ownership and shutdown
 //! [`serve`] owns every session and every request task. When the input ends (the client closed
@@ -26,15 +28,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use agent::{
-    AgentHandle, CancelCause, CancelOptions, EventData, ModelAdapter, Session, SessionEvent, SessionId,
-    SessionObserver, StreamChunk, TurnEndReason,
+    AgentError, AgentHandle, CancelCause, CancelOptions, EventData, ModelAdapter, Session, SessionEvent,
+    SessionId, SessionObserver, StreamChunk, TurnEndReason,
 };
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, CancelNotification, ContentBlock, ContentChunk, InitializeRequest, InitializeResponse,
-    NewSessionRequest, NewSessionResponse, PromptRequest, PromptResponse, SessionId as SessionIdWire,
-    SessionNotification, SessionUpdate, StopReason, TextContent,
+    LoadSessionRequest, LoadSessionResponse, NewSessionRequest, NewSessionResponse, PromptRequest,
+    PromptResponse, SessionId as SessionIdWire, SessionNotification, SessionUpdate, StopReason, TextContent,
 };
 use agent_client_protocol::{Agent as AcpAgent, ByteStreams, Client, Error as AcpError, ErrorCode};
 use parking_lot::Mutex;
@@ -44,7 +46,7 @@ use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::CliError;
-use crate::host::{Host, HostOptions, build_host};
+use crate::host::{Host, HostError, HostOptions, build_host};
 use crate::workspace::Workspace;
 
 /// What every served session is composed from.
@@ -109,15 +111,12 @@ impl State {
         }
     }
 
-    async fn new_session(
-        &self,
-        request: NewSessionRequest,
-        cx: ConnectionTo<Client>,
-    ) -> Result<NewSessionResponse, AcpError> {
-        let cwd = session_cwd(&request.cwd)?;
-        if !request.mcp_servers.is_empty() {
+    /// A fresh host for one session rooted at `cwd` (checked: absolute, an existing directory).
+    fn session_host(&self, cwd: &Path, mcp_servers: usize) -> Result<Host, AcpError> {
+        let cwd = session_cwd(cwd)?;
+        if mcp_servers > 0 {
             tracing::warn!(
-                servers = request.mcp_servers.len(),
+                servers = mcp_servers,
                 "subagent acp: MCP servers are not supported; the session runs without them"
             );
         }
@@ -136,18 +135,76 @@ impl State {
         options.workspace = Some(workspace);
         options.deliver_job_notices = true;
         options.session_observers = self.options.session_observers.clone();
-        let host = build_host(options).map_err(|e| internal(format!("cannot start the host: {e}")))?;
+        build_host(options).map_err(|e| internal(format!("cannot start the host: {e}")))
+    }
+
+    async fn new_session(
+        &self,
+        request: NewSessionRequest,
+        cx: ConnectionTo<Client>,
+    ) -> Result<NewSessionResponse, AcpError> {
+        let host = self.session_host(&request.cwd, request.mcp_servers.len())?;
         let id = format!("acp-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-        let coordinator = match host.create_agent(SessionId::new(id.clone())).await {
+        let coordinator = host.create_agent(SessionId::new(id.clone())).await;
+        self.open(host, coordinator, cx).await?;
+        Ok(NewSessionResponse::new(id))
+    }
+
+    /// `session/load`: cold-resumes a session this store holds (created by an earlier
+    /// `subagent acp`) rooted at the request's `cwd`, replays its conversation to the client —
+    /// each user prompt as a `user_message_chunk`, each assistant text as an
+    /// `agent_message_chunk`, in order — and serves it like a new one.
+    async fn load_session(
+        &self,
+        request: LoadSessionRequest,
+        cx: ConnectionTo<Client>,
+    ) -> Result<LoadSessionResponse, AcpError> {
+        let id = request.session_id.0.to_string();
+        if self.sessions.lock().contains_key(&id) {
+            return Err(invalid_params(format!("session `{id}` is already open")));
+        }
+        let host = self.session_host(&request.cwd, request.mcp_servers.len())?;
+        let coordinator = host.resume_agent(SessionId::new(id.clone())).await;
+        let served = self.open(host, coordinator, cx.clone()).await?;
+        for event in served.coordinator.agent().session().events().iter() {
+            let update = match &event.data {
+                EventData::UserMessage(message) if message.source.kind() == "user" => {
+                    SessionUpdate::UserMessageChunk(text_chunk(message.text()))
+                }
+                EventData::AssistantMessage { message, .. } if !message.text().is_empty() => {
+                    SessionUpdate::AgentMessageChunk(text_chunk(message.text()))
+                }
+                _ => continue,
+            };
+            cx.send_notification(SessionNotification::new(request.session_id.clone(), update))?;
+        }
+        Ok(LoadSessionResponse::new())
+    }
+
+    /// Registers a session whose coordinator was just created or resumed on `host` (streaming
+    /// its text to `cx`); a failed creation shuts the unused host down and is the error.
+    async fn open(
+        &self,
+        host: Host,
+        coordinator: Result<AgentHandle, HostError>,
+        cx: ConnectionTo<Client>,
+    ) -> Result<Arc<Served>, AcpError> {
+        let coordinator = match coordinator {
             Ok(handle) => handle,
             Err(e) => {
-                let message = format!("cannot create the session's agent: {e}");
+                let error = match &e {
+                    HostError::Agent(AgentError::NotFound(id)) => {
+                        invalid_params(format!("no stored session `{id}`"))
+                    }
+                    _ => internal(format!("cannot start the session's agent: {e}")),
+                };
                 if let Err(e) = host.shutdown().await {
                     tracing::warn!(error = %e, "subagent acp: shutting an unused host down failed");
                 }
-                return Err(internal(message));
+                return Err(error);
             }
         };
+        let id = coordinator.id().to_string();
         let stream = Arc::new(TextStream {
             session: SessionIdWire::new(id.as_str()),
             cx,
@@ -160,8 +217,8 @@ impl State {
             stream,
             prompt: Mutex::new(None),
         });
-        self.sessions.lock().insert(id.clone(), served);
-        Ok(NewSessionResponse::new(id))
+        self.sessions.lock().insert(id, served.clone());
+        Ok(served)
     }
 
     /// Admits a prompt as its request arrives (handlers run one at a time, in arrival order):
@@ -313,8 +370,10 @@ impl SessionObserver for TextStream {
                 text.clone()
             }
         };
-        let chunk = ContentChunk::new(ContentBlock::Text(TextContent::new(text)));
-        let update = SessionNotification::new(self.session.clone(), SessionUpdate::AgentMessageChunk(chunk));
+        let update = SessionNotification::new(
+            self.session.clone(),
+            SessionUpdate::AgentMessageChunk(text_chunk(text)),
+        );
         if let Err(error) = self.cx.send_notification(update) {
             tracing::debug!(%error, "subagent acp: a text update could not be sent (the client is gone)");
         }
@@ -366,6 +425,10 @@ fn stop_reason(reason: TurnEndReason) -> Result<StopReason, AcpError> {
     }
 }
 
+fn text_chunk(text: String) -> ContentChunk {
+    ContentChunk::new(ContentBlock::Text(TextContent::new(text)))
+}
+
 fn invalid_params(message: String) -> AcpError {
     AcpError::new(ErrorCode::INVALID_PARAMS, message)
 }
@@ -389,14 +452,16 @@ where
         tasks: Mutex::new(JoinSet::new()),
         closed: AtomicBool::new(false),
     });
-    let (for_new, for_prompt, for_cancel) = (state.clone(), state.clone(), state.clone());
+    let (for_new, for_load, for_prompt, for_cancel) =
+        (state.clone(), state.clone(), state.clone(), state.clone());
     let served = AcpAgent
         .v1()
         .name("subagent")
         .on_receive_request(
             async move |_request: InitializeRequest, responder, _cx| {
                 responder.respond(
-                    InitializeResponse::new(ProtocolVersion::V1).agent_capabilities(AgentCapabilities::new()),
+                    InitializeResponse::new(ProtocolVersion::V1)
+                        .agent_capabilities(AgentCapabilities::new().load_session(true)),
                 )
             },
             agent_client_protocol::on_receive_request!(),
@@ -406,6 +471,16 @@ where
                 let state = for_new.clone();
                 for_new.spawn(async move {
                     let _ = responder.respond_with_result(state.new_session(request, cx).await);
+                });
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |request: LoadSessionRequest, responder, cx: ConnectionTo<Client>| {
+                let state = for_load.clone();
+                for_load.spawn(async move {
+                    let _ = responder.respond_with_result(state.load_session(request, cx).await);
                 });
                 Ok(())
             },

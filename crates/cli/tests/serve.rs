@@ -12,8 +12,8 @@ use agent::{GenerateOptions, ModelAdapter, ModelStream};
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    CancelNotification, ContentBlock, InitializeRequest, NewSessionRequest, PromptRequest,
-    SessionNotification, SessionUpdate, StopReason, TextContent,
+    CancelNotification, ContentBlock, InitializeRequest, LoadSessionRequest, NewSessionRequest,
+    PromptRequest, SessionNotification, SessionUpdate, StopReason, TextContent,
 };
 use agent_client_protocol::{ByteStreams, Client};
 use agent_loop::model::chunks;
@@ -54,137 +54,99 @@ fn text(t: &str) -> Vec<ContentBlock> {
 }
 
 /// The served agent over ACP v1: one host per session, the coordinator's text streamed as it
-/// is written (a blank line between model steps), stop reasons mapped, bad requests refused, a second concurrent prompt refused, `session/cancel`
-/// honoured, and a clean wind-down at EOF.
+/// is written (a blank line between model steps), stop reasons mapped, bad requests refused, a
+/// second concurrent prompt refused, `session/cancel` honoured, and a clean wind-down at EOF.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_served_agent_answers_refuses_bad_requests_cancels_and_winds_down_at_eof() {
     let store = tempfile::tempdir().expect("store dir");
     let workspace = tempfile::tempdir().expect("workspace dir");
     let workspace_path = workspace.path().canonicalize().expect("canonical workspace");
-    let observer = InvariantObserver::shared();
-    let options = ServeOptions {
-        adapter: Arc::new(Answers),
-        model_provider: "mock".to_owned(),
-        model_name: "mock".to_owned(),
-        max_tokens: None,
-        max_steps_per_turn: Some(5),
-        store_dir: store.path().to_owned(),
-        session_observers: vec![observer.clone()],
-    };
-    let (client_end, server_end) = tokio::io::duplex(1 << 16);
-    let (server_read, server_write) = tokio::io::split(server_end);
-    let server = tokio::spawn(serve(options, server_read, server_write));
-
-    let (client_read, client_write) = tokio::io::split(client_end);
-    let transport = ByteStreams::new(client_write.compat_write(), client_read.compat());
-    let chunks_seen: Arc<Mutex<Vec<String>>> = Arc::default();
-    let seen = chunks_seen.clone();
     let cwd = workspace_path.clone();
-    Client
-        .v1()
-        .name("test-client")
-        .on_receive_notification(
-            async move |notification: SessionNotification, _cx| {
-                if let SessionUpdate::AgentMessageChunk(chunk) = notification.update
-                    && let ContentBlock::Text(t) = chunk.content
-                {
-                    seen.lock().push(t.text);
-                }
-                Ok(())
-            },
-            agent_client_protocol::on_receive_notification!(),
-        )
-        .connect_with(
-            transport,
-            async move |cx: ConnectionTo<agent_client_protocol::Agent>| {
-                let init = cx
-                    .send_request(InitializeRequest::new(ProtocolVersion::V1))
-                    .block_task()
-                    .await?;
-                assert_eq!(init.protocol_version, ProtocolVersion::V1);
+    let updates = with_server(
+        store.path(),
+        async move |cx: ConnectionTo<agent_client_protocol::Agent>| {
+            let init = cx
+                .send_request(InitializeRequest::new(ProtocolVersion::V1))
+                .block_task()
+                .await?;
+            assert_eq!(init.protocol_version, ProtocolVersion::V1);
 
-                // A relative or missing cwd is refused.
-                for bad in ["relative/dir", "/no/such/dir/anywhere"] {
-                    let refused = cx
-                        .send_request(NewSessionRequest::new(bad))
-                        .block_task()
-                        .await
-                        .expect_err("a bad cwd is refused");
-                    assert!(refused.message.contains("cwd"), "{refused:?}");
-                }
-                let session = cx
-                    .send_request(NewSessionRequest::new(cwd.clone()))
-                    .block_task()
-                    .await?
-                    .session_id;
-
-                // Unknown sessions and prompts without text are refused.
-                let unknown = cx
-                    .send_request(PromptRequest::new("acp-nope", text("hi")))
+            // A relative or missing cwd is refused.
+            for bad in ["relative/dir", "/no/such/dir/anywhere"] {
+                let refused = cx
+                    .send_request(NewSessionRequest::new(bad))
                     .block_task()
                     .await
-                    .expect_err("an unknown session is refused");
-                assert!(
-                    unknown.message.contains("unknown session `acp-nope`"),
-                    "{unknown:?}"
-                );
-                let empty = cx
-                    .send_request(PromptRequest::new(session.clone(), text("   ")))
-                    .block_task()
-                    .await
-                    .expect_err("a prompt without text is refused");
-                assert!(empty.message.contains("no text"), "{empty:?}");
+                    .expect_err("a bad cwd is refused");
+                assert!(refused.message.contains("cwd"), "{refused:?}");
+            }
+            let session = cx
+                .send_request(NewSessionRequest::new(cwd))
+                .block_task()
+                .await?
+                .session_id;
 
-                // A prompt is answered with the turn's final text and `end_turn`.
+            // Unknown sessions and prompts without text are refused.
+            let unknown = cx
+                .send_request(PromptRequest::new("acp-nope", text("hi")))
+                .block_task()
+                .await
+                .expect_err("an unknown session is refused");
+            assert!(
+                unknown.message.contains("unknown session `acp-nope`"),
+                "{unknown:?}"
+            );
+            let empty = cx
+                .send_request(PromptRequest::new(session.clone(), text("   ")))
+                .block_task()
+                .await
+                .expect_err("a prompt without text is refused");
+            assert!(empty.message.contains("no text"), "{empty:?}");
+
+            // Prompts are answered `end_turn`, their text streamed meanwhile.
+            for prompt in ["say hello", "use a tool"] {
                 let answered = cx
-                    .send_request(PromptRequest::new(session.clone(), text("say hello")))
+                    .send_request(PromptRequest::new(session.clone(), text(prompt)))
                     .block_task()
                     .await?;
                 assert_eq!(answered.stop_reason, StopReason::EndTurn);
-                let two_steps = cx
-                    .send_request(PromptRequest::new(session.clone(), text("use a tool")))
-                    .block_task()
-                    .await?;
-                assert_eq!(two_steps.stop_reason, StopReason::EndTurn);
+            }
 
-                // While a prompt runs, another is refused; `session/cancel` ends the running one.
-                // (The server admits requests in arrival order, so both are deterministic.)
-                let waiting = cx.send_request(PromptRequest::new(session.clone(), text("WAIT for it")));
-                let busy = cx
-                    .send_request(PromptRequest::new(session.clone(), text("again")))
-                    .block_task()
-                    .await
-                    .expect_err("a second prompt is refused while one runs");
-                assert!(busy.message.contains("already running"), "{busy:?}");
-                cx.send_notification(CancelNotification::new(session.clone()))?;
-                let cancelled = waiting.block_task().await?;
-                assert_eq!(cancelled.stop_reason, StopReason::Cancelled);
-                Ok(())
-            },
-        )
-        .await
-        .expect("the client's exchange succeeds");
-    // The client's end is gone: the server winds down and returns.
-    server
-        .await
-        .expect("the server task")
-        .expect("the server ends cleanly");
-    let chunks = chunks_seen.lock().clone();
+            // While a prompt runs, another is refused; `session/cancel` ends the running one.
+            // (The server admits requests in arrival order, so both are deterministic.)
+            let waiting = cx.send_request(PromptRequest::new(session.clone(), text("WAIT for it")));
+            let busy = cx
+                .send_request(PromptRequest::new(session.clone(), text("again")))
+                .block_task()
+                .await
+                .expect_err("a second prompt is refused while one runs");
+            assert!(busy.message.contains("already running"), "{busy:?}");
+            cx.send_notification(CancelNotification::new(session))?;
+            let cancelled = waiting.block_task().await?;
+            assert_eq!(cancelled.stop_reason, StopReason::Cancelled);
+            Ok(())
+        },
+    )
+    .await;
+    let agent_texts: Vec<&str> = updates
+        .iter()
+        .filter(|(user, _)| !user)
+        .map(|(_, t)| t.as_str())
+        .collect();
     assert_eq!(
-        chunks.first().map(String::as_str),
-        Some("hello back"),
-        "{chunks:?}"
+        agent_texts,
+        ["hello back", "Looking.", "\n\nDone."],
+        "every text delta, in order; a blank line before a later step's text, none before a prompt's first"
     );
 
     // Only the valid session was stored.
     let ends = support::only_session_turn_ends(store.path(), &workspace_path).await;
-    // The cancel may reach the waiting prompt before or after its turn began: no second turn,
+    // The cancel may reach the waiting prompt before or after its turn began: no third turn,
     // or one that ended `aborted`.
     assert!(
         ends == ["completed", "completed"] || ends == ["completed", "completed", "aborted"],
         "the waiting prompt left no completed turn: {ends:?}"
     );
-    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
 }
 
 /// The `subagent acp` binary speaks newline-delimited JSON-RPC on stdout only: a session offered
@@ -254,4 +216,143 @@ fn the_binary_serves_on_stdio_warns_about_mcp_servers_on_stderr_and_exits_at_eof
         store.path().join(format!("{session}.jsonl")).is_file(),
         "the session's log is stored"
     );
+}
+
+/// Runs `exchange` as an ACP client against a server on `store` until the client closes its
+/// end, then waits for the server to wind down (every log append having passed the online
+/// invariant checker); returns every text update the client saw as `(from the user?, text)`.
+async fn with_server<F>(store: &std::path::Path, exchange: F) -> Vec<(bool, String)>
+where
+    F: AsyncFnOnce(ConnectionTo<agent_client_protocol::Agent>) -> Result<(), agent_client_protocol::Error>
+        + Send
+        + 'static,
+{
+    let observer = InvariantObserver::shared();
+    let options = ServeOptions {
+        adapter: Arc::new(Answers),
+        model_provider: "mock".to_owned(),
+        model_name: "mock".to_owned(),
+        max_tokens: None,
+        max_steps_per_turn: Some(5),
+        store_dir: store.to_owned(),
+        session_observers: vec![observer.clone()],
+    };
+    let (client_end, server_end) = tokio::io::duplex(1 << 16);
+    let (server_read, server_write) = tokio::io::split(server_end);
+    let server = tokio::spawn(serve(options, server_read, server_write));
+    let (client_read, client_write) = tokio::io::split(client_end);
+    let transport = ByteStreams::new(client_write.compat_write(), client_read.compat());
+    let updates: Arc<Mutex<Vec<(bool, String)>>> = Arc::default();
+    let seen = updates.clone();
+    Client
+        .v1()
+        .name("test-client")
+        .on_receive_notification(
+            async move |notification: SessionNotification, _cx| {
+                let (user, chunk) = match notification.update {
+                    SessionUpdate::UserMessageChunk(chunk) => (true, chunk),
+                    SessionUpdate::AgentMessageChunk(chunk) => (false, chunk),
+                    _ => return Ok(()),
+                };
+                if let ContentBlock::Text(t) = chunk.content {
+                    seen.lock().push((user, t.text));
+                }
+                Ok(())
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .connect_with(transport, exchange)
+        .await
+        .expect("the client's exchange succeeds");
+    // The client's end is gone: the server winds down and returns.
+    server
+        .await
+        .expect("the server task")
+        .expect("the server ends cleanly");
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+    updates.lock().clone()
+}
+
+/// `session/load` cold-resumes a session an earlier server stored: the client is told the
+/// conversation so far (its prompt, the answer), the session takes another prompt, and its log
+/// then holds both turns. An unknown id and an id already open are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_session_loads_with_its_history_replayed_and_takes_another_prompt() {
+    let store = tempfile::tempdir().expect("store dir");
+    let workspace = tempfile::tempdir().expect("workspace dir");
+    let cwd = workspace.path().canonicalize().expect("canonical workspace");
+    let session: Arc<Mutex<Option<String>>> = Arc::default();
+    let (first_cwd, created) = (cwd.clone(), session.clone());
+    let first = with_server(
+        store.path(),
+        async move |cx: ConnectionTo<agent_client_protocol::Agent>| {
+            let init = cx
+                .send_request(InitializeRequest::new(ProtocolVersion::V1))
+                .block_task()
+                .await?;
+            assert!(init.agent_capabilities.load_session, "loading is advertised");
+            let id = cx
+                .send_request(NewSessionRequest::new(first_cwd))
+                .block_task()
+                .await?
+                .session_id;
+            let answered = cx
+                .send_request(PromptRequest::new(id.clone(), text("say hello")))
+                .block_task()
+                .await?;
+            assert_eq!(answered.stop_reason, StopReason::EndTurn);
+            *created.lock() = Some(id.0.to_string());
+            Ok(())
+        },
+    )
+    .await;
+    assert_eq!(first, [(false, "hello back".to_owned())]);
+    let id = session.lock().clone().expect("a session was created");
+
+    let load_cwd = cwd.clone();
+    let loaded_id = id.clone();
+    let second = with_server(
+        store.path(),
+        async move |cx: ConnectionTo<agent_client_protocol::Agent>| {
+            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
+                .block_task()
+                .await?;
+            let unknown = cx
+                .send_request(LoadSessionRequest::new("acp-nope", load_cwd.clone()))
+                .block_task()
+                .await
+                .expect_err("an unknown session is refused");
+            assert!(
+                unknown.message.contains("no stored session `acp-nope`"),
+                "{unknown:?}"
+            );
+            cx.send_request(LoadSessionRequest::new(loaded_id.clone(), load_cwd.clone()))
+                .block_task()
+                .await?;
+            let twice = cx
+                .send_request(LoadSessionRequest::new(loaded_id.clone(), load_cwd))
+                .block_task()
+                .await
+                .expect_err("an open session is not loaded again");
+            assert!(twice.message.contains("already open"), "{twice:?}");
+            let answered = cx
+                .send_request(PromptRequest::new(loaded_id, text("say hello again")))
+                .block_task()
+                .await?;
+            assert_eq!(answered.stop_reason, StopReason::EndTurn);
+            Ok(())
+        },
+    )
+    .await;
+    assert_eq!(
+        second,
+        [
+            (true, "say hello".to_owned()),
+            (false, "hello back".to_owned()),
+            (false, "hello back".to_owned()),
+        ],
+        "the history replayed, then the new answer streamed"
+    );
+    let ends = support::only_session_turn_ends(store.path(), &cwd).await;
+    assert_eq!(ends, ["completed", "completed"]);
 }
