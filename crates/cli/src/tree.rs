@@ -5,9 +5,10 @@
 //! (`subagent/start` adds a child under its parent, `subagent/end` records its stop reason) and
 //! to the runtime's agent events (`agent/status` moves a node between `running` and `idle`).
 //! Labels come from each child's own `subagent/descriptor` event, read from its live session as
-//! soon as it is there (an out-of-process child has none here: it shows its provider only); a child is marked as a background job when its parent owns a job with
-//! the child's label. Every change calls the tree's sink with what changed, so a front end can
-//! redraw or print a line. Listener work is short and synchronous (no lock is held while the
+//! soon as it is there (an out-of-process child has no session here: it shows its provider
+//! only, one level below its parent); a child is marked as a background job when its parent
+//! owns a job with the child's label. Every change calls the tree's sink with what changed, so a
+//! front end can redraw or print a line. Listener work is short and synchronous (no lock is held while the
 //! sink runs).
 
 use std::fmt::Write as _;
