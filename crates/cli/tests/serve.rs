@@ -356,3 +356,36 @@ async fn a_stored_session_loads_with_its_history_replayed_and_takes_another_prom
     let ends = support::only_session_turn_ends(store.path(), &cwd).await;
     assert_eq!(ends, ["completed", "completed"]);
 }
+
+/// A client that goes away in the middle of a turn: the server aborts the prompt, disposes the
+/// coordinator and shuts its host down, so the stored log ends balanced (the turn, if it began,
+/// ended `aborted`) and the server returns cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_mid_turn_leaves_a_balanced_log() {
+    let store = tempfile::tempdir().expect("store dir");
+    let workspace = tempfile::tempdir().expect("workspace dir");
+    let cwd = workspace.path().canonicalize().expect("canonical workspace");
+    let session_cwd = cwd.clone();
+    with_server(
+        store.path(),
+        async move |cx: ConnectionTo<agent_client_protocol::Agent>| {
+            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
+                .block_task()
+                .await?;
+            let session = cx
+                .send_request(NewSessionRequest::new(session_cwd))
+                .block_task()
+                .await?
+                .session_id;
+            // Sent, never awaited: the client closes its end with the turn in flight.
+            drop(cx.send_request(PromptRequest::new(session, text("WAIT forever"))));
+            Ok(())
+        },
+    )
+    .await;
+    let ends = support::only_session_turn_ends(store.path(), &cwd).await;
+    assert!(
+        ends.is_empty() || ends == ["aborted"],
+        "the in-flight turn never began or was aborted: {ends:?}"
+    );
+}
