@@ -12,8 +12,8 @@ use agent::{GenerateOptions, ModelAdapter, ModelStream};
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::v1::schema::{
-    CancelNotification, ContentBlock, InitializeRequest, LoadSessionRequest, NewSessionRequest,
-    PromptRequest, SessionNotification, SessionUpdate, StopReason, TextContent,
+    CancelNotification, ContentBlock, InitializeRequest, InitializeResponse, LoadSessionRequest,
+    NewSessionRequest, PromptRequest, SessionId, SessionNotification, SessionUpdate, StopReason, TextContent,
 };
 use agent_client_protocol::{ByteStreams, Client};
 use agent_loop::model::chunks;
@@ -49,6 +49,24 @@ impl ModelAdapter for Answers {
     }
 }
 
+type Agent = ConnectionTo<agent_client_protocol::Agent>;
+
+/// `initialize` at protocol version 1.
+async fn initialize(cx: &Agent) -> Result<InitializeResponse, agent_client_protocol::Error> {
+    cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
+        .block_task()
+        .await
+}
+
+/// `session/new` at `cwd`; the new session's id.
+async fn new_session(cx: &Agent, cwd: std::path::PathBuf) -> Result<SessionId, agent_client_protocol::Error> {
+    Ok(cx
+        .send_request(NewSessionRequest::new(cwd))
+        .block_task()
+        .await?
+        .session_id)
+}
+
 fn text(t: &str) -> Vec<ContentBlock> {
     vec![ContentBlock::Text(TextContent::new(t))]
 }
@@ -62,71 +80,61 @@ async fn the_served_agent_answers_refuses_bad_requests_cancels_and_winds_down_at
     let workspace = tempfile::tempdir().expect("workspace dir");
     let workspace_path = workspace.path().canonicalize().expect("canonical workspace");
     let cwd = workspace_path.clone();
-    let updates = with_server(
-        store.path(),
-        async move |cx: ConnectionTo<agent_client_protocol::Agent>| {
-            let init = cx
-                .send_request(InitializeRequest::new(ProtocolVersion::V1))
+    let updates = with_server(store.path(), async move |cx: Agent| {
+        let init = initialize(&cx).await?;
+        assert_eq!(init.protocol_version, ProtocolVersion::V1);
+
+        // A relative or missing cwd is refused.
+        for bad in ["relative/dir", "/no/such/dir/anywhere"] {
+            let refused = cx
+                .send_request(NewSessionRequest::new(bad))
+                .block_task()
+                .await
+                .expect_err("a bad cwd is refused");
+            assert!(refused.message.contains("cwd"), "{refused:?}");
+        }
+        let session = new_session(&cx, cwd).await?;
+
+        // Unknown sessions and prompts without text are refused.
+        let unknown = cx
+            .send_request(PromptRequest::new("acp-nope", text("hi")))
+            .block_task()
+            .await
+            .expect_err("an unknown session is refused");
+        assert!(
+            unknown.message.contains("unknown session `acp-nope`"),
+            "{unknown:?}"
+        );
+        let empty = cx
+            .send_request(PromptRequest::new(session.clone(), text("   ")))
+            .block_task()
+            .await
+            .expect_err("a prompt without text is refused");
+        assert!(empty.message.contains("no text"), "{empty:?}");
+
+        // Prompts are answered `end_turn`, their text streamed meanwhile.
+        for prompt in ["say hello", "use a tool"] {
+            let answered = cx
+                .send_request(PromptRequest::new(session.clone(), text(prompt)))
                 .block_task()
                 .await?;
-            assert_eq!(init.protocol_version, ProtocolVersion::V1);
+            assert_eq!(answered.stop_reason, StopReason::EndTurn);
+        }
 
-            // A relative or missing cwd is refused.
-            for bad in ["relative/dir", "/no/such/dir/anywhere"] {
-                let refused = cx
-                    .send_request(NewSessionRequest::new(bad))
-                    .block_task()
-                    .await
-                    .expect_err("a bad cwd is refused");
-                assert!(refused.message.contains("cwd"), "{refused:?}");
-            }
-            let session = cx
-                .send_request(NewSessionRequest::new(cwd))
-                .block_task()
-                .await?
-                .session_id;
-
-            // Unknown sessions and prompts without text are refused.
-            let unknown = cx
-                .send_request(PromptRequest::new("acp-nope", text("hi")))
-                .block_task()
-                .await
-                .expect_err("an unknown session is refused");
-            assert!(
-                unknown.message.contains("unknown session `acp-nope`"),
-                "{unknown:?}"
-            );
-            let empty = cx
-                .send_request(PromptRequest::new(session.clone(), text("   ")))
-                .block_task()
-                .await
-                .expect_err("a prompt without text is refused");
-            assert!(empty.message.contains("no text"), "{empty:?}");
-
-            // Prompts are answered `end_turn`, their text streamed meanwhile.
-            for prompt in ["say hello", "use a tool"] {
-                let answered = cx
-                    .send_request(PromptRequest::new(session.clone(), text(prompt)))
-                    .block_task()
-                    .await?;
-                assert_eq!(answered.stop_reason, StopReason::EndTurn);
-            }
-
-            // While a prompt runs, another is refused; `session/cancel` ends the running one.
-            // (The server admits requests in arrival order, so both are deterministic.)
-            let waiting = cx.send_request(PromptRequest::new(session.clone(), text("WAIT for it")));
-            let busy = cx
-                .send_request(PromptRequest::new(session.clone(), text("again")))
-                .block_task()
-                .await
-                .expect_err("a second prompt is refused while one runs");
-            assert!(busy.message.contains("already running"), "{busy:?}");
-            cx.send_notification(CancelNotification::new(session))?;
-            let cancelled = waiting.block_task().await?;
-            assert_eq!(cancelled.stop_reason, StopReason::Cancelled);
-            Ok(())
-        },
-    )
+        // While a prompt runs, another is refused; `session/cancel` ends the running one.
+        // (The server admits requests in arrival order, so both are deterministic.)
+        let waiting = cx.send_request(PromptRequest::new(session.clone(), text("WAIT for it")));
+        let busy = cx
+            .send_request(PromptRequest::new(session.clone(), text("again")))
+            .block_task()
+            .await
+            .expect_err("a second prompt is refused while one runs");
+        assert!(busy.message.contains("already running"), "{busy:?}");
+        cx.send_notification(CancelNotification::new(session))?;
+        let cancelled = waiting.block_task().await?;
+        assert_eq!(cancelled.stop_reason, StopReason::Cancelled);
+        Ok(())
+    })
     .await;
     let agent_texts: Vec<&str> = updates
         .iter()
@@ -223,9 +231,7 @@ fn the_binary_serves_on_stdio_warns_about_mcp_servers_on_stderr_and_exits_at_eof
 /// invariant checker); returns every text update the client saw as `(from the user?, text)`.
 async fn with_server<F>(store: &std::path::Path, exchange: F) -> Vec<(bool, String)>
 where
-    F: AsyncFnOnce(ConnectionTo<agent_client_protocol::Agent>) -> Result<(), agent_client_protocol::Error>
-        + Send
-        + 'static,
+    F: AsyncFnOnce(Agent) -> Result<(), agent_client_protocol::Error> + Send + 'static,
 {
     let observer = InvariantObserver::shared();
     let options = ServeOptions {
@@ -283,66 +289,51 @@ async fn a_stored_session_loads_with_its_history_replayed_and_takes_another_prom
     let cwd = workspace.path().canonicalize().expect("canonical workspace");
     let session: Arc<Mutex<Option<String>>> = Arc::default();
     let (first_cwd, created) = (cwd.clone(), session.clone());
-    let first = with_server(
-        store.path(),
-        async move |cx: ConnectionTo<agent_client_protocol::Agent>| {
-            let init = cx
-                .send_request(InitializeRequest::new(ProtocolVersion::V1))
-                .block_task()
-                .await?;
-            assert!(init.agent_capabilities.load_session, "loading is advertised");
-            let id = cx
-                .send_request(NewSessionRequest::new(first_cwd))
-                .block_task()
-                .await?
-                .session_id;
-            let answered = cx
-                .send_request(PromptRequest::new(id.clone(), text("say hello")))
-                .block_task()
-                .await?;
-            assert_eq!(answered.stop_reason, StopReason::EndTurn);
-            *created.lock() = Some(id.0.to_string());
-            Ok(())
-        },
-    )
+    let first = with_server(store.path(), async move |cx: Agent| {
+        let init = initialize(&cx).await?;
+        assert!(init.agent_capabilities.load_session, "loading is advertised");
+        let id = new_session(&cx, first_cwd).await?;
+        let answered = cx
+            .send_request(PromptRequest::new(id.clone(), text("say hello")))
+            .block_task()
+            .await?;
+        assert_eq!(answered.stop_reason, StopReason::EndTurn);
+        *created.lock() = Some(id.0.to_string());
+        Ok(())
+    })
     .await;
     assert_eq!(first, [(false, "hello back".to_owned())]);
     let id = session.lock().clone().expect("a session was created");
 
     let load_cwd = cwd.clone();
     let loaded_id = id.clone();
-    let second = with_server(
-        store.path(),
-        async move |cx: ConnectionTo<agent_client_protocol::Agent>| {
-            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
-                .block_task()
-                .await?;
-            let unknown = cx
-                .send_request(LoadSessionRequest::new("acp-nope", load_cwd.clone()))
-                .block_task()
-                .await
-                .expect_err("an unknown session is refused");
-            assert!(
-                unknown.message.contains("no stored session `acp-nope`"),
-                "{unknown:?}"
-            );
-            cx.send_request(LoadSessionRequest::new(loaded_id.clone(), load_cwd.clone()))
-                .block_task()
-                .await?;
-            let twice = cx
-                .send_request(LoadSessionRequest::new(loaded_id.clone(), load_cwd))
-                .block_task()
-                .await
-                .expect_err("an open session is not loaded again");
-            assert!(twice.message.contains("already open"), "{twice:?}");
-            let answered = cx
-                .send_request(PromptRequest::new(loaded_id, text("say hello again")))
-                .block_task()
-                .await?;
-            assert_eq!(answered.stop_reason, StopReason::EndTurn);
-            Ok(())
-        },
-    )
+    let second = with_server(store.path(), async move |cx: Agent| {
+        initialize(&cx).await?;
+        let unknown = cx
+            .send_request(LoadSessionRequest::new("acp-nope", load_cwd.clone()))
+            .block_task()
+            .await
+            .expect_err("an unknown session is refused");
+        assert!(
+            unknown.message.contains("no stored session `acp-nope`"),
+            "{unknown:?}"
+        );
+        cx.send_request(LoadSessionRequest::new(loaded_id.clone(), load_cwd.clone()))
+            .block_task()
+            .await?;
+        let twice = cx
+            .send_request(LoadSessionRequest::new(loaded_id.clone(), load_cwd))
+            .block_task()
+            .await
+            .expect_err("an open session is not loaded again");
+        assert!(twice.message.contains("already open"), "{twice:?}");
+        let answered = cx
+            .send_request(PromptRequest::new(loaded_id, text("say hello again")))
+            .block_task()
+            .await?;
+        assert_eq!(answered.stop_reason, StopReason::EndTurn);
+        Ok(())
+    })
     .await;
     assert_eq!(
         second,
@@ -366,22 +357,13 @@ async fn a_client_leaving_mid_turn_leaves_a_balanced_log() {
     let workspace = tempfile::tempdir().expect("workspace dir");
     let cwd = workspace.path().canonicalize().expect("canonical workspace");
     let session_cwd = cwd.clone();
-    with_server(
-        store.path(),
-        async move |cx: ConnectionTo<agent_client_protocol::Agent>| {
-            cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
-                .block_task()
-                .await?;
-            let session = cx
-                .send_request(NewSessionRequest::new(session_cwd))
-                .block_task()
-                .await?
-                .session_id;
-            // Sent, never awaited: the client closes its end with the turn in flight.
-            drop(cx.send_request(PromptRequest::new(session, text("WAIT forever"))));
-            Ok(())
-        },
-    )
+    with_server(store.path(), async move |cx: Agent| {
+        initialize(&cx).await?;
+        let session = new_session(&cx, session_cwd).await?;
+        // Sent, never awaited: the client closes its end with the turn in flight.
+        drop(cx.send_request(PromptRequest::new(session, text("WAIT forever"))));
+        Ok(())
+    })
     .await;
     let ends = support::only_session_turn_ends(store.path(), &cwd).await;
     assert!(
