@@ -151,25 +151,21 @@ struct ModelArgs {
 impl ModelArgs {
     /// The base URL and model name, each required (flag or environment variable).
     fn required(&self) -> Result<(String, String), CliError> {
-        let base_url =
-            self.base_url
+        let required = |value: &Option<String>, what, flag, env| {
+            value
                 .clone()
                 .filter(|s| !s.is_empty())
-                .ok_or(CliError::MissingModelSetting {
-                    what: "the API base URL",
-                    flag: "--base-url",
-                    env: "SUBAGENT_BASE_URL",
-                })?;
-        let model = self
-            .model
-            .clone()
-            .filter(|s| !s.is_empty())
-            .ok_or(CliError::MissingModelSetting {
-                what: "the model name",
-                flag: "--model",
-                env: "SUBAGENT_MODEL",
-            })?;
-        Ok((base_url, model))
+                .ok_or(CliError::MissingModelSetting { what, flag, env })
+        };
+        Ok((
+            required(
+                &self.base_url,
+                "the API base URL",
+                "--base-url",
+                "SUBAGENT_BASE_URL",
+            )?,
+            required(&self.model, "the model name", "--model", "SUBAGENT_MODEL")?,
+        ))
     }
 
     /// The OpenAI-compatible adapter for `base_url` and `model`.
