@@ -252,7 +252,7 @@ impl RuntimeBuilder {
             prompt,
             tool_registry,
             config,
-            registry: Mutex::new(Vec::new()),
+            registry: Mutex::new(Default::default()),
             agent_lifecycle: parking_lot::ReentrantMutex::new(()),
             shutdown: Signal::new(),
             tasks: TaskTracker::new(),

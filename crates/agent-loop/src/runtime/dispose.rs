@@ -1,5 +1,6 @@
 //! The memoized quiescence transaction of one registered agent (spec §9.4).
 
+use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -20,13 +21,17 @@ use crate::agent::LoopAgent;
 pub(super) struct AgentEntry {
     /// The entry itself, for [`Disposer::dispose`] (which borrows it).
     pub(super) me: Weak<AgentEntry>,
+    /// The entry's serial in the runtime's registry (unique for the runtime's life; orders
+    /// entries by creation).
+    pub(super) serial: u64,
     pub(super) agent: Arc<LoopAgent>,
     pub(super) runtime: Weak<RuntimeInner>,
     /// The store entry; dropping it removes the session.
     pub(super) session_guard: Mutex<Option<Registration>>,
     pub(super) owner: Option<Weak<AgentEntry>>,
-    /// Published agents this one created.
-    pub(super) children: Mutex<Vec<Weak<AgentEntry>>>,
+    /// Published agents this one created, by serial (creation order). A map, so that each
+    /// child's release unlinks itself without a scan of its siblings.
+    pub(super) children: Mutex<BTreeMap<u64, Weak<AgentEntry>>>,
     /// Set when the teardown begins (aborts pending creations it owns).
     pub(super) disposing: Latch,
     /// Whether `AgentEvent::Created` was emitted (so `Disposed` pairs with it).
@@ -228,10 +233,8 @@ impl Latch {
 /// always ends unregistered with its session removed.
 pub(super) async fn teardown(entry: Arc<AgentEntry>) {
     let agent = entry.agent.clone();
-    let children: Vec<Arc<AgentEntry>> = entry
-        .children
-        .lock()
-        .drain(..)
+    let children: Vec<Arc<AgentEntry>> = std::mem::take(&mut *entry.children.lock())
+        .into_values()
         .filter_map(|w| w.upgrade())
         .collect();
     let jobs = entry.runtime.upgrade().and_then(|rt| rt.services.jobs.clone());
@@ -277,7 +280,8 @@ fn release(entry: &Arc<AgentEntry>) {
     agent.status_settled();
     contained_now(id, "scope", || agent.scope().dispose());
     if let Some(rt) = entry.runtime.upgrade() {
-        rt.registry.lock().retain(|e| !Arc::ptr_eq(e, entry));
+        // The registry's reference to `entry` (the teardown holds another).
+        rt.registry.lock().remove(entry.serial);
         let _lifecycle = rt.agent_lifecycle.lock();
         if entry.announced.swap(false, Ordering::SeqCst) {
             rt.services
@@ -288,10 +292,7 @@ fn release(entry: &Arc<AgentEntry>) {
     let guard = entry.session_guard.lock().take();
     contained_now(id, "session", || drop(guard));
     if let Some(owner) = entry.owner.as_ref().and_then(Weak::upgrade) {
-        owner
-            .children
-            .lock()
-            .retain(|w| w.upgrade().is_some_and(|e| !Arc::ptr_eq(&e, entry)));
+        owner.children.lock().remove(&entry.serial);
     }
 }
 

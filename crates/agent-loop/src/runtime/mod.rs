@@ -43,6 +43,7 @@ mod builder;
 mod dispose;
 pub mod fork;
 mod models;
+mod registry;
 #[cfg(test)]
 mod robust;
 mod store;
@@ -97,7 +98,8 @@ struct RuntimeInner {
     prompt: PromptRegistry,
     tool_registry: Option<ToolRegistry>,
     config: LoopConfig,
-    registry: Mutex<Vec<Arc<AgentEntry>>>,
+    /// The registered agents (live or disposing) by id, in creation order.
+    registry: Mutex<registry::Registry<Arc<AgentEntry>>>,
     /// Held while an agent is marked announced and `AgentEvent::Created` is emitted, and while
     /// its teardown checks that mark and emits `AgentEvent::Disposed`, so listeners on any
     /// thread see an agent's `Created` before its `Disposed`. Reentrant: a `Created` listener
@@ -262,8 +264,8 @@ impl Runtime {
         self.inner
             .registry
             .lock()
-            .iter()
-            .find(|e| e.agent.id() == id && e.agent.is_live())
+            .get(id)
+            .filter(|e| e.agent.is_live())
             .cloned()
     }
 
@@ -279,7 +281,7 @@ impl Runtime {
         self.inner.shutdown.cancel(CancelCause::Other {
             reason: INACTIVE.to_owned(),
         });
-        let entries: Vec<Arc<AgentEntry>> = self.inner.registry.lock().iter().rev().cloned().collect();
+        let entries: Vec<Arc<AgentEntry>> = self.inner.registry.lock().values().rev().cloned().collect();
         future::join_all(entries.iter().map(|e| e.dispose())).await;
         self.inner.tasks.close();
         self.inner.tasks.wait().await;
@@ -396,8 +398,8 @@ impl Runtime {
             .inner
             .registry
             .lock()
-            .iter()
-            .find(|e| e.is_agent(owner))
+            .get(owner.id())
+            .filter(|e| e.is_agent(owner))
             .cloned();
         match found {
             Some(e) if !e.disposing.is_set() => Ok(Some(e)),
@@ -585,27 +587,34 @@ impl Runtime {
                 self.inner.sessions.enter_deferred(session.clone(), persisted)?;
             let entry = {
                 let mut registry = self.inner.registry.lock();
-                if registry.iter().any(|e| e.agent.id() == &id) {
+                if registry.contains(&id) {
                     drop(registry);
                     drop(session_guard);
                     return Err(AgentError::Duplicate(id));
                 }
-                let entry = Arc::new_cyclic(|me| AgentEntry {
-                    me: me.clone(),
-                    agent: agent.clone(),
-                    runtime: Arc::downgrade(&self.inner),
-                    session_guard: Mutex::new(Some(session_guard)),
-                    owner: owner.as_ref().map(Arc::downgrade),
-                    children: Mutex::new(Vec::new()),
-                    disposing: dispose::Latch::default(),
-                    announced: std::sync::atomic::AtomicBool::new(false),
-                    teardown: Default::default(),
-                });
-                registry.push(entry.clone());
-                entry
+                let session_guard = Mutex::new(Some(session_guard));
+                let make = |serial| {
+                    Arc::new_cyclic(|me| AgentEntry {
+                        me: me.clone(),
+                        serial,
+                        agent: agent.clone(),
+                        runtime: Arc::downgrade(&self.inner),
+                        session_guard,
+                        owner: owner.as_ref().map(Arc::downgrade),
+                        children: Mutex::new(std::collections::BTreeMap::new()),
+                        disposing: dispose::Latch::default(),
+                        announced: std::sync::atomic::AtomicBool::new(false),
+                        teardown: Default::default(),
+                    })
+                };
+                registry
+                    .insert_with(id.clone(), make)
+                    .expect("the id was checked free under this lock")
+                    .1
+                    .clone()
             };
             if let Some(owner) = &owner {
-                owner.children.lock().push(Arc::downgrade(&entry));
+                owner.children.lock().insert(entry.serial, Arc::downgrade(&entry));
             }
             rollback.set(Stage::Published(entry.clone()));
 
@@ -685,13 +694,7 @@ impl AgentRuntime for Runtime {
             .persistence
             .clone()
             .ok_or_else(|| AgentError::Persistence("session persistence is not configured".to_owned()))?;
-        if self.inner.sessions.get(&session_id).is_some()
-            || self
-                .inner
-                .registry
-                .lock()
-                .iter()
-                .any(|e| e.agent.id() == &session_id)
+        if self.inner.sessions.get(&session_id).is_some() || self.inner.registry.lock().contains(&session_id)
         {
             return Err(AgentError::Duplicate(session_id));
         }
@@ -746,7 +749,7 @@ impl AgentRuntime for Runtime {
         self.inner
             .registry
             .lock()
-            .iter()
+            .values()
             .filter(|e| e.agent.is_live())
             .map(|e| e.agent.clone() as AgentRef)
             .collect()
@@ -769,12 +772,7 @@ impl AgentRuntime for Runtime {
 /// remain. For tests; panics with a description otherwise.
 pub fn assert_quiescent(runtime: &Runtime) {
     let inner = &runtime.inner;
-    let agents: Vec<String> = inner
-        .registry
-        .lock()
-        .iter()
-        .map(|e| e.agent.id().to_string())
-        .collect();
+    let agents: Vec<String> = inner.registry.lock().ids().map(ToString::to_string).collect();
     assert!(agents.is_empty(), "agents still registered: {agents:?}");
     let sessions: Vec<String> = inner.sessions.list().iter().map(|s| s.id().to_string()).collect();
     assert!(sessions.is_empty(), "sessions still live: {sessions:?}");

@@ -594,7 +594,7 @@ async fn disposal_racing_a_turn_waiters_and_resume() {
                     let holders = inner
                         .registry
                         .lock()
-                        .iter()
+                        .values()
                         .filter(|e| e.agent.id() == agent)
                         .count();
                     if holders > 1 {

@@ -13,6 +13,7 @@ use agent::{
 };
 
 use super::fork::{ForkError, SessionFork, fork_seed};
+use super::registry::Registry;
 
 /// A notification about the live store's entries.
 #[derive(Clone, Debug)]
@@ -35,7 +36,6 @@ impl Carried for SessionStoreEvent {
 }
 
 struct Entry {
-    key: u64,
     session: Arc<Session>,
     announced: bool,
     /// The session's durable writer, when persistence is configured; `flush` reports the
@@ -45,8 +45,8 @@ struct Entry {
 
 #[derive(Default)]
 struct State {
-    next: u64,
-    entries: Vec<Entry>,
+    /// The live sessions by id, in entry order.
+    entries: Registry<Entry>,
 }
 
 /// Appends every committed event to durable persistence (post-commit; a failure is logged, and
@@ -253,18 +253,15 @@ impl MemorySessionStore {
         });
         let key = {
             let mut state = self.inner.state.lock();
-            if state.entries.iter().any(|e| e.session.id() == session.id()) {
-                return Err(AgentError::Duplicate(session.id().clone()));
-            }
-            state.next += 1;
-            let key = state.next;
-            state.entries.push(Entry {
-                key,
+            let entered = state.entries.insert_with(session.id().clone(), |_| Entry {
                 session: session.clone(),
                 announced: false,
                 persist: persist.clone(),
             });
-            key
+            match entered {
+                Some((key, _)) => key,
+                None => return Err(AgentError::Duplicate(session.id().clone())),
+            }
         };
         let guard = self.removal_guard(key);
         let mut observers: Vec<Arc<dyn SessionObserver>> = Vec::new();
@@ -321,8 +318,8 @@ impl MemorySessionStore {
             let mut state = self.inner.state.lock();
             match state
                 .entries
-                .iter_mut()
-                .find(|e| Arc::ptr_eq(&e.session, session))
+                .get_mut(session.id())
+                .filter(|e| Arc::ptr_eq(&e.session, session))
             {
                 Some(e) if !e.announced => e.announced = true,
                 _ => return Ok(()),
@@ -338,14 +335,7 @@ impl MemorySessionStore {
         Registration::new(move || {
             let Some(inner) = weak.upgrade() else { return };
             let _lifecycle = inner.lifecycle.lock();
-            let removed = {
-                let mut state = inner.state.lock();
-                state
-                    .entries
-                    .iter()
-                    .position(|e| e.key == key)
-                    .map(|i| state.entries.remove(i))
-            };
+            let removed = inner.state.lock().entries.remove(key);
             if let Some(entry) = removed
                 && entry.announced
             {
@@ -377,13 +367,7 @@ impl SessionStore for MemorySessionStore {
     }
 
     fn get(&self, id: &SessionId) -> Option<Arc<Session>> {
-        self.inner
-            .state
-            .lock()
-            .entries
-            .iter()
-            .find(|e| e.session.id() == id)
-            .map(|e| e.session.clone())
+        self.inner.state.lock().entries.get(id).map(|e| e.session.clone())
     }
 
     fn list(&self) -> Vec<Arc<Session>> {
@@ -391,7 +375,7 @@ impl SessionStore for MemorySessionStore {
             .state
             .lock()
             .entries
-            .iter()
+            .values()
             .map(|e| e.session.clone())
             .collect()
     }
@@ -402,7 +386,7 @@ impl SessionStore for MemorySessionStore {
     async fn flush(&self, id: &SessionId) -> Result<bool, AgentError> {
         let persist = {
             let state = self.inner.state.lock();
-            let Some(entry) = state.entries.iter().find(|e| e.session.id() == id) else {
+            let Some(entry) = state.entries.get(id) else {
                 return Err(AgentError::NotFound(id.clone()));
             };
             entry.persist.clone()
