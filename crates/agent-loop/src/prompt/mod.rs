@@ -24,6 +24,7 @@
 
 pub mod model_text;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -35,15 +36,74 @@ use agent::{ContentBlock, Message, MessageSource, PluginForm, Registration, Sess
 
 struct Entry<T> {
     id: u64,
-    scope: Option<SessionId>,
     item: T,
+}
+
+/// One kind of registration (sections or contexts), by layer: the global entries and each
+/// agent's own, each in registration order. Per-agent lists keep an agent's resolution and
+/// removal independent of how many other agents are registered (a parent fanning out to
+/// thousands of children would otherwise pay for every sibling at every step).
+struct Layers<T> {
+    global: Vec<Entry<T>>,
+    scoped: HashMap<SessionId, Vec<Entry<T>>>,
+}
+
+impl<T> Default for Layers<T> {
+    fn default() -> Self {
+        Self {
+            global: Vec::new(),
+            scoped: HashMap::new(),
+        }
+    }
+}
+
+impl<T> Layers<T> {
+    fn push(&mut self, scope: Option<&SessionId>, entry: Entry<T>) {
+        match scope {
+            None => self.global.push(entry),
+            Some(scope) => self.scoped.entry(scope.clone()).or_default().push(entry),
+        }
+    }
+
+    /// Removes the entry registered as `id` in `scope`'s layer, keeping the others in order
+    /// (and no empty list for the agent). Ids are unique, so there is at most one.
+    fn extract(&mut self, scope: Option<&SessionId>, id: u64) -> Option<Entry<T>> {
+        let list = match scope {
+            None => &mut self.global,
+            Some(scope) => self.scoped.get_mut(scope)?,
+        };
+        let index = list.iter().position(|e| e.id == id)?;
+        let entry = list.remove(index);
+        if let Some(scope) = scope
+            && list.is_empty()
+        {
+            self.scoped.remove(scope);
+        }
+        Some(entry)
+    }
+
+    fn len(&self) -> usize {
+        self.global.len() + self.scoped_len()
+    }
+
+    fn scoped_len(&self) -> usize {
+        self.scoped.values().map(Vec::len).sum()
+    }
+
+    /// The global layer and `agent`'s own.
+    fn visible(&self, agent: Option<&SessionId>) -> (&[Entry<T>], &[Entry<T>]) {
+        let own = agent
+            .and_then(|a| self.scoped.get(a))
+            .map_or(&[][..], Vec::as_slice);
+        (&self.global, own)
+    }
 }
 
 #[derive(Default)]
 struct State {
     next: u64,
-    sections: Vec<Entry<PromptSection>>,
-    contexts: Vec<Entry<RuntimeContext>>,
+    sections: Layers<PromptSection>,
+    contexts: Layers<RuntimeContext>,
     /// The tool registry deciding the visibility of tool-bound sections (weak: the tools'
     /// handlers may hold the host's services, and so this registry).
     tools: Option<Weak<dyn Tools>>,
@@ -80,32 +140,23 @@ impl std::fmt::Debug for PromptRegistry {
 /// Resolves one layered view: per name, the agent's own entry (latest registration) over the
 /// global one (latest registration); then sorted by `(order, registration)`.
 fn resolve<T: Clone>(
-    entries: &[Entry<T>],
-    agent: Option<&SessionId>,
+    (global, own): (&[Entry<T>], &[Entry<T>]),
     name: impl Fn(&T) -> &str,
     order: impl Fn(&T) -> i32,
 ) -> Vec<T> {
-    let is_visible = |entry: &&Entry<T>| match &entry.scope {
-        None => true,
-        Some(scope) => Some(scope) == agent,
-    };
     // Nothing or a single entry to show (the common cases) needs no choosing.
-    let mut visible = entries.iter().filter(is_visible);
-    match (visible.next(), visible.next()) {
-        (None, _) => return Vec::new(),
-        (Some(only), None) => return vec![only.item.clone()],
+    match (global, own) {
+        ([], []) => return Vec::new(),
+        ([only], []) | ([], [only]) => return vec![only.item.clone()],
         _ => {}
     }
+    // The global layer first, then the agent's own: a later entry of the same name replaces
+    // the chosen one, so the latest global entry is replaced by any own entry, and the latest
+    // own entry wins.
     let mut chosen: Vec<&Entry<T>> = Vec::new();
-    for entry in entries.iter().filter(is_visible) {
+    for entry in global.iter().chain(own) {
         match chosen.iter().position(|c| name(&c.item) == name(&entry.item)) {
-            Some(i) => {
-                // A scoped entry beats a global one; within a layer the later one wins.
-                let current_scoped = chosen[i].scope.is_some();
-                if entry.scope.is_some() || !current_scoped {
-                    chosen[i] = entry;
-                }
-            }
+            Some(i) => chosen[i] = entry,
             None => chosen.push(entry),
         }
     }
@@ -136,8 +187,7 @@ impl PromptRegistry {
     /// The number of agent-scoped registrations (all agents).
     pub fn scoped_len(&self) -> usize {
         let state = self.state.lock();
-        state.sections.iter().filter(|e| e.scope.is_some()).count()
-            + state.contexts.iter().filter(|e| e.scope.is_some()).count()
+        state.sections.scoped_len() + state.contexts.scoped_len()
     }
 
     /// Whether nothing is registered.
@@ -145,16 +195,20 @@ impl PromptRegistry {
         self.len() == 0
     }
 
-    fn guard(&self, id: u64) -> Registration {
+    /// The guard removing registration `id` from `scope`'s layer of the sections or contexts.
+    fn guard(&self, scope: Option<&SessionId>, id: u64, section: bool) -> Registration {
         let weak: Weak<Mutex<State>> = Arc::downgrade(&self.state);
+        let scope = scope.cloned();
         Registration::new(move || {
             if let Some(state) = weak.upgrade() {
                 // Dropped after the lock is released.
                 let removed = {
                     let mut state = state.lock();
-                    let s = extract(&mut state.sections, id);
-                    let c = extract(&mut state.contexts, id);
-                    (s, c)
+                    if section {
+                        (state.sections.extract(scope.as_ref(), id), None)
+                    } else {
+                        (None, state.contexts.extract(scope.as_ref(), id))
+                    }
                 };
                 drop(removed);
             }
@@ -162,46 +216,31 @@ impl PromptRegistry {
     }
 }
 
-/// Removes the entry registered as `id`, keeping the others in order. Ids are unique (each
-/// registration pushes one entry under a fresh id), so there is at most one.
-fn extract<T>(entries: &mut Vec<Entry<T>>, id: u64) -> Option<Entry<T>> {
-    let index = entries.iter().position(|e| e.id == id)?;
-    Some(entries.remove(index))
-}
-
 impl Prompt for PromptRegistry {
     fn section(&self, scope: Option<&SessionId>, section: PromptSection) -> Registration {
         let id = {
             let mut state = self.state.lock();
             let id = state.next_id();
-            state.sections.push(Entry {
-                id,
-                scope: scope.cloned(),
-                item: section,
-            });
+            state.sections.push(scope, Entry { id, item: section });
             id
         };
-        self.guard(id)
+        self.guard(scope, id, true)
     }
 
     fn runtime_context(&self, scope: Option<&SessionId>, context: RuntimeContext) -> Registration {
         let id = {
             let mut state = self.state.lock();
             let id = state.next_id();
-            state.contexts.push(Entry {
-                id,
-                scope: scope.cloned(),
-                item: context,
-            });
+            state.contexts.push(scope, Entry { id, item: context });
             id
         };
-        self.guard(id)
+        self.guard(scope, id, false)
     }
 
     fn sections(&self, agent: Option<&SessionId>) -> Vec<PromptSection> {
         let (mut sections, tools) = {
             let state = self.state.lock();
-            let sections = resolve(&state.sections, agent, |s| &s.name, |s| s.order);
+            let sections = resolve(state.sections.visible(agent), |s| &s.name, |s| s.order);
             // The link is read only when a section needs it (this runs at every pre-step).
             let tools = if sections.iter().any(|s| s.tool.is_some()) {
                 state.tools.as_ref().and_then(Weak::upgrade)
@@ -224,7 +263,7 @@ impl Prompt for PromptRegistry {
 
     fn runtime_contexts(&self, agent: Option<&SessionId>) -> Vec<RuntimeContext> {
         let state = self.state.lock();
-        resolve(&state.contexts, agent, |c| &c.name, |c| c.order)
+        resolve(state.contexts.visible(agent), |c| &c.name, |c| c.order)
     }
 }
 
