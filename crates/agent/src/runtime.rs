@@ -181,11 +181,49 @@ pub trait ModelRegistry: Send + Sync + 'static {
 }
 
 /// An ordered list of hooks, each global or scoped to one agent. Cheap to clone (shared).
+///
+/// Scoped hooks are kept per agent, so looking up one agent's hooks, and adding or removing
+/// one, costs the same however many other agents have hooks of their own.
 pub struct HookList<T: ?Sized> {
-    inner: EventBusList<T>,
+    inner: Arc<parking_lot::RwLock<HookLayers<T>>>,
 }
 
-type EventBusList<T> = Arc<parking_lot::RwLock<Vec<(u64, Option<SessionId>, Arc<T>)>>>;
+/// The hooks of a [`HookList`] by layer, each list in registration order (ascending ids).
+struct HookLayers<T: ?Sized> {
+    /// The id of the next registration; taken under the write lock, so ids follow
+    /// registration order across both layers.
+    next: u64,
+    global: Vec<(u64, Arc<T>)>,
+    scoped: std::collections::HashMap<SessionId, Vec<(u64, Arc<T>)>>,
+}
+
+impl<T: ?Sized> Default for HookLayers<T> {
+    fn default() -> Self {
+        Self {
+            next: 0,
+            global: Vec::new(),
+            scoped: std::collections::HashMap::new(),
+        }
+    }
+}
+
+impl<T: ?Sized> HookLayers<T> {
+    /// Removes registration `id` from `scope`'s layer (and the agent's list once empty).
+    fn remove(&mut self, scope: Option<&SessionId>, id: u64) -> Option<Arc<T>> {
+        let list = match scope {
+            None => &mut self.global,
+            Some(scope) => self.scoped.get_mut(scope)?,
+        };
+        let index = list.iter().position(|(i, _)| *i == id)?;
+        let (_, hook) = list.remove(index);
+        if let Some(scope) = scope
+            && list.is_empty()
+        {
+            self.scoped.remove(scope);
+        }
+        Some(hook)
+    }
+}
 
 impl<T: ?Sized> Clone for HookList<T> {
     fn clone(&self) -> Self {
@@ -206,13 +244,22 @@ impl<T: ?Sized> Default for HookList<T> {
 impl<T: ?Sized + Send + Sync + 'static> HookList<T> {
     /// Adds a hook (global when `scope` is `None`). Dropping the guard removes it.
     pub fn add(&self, scope: Option<SessionId>, hook: Arc<T>) -> Registration {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner.write().push((id, scope, hook));
+        let id = {
+            let mut layers = self.inner.write();
+            let id = layers.next;
+            layers.next += 1;
+            match &scope {
+                None => layers.global.push((id, hook)),
+                Some(scope) => layers.scoped.entry(scope.clone()).or_default().push((id, hook)),
+            }
+            id
+        };
         let weak = Arc::downgrade(&self.inner);
         Registration::new(move || {
             if let Some(list) = weak.upgrade() {
-                list.write().retain(|(i, _, _)| *i != id);
+                // The hook is dropped after the lock is released.
+                let removed = list.write().remove(scope.as_ref(), id);
+                drop(removed);
             }
         })
     }
@@ -220,17 +267,27 @@ impl<T: ?Sized + Send + Sync + 'static> HookList<T> {
     /// The hooks that apply to `agent`: global ones and those scoped to it, in registration
     /// order.
     pub fn for_agent(&self, agent: &SessionId) -> Vec<Arc<T>> {
-        self.inner
-            .read()
-            .iter()
-            .filter(|(_, s, _)| s.as_ref().is_none_or(|s| s == agent))
-            .map(|(_, _, h)| h.clone())
-            .collect()
+        let layers = self.inner.read();
+        let own = layers.scoped.get(agent).map_or(&[][..], Vec::as_slice);
+        let (mut global, mut own) = (layers.global.iter().peekable(), own.iter().peekable());
+        let mut hooks = Vec::with_capacity(global.len() + own.len());
+        // Both lists ascend by id: merge them into registration order.
+        loop {
+            let next = match (global.peek(), own.peek()) {
+                (Some((g, _)), Some((o, _))) if g < o => global.next(),
+                (Some(_), Some(_)) | (None, Some(_)) => own.next(),
+                (Some(_), None) => global.next(),
+                (None, None) => break,
+            };
+            hooks.extend(next.map(|(_, hook)| hook.clone()));
+        }
+        hooks
     }
 
     /// The number of hooks (for tests asserting registries end empty).
     pub fn len(&self) -> usize {
-        self.inner.read().len()
+        let layers = self.inner.read();
+        layers.global.len() + layers.scoped.values().map(Vec::len).sum::<usize>()
     }
 
     /// Whether there are no hooks.
@@ -399,5 +456,43 @@ impl Ctx {
             None => self.services.agent_events.on(listener),
         };
         self.own(g)
+    }
+}
+
+#[cfg(test)]
+mod hook_list_tests {
+    use super::*;
+
+    /// Global and scoped hooks interleave in registration order for their agent only; removing
+    /// one keeps the others' order and leaves no empty per-agent list behind.
+    #[test]
+    fn hooks_apply_to_their_agent_in_registration_order() {
+        let list: HookList<str> = HookList::default();
+        let (a, b) = (SessionId::from("a"), SessionId::from("b"));
+        let g1 = list.add(None, Arc::from("g1"));
+        let a1 = list.add(Some(a.clone()), Arc::from("a1"));
+        let b1 = list.add(Some(b.clone()), Arc::from("b1"));
+        let g2 = list.add(None, Arc::from("g2"));
+        let a2 = list.add(Some(a.clone()), Arc::from("a2"));
+        let names = |agent: &SessionId| -> Vec<String> {
+            list.for_agent(agent).iter().map(|h| h.to_string()).collect()
+        };
+        assert_eq!(names(&a), ["g1", "a1", "g2", "a2"]);
+        assert_eq!(names(&b), ["g1", "b1", "g2"]);
+        assert_eq!(names(&SessionId::from("c")), ["g1", "g2"]);
+        assert_eq!(list.len(), 5);
+
+        drop(a1);
+        assert_eq!(names(&a), ["g1", "g2", "a2"]);
+        drop(g1);
+        assert_eq!(names(&a), ["g2", "a2"]);
+        drop((b1, a2));
+        assert!(
+            list.inner.read().scoped.is_empty(),
+            "no empty per-agent list left"
+        );
+        assert_eq!(names(&a), ["g2"]);
+        drop(g2);
+        assert!(list.is_empty());
     }
 }
