@@ -16,6 +16,9 @@ struct Ratio {
     what: &'static str,
     measured: &'static str,
     floor: &'static str,
+    /// How many floors' worth of work the measured benchmark does (a fan-out of 4,000 children
+    /// against one of 1,000 does 4): the ratio is `measured / (floor × floor_scale)`.
+    floor_scale: f64,
     /// The target, or `None` for a figure printed as context for another.
     target: Option<f64>,
     command: &'static str,
@@ -26,6 +29,7 @@ const RATIOS: &[Ratio] = &[
         what: "one `spawn` one-shot: start → result → dispose",
         measured: "one_shot/spawn_start_result_dispose",
         floor: "one_shot/floor_tokio_spawn_join",
+        floor_scale: 1.0,
         target: Some(10.0),
         command: "cargo bench -p subagent-spawn --bench spawn",
     },
@@ -33,6 +37,7 @@ const RATIOS: &[Ratio] = &[
         what: "its reference-runtime share alone: create → one turn → dispose, no seam",
         measured: "one_shot/bare_runtime_create_turn_dispose",
         floor: "one_shot/floor_tokio_spawn_join",
+        floor_scale: 1.0,
         target: None,
         command: "cargo bench -p subagent-spawn --bench spawn",
     },
@@ -40,6 +45,7 @@ const RATIOS: &[Ratio] = &[
         what: "one idle → turn → idle cycle",
         measured: "turn_idle-turn-idle",
         floor: "floor_spawn-join",
+        floor_scale: 1.0,
         target: Some(20.0),
         command: "cargo bench -p agent-loop --bench turn",
     },
@@ -47,8 +53,17 @@ const RATIOS: &[Ratio] = &[
         what: "replay of a session-log corpus",
         measured: "replay/replay_jsonl",
         floor: "replay/floor_serde_value",
+        floor_scale: 1.0,
         target: Some(3.0),
         command: "cargo bench -p invariants --bench replay",
+    },
+    Ratio {
+        what: "fan-out scaling: the cost per child with 4,000 children alive at once, against 1,000",
+        measured: "fan_out/4000_children",
+        floor: "fan_out/1000_children",
+        floor_scale: 4.0,
+        target: None,
+        command: "cargo bench -p subagent-spawn --bench fan_out",
     },
 ];
 
@@ -104,6 +119,7 @@ fn summary(dir: &Path, since: SystemTime) -> Vec<String> {
     for r in RATIOS {
         let line = match (mean_ns(dir, r.measured, since), mean_ns(dir, r.floor, since)) {
             (Ok(measured), Ok(floor)) => {
+                let floor = floor * r.floor_scale;
                 let ratio = measured / floor;
                 let against = match r.target {
                     Some(target) => {
@@ -193,6 +209,7 @@ mod tests {
         write_estimate(dir.path(), "turn_idle-turn-idle", 9000.0);
         write_estimate(dir.path(), "floor_spawn-join", 300.0);
         write_estimate(dir.path(), "fan_out/1000_children", 25_000_000.0);
+        write_estimate(dir.path(), "fan_out/4000_children", 150_000_000.0);
         let lines = summary(dir.path(), since);
         assert!(
             lines[0].contains("= 10.0× the floor (meets the ≤ 10× target"),
@@ -214,7 +231,13 @@ mod tests {
             "{}",
             lines[3]
         );
-        assert!(lines[4].contains("40000 children/s"), "{}", lines[4]);
+        // 4,000 children at 150 ms against 1,000 at 25 ms: 1.5× the cost per child.
+        assert!(
+            lines[4].contains("150.00 ms / 100.00 ms = 1.5× the floor (no target of its own"),
+            "{}",
+            lines[4]
+        );
+        assert!(lines[5].contains("40000 children/s"), "{}", lines[5]);
     }
 
     #[test]

@@ -2,6 +2,9 @@
 //!
 //! * `fan_out/1000_children` — one parent starts 1,000 children concurrently, awaits every result
 //!   and disposes every run (throughput in children per second).
+//! * `fan_out/4000_children` — the same with 4,000: the cost per child should not grow with the
+//!   number of siblings alive at once (`cargo xtask bench` prints the per-child ratio of the
+//!   two).
 //! * `fan_out memory` (printed, not timed) — live heap bytes, counted by a global allocator
 //!   wrapper, before the fan-out, at its peak (every child published and settled, none disposed)
 //!   and after every run is disposed: memory must return to the baseline. A second identical
@@ -112,6 +115,11 @@ fn bench_fan_out(c: &mut Criterion) {
     group.sample_size(10);
     group.throughput(Throughput::Elements(1000));
     group.bench_function("1000_children", |b| b.iter(|| rt.block_on(fan_out(&bench, 1000))));
+    // Four times the children alive at once: with nothing scanning its siblings, each child
+    // costs about what it costs among 1,000 (`cargo xtask bench` prints the ratio per child).
+    group.throughput(Throughput::Elements(4000));
+    group.measurement_time(std::time::Duration::from_secs(10));
+    group.bench_function("4000_children", |b| b.iter(|| rt.block_on(fan_out(&bench, 4000))));
     group.finish();
     rt.block_on(bench.close());
 }

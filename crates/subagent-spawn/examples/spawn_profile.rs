@@ -23,6 +23,15 @@
 //! `SPAWN_BARE` runs what a delegation costs the reference runtime alone, without the seam:
 //! create an agent on the same instant model, give it the task, wait for its one turn, dispose
 //! of it. The difference to a delegation is the seam's and the driver's share.
+//!
+//! `SPAWN_FAN_OUT=n` runs `SPAWN_DELEGATIONS` rounds of a fan-out of `n` concurrent children
+//! from the one parent (start all, await every result, dispose all) and prints the time per
+//! child, which should stay flat as `n` grows (a per-parent structure scanned per child would
+//! make it grow linearly):
+//!
+//! ```text
+//! for n in 10 100 1000 4000; do SPAWN_FAN_OUT=$n SPAWN_DELEGATIONS=$((8000/n)) target/release/examples/spawn_profile; done
+//! ```
 
 #[path = "../benches/common/mod.rs"]
 mod common;
@@ -53,6 +62,11 @@ fn main() {
         return;
     }
     let bench = rt.block_on(Bench::new());
+    if let Some(n) = std::env::var("SPAWN_FAN_OUT").ok().and_then(|v| v.parse().ok()) {
+        fan_out(&rt, &bench, n, delegations);
+        rt.block_on(bench.close());
+        return;
+    }
     if std::env::var_os("SPAWN_BARE").is_some() {
         bare(&rt, &bench, delegations);
         rt.block_on(bench.close());
@@ -83,5 +97,33 @@ fn bare(rt: &tokio::runtime::Runtime, bench: &Bench, cycles: u64) {
     println!(
         "{cycles} bare runtime cycles, {:.0} ns per cycle",
         elapsed.as_secs_f64() * 1e9 / cycles as f64
+    );
+}
+
+/// `rounds` fan-outs of `n` concurrent children from the one parent (start all, await every
+/// result, dispose all), printing the mean time per child: constant across `n` unless some
+/// per-parent structure grows superlinearly.
+fn fan_out(rt: &tokio::runtime::Runtime, bench: &Bench, n: usize, rounds: u64) {
+    use subagent::run::SubagentRun;
+    let start = Instant::now();
+    for _ in 0..rounds {
+        rt.block_on(async {
+            let runs: Vec<Box<dyn SubagentRun>> =
+                futures::future::join_all((0..n).map(|_| bench.service.start("spawn", bench.request())))
+                    .await
+                    .into_iter()
+                    .map(|r| r.expect("started"))
+                    .collect();
+            for result in futures::future::join_all(runs.iter().map(|r| r.result())).await {
+                assert!(result.expect("result").stop_reason.is_completed());
+            }
+            futures::future::join_all(runs.iter().map(|r| r.dispose())).await;
+        });
+    }
+    let elapsed = start.elapsed();
+    assert_eq!(bench.live_agents(), 1, "every child disposed");
+    println!(
+        "{rounds} fan-outs of {n} children, {:.0} ns per child",
+        elapsed.as_secs_f64() * 1e9 / (rounds as f64 * n as f64)
     );
 }
