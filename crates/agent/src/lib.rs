@@ -22,6 +22,7 @@ pub mod projection;
 pub mod prompt;
 pub mod registration;
 pub mod runtime;
+pub mod scoped;
 pub mod store;
 pub mod tools;
 // -- pure functions over logs (module owners: see git log) --

@@ -18,6 +18,7 @@ use crate::jobs::Jobs;
 use crate::model::ModelAdapter;
 use crate::prompt::Prompt;
 use crate::registration::{Registration, Scope};
+use crate::scoped::ScopedEntries;
 use crate::signal::Signal;
 use crate::store::{SessionPersistence, SessionStore};
 use crate::tools::Tools;
@@ -182,47 +183,10 @@ pub trait ModelRegistry: Send + Sync + 'static {
 
 /// An ordered list of hooks, each global or scoped to one agent. Cheap to clone (shared).
 ///
-/// Scoped hooks are kept per agent, so looking up one agent's hooks, and adding or removing
-/// one, costs the same however many other agents have hooks of their own.
+/// Scoped hooks are kept per agent ([`ScopedEntries`]), so looking up one agent's hooks, and
+/// adding or removing one, costs the same however many other agents have hooks of their own.
 pub struct HookList<T: ?Sized> {
-    inner: Arc<parking_lot::RwLock<HookLayers<T>>>,
-}
-
-/// The hooks of a [`HookList`] by layer, each list in registration order (ascending ids).
-struct HookLayers<T: ?Sized> {
-    /// The id of the next registration; taken under the write lock, so ids follow
-    /// registration order across both layers.
-    next: u64,
-    global: Vec<(u64, Arc<T>)>,
-    scoped: std::collections::HashMap<SessionId, Vec<(u64, Arc<T>)>>,
-}
-
-impl<T: ?Sized> Default for HookLayers<T> {
-    fn default() -> Self {
-        Self {
-            next: 0,
-            global: Vec::new(),
-            scoped: std::collections::HashMap::new(),
-        }
-    }
-}
-
-impl<T: ?Sized> HookLayers<T> {
-    /// Removes registration `id` from `scope`'s layer (and the agent's list once empty).
-    fn remove(&mut self, scope: Option<&SessionId>, id: u64) -> Option<Arc<T>> {
-        let list = match scope {
-            None => &mut self.global,
-            Some(scope) => self.scoped.get_mut(scope)?,
-        };
-        let index = list.iter().position(|(i, _)| *i == id)?;
-        let (_, hook) = list.remove(index);
-        if let Some(scope) = scope
-            && list.is_empty()
-        {
-            self.scoped.remove(scope);
-        }
-        Some(hook)
-    }
+    inner: Arc<parking_lot::RwLock<ScopedEntries<Arc<T>>>>,
 }
 
 impl<T: ?Sized> Clone for HookList<T> {
@@ -244,16 +208,7 @@ impl<T: ?Sized> Default for HookList<T> {
 impl<T: ?Sized + Send + Sync + 'static> HookList<T> {
     /// Adds a hook (global when `scope` is `None`). Dropping the guard removes it.
     pub fn add(&self, scope: Option<SessionId>, hook: Arc<T>) -> Registration {
-        let id = {
-            let mut layers = self.inner.write();
-            let id = layers.next;
-            layers.next += 1;
-            match &scope {
-                None => layers.global.push((id, hook)),
-                Some(scope) => layers.scoped.entry(scope.clone()).or_default().push((id, hook)),
-            }
-            id
-        };
+        let id = self.inner.write().push(scope.as_ref(), hook);
         let weak = Arc::downgrade(&self.inner);
         Registration::new(move || {
             if let Some(list) = weak.upgrade() {
@@ -267,27 +222,15 @@ impl<T: ?Sized + Send + Sync + 'static> HookList<T> {
     /// The hooks that apply to `agent`: global ones and those scoped to it, in registration
     /// order.
     pub fn for_agent(&self, agent: &SessionId) -> Vec<Arc<T>> {
-        let layers = self.inner.read();
-        let own = layers.scoped.get(agent).map_or(&[][..], Vec::as_slice);
-        let (mut global, mut own) = (layers.global.iter().peekable(), own.iter().peekable());
-        let mut hooks = Vec::with_capacity(global.len() + own.len());
-        // Both lists ascend by id: merge them into registration order.
-        loop {
-            let next = match (global.peek(), own.peek()) {
-                (Some((g, _)), Some((o, _))) if g < o => global.next(),
-                (Some(_), Some(_)) | (None, Some(_)) => own.next(),
-                (Some(_), None) => global.next(),
-                (None, None) => break,
-            };
-            hooks.extend(next.map(|(_, hook)| hook.clone()));
-        }
+        let entries = self.inner.read();
+        let mut hooks = Vec::with_capacity(entries.global().len() + entries.own(Some(agent)).len());
+        hooks.extend(entries.visible(Some(agent)).map(|(_, hook, _)| hook.clone()));
         hooks
     }
 
     /// The number of hooks (for tests asserting registries end empty).
     pub fn len(&self) -> usize {
-        let layers = self.inner.read();
-        layers.global.len() + layers.scoped.values().map(Vec::len).sum::<usize>()
+        self.inner.read().len()
     }
 
     /// Whether there are no hooks.
@@ -487,10 +430,7 @@ mod hook_list_tests {
         drop(g1);
         assert_eq!(names(&a), ["g2", "a2"]);
         drop((b1, a2));
-        assert!(
-            list.inner.read().scoped.is_empty(),
-            "no empty per-agent list left"
-        );
+        assert_eq!(list.inner.read().scoped_agents(), 0, "no empty per-agent list left");
         assert_eq!(names(&a), ["g2"]);
         drop(g2);
         assert!(list.is_empty());

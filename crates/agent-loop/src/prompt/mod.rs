@@ -24,96 +24,25 @@
 
 pub mod model_text;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
 use agent::message::SnapshotSection;
 use agent::prompt::{PERSONA_SECTION, PROMPT_PLUGIN, Prompt, PromptSection, RuntimeContext};
+use agent::scoped::ScopedEntries;
 use agent::tools::Tools;
 use agent::{ContentBlock, Message, MessageSource, PluginForm, Registration, SessionId};
 
-struct Entry<T> {
-    id: u64,
-    item: T,
-}
-
-/// One kind of registration (sections or contexts), by layer: the global entries and each
-/// agent's own, each in registration order. Per-agent lists keep an agent's resolution and
-/// removal independent of how many other agents are registered (a parent fanning out to
-/// thousands of children would otherwise pay for every sibling at every step).
-struct Layers<T> {
-    global: Vec<Entry<T>>,
-    scoped: HashMap<SessionId, Vec<Entry<T>>>,
-}
-
-impl<T> Default for Layers<T> {
-    fn default() -> Self {
-        Self {
-            global: Vec::new(),
-            scoped: HashMap::new(),
-        }
-    }
-}
-
-impl<T> Layers<T> {
-    fn push(&mut self, scope: Option<&SessionId>, entry: Entry<T>) {
-        match scope {
-            None => self.global.push(entry),
-            Some(scope) => self.scoped.entry(scope.clone()).or_default().push(entry),
-        }
-    }
-
-    /// Removes the entry registered as `id` in `scope`'s layer, keeping the others in order
-    /// (and no empty list for the agent). Ids are unique, so there is at most one.
-    fn extract(&mut self, scope: Option<&SessionId>, id: u64) -> Option<Entry<T>> {
-        let list = match scope {
-            None => &mut self.global,
-            Some(scope) => self.scoped.get_mut(scope)?,
-        };
-        let index = list.iter().position(|e| e.id == id)?;
-        let entry = list.remove(index);
-        if let Some(scope) = scope
-            && list.is_empty()
-        {
-            self.scoped.remove(scope);
-        }
-        Some(entry)
-    }
-
-    fn len(&self) -> usize {
-        self.global.len() + self.scoped_len()
-    }
-
-    fn scoped_len(&self) -> usize {
-        self.scoped.values().map(Vec::len).sum()
-    }
-
-    /// The global layer and `agent`'s own.
-    fn visible(&self, agent: Option<&SessionId>) -> (&[Entry<T>], &[Entry<T>]) {
-        let own = agent
-            .and_then(|a| self.scoped.get(a))
-            .map_or(&[][..], Vec::as_slice);
-        (&self.global, own)
-    }
-}
-
+/// The registrations, global or per agent ([`ScopedEntries`]: an agent's resolution and removal
+/// do not depend on how many other agents are registered).
 #[derive(Default)]
 struct State {
-    next: u64,
-    sections: Layers<PromptSection>,
-    contexts: Layers<RuntimeContext>,
+    sections: ScopedEntries<PromptSection>,
+    contexts: ScopedEntries<RuntimeContext>,
     /// The tool registry deciding the visibility of tool-bound sections (weak: the tools'
     /// handlers may hold the host's services, and so this registry).
     tools: Option<Weak<dyn Tools>>,
-}
-
-impl State {
-    fn next_id(&mut self) -> u64 {
-        self.next += 1;
-        self.next
-    }
 }
 
 /// The layered prompt registry: global and per-agent sections and runtime contexts.
@@ -140,28 +69,30 @@ impl std::fmt::Debug for PromptRegistry {
 /// Resolves one layered view: per name, the agent's own entry (latest registration) over the
 /// global one (latest registration); then sorted by `(order, registration)`.
 fn resolve<T: Clone>(
-    (global, own): (&[Entry<T>], &[Entry<T>]),
+    entries: &ScopedEntries<T>,
+    agent: Option<&SessionId>,
     name: impl Fn(&T) -> &str,
     order: impl Fn(&T) -> i32,
 ) -> Vec<T> {
+    let (global, own) = (entries.global(), entries.own(agent));
     // Nothing or a single entry to show (the common cases) needs no choosing.
     match (global, own) {
         ([], []) => return Vec::new(),
-        ([only], []) | ([], [only]) => return vec![only.item.clone()],
+        ([(_, only)], []) | ([], [(_, only)]) => return vec![only.clone()],
         _ => {}
     }
     // The global layer first, then the agent's own: a later entry of the same name replaces
     // the chosen one, so the latest global entry is replaced by any own entry, and the latest
     // own entry wins.
-    let mut chosen: Vec<&Entry<T>> = Vec::new();
+    let mut chosen: Vec<&(u64, T)> = Vec::new();
     for entry in global.iter().chain(own) {
-        match chosen.iter().position(|c| name(&c.item) == name(&entry.item)) {
+        match chosen.iter().position(|(_, c)| name(c) == name(&entry.1)) {
             Some(i) => chosen[i] = entry,
             None => chosen.push(entry),
         }
     }
-    chosen.sort_by_key(|e| (order(&e.item), e.id));
-    chosen.into_iter().map(|e| e.item.clone()).collect()
+    chosen.sort_by_key(|(id, item)| (order(item), *id));
+    chosen.into_iter().map(|(_, item)| item.clone()).collect()
 }
 
 impl PromptRegistry {
@@ -205,9 +136,9 @@ impl PromptRegistry {
                 let removed = {
                     let mut state = state.lock();
                     if section {
-                        (state.sections.extract(scope.as_ref(), id), None)
+                        (state.sections.remove(scope.as_ref(), id), None)
                     } else {
-                        (None, state.contexts.extract(scope.as_ref(), id))
+                        (None, state.contexts.remove(scope.as_ref(), id))
                     }
                 };
                 drop(removed);
@@ -218,29 +149,19 @@ impl PromptRegistry {
 
 impl Prompt for PromptRegistry {
     fn section(&self, scope: Option<&SessionId>, section: PromptSection) -> Registration {
-        let id = {
-            let mut state = self.state.lock();
-            let id = state.next_id();
-            state.sections.push(scope, Entry { id, item: section });
-            id
-        };
+        let id = { self.state.lock().sections.push(scope, section) };
         self.guard(scope, id, true)
     }
 
     fn runtime_context(&self, scope: Option<&SessionId>, context: RuntimeContext) -> Registration {
-        let id = {
-            let mut state = self.state.lock();
-            let id = state.next_id();
-            state.contexts.push(scope, Entry { id, item: context });
-            id
-        };
+        let id = { self.state.lock().contexts.push(scope, context) };
         self.guard(scope, id, false)
     }
 
     fn sections(&self, agent: Option<&SessionId>) -> Vec<PromptSection> {
         let (mut sections, tools) = {
             let state = self.state.lock();
-            let sections = resolve(state.sections.visible(agent), |s| &s.name, |s| s.order);
+            let sections = resolve(&state.sections, agent, |s| &s.name, |s| s.order);
             // The link is read only when a section needs it (this runs at every pre-step).
             let tools = if sections.iter().any(|s| s.tool.is_some()) {
                 state.tools.as_ref().and_then(Weak::upgrade)
@@ -263,7 +184,7 @@ impl Prompt for PromptRegistry {
 
     fn runtime_contexts(&self, agent: Option<&SessionId>) -> Vec<RuntimeContext> {
         let state = self.state.lock();
-        resolve(state.contexts.visible(agent), |c| &c.name, |c| c.order)
+        resolve(&state.contexts, agent, |c| &c.name, |c| c.order)
     }
 }
 

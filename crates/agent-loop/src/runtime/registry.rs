@@ -7,7 +7,7 @@
 //! removal are logarithmic; iteration still follows creation order (listing, and shutdown in
 //! reverse).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use agent::SessionId;
 
@@ -15,7 +15,7 @@ use agent::SessionId;
 /// insertion. Not synchronized: the owner wraps it in its lock.
 pub(crate) struct Registry<V> {
     /// Id → serial of the live entry with that id.
-    by_id: HashMap<SessionId, u64>,
+    by_id: foldhash::HashMap<SessionId, u64>,
     /// Serial → (id, entry), in insertion order.
     entries: BTreeMap<u64, (SessionId, V)>,
     /// The serial of the next insertion (never reused).
@@ -25,7 +25,7 @@ pub(crate) struct Registry<V> {
 impl<V> Default for Registry<V> {
     fn default() -> Self {
         Self {
-            by_id: HashMap::new(),
+            by_id: foldhash::HashMap::default(),
             entries: BTreeMap::new(),
             next: 1,
         }
