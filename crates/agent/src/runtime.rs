@@ -430,7 +430,11 @@ mod hook_list_tests {
         drop(g1);
         assert_eq!(names(&a), ["g2", "a2"]);
         drop((b1, a2));
-        assert_eq!(list.inner.read().scoped_agents(), 0, "no empty per-agent list left");
+        assert_eq!(
+            list.inner.read().scoped_agents(),
+            0,
+            "no empty per-agent list left"
+        );
         assert_eq!(names(&a), ["g2"]);
         drop(g2);
         assert!(list.is_empty());

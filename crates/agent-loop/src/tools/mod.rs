@@ -194,17 +194,20 @@ impl Tools for ToolRegistry {
 
     fn pre_execute(&self, scope: Option<&SessionId>, policy: PreExecutePolicy) -> Registration {
         let id = self.inner.state.lock().add_pre(scope, policy);
-        self.undo(move |s| s.remove_hook(state::HookKind::Pre, id))
+        let scope = scope.cloned();
+        self.undo(move |s| s.remove_hook(state::HookKind::Pre, scope.as_ref(), id))
     }
 
     fn post_execute(&self, scope: Option<&SessionId>, policy: PostExecutePolicy) -> Registration {
         let id = self.inner.state.lock().add_post(scope, policy);
-        self.undo(move |s| s.remove_hook(state::HookKind::Post, id))
+        let scope = scope.cloned();
+        self.undo(move |s| s.remove_hook(state::HookKind::Post, scope.as_ref(), id))
     }
 
     fn on_result(&self, scope: Option<&SessionId>, observer: ToolResultObserver) -> Registration {
         let id = self.inner.state.lock().add_observer(scope, observer);
-        self.undo(move |s| s.remove_hook(state::HookKind::Observer, id))
+        let scope = scope.cloned();
+        self.undo(move |s| s.remove_hook(state::HookKind::Observer, scope.as_ref(), id))
     }
 
     fn set_scope_parent(&self, scope: &SessionId, parent: &SessionId) -> Registration {

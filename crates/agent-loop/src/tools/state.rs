@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use agent::SessionId;
 use agent::model::ToolSchema;
+use agent::scoped::ScopedEntries;
 use agent::tools::{
     PostExecutePolicy, PreExecutePolicy, RESERVED_TOOL_NAME, ToolDefinition, ToolGuard, ToolRegistryError,
     ToolRestriction, ToolResultObserver,
@@ -50,13 +51,6 @@ impl Layer {
     }
 }
 
-/// A hook registered globally (`scope == None`) or for one agent.
-pub(super) struct Hook<T> {
-    id: u64,
-    scope: Option<SessionId>,
-    hook: T,
-}
-
 /// Which hook list an entry lives in.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum HookKind {
@@ -76,9 +70,11 @@ pub(super) struct State {
     scopes: HashMap<SessionId, Layer>,
     /// Parent edges per scope; the last live edge is the effective parent.
     parents: HashMap<SessionId, Vec<(u64, SessionId)>>,
-    pre: Vec<Hook<PreExecutePolicy>>,
-    post: Vec<Hook<PostExecutePolicy>>,
-    observers: Vec<Hook<ToolResultObserver>>,
+    /// Execution policies and result observers, global or per agent (an agent's lookup does
+    /// not walk other agents' entries).
+    pre: ScopedEntries<PreExecutePolicy>,
+    post: ScopedEntries<PostExecutePolicy>,
+    observers: ScopedEntries<ToolResultObserver>,
     /// Approval services; the last live one answers.
     approvals: Vec<(u64, Arc<dyn ToolApproval>)>,
 }
@@ -256,44 +252,26 @@ impl State {
     }
 
     pub(super) fn add_pre(&mut self, scope: Option<&SessionId>, hook: PreExecutePolicy) -> u64 {
-        let id = self.mint();
-        self.pre.push(Hook {
-            id,
-            scope: scope.cloned(),
-            hook,
-        });
-        id
+        self.pre.push(scope, hook)
     }
 
     pub(super) fn add_post(&mut self, scope: Option<&SessionId>, hook: PostExecutePolicy) -> u64 {
-        let id = self.mint();
-        self.post.push(Hook {
-            id,
-            scope: scope.cloned(),
-            hook,
-        });
-        id
+        self.post.push(scope, hook)
     }
 
     pub(super) fn add_observer(&mut self, scope: Option<&SessionId>, hook: ToolResultObserver) -> u64 {
-        let id = self.mint();
-        self.observers.push(Hook {
-            id,
-            scope: scope.cloned(),
-            hook,
-        });
-        id
+        self.observers.push(scope, hook)
     }
 
-    pub(super) fn remove_hook(&mut self, kind: HookKind, id: u64) -> Removed {
-        fn take<T: Send + 'static>(list: &mut Vec<Hook<T>>, id: u64) -> Removed {
-            let at = list.iter().position(|h| h.id == id)?;
-            Some(Box::new(list.remove(at).hook) as _)
+    /// Removes hook `id` of `kind`, registered in `scope`'s layer.
+    pub(super) fn remove_hook(&mut self, kind: HookKind, scope: Option<&SessionId>, id: u64) -> Removed {
+        fn boxed<T: Send + 'static>(hook: Option<T>) -> Removed {
+            hook.map(|h| Box::new(h) as _)
         }
         match kind {
-            HookKind::Pre => take(&mut self.pre, id),
-            HookKind::Post => take(&mut self.post, id),
-            HookKind::Observer => take(&mut self.observers, id),
+            HookKind::Pre => boxed(self.pre.remove(scope, id)),
+            HookKind::Post => boxed(self.post.remove(scope, id)),
+            HookKind::Observer => boxed(self.observers.remove(scope, id)),
         }
     }
 
@@ -422,10 +400,9 @@ impl State {
         guards
     }
 
-    fn hooks_for<T: Clone>(list: &[Hook<T>], agent: &SessionId) -> Vec<T> {
-        list.iter()
-            .filter(|h| h.scope.as_ref().is_none_or(|s| s == agent))
-            .map(|h| h.hook.clone())
+    fn hooks_for<T: Clone>(list: &ScopedEntries<T>, agent: &SessionId) -> Vec<T> {
+        list.visible(Some(agent))
+            .map(|(_, hook, _)| hook.clone())
             .collect()
     }
 
