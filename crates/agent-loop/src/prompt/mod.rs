@@ -45,6 +45,13 @@ struct State {
     tools: Option<Weak<dyn Tools>>,
 }
 
+/// Which entries a registration guard removes from.
+#[derive(Clone, Copy)]
+enum Kind {
+    Section,
+    Context,
+}
+
 /// The layered prompt registry: global and per-agent sections and runtime contexts.
 ///
 /// Cheap to clone (shared). Registration guards hold the registry weakly. Within one layer a
@@ -126,8 +133,8 @@ impl PromptRegistry {
         self.len() == 0
     }
 
-    /// The guard removing registration `id` from `scope`'s layer of the sections or contexts.
-    fn guard(&self, scope: Option<&SessionId>, id: u64, section: bool) -> Registration {
+    /// The guard removing registration `id` from `scope`'s layer of the `kind` entries.
+    fn guard(&self, kind: Kind, scope: Option<&SessionId>, id: u64) -> Registration {
         let weak: Weak<Mutex<State>> = Arc::downgrade(&self.state);
         let scope = scope.cloned();
         Registration::new(move || {
@@ -135,10 +142,9 @@ impl PromptRegistry {
                 // Dropped after the lock is released.
                 let removed = {
                     let mut state = state.lock();
-                    if section {
-                        (state.sections.remove(scope.as_ref(), id), None)
-                    } else {
-                        (None, state.contexts.remove(scope.as_ref(), id))
+                    match kind {
+                        Kind::Section => (state.sections.remove(scope.as_ref(), id), None),
+                        Kind::Context => (None, state.contexts.remove(scope.as_ref(), id)),
                     }
                 };
                 drop(removed);
@@ -149,13 +155,13 @@ impl PromptRegistry {
 
 impl Prompt for PromptRegistry {
     fn section(&self, scope: Option<&SessionId>, section: PromptSection) -> Registration {
-        let id = { self.state.lock().sections.push(scope, section) };
-        self.guard(scope, id, true)
+        let id = self.state.lock().sections.push(scope, section);
+        self.guard(Kind::Section, scope, id)
     }
 
     fn runtime_context(&self, scope: Option<&SessionId>, context: RuntimeContext) -> Registration {
-        let id = { self.state.lock().contexts.push(scope, context) };
-        self.guard(scope, id, false)
+        let id = self.state.lock().contexts.push(scope, context);
+        self.guard(Kind::Context, scope, id)
     }
 
     fn sections(&self, agent: Option<&SessionId>) -> Vec<PromptSection> {
