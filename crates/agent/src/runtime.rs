@@ -223,9 +223,10 @@ impl<T: ?Sized + Send + Sync + 'static> HookList<T> {
     /// order.
     pub fn for_agent(&self, agent: &SessionId) -> Vec<Arc<T>> {
         let entries = self.inner.read();
-        let mut hooks = Vec::with_capacity(entries.global().len() + entries.own(Some(agent)).len());
-        hooks.extend(entries.visible(Some(agent)).map(|(_, hook, _)| hook.clone()));
-        hooks
+        entries
+            .visible(Some(agent))
+            .map(|(_, hook, _)| hook.clone())
+            .collect()
     }
 
     /// The number of hooks (for tests asserting registries end empty).
