@@ -1,5 +1,6 @@
 //! Prompt assembly contracts (spec §12): ordered sections and runtime contexts.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -53,13 +54,14 @@ impl fmt::Debug for RuntimeContext {
 }
 
 impl RuntimeContext {
-    /// A context that always renders the same text.
-    pub fn fixed(name: impl Into<String>, order: i32, text: impl Into<String>) -> Self {
-        let text: String = text.into();
+    /// A context that always renders the same text. A `&'static str` is kept as it is, not
+    /// copied into each context (every delegated child registers the same statement).
+    pub fn fixed(name: impl Into<String>, order: i32, text: impl Into<Cow<'static, str>>) -> Self {
+        let text: Cow<'static, str> = text.into();
         Self {
             name: name.into(),
             order,
-            render: Arc::new(move |_| Some(text.clone())),
+            render: Arc::new(move |_| Some(text.clone().into_owned())),
         }
     }
 }

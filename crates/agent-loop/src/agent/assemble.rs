@@ -197,12 +197,17 @@ impl BlockAssembler {
     pub(crate) fn into_blocks(self) -> Vec<ContentBlock> {
         let truncated = matches!(self.finish, Some(FinishReason::MaxTokens));
         let unfinished = self.finish.is_none();
-        self.partials
+        let mut blocks: Vec<ContentBlock> = self
+            .partials
             .into_iter()
             .filter(|p| !(unfinished && !p.closed && p.kind == Some(BlockType::ToolCall)))
             .filter_map(Partial::into_block)
             .filter(|b| !(truncated && matches!(b, ContentBlock::ToolCall { .. })))
-            .collect()
+            .collect();
+        // Collected in place, the blocks sit in the partials' (larger) allocation, which the log
+        // would keep for as long as it holds the message.
+        blocks.shrink_to_fit();
+        blocks
     }
 
     /// The prefix an interrupted stream can finalise: closed and open text/reasoning blocks
@@ -229,6 +234,19 @@ mod tests {
     /// spec: §13.2, §13.3 — a stream that ends without `finish` while a tool call is still open
     /// never yields that call (its arguments may be cut anywhere, even at a point where they
     /// parse); closed calls and text of such a stream are kept.
+    /// The assembled content is a list of its own, sized for the blocks: the log keeps every
+    /// assistant message, so it must not keep the assembler's larger allocation with it.
+    #[test]
+    fn assembled_content_is_sized_for_its_blocks() {
+        let mut a = BlockAssembler::default();
+        for c in chunks::text("hi") {
+            a.push(&c);
+        }
+        let blocks = a.into_blocks();
+        assert_eq!(blocks, vec![ContentBlock::text("hi")]);
+        assert_eq!(blocks.capacity(), 1);
+    }
+
     #[test]
     fn drops_open_tool_calls_of_a_stream_without_finish() {
         let unfinished = || {
