@@ -268,8 +268,8 @@ pub enum EventData {
         step: u64,
         /// The assistant message (possibly with empty content).
         message: Message,
-        /// Token usage.
-        usage: Option<TokenUsage>,
+        /// Token usage (boxed: it would otherwise widen every event of every log).
+        usage: Option<Box<TokenUsage>>,
         /// `true` when this is the safe prefix of a cancelled stream.
         interrupted: bool,
     },
@@ -294,15 +294,17 @@ pub enum EventData {
         step: u64,
         /// The tool-result message.
         message: Message,
-        /// Error facts for a failed call.
-        error: Option<ToolResultError>,
+        /// Error facts for a failed call (boxed, as `meta`: rare, and inline they would widen
+        /// every event of every log).
+        error: Option<Box<ToolResultError>>,
         /// Tool-specific metadata.
-        meta: Option<Value>,
+        meta: Option<Box<Value>>,
     },
     /// `request/header {header, reason}`.
     RequestHeader {
-        /// What the request is built from.
-        header: EpochHeader,
+        /// What the request is built from (boxed: the largest payload, once per request,
+        /// would otherwise widen every event of every log).
+        header: Box<EpochHeader>,
         /// Why it was written.
         reason: RequestHeaderReason,
     },
@@ -374,7 +376,7 @@ mod wire {
         pub step: u64,
         pub message: Message,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub usage: Option<TokenUsage>,
+        pub usage: Option<Box<TokenUsage>>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub interrupted: Option<bool>,
     }
@@ -393,17 +395,17 @@ mod wire {
         pub step: u64,
         pub message: Message,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub error: Option<ToolResultError>,
+        pub error: Option<Box<ToolResultError>>,
         #[serde(
             default,
-            deserialize_with = "crate::content::present_value",
+            deserialize_with = "crate::content::present_boxed_value",
             skip_serializing_if = "Option::is_none"
         )]
-        pub meta: Option<Value>,
+        pub meta: Option<Box<Value>>,
     }
     #[derive(Serialize, Deserialize)]
     pub struct RequestHeader {
-        pub header: EpochHeader,
+        pub header: Box<EpochHeader>,
         pub reason: RequestHeaderReason,
     }
     #[derive(Serialize, Deserialize)]
@@ -532,7 +534,7 @@ impl Serialize for Payload<'_> {
                 turn: *turn,
                 step: *step,
                 message,
-                usage: usage.as_ref(),
+                usage: usage.as_deref(),
                 interrupted: interrupted.then_some(true),
             }
             .serialize(s),
@@ -560,8 +562,8 @@ impl Serialize for Payload<'_> {
                 turn: *turn,
                 step: *step,
                 message,
-                error: error.as_ref(),
-                meta: meta.as_ref(),
+                error: error.as_deref(),
+                meta: meta.as_deref(),
             }
             .serialize(s),
             EventData::RequestHeader { header, reason } => wire_ref::RequestHeader {
@@ -946,7 +948,7 @@ mod tests {
                 turn: 1,
                 step: 1,
                 message: Message::assistant(vec![], "p", "m"),
-                usage: Some(usage),
+                usage: Some(Box::new(usage)),
                 interrupted: true,
             },
             EventData::AssistantMessage {
@@ -967,14 +969,14 @@ mod tests {
                 turn: 1,
                 step: 1,
                 message: Message::tool_result("c".into(), vec![], true),
-                error: Some(ToolResultError {
+                error: Some(Box::new(ToolResultError {
                     name: "ToolError".into(),
                     code: "X".into(),
-                }),
-                meta: Some(Value::Null),
+                })),
+                meta: Some(Box::new(Value::Null)),
             },
             EventData::RequestHeader {
-                header,
+                header: Box::new(header),
                 reason: RequestHeaderReason::Initial,
             },
             EventData::RequestContext {
@@ -1042,5 +1044,27 @@ mod tests {
         let raw = json!({"type": "turn/start", "seq": 0, "time": 5, "data": {"turn": "one"}});
         let err = serde_json::from_value::<SessionEvent>(raw).unwrap_err();
         assert!(err.to_string().contains("invalid `turn/start` payload"), "{err}");
+    }
+}
+
+#[cfg(all(test, target_pointer_width = "64"))]
+mod size_tests {
+    use super::*;
+
+    /// Every log holds one allocation of an event's size per event, whatever its type: the
+    /// large, rare payload parts (a request header, a tool result's error facts and metadata,
+    /// an assistant message's usage) are boxed so that they do not set that size for all.
+    #[test]
+    fn an_event_is_no_wider_than_its_common_payloads_need() {
+        assert!(
+            std::mem::size_of::<EventData>() <= 184,
+            "{}",
+            std::mem::size_of::<EventData>()
+        );
+        assert!(
+            std::mem::size_of::<SessionEvent>() <= 256,
+            "{}",
+            std::mem::size_of::<SessionEvent>()
+        );
     }
 }

@@ -841,7 +841,7 @@ mod tests {
                     step: 1,
                     message: Message::tool_result("c".into(), vec![], false),
                     error: None,
-                    meta: Some(serde_json::json!({"cost": -0.0})),
+                    meta: Some(Box::new(serde_json::json!({"cost": -0.0}))),
                 },
                 Some(SurfaceMeta::append()),
             )
@@ -944,7 +944,7 @@ mod tests {
             step: 1,
             message: Message::tool_result("c".into(), vec![], false),
             error: None,
-            meta: Some(nested(depth)),
+            meta: Some(Box::new(nested(depth))),
         };
         // (payload, deepest accepted depth): the envelope and the tool result's `data` object
         // each take one level of the reader's budget.
@@ -1031,12 +1031,12 @@ mod tests {
         let header_with =
             |config: CallConfig, adapter_defaults: Option<Value>, tools: Option<Vec<ToolSchema>>| {
                 EventData::RequestHeader {
-                    header: EpochHeader {
+                    header: Box::new(EpochHeader {
                         config,
                         adapter_defaults,
                         system: None,
                         tools,
-                    },
+                    }),
                     reason: RequestHeaderReason::Initial,
                 }
             };
@@ -1058,7 +1058,7 @@ mod tests {
             step: 1,
             message: m,
             error: None,
-            meta,
+            meta: meta.map(Box::new),
         };
         let chunk = |chunk: StreamChunk| EventData::AssistantChunk {
             turn: 1,
@@ -1651,7 +1651,7 @@ mod tests {
                         step: 1,
                         message: Message::tool_result("c".into(), vec![], false),
                         error: None,
-                        meta: Some(meta),
+                        meta: Some(Box::new(meta)),
                     },
                     Some(SurfaceMeta::append()),
                 )

@@ -76,7 +76,7 @@ fn empty_assistant_messages_are_skipped() {
         turn: 1,
         step: 1,
         message: Message::assistant(vec![], "p", "m"),
-        usage: Some(TokenUsage::default()),
+        usage: Some(Box::new(TokenUsage::default())),
         interrupted: false,
     });
     log.step_end(1, 1).turn_end(1, completed());

@@ -560,7 +560,10 @@ impl Writer {
     fn step_item(&mut self, turn: u64, step: u64, item: &StepItem, call: &mut u64) {
         match item.clone() {
             StepItem::User(m) => self.push(EventData::UserMessage(m)),
-            StepItem::Header(header, reason) => self.push(EventData::RequestHeader { header, reason }),
+            StepItem::Header(header, reason) => self.push(EventData::RequestHeader {
+                header: Box::new(header),
+                reason,
+            }),
             StepItem::Context(provider, model, context_window) => self.push(EventData::RequestContext {
                 provider: provider.into(),
                 model: model.into(),
@@ -572,7 +575,7 @@ impl Writer {
                     turn,
                     step,
                     message,
-                    usage,
+                    usage: usage.map(Box::new),
                     interrupted,
                 },
                 Some(SurfaceMeta {
@@ -604,8 +607,8 @@ impl Writer {
                     turn,
                     step,
                     message: result,
-                    error,
-                    meta,
+                    error: error.map(Box::new),
+                    meta: meta.map(Box::new),
                 });
             }
             StepItem::Splice(s) => self.push(EventData::InboxSpliced(s)),

@@ -94,7 +94,7 @@ fn log_facts(events: &[Arc<SessionEvent>]) -> LogFacts<'_> {
                     *open = false;
                 }
             }
-            EventData::RequestHeader { header: h, .. } => header = Some(h),
+            EventData::RequestHeader { header: h, .. } => header = Some(&**h),
             _ => {}
         }
     }

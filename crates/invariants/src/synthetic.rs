@@ -154,7 +154,7 @@ impl LogBuilder {
                 );
                 self.event(
                     EventData::RequestHeader {
-                        header: EpochHeader {
+                        header: Box::new(EpochHeader {
                             config: CallConfig {
                                 provider: "scripted".into(),
                                 model: "m".into(),
@@ -162,7 +162,7 @@ impl LogBuilder {
                             },
                             system: Some("You are a test agent.".into()),
                             ..EpochHeader::default()
-                        },
+                        }),
                         reason: RequestHeaderReason::Initial,
                     },
                     None,

@@ -128,14 +128,14 @@ fn session(id: &str) -> Arc<Session> {
 
 fn request_header(model: &str) -> EventData {
     EventData::RequestHeader {
-        header: EpochHeader {
+        header: Box::new(EpochHeader {
             config: CallConfig {
                 provider: "mock".into(),
                 model: model.into(),
                 ..CallConfig::default()
             },
             ..EpochHeader::default()
-        },
+        }),
         reason: RequestHeaderReason::Initial,
     }
 }

@@ -232,7 +232,7 @@ impl Seed {
             self.push(EventData::UserMessage(prompt), Some(SurfaceMeta::append()), false);
             self.push(
                 EventData::RequestHeader {
-                    header: EpochHeader {
+                    header: Box::new(EpochHeader {
                         config: CallConfig {
                             provider: MODEL.into(),
                             model: MODEL.into(),
@@ -240,7 +240,7 @@ impl Seed {
                         },
                         system: Some("seeded system".into()),
                         ..EpochHeader::default()
-                    },
+                    }),
                     reason: RequestHeaderReason::Initial,
                 },
                 None,

@@ -107,7 +107,7 @@ impl Partial {
 #[derive(Default)]
 pub(crate) struct BlockAssembler {
     partials: Vec<Partial>,
-    usage: Option<TokenUsage>,
+    usage: Option<Box<TokenUsage>>,
     finish: Option<FinishReason>,
     replay_state: Option<Box<Value>>,
 }
@@ -166,7 +166,7 @@ impl BlockAssembler {
                     self.partials.push(partial);
                 }
             },
-            StreamChunk::Usage { usage } => self.usage = Some(usage.clone()),
+            StreamChunk::Usage { usage } => self.usage = Some(Box::new(usage.clone())),
             StreamChunk::Finish { reason, replay_state } => {
                 self.finish = Some(reason.clone());
                 self.replay_state = replay_state.clone();
@@ -180,7 +180,7 @@ impl BlockAssembler {
     }
 
     /// Usage, when a `usage` chunk arrived.
-    pub(crate) fn usage(&self) -> Option<TokenUsage> {
+    pub(crate) fn usage(&self) -> Option<Box<TokenUsage>> {
         self.usage.clone()
     }
 

@@ -571,7 +571,9 @@ impl LoopAgent {
             let mut previous = None;
             for event in events.iter().rev() {
                 match &event.data {
-                    EventData::RequestHeader { header, .. } if baseline.is_none() => baseline = Some(header),
+                    EventData::RequestHeader { header, .. } if baseline.is_none() => {
+                        baseline = Some(&**header)
+                    }
                     EventData::RequestContext {
                         provider,
                         model,
@@ -603,7 +605,7 @@ impl LoopAgent {
         if let Some(reason) = reason {
             let appended = self.session.record_at(
                 EventData::RequestHeader {
-                    header: header.clone(),
+                    header: Box::new(header.clone()),
                     reason,
                 },
                 None,
@@ -1028,11 +1030,13 @@ impl LoopAgent {
                         result.content,
                         result.is_error,
                     ),
-                    error: result.error.map(|e| ToolResultError {
-                        name: result_error_name(&e.code).to_owned(),
-                        code: e.code,
+                    error: result.error.map(|e| {
+                        Box::new(ToolResultError {
+                            name: result_error_name(&e.code).to_owned(),
+                            code: e.code,
+                        })
                     }),
-                    meta: result.meta,
+                    meta: result.meta.map(Box::new),
                 },
                 Some(SurfaceMeta::append()),
             )?;

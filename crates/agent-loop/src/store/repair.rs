@@ -88,10 +88,10 @@ pub fn repair_open_turn_at(events: &mut Vec<SessionEvent>, time: u64) -> bool {
                 turn: step_turn,
                 step,
                 message: Message::tool_result(call_id, vec![ContentBlock::text(text)], true),
-                error: Some(ToolResultError {
+                error: Some(Box::new(ToolResultError {
                     name: "ToolError".into(),
                     code: code.into(),
-                }),
+                })),
                 meta: None,
             };
             push(events, data, Some(SurfaceMeta::append()));

@@ -84,10 +84,10 @@ pub fn tool_error(turn: u64, step: u64, id: &str, code: &str) -> EventData {
         turn,
         step,
         message: Message::tool_result(CallId::from(id), vec![ContentBlock::text("no")], true),
-        error: Some(ToolResultError {
+        error: Some(Box::new(ToolResultError {
             name: "ToolError".into(),
             code: code.into(),
-        }),
+        })),
         meta: None,
     }
 }

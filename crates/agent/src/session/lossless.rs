@@ -124,7 +124,7 @@ pub(super) fn plainly_lossless(data: &EventData) -> bool {
         }
         EventData::AssistantChunk { chunk, .. } => plain_chunk(chunk),
         EventData::ToolResult { message, meta, .. } => {
-            plain_message(message) && meta.as_ref().is_none_or(plain_value)
+            plain_message(message) && meta.as_deref().is_none_or(plain_value)
         }
         EventData::RequestHeader { header, .. } => {
             header.config.temperature.is_none_or(plain_float)

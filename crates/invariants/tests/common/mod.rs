@@ -77,10 +77,10 @@ pub fn not_started(turn: u64, step: u64, id: &str) -> EventData {
         turn,
         step,
         message: Message::tool_result(CallId::new(id), vec![], true),
-        error: Some(ToolResultError {
+        error: Some(Box::new(ToolResultError {
             name: "ToolNotStartedError".into(),
             code: invariants::TOOL_NOT_STARTED.into(),
-        }),
+        })),
         meta: None,
     }
 }
@@ -91,14 +91,14 @@ pub fn user(text: &str) -> EventData {
 
 pub fn request_header() -> EventData {
     EventData::RequestHeader {
-        header: EpochHeader {
+        header: Box::new(EpochHeader {
             config: CallConfig {
                 provider: "mock".into(),
                 model: "mock".into(),
                 ..CallConfig::default()
             },
             ..EpochHeader::default()
-        },
+        }),
         reason: RequestHeaderReason::Initial,
     }
 }
