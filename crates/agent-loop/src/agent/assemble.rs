@@ -179,14 +179,14 @@ impl BlockAssembler {
         self.finish.clone().unwrap_or(FinishReason::Stop)
     }
 
-    /// Usage, when a `usage` chunk arrived.
-    pub(crate) fn usage(&self) -> Option<Box<TokenUsage>> {
-        self.usage.clone()
+    /// Usage, when a `usage` chunk arrived (taken: the assembler keeps none).
+    pub(crate) fn take_usage(&mut self) -> Option<Box<TokenUsage>> {
+        self.usage.take()
     }
 
-    /// Adapter-private replay state from the `finish` chunk.
-    pub(crate) fn replay_state(&self) -> Option<Box<Value>> {
-        self.replay_state.clone()
+    /// Adapter-private replay state from the `finish` chunk (taken: the assembler keeps none).
+    pub(crate) fn take_replay_state(&mut self) -> Option<Box<Value>> {
+        self.replay_state.take()
     }
 
     /// Every block in stream order; a `max-tokens` finish drops every tool call (a truncated call
@@ -197,16 +197,17 @@ impl BlockAssembler {
     pub(crate) fn into_blocks(self) -> Vec<ContentBlock> {
         let truncated = matches!(self.finish, Some(FinishReason::MaxTokens));
         let unfinished = self.finish.is_none();
-        let mut blocks: Vec<ContentBlock> = self
-            .partials
-            .into_iter()
-            .filter(|p| !(unfinished && !p.closed && p.kind == Some(BlockType::ToolCall)))
-            .filter_map(Partial::into_block)
-            .filter(|b| !(truncated && matches!(b, ContentBlock::ToolCall { .. })))
-            .collect();
-        // Collected in place, the blocks sit in the partials' (larger) allocation, which the log
-        // would keep for as long as it holds the message.
-        blocks.shrink_to_fit();
+        // Into a list of its own, not collected in place: an in-place collect would keep the
+        // partials' (larger) allocation as the message's content for as long as the log holds
+        // the message.
+        let mut blocks = Vec::with_capacity(self.partials.len());
+        blocks.extend(
+            self.partials
+                .into_iter()
+                .filter(|p| !(unfinished && !p.closed && p.kind == Some(BlockType::ToolCall)))
+                .filter_map(Partial::into_block)
+                .filter(|b| !(truncated && matches!(b, ContentBlock::ToolCall { .. }))),
+        );
         blocks
     }
 
@@ -295,7 +296,7 @@ mod tests {
             a.push(&c);
         }
         assert_eq!(a.finish(), FinishReason::MaxTokens);
-        assert!(a.usage().is_some());
+        assert!(a.take_usage().is_some());
         assert!(a.into_blocks().is_empty());
     }
 

@@ -897,7 +897,7 @@ impl LoopAgent {
         &self,
         turn: u64,
         step: u64,
-        asm: BlockAssembler,
+        mut asm: BlockAssembler,
         seqs: Vec<u64>,
         signal: &Signal,
         now: Option<u64>,
@@ -914,7 +914,7 @@ impl LoopAgent {
                         turn,
                         step,
                         message: Message::assistant(content, provider.clone(), model.clone()),
-                        usage: asm.usage(),
+                        usage: asm.take_usage(),
                         interrupted: true,
                     },
                     Some(SurfaceMeta {
@@ -943,8 +943,8 @@ impl LoopAgent {
             }
             _ => {}
         }
-        let usage = asm.usage();
-        let state = asm.replay_state();
+        let usage = asm.take_usage();
+        let state = asm.take_replay_state();
         // The assembler's blocks are moved into the message, not copied.
         let mut blocks = asm.into_blocks();
         make_call_ids_unique(&mut blocks);
