@@ -61,7 +61,7 @@ impl RuntimeContext {
         Self {
             name: name.into(),
             order,
-            render: Arc::new(move |_| Some(text.clone().into_owned())),
+            render: Arc::new(move |_| Some(text.as_ref().to_owned())),
         }
     }
 }

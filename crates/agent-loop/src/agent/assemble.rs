@@ -232,9 +232,6 @@ mod tests {
     use super::*;
     use crate::model::chunks;
 
-    /// spec: §13.2, §13.3 — a stream that ends without `finish` while a tool call is still open
-    /// never yields that call (its arguments may be cut anywhere, even at a point where they
-    /// parse); closed calls and text of such a stream are kept.
     /// The assembled content is a list of its own, sized for the blocks: the log keeps every
     /// assistant message, so it must not keep the assembler's larger allocation with it.
     #[test]
@@ -248,6 +245,9 @@ mod tests {
         assert_eq!(blocks.capacity(), 1);
     }
 
+    /// spec: §13.2, §13.3 — a stream that ends without `finish` while a tool call is still open
+    /// never yields that call (its arguments may be cut anywhere, even at a point where they
+    /// parse); closed calls and text of such a stream are kept.
     #[test]
     fn drops_open_tool_calls_of_a_stream_without_finish() {
         let unfinished = || {
