@@ -15,17 +15,23 @@
 //!
 //! # Ownership and shutdown
 //! [`serve`] owns every session and every request task. When the input ends (the client closed
-//! it, or went away) or the connection fails, it aborts the request tasks still running, waits
-//! for them, then disposes every coordinator and shuts every host down, so each session log ends
-//! balanced and durable; only then does it return. Permission requests are never sent: the
+//! it, or went away) or the connection fails, it lets every `session/new` and `session/load`
+//! still being served finish (they do not wait on the model; a creation cut short would leave
+//! its host undisposed), aborts the prompts still running, waits for them, then disposes every
+//! coordinator and shuts every host down, so each session log ends balanced and durable; only
+//! then does it return. A client that hangs up (its end of the output closed: writing fails
+//! with a broken pipe or a reset) is not a connection failure: what would still have been sent
+//! to it is discarded, and its input's end winds the sessions down as usual. Permission requests are never sent: the
 //! served agent has no tool that needs one (its workspace tools only read). MCP servers offered
 //! in `session/new` are not connected: the session runs without them, with a `tracing` warning
 //! (which `subagent acp` prints on stderr).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 
 use agent::{
     AgentError, AgentHandle, CancelCause, CancelOptions, EventData, ModelAdapter, Session, SessionEvent,
@@ -96,15 +102,18 @@ struct Served {
 struct State {
     options: ServeOptions,
     sessions: Mutex<HashMap<String, Arc<Served>>>,
-    /// Request tasks (`session/new`, `session/prompt`); reaped as they finish.
-    tasks: Mutex<JoinSet<()>>,
+    /// `session/new` and `session/load` tasks; reaped as they finish, finished at shutdown.
+    setups: Mutex<JoinSet<()>>,
+    /// `session/prompt` tasks; reaped as they finish, aborted at shutdown.
+    prompts: Mutex<JoinSet<()>>,
     /// Set once the input ended: no task is spawned after that.
     closed: AtomicBool,
 }
 
 impl State {
-    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
-        let mut tasks = self.tasks.lock();
+    /// Spawns a request task on `tasks` (one of the two sets), unless the input has ended.
+    fn spawn(&self, tasks: &Mutex<JoinSet<()>>, task: impl Future<Output = ()> + Send + 'static) {
+        let mut tasks = tasks.lock();
         while tasks.try_join_next().is_some() {}
         if !self.closed.load(Ordering::Acquire) {
             tasks.spawn(task);
@@ -280,12 +289,18 @@ impl State {
         }
     }
 
-    /// Ends every request task, then every session: coordinators disposed, hosts shut down.
+    /// Ends every request task — session setups finished, prompts aborted — then every
+    /// session: coordinators disposed, hosts shut down.
     async fn close(&self) {
         self.closed.store(true, Ordering::Release);
-        let mut tasks = std::mem::take(&mut *self.tasks.lock());
-        tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
+        // A setup does not wait on the model, so it is finished rather than cut short: cut, it
+        // would drop a host (and a published coordinator) without shutting it down. The
+        // session it opens is wound down below with the others.
+        let mut setups = std::mem::take(&mut *self.setups.lock());
+        while setups.join_next().await.is_some() {}
+        let mut prompts = std::mem::take(&mut *self.prompts.lock());
+        prompts.abort_all();
+        while prompts.join_next().await.is_some() {}
         let sessions: Vec<(String, Arc<Served>)> = self.sessions.lock().drain().collect();
         for (id, served) in sessions {
             // Every task that held a session has ended, so the map held the last reference.
@@ -437,6 +452,68 @@ fn internal(message: String) -> AcpError {
     AcpError::new(ErrorCode::INTERNAL_ERROR, message)
 }
 
+/// The output to a client that may hang up: a write (or flush) that fails because the client
+/// closed its end (a broken pipe or a reset connection) marks the client gone, and everything
+/// written from then on is discarded as if sent. Any other failure is passed on.
+struct HangUp<W> {
+    inner: W,
+    gone: bool,
+}
+
+impl<W> HangUp<W> {
+    fn new(inner: W) -> Self {
+        Self { inner, gone: false }
+    }
+
+    /// Passes `result` on, unless it is the client hanging up: then the client is gone and the
+    /// operation counts as done (`done`).
+    fn settle<T>(&mut self, result: std::io::Result<T>, done: T) -> std::io::Result<T> {
+        match result {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                tracing::debug!(error = %e, "subagent acp: the client hung up; discarding further output");
+                self.gone = true;
+                Ok(done)
+            }
+            other => other,
+        }
+    }
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for HangUp<W> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if self.gone {
+            return Poll::Ready(Ok(buf.len()));
+        }
+        let written = std::task::ready!(Pin::new(&mut self.inner).poll_write(cx, buf));
+        Poll::Ready(self.settle(written, buf.len()))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.gone {
+            return Poll::Ready(Ok(()));
+        }
+        let flushed = std::task::ready!(Pin::new(&mut self.inner).poll_flush(cx));
+        Poll::Ready(self.settle(flushed, ()))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.gone {
+            return Poll::Ready(Ok(()));
+        }
+        let closed = std::task::ready!(Pin::new(&mut self.inner).poll_shutdown(cx));
+        Poll::Ready(self.settle(closed, ()))
+    }
+}
+
 /// Serves ACP v1 on `input`/`output` until `input` ends, then winds every session down (see the
 /// module docs). Fails only when the connection itself failed; the sessions are wound down
 /// either way.
@@ -445,11 +522,12 @@ where
     R: AsyncRead + Send + Unpin + 'static,
     W: AsyncWrite + Send + Unpin + 'static,
 {
-    let transport = ByteStreams::new(output.compat_write(), input.compat());
+    let transport = ByteStreams::new(HangUp::new(output).compat_write(), input.compat());
     let state = Arc::new(State {
         options,
         sessions: Mutex::new(HashMap::new()),
-        tasks: Mutex::new(JoinSet::new()),
+        setups: Mutex::new(JoinSet::new()),
+        prompts: Mutex::new(JoinSet::new()),
         closed: AtomicBool::new(false),
     });
     let (for_new, for_load, for_prompt, for_cancel) =
@@ -469,7 +547,7 @@ where
         .on_receive_request(
             async move |request: NewSessionRequest, responder, cx: ConnectionTo<Client>| {
                 let state = for_new.clone();
-                for_new.spawn(async move {
+                for_new.spawn(&for_new.setups, async move {
                     let _ = responder.respond_with_result(state.new_session(request, cx).await);
                 });
                 Ok(())
@@ -479,7 +557,7 @@ where
         .on_receive_request(
             async move |request: LoadSessionRequest, responder, cx: ConnectionTo<Client>| {
                 let state = for_load.clone();
-                for_load.spawn(async move {
+                for_load.spawn(&for_load.setups, async move {
                     let _ = responder.respond_with_result(state.load_session(request, cx).await);
                 });
                 Ok(())
@@ -493,7 +571,7 @@ where
                     Err(refused) => return responder.respond_with_error(refused),
                 };
                 let state = for_prompt.clone();
-                for_prompt.spawn(async move {
+                for_prompt.spawn(&for_prompt.prompts, async move {
                     let response = state.prompt(served, text, cancel).await;
                     let _ = responder.respond_with_result(response);
                 });
@@ -512,4 +590,54 @@ where
         .await;
     state.close().await;
     served.map_err(|e| CliError::Run(format!("the ACP connection failed: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    /// A client that hung up swallows what is still written to it; while it is there, writes
+    /// reach it as they are, and a failure that is not a hang-up is passed on.
+    #[tokio::test]
+    async fn output_to_a_client_that_hung_up_is_discarded() {
+        let (ours, mut theirs) = tokio::io::duplex(64);
+        let mut out = HangUp::new(ours);
+        out.write_all(b"hello\n").await.expect("written");
+        let mut line = [0u8; 6];
+        tokio::io::AsyncReadExt::read_exact(&mut theirs, &mut line)
+            .await
+            .expect("read");
+        assert_eq!(&line, b"hello\n");
+        drop(theirs);
+        out.write_all(b"to nobody\n")
+            .await
+            .expect("discarded, not failed");
+        out.flush().await.expect("flushed");
+        out.shutdown().await.expect("closed");
+        assert!(out.gone);
+
+        let mut refused = HangUp::new(Refusing);
+        let err = refused.write_all(b"x").await.expect_err("passed on");
+        assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied);
+        assert!(!refused.gone);
+    }
+
+    /// A writer whose every write fails with an error that is not a hang-up.
+    struct Refusing;
+
+    impl AsyncWrite for Refusing {
+        fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, _: &[u8]) -> Poll<std::io::Result<usize>> {
+            Poll::Ready(Err(std::io::ErrorKind::PermissionDenied.into()))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
 }

@@ -371,3 +371,23 @@ async fn a_client_leaving_mid_turn_leaves_a_balanced_log() {
         "the in-flight turn never began or was aborted: {ends:?}"
     );
 }
+
+/// A `session/new` still being served when the client leaves is finished, then wound down with
+/// every other session: the server returns only after its host was shut down (no task of it
+/// outlives the server), and its log is stored, durable and balanced, with no turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_new_in_flight_at_eof_is_finished_and_wound_down() {
+    let store = tempfile::tempdir().expect("store dir");
+    let workspace = tempfile::tempdir().expect("workspace dir");
+    let cwd = workspace.path().canonicalize().expect("canonical workspace");
+    let session_cwd = cwd.clone();
+    with_server(store.path(), async move |cx: Agent| {
+        initialize(&cx).await?;
+        // Sent, never awaited: the client closes its end while the session is being created.
+        drop(cx.send_request(NewSessionRequest::new(session_cwd)));
+        Ok(())
+    })
+    .await;
+    let ends = support::only_session_turn_ends(store.path(), &cwd).await;
+    assert!(ends.is_empty(), "no turn ran: {ends:?}");
+}
