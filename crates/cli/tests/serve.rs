@@ -67,6 +67,15 @@ async fn new_session(cx: &Agent, cwd: std::path::PathBuf) -> Result<SessionId, a
         .session_id)
 }
 
+/// A store directory, a workspace directory, and the workspace's canonical path (the `cwd` of
+/// a session on it). Both directories are removed when dropped.
+fn dirs() -> (tempfile::TempDir, tempfile::TempDir, std::path::PathBuf) {
+    let store = tempfile::tempdir().expect("store dir");
+    let workspace = tempfile::tempdir().expect("workspace dir");
+    let cwd = workspace.path().canonicalize().expect("canonical workspace");
+    (store, workspace, cwd)
+}
+
 fn text(t: &str) -> Vec<ContentBlock> {
     vec![ContentBlock::Text(TextContent::new(t))]
 }
@@ -76,9 +85,7 @@ fn text(t: &str) -> Vec<ContentBlock> {
 /// second concurrent prompt refused, `session/cancel` honoured, and a clean wind-down at EOF.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_served_agent_answers_refuses_bad_requests_cancels_and_winds_down_at_eof() {
-    let store = tempfile::tempdir().expect("store dir");
-    let workspace = tempfile::tempdir().expect("workspace dir");
-    let workspace_path = workspace.path().canonicalize().expect("canonical workspace");
+    let (store, _workspace, workspace_path) = dirs();
     let cwd = workspace_path.clone();
     let updates = with_server(store.path(), async move |cx: Agent| {
         let init = initialize(&cx).await?;
@@ -284,9 +291,7 @@ where
 /// then holds both turns. An unknown id and an id already open are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_session_loads_with_its_history_replayed_and_takes_another_prompt() {
-    let store = tempfile::tempdir().expect("store dir");
-    let workspace = tempfile::tempdir().expect("workspace dir");
-    let cwd = workspace.path().canonicalize().expect("canonical workspace");
+    let (store, _workspace, cwd) = dirs();
     let session: Arc<Mutex<Option<String>>> = Arc::default();
     let (first_cwd, created) = (cwd.clone(), session.clone());
     let first = with_server(store.path(), async move |cx: Agent| {
@@ -353,9 +358,7 @@ async fn a_stored_session_loads_with_its_history_replayed_and_takes_another_prom
 /// ended `aborted`) and the server returns cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_leaving_mid_turn_leaves_a_balanced_log() {
-    let store = tempfile::tempdir().expect("store dir");
-    let workspace = tempfile::tempdir().expect("workspace dir");
-    let cwd = workspace.path().canonicalize().expect("canonical workspace");
+    let (store, _workspace, cwd) = dirs();
     let session_cwd = cwd.clone();
     with_server(store.path(), async move |cx: Agent| {
         initialize(&cx).await?;
@@ -377,9 +380,7 @@ async fn a_client_leaving_mid_turn_leaves_a_balanced_log() {
 /// outlives the server), and its log is stored, durable and balanced, with no turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_new_in_flight_at_eof_is_finished_and_wound_down() {
-    let store = tempfile::tempdir().expect("store dir");
-    let workspace = tempfile::tempdir().expect("workspace dir");
-    let cwd = workspace.path().canonicalize().expect("canonical workspace");
+    let (store, _workspace, cwd) = dirs();
     let session_cwd = cwd.clone();
     with_server(store.path(), async move |cx: Agent| {
         initialize(&cx).await?;
