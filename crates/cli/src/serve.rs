@@ -21,10 +21,10 @@
 //! coordinator and shuts every host down, so each session log ends balanced and durable; only
 //! then does it return. A client that hangs up (its end of the output closed: writing fails
 //! with a broken pipe or a reset) is not a connection failure: what would still have been sent
-//! to it is discarded, and its input's end winds the sessions down as usual. Permission requests are never sent: the
-//! served agent has no tool that needs one (its workspace tools only read). MCP servers offered
-//! in `session/new` are not connected: the session runs without them, with a `tracing` warning
-//! (which `subagent acp` prints on stderr).
+//! to it is discarded, and its input's end winds the sessions down as usual. Permission
+//! requests are never sent: the served agent has no tool that needs one (its workspace tools
+//! only read). MCP servers offered in `session/new` are not connected: the session runs without
+//! them, with a `tracing` warning (which `subagent acp` prints on stderr).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
