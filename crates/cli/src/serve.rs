@@ -10,8 +10,12 @@
 //! included), answers with the stop reason of the turn: `completed` → `end_turn`, `max-tokens`
 //! → `max_tokens`, `blocked` → `refusal`, `aborted`/`interrupted` → `cancelled`; a failed turn
 //! answers with a JSON-RPC error carrying the failure. `session/cancel` cancels the running
-//! turn (cause `user`). `session/load` cold-resumes a session the store holds (from an earlier
-//! run of the server), replays its conversation to the client, and serves it like a new one.
+//! prompt: its turn (cause `user`) and the background jobs it left running are stopped, and it
+//! is answered `cancelled` — also when its turn had completed and the prompt was still waiting
+//! for those jobs. `session/load` cold-resumes a top-level session the store holds (from an
+//! earlier run of the server; a subagent's session is refused, and so is a second load of a
+//! session already open or being loaded), replays its conversation to the client, and serves
+//! it like a new one.
 //!
 //! # Ownership and shutdown
 //! [`serve`] owns every session and every request task. When the input ends (the client closed
@@ -26,7 +30,7 @@
 //! only read). MCP servers offered in `session/new` are not connected: the session runs without
 //! them, with a `tracing` warning (which `subagent acp` prints on stderr).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -45,6 +49,7 @@ use agent_client_protocol::v1::schema::{
     PromptResponse, SessionId as SessionIdWire, SessionNotification, SessionUpdate, StopReason, TextContent,
 };
 use agent_client_protocol::{Agent as AcpAgent, ByteStreams, Client, Error as AcpError, ErrorCode};
+use agent_loop::jobs::KillOutcome;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::JoinSet;
@@ -102,6 +107,9 @@ struct Served {
 struct State {
     options: ServeOptions,
     sessions: Mutex<HashMap<String, Arc<Served>>>,
+    /// The ids a `session/load` is opening (not yet in `sessions`): while one load of an id is
+    /// under way, another is refused as if the session were open. Locked after `sessions`.
+    loading: Mutex<HashSet<String>>,
     /// `session/new` and `session/load` tasks; reaped as they finish, finished at shutdown.
     setups: Mutex<JoinSet<()>>,
     /// `session/prompt` tasks; reaped as they finish, aborted at shutdown.
@@ -169,10 +177,19 @@ impl State {
         cx: ConnectionTo<Client>,
     ) -> Result<LoadSessionResponse, AcpError> {
         let id = request.session_id.0.to_string();
-        if self.sessions.lock().contains_key(&id) {
-            return Err(invalid_params(format!("session `{id}` is already open")));
-        }
+        let _loading = self.reserve(&id)?;
         let host = self.session_host(&request.cwd, request.mcp_servers.len())?;
+        // A subagent's session continues only under its parent (its lineage, its parent's
+        // tools and policy): served on its own, its log would take turns its parent never
+        // asked for. Looked at before the resume, which already writes to the log.
+        if let Ok(header) = host.store().inspect(&SessionId::new(id.clone())).await
+            && let Some(parent) = header.parent_session
+        {
+            discard(host).await;
+            return Err(invalid_params(format!(
+                "session `{id}` is a subagent of `{parent}`; only a top-level session can be loaded"
+            )));
+        }
         let coordinator = host.resume_agent(SessionId::new(id.clone())).await;
         let served = self.open(host, coordinator, cx.clone()).await?;
         for event in served.coordinator.agent().session().events().iter() {
@@ -188,6 +205,20 @@ impl State {
             cx.send_notification(SessionNotification::new(request.session_id.clone(), update))?;
         }
         Ok(LoadSessionResponse::new())
+    }
+
+    /// Claims `id` for a `session/load` until the returned guard drops (by then the session is
+    /// in `sessions`, or the load failed): refused while the session is open or another load of
+    /// it is under way, so two loads of one id never resume it twice.
+    fn reserve(&self, id: &str) -> Result<Loading<'_>, AcpError> {
+        let sessions = self.sessions.lock();
+        if sessions.contains_key(id) || !self.loading.lock().insert(id.to_owned()) {
+            return Err(invalid_params(format!("session `{id}` is already open")));
+        }
+        Ok(Loading {
+            state: self,
+            id: id.to_owned(),
+        })
     }
 
     /// Registers a session whose coordinator was just created or resumed on `host` (streaming
@@ -207,9 +238,7 @@ impl State {
                     }
                     _ => internal(format!("cannot start the session's agent: {e}")),
                 };
-                if let Err(e) = host.shutdown().await {
-                    tracing::warn!(error = %e, "subagent acp: shutting an unused host down failed");
-                }
+                discard(host).await;
                 return Err(error);
             }
         };
@@ -316,8 +345,59 @@ impl State {
     }
 }
 
+/// Stops everything a cancelled prompt set going, so nothing of it reaches the client after
+/// the answer: the coordinator's turn is aborted, then its background jobs still running are
+/// killed (a killed job is reported: its settlement delivers no notice), and a notice that a
+/// job delivered before its kill is dropped with the coordinator's inbox.
+async fn stop(served: &Served, agent: &agent::AgentRef) {
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    // Idle: no tool call of the aborted turn starts a job after the kills below.
+    agent.when_idle().await;
+    let jobs = served.host.jobs();
+    for job in jobs.snapshots(agent.id()) {
+        if job.status.is_terminal() {
+            continue;
+        }
+        match jobs.kill_job(agent.id(), &job.id, Some(PROMPT_CANCELLED.to_owned())) {
+            Ok(KillOutcome::CancelPanicked { message, .. }) => {
+                tracing::warn!(job = %job.id, %message, "subagent acp: a background job's cancel panicked");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(job = %job.id, error = %e, "subagent acp: a background job could not be killed")
+            }
+        }
+    }
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    agent.when_idle().await;
+}
+
+/// Why a cancelled prompt's background jobs were killed (their kill reason).
+const PROMPT_CANCELLED: &str = "the ACP client cancelled the prompt";
+
+/// A `session/load`'s claim on its session id ([`State::reserve`]), released when dropped.
+struct Loading<'a> {
+    state: &'a State,
+    id: String,
+}
+
+impl Drop for Loading<'_> {
+    fn drop(&mut self) {
+        self.state.loading.lock().remove(&self.id);
+    }
+}
+
+/// Shuts down a host whose session was refused or could not start.
+async fn discard(host: Host) {
+    if let Err(e) = host.shutdown().await {
+        tracing::warn!(error = %e, "subagent acp: shutting an unused host down failed");
+    }
+}
+
 /// Runs one turn of `served`'s coordinator (racing `cancel`) until it has settled; returns how
-/// its last turn ended.
+/// its last turn ended — `aborted` whenever `cancel` won, even when the turn itself had
+/// already completed and the prompt was only waiting for its background work (the protocol
+/// answers a cancelled prompt `cancelled`).
 async fn run_prompt(
     served: &Served,
     text: String,
@@ -329,12 +409,14 @@ async fn run_prompt(
         // The prompt is delivered before the cancellation is looked at, so a cancel that
         // came first still ends a turn rather than leaving none half-started.
         biased;
-        turn = served.host.run_turn(&agent, text) => turn,
-        () = cancel.cancelled() => {
-            agent.cancel(CancelCause::User, CancelOptions::default());
-            agent.when_idle().await;
-            Ok(())
-        }
+        turn = served.host.run_turn(&agent, text) => Some(turn),
+        () = cancel.cancelled() => None,
+    };
+    let Some(turn) = turn else {
+        stop(served, &agent).await;
+        return Ok(TurnEndReason::Aborted {
+            reason: CancelCause::User,
+        });
     };
     turn.map_err(|e| internal(format!("the turn could not start: {e}")))?;
     let events = agent.session().events();
@@ -526,6 +608,7 @@ where
     let state = Arc::new(State {
         options,
         sessions: Mutex::new(HashMap::new()),
+        loading: Mutex::new(HashSet::new()),
         setups: Mutex::new(JoinSet::new()),
         prompts: Mutex::new(JoinSet::new()),
         closed: AtomicBool::new(false),

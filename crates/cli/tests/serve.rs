@@ -24,12 +24,21 @@ use subagent_cli::serve::{ServeOptions, serve};
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
 /// Answers every prompt at once, except one containing `WAIT`, whose stream never yields;
-/// asked to `use a tool`, it says so and lists the workspace, then answers.
+/// asked to `use a tool`, it says so and lists the workspace, then answers; asked to
+/// `START-BACKGROUND` (in the latest prompt), it starts a background `spawn` child that waits forever, then answers;
+/// asked to `DELEGATE` (in the latest prompt), it runs a `spawn` child in the foreground, then answers.
 struct Answers;
 
 impl ModelAdapter for Answers {
     fn stream(&self, options: Arc<GenerateOptions>) -> ModelStream {
         let said = |needle: &str| options.messages.iter().any(|m| m.text().contains(needle));
+        let last_prompt = options
+            .messages
+            .iter()
+            .rev()
+            .find(|m| m.source.kind() == "user")
+            .map(|m| m.text())
+            .unwrap_or_default();
         if said("WAIT") {
             return futures::stream::pending().boxed();
         }
@@ -38,12 +47,42 @@ impl ModelAdapter for Answers {
             .iter()
             .filter(|m| m.source.kind() == "tool")
             .count();
-        let reply = match (said("use a tool"), tool_results) {
-            (false, _) => chunks::text("hello back"),
-            (true, 0) => {
-                chunks::text_and_tool_call("Looking.", "call-1", "list_dir", serde_json::json!({"path": "."}))
+        let reply = if said("use a tool") {
+            match tool_results {
+                0 => chunks::text_and_tool_call(
+                    "Looking.",
+                    "call-1",
+                    "list_dir",
+                    serde_json::json!({"path": "."}),
+                ),
+                _ => chunks::text("Done."),
             }
-            (true, _) => chunks::text("Done."),
+        } else if last_prompt.contains("START-BACKGROUND") {
+            match tool_results {
+                0 => chunks::text_and_tool_call(
+                    "Starting.",
+                    "call-bg",
+                    "subagent",
+                    serde_json::json!({
+                        "description": "waiter",
+                        "prompt": "WAIT in the background",
+                        "run_in_background": true,
+                    }),
+                ),
+                _ => chunks::text("Started."),
+            }
+        } else if last_prompt.contains("DELEGATE") {
+            match tool_results {
+                0 => chunks::text_and_tool_call(
+                    "Asking.",
+                    "call-fg",
+                    "subagent",
+                    serde_json::json!({"description": "helper", "prompt": "say hi"}),
+                ),
+                _ => chunks::text("Done."),
+            }
+        } else {
+            chunks::text("hello back")
         };
         futures::stream::iter(reply.into_iter().map(Ok)).boxed()
     }
@@ -240,7 +279,21 @@ async fn with_server<F>(store: &std::path::Path, exchange: F) -> Vec<(bool, Stri
 where
     F: AsyncFnOnce(Agent) -> Result<(), agent_client_protocol::Error> + Send + 'static,
 {
+    with_server_observed(store, Vec::new(), exchange).await
+}
+
+/// [`with_server`], with `observers` installed into every session beside the invariant checker.
+async fn with_server_observed<F>(
+    store: &std::path::Path,
+    observers: Vec<Arc<dyn agent::SessionObserver>>,
+    exchange: F,
+) -> Vec<(bool, String)>
+where
+    F: AsyncFnOnce(Agent) -> Result<(), agent_client_protocol::Error> + Send + 'static,
+{
     let observer = InvariantObserver::shared();
+    let mut session_observers: Vec<Arc<dyn agent::SessionObserver>> = vec![observer.clone()];
+    session_observers.extend(observers);
     let options = ServeOptions {
         adapter: Arc::new(Answers),
         model_provider: "mock".to_owned(),
@@ -248,7 +301,7 @@ where
         max_tokens: None,
         max_steps_per_turn: Some(5),
         store_dir: store.to_owned(),
-        session_observers: vec![observer.clone()],
+        session_observers,
     };
     let (client_end, server_end) = tokio::io::duplex(1 << 16);
     let (server_read, server_write) = tokio::io::split(server_end);
@@ -391,4 +444,134 @@ async fn a_session_new_in_flight_at_eof_is_finished_and_wound_down() {
     .await;
     let ends = support::only_session_turn_ends(store.path(), &cwd).await;
     assert!(ends.is_empty(), "no turn ran: {ends:?}");
+}
+
+/// Tells of every turn end of a top-level session (a served coordinator), as its kind.
+struct CoordinatorTurnEnds(tokio::sync::mpsc::UnboundedSender<String>);
+
+impl agent::SessionObserver for CoordinatorTurnEnds {
+    fn committed(&self, session: &agent::Session, event: &Arc<agent::SessionEvent>) {
+        if let agent::EventData::TurnEnd { reason, .. } = &event.data
+            && session.header().parent_session.is_none()
+        {
+            let _ = self.0.send(reason.kind().to_owned());
+        }
+    }
+}
+
+/// A `session/cancel` that reaches a prompt after its turn completed — the prompt still
+/// waiting for the background job that turn started — is answered `cancelled`, not
+/// `end_turn`, and stops the job: nothing more is streamed for the cancelled prompt, and the
+/// next prompt is answered instead of waiting for a job that would never end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_while_background_work_runs_answers_cancelled_and_stops_the_work() {
+    let (store, _workspace, cwd) = dirs();
+    let (ended, mut turn_ends) = tokio::sync::mpsc::unbounded_channel();
+    let observers: Vec<Arc<dyn agent::SessionObserver>> = vec![Arc::new(CoordinatorTurnEnds(ended))];
+    let updates = with_server_observed(store.path(), observers, async move |cx: Agent| {
+        initialize(&cx).await?;
+        let session = new_session(&cx, cwd).await?;
+        let waiting = cx.send_request(PromptRequest::new(session.clone(), text("START-BACKGROUND")));
+        // The turn that started the job is over; the prompt now waits for the job.
+        assert_eq!(turn_ends.recv().await.as_deref(), Some("completed"));
+        cx.send_notification(CancelNotification::new(session.clone()))?;
+        assert_eq!(waiting.block_task().await?.stop_reason, StopReason::Cancelled);
+        // A failure guard only: a job left running would keep this prompt waiting for good.
+        let next = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            cx.send_request(PromptRequest::new(session, text("say hello")))
+                .block_task(),
+        )
+        .await
+        .expect("the next prompt does not wait for the cancelled prompt's job")?;
+        assert_eq!(next.stop_reason, StopReason::EndTurn);
+        assert_eq!(turn_ends.recv().await.as_deref(), Some("completed"));
+        assert!(turn_ends.try_recv().is_err(), "no turn ran for a job notice");
+        Ok(())
+    })
+    .await;
+    let agent_texts: Vec<&str> = updates
+        .iter()
+        .filter(|(user, _)| !user)
+        .map(|(_, t)| t.as_str())
+        .collect();
+    assert_eq!(agent_texts, ["Starting.", "\n\nStarted.", "hello back"]);
+}
+
+/// Two `session/load`s of one stored session sent together: one resumes it, the other is
+/// refused as already open — the session is never resumed twice (two hosts appending to one
+/// log, one of them never shut down).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_loads_of_one_session_at_once_resume_it_once() {
+    let (store, _workspace, cwd) = dirs();
+    let id = stored_session(store.path(), &cwd, "say hello").await;
+    with_server(store.path(), async move |cx: Agent| {
+        initialize(&cx).await?;
+        let first = cx.send_request(LoadSessionRequest::new(id.clone(), cwd.clone()));
+        let second = cx.send_request(LoadSessionRequest::new(id.clone(), cwd));
+        let (first, second) = futures::join!(first.block_task(), second.block_task());
+        let refused: Vec<_> = [first.err(), second.err()].into_iter().flatten().collect();
+        assert_eq!(refused.len(), 1, "exactly one load is refused: {refused:?}");
+        assert!(refused[0].message.contains("already open"), "{refused:?}");
+        let answered = cx
+            .send_request(PromptRequest::new(id, text("say hello again")))
+            .block_task()
+            .await?;
+        assert_eq!(answered.stop_reason, StopReason::EndTurn);
+        Ok(())
+    })
+    .await;
+}
+
+/// A subagent's stored session is not served on its own: `session/load` of a child's id is
+/// refused with a clear error, and the child's log is left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subagents_session_is_refused_by_session_load() {
+    let (store, _workspace, cwd) = dirs();
+    stored_session(store.path(), &cwd, "DELEGATE").await;
+    let stored = agent_loop::JsonlStore::new(store.path());
+    let sessions = agent::SessionPersistence::list(&stored).await.expect("listed");
+    let child = sessions
+        .iter()
+        .find(|h| h.parent_session.is_some())
+        .expect("the delegation stored its child")
+        .id
+        .clone();
+    let before = std::fs::read(stored.path_of(&child).expect("a valid id")).expect("the child's log");
+    let child_id = child.to_string();
+    with_server(store.path(), async move |cx: Agent| {
+        initialize(&cx).await?;
+        let refused = cx
+            .send_request(LoadSessionRequest::new(child_id.clone(), cwd))
+            .block_task()
+            .await
+            .expect_err("a subagent's session is refused");
+        assert!(
+            refused.message.contains("is a subagent of") && refused.message.contains(&child_id),
+            "{refused:?}"
+        );
+        Ok(())
+    })
+    .await;
+    let after = std::fs::read(stored.path_of(&child).expect("a valid id")).expect("the child's log");
+    assert_eq!(before, after, "the child's log is untouched");
+}
+
+/// Serves one session on `store` at `cwd` that answers `prompt` (`end_turn`); returns its id.
+async fn stored_session(store: &std::path::Path, cwd: &std::path::Path, prompt: &'static str) -> String {
+    let id: Arc<Mutex<Option<String>>> = Arc::default();
+    let (created, cwd) = (id.clone(), cwd.to_owned());
+    with_server(store, async move |cx: Agent| {
+        initialize(&cx).await?;
+        let session = new_session(&cx, cwd).await?;
+        let answered = cx
+            .send_request(PromptRequest::new(session.clone(), text(prompt)))
+            .block_task()
+            .await?;
+        assert_eq!(answered.stop_reason, StopReason::EndTurn);
+        *created.lock() = Some(session.0.to_string());
+        Ok(())
+    })
+    .await;
+    id.lock().clone().expect("a session was created")
 }
