@@ -2,10 +2,12 @@
 //! child's pipes, the streaming output fold, the permission policy and the wire mappings.
 //!
 //! # Ownership and concurrency
-//! [`Connection::open`] spawns one tokio task that drives the protocol engine. The task keeps the
-//! connection open until [`Connection::close`] is called; returning from it drops the transport,
-//! which closes the child's stdin (tier 1 of the teardown ladder). The task is owned by the
-//! [`Connection`] and awaited by [`Connection::finish`]; dropping a `Connection` aborts it.
+//! [`Connection::spawn`] spawns one tokio task that drives the protocol engine and returns the
+//! [`Connection`] that owns it at once (no `.await` in between), so no cancellation point exists
+//! at which the task is unowned. The task keeps the connection open until [`Connection::close`]
+//! is called; returning from it drops the transport, which closes the child's stdin (tier 1 of
+//! the teardown ladder). The task is awaited by [`Connection::finish`]; dropping a `Connection`
+//! closes and aborts it (which also drops the transport).
 //! Inbound callbacks run one at a time in arrival order and only append to the fold or answer a
 //! permission request, so every chunk that precedes the prompt response is folded before the
 //! response is processed (§1.7).
@@ -189,24 +191,50 @@ where
     type Response = Value;
 }
 
-/// One open ACP client connection to a child.
+/// One ACP client connection to a child: its engine task (owned from the moment it is spawned)
+/// and, once the engine reported ready, its context.
 #[derive(Debug)]
 pub struct Connection {
-    cx: ConnectionTo<agent_client_protocol::Agent>,
+    /// Set once the engine reported ready.
+    cx: Option<ConnectionTo<agent_client_protocol::Agent>>,
+    /// The engine's readiness report, until [`ready`](Self::ready) consumed it.
+    ready: Option<tokio::sync::oneshot::Receiver<ConnectionTo<agent_client_protocol::Agent>>>,
     close: CancellationToken,
     task: Option<JoinHandle<()>>,
 }
 
 impl Connection {
-    /// Opens the connection over `pipes`: session updates are folded into `fold` and permission
-    /// requests answered under `policy`. Fails when the engine stops before it is ready (the
-    /// child's pipes are gone).
+    /// Opens the connection over `pipes` and waits until it is ready ([`spawn`](Self::spawn)
+    /// then [`ready`](Self::ready)). Dropping this future (or its failing) never leaves the
+    /// engine behind: the task is closed and aborted, which closes the child's stdin.
     pub async fn open(
         pipes: ChildPipes,
         fold: SharedFold,
         policy: PermissionPolicy,
     ) -> Result<Self, AcpError> {
-        let transport = ByteStreams::new(pipes.stdin.compat_write(), pipes.stdout.compat());
+        Self::spawn(pipes, fold, policy).opened().await
+    }
+
+    /// `self` once ready (the tail of [`open`](Self::open)).
+    async fn opened(mut self) -> Result<Self, AcpError> {
+        self.ready().await?;
+        Ok(self)
+    }
+
+    /// Spawns the engine over `pipes`: session updates are folded into `fold` and permission
+    /// requests answered under `policy`. Does not wait; the returned value owns the task from
+    /// this moment, so a caller that stores it before its first `.await` can always close and
+    /// await it ([`finish`](Self::finish)), whatever happens to the startup afterwards.
+    pub fn spawn(pipes: ChildPipes, fold: SharedFold, policy: PermissionPolicy) -> Self {
+        Self::spawn_over(pipes.stdin.compat_write(), pipes.stdout.compat(), fold, policy)
+    }
+
+    fn spawn_over<W, R>(outgoing: W, incoming: R, fold: SharedFold, policy: PermissionPolicy) -> Self
+    where
+        W: futures::AsyncWrite + Send + 'static,
+        R: futures::AsyncRead + Send + 'static,
+    {
+        let transport = ByteStreams::new(outgoing, incoming);
         let close = CancellationToken::new();
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let closing = close.clone();
@@ -240,30 +268,57 @@ impl Connection {
                 tracing::debug!(%error, "subagent-acp: the ACP connection ended with an error");
             }
         });
-        match ready_rx.await {
-            Ok(cx) => Ok(Self {
-                cx,
-                close,
-                task: Some(task),
-            }),
-            Err(_) => {
-                let _ = task.await;
-                Err(AcpError::Protocol {
-                    stage: Stage::Connection,
-                    source: agent_client_protocol::Error::internal_error(),
-                })
+        Self {
+            cx: None,
+            ready: Some(ready_rx),
+            close,
+            task: Some(task),
+        }
+    }
+
+    /// Waits until the engine is ready. Fails when the engine stopped before it was ready (the
+    /// child's pipes are gone); the task has then been awaited. Cancel-safe: dropping this future
+    /// leaves the task owned by `self`. Calling it again after success is a no-op.
+    pub async fn ready(&mut self) -> Result<(), AcpError> {
+        if self.cx.is_some() {
+            return Ok(());
+        }
+        let outcome = match self.ready.as_mut() {
+            Some(ready) => ready.await.ok(),
+            None => None,
+        };
+        self.ready = None;
+        match outcome {
+            Some(cx) => {
+                self.cx = Some(cx);
+                Ok(())
+            }
+            None => {
+                // The handle stays in `self` while awaited, so dropping this future here still
+                // leaves the task owned (and aborted by `Drop`).
+                self.close.cancel();
+                if let Some(task) = self.task.as_mut() {
+                    let _ = task.await;
+                    self.task = None;
+                }
+                Err(not_ready())
             }
         }
     }
 
-    /// The connection context (cheap to clone) for sending requests and notifications.
-    pub fn context(&self) -> &ConnectionTo<agent_client_protocol::Agent> {
-        &self.cx
+    /// The connection context (cheap to clone) for sending requests and notifications, once
+    /// the engine is [`ready`](Self::ready).
+    pub fn context(&self) -> Option<&ConnectionTo<agent_client_protocol::Agent>> {
+        self.cx.as_ref()
+    }
+
+    fn cx(&self) -> Result<&ConnectionTo<agent_client_protocol::Agent>, AcpError> {
+        self.cx.as_ref().ok_or_else(not_ready)
     }
 
     /// `initialize` with protocol version 1 and no optional client capabilities.
     pub async fn initialize(&self) -> Result<(), AcpError> {
-        self.cx
+        self.cx()?
             .send_request(InitializeRequest::new(ProtocolVersion::V1))
             .block_task()
             .await
@@ -277,7 +332,7 @@ impl Connection {
     /// `session/new {cwd, mcpServers: []}`; returns the child's session id.
     pub async fn new_session(&self, cwd: &std::path::Path) -> Result<acp::SessionId, AcpError> {
         let raw = self
-            .cx
+            .cx()?
             .send_request(RawRequest::session_new(acp::NewSessionRequest::new(cwd)))
             .block_task()
             .await
@@ -312,6 +367,14 @@ impl Drop for Connection {
     }
 }
 
+/// The failure of a connection whose engine is not (or never became) ready.
+fn not_ready() -> AcpError {
+    AcpError::Protocol {
+        stage: Stage::Connection,
+        source: agent_client_protocol::Error::internal_error(),
+    }
+}
+
 /// Sends `session/prompt` and decodes the response into the harness stop reason.
 pub async fn prompt(
     cx: &ConnectionTo<agent_client_protocol::Agent>,
@@ -333,6 +396,56 @@ pub async fn prompt(
 mod tests {
     use super::*;
     use serde_json::json;
+    use tokio::io::AsyncReadExt;
+
+    /// spec: ACP-26 (§1.6 rollback, §1.11 tier 1) — dropping `open` after the connection task
+    /// was spawned but before it reported ready must not leave the task behind: the task ends
+    /// and the peer (the child) sees EOF on its input, so the EOF tier of a rollback can work.
+    /// The peer never answers anything. The runtime is current-thread with a paused clock, so the
+    /// drop lands deterministically between the spawn and the task's first poll, and a task that
+    /// lives on makes the bounded wait time out instead of hanging.
+    #[tokio::test(start_paused = true)]
+    async fn dropping_open_before_ready_ends_the_task_and_closes_the_child_input() {
+        let runtime = tokio::runtime::Handle::current();
+        let baseline = runtime.metrics().num_alive_tasks();
+        let (ours_out, mut child_in) = tokio::io::duplex(1024);
+        let (_child_out, ours_in) = tokio::io::duplex(1024);
+        let fold: SharedFold = Arc::new(Mutex::new(AssistantOutputFold::new()));
+        {
+            let mut open = std::pin::pin!(
+                Connection::spawn_over(
+                    ours_out.compat_write(),
+                    ours_in.compat(),
+                    fold,
+                    PermissionPolicy::Reject
+                )
+                .opened()
+            );
+            assert!(futures::poll!(&mut open).is_pending(), "open waits for the task");
+            assert_eq!(
+                runtime.metrics().num_alive_tasks(),
+                baseline + 1,
+                "the task was spawned"
+            );
+        }
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(
+            std::time::Duration::from_secs(3600),
+            child_in.read_to_end(&mut rest),
+        )
+        .await;
+        assert!(
+            matches!(read, Ok(Ok(0))),
+            "the child's input reaches EOF once open is dropped: {read:?}"
+        );
+        let drained = tokio::time::timeout(std::time::Duration::from_secs(3600), async {
+            while runtime.metrics().num_alive_tasks() > baseline {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+        assert!(drained.is_ok(), "no connection task outlives the dropped open");
+    }
 
     /// spec: ACP-1 — end_turn → completed, max_tokens → max-tokens, refusal → refusal,
     /// cancelled → aborted, max_turn_requests → error.

@@ -134,9 +134,15 @@ impl AcpProvider {
         };
         let fold: SharedFold = Arc::new(Mutex::new(AssistantOutputFold::new()));
         let signal = request.signal.clone();
+        // The startup owns the connection task from its spawn (no `.await` in between): however
+        // the handshake ends — failure, the signal, or this future being dropped — the rollback
+        // closes the connection (the child's stdin sees EOF) and awaits its task.
+        let connection =
+            startup
+                .connection
+                .insert(Connection::spawn(pipes, fold.clone(), self.settings.permission));
         let handshake = async {
-            let connection = Connection::open(pipes, fold.clone(), self.settings.permission).await?;
-            let connection = startup.connection.insert(connection);
+            connection.ready().await?;
             connection.initialize().await?;
             connection.new_session(&cwd).await
         };
@@ -175,7 +181,7 @@ impl AcpProvider {
         let (process, connection) = startup.defuse();
         let cx = connection
             .as_ref()
-            .map(|c| c.context().clone())
+            .and_then(|c| c.context().cloned())
             .expect("a published start has an open connection");
         let canceller = Arc::new(Canceller::new(cx.clone(), session.clone()));
         let on_abort = canceller.clone();

@@ -557,6 +557,62 @@ async fn acp_30_abort_during_session_new() {
     host.finish().await;
 }
 
+/// spec: ACP-26 / ACP-30 (§1.6 rollback, §1.10, §1.11 tier 1) — the request signal fires after
+/// the connection task was spawned but before it reported ready: start rejects `aborted before
+/// the ACP child started`, no connection task is left, and the rollback closed the child's stdin
+/// so the child exited at the EOF tier (its EOF-flush marker exists) rather than waiting out the
+/// EOF grace and being SIGTERMed. Deterministic: the test runs on a current-thread runtime and
+/// polls the start exactly once (nothing yields before `Connection` is spawned and then awaits its
+/// readiness), so the cancel lands before the connection task's first poll.
+#[tokio::test]
+async fn abort_between_connection_spawn_and_ready_rolls_back_at_the_eof_tier() {
+    let dir = scratch();
+    let (flushed, pidfile) = (dir.path().join("flushed"), dir.path().join("pid"));
+    let host = Host::new(Some(dir.path())).await;
+    let provider = AcpProvider::load(&mock_config(&[
+        ("MOCK_FLUSH_ON_EOF", &path_str(&flushed)),
+        ("MOCK_FLUSH_DELAY_MS", "0"),
+        ("MOCK_PID_FILE", &path_str(&pidfile)),
+    ]))
+    .unwrap();
+    let signal = Signal::new();
+    let request = host.request_with(signal.clone());
+    let runtime = tokio::runtime::Handle::current();
+    let baseline = runtime.metrics().num_alive_tasks();
+    let outcome = {
+        let mut starting = std::pin::pin!(provider.start_run(&request));
+        assert!(
+            futures::poll!(&mut starting).is_pending(),
+            "the start waits for the connection"
+        );
+        assert!(
+            runtime.metrics().num_alive_tasks() > baseline,
+            "the connection task was spawned"
+        );
+        signal.cancel(CancelCause::User);
+        tokio::time::timeout(BOUND, starting)
+            .await
+            .expect("the rollback ends")
+    };
+    let message = outcome.expect_err("start rejects").to_string();
+    assert_eq!(
+        message,
+        "subagent request was aborted before the ACP child started"
+    );
+    assert!(
+        flushed.exists(),
+        "the rollback closed the child's stdin: it exited at the EOF tier"
+    );
+    let pid: u32 = std::fs::read_to_string(&pidfile).unwrap().parse().unwrap();
+    assert!(!alive(pid), "startup rollback reaped the child");
+    assert_eq!(
+        runtime.metrics().num_alive_tasks(),
+        baseline,
+        "no connection or teardown task outlives the rejected start"
+    );
+    host.finish().await;
+}
+
 /// spec: ACP-32 — default reject policy: the child asks permission, gets `cancelled`, returns
 /// cancelled → `aborted`.
 #[tokio::test]
