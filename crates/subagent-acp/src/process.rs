@@ -185,12 +185,34 @@ impl ChildProcess {
 async fn tree_exit(child: &mut Child, group: Option<u32>) -> Option<ExitStatus> {
     let status = child.wait().await.ok();
     if let Some(group) = group {
-        while group_alive(group) {
+        loop {
+            reap_adopted(group);
+            if !group_alive(group) {
+                break;
+            }
             tokio::time::sleep(GROUP_POLL).await;
         }
     }
     status
 }
+
+/// Reaps the exited members of group `group` that became this process's own children: when
+/// the direct child dies before a process it started (a wrapper's helper), the orphan is
+/// re-parented to the nearest subreaper — this process when it runs as PID 1 (a container
+/// without an init) or was made a child subreaper. Unreaped, such a zombie keeps the group
+/// alive for `kill(-pgid, 0)` forever. Only called once the direct child was reaped (by its
+/// `Child`), so no status a `Child` waits for is taken; the group is the child's own, so no
+/// other child of this process is touched. Returns at once otherwise (`ECHILD`).
+#[cfg(unix)]
+fn reap_adopted(group: u32) {
+    let Some(pgid) = rustix::process::Pid::from_raw(group as i32) else {
+        return;
+    };
+    while let Ok(Some(_)) = rustix::process::waitpgid(pgid, rustix::process::WaitOptions::NOHANG) {}
+}
+
+#[cfg(not(unix))]
+fn reap_adopted(_group: u32) {}
 
 /// Whether any process of group `group` is still alive (`kill(-pgid, 0)` succeeds).
 #[cfg(unix)]
