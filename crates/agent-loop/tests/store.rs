@@ -266,8 +266,11 @@ async fn torn_last_line_is_dropped_and_truncated_before_the_next_append() {
     assert_eq!(reloaded.events.last(), Some(&next));
 }
 
+/// A last line whose lost blocks read back as zeros after a power loss — the page holding its
+/// newline kept — is a torn write even with its newline: no encoded line holds a NUL byte, and
+/// no flush acknowledged it.
 #[tokio::test]
-async fn invalid_complete_last_line_is_dropped_too() {
+async fn zero_filled_last_line_is_dropped_even_with_its_newline() {
     let dir = tempfile::tempdir().unwrap();
     let (events, _) = log_with_tail(dir.path(), b"\0\0\0garbage\n").await;
     let loaded = JsonlStore::new(dir.path()).load(&"s".into()).await.unwrap();

@@ -1,16 +1,24 @@
 //! The JSON-lines format: encoding lines and parsing a whole log with torn-tail detection.
 //!
 //! A log file is the header's JSON on line 1, then one event's JSON per line, every line ending
-//! in `\n`. A write that was interrupted can only damage the **end** of the file, so:
+//! in `\n`. The writer hands only whole lines to the OS, so a write that was interrupted can only
+//! leave an **unterminated** proper prefix of a line at the end of the file — or, after a power
+//! loss, a tail whose unwritten blocks read back as zero bytes (a page of the line lost, the page
+//! holding its `\n` kept). Neither was acknowledged durable (no flush completed over it). Hence:
 //!
-//! * a last line that is not even well-formed JSON (whether or not it ends in `\n`) is a torn
-//!   write and is dropped;
+//! * a last line that is not even well-formed JSON and either lacks its `\n` or holds a NUL
+//!   byte (which no encoded line holds: JSON escapes it) is a torn write and is dropped (the next
+//!   append cuts it);
 //! * a last line that parses but lacks its `\n` is complete (a JSON object's proper prefix never
 //!   parses) and is kept; the writer adds the missing `\n` before appending;
 //! * any other line that does not parse as an event is corruption, reported with its 1-based
-//!   line number — including a last line that is well-formed JSON but no valid event: an
-//!   interrupted write cannot produce one, so it was written whole (by another version, a tool,
-//!   a hand), may hold a flushed event, and must not be dropped and then cut by the next append.
+//!   line number ([`StoreError::Corrupt`]) and never dropped or cut. That includes a NUL-free
+//!   last line that ends in `\n` (written whole, so no interrupted write: whatever damaged it,
+//!   it may have held a flushed event) and a last line that is well-formed JSON but no valid
+//!   event (written whole too: by another version, a tool, a hand).
+//!
+//! The header line follows the same rule: only a lone unterminated first line that is not
+//! well-formed JSON is an interrupted header write.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead as _, BufReader, Read as _};
@@ -69,6 +77,12 @@ fn corrupt(path: &Path, line: usize, reason: impl Into<String>) -> StoreError {
     }
 }
 
+/// Whether `line` is one well-formed JSON value (of any shape). A proper prefix of an encoded
+/// object never is, so a line that is cannot be an interrupted write.
+pub(crate) fn well_formed_json(line: &[u8]) -> bool {
+    serde_json::from_slice::<serde::de::IgnoredAny>(line).is_ok()
+}
+
 /// Parses the header line.
 pub(crate) fn parse_header(path: &Path, id: &SessionId, line: &[u8]) -> Result<SessionHeader, StoreError> {
     let header: SessionHeader =
@@ -98,7 +112,7 @@ pub(crate) fn parse_log(path: &Path, id: &SessionId, bytes: &[u8]) -> Result<Par
     };
     let header = match parse_header(path, id, &bytes[h_start..h_end]) {
         Ok(h) => h,
-        Err(e) if lines.len() == 1 && !h_terminated => {
+        Err(e) if lines.len() == 1 && !h_terminated && !well_formed_json(&bytes[h_start..h_end]) => {
             return Err(corrupt(
                 path,
                 1,
@@ -119,10 +133,13 @@ pub(crate) fn parse_log(path: &Path, id: &SessionId, bytes: &[u8]) -> Result<Par
                 good_len = if terminated { end + 1 } else { end } as u64;
                 needs_newline = !terminated;
             }
-            // Only a line that is not well-formed JSON can be a torn write.
+            // Only a last line that is not well-formed JSON and is unterminated (the writer never
+            // leaves a newline-terminated partial line) or holds lost blocks' zeros can be a
+            // torn write.
             Err(e)
                 if i == last
-                    && serde_json::from_slice::<serde::de::IgnoredAny>(&bytes[start..end]).is_err() =>
+                    && (!terminated || bytes[start..end].contains(&0))
+                    && !well_formed_json(&bytes[start..end]) =>
             {
                 tracing::warn!(
                     path = %path.display(),
@@ -239,9 +256,13 @@ pub(crate) fn read_header(path: &Path, id: &SessionId) -> Result<SessionHeader, 
         return Err(corrupt(path, 1, "empty file: the header was never written"));
     }
     parse_header(path, id, &line).map_err(|e| match e {
-        StoreError::Corrupt { path, line, reason } if !terminated => StoreError::Corrupt {
+        StoreError::Corrupt {
             path,
-            line,
+            line: n,
+            reason,
+        } if !terminated && !well_formed_json(&line) => StoreError::Corrupt {
+            path,
+            line: n,
             reason: format!("incomplete header (interrupted write): {reason}"),
         },
         other => other,

@@ -80,6 +80,15 @@ pub enum StoreError {
     /// The header to save is invalid.
     #[error(transparent)]
     Header(#[from] HeaderError),
+    /// The header to create could not be encoded as JSON (e.g. a `cwd` that is not UTF-8).
+    /// Nothing was created: no log file, no writer state.
+    #[error("cannot encode the header of session `{id}`: {reason}")]
+    EncodeHeader {
+        /// The session.
+        id: SessionId,
+        /// The encoder's message.
+        reason: String,
+    },
     /// An event could not be encoded as JSON.
     #[error("cannot encode event {seq} of session `{id}`: {reason}")]
     Encode {

@@ -53,12 +53,15 @@ const EXTENSION: &str = "jsonl";
 /// On a file system without advisory locks the log is written unlocked.
 ///
 /// # Crash repair
-/// A torn **last** line (an interrupted write: not well-formed JSON) is dropped on load with a
-/// `tracing` warning and reported as [`LoadedSession::repaired`]; the file is only rewritten by
-/// the next append, which first truncates the torn bytes. A damaged line anywhere else, and a
-/// last line that is well-formed JSON but no valid event (no interrupted write leaves one), is
-/// [`StoreError::Corrupt`] naming the file and its 1-based line; such a file is never rewritten. Loaded events are
-/// validated with [`agent::session::validate_log`].
+/// A torn **last** line (an interrupted write: not well-formed JSON, and either without its
+/// trailing `\n` or holding NUL bytes — blocks a power loss left unwritten) is dropped on load
+/// with a `tracing` warning and reported as [`LoadedSession::repaired`]; the file is only
+/// rewritten by the next append, which first truncates the torn bytes. A damaged line anywhere
+/// else is [`StoreError::Corrupt`] naming the file and its 1-based line, and so is a NUL-free
+/// last line that ends in `\n`, or one that is well-formed JSON but no valid event: the writer
+/// only hands whole lines to the OS, so no interrupted write leaves one, and it may hold a
+/// flushed event. Such a file is never rewritten or truncated. Loaded events are validated with
+/// [`agent::session::validate_log`].
 ///
 /// # Ownership and concurrency
 /// `Send + Sync`, shared as `Arc<JsonlStore>`. A log has one writing store at a time (see
@@ -129,13 +132,23 @@ impl JsonlStore {
     /// Creating a session this store already knows with an equal header is a no-op (a resumed
     /// session); a different header is [`StoreError::Duplicate`]. A log already on disk is
     /// adopted when its header is equal and reported as a duplicate by the next `flush`
-    /// otherwise; a file left with only a torn header line (a crash during creation) is
-    /// replaced, with a warning. A file whose first line is longer than any header
-    /// (`MAX_HEADER_LINE`) is no torn header: it is [`StoreError::Corrupt`] at the flush and
-    /// left alone, and only that much of it is read (as by [`load`](Self::load)).
+    /// otherwise; a file left with only a torn header line (a crash during creation: empty, or
+    /// one unterminated line that is not well-formed JSON) is replaced, with a warning. Any
+    /// other file is left as it is and fails the next `flush` with [`StoreError::Corrupt`]: one
+    /// whose only line is complete JSON but no valid header of this session, or whose first
+    /// line is longer than any header (`MAX_HEADER_LINE`; only that much of it is read, as by
+    /// [`load`](Self::load)).
+    ///
+    /// A header that cannot be encoded as JSON (e.g. a `cwd` that is not UTF-8) is
+    /// [`StoreError::EncodeHeader`] at once, and nothing is created.
     pub fn create(&self, header: &SessionHeader) -> Result<(), StoreError> {
         header.validate()?;
         let path = self.path_of(&header.id)?;
+        // Encoded before anything is made, so a header that cannot be written creates nothing.
+        let line = encode_line(header).map_err(|e| StoreError::EncodeHeader {
+            id: header.id.clone(),
+            reason: e.to_string(),
+        })?;
         let mut files = self.files.lock();
         if let Some(file) = files.get(&header.id)
             && !file.is_failed()
@@ -149,7 +162,10 @@ impl JsonlStore {
             header.id.clone(),
             path,
             self.dir.clone(),
-            Plan::Create(header.clone()),
+            Plan::Create {
+                header: header.clone(),
+                line,
+            },
             self.closing.lock().get(&header.id).cloned(),
         );
         file.start();
@@ -250,7 +266,10 @@ impl JsonlStore {
 
     /// The header and every intact event of session `id`, after every accepted append reached
     /// the file. A torn last line is dropped (with a warning) and reported as `repaired`; the
-    /// file is not modified. The store remembers the log's length, so appends can continue it.
+    /// file is not modified. The store remembers the log's length, so appends can continue it:
+    /// loading again a session this store has only read so far (another store may have
+    /// continued it meanwhile) updates what it remembers, so the next append continues the log
+    /// as this load returned it.
     pub async fn load(&self, id: &SessionId) -> Result<LoadedSession, StoreError> {
         let path = self.path_of(id)?;
         let cached = self.cached(id);
@@ -261,7 +280,9 @@ impl JsonlStore {
         let parsed = blocking(path.clone(), move || read_log(&path, &read_id)).await?;
         match cached {
             Some(file) => {
-                if file.header().is_none() {
+                // An idle writer (one an earlier load made) takes this newer reading; one that
+                // has opened the log holds its lock, so nobody else appended since it read it.
+                if !file.refresh(&parsed) && file.header().is_none() {
                     file.set_header(parsed.header.clone());
                 }
             }

@@ -26,6 +26,8 @@ mod error;
 mod jsonl;
 mod memory;
 mod persistence;
+#[cfg(test)]
+mod regressions;
 mod repair;
 mod writer;
 
@@ -55,7 +57,9 @@ pub struct LoadedSession {
     pub header: SessionHeader,
     /// Every intact event, in order; `events[i].seq == i`.
     pub events: Vec<SessionEvent>,
-    /// `true` when the load dropped a torn last line (an interrupted write). The dropped line
+    /// `true` when the load dropped a torn last line (an interrupted write: a last line that is
+    /// not well-formed JSON and lacks its trailing `\n` or holds the zero bytes of blocks a power
+    /// loss left unwritten; any other damaged line fails the load). The dropped line
     /// was never acknowledged as durable: every event covered by a completed `flush` is intact.
     /// This is *not* the open-turn repair, which the runtime applies on resume with
     /// [`repair_open_turn`].

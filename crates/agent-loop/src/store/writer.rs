@@ -27,10 +27,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use agent::{SessionHeader, SessionId};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use tokio::sync::watch;
 
-use super::codec::{ParsedLog, encode_line, open_regular, parse_header, parse_log, read_log, read_log_bytes};
+use super::codec::{ParsedLog, open_regular, parse_log, read_log, read_log_bytes, well_formed_json};
 use super::dir::StoreDir;
 use super::error::StoreError;
 
@@ -74,8 +74,14 @@ enum Created {
 /// How the drainer opens the file.
 #[derive(Debug)]
 pub(crate) enum Plan {
-    /// Create a new log holding this header.
-    Create(SessionHeader),
+    /// Create a new log holding this header, whose line (already encoded, so a header that
+    /// cannot be encoded never gets this far) is `line`.
+    Create {
+        /// The header.
+        header: SessionHeader,
+        /// Its encoded line, `\n` included.
+        line: Vec<u8>,
+    },
     /// Open an existing log (`None`: read it first).
     Existing(Option<Known>),
 }
@@ -164,6 +170,9 @@ pub(crate) struct SessionFile {
     /// The latch of the writer this one succeeds (one its store was closing when this one was
     /// made): the drainer waits for it before opening the log.
     predecessor: Option<Arc<ReleaseLatch>>,
+    /// Test seam: runs in `create` between creating the file and locking it.
+    #[cfg(test)]
+    before_lock: tests::Hook,
 }
 
 impl Drop for SessionFile {
@@ -186,7 +195,7 @@ impl SessionFile {
         predecessor: Option<Arc<ReleaseLatch>>,
     ) -> Arc<Self> {
         let (header, next_seq) = match &plan {
-            Plan::Create(h) => (Some(h.clone()), Some(0)),
+            Plan::Create { header, .. } => (Some(header.clone()), Some(0)),
             Plan::Existing(known) => (None, known.map(|k| k.events)),
         };
         Arc::new(Self {
@@ -213,6 +222,8 @@ impl SessionFile {
             syncs: AtomicU64::new(0),
             latch: Arc::default(),
             predecessor,
+            #[cfg(test)]
+            before_lock: tests::Hook::default(),
         })
     }
 
@@ -229,6 +240,27 @@ impl SessionFile {
     /// Records the header read by a load.
     pub(crate) fn set_header(&self, header: SessionHeader) {
         *self.header.lock() = Some(header);
+    }
+
+    /// Brings a writer that has neither opened its log nor accepted anything (one a `load`
+    /// made) up to date with `parsed`, a newer reading of the log: another store may have
+    /// continued the log since this writer's reading, and appends must continue the log as it
+    /// is now. A writer that holds accepted lines or has opened the log (so holds its lock, and
+    /// nobody else can have appended) is left alone, as is a poisoned one. Returns whether the
+    /// writer was brought up to date.
+    pub(crate) fn refresh(&self, parsed: &ParsedLog) -> bool {
+        let mut st = self.state.lock();
+        let idle = matches!(st.plan, Some(Plan::Existing(_))) && st.accepted == 1 && st.failed.is_none();
+        if idle {
+            let known = Known::from(parsed);
+            st.plan = Some(Plan::Existing(Some(known)));
+            st.assumed_len = Some(known.events);
+            st.next_seq = known.events;
+            st.first_accepted = None;
+            drop(st);
+            self.set_header(parsed.header.clone());
+        }
+        idle
     }
 
     /// Whether the writer is poisoned.
@@ -269,8 +301,7 @@ impl SessionFile {
 
     /// Starts writing now (used right after creation so the header reaches the disk soon).
     pub(crate) fn start(self: &Arc<Self>) {
-        let mut st = self.state.lock();
-        self.kick(&mut st);
+        self.kick(self.state.lock());
     }
 
     /// Accepts one encoded event line carrying `seq`, without waiting. Fails at once on a seq
@@ -296,7 +327,7 @@ impl SessionFile {
         st.next_seq = seq.saturating_add(1);
         st.pending.extend_from_slice(line);
         st.accepted += 1;
-        self.kick(&mut st);
+        self.kick(st);
         Ok(())
     }
 
@@ -304,7 +335,7 @@ impl SessionFile {
     /// writer with nothing to write returns at once without opening the file.
     pub(crate) async fn settle(self: &Arc<Self>) -> Result<(), StoreError> {
         let target = {
-            let mut st = self.state.lock();
+            let st = self.state.lock();
             if let Some(err) = &st.failed {
                 return Err(err.clone());
             }
@@ -312,8 +343,9 @@ impl SessionFile {
             if only_reads || st.written >= st.accepted {
                 return Ok(());
             }
-            self.kick(&mut st);
-            st.accepted
+            let target = st.accepted;
+            self.kick(st);
+            target
         };
         self.wait(|p| p.written >= target).await
     }
@@ -332,8 +364,9 @@ impl SessionFile {
                 return Ok(());
             }
             st.sync_wanted = st.sync_wanted.max(st.accepted);
-            self.kick(&mut st);
-            st.accepted
+            let target = st.accepted;
+            self.kick(st);
+            target
         };
         self.wait(|p| p.synced >= target).await
     }
@@ -354,18 +387,46 @@ impl SessionFile {
         Ok(())
     }
 
-    /// Starts the drainer unless one is running. Called with the state lock held.
-    fn kick(self: &Arc<Self>, st: &mut WriterState) {
+    /// Starts the drainer unless one is running. Takes the state lock's guard and releases it
+    /// before starting one (a drainer that cannot start is handled without the lock held).
+    fn kick(self: &Arc<Self>, mut st: MutexGuard<'_, WriterState>) {
         if st.draining {
             return;
         }
         st.draining = true;
-        let this = Arc::clone(self);
+        drop(st);
         // The drainer owns an `Arc` to the writer: it finishes its work even if the store and
-        // every waiter are gone. Outside a tokio runtime it gets a plain thread.
+        // every waiter are gone. Outside a tokio runtime it gets a plain thread, and so does a
+        // drainer the runtime's blocking pool refuses or discards unrun (it is shutting down):
+        // see [`DrainTask`].
         match tokio::runtime::Handle::try_current() {
-            Ok(handle) => drop(handle.spawn_blocking(move || this.drain())),
-            Err(_) => drop(std::thread::spawn(move || this.drain())),
+            Ok(handle) => {
+                let task = DrainTask(Some(Arc::clone(self)));
+                drop(handle.spawn_blocking(move || task.run()));
+            }
+            Err(_) => Arc::clone(self).drain_on_thread(),
+        }
+    }
+
+    /// Runs the drainer on a plain thread; if no thread can be started, poisons the writer with
+    /// that failure (so waiting flushes return it instead of waiting for a drainer that never
+    /// runs).
+    fn drain_on_thread(self: Arc<Self>) {
+        let this = Arc::clone(&self);
+        let spawned = std::thread::Builder::new()
+            .name("session-log-writer".into())
+            .spawn(move || this.drain());
+        if let Err(e) = spawned {
+            let err = StoreError::io(
+                &self.path,
+                io::Error::new(e.kind(), format!("cannot start the session log writer: {e}")),
+            );
+            tracing::warn!(session = %self.id, error = %err, "session log writer not started; the session's writer is poisoned");
+            let mut st = self.state.lock();
+            st.failed.get_or_insert(err);
+            st.draining = false;
+            drop(st);
+            self.progress.send_modify(|p| p.failed = true);
         }
     }
 
@@ -436,7 +497,7 @@ impl SessionFile {
             predecessor.wait();
         }
         let (file, known) = match plan {
-            Plan::Create(header) => match self.create(&header)? {
+            Plan::Create { header, line } => match self.create(&header, &line)? {
                 Created::New => return Ok(()),
                 Created::Adopted(file, known) => (file, known),
             },
@@ -514,43 +575,67 @@ impl SessionFile {
         }
     }
 
-    /// Creates the file, locks it and writes the header line. An existing log with an equal
-    /// header is adopted (locked, returned for the caller to continue); a different one is a
-    /// duplicate; a file whose header write never completed is replaced.
-    fn create(&self, header: &SessionHeader) -> Result<Created, StoreError> {
+    /// Creates the file, locks it and writes the header line `line`. An existing log with an
+    /// equal header is adopted (locked, returned for the caller to continue); a different one is
+    /// a duplicate. An existing file is judged only while this writer holds its lock, and only
+    /// one whose bytes are not well-formed JSON and hold no newline — a header write that never
+    /// completed, or an empty file — is replaced; any other (a complete header of another
+    /// session, an invalid header, any other JSON) is [`StoreError::Corrupt`] and left as it is.
+    ///
+    /// Every file this writer locks — one it created or one it found — is checked to still be
+    /// the file at the log's path once locked: another store replacing an empty file it found
+    /// (while holding that file's lock) between our creating it and locking it makes us start
+    /// over instead of writing into the unlinked file. After [`CREATE_ATTEMPTS`] such losses
+    /// the creation fails with [`StoreError::Locked`].
+    fn create(&self, header: &SessionHeader, line: &[u8]) -> Result<Created, StoreError> {
         self.dir.ensure()?;
-        let create = || OpenOptions::new().append(true).create_new(true).open(&self.path);
-        let file = match create() {
-            Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                // Never a FIFO or device: opening one could block, and it is no log to adopt.
-                let existing = open_regular(&self.path, OpenOptions::new().read(true).append(true))
-                    .map_err(|e| self.io(e))?;
-                self.lock(&existing)?;
-                let bytes = read_log_bytes(&self.path, &existing)?;
-                if bytes.contains(&b'\n') || parse_header(&self.path, &self.id, &bytes).is_ok() {
-                    let parsed = parse_log(&self.path, &self.id, &bytes)?;
-                    if &parsed.header != header {
-                        return Err(StoreError::Duplicate(self.id.clone()));
+        for _ in 0..CREATE_ATTEMPTS {
+            match OpenOptions::new().append(true).create_new(true).open(&self.path) {
+                Ok(file) => {
+                    #[cfg(test)]
+                    self.before_lock.run();
+                    self.lock(&file)?;
+                    if !self.at_path(&file)? {
+                        continue;
                     }
-                    return Ok(Created::Adopted(existing, Known::from(&parsed)));
+                    (&file).write_all(line).map_err(|e| self.io(e))?;
+                    let _ = self.file.set(file);
+                    return Ok(Created::New);
                 }
-                tracing::warn!(path = %self.path.display(), "replacing a session log whose header write was interrupted");
-                fs::remove_file(&self.path).map_err(|e| self.io(e))?;
-                drop(existing);
-                create().map_err(|e| self.io(e))?
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    // Never a FIFO or device: opening one could block, and it is no log to adopt.
+                    let existing = match open_regular(&self.path, OpenOptions::new().read(true).append(true))
+                    {
+                        Ok(file) => file,
+                        // Replaced (by a store that judged it a torn header) since `create_new`.
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                        Err(e) => return Err(self.io(e)),
+                    };
+                    self.lock(&existing)?;
+                    if !self.at_path(&existing)? {
+                        continue;
+                    }
+                    let bytes = read_log_bytes(&self.path, &existing)?;
+                    if bytes.contains(&b'\n') || well_formed_json(&bytes) {
+                        let parsed = parse_log(&self.path, &self.id, &bytes)?;
+                        if &parsed.header != header {
+                            return Err(StoreError::Duplicate(self.id.clone()));
+                        }
+                        return Ok(Created::Adopted(existing, Known::from(&parsed)));
+                    }
+                    // Deleted while we hold its lock: a store that created it and has not locked
+                    // it yet finds it gone from the path once it has, and starts over.
+                    tracing::warn!(path = %self.path.display(), "replacing a session log whose header write was interrupted");
+                    fs::remove_file(&self.path).map_err(|e| self.io(e))?;
+                    drop(existing);
+                }
+                Err(e) => return Err(self.io(e)),
             }
-            Err(e) => return Err(self.io(e)),
-        };
-        self.lock(&file)?;
-        let line = encode_line(header).map_err(|e| StoreError::Encode {
+        }
+        Err(StoreError::Locked {
             id: self.id.clone(),
-            seq: 0,
-            reason: e.to_string(),
-        })?;
-        (&file).write_all(&line).map_err(|e| self.io(e))?;
-        let _ = self.file.set(file);
-        Ok(Created::New)
+            path: self.path.clone(),
+        })
     }
 
     fn write(&self, buf: &[u8]) -> Result<(), StoreError> {
@@ -567,33 +652,38 @@ impl SessionFile {
     /// Fails unless the open file is still the log at `self.path`: a log deleted, or replaced
     /// (renamed over), while this writer holds it open keeps receiving writes that no reader
     /// will ever see, so a flush must not report them durable.
-    #[cfg(unix)]
     fn check_still_at_path(&self, file: &File) -> Result<(), StoreError> {
+        if self.at_path(file)? {
+            return Ok(());
+        }
+        Err(self.io(io::Error::new(
+            io::ErrorKind::NotFound,
+            "the session log was deleted or replaced while this store had it open; \
+             events appended since its last successful flush are not in it",
+        )))
+    }
+
+    /// Whether the open `file` is the file at `self.path` (not deleted, not replaced).
+    #[cfg(unix)]
+    fn at_path(&self, file: &File) -> Result<bool, StoreError> {
         use std::os::unix::fs::MetadataExt as _;
         let open = file.metadata().map_err(|e| self.io(e))?;
-        let gone = || {
-            self.io(io::Error::new(
-                io::ErrorKind::NotFound,
-                "the session log was deleted or replaced while this store had it open; \
-                 events appended since its last successful flush are not in it",
-            ))
-        };
         if open.nlink() == 0 {
-            return Err(gone());
+            return Ok(false);
         }
         match fs::metadata(&self.path) {
-            Ok(at_path) if at_path.dev() == open.dev() && at_path.ino() == open.ino() => Ok(()),
-            Ok(_) => Err(gone()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(gone()),
+            Ok(at_path) => Ok(at_path.dev() == open.dev() && at_path.ino() == open.ino()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(self.io(e)),
         }
     }
 
     /// Without file identities to compare, only a log deleted outright is noticed.
     #[cfg(not(unix))]
-    fn check_still_at_path(&self, _file: &File) -> Result<(), StoreError> {
+    fn at_path(&self, _file: &File) -> Result<bool, StoreError> {
         match fs::metadata(&self.path) {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(self.io(e)),
         }
     }
@@ -609,5 +699,111 @@ impl SessionFile {
             self.dir.sync(self.dir.path())?;
         }
         Ok(())
+    }
+}
+
+/// How often [`SessionFile::create`] starts over after losing its file to a concurrent creator
+/// before it gives up with [`StoreError::Locked`].
+const CREATE_ATTEMPTS: usize = 4;
+
+/// A drainer handed to tokio's blocking pool. A pool that is shutting down refuses the task or
+/// discards it unrun, dropping it — synchronously inside `spawn_blocking`, or later on a pool
+/// thread — and then the drainer runs on a plain thread instead
+/// ([`SessionFile::drain_on_thread`]): accepted lines are still written, and no flush waits
+/// for a drainer that never runs. `kick` spawns it without the state lock held, so this drop
+/// may take the lock.
+struct DrainTask(Option<Arc<SessionFile>>);
+
+impl DrainTask {
+    fn run(mut self) {
+        if let Some(file) = self.0.take() {
+            file.drain();
+        }
+    }
+}
+
+impl Drop for DrainTask {
+    fn drop(&mut self) {
+        if let Some(file) = self.0.take() {
+            tracing::debug!(session = %file.id, "the runtime did not run the session log writer; running it on a thread");
+            file.drain_on_thread();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::JsonlStore;
+
+    /// A closure a test runs at one point of the writer.
+    #[derive(Default)]
+    pub(super) struct Hook(Mutex<Option<Box<dyn FnOnce() + Send>>>);
+
+    impl std::fmt::Debug for Hook {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Hook")
+        }
+    }
+
+    impl Hook {
+        pub(super) fn run(&self) {
+            let hook = self.0.lock().take();
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
+    }
+
+    /// Two stores create the same session: the first has created the (still empty) file but
+    /// not locked it yet when the second finds it, takes it for a crash-leftover torn header
+    /// and replaces it with its own log. The first must not then lock and write into the
+    /// unlinked file (reporting a creation that no reader will ever see): it finds the file
+    /// gone from the path once locked, starts over, finds the second store's log locked, and
+    /// fails with [`StoreError::Locked`]. The second store's log is intact.
+    #[test]
+    fn a_created_file_replaced_before_it_is_locked_is_never_written_unlinked() {
+        let dir = tempfile::tempdir().expect("dir");
+        let id = SessionId::from("s");
+        let header = agent::SessionMeta::default()
+            .into_header(id.clone(), 1_000)
+            .expect("header");
+        let line = serde_json::to_vec(&header).expect("json");
+        let path = dir.path().join("s.jsonl");
+        let first = SessionFile::new(
+            id.clone(),
+            path.clone(),
+            Arc::new(StoreDir::new(dir.path().to_owned())),
+            Plan::Create {
+                header: header.clone(),
+                line: [&line[..], b"\n"].concat(),
+            },
+            None,
+        );
+        let second = Arc::new(JsonlStore::new(dir.path()));
+        let (second_in, first_path, second_header, second_id) =
+            (second.clone(), path.clone(), header.clone(), id.clone());
+        *first.before_lock.0.lock() = Some(Box::new(move || {
+            assert_eq!(fs::read(&first_path).expect("created").len(), 0);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("runtime");
+            second_in.create(&second_header).expect("create");
+            rt.block_on(second_in.flush(&second_id))
+                .expect("the second store replaces the empty file");
+        }));
+        // Outside a runtime: the first writer's drainer runs on a plain thread.
+        first.start();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let err = rt.block_on(first.flush()).unwrap_err();
+        assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+        let loaded = rt
+            .block_on(JsonlStore::new(dir.path()).load(&id))
+            .expect("the second store's log");
+        assert_eq!(loaded.header, header);
+        assert_eq!(fs::read(&path).expect("read"), [&line[..], b"\n"].concat());
+        drop(second);
     }
 }

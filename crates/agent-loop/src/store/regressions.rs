@@ -1,0 +1,211 @@
+//! Regression tests for the JSONL store's handling of damaged logs, creation over existing
+//! files, stale cached writers and drainers a shutting-down runtime cannot run.
+//!
+//! No behaviour here has a spine spec ID: persistence backends are outside the spine
+//! (spec §15); these pin the store's own contract (see [`JsonlStore`]).
+
+use std::fs;
+use std::path::Path;
+
+use agent::{EventData, Session, SessionEvent, SessionHeader, SessionId, SessionMeta};
+
+use super::{JsonlStore, StoreError};
+
+fn header(id: &str) -> SessionHeader {
+    SessionMeta {
+        created_at: Some(1_000),
+        ..SessionMeta::default()
+    }
+    .into_header(id.into(), 1_000)
+    .expect("valid header")
+}
+
+/// `n` valid log-only events of session `id`.
+fn events(id: &str, n: usize) -> Vec<SessionEvent> {
+    let session = Session::new(header(id), None).expect("session");
+    for i in 0..n {
+        session
+            .append_at(EventData::other("test/x", serde_json::json!({ "i": i })), None, 7)
+            .expect("valid append");
+    }
+    session.events().iter().map(|e| (**e).clone()).collect()
+}
+
+/// Writes `header(id)` and `events` through a store of its own and returns the file's bytes.
+async fn write_log(dir: &Path, id: &str, events: &[SessionEvent]) -> Vec<u8> {
+    let store = JsonlStore::new(dir);
+    let sid = SessionId::from(id);
+    store.create(&header(id)).expect("create");
+    for ev in events {
+        store.append(&sid, ev).expect("append");
+    }
+    store.flush(&sid).await.expect("flush");
+    store.close(&sid).await.expect("close");
+    fs::read(dir.join(format!("{id}.jsonl"))).expect("read")
+}
+
+/// A NUL-free last line that ends in `\n` was written whole (the writer hands whole lines to the
+/// OS, so an interrupted write leaves an unterminated prefix or lost blocks' zeros), so when it
+/// is not well-formed JSON it is corruption, not a torn write: the load is refused naming the line, and a store continuing
+/// the log refuses at its flush without cutting it. An unterminated bad last line is still a
+/// torn write, dropped on load.
+#[tokio::test]
+async fn a_newline_terminated_bad_last_line_is_corrupt_and_never_truncated() {
+    let dir = tempfile::tempdir().expect("dir");
+    let id = SessionId::from("s");
+    let all = events("s", 3);
+    let good = write_log(dir.path(), "s", &all[..2]).await;
+    let path = dir.path().join("s.jsonl");
+    for tail in [&b"garbage\n"[..], b"{\"type\":\"test/x\",\"seq\":2,\n", b"\n"] {
+        let mut bytes = good.clone();
+        bytes.extend_from_slice(tail);
+        fs::write(&path, &bytes).expect("write");
+        let err = JsonlStore::new(dir.path()).load(&id).await.unwrap_err();
+        assert!(
+            matches!(err, StoreError::Corrupt { line: 4, .. }),
+            "{tail:?}: {err}"
+        );
+        let fresh = JsonlStore::new(dir.path());
+        fresh.append(&id, &all[2]).expect("accepted in memory");
+        let err = fresh.flush(&id).await.unwrap_err();
+        assert!(
+            matches!(err, StoreError::Corrupt { line: 4, .. }),
+            "{tail:?}: {err}"
+        );
+        assert_eq!(fs::read(&path).expect("read"), bytes, "{tail:?}: nothing cut");
+    }
+    // Without its newline the same damage is a torn write: dropped, then cut by the next append.
+    let mut bytes = good.clone();
+    bytes.extend_from_slice(b"\0\0\0garbage");
+    fs::write(&path, &bytes).expect("write");
+    let store = JsonlStore::new(dir.path());
+    let loaded = store.load(&id).await.expect("torn tail dropped");
+    assert!(loaded.repaired);
+    assert_eq!(loaded.events, all[..2]);
+    store.append(&id, &all[2]).expect("append");
+    store.flush(&id).await.expect("flush");
+    assert_eq!(
+        JsonlStore::new(dir.path()).load(&id).await.expect("load").events,
+        all
+    );
+}
+
+/// Creating a session over a file whose only line lacks its newline replaces the file only
+/// when that line is not well-formed JSON (an interrupted header write). A complete JSON line
+/// that is no valid header for this id — another session's header, a header with an invalid
+/// field, any other JSON — was written whole: the creation fails with a typed error at the
+/// flush and the file is left as it was.
+#[tokio::test]
+async fn creating_over_a_complete_json_line_that_is_no_header_of_ours_keeps_the_file() {
+    let dir = tempfile::tempdir().expect("dir");
+    let id = SessionId::from("s");
+    let path = dir.path().join("s.jsonl");
+    let foreign = serde_json::to_vec(&header("other")).expect("json");
+    let invalid = br#"{"version":1,"id":"s","createdAt":-5}"#.to_vec();
+    for line in [foreign, invalid, b"[1,2]".to_vec(), b"7".to_vec()] {
+        fs::write(&path, &line).expect("write");
+        let store = JsonlStore::new(dir.path());
+        store.create(&header("s")).expect("accepted in memory");
+        let err = store.flush(&id).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Corrupt { line: 1, reason, .. } if !reason.contains("interrupted")),
+            "{}: {err}",
+            String::from_utf8_lossy(&line)
+        );
+        assert_eq!(fs::read(&path).expect("kept"), line);
+    }
+    // An interrupted header write (no well-formed JSON) is still replaced.
+    for torn in [&b""[..], br#"{"version":1,"id":"s","crea"#] {
+        fs::write(&path, torn).expect("write");
+        let store = JsonlStore::new(dir.path());
+        store.create(&header("s")).expect("create");
+        store.flush(&id).await.expect("replaced");
+        let loaded = JsonlStore::new(dir.path()).load(&id).await.expect("load");
+        assert_eq!(loaded.header, header("s"));
+        assert!(loaded.events.is_empty());
+    }
+}
+
+/// A header that cannot be encoded (a `cwd` that is not UTF-8) fails `create` at once with a
+/// typed error, and nothing is created on disk: no log, not even the store's directory.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_header_that_cannot_be_encoded_fails_create_and_creates_nothing() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let dir = tempfile::tempdir().expect("dir");
+    let root = dir.path().join("store");
+    let mut h = header("s");
+    h.cwd = Some(Path::new(std::ffi::OsStr::from_bytes(b"/tmp/\xff")).to_path_buf());
+    h.validate().expect("an absolute path is a valid cwd");
+    let store = JsonlStore::new(&root);
+    let err = store.create(&h).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::EncodeHeader { id, .. } if id.as_str() == "s"),
+        "{err}"
+    );
+    assert!(!root.exists(), "nothing created");
+    // The id stays free: a valid header creates the session.
+    store.create(&header("s")).expect("create");
+    store.flush(&"s".into()).await.expect("flush");
+    assert_eq!(store.load(&"s".into()).await.expect("load").header, header("s"));
+}
+
+/// A store that loaded a session, then loads it again after another store continued it, sees
+/// the new length: its next append continues the log as reloaded (not its first reading).
+#[tokio::test]
+async fn a_reload_brings_an_idle_cached_writer_up_to_date() {
+    let dir = tempfile::tempdir().expect("dir");
+    let id = SessionId::from("s");
+    let all = events("s", 4);
+    write_log(dir.path(), "s", &all[..2]).await;
+
+    let a = JsonlStore::new(dir.path());
+    assert_eq!(a.load(&id).await.expect("load").events, all[..2]);
+
+    let b = JsonlStore::new(dir.path());
+    b.load(&id).await.expect("load");
+    b.append(&id, &all[2]).expect("append");
+    b.flush(&id).await.expect("flush");
+    b.close(&id).await.expect("close");
+
+    assert_eq!(a.load(&id).await.expect("reload").events, all[..3]);
+    a.append(&id, &all[3]).expect("continues the reloaded log");
+    a.flush(&id).await.expect("flush");
+    assert_eq!(
+        JsonlStore::new(dir.path()).load(&id).await.expect("load").events,
+        all
+    );
+}
+
+/// `create` and `append` inside a runtime that has shut down (its blocking pool refuses the
+/// drainer) still get their lines written, by a plain thread instead: a later flush returns
+/// (here: succeeds) instead of waiting forever for a drainer that never runs.
+#[test]
+fn a_drainer_a_shut_down_runtime_cannot_run_still_writes() {
+    let dir = tempfile::tempdir().expect("dir");
+    let id = SessionId::from("s");
+    let all = events("s", 2);
+    let dead = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let handle = dead.handle().clone();
+    drop(dead);
+    let store = JsonlStore::new(dir.path());
+    {
+        let _inside = handle.enter();
+        store.create(&header("s")).expect("create");
+        store.append(&id, &all[0]).expect("append");
+    }
+    let live = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    live.block_on(async {
+        {
+            // A flush started inside the dead runtime needs no drainer it cannot start either.
+            let _inside = handle.enter();
+            store.append(&id, &all[1]).expect("append");
+        }
+        store.flush(&id).await.expect("flush");
+        assert_eq!(store.load(&id).await.expect("load").events, all);
+    });
+}
