@@ -211,8 +211,19 @@ impl SessionMeta {
 }
 
 impl SessionHeader {
-    /// Validates a header (for example one read from disk).
+    /// Validates a header (for example one read from disk). A `version` newer than
+    /// [`SESSION_FORMAT_VERSION`] is refused: a log in a format this crate does not know must
+    /// not be read as if it were its own, nor continued in the older format.
     pub fn validate(&self) -> Result<(), HeaderError> {
+        if self.version > SESSION_FORMAT_VERSION {
+            return Err(HeaderError::new(
+                "version",
+                format!(
+                    "format version {} is newer than this crate reads ({SESSION_FORMAT_VERSION})",
+                    self.version
+                ),
+            ));
+        }
         if self.id.as_str().is_empty() {
             return Err(HeaderError::new("id", "must not be empty"));
         }
@@ -274,6 +285,15 @@ mod tests {
         );
         let err = SessionMeta::from_json(&json!({"origin": "user"})).unwrap_err();
         assert_eq!(err.field, "origin");
+    }
+
+    #[test]
+    fn a_header_of_a_newer_format_version_is_invalid() {
+        let mut h = SessionMeta::default().into_header("s".into(), 1).unwrap();
+        assert_eq!(h.validate(), Ok(()));
+        h.version = SESSION_FORMAT_VERSION + 1;
+        let err = h.validate().unwrap_err();
+        assert_eq!(err.field, "version");
     }
 
     #[test]

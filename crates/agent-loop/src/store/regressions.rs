@@ -1,5 +1,6 @@
-//! Regression tests for the JSONL store's handling of damaged logs, creation over existing
-//! files, stale cached writers and drainers a shutting-down runtime cannot run.
+//! Regression tests for the JSONL store's handling of damaged logs, logs of a newer format,
+//! creation over existing files, stale cached writers and drainers a shutting-down runtime
+//! cannot run.
 //!
 //! No behaviour here has a spine spec ID: persistence backends are outside the spine
 //! (spec §15); these pin the store's own contract (see [`JsonlStore`]).
@@ -208,4 +209,36 @@ fn a_drainer_a_shut_down_runtime_cannot_run_still_writes() {
         store.flush(&id).await.expect("flush");
         assert_eq!(store.load(&id).await.expect("load").events, all);
     });
+}
+
+/// A log whose header declares a format version newer than this crate's is refused on load
+/// (a typed corrupt-header error naming the version), and a store continuing it refuses at its
+/// flush: nothing is appended to it in the older format, and its bytes are left as they were.
+#[tokio::test]
+async fn a_log_of_a_newer_format_version_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().expect("dir");
+    let id = SessionId::from("s");
+    let all = events("s", 2);
+    let good = write_log(dir.path(), "s", &all[..1]).await;
+    let path = dir.path().join("s.jsonl");
+    let text = String::from_utf8(good).expect("utf-8");
+    let newer = text.replacen("\"version\":0", "\"version\":9", 1);
+    assert_ne!(newer, text, "the header carries its version");
+    fs::write(&path, &newer).expect("write");
+    let err = JsonlStore::new(dir.path()).load(&id).await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Corrupt { line: 1, reason, .. } if reason.contains("format version 9")),
+        "{err}"
+    );
+    let store = JsonlStore::new(dir.path());
+    store.append(&id, &all[1]).expect("accepted in memory");
+    assert!(matches!(
+        store.flush(&id).await,
+        Err(StoreError::Corrupt { line: 1, .. })
+    ));
+    assert_eq!(
+        fs::read_to_string(&path).expect("read"),
+        newer,
+        "nothing appended"
+    );
 }
