@@ -15,7 +15,7 @@ use crate::projection::register_projections;
 
 fn header(id: &str, parent: Option<&str>, created_at: u64, origin: bool) -> SessionHeader {
     SessionHeader {
-        version: 1,
+        version: agent::header::SESSION_FORMAT_VERSION,
         id: SessionId::from(id),
         created_at,
         cwd: None,
