@@ -226,7 +226,10 @@ impl Connection {
     /// this moment, so a caller that stores it before its first `.await` can always close and
     /// await it ([`finish`](Self::finish)), whatever happens to the startup afterwards.
     pub fn spawn(pipes: ChildPipes, fold: SharedFold, policy: PermissionPolicy) -> Self {
-        Self::spawn_over(pipes.stdin.compat_write(), pipes.stdout.compat(), fold, policy)
+        // The child's output is bounded per line: an endless line ends the connection instead of
+        // growing the engine's buffer without limit.
+        let incoming = crate::LineLimit::new(pipes.stdout, crate::DEFAULT_MAX_LINE);
+        Self::spawn_over(pipes.stdin.compat_write(), incoming.compat(), fold, policy)
     }
 
     fn spawn_over<W, R>(outgoing: W, incoming: R, fold: SharedFold, policy: PermissionPolicy) -> Self

@@ -14,6 +14,7 @@
 //! | [`provider`] | [`AcpProvider`] and its start flow (§1.6) |
 //! | [`run`] | [`AcpRun`], the published run (§1.10, §1.14) |
 //! | [`error`] | typed errors with the spec's messages |
+//! | [`line_limit`] | a bound on one protocol line from a peer |
 //!
 //! The seam's out-of-process kit (`subagent::out_of_process`, `subagent::settle`) supplies the
 //! cwd rules, the result settlement and the memoized run handle; this crate adds the ACP
@@ -25,11 +26,13 @@ pub mod config;
 pub mod connection;
 pub mod env;
 pub mod error;
+pub mod line_limit;
 pub mod process;
 pub mod provider;
 pub mod run;
 
 pub use config::{AcpConfig, AcpSettings, DEFAULT_PROVIDER_NAME, Graces, PermissionPolicy};
 pub use error::{ABORTED_BEFORE_START, AcpConfigError, AcpError, AcpRegisterError, MISSING_SESSION_ID};
+pub use line_limit::{DEFAULT_MAX_LINE, LineLimit};
 pub use provider::{AcpProvider, FailureSink, failure_warning, register, register_provider};
 pub use run::AcpRun;
