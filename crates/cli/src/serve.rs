@@ -604,6 +604,9 @@ where
     R: AsyncRead + Send + Unpin + 'static,
     W: AsyncWrite + Send + Unpin + 'static,
 {
+    // The client's input is bounded per line: an endless line ends the connection (and winds
+    // the sessions down) instead of growing the engine's buffer without limit.
+    let input = subagent_acp::LineLimit::new(input, subagent_acp::DEFAULT_MAX_LINE);
     let transport = ByteStreams::new(HangUp::new(output).compat_write(), input.compat());
     let state = Arc::new(State {
         options,
