@@ -290,6 +290,21 @@ struct ControlTools {
     report: ReportToolPlugin,
 }
 
+/// The ids of the sessions a host's runtime published, in publication order, each once.
+#[derive(Debug, Default)]
+struct OwnSessions {
+    order: Vec<SessionId>,
+    seen: HashSet<SessionId>,
+}
+
+impl OwnSessions {
+    fn insert(&mut self, id: &SessionId) {
+        if self.seen.insert(id.clone()) {
+            self.order.push(id.clone());
+        }
+    }
+}
+
 /// A composed host (see the module docs).
 pub struct Host {
     runtime: Runtime,
@@ -303,6 +318,9 @@ pub struct Host {
     cwd: PathBuf,
     /// Job ids whose completion notice was delivered into their owner's conversation.
     delivered: Arc<Mutex<HashSet<String>>>,
+    /// Every session this host's runtime published (created, forked or resumed), in order:
+    /// the logs [`Host::shutdown`] makes durable.
+    sessions: Arc<Mutex<OwnSessions>>,
     /// Loaded delegation tools (unloaded first at shutdown).
     plugins: Vec<SubagentToolPlugin>,
     /// The control tools and the report tool's setup contribution, with continuable children
@@ -352,6 +370,19 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
     let runtime = builder.build();
     let services = runtime.services().clone();
     let mut guards: Vec<Registration> = Vec::new();
+
+    // The sessions this host publishes — and so writes — before any exists: shutdown flushes
+    // these and no other log of the (possibly shared) store directory.
+    let sessions: Arc<Mutex<OwnSessions>> = Arc::default();
+    {
+        let sessions = sessions.clone();
+        guards.push(runtime.sessions().events().on(move |event| {
+            if let agent_loop::runtime::SessionStoreEvent::Created(session) = event {
+                sessions.lock().insert(session.id());
+            }
+            Ok(())
+        }));
+    }
 
     // The step limit: registered first and globally, so it decides before any agent-scoped
     // interceptor (a child's descriptor append) and reaches every agent, children included.
@@ -492,6 +523,7 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
         options,
         cwd,
         delivered,
+        sessions,
         plugins,
         control,
         guards,
@@ -588,14 +620,20 @@ impl Host {
     }
 
     /// Waits until `agent` is idle, (with job notices on) has no unsettled or undelivered
-    /// background job, and has no resident continuable descendant: a continuable child
-    /// announces its settlement into its parent's conversation before it is released, so by
-    /// then the parent has the notice and its turn for it is under way or done.
+    /// background job, and has no resident continuable descendant that can still make progress:
+    /// a continuable child announces its settlement into its parent's conversation before it is
+    /// released, so by then the parent has the notice and its turn for it is under way or done.
+    ///
+    /// A resident descendant that cannot move without new input is not waited for (see
+    /// [`ContinuationManager::awaits_input`]): one left idle with a message parked by an
+    /// interrupt (spec §2.14.9), or waiting only on such children. It announces nothing until a
+    /// waking send, which nobody is left to make once `agent` is idle; [`Host::shutdown`]
+    /// releases it.
     pub async fn settle(&self, agent: &AgentRef) {
         loop {
             agent.when_idle().await;
             let jobs_quiet = !self.options.deliver_job_notices || self.jobs_quiet(agent.id());
-            if jobs_quiet && !self.has_resident_descendant(agent.id()) {
+            if jobs_quiet && !self.has_progressing_descendant(agent.id()) {
                 if agent.status() == AgentStatus::Idle {
                     return;
                 }
@@ -605,22 +643,29 @@ impl Host {
         }
     }
 
-    /// Whether a resident continuable child has `ancestor` in its live lineage (followed through
-    /// the live agents' headers).
-    fn has_resident_descendant(&self, ancestor: &SessionId) -> bool {
-        self.continuation.resident().iter().any(|child| {
-            let mut next = self.runtime.get(child);
-            // Bounded: a lineage is a chain of live agents, each at a greater depth.
-            for _ in 0..=self.runtime.list().len() {
-                let Some(agent) = next else { return false };
-                match agent.session().header().parent_session.clone() {
-                    Some(parent) if &parent == ancestor => return true,
-                    Some(parent) => next = self.runtime.get(&parent),
-                    None => return false,
-                }
+    /// Whether a resident continuable child that has `ancestor` in its live lineage (followed
+    /// through the live agents' headers) can still make progress — run, settle, announce — on
+    /// its own.
+    fn has_progressing_descendant(&self, ancestor: &SessionId) -> bool {
+        self.continuation
+            .resident()
+            .iter()
+            .any(|child| self.descends_from(child, ancestor) && !self.continuation.awaits_input(child))
+    }
+
+    /// Whether the live agent `child` has `ancestor` in its live lineage.
+    fn descends_from(&self, child: &SessionId, ancestor: &SessionId) -> bool {
+        let mut next = self.runtime.get(child);
+        // Bounded: a lineage is a chain of live agents, each at a greater depth.
+        for _ in 0..=self.runtime.list().len() {
+            let Some(agent) = next else { return false };
+            match agent.session().header().parent_session.clone() {
+                Some(parent) if &parent == ancestor => return true,
+                Some(parent) => next = self.runtime.get(&parent),
+                None => return false,
             }
-            false
-        })
+        }
+        false
     }
 
     /// Whether every job of `owner` has settled and was either reported or had its notice
@@ -646,7 +691,10 @@ impl Host {
     /// Tears the host down: unloads the delegation tools (waiting for foreground runs), drains
     /// the continuable children, shuts the runtime down (disposing every agent, its children and its jobs), shuts the job
     /// registry down, waits for pending lifecycle events and result tasks, drops every
-    /// registration, then flushes every session log to stable storage.
+    /// registration, then flushes the log of every session this host published (created,
+    /// forked or resumed) to stable storage — only those: other logs in the store directory
+    /// (another process's, or files this store cannot even name) are none of its business.
+    /// Every log is attempted; the failures are reported together.
     pub async fn shutdown(self) -> Result<(), HostError> {
         let Host {
             runtime,
@@ -659,6 +707,7 @@ impl Host {
             plugins,
             control,
             guards,
+            sessions,
             ..
         } = self;
         for plugin in &plugins {
@@ -689,13 +738,25 @@ impl Host {
         subagents.close().await;
         driver.wait().await;
         drop(guards);
-        let persist = |e: agent_loop::StoreError| HostError::Persist {
-            dir: options.store_dir.clone(),
-            reason: e.to_string(),
-        };
-        for summary in store.list().await.map_err(persist)? {
-            store.flush(&summary.id).await.map_err(persist)?;
+        let own = std::mem::take(&mut sessions.lock().order);
+        let mut failures = Vec::new();
+        for id in own {
+            // A session announced but rolled back before its durable commit left nothing in
+            // the store (which then holds no writer for it): there is nothing to flush.
+            if store.sync_count(&id).is_none() {
+                continue;
+            }
+            if let Err(e) = store.flush(&id).await {
+                failures.push(format!("session {id}: {e}"));
+            }
         }
-        Ok(())
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(HostError::Persist {
+                dir: options.store_dir.clone(),
+                reason: failures.join("; "),
+            })
+        }
     }
 }

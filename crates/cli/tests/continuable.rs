@@ -171,3 +171,114 @@ async fn a_continuable_child_settles_takes_a_follow_up_and_is_answered() {
     host.shutdown().await.expect("shutdown");
     assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
 }
+
+/// The coordinator of [`run_turn_returns_when_the_only_child_is_parked_by_an_interrupt`]: it
+/// starts a continuable child, waits (in its model stream) until the child's first turn is
+/// calling the model, sends the child a message (queued behind that turn), interrupts the child
+/// and ends its own turn. The child's model call never ends on its own.
+struct Interrupting {
+    /// Set once the child's first model call has started.
+    child_running: tokio::sync::watch::Sender<bool>,
+}
+
+impl ModelAdapter for Interrupting {
+    fn stream(&self, options: Arc<GenerateOptions>) -> ModelStream {
+        if options.session_id.as_ref().map(SessionId::as_str) != Some("coordinator") {
+            // The child: its first turn stays in its model call until it is cancelled.
+            self.child_running.send_replace(true);
+            return futures::stream::pending().boxed();
+        }
+        let texts = texts(&options);
+        let mentions = |needle: &str| texts.iter().any(|t| t.contains(needle));
+        let child = texts.iter().find_map(|t| {
+            let (_, rest) = t.split_once("started subagent ")?;
+            Some(rest.split('"').next()?.to_owned())
+        });
+        let Some(child) = child else {
+            return futures::stream::iter(chunks::tool_call(
+                "call-1",
+                "subagent",
+                serde_json::json!({"description": "research", "prompt": CHILD_TASK}),
+            ))
+            .map(Ok)
+            .boxed();
+        };
+        let reply = if !mentions("message queued") {
+            chunks::tool_call(
+                "call-2",
+                "send_message",
+                serde_json::json!({"subagent_id": child, "message": FOLLOW_UP}),
+            )
+        } else if !mentions("interrupt requested") {
+            chunks::tool_call(
+                "call-3",
+                "interrupt_agent",
+                serde_json::json!({"agent_id": child}),
+            )
+        } else {
+            chunks::text("stopped the child")
+        };
+        // The message must reach a child that is running (so it is queued behind the turn the
+        // interrupt aborts): wait for the child's model call before answering.
+        let mut running = self.child_running.subscribe();
+        futures::stream::once(async move {
+            running
+                .wait_for(|r| *r)
+                .await
+                .expect("the model outlives its calls");
+            futures::stream::iter(reply.into_iter().map(Ok))
+        })
+        .flatten()
+        .boxed()
+    }
+}
+
+/// A continuable child that the coordinator messaged and then interrupted is left idle with the
+/// message parked (spec §2.14.9: it runs only after a later waking send); it never settles and
+/// announces nothing, so [`Host::run_turn`] must not wait for it: it returns once the
+/// coordinator is idle, and [`Host::shutdown`] releases the parked child. Before the fix
+/// `settle` polled for the resident child for ever (here: the hang guard fired).
+///
+/// spec: CONT-96
+#[tokio::test(start_paused = true)]
+async fn run_turn_returns_when_the_only_child_is_parked_by_an_interrupt() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (child_running, _) = tokio::sync::watch::channel(false);
+    let mut options = HostOptions::new(
+        dir.path(),
+        Arc::new(Interrupting { child_running }),
+        "mock",
+        "mock",
+    );
+    options.continuable = true;
+    let observer = InvariantObserver::shared();
+    options.session_observers.push(observer.clone());
+    let host: Host = build_host(options).expect("the host composes");
+    let coordinator = host
+        .create_agent(SessionId::from("coordinator"))
+        .await
+        .expect("coordinator");
+    // A hang guard only (the clock is paused: nothing here waits for real time).
+    tokio::time::timeout(
+        std::time::Duration::from_secs(3600),
+        host.run_turn(coordinator.agent(), COORDINATOR_TASK),
+    )
+    .await
+    .expect("run_turn does not wait for a child parked by an interrupt")
+    .expect("the turn runs");
+    assert_eq!(
+        Host::last_answer(coordinator.agent().as_ref()).as_deref(),
+        Some("stopped the child")
+    );
+    let resident = host.continuation().resident();
+    assert_eq!(resident.len(), 1, "the interrupted child stays resident");
+    assert!(
+        host.continuation().awaits_input(&resident[0]),
+        "the child is idle with its message parked"
+    );
+    let child = host.runtime().get(&resident[0]).expect("the child is live");
+    assert_eq!(child.inbox().next_turn.len(), 1, "the message is parked, not run");
+    coordinator.dispose().await;
+    host.shutdown().await.expect("shutdown");
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+}

@@ -130,6 +130,11 @@ impl Activation {
         self.accepted.lock().remove(id);
     }
 
+    /// Whether some waking send to this child is accepted but not yet claimed or discarded.
+    pub(crate) fn has_accepted(&self) -> bool {
+        !self.accepted.lock().is_empty()
+    }
+
     pub(crate) fn announce(&self) {
         self.announced.store(true, Ordering::SeqCst);
     }

@@ -256,6 +256,53 @@ impl ContinuationManager {
         self.inner.activations.lock().contains_key(child_id)
     }
 
+    /// Whether the resident child `child_id` can make no progress without new input: its
+    /// disposal has not begun, its agent is idle, and what keeps it resident is only waking work
+    /// parked by an interrupt (accepted but unclaimed, spec §2.14.9: it runs after a later
+    /// waking send) and/or owned children that are all resident and await input themselves
+    /// (checked recursively). Such a child stays resident, announcing nothing, until a waking
+    /// send (a follow-up, a report, a notice) or a drain.
+    ///
+    /// `false` for a child that is not resident, is running, is being disposed (its settlement
+    /// notice is under way), is settled but not yet released (idle with nothing accepted and no
+    /// owned child: its watcher is about to open the disposal that announces it), or owns a
+    /// child in flight (materializing, or released from the live map but not yet disowned: its
+    /// notice is on its way). A host uses it to stop waiting for children that cannot settle
+    /// on their own while still waiting for every one that can.
+    ///
+    /// Read under the admission lock, so a submission's acceptance and its wake are never seen
+    /// apart (an accepted message with the child still idle).
+    pub fn awaits_input(&self, child_id: &SessionId) -> bool {
+        let inner = &self.inner;
+        let _admission = inner.admission.lock();
+        let mut pending = vec![child_id.clone()];
+        let mut seen = std::collections::HashSet::new();
+        while let Some(id) = pending.pop() {
+            if !seen.insert(id.clone()) {
+                continue;
+            }
+            let Some(activation) = inner.activations.lock().get(&id).cloned() else {
+                return false;
+            };
+            if activation.disposal().is_some() {
+                return false;
+            }
+            // The status is host code: a panicking one says nothing, so the child is not
+            // judged stuck.
+            let idle = host_call("the child agent's status", || activation.agent.status())
+                .is_ok_and(|status| status == AgentStatus::Idle);
+            if !idle {
+                return false;
+            }
+            let owned = activation.owned_children();
+            if !activation.has_accepted() && owned.is_empty() {
+                return false;
+            }
+            pending.extend(owned);
+        }
+        true
+    }
+
     /// Starts a continuable child and resolves at the first prompt's inbox acceptance with
     /// `(child id, message id)` (spec §2.14.2).
     ///
