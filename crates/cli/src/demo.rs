@@ -269,6 +269,36 @@ pub struct DemoOutcome {
     pub model_calls: usize,
 }
 
+/// Why the demo did not finish cleanly.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DemoError {
+    /// The host could not be composed, or the coordinator's run failed; `shutdown` is the
+    /// host's shutdown failure when that failed too.
+    #[error("{run}{}", shutdown.as_ref().map(|e| format!("; the host did not shut down cleanly either: {e}")).unwrap_or_default())]
+    Run {
+        /// Why the run failed.
+        run: HostError,
+        /// Why the shutdown after it failed, if it did.
+        shutdown: Option<HostError>,
+    },
+    /// The run finished — `outcome` holds its answer — but the host did not shut down cleanly
+    /// (some session log may not be durable).
+    #[error("the host did not shut down cleanly: {shutdown}")]
+    Shutdown {
+        /// What the finished run produced.
+        outcome: Box<DemoOutcome>,
+        /// Why the shutdown failed.
+        shutdown: HostError,
+    },
+}
+
+impl From<HostError> for DemoError {
+    fn from(run: HostError) -> Self {
+        Self::Run { run, shutdown: None }
+    }
+}
+
 /// The demo before it runs: the coordinator's id, the scripted model and the host options
 /// (adjust them — add session observers, pass a pre-subscribed subagent service — before
 /// [`DemoSetup::build`]).
@@ -326,7 +356,10 @@ pub struct DemoHost {
 impl DemoHost {
     /// Creates the coordinator, runs its two turns (see the module docs) while `sink` hears
     /// every change of the delegation tree, then shuts the host down (every log durable).
-    pub async fn run(self, sink: Option<TreeSink>) -> Result<DemoOutcome, HostError> {
+    ///
+    /// A failed shutdown never hides the run's own failure, nor discards a finished run's
+    /// outcome: both are in the [`DemoError`].
+    pub async fn run(self, sink: Option<TreeSink>) -> Result<DemoOutcome, DemoError> {
         let DemoHost {
             host,
             coordinator,
@@ -341,22 +374,36 @@ impl DemoHost {
         let nodes = tree.nodes();
         drop(listening);
         let shutdown = host.shutdown().await;
-        let answer = outcome?;
-        shutdown?;
-        Ok(DemoOutcome {
+        let answer = match outcome {
+            Ok(answer) => answer,
+            Err(run) => {
+                return Err(DemoError::Run {
+                    run,
+                    shutdown: shutdown.err(),
+                });
+            }
+        };
+        let outcome = DemoOutcome {
             coordinator,
             answer,
             tree: nodes,
             rendered_tree,
             store_dir,
             model_calls: DEMO_SCRIPT_ENTRIES - model.remaining(),
-        })
+        };
+        match shutdown {
+            Ok(()) => Ok(outcome),
+            Err(shutdown) => Err(DemoError::Shutdown {
+                outcome: Box::new(outcome),
+                shutdown,
+            }),
+        }
     }
 }
 
 /// Runs the scripted demo into the store at `store_dir` ([`DemoSetup::new`], then
 /// [`DemoHost::run`]).
-pub async fn run_demo(store_dir: &Path, sink: Option<TreeSink>) -> Result<DemoOutcome, HostError> {
+pub async fn run_demo(store_dir: &Path, sink: Option<TreeSink>) -> Result<DemoOutcome, DemoError> {
     DemoSetup::new(store_dir).build()?.run(sink).await
 }
 

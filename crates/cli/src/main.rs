@@ -19,7 +19,7 @@ use agent_loop::model::{OpenAiCompatible, OpenAiConfig};
 use clap::{Parser, Subcommand};
 use parking_lot::Mutex;
 use subagent_cli::catalog::{check_store_dir, read_catalog};
-use subagent_cli::demo::run_demo;
+use subagent_cli::demo::{DemoError, DemoOutcome, run_demo};
 use subagent_cli::host::{FORK_TOOL, SPAWN_TOOL, read_acp_config};
 use subagent_cli::interrupt::{Abandoned, TwoStage};
 use subagent_cli::serve::{ServeOptions, serve};
@@ -366,6 +366,7 @@ fn started_line(node: &TreeNode, nodes: &[TreeNode]) -> String {
 }
 
 async fn demo(store: &Path) -> Result<(), CliError> {
+    log_warnings_to_stderr();
     outln!("subagent demo — a scripted coordinator on the embedded defaults (no network, no keys)")?;
     outln!(
         "providers: spawn (tool `{SPAWN_TOOL}`, fresh child) and fork (tool `{FORK_TOOL}`, inherits the conversation); \
@@ -373,9 +374,25 @@ async fn demo(store: &Path) -> Result<(), CliError> {
         store.display()
     )?;
     outln!()?;
-    let outcome = run_demo(store, Some(tree_printer(false)))
-        .await
-        .map_err(|e| CliError::Run(format!("the demo failed: {e}")))?;
+    let (outcome, shutdown) = match run_demo(store, Some(tree_printer(false))).await {
+        Ok(outcome) => (outcome, None),
+        // The run finished: its answer is printed, then the shutdown's failure reported.
+        Err(DemoError::Shutdown { outcome, shutdown }) => (*outcome, Some(shutdown)),
+        Err(e) => return Err(CliError::Run(format!("the demo failed: {e}"))),
+    };
+    let printed = print_demo_outcome(store, &outcome);
+    match shutdown {
+        // The failure is the news: a closed stdout must not hide it.
+        Some(e) => Err(CliError::Run(format!(
+            "the demo's host did not shut down cleanly: {e}"
+        ))),
+        None => printed,
+    }
+}
+
+/// The demo's closing output: the tree (when stdout is no terminal), the answer, where the logs
+/// are.
+fn print_demo_outcome(store: &Path, outcome: &DemoOutcome) -> Result<(), CliError> {
     outln!()?;
     if !std::io::stdout().is_terminal() {
         // On a terminal the live tree above is already the final one.
@@ -433,6 +450,7 @@ async fn run(
     store: &Path,
     task: &str,
 ) -> Result<(), CliError> {
+    log_warnings_to_stderr();
     let (base_url, model) = settings.required()?;
     if task.trim().is_empty() {
         return Err(CliError::EmptyTask);
@@ -506,8 +524,18 @@ async fn run(
         .run(graceful, || errln!("{FIRST_INTERRUPT}"))
         .await
         .map_err(|Abandoned| CliError::Interrupted)?;
-    let (answer, failure) = outcome.map_err(|e| CliError::Run(e.to_string()))?;
-    shutdown.map_err(|e| CliError::Run(e.to_string()))?;
+    // A failed shutdown is reported with whatever else failed, never instead of it, and never
+    // keeps a finished answer from being printed.
+    let shutdown = shutdown
+        .err()
+        .map(|e| format!("the host did not shut down cleanly: {e}"));
+    let (answer, failure) = match outcome {
+        Ok(finished) => finished,
+        Err(e) => {
+            let failures: Vec<String> = std::iter::once(e.to_string()).chain(shutdown).collect();
+            return Err(CliError::Run(failures.join("; ")));
+        }
+    };
     errln!(
         "{}",
         single_line(&format!("session logs: {} (coordinator {id})", store.display()))
@@ -516,12 +544,17 @@ async fn run(
     // is the product, meant for other programs); on a terminal, control and bidirectional
     // characters in it are shown as visible escapes (see `final_answer`).
     let terminal = std::io::stdout().is_terminal();
-    if let Some(failure) = failure {
+    let failures: Vec<String> = failure
+        .map(|failure| format!("the coordinator's turn {failure}"))
+        .into_iter()
+        .chain(shutdown)
+        .collect();
+    if !failures.is_empty() {
         if let Some(answer) = &answer {
             // The failure below is the news: a closed stdout must not hide it.
             let _ = outln!("{}", final_answer(answer, terminal));
         }
-        return Err(CliError::Run(format!("the coordinator's turn {failure}")));
+        return Err(CliError::Run(failures.join("; ")));
     }
     outln!("{}", final_answer(&answer.unwrap_or_default(), terminal))?;
     Ok(())
@@ -532,20 +565,7 @@ async fn acp(settings: &ModelArgs, store: &Path) -> Result<(), CliError> {
     let (base_url, model) = settings.required()?;
     // Stdout carries the protocol; warnings (an ignored MCP server, a host that failed to shut
     // down) go to stderr, which ACP clients keep as the agent's log.
-    // The protocol library's own warnings repeat every error response already sent to the
-    // client; only its errors are kept.
-    {
-        use tracing_subscriber::layer::SubscriberExt as _;
-        let filter = tracing_subscriber::filter::Targets::new()
-            .with_default(tracing::Level::WARN)
-            .with_target("agent_client_protocol", tracing::Level::ERROR);
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(std::io::stderr)
-            .with_ansi(false)
-            .finish()
-            .with(filter);
-        let _ = tracing::subscriber::set_global_default(subscriber);
-    }
+    log_warnings_to_stderr();
     let adapter = settings.adapter(base_url, &model)?;
     let store_dir = std::path::absolute(store).map_err(|e| CliError::Io {
         context: format!("cannot resolve the store directory {}", store.display()),
@@ -561,6 +581,25 @@ async fn acp(settings: &ModelArgs, store: &Path) -> Result<(), CliError> {
         session_observers: Vec::new(),
     };
     serve(options, tokio::io::stdin(), tokio::io::stdout()).await
+}
+
+/// Sends warnings and errors to stderr (`run`, `demo`, `acp`), so failures that are only logged —
+/// a teardown step that failed while the host shut down, a settlement notice that could not be
+/// delivered — are seen. The protocol library's own warnings (an ACP provider's, or `acp`'s
+/// server side) repeat every error response already sent to the peer; only its errors are
+/// kept. Installing twice is a no-op.
+fn log_warnings_to_stderr() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let filter = tracing_subscriber::filter::Targets::new()
+        .with_default(tracing::Level::WARN)
+        .with_target("agent_client_protocol", tracing::Level::ERROR);
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .finish()
+        .with(filter);
+    // Fails only when a subscriber is already installed, which then keeps reporting.
+    let _ = tracing::subscriber::set_global_default(subscriber);
 }
 
 /// The failure of the agent's last turn, if it did not complete.

@@ -38,6 +38,8 @@ fn demo_into(dir: &Path) -> String {
     let out = subagent(&["demo", "--store", dir.to_str().expect("utf-8 path")]);
     let text = stdout(&out);
     assert!(out.status.success(), "demo failed: {}\n{text}", stderr(&out));
+    // A clean run logs nothing: the warnings subscriber `demo` installs stays quiet.
+    assert_eq!(stderr(&out), "", "a clean demo writes nothing on stderr");
     assert!(text.contains("spawn \"survey the crates\""), "{text}");
     assert!(text.contains("fork \"review the briefing\""), "{text}");
     assert!(text.contains("background job subagent-1"), "{text}");

@@ -201,3 +201,52 @@ async fn demo_host_runs_clean_under_the_online_checks() {
     assert_eq!(children, 4, "{}", outcome.rendered_tree);
     assert!(invariants::check_store(dir.path()).expect("store").is_clean());
 }
+
+/// Moves the store directory away and puts a file in its place at the first event any session
+/// commits, so that every later log write fails.
+struct BlockStore {
+    store: std::path::PathBuf,
+    moved: std::path::PathBuf,
+    done: std::sync::atomic::AtomicBool,
+}
+
+impl agent::SessionObserver for BlockStore {
+    fn committed(&self, _: &agent::Session, _: &Arc<agent::SessionEvent>) {
+        if !self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            std::fs::rename(&self.store, &self.moved).expect("the store moves away");
+            std::fs::write(&self.store, "not a directory").expect("a file takes its place");
+        }
+    }
+}
+
+/// A demo whose logs cannot be made durable still finishes its run: the shutdown's failure comes
+/// with the finished outcome (its answer included), never instead of it. Before the fix the
+/// outcome was dropped and only the shutdown's error returned.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_failed_shutdown_keeps_the_finished_outcome() {
+    use subagent_cli::demo::{DemoError, DemoSetup};
+
+    let root = tempfile::tempdir().expect("temp dir");
+    let store = root.path().join("store");
+    let mut setup = DemoSetup::new(&store);
+    setup.options.session_observers.push(Arc::new(BlockStore {
+        store: store.clone(),
+        moved: root.path().join("moved"),
+        done: Default::default(),
+    }));
+    let demo = setup.build().expect("the host composes");
+    match demo.run(None).await {
+        Err(DemoError::Shutdown { outcome, shutdown }) => {
+            assert!(
+                outcome.answer.starts_with("Here is the briefing, reviewed."),
+                "{}",
+                outcome.answer
+            );
+            assert!(
+                matches!(shutdown, subagent_cli::host::HostError::Persist { .. }),
+                "{shutdown:?}"
+            );
+        }
+        other => panic!("expected a finished run with a failed shutdown, got {other:?}"),
+    }
+}

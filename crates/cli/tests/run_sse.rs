@@ -273,3 +273,58 @@ fn run_delegates_to_an_acp_agent_configured_with_acp_config() {
         String::from_utf8_lossy(&check.stdout)
     );
 }
+
+/// A run that finishes but whose host cannot make every log durable: the answer is still
+/// printed on stdout, and the shutdown's failure is reported on stderr with exit code 2. The
+/// server replaces the store directory by a file when the coordinator's first request arrives,
+/// so the logs' writes fail (each a warning on stderr) and so does the shutdown's flush. Before
+/// the fix the shutdown's failure was returned before the answer was printed (stdout stayed
+/// empty), and `run` installed no log subscriber, so the writers' warnings went nowhere.
+#[test]
+fn run_prints_the_answer_and_then_reports_a_failed_shutdown() {
+    let root = tempfile::tempdir().expect("root");
+    let store = root.path().join("store");
+    let workspace = root.path().join("workspace");
+    std::fs::create_dir(&workspace).expect("mkdir");
+    std::fs::write(workspace.join("Cargo.toml"), "[package]\nname = \"demo\"\n").expect("write");
+    std::fs::write(workspace.join("README.md"), "# demo\n").expect("write");
+    std::fs::create_dir(workspace.join("src")).expect("mkdir");
+    let (moved_store, blocked_store) = (root.path().join("moved"), store.clone());
+    let (base, _exchanges) = support::sse::serve(move |body| {
+        let name = route(body);
+        if name == "coordinator_delegates.sse" && blocked_store.is_dir() {
+            std::fs::rename(&blocked_store, &moved_store).expect("the store moves away");
+            std::fs::write(&blocked_store, "not a directory").expect("a file takes its place");
+        }
+        (name, support::sse::recording(name))
+    });
+
+    let out = Command::new(env!("CARGO_BIN_EXE_subagent"))
+        .current_dir(&workspace)
+        .env_remove("SUBAGENT_BASE_URL")
+        .env_remove("SUBAGENT_API_KEY")
+        .env("SUBAGENT_MODEL", "gpt-4o-mini")
+        .args(["run", "--base-url", &base, "--store"])
+        .arg(&store)
+        .arg("What is in this workspace? Delegate the listing.")
+        .output()
+        .expect("the binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stdout.trim_end(),
+        "The subagent reports: the workspace holds Cargo.toml, README.md and src/, and Cargo.toml is the manifest.",
+        "the finished answer is printed\nstderr:\n{stderr}"
+    );
+    assert_eq!(out.status.code(), Some(2), "stderr:\n{stderr}");
+    let last = stderr.lines().last().expect("an error line");
+    assert!(
+        last.starts_with("subagent: the host did not shut down cleanly: cannot persist session logs"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("WARN") && stderr.contains("session log write failed"),
+        "the failed writes' warnings reach stderr: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
