@@ -222,15 +222,34 @@ impl PreStepInterceptor for StepLimit {
 /// Reads an ACP provider configuration ([`HostOptions::acp`]) from a JSON file with the spec's
 /// key names, e.g. `{"command": "my-acp-agent", "args": ["--stdio"], "permission": "reject"}`.
 /// Unknown keys are refused, so a misspelt key is never silently ignored. Only reads and parses:
-/// the configuration is validated when [`build_host`] loads it.
+/// the configuration is validated when [`build_host`] loads it. Only a regular file of at most
+/// [`MAX_ACP_CONFIG_BYTES`] is read: a FIFO would block the program, a device (`/dev/zero`) or
+/// a huge file exhaust its memory, so both are refused with the reason.
 pub fn read_acp_config(path: &Path) -> Result<subagent_acp::AcpConfig, crate::CliError> {
+    use std::io::Read as _;
     let failed = |reason: String| crate::CliError::AcpConfig {
         path: path.to_owned(),
         reason,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| failed(e.to_string()))?;
+    let meta = std::fs::metadata(path).map_err(|e| failed(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(failed("not a regular file".to_owned()));
+    }
+    let file = std::fs::File::open(path).map_err(|e| failed(e.to_string()))?;
+    let mut text = String::new();
+    file.take(MAX_ACP_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| failed(e.to_string()))?;
+    if text.len() as u64 > MAX_ACP_CONFIG_BYTES {
+        return Err(failed(format!(
+            "larger than {MAX_ACP_CONFIG_BYTES} bytes; an ACP configuration is a few lines"
+        )));
+    }
     serde_json::from_str(&text).map_err(|e| failed(e.to_string()))
 }
+
+/// The largest ACP configuration file [`read_acp_config`] reads: 1 MiB.
+pub const MAX_ACP_CONFIG_BYTES: u64 = 1 << 20;
 
 /// Why the host could not be composed or driven.
 #[derive(Debug, thiserror::Error)]

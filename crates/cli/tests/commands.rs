@@ -239,8 +239,8 @@ fn run_without_model_settings_is_one_line_error() {
     );
 }
 
-/// A missing, malformed or misspelt `--acp-config` file is one user error naming the file,
-/// before any store, host or model is touched.
+/// A missing, malformed, misspelt, oversized or non-regular `--acp-config` file is one user
+/// error naming the file, before any store, host or model is touched.
 #[test]
 fn run_with_a_bad_acp_config_is_one_line_error() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -282,6 +282,16 @@ fn run_with_a_bad_acp_config_is_one_line_error() {
         assert_user_error(&out, needle);
         assert!(stderr(&out).contains(name), "the file is named: {}", stderr(&out));
     }
+    // Not a regular file (a directory; on Unix a device, whose endless bytes would exhaust
+    // memory), or a file far larger than any configuration: refused, not read.
+    assert_user_error(&run(dir.path()), "not a regular file");
+    #[cfg(unix)]
+    assert_user_error(&run(Path::new("/dev/zero")), "not a regular file");
+    let huge = dir.path().join("huge.json");
+    let file = std::fs::File::create(&huge).expect("create");
+    file.set_len(subagent_cli::host::MAX_ACP_CONFIG_BYTES + 1)
+        .expect("sparse length");
+    assert_user_error(&run(&huge), "larger than");
     assert!(!dir.path().join("store").exists(), "nothing was stored");
 }
 
