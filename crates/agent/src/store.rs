@@ -89,6 +89,11 @@ pub struct LoadedSession {
 ///   thread. Readers race `list`, `inspect` and `load` against their signal, drop them when it
 ///   fires, and run several `load`s at once, so reads must have no effect to undo. Dropping a
 ///   `flush` future abandons the wait, not the sync.
+/// * **Resuming.** Before it publishes a resumed session the runtime calls
+///   [`claim`](SessionPersistence::claim) with the number of events it loaded, so a backend
+///   whose logs have one writer at a time refuses a session another writer holds (or one that
+///   grew since the load) at once, as the resume's error, rather than at a later `flush` after
+///   the resumed agent already ran.
 #[async_trait]
 pub trait SessionPersistence: Send + Sync + 'static {
     /// Records a new session's header.
@@ -108,4 +113,20 @@ pub trait SessionPersistence: Send + Sync + 'static {
 
     /// Loads a stored session.
     async fn load(&self, id: &SessionId) -> Result<LoadedSession, AgentError>;
+
+    /// Makes this persistence the writer of session `id`, loaded with `events` events, before
+    /// a resume publishes it: when it returns `Ok`, appends continuing at seq `events` will be
+    /// accepted (barring I/O failures). A backend that admits one writer per log takes that
+    /// role here — failing if another writer holds it — and fails if the stored log no longer
+    /// holds `events` events (another writer continued it after the load). A failed claim
+    /// leaves the stored log as it was and the session claimable again once the other writer
+    /// lets go. Dropping the future abandons the claim; a claim that completes anyway holds
+    /// the log as an append would.
+    ///
+    /// The default claims nothing and returns `Ok`: right for a backend with no notion of
+    /// competing writers.
+    async fn claim(&self, id: &SessionId, events: u64) -> Result<(), AgentError> {
+        let _ = (id, events);
+        Ok(())
+    }
 }

@@ -229,6 +229,22 @@ enum Race<T> {
     Shutdown,
 }
 
+impl<T> Race<Result<T, AgentError>> {
+    /// The finished step's outcome, or the error that ends creating (or resuming) agent `id`
+    /// when something else won the race.
+    fn outcome(self, id: &SessionId) -> Result<T, AgentError> {
+        match self {
+            Race::Done(out) => out,
+            Race::Caller(cause) => Err(AgentError::CreationAborted {
+                id: id.clone(),
+                cause,
+            }),
+            Race::Owner => Err(AgentError::OwnerDisposed(id.clone())),
+            Race::Shutdown => Err(inactive(id)),
+        }
+    }
+}
+
 impl Runtime {
     /// A builder.
     pub fn builder() -> RuntimeBuilder {
@@ -707,25 +723,24 @@ impl AgentRuntime for Runtime {
             });
         }
         let owner_entry = self.owner_entry(owner.as_ref())?;
-        let loaded = match self
+        let loaded = self
             .race(
                 persistence.load(&session_id),
                 signal.as_ref(),
                 owner_entry.as_ref(),
             )
             .await
-        {
-            Race::Done(loaded) => loaded?,
-            Race::Caller(cause) => {
-                return Err(AgentError::CreationAborted {
-                    id: session_id,
-                    cause,
-                });
-            }
-            Race::Owner => return Err(AgentError::OwnerDisposed(session_id)),
-            Race::Shutdown => return Err(inactive(&session_id)),
-        };
+            .outcome(&session_id)?;
         let persisted = loaded.events.len();
+        // Become the log's writer before anything runs on it: a log another writer holds, or
+        // one that grew since it was read, fails the resume here, not a later flush.
+        self.race(
+            persistence.claim(&session_id, persisted as u64),
+            signal.as_ref(),
+            owner_entry.as_ref(),
+        )
+        .await
+        .outcome(&session_id)?;
         let mut events = loaded.events;
         crate::store::repair_open_turn(&mut events);
         let session = Arc::new(Session::new(loaded.header, Some(events))?);

@@ -758,3 +758,55 @@ async fn a_vetoed_resume_leaves_the_stored_log_unchanged() {
     assert_paired(&log.lock(), "vetoed resume");
     finish(&rt, []).await;
 }
+
+/// A resume of a session whose log another runtime's store is writing fails at once — the
+/// claim finds the log locked — rather than publishing an agent whose appends fail at a later
+/// flush; nothing is live and the log is unchanged. Once the other writer lets go, the same
+/// runtime resumes the session and continues its log.
+#[tokio::test(start_paused = true)]
+async fn a_resume_of_a_log_another_store_writes_fails_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = SessionId::from("a");
+    let model = ScriptedModel::new((0..4).map(|_| chunks::text("ok")));
+    let writing = Arc::new(JsonlStore::new(dir.path()));
+    let rt_writing = builder(&model).persistence(writing.clone()).build();
+    let first = create(&rt_writing, "a").await;
+    first.agent().followup(user("go")).unwrap();
+    first.agent().when_idle().await;
+    first.dispose().await;
+    finish(&rt_writing, []).await;
+    writing.flush(&id).await.unwrap();
+    let path = writing.path_of(&id).unwrap();
+    let before = std::fs::read(&path).unwrap();
+    let stored_before = JsonlStore::new(dir.path()).load(&id).await.unwrap().events.len();
+
+    let resuming = Arc::new(JsonlStore::new(dir.path()));
+    let rt = builder(&model).persistence(resuming.clone()).build();
+    let err = rt
+        .resume(resume_options("a"))
+        .await
+        .expect_err("the log is held by the other store");
+    assert!(
+        matches!(&err, AgentError::Persistence(msg) if msg.contains("locked")),
+        "{err}"
+    );
+    nothing_live(&rt, "a", "refused resume");
+    assert!(
+        std::fs::read(&path).unwrap() == before,
+        "the refused resume wrote to the log"
+    );
+
+    writing.close(&id).await.unwrap();
+    let resumed = rt
+        .resume(resume_options("a"))
+        .await
+        .expect("resumes once the other store let go");
+    resumed.agent().followup(user("again")).unwrap();
+    resumed.agent().when_idle().await;
+    resumed.dispose().await;
+    resuming.flush(&id).await.unwrap();
+    let stored = JsonlStore::new(dir.path()).load(&id).await.unwrap().events;
+    assert!(stored.len() > stored_before, "the resumed turn is stored");
+    assert!(stored.iter().enumerate().all(|(i, e)| e.seq == i as u64));
+    finish(&rt, []).await;
+}

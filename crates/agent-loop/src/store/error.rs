@@ -62,10 +62,27 @@ pub enum StoreError {
         /// The seq the event carried.
         got: u64,
     },
+    /// [`claim`](super::JsonlStore::claim) of a session whose log no longer holds the events
+    /// the caller loaded: another writer continued it after the load. Nothing was written;
+    /// load it again to continue it.
+    #[error(
+        "session `{id}` changed since it was loaded ({loaded} events loaded, {stored} stored now); load it again"
+    )]
+    Changed {
+        /// The session.
+        id: SessionId,
+        /// The number of events the caller loaded.
+        loaded: u64,
+        /// The number of events the log holds now.
+        stored: u64,
+    },
     /// Another writer holds the session's log: a different store instance — in this process
     /// or another — has it open for appending (an advisory lock on the file). Nothing was
-    /// written or repaired. Like an I/O failure it poisons this store's writer for the session
-    /// until [`close`](super::JsonlStore::close); the other writer's log is untouched.
+    /// written or repaired. Met by an append, like an I/O failure it poisons this store's
+    /// writer for the session until [`close`](super::JsonlStore::close); met by a
+    /// [`claim`](super::JsonlStore::claim), which appended nothing, it leaves no writer
+    /// behind, so the session can be claimed again once the other writer lets go. The other
+    /// writer's log is untouched.
     #[error("session `{id}` is being written by another store (its log {} is locked); nothing was written", path.display())]
     Locked {
         /// The session.

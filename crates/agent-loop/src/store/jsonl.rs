@@ -46,7 +46,8 @@ const EXTENSION: &str = "jsonl";
 /// it accepted has been written, else after its writer's last write; a process that exits or
 /// crashes releases it too). Meanwhile another store — in
 /// this process or another — can still read the log, but its writer fails with
-/// [`StoreError::Locked`] (surfacing at its flush) and writes nothing. A log that grew since
+/// [`StoreError::Locked`] (surfacing at its flush, or at once from [`claim`](Self::claim),
+/// which the runtime calls when it resumes a session) and writes nothing. A log that grew since
 /// this store read it (or that had a torn tail when read) is read again under the lock, so
 /// appends continuing the stale reading
 /// fail with [`StoreError::SeqMismatch`] instead of writing a second event with the same seq.
@@ -56,7 +57,8 @@ const EXTENSION: &str = "jsonl";
 /// A torn **last** line (an interrupted write: not well-formed JSON, and either without its
 /// trailing `\n` or holding NUL bytes — blocks a power loss left unwritten) is dropped on load
 /// with a `tracing` warning and reported as [`LoadedSession::repaired`]; the file is only
-/// rewritten by the next append, which first truncates the torn bytes. A damaged line anywhere
+/// rewritten by the next append (or [`claim`](Self::claim)), which first truncates the torn
+/// bytes. A damaged line anywhere
 /// else is [`StoreError::Corrupt`] naming the file and its 1-based line, and so is a NUL-free
 /// last line that ends in `\n`, or one that is well-formed JSON but no valid event: the writer
 /// only hands whole lines to the OS, so no interrupted write leaves one, and it may hold a
@@ -306,6 +308,40 @@ impl JsonlStore {
         })
     }
 
+    /// Makes this store the writer of session `id`, which the caller loaded with `events`
+    /// events, before it continues the session: opens the log for appending now, under its
+    /// advisory lock (cutting a torn tail, as the first append would), so that a log another
+    /// store holds fails here with [`StoreError::Locked`] instead of at a later flush, and a
+    /// log that another writer continued after the load fails with [`StoreError::Changed`].
+    ///
+    /// A claim that fails before this store appended anything to the session leaves no
+    /// writer behind (and the lock released): the session can be loaded and claimed again
+    /// once the other writer lets go. A writer poisoned by an earlier failed append keeps
+    /// its failure (returned here) until [`close`](Self::close).
+    pub async fn claim(&self, id: &SessionId, events: u64) -> Result<(), StoreError> {
+        let path = self.path_of(id)?;
+        let file = {
+            let mut files = self.files.lock();
+            let file = files.entry(id.clone()).or_insert_with(|| {
+                SessionFile::new(
+                    id.clone(),
+                    path,
+                    self.dir.clone(),
+                    Plan::Existing(None),
+                    self.closing.lock().get(id).cloned(),
+                )
+            });
+            Arc::clone(file)
+        };
+        let claimed = file.claim(events).await;
+        if claimed.is_err() && file.accepted_nothing() {
+            // Nothing of the caller's is at stake: forget the writer (releasing the lock if it
+            // took it) so the next load and claim start over.
+            self.close_writer(id, Some(&file)).await.ok();
+        }
+        claimed
+    }
+
     /// Deletes session `id`'s log (after its pending writes, so nothing recreates it).
     pub async fn remove(&self, id: &SessionId) -> Result<(), StoreError> {
         let path = self.path_of(id)?;
@@ -331,8 +367,18 @@ impl JsonlStore {
     /// a dropped `close` future's writer is dropped). No-op for a session this store holds no
     /// state for.
     pub async fn close(&self, id: &SessionId) -> Result<(), StoreError> {
+        self.close_writer(id, None).await
+    }
+
+    /// [`close`](Self::close), of session `id`'s writer only if it is `only` (when given).
+    async fn close_writer(&self, id: &SessionId, only: Option<&Arc<SessionFile>>) -> Result<(), StoreError> {
         let cached = {
             let mut files = self.files.lock();
+            if let Some(only) = only
+                && !files.get(id).is_some_and(|f| Arc::ptr_eq(f, only))
+            {
+                return Ok(());
+            }
             let cached = files.remove(id);
             if let Some(file) = &cached {
                 self.closing.lock().insert(id.clone(), file.latch());

@@ -67,6 +67,10 @@ impl SessionPersistence for JsonlStore {
     async fn load(&self, id: &SessionId) -> Result<agent::store::LoadedSession, AgentError> {
         Ok(spine(JsonlStore::load(self, id).await?))
     }
+
+    async fn claim(&self, id: &SessionId, events: u64) -> Result<(), AgentError> {
+        Ok(JsonlStore::claim(self, id, events).await?)
+    }
 }
 
 /// Delegates to the inherent methods; see [`MemoryStore`].

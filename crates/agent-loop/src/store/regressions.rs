@@ -242,3 +242,86 @@ async fn a_log_of_a_newer_format_version_is_refused_and_left_alone() {
         "nothing appended"
     );
 }
+
+/// A claim takes the log's lock at once: while another store writes the log, a second store
+/// can load it but its claim fails with `Locked`, writes nothing and leaves no poisoned writer
+/// behind — once the first store lets go, the second loads, claims and continues the log.
+#[tokio::test]
+async fn a_claim_of_a_log_another_store_writes_fails_at_once_and_can_be_retried() {
+    let dir = tempfile::tempdir().expect("dir");
+    let id = SessionId::from("s");
+    let all = events("s", 3);
+    let first = JsonlStore::new(dir.path());
+    first.create(&header("s")).expect("create");
+    for ev in &all[..2] {
+        first.append(&id, ev).expect("append");
+    }
+    first.flush(&id).await.expect("flush");
+    let before = fs::read(dir.path().join("s.jsonl")).expect("read");
+
+    let second = JsonlStore::new(dir.path());
+    let loaded = second.load(&id).await.expect("a held log is still readable");
+    assert_eq!(loaded.events.len(), 2);
+    let err = second.claim(&id, 2).await.expect_err("the log is held");
+    assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+    assert_eq!(
+        fs::read(dir.path().join("s.jsonl")).expect("read"),
+        before,
+        "nothing written"
+    );
+    // No writer poisoned by the failed claim: loading still works.
+    assert_eq!(second.load(&id).await.expect("loads again").events.len(), 2);
+
+    first.close(&id).await.expect("close");
+    second
+        .claim(&id, 2)
+        .await
+        .expect("claimed once the first store let go");
+    second.append(&id, &all[2]).expect("append");
+    second.flush(&id).await.expect("flush");
+    // And now the first store is the one refused.
+    let err = first.claim(&id, 3).await.expect_err("held by the second store");
+    assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+    second.close(&id).await.expect("close");
+    let reread = JsonlStore::new(dir.path()).load(&id).await.expect("load");
+    assert_eq!(reread.events, all);
+}
+
+/// A claim with a stale reading — another store continued the log after this one loaded it —
+/// fails with `Changed` naming both lengths, writes nothing and keeps no lock: loading again
+/// and claiming with the new length succeeds.
+#[tokio::test]
+async fn a_claim_after_another_writer_continued_the_log_fails_as_changed() {
+    let dir = tempfile::tempdir().expect("dir");
+    let id = SessionId::from("s");
+    let all = events("s", 3);
+    write_log(dir.path(), "s", &all[..2]).await;
+    let reader = JsonlStore::new(dir.path());
+    assert_eq!(reader.load(&id).await.expect("load").events.len(), 2);
+
+    let other = JsonlStore::new(dir.path());
+    other.load(&id).await.expect("load");
+    other.append(&id, &all[2]).expect("append");
+    other.flush(&id).await.expect("flush");
+    other.close(&id).await.expect("close");
+    let before = fs::read(dir.path().join("s.jsonl")).expect("read");
+
+    match reader.claim(&id, 2).await {
+        Err(StoreError::Changed {
+            loaded: 2, stored: 3, ..
+        }) => {}
+        other => panic!("expected Changed, got {other:?}"),
+    }
+    assert_eq!(
+        fs::read(dir.path().join("s.jsonl")).expect("read"),
+        before,
+        "nothing written"
+    );
+    // The failed claim released the log: a third store can claim it at once.
+    let third = JsonlStore::new(dir.path());
+    third.load(&id).await.expect("load");
+    third.claim(&id, 3).await.expect("not locked");
+    third.close(&id).await.expect("close");
+    assert_eq!(reader.load(&id).await.expect("reload").events.len(), 3);
+    reader.claim(&id, 3).await.expect("claims the fresh reading");
+}

@@ -350,6 +350,37 @@ impl SessionFile {
         self.wait(|p| p.written >= target).await
     }
 
+    /// Opens the log for appending now — taking its lock, reading it again if it changed since
+    /// this store read it, cutting a torn tail — and checks that appends continue at seq
+    /// `events`: [`StoreError::Changed`] if the log (with what this writer accepted) holds a
+    /// different number of events. A writer that already opened the log only checks.
+    pub(crate) async fn claim(self: &Arc<Self>, events: u64) -> Result<(), StoreError> {
+        {
+            let st = self.state.lock();
+            if let Some(err) = &st.failed {
+                return Err(err.clone());
+            }
+            if st.written == 0 {
+                self.kick(st);
+            }
+        }
+        self.wait(|p| p.written >= 1).await?;
+        let st = self.state.lock();
+        if st.next_seq != events {
+            return Err(StoreError::Changed {
+                id: self.id.clone(),
+                loaded: events,
+                stored: st.next_seq,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether this writer was never handed an event line (it at most opened the log).
+    pub(crate) fn accepted_nothing(&self) -> bool {
+        self.state.lock().accepted == 1
+    }
+
     /// Makes every accepted line durable (opening the log if needed); shares the sync with
     /// concurrent callers. A loaded log nothing was appended to is left as it is on disk: its
     /// file is not opened, so a torn last line stays until the next append cuts it.
