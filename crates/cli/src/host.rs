@@ -664,12 +664,18 @@ impl Host {
 
     /// Whether a resident continuable child that has `ancestor` in its live lineage (followed
     /// through the live agents' headers) can still make progress — run, settle, announce — on
-    /// its own.
+    /// its own, or a settled one's notice is still on its way to `ancestor` or one of its
+    /// descendants.
     fn has_progressing_descendant(&self, ancestor: &SessionId) -> bool {
+        let in_tree = |id: &SessionId| id == ancestor || self.descends_from(id, ancestor);
         self.continuation
             .resident()
             .iter()
             .any(|child| self.descends_from(child, ancestor) && !self.continuation.awaits_input(child))
+            // A settled child's notice still on its way to a parent in the tree: it will wake
+            // that parent (read after the resident children — the manager marks the notice
+            // before the child leaves the live map).
+            || self.continuation.notices_under_way().iter().any(in_tree)
     }
 
     /// Whether the live agent `child` has `ancestor` in its live lineage.

@@ -179,6 +179,36 @@ pub(crate) struct Inner {
     admission: parking_lot::ReentrantMutex<()>,
     /// Setup contributions (§2.14.12), installed into every child this manager materializes.
     setup: Arc<setup::SetupRegistry>,
+    /// The parents of settling children between their removal from the live map and the end of
+    /// their notice's delivery (§2.14.6 steps 8–9), once per such child; see
+    /// [`ContinuationManager::notices_under_way`].
+    notices: Mutex<Vec<SessionId>>,
+}
+
+/// Marks a settlement notice as under way toward `parent` until dropped (the delivery ended,
+/// or unwound).
+struct NoticeUnderWay<'a> {
+    notices: &'a Mutex<Vec<SessionId>>,
+    parent: SessionId,
+}
+
+impl<'a> NoticeUnderWay<'a> {
+    fn new(notices: &'a Mutex<Vec<SessionId>>, parent: &SessionId) -> Self {
+        notices.lock().push(parent.clone());
+        Self {
+            notices,
+            parent: parent.clone(),
+        }
+    }
+}
+
+impl Drop for NoticeUnderWay<'_> {
+    fn drop(&mut self) {
+        let mut notices = self.notices.lock();
+        if let Some(i) = notices.iter().position(|p| *p == self.parent) {
+            notices.swap_remove(i);
+        }
+    }
 }
 
 /// The continuation manager (spec §2.14). Cheap to clone (shared).
@@ -225,6 +255,7 @@ impl ContinuationManager {
                 tasks: TaskTracker::new(),
                 admission: parking_lot::ReentrantMutex::new(()),
                 setup: Arc::default(),
+                notices: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -249,6 +280,19 @@ impl ContinuationManager {
     /// The ids of the resident children, in no particular order.
     pub fn resident(&self) -> Vec<SessionId> {
         self.inner.activations.lock().keys().cloned().collect()
+    }
+
+    /// The parents that a settlement notice is on its way to: one entry (repeated per child)
+    /// for each settling child that has already left the live map — so it is no longer in
+    /// [`resident`](Self::resident) — but whose notice has not yet entered the parent's inbox
+    /// (spec §2.14.6 steps 8–9). Once the notice is in, the parent is running (or holds the
+    /// notice for its next step), and the entry is gone.
+    ///
+    /// A host waiting for a tree to go quiet checks this besides the resident children:
+    /// otherwise it can see the parent idle with no resident child in this window and stop
+    /// waiting just before the notice starts the parent's next turn.
+    pub fn notices_under_way(&self) -> Vec<SessionId> {
+        self.inner.notices.lock().clone()
     }
 
     /// Whether `child_id` has a resident Activation.
@@ -1052,6 +1096,10 @@ impl Inner {
             (stop_reason, output)
         };
         // Removal from the live map, then the notice, then the ownership release, then the end.
+        // Marked under way before the removal, so a host never sees the child in neither place.
+        let under_way = activation
+            .is_announced()
+            .then(|| NoticeUnderWay::new(&self.notices, &activation.parent_session));
         {
             let mut map = self.activations.lock();
             if map.get(&child_id).is_some_and(|a| Arc::ptr_eq(a, &activation)) {
@@ -1070,6 +1118,7 @@ impl Inner {
                 tracing::warn!(child = %child_id, error = %e, "settlement notice was not delivered to its parent");
             }
         }
+        drop(under_way);
         self.release_ownership(&child_id);
         if let Some(info) = activation.epoch() {
             self.service

@@ -5072,3 +5072,67 @@ async fn cont_24_a_seam_error_from_resume_propagates_unchanged() {
     assert_eq!(texts(&log.events), vec!["task"]);
     host.finish().await;
 }
+
+/// What [`ObserveNoticeWindow`] saw when the settlement notice entered the parent's log.
+#[derive(Default)]
+struct NoticeWindow {
+    seen: bool,
+    child_resident: bool,
+    under_way: Vec<SessionId>,
+}
+
+/// Records, at the moment a settlement notice's insertion reaches the parent's log (inside the
+/// delivery), whether the child is still resident and which notices the manager reports as
+/// under way.
+struct ObserveNoticeWindow {
+    manager: ContinuationManager,
+    child: SessionId,
+    window: Arc<parking_lot::Mutex<NoticeWindow>>,
+}
+
+impl agent::SessionObserver for ObserveNoticeWindow {
+    fn check(&self, _: &agent::Session, candidate: &SessionEvent) -> Result<(), String> {
+        if let EventData::InboxSpliced(splice) = &candidate.data
+            && splice
+                .inserted
+                .iter()
+                .any(|m| m.source.kind() == "subagent-settled")
+        {
+            let mut w = self.window.lock();
+            w.seen = true;
+            w.child_resident = self.manager.is_resident(&self.child);
+            w.under_way = self.manager.notices_under_way();
+        }
+        Ok(())
+    }
+}
+
+/// A settling child leaves the live map before its notice reaches the parent (spec §2.14.6
+/// steps 8–9); meanwhile the manager reports the notice as under way to that parent, so a host
+/// waiting for the tree to go quiet never sees it idle with nothing pending in that window.
+/// Afterwards nothing is reported under way.
+#[tokio::test(start_paused = true)]
+async fn a_notice_between_the_live_map_and_the_parent_is_reported_under_way() {
+    let host = Host::new(vec![chunks::text("the answer").into()]).await;
+    let child_id = SessionId::from("settling");
+    let window = Arc::new(parking_lot::Mutex::new(NoticeWindow::default()));
+    host.parent.session().add_observer(Arc::new(ObserveNoticeWindow {
+        manager: host.manager.clone(),
+        child: child_id.clone(),
+        window: window.clone(),
+    }));
+    let mut spec = host.spec("task");
+    spec.child_id = Some(child_id.clone());
+    host.manager.start_continuable(spec).await.unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    {
+        let w = window.lock();
+        assert!(w.seen, "the notice was delivered");
+        assert!(!w.child_resident, "the child left the live map before its notice");
+        assert_eq!(w.under_way, vec![host.parent.id().clone()]);
+    }
+    assert!(host.manager.notices_under_way().is_empty());
+    assert_eq!(notices(&host.parent).len(), 1);
+    host.finish().await;
+}
