@@ -260,14 +260,15 @@ impl JsonlStore {
     pub async fn inspect(&self, id: &SessionId) -> Result<SessionHeader, StoreError> {
         let path = self.path_of(id)?;
         if let Some(file) = self.cached(id) {
-            file.settle().await?;
+            settle_for_reading(&file).await;
         }
         let id = id.clone();
         blocking(path.clone(), move || read_header(&path, &id)).await
     }
 
     /// The header and every intact event of session `id`, after every accepted append reached
-    /// the file. A torn last line is dropped (with a warning) and reported as `repaired`; the
+    /// the file (or this store's writer failed: a poisoned writer keeps its failure for `flush`
+    /// and [`claim`](Self::claim), and the log is read as it is on disk). A torn last line is dropped (with a warning) and reported as `repaired`; the
     /// file is not modified. The store remembers the log's length, so appends can continue it:
     /// loading again a session this store has only read so far (another store may have
     /// continued it meanwhile) updates what it remembers, so the next append continues the log
@@ -276,7 +277,7 @@ impl JsonlStore {
         let path = self.path_of(id)?;
         let cached = self.cached(id);
         if let Some(file) = &cached {
-            file.settle().await?;
+            settle_for_reading(file).await;
         }
         let read_id = id.clone();
         let parsed = blocking(path.clone(), move || read_log(&path, &read_id)).await?;
@@ -435,6 +436,15 @@ impl Drop for Closing<'_> {
         if closing.get(self.id).is_some_and(|l| Arc::ptr_eq(l, &self.latch)) {
             closing.remove(self.id);
         }
+    }
+}
+
+/// Waits until what `file` accepted is written, so a read sees it. A writer that failed (before
+/// or during the wait) keeps its failure for `flush` and `claim`; a reader reads the log as the
+/// failure left it rather than failing too.
+async fn settle_for_reading(file: &Arc<SessionFile>) {
+    if let Err(e) = file.settle().await {
+        tracing::debug!(error = %e, "reading a session log whose writer in this store failed");
     }
 }
 

@@ -325,3 +325,44 @@ async fn a_claim_after_another_writer_continued_the_log_fails_as_changed() {
     assert_eq!(reader.load(&id).await.expect("reload").events.len(), 3);
     reader.claim(&id, 3).await.expect("claims the fresh reading");
 }
+
+/// A writer poisoned by a failed append (here: the log is locked by another store) keeps its
+/// failure for `flush` and `claim` until `close`, but does not stop this store from reading the
+/// log: `load` and `inspect` return what is on disk.
+#[tokio::test]
+async fn a_poisoned_writer_fails_flush_and_claim_but_not_reads() {
+    let dir = tempfile::tempdir().expect("dir");
+    let id = SessionId::from("s");
+    let all = events("s", 3);
+    let holder = JsonlStore::new(dir.path());
+    holder.create(&header("s")).expect("create");
+    for ev in &all[..2] {
+        holder.append(&id, ev).expect("append");
+    }
+    holder.flush(&id).await.expect("flush");
+
+    let other = JsonlStore::new(dir.path());
+    other.load(&id).await.expect("load");
+    other.append(&id, &all[2]).expect("accepted, written later");
+    let err = other.flush(&id).await.expect_err("the log is held");
+    assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+
+    let loaded = other
+        .load(&id)
+        .await
+        .expect("a poisoned writer does not fail reads");
+    assert_eq!(loaded.events, all[..2].to_vec());
+    assert_eq!(other.inspect(&id).await.expect("inspect"), header("s"));
+    // The lost append is still reported, by flush and by claim.
+    assert!(matches!(other.flush(&id).await, Err(StoreError::Locked { .. })));
+    assert!(matches!(
+        other.claim(&id, 2).await,
+        Err(StoreError::Locked { .. })
+    ));
+    // `close` clears it, returning the failure.
+    assert!(matches!(other.close(&id).await, Err(StoreError::Locked { .. })));
+    holder.close(&id).await.expect("close");
+    other.load(&id).await.expect("load");
+    other.claim(&id, 2).await.expect("claims after the holder let go");
+    other.close(&id).await.expect("close");
+}
