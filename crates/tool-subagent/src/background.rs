@@ -4,7 +4,10 @@
 //! The job is registered synchronously; the registry runs its preflight (owner, controller,
 //! capacity) **before** the starter, so a refused job never reaches the provider. The starter
 //! gives the run its **own** cancellation token — once the job id is returned, the tool call's
-//! token no longer owns the child; only `job_kill` (or owner disposal) cancels it.
+//! token no longer owns the child; only `job_kill` (or owner disposal) cancels it. The starter
+//! also begins the start (see `foreground::begin_start`), so the start's synchronous prefix —
+//! the delegated policy capture among it — happens at the call, not when the registry's task
+//! first polls the job.
 
 use std::sync::Arc;
 
@@ -18,7 +21,7 @@ use subagent::service::StartError;
 use subagent::service::SubagentService;
 use subagent::{RunOutcome, SubagentErrorCode, error_chain, settle_run};
 
-use crate::foreground::{RunCall, contained, run_result, seam_error};
+use crate::foreground::{RunCall, begin_start, contained, run_result, seam_error};
 use crate::model_text;
 use crate::value::DelegationValue;
 
@@ -49,11 +52,17 @@ pub(crate) fn start(
                         reason: reason.unwrap_or_else(|| model_text::DEFAULT_KILL_REASON.to_owned()),
                     });
                 }),
-                done: async move {
-                    let started = subagents.start(&provider, request).await;
-                    JobOutcome::from(settle_start(&provider, started, &own).await)
-                }
-                .boxed(),
+                // Begun here, inside the starter (after the registry's preflight), not when the
+                // registry first polls `done`: the start's synchronous prefix (the delegated
+                // policy capture among it) belongs to the call.
+                done: {
+                    let starting = begin_start(subagents, provider.clone(), request);
+                    async move {
+                        let started = starting.await;
+                        JobOutcome::from(settle_start(&provider, started, &own).await)
+                    }
+                    .boxed()
+                },
             }
         }),
     };

@@ -5,8 +5,10 @@
 use std::any::Any;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::task::{Context, Poll, Waker};
 
 use futures::FutureExt;
+use futures::future::BoxFuture;
 use subagent::agent::bus::panic_message;
 use subagent::agent::tools::{ToolError, codes};
 use subagent::provider::SubagentStartRequest;
@@ -18,10 +20,42 @@ use subagent::{SubagentError, SubagentResult, cap_diagnostic, error_chain};
 use crate::model_text;
 use crate::value::DelegationValue;
 
-/// Runs one foreground delegation on provider `provider`. `request.signal` is a child of the
-/// call's token: it is the provider's cancellation channel during startup and for the published
-/// run, cancelled with the call's token and also when the call is abandoned (its body dropped
-/// before this future answered).
+/// A start on the subagent service that has already begun: see [`begin_start`].
+pub(crate) type Starting = BoxFuture<'static, Result<Box<dyn SubagentRun>, StartError>>;
+
+/// Begins `subagents.start(provider, request)` **now**: its future is polled once, here, so
+/// that the start's synchronous prefix — the service's checks and the provider's own
+/// synchronous start, where an in-process provider resolves the child's depth and captures the
+/// parent's delegated policy (`subagent-seam.md` §2.15, "before the start's first suspension
+/// point") — runs at the tool call, and a parent policy switch made after the call returns (or
+/// while the rest of the start waits for a task) never reaches the child. The returned future,
+/// awaited on a task, finishes the start.
+///
+/// The first poll uses a no-op waker; the task that awaits the future polls it again with its
+/// own. A panic during that poll (the service contains the provider's) is a `PROVIDER_FAILED`
+/// rejection, as the service words a provider panic.
+pub(crate) fn begin_start(
+    subagents: SubagentService,
+    provider: String,
+    request: SubagentStartRequest,
+) -> Starting {
+    let name = provider.clone();
+    let mut starting: Starting = async move { subagents.start(&provider, request).await }.boxed();
+    let mut cx = Context::from_waker(Waker::noop());
+    match catch_unwind(AssertUnwindSafe(|| starting.as_mut().poll(&mut cx))) {
+        Ok(Poll::Pending) => starting,
+        Ok(Poll::Ready(started)) => futures::future::ready(started).boxed(),
+        Err(payload) => {
+            let error = SubagentError::provider_panicked(Some(&name), "start", &panic_message(&*payload));
+            futures::future::ready(Err(StartError::Subagent(error))).boxed()
+        }
+    }
+}
+
+/// Runs one foreground delegation on provider `provider`, whose start `starting` has begun
+/// ([`begin_start`]). The request's signal is a child of the call's token: it is the provider's
+/// cancellation channel during startup and for the published run, cancelled with the call's
+/// token and also when the call is abandoned (its body dropped before this future answered).
 ///
 /// * A start rejection becomes `Error: <message>`; there is nothing to dispose.
 /// * Otherwise the result and the disposal are awaited in that order, each outcome captured
@@ -36,12 +70,8 @@ use crate::value::DelegationValue;
 ///   ([`model_text::result_and_dispose_failed`]); only the disposal failed (even after
 ///   `completed`) → the disposal error.
 /// * `structured` output is never requested and is ignored.
-pub(crate) async fn run(
-    subagents: SubagentService,
-    provider: String,
-    request: SubagentStartRequest,
-) -> Result<DelegationValue, ToolError> {
-    let run = subagents.start(&provider, request).await.map_err(start_failure)?;
+pub(crate) async fn run(provider: String, starting: Starting) -> Result<DelegationValue, ToolError> {
+    let run = starting.await.map_err(start_failure)?;
     let result = run_result(&provider, run.as_ref()).await;
     let disposal = contained(&provider, RunCall::Dispose, || run.dispose()).await;
     let outcome = match result {

@@ -171,9 +171,10 @@ impl ToolHandler for DelegationTool {
                 let signal = ctx.signal.child();
                 let abandon = abandon_guard(&signal, model_text::CALL_ABANDONED_REASON);
                 let request = inv.request(&args, parent, signal);
-                let task = inv
-                    .tracker
-                    .spawn(foreground::run(inv.subagents.clone(), provider, request));
+                // Begun here, not on the task: the start's synchronous prefix (the delegated
+                // policy capture among it) belongs to the call.
+                let starting = foreground::begin_start(inv.subagents.clone(), provider.clone(), request);
+                let task = inv.tracker.spawn(foreground::run(provider, starting));
                 let joined = task.await;
                 abandon.disarm();
                 joined.map_err(|join| task_failure(join, model_text::foreground_task_failed))??
