@@ -155,7 +155,18 @@ fn position_text(position: Option<(&str, usize)>) -> String {
 
 /// One listed child: `<id> [<status>] — <label>`, with ` parent=<id> depth=<n>` before the
 /// dash when the entry has a position (scope `descendants`).
+///
+/// The listing is one line per entry, and a label is the delegating model's free text: each
+/// line break in it (`\n`, `\r`, vertical tab, form feed, NEL, U+2028, U+2029) is rendered as
+/// a space, so a label can neither split its entry nor forge another.
 pub fn child_line(id: &str, status: &str, position: Option<(&str, usize)>, label: &str) -> String {
+    let label: String = label
+        .chars()
+        .map(|c| match c {
+            '\n' | '\r' | '\u{b}' | '\u{c}' | '\u{85}' | '\u{2028}' | '\u{2029}' => ' ',
+            c => c,
+        })
+        .collect();
     format!("{id} [{status}]{} — {label}", position_text(position))
 }
 
