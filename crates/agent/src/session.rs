@@ -70,6 +70,15 @@ pub enum LogError {
     /// An append was attempted from inside an observer of another append.
     #[error("session append cannot reenter while another append is being published")]
     Reentrant,
+    /// An observer refused to watch the session, given its log as it stands when a store enters
+    /// it (its seed): see [`SessionObserver::attach`].
+    #[error("session `{session}` was refused by an observer of its store: {reason}")]
+    Refused {
+        /// The session.
+        session: SessionId,
+        /// The observer's reason.
+        reason: String,
+    },
     /// A pre-commit observer vetoed the append.
     #[error("session append of `{kind}` was vetoed: {reason}")]
     Vetoed {
@@ -99,6 +108,17 @@ pub enum LogError {
 /// * **Ownership.** The session holds its observers for its whole life (a later
 ///   [`Session::publish`] replaces the list); leaving a store does not remove them.
 pub trait SessionObserver: Send + Sync + 'static {
+    /// Called once when a store enters `session` with this observer among its observers,
+    /// before the session is published and before any append reaches
+    /// [`check`](Self::check): an observer that keeps state per session builds it here from the
+    /// session's log as it stands (a seed, a resumed log). `Err(reason)` (or a panic) refuses the
+    /// session: entering it fails with [`LogError::Refused`] and its creation or resumption
+    /// rolls back. Default: accept.
+    fn attach(&self, session: &Session) -> Result<(), String> {
+        let _ = session;
+        Ok(())
+    }
+
     /// Pre-commit check. `Err(reason)` (or a panic) vetoes the append; the log and every
     /// observer's state stay unchanged. Default: accept.
     fn check(&self, session: &Session, candidate: &SessionEvent) -> Result<(), String> {

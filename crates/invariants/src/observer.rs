@@ -28,8 +28,9 @@ struct Tracked {
 ///   observer failing after the commit does not stop the transition.
 ///
 /// One observer serves any number of sessions; state is kept per session id. A session is
-/// primed from its current log by [`InvariantObserver::prime`] (call it when the session is
-/// created, so a bad seed fails creation) or lazily at its first check. Lazy priming that finds
+/// primed from its current log when a store enters it ([`SessionObserver::attach`]: a bad seed
+/// fails the creation), by [`InvariantObserver::prime`], or lazily at its first check (a
+/// session published without a store). Lazy priming that finds
 /// violations in the existing log vetoes that first append and then carries on from the
 /// resynchronised state. A candidate that continues its session's log but not the state kept
 /// under that id (the id now names another session object: resumed, or created again after a
@@ -141,6 +142,12 @@ impl InvariantObserver {
 }
 
 impl SessionObserver for InvariantObserver {
+    /// Primes the session from its log as the store enters it (providers §6.3 (2)): a seed or
+    /// resumed log that breaks a rule refuses the session, so its creation fails.
+    fn attach(&self, session: &Session) -> Result<(), String> {
+        self.prime(session).map_err(|violations| reason(&violations))
+    }
+
     fn check(&self, session: &Session, candidate: &SessionEvent) -> Result<(), String> {
         let mut state = self.lock();
         let state = &mut *state;

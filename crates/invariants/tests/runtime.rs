@@ -384,3 +384,84 @@ async fn an_unlogged_prefix_fails_the_turn_on_the_real_runtime() {
     handle.dispose().await;
     runtime.shutdown().await;
 }
+
+/// spec: ISES-153 — on the real runtime: with the checker among the store's observers, a seed
+/// that breaks a session rule makes the creation itself fail (the checker primes the session as
+/// the store enters it), with nothing left live; a valid seed creates its agent, and the two
+/// sessions are tracked independently.
+#[tokio::test(start_paused = true)]
+async fn ises_153_a_bad_seed_fails_the_creation_on_the_runtime() {
+    use agent::{EventData, SessionEvent, TurnEndReason};
+    let event = |seq: u64, data: EventData| SessionEvent {
+        seq,
+        time: 1,
+        data,
+        surface: None,
+        ignorable: false,
+    };
+    let options = |id: &str, seed: Vec<SessionEvent>| CreateAgentOptions {
+        agent_options: AgentOptions {
+            provider: Some(MODEL.into()),
+            model: Some(MODEL.into()),
+            ..AgentOptions::default()
+        },
+        seed: Some(seed),
+        ..CreateAgentOptions::new(SessionId::from(id))
+    };
+    let observer = InvariantObserver::shared();
+    let runtime = Runtime::builder()
+        .model(MODEL, ScriptedModel::new([chunks::text("ok")]).adapter())
+        .session_observer(observer.clone())
+        .build();
+
+    let misnumbered = vec![
+        event(0, EventData::TurnStart { turn: 5 }),
+        event(
+            1,
+            EventData::TurnEnd {
+                turn: 5,
+                reason: TurnEndReason::Completed,
+            },
+        ),
+    ];
+    let err = runtime
+        .create(options("bad", misnumbered))
+        .await
+        .expect_err("a misnumbered seed is refused");
+    match &err {
+        agent::AgentError::Log(agent::LogError::Refused { session, reason }) => {
+            assert_eq!(session.as_str(), "bad");
+            assert!(reason.contains("[S3]"), "{reason}");
+        }
+        other => panic!("expected a refused session, got {other:?}"),
+    }
+    assert!(AgentRuntime::list(&runtime).is_empty());
+    assert!(runtime.sessions().get(&SessionId::from("bad")).is_none());
+
+    let balanced = vec![
+        event(0, EventData::TurnStart { turn: 1 }),
+        event(
+            1,
+            EventData::TurnEnd {
+                turn: 1,
+                reason: TurnEndReason::Completed,
+            },
+        ),
+    ];
+    let good = runtime
+        .create(options("good", balanced))
+        .await
+        .expect("a valid seed creates");
+    good.agent().followup(Message::user_text("go")).expect("accepted");
+    good.agent().when_idle().await;
+    assert_eq!(observer.open_turn(&SessionId::from("good")), None);
+    let found: Vec<String> = observer
+        .violations()
+        .iter()
+        .map(|v| v.session.to_string())
+        .collect();
+    assert!(!found.is_empty() && found.iter().all(|s| s == "bad"), "{found:?}");
+    good.dispose().await;
+    runtime.shutdown().await;
+    agent_loop::runtime::assert_quiescent(&runtime);
+}

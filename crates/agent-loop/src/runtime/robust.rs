@@ -810,3 +810,34 @@ async fn a_resume_of_a_log_another_store_writes_fails_at_once() {
     assert!(stored.iter().enumerate().all(|(i, e)| e.seq == i as u64));
     finish(&rt, []).await;
 }
+
+/// An observer that panics in `attach`.
+struct PanickingAttach;
+
+impl agent::SessionObserver for PanickingAttach {
+    fn attach(&self, _: &Session) -> Result<(), String> {
+        panic!("attach exploded")
+    }
+}
+
+/// A store observer refusing a session as it is entered (here: panicking in `attach`) fails the
+/// creation with `LogError::Refused` naming the panic, and the creation rolls back: nothing is
+/// live, nothing reaches persistence, and the runtime stays usable.
+#[tokio::test(start_paused = true)]
+async fn an_observer_refusing_a_session_at_entry_fails_its_creation() {
+    let model = ScriptedModel::new((0..2).map(|_| chunks::text("ok")));
+    let persistence = Arc::new(MemoryStore::new());
+    let rt = builder(&model)
+        .persistence(persistence.clone())
+        .session_observer(Arc::new(PanickingAttach))
+        .build();
+    let err = rt.create(options("a")).await.expect_err("refused");
+    assert!(
+        matches!(&err, AgentError::Log(agent::LogError::Refused { session, reason })
+            if session.as_str() == "a" && reason.contains("attach exploded")),
+        "{err:?}"
+    );
+    nothing_live(&rt, "a", "refused creation");
+    assert!(!stored(persistence.as_ref(), "a").await);
+    finish(&rt, []).await;
+}

@@ -244,6 +244,25 @@ impl MemorySessionStore {
         session: Arc<Session>,
         persisted: Option<usize>,
     ) -> Result<(Registration, Durability), AgentError> {
+        // Every observer sees the log as it stands before anything is entered: one that cannot
+        // accept it (a seed an invariant checker rejects) fails the entry, which rolls back.
+        let observers_seen = self.inner.observers.read().clone();
+        for observer in &observers_seen {
+            let attached =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| observer.attach(&session)))
+                    .unwrap_or_else(|payload| {
+                        Err(format!(
+                            "the observer panicked: {}",
+                            agent::bus::panic_message(&*payload)
+                        ))
+                    });
+            if let Err(reason) = attached {
+                return Err(AgentError::Log(agent::LogError::Refused {
+                    session: session.id().clone(),
+                    reason,
+                }));
+            }
+        }
         let persist = self.inner.persistence.as_ref().map(|persistence| {
             Arc::new(PersistObserver {
                 persistence: persistence.clone(),
@@ -268,7 +287,7 @@ impl MemorySessionStore {
         if let Some(p) = &persist {
             observers.push(p.clone());
         }
-        observers.extend(self.inner.observers.read().iter().cloned());
+        observers.extend(observers_seen);
         session.publish(observers);
         Ok((
             guard,

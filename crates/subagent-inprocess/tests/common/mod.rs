@@ -78,17 +78,42 @@ impl Host {
         Self::build(script, agent_loop::runtime::RuntimeBuilder::new(), parent_options).await
     }
 
+    /// A host whose runtime has no invariant checker, for tests that need a session log no
+    /// agent loop writes (an ill-formed seed, which the checker refuses as the store enters
+    /// the session). Its `observer` watches nothing.
+    pub async fn unchecked(script: Vec<ScriptEntry>) -> Self {
+        Self::assemble(
+            script,
+            agent_loop::runtime::RuntimeBuilder::new(),
+            routed(),
+            false,
+        )
+        .await
+    }
+
     pub async fn build(
         script: Vec<ScriptEntry>,
         builder: agent_loop::runtime::RuntimeBuilder,
         parent_options: AgentOptions,
     ) -> Self {
+        Self::assemble(script, builder, parent_options, true).await
+    }
+
+    async fn assemble(
+        script: Vec<ScriptEntry>,
+        builder: agent_loop::runtime::RuntimeBuilder,
+        parent_options: AgentOptions,
+        checked: bool,
+    ) -> Self {
         let model = ScriptedModel::new(script);
         let observer = InvariantObserver::shared();
-        let runtime = builder
-            .model(MODEL, model.adapter())
-            .session_observer(observer.clone())
-            .build();
+        let builder = builder.model(MODEL, model.adapter());
+        let builder = if checked {
+            builder.session_observer(observer.clone())
+        } else {
+            builder
+        };
+        let runtime = builder.build();
         let parent_handle = runtime
             .create(CreateAgentOptions {
                 meta: SessionMeta {
