@@ -71,7 +71,8 @@ impl RuleId {
     /// A subagent child records exactly one `subagent/descriptor` in its own suffix, before its
     /// first model request (seam §2.12).
     pub const DESCRIPTOR: Self = Self("DESCRIPTOR");
-    /// A subagent child names its `parentSession`.
+    /// A subagent child names its `parentSession`, and no session's `parentSession` chain in a
+    /// store leads back to it.
     pub const LINEAGE: Self = Self("LINEAGE");
     /// A subagent child's `delegationDepth` is one more than its parent's (seam §2.11).
     pub const DEPTH: Self = Self("DEPTH");
@@ -231,7 +232,7 @@ impl RuleId {
             "HEADER" => "the log starts with a valid session header",
             "SEED" => "a seed is followed by session/end-seed; a subagent child's seed ends with turn/end",
             "DESCRIPTOR" => "a subagent child records one descriptor in its own suffix before its first step",
-            "LINEAGE" => "a subagent child names its parent session",
+            "LINEAGE" => "a subagent child names its parent session; parent chains have no cycle",
             "DEPTH" => "a subagent child's depth is its parent's plus one",
             "FORK-SEED" => "a fork child's seed equals its parent's prefix",
             "DUP-SESSION" => "session ids are unique within a store",

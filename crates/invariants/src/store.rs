@@ -25,6 +25,8 @@ struct Entry {
 ///   are then skipped: the parent would be ambiguous);
 /// * `FILE-ID`: each log's file name is its header's session id (`<id>.jsonl`), the name its
 ///   store loads it by (a store refuses a file whose header names another session);
+/// * `LINEAGE`: no session's `parentSession` chain leads back to it (a session naming itself,
+///   or a cycle of sessions naming each other; each session on the loop is reported);
 /// * `DEPTH`: a subagent child's `delegationDepth` is its parent's plus one;
 /// * `NOTICE-PARENT`: every settlement notice a session received (a message whose source kind is
 ///   `subagent-settled`, logged as a `user/message` or inserted by an inbox splice) names, as its
@@ -97,7 +99,7 @@ pub fn check_store(dir: &Path) -> Result<DirReport, ReadError> {
         }
     }
 
-    let mut relations = Vec::new();
+    let mut relations = lineage_cycles(&entries, &by_id);
     for child in &entries {
         let Some(parent_id) = &child.header.parent_session else {
             continue;
@@ -147,6 +149,79 @@ pub fn check_store(dir: &Path) -> Result<DirReport, ReadError> {
     }
     report.violations.extend(relations);
     Ok(report)
+}
+
+/// The entry a log's `parentSession` names, when both ids are unique in the store (through a
+/// duplicated id the parent would be ambiguous).
+fn parent_of(entries: &[Entry], by_id: &HashMap<&SessionId, Vec<usize>>, child: usize) -> Option<usize> {
+    let entry = &entries[child];
+    let parent = entry.header.parent_session.as_ref()?;
+    match (
+        by_id.get(&entry.header.id).map(Vec::as_slice),
+        by_id.get(parent).map(Vec::as_slice),
+    ) {
+        (Some([_]), Some([parent])) => Some(*parent),
+        _ => None,
+    }
+}
+
+/// `LINEAGE`: no session's `parentSession` chain leads back to it (a parent exists before its
+/// children, so a lineage is a forest). Every session on a loop is reported, in path order.
+///
+/// Each log has at most one parent, so the chains are walked once in all: a session already
+/// walked from an earlier start is not walked again.
+fn lineage_cycles(entries: &[Entry], by_id: &HashMap<&SessionId, Vec<usize>>) -> Vec<Violation> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        New,
+        OnPath,
+        Done,
+    }
+    let mut mark = vec![Mark::New; entries.len()];
+    // For each session on a loop: the loop's length.
+    let mut on_cycle: Vec<Option<usize>> = vec![None; entries.len()];
+    for start in 0..entries.len() {
+        let mut path = Vec::new();
+        let mut at = Some(start);
+        while let Some(i) = at {
+            match mark[i] {
+                Mark::Done => break,
+                Mark::OnPath => {
+                    let from = path.iter().position(|&p| p == i).unwrap_or(0);
+                    let cycle = &path[from..];
+                    for &member in cycle {
+                        on_cycle[member] = Some(cycle.len());
+                    }
+                    break;
+                }
+                Mark::New => {
+                    mark[i] = Mark::OnPath;
+                    path.push(i);
+                    at = parent_of(entries, by_id, i);
+                }
+            }
+        }
+        for i in path {
+            mark[i] = Mark::Done;
+        }
+    }
+    entries
+        .iter()
+        .zip(on_cycle)
+        .filter_map(|(entry, len)| {
+            let len = len?;
+            let id = &entry.header.id;
+            let expected = if len == 1 {
+                format!("a parentSession other than the session itself, but {id} names itself")
+            } else {
+                format!(
+                    "a parentSession chain that does not lead back to the session, but {id}'s parent {} is on a cycle of {len} sessions through {id}",
+                    entry.header.parent_session.as_ref().map_or("", |p| p.as_str())
+                )
+            };
+            Some(Violation::at(id.clone(), None, RuleId::LINEAGE, expected))
+        })
+        .collect()
 }
 
 /// The source kind of the seam's settlement notices (seam §2.14.13).

@@ -289,3 +289,57 @@ fn duplicate_sessions_are_reported_in_path_order() {
         report.violations[0]
     );
 }
+
+/// A `parentSession` chain that leads back to where it started is no lineage any store can
+/// hold: a parent is created before its children. Absent parents stay lenient (a store may be a
+/// subtree), but a session naming itself, or two sessions naming each other, is a `LINEAGE`
+/// finding for every session on the loop — also when no depth rule applies (store forks carry
+/// no `origin: subagent`) and when the logs are otherwise valid.
+#[test]
+fn a_cycle_of_parents_is_a_lineage_violation() {
+    let dir = scratch("store-lineage-cycle");
+    let mut selfish = synthetic::valid_log("selfish", 1, 1, 0);
+    selfish.header.parent_session = Some("selfish".into());
+    put(&dir, "selfish.jsonl", &selfish);
+    let report = check_store(&dir).unwrap();
+    assert_eq!(rules(&report.violations), ["LINEAGE"], "{:#?}", report.violations);
+    assert_eq!(report.violations[0].session.as_str(), "selfish");
+    assert!(
+        report.violations[0].expected.contains("names itself"),
+        "{}",
+        report.violations[0]
+    );
+
+    let dir = scratch("store-lineage-cycle-2");
+    // a → b → c → a, with d hanging off the loop (d → a): d's chain never returns to d.
+    for (id, parent) in [("a", "c"), ("b", "a"), ("c", "b"), ("d", "a")] {
+        let mut log = synthetic::valid_log(id, 1, 1, 0);
+        log.header.parent_session = Some(parent.into());
+        put(&dir, &format!("{id}.jsonl"), &log);
+    }
+    let report = check_store(&dir).unwrap();
+    assert_eq!(
+        rules(&report.violations),
+        ["LINEAGE", "LINEAGE", "LINEAGE"],
+        "{:#?}",
+        report.violations
+    );
+    let sessions: Vec<&str> = report.violations.iter().map(|v| v.session.as_str()).collect();
+    assert_eq!(sessions, ["a", "b", "c"]);
+    assert!(
+        report.violations[0].expected.contains("a cycle of 3 sessions"),
+        "{}",
+        report.violations[0]
+    );
+
+    // A long chain without a loop is still clean (and walked once, not once per session).
+    let dir = scratch("store-lineage-chain");
+    for i in 0..200 {
+        let mut log = synthetic::valid_log(&format!("s{i:03}"), 1, 1, 0);
+        if i > 0 {
+            log.header.parent_session = Some(format!("s{:03}", i - 1).as_str().into());
+        }
+        put(&dir, &format!("s{i:03}.jsonl"), &log);
+    }
+    assert!(check_store(&dir).unwrap().is_clean());
+}
