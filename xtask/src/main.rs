@@ -100,8 +100,19 @@ fn check_invariants(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether a directory entry is itself a directory. A symbolic link is not one (even to a
+/// directory): like `check_store`, the walk follows no link, so a link back to an ancestor
+/// cannot make it revisit a store once per level of the loop.
+fn is_real_dir(entry: &std::fs::DirEntry) -> Result<bool, String> {
+    entry
+        .file_type()
+        .map(|t| t.is_dir())
+        .map_err(|e| format!("cannot read {}: {e}", entry.path().display()))
+}
+
 /// Replays every directory that directly holds `*.jsonl` logs as one store (one directory per
-/// test, so session ids may repeat across tests without being duplicates).
+/// test, so session ids may repeat across tests without being duplicates). Symbolic links to
+/// directories are not followed.
 fn replay_tree(root: &Path) -> Result<DirReport, String> {
     let mut total = DirReport::default();
     let mut stack = vec![root.to_owned()];
@@ -109,10 +120,9 @@ fn replay_tree(root: &Path) -> Result<DirReport, String> {
         let entries = std::fs::read_dir(&dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
         let mut has_logs = false;
         for entry in entries {
-            let path = entry
-                .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
-                .path();
-            if path.is_dir() {
+            let entry = entry.map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+            let path = entry.path();
+            if is_real_dir(&entry)? {
                 stack.push(path);
             } else if path.extension().is_some_and(|x| x == "jsonl") {
                 has_logs = true;
@@ -134,10 +144,11 @@ fn replay_tree(root: &Path) -> Result<DirReport, String> {
 /// character outside `[A-Za-z0-9._-]` becomes `_`), not after the id itself as a store does, so
 /// `FILE-ID` — a store's naming rule — is not applied to captured logs.
 fn check_store_flat(dir: &Path) -> Result<DirReport, String> {
-    let has_subdirs = std::fs::read_dir(dir)
-        .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
-        .flatten()
-        .any(|e| e.path().is_dir());
+    let mut has_subdirs = false;
+    for entry in std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))? {
+        let entry = entry.map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        has_subdirs |= is_real_dir(&entry)?;
+    }
     if has_subdirs {
         return Err(format!(
             "{} holds logs and sub-directories; give each store its own leaf directory",
@@ -168,4 +179,41 @@ fn ci() -> Result<(), String> {
     ]))?;
     run(&mut cargo_in_root(&["fmt", "--all", "--", "--check"]))?;
     run(cargo_in_root(&["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use invariants::synthetic;
+
+    fn put_log(dir: &Path, id: &str) {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(
+            dir.join(format!("{id}.jsonl")),
+            synthetic::valid_log(id, 1, 1, 0).to_jsonl(),
+        )
+        .unwrap();
+    }
+
+    /// A symbolic link to a directory under `--logs` is not followed, as `check_store` follows
+    /// none: a link back to an ancestor neither replays a store once per level of the loop (nor,
+    /// with two such links, exponentially often) nor makes a leaf store look like it holds
+    /// sub-directories.
+    #[cfg(unix)]
+    #[test]
+    fn links_to_directories_are_not_followed() {
+        let root = tempfile::tempdir().unwrap();
+        let store = root.path().join("t1");
+        put_log(&store, "s");
+        std::os::unix::fs::symlink(root.path(), root.path().join("loop")).unwrap();
+        let report = replay_tree(root.path()).expect("the tree is readable");
+        assert_eq!(report.logs, 1, "{report:?}");
+        assert!(report.is_clean(), "{:#?}", report.violations);
+
+        // A link inside a leaf store is not a sub-directory of it.
+        std::os::unix::fs::symlink(root.path(), store.join("up")).unwrap();
+        let report = replay_tree(root.path()).expect("a link is not a sub-directory");
+        assert_eq!(report.logs, 1, "{report:?}");
+        assert!(report.is_clean(), "{:#?}", report.violations);
+    }
 }
