@@ -198,15 +198,24 @@ impl LiveTree {
                     Some(AgentStatus::Idle) => NodeStatus::Idle,
                     None => NodeStatus::Starting,
                 };
-                self.nodes.lock().push(TreeNode {
-                    id: info.id.clone(),
-                    parent: Some(info.parent.clone()),
-                    provider: Some(info.provider.clone()),
-                    label: None,
-                    depth,
-                    status,
-                    background_job: None,
-                });
+                {
+                    let mut nodes = self.nodes.lock();
+                    // A continuable child runs again (a follow-up, a cold resume) under the same
+                    // id: its node is the one to move, not a second node for one session that
+                    // no later status or end would reach.
+                    match nodes.iter_mut().find(|n| n.id == info.id) {
+                        Some(node) => node.status = status,
+                        None => nodes.push(TreeNode {
+                            id: info.id.clone(),
+                            parent: Some(info.parent.clone()),
+                            provider: Some(info.provider.clone()),
+                            label: None,
+                            depth,
+                            status,
+                            background_job: None,
+                        }),
+                    }
+                }
                 self.notify(&TreeChange::Started(info.id.clone()));
             }
             SubagentEvent::End(end) => {

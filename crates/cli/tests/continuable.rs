@@ -282,3 +282,56 @@ async fn run_turn_returns_when_the_only_child_is_parked_by_an_interrupt() {
     host.shutdown().await.expect("shutdown");
     assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
 }
+
+/// The live tree of `run --continuable` shows a cold-resumed child once: its follow-up run (a
+/// second `subagent/start` for the same child) moves the child's node back to running and its
+/// end settles that node, instead of adding a second node for the same session that no status
+/// or end event ever reaches (drawn for ever as `starting`, its end line printed twice).
+#[tokio::test(start_paused = true)]
+async fn the_live_tree_shows_a_cold_resumed_child_once() {
+    use subagent_cli::tree::{LiveTree, NodeStatus, TreeChange};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut options = HostOptions::new(dir.path(), Arc::new(Coordinated), "mock", "mock");
+    options.continuable = true;
+    let host: Host = build_host(options).expect("the host composes");
+    let changes: Arc<parking_lot::Mutex<Vec<TreeChange>>> = Arc::default();
+    let sink = {
+        let changes = changes.clone();
+        Arc::new(move |change: &TreeChange, _: &LiveTree| changes.lock().push(change.clone()))
+    };
+    let (tree, listening) = LiveTree::attach(host.runtime(), host.subagents(), host.jobs(), Some(sink));
+    let coordinator = host
+        .create_agent(SessionId::from("coordinator"))
+        .await
+        .expect("coordinator");
+    tree.add_root(SessionId::from("coordinator"), "coordinator");
+    host.run_turn(coordinator.agent(), COORDINATOR_TASK)
+        .await
+        .expect("the turn runs");
+    coordinator.dispose().await;
+    host.subagents().close().await;
+    drop(listening);
+    let changes = changes.lock().clone();
+    let starts: Vec<&SessionId> = changes
+        .iter()
+        .filter_map(|c| match c {
+            TreeChange::Started(id) => Some(id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(starts.len(), 2, "the child ran twice (cold resume): {changes:?}");
+    assert_eq!(starts[0], starts[1]);
+    let nodes = tree.nodes();
+    assert_eq!(nodes.len(), 2, "one node per session: {nodes:#?}");
+    let child = nodes
+        .iter()
+        .find(|n| &n.id == starts[0])
+        .expect("the child's node");
+    assert!(
+        matches!(child.status, NodeStatus::Ended(_)),
+        "the child's second run ended: {child:#?}"
+    );
+    let rendered = tree.render();
+    assert_eq!(rendered.lines().count(), 2, "{rendered}");
+    host.shutdown().await.expect("shutdown");
+}
