@@ -278,11 +278,7 @@ fn tree_printer(to_stderr: bool) -> TreeSink {
             // the next redraw stays exact.
             let mut drawn = drawn.lock();
             let width = terminal_width(to_stderr);
-            let lines: Vec<String> = tree
-                .render()
-                .lines()
-                .map(|l| l.chars().take(width).collect())
-                .collect();
+            let lines: Vec<String> = tree.render().lines().map(|l| fit_to_width(l, width)).collect();
             let mut frame = String::new();
             if *drawn > 0 {
                 // Back to the first line of the previous frame, then clear to the end.
@@ -326,6 +322,21 @@ fn terminal_width(stderr: bool) -> usize {
     size.map_or(79, |(terminal_size::Width(w), _)| {
         usize::from(w).saturating_sub(1).max(20)
     })
+}
+
+/// `line` (already inert: no control characters) cut to at most `width` terminal columns.
+///
+/// Columns are over-counted, never under-counted, so a cut line never wraps: a character below
+/// U+1100 takes at most one column, and any other (East Asian wide characters and emoji, which
+/// a model may put in a label, take two) is counted as two.
+fn fit_to_width(line: &str, width: usize) -> String {
+    let mut used = 0usize;
+    line.chars()
+        .take_while(|&c| {
+            used += if c < '\u{1100}' { 1 } else { 2 };
+            used <= width
+        })
+        .collect()
 }
 
 /// `<provider> "<label>"  depth d  (<id>) started under <parent>` (no status: it is not known
@@ -588,18 +599,49 @@ async fn acp(settings: &ModelArgs, store: &Path) -> Result<(), CliError> {
 /// delivered — are seen. The protocol library's own warnings (an ACP provider's, or `acp`'s
 /// server side) repeat every error response already sent to the peer; only its errors are
 /// kept. Installing twice is a no-op.
+///
+/// A warning's fields quote what a model or a log holds (a repeated tool call's id and name, an
+/// error's text), which the formatter writes as it is: each event goes out through
+/// [`InertLogLine`], as one line with every control and bidirectional character escaped.
 fn log_warnings_to_stderr() {
     use tracing_subscriber::layer::SubscriberExt as _;
     let filter = tracing_subscriber::filter::Targets::new()
         .with_default(tracing::Level::WARN)
         .with_target("agent_client_protocol", tracing::Level::ERROR);
     let subscriber = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(InertLogLine::default)
         .with_ansi(false)
         .finish()
         .with(filter);
     // Fails only when a subscriber is already installed, which then keeps reporting.
     let _ = tracing::subscriber::set_global_default(subscriber);
+}
+
+/// One formatted diagnostic event on its way to stderr: collected while the formatter writes
+/// it, then written as one inert line ([`single_line`]) when the formatter lets go of it (the
+/// formatter takes one writer per event).
+#[derive(Default)]
+struct InertLogLine(Vec<u8>);
+
+impl std::io::Write for InertLogLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for InertLogLine {
+    fn drop(&mut self) {
+        if self.0.is_empty() {
+            return;
+        }
+        let text = String::from_utf8_lossy(&self.0);
+        errln!("{}", single_line(text.strip_suffix('\n').unwrap_or(&text)));
+    }
 }
 
 /// The failure of the agent's last turn, if it did not complete.
@@ -689,5 +731,26 @@ fn check(dir: &Path) -> Result<(), CliError> {
             dir: dir.to_owned(),
             violations: report.violations.len(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The live tree's lines are cut to the terminal's width in columns, not characters: a
+    /// label of wide characters (two columns each) cut at `width` characters would wrap, and
+    /// every later redraw (which moves up one row per line) would leave stale rows behind.
+    #[test]
+    fn tree_lines_are_cut_to_columns_so_none_wraps() {
+        let label = format!("spawn \"{}\"  depth 1  running  (abcd1234)", "調査".repeat(30));
+        let cut = fit_to_width(&label, 20);
+        assert_eq!(cut, "spawn \"調査調査調査");
+        let columns: usize = cut.chars().map(|c| if c < '\u{1100}' { 1 } else { 2 }).sum();
+        assert!(columns <= 20, "{cut}: {columns} columns");
+        assert_eq!(fit_to_width("ascii only", 20), "ascii only");
+        assert_eq!(fit_to_width(&"x".repeat(30), 20), "x".repeat(20));
+        // A wide character that would straddle the last column is left out whole.
+        assert_eq!(fit_to_width("abc調", 4), "abc");
     }
 }

@@ -1242,3 +1242,46 @@ fn a_closed_stdout_ends_the_program_quietly() {
     drop(child.stderr.take());
     assert_eq!(child.wait().expect("wait").code(), Some(2));
 }
+
+/// Warnings the libraries log while `run` works (here: the model repeated a tool call id, which
+/// the driver re-keys and reports with the call's id and tool name) quote what the model sent;
+/// they reach stderr escaped and on one line, like everything else the program prints.
+#[test]
+fn run_logs_warnings_quoting_model_text_escaped() {
+    let (base, _requests) = serve(|body| {
+        if has_tool_result(body) {
+            return text_sse("done");
+        }
+        let call = |index: u64| {
+            chunk(
+                json!({"tool_calls": [{"index": index, "id": "dup\x1b]0;pwned\x07\r\nforged\u{202e}",
+                    "type": "function", "function": {"name": "list_dir\x1b[2J", "arguments": "{}"}}]}),
+                None,
+            )
+        };
+        Reply::Sse(format!(
+            "{}{}{}{}data: [DONE]\n\n",
+            chunk(json!({"role": "assistant", "content": ""}), None),
+            call(0),
+            call(1),
+            chunk(json!({}), Some("tool_calls")),
+        ))
+    });
+    let workspace = tempfile::tempdir().expect("workspace");
+    let (cmd, store) = run_command(&base, workspace.path(), "list twice");
+    let out = run(cmd);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(stdout(&out), "done\n");
+    let warning = err
+        .lines()
+        .find(|l| l.contains("the model repeated a tool call id"))
+        .unwrap_or_else(|| panic!("the re-keying is reported:\n{err}"));
+    assert!(
+        warning.contains("dup\\u{1b}]0;pwned\\u{7}\\r\\nforged\\u{202e}"),
+        "{warning}"
+    );
+    assert_inert("run stderr", &err);
+    assert!(!err.contains("\nforged"), "a forged line:\n{err}");
+    assert_checks_clean(&store);
+}
