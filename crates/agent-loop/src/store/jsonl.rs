@@ -215,7 +215,8 @@ impl JsonlStore {
     }
 
     /// Every stored session, ordered by `createdAt` then id. Reads only header lines (after
-    /// pending creations reached the disk). A file whose header cannot be read is skipped with a
+    /// pending creations reached the disk). A file whose name is no valid session id (see
+    /// [`path_of`](Self::path_of)) or whose header cannot be read is skipped with a
     /// warning (use [`inspect`](Self::inspect) or [`load`](Self::load) on it to get the error).
     pub async fn list(&self) -> Result<Vec<SessionSummary>, StoreError> {
         let open: Vec<Arc<SessionFile>> = self.files.lock().values().cloned().collect();
@@ -241,6 +242,12 @@ impl JsonlStore {
                     continue;
                 };
                 let id = SessionId::from(stem);
+                if let Err(e) = check_id(&id) {
+                    // Not a name this store gives a log, and one `load` would refuse: listing it
+                    // would offer a session nobody can open.
+                    tracing::warn!(path = %path.display(), error = %e, "skipping a file whose name is no session id");
+                    continue;
+                }
                 match read_header(&path, &id) {
                     Ok(header) => out.push(SessionSummary { id, header }),
                     Err(StoreError::NotFound(_)) => {}

@@ -366,3 +366,31 @@ async fn a_poisoned_writer_fails_flush_and_claim_but_not_reads() {
     other.claim(&id, 2).await.expect("claims after the holder let go");
     other.close(&id).await.expect("close");
 }
+
+/// A log whose file name is no session id this store accepts (here: longer than 200 bytes) is
+/// not listed: `load` and `inspect` refuse the id, so listing it offered a session nobody could
+/// open. A valid log beside it is listed as before.
+#[tokio::test]
+async fn a_log_named_by_an_invalid_id_is_not_listed() {
+    let dir = tempfile::tempdir().expect("dir");
+    write_log(dir.path(), "s", &events("s", 1)).await;
+    let long = "a".repeat(201);
+    let mut line = serde_json::to_vec(&header(&long)).expect("header encodes");
+    line.push(b'\n');
+    fs::write(dir.path().join(format!("{long}.jsonl")), line).expect("write");
+
+    let store = JsonlStore::new(dir.path());
+    let err = store
+        .load(&SessionId::from(long.as_str()))
+        .await
+        .expect_err("not an id");
+    assert!(matches!(err, StoreError::InvalidId(_)), "{err}");
+    let listed: Vec<String> = store
+        .list()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|s| s.id.to_string())
+        .collect();
+    assert_eq!(listed, ["s"]);
+}
