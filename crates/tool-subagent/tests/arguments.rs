@@ -7,16 +7,14 @@
 //! naming the problem and leaves nothing behind — no child agent or session, no model call, no
 //! pending run, no job — while a well-formed call runs, settles and leaves the host quiescent.
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::Arc;
 
 use agent::content::visible_text;
 use agent::jobs::{JobId, JobStatus};
 use agent::tools::{ToolCallRequest, ToolResult};
-use agent::{
-    AgentHandle, AgentOptions, AgentRuntime, CreateAgentOptions, Registration, SessionId, SessionMeta,
-    SessionStore, Signal,
-};
+use agent::{AgentHandle, AgentRuntime, Registration, SessionId, SessionStore, Signal};
 use agent_loop::ScriptedModel;
 use agent_loop::jobs::{JOB_NOT_FOUND, JobRegistry, job_tools};
 use agent_loop::model::{ScriptEntry, chunks};
@@ -99,18 +97,7 @@ impl Rig {
     async fn parent(&mut self, id: &str) -> SessionId {
         let handle = self
             .rt
-            .create(CreateAgentOptions {
-                meta: SessionMeta {
-                    cwd: Some(PathBuf::from("/workspace")),
-                    ..SessionMeta::default()
-                },
-                agent_options: AgentOptions {
-                    provider: Some(MODEL.into()),
-                    model: Some(MODEL.into()),
-                    ..AgentOptions::default()
-                },
-                ..CreateAgentOptions::new(SessionId::from(id))
-            })
+            .create(common::routed_parent(id, MODEL))
             .await
             .expect("parent is created");
         let id = handle.id().clone();

@@ -6,7 +6,8 @@
 //! Interleavings are controlled, never timed: a gated provider holds continuable preparations
 //! until the test opens its gate, and the clock is paused (waits below are virtual).
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -15,8 +16,8 @@ use agent::content::visible_text;
 use agent::store::LoadedSession;
 use agent::tools::{ToolCallRequest, ToolResult, codes};
 use agent::{
-    AgentHandle, AgentOptions, AgentRef, AgentRuntime, CancelCause, CreateAgentOptions, EventData,
-    Registration, SessionId, SessionMeta, SessionPersistence, SessionStore, Signal,
+    AgentHandle, AgentRef, AgentRuntime, CancelCause, EventData, Registration, SessionId, SessionPersistence,
+    SessionStore, Signal,
 };
 use agent_loop::jobs::{JobRegistry, job_tools};
 use agent_loop::model::{ScriptEntry, chunks};
@@ -204,18 +205,7 @@ impl Rig {
         }
         .expect("tool loads");
         let parent = rt
-            .create(CreateAgentOptions {
-                meta: SessionMeta {
-                    cwd: Some(PathBuf::from("/workspace")),
-                    ..SessionMeta::default()
-                },
-                agent_options: AgentOptions {
-                    provider: Some(MODEL.into()),
-                    model: Some(MODEL.into()),
-                    ..AgentOptions::default()
-                },
-                ..CreateAgentOptions::new(SessionId::from(PARENT))
-            })
+            .create(common::routed_parent(PARENT, MODEL))
             .await
             .expect("parent is created");
         Self {

@@ -5,16 +5,14 @@
 //! child. Real host: the reference runtime with a scripted model, the real job registry and job
 //! tools, and the real `spawn` provider over a driver composed with both policy services.
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::Arc;
 
 use agent::content::visible_text;
 use agent::policy::{SandboxMode, sandbox_override};
 use agent::tools::{ToolCallRequest, ToolResult};
-use agent::{
-    AgentHandle, AgentOptions, AgentRuntime, CreateAgentOptions, EventData, Registration, Session, SessionId,
-    SessionMeta, Signal,
-};
+use agent::{AgentHandle, AgentRuntime, EventData, Registration, Session, SessionId, Signal};
 use agent_loop::ScriptedModel;
 use agent_loop::jobs::{JobRegistry, job_tools};
 use agent_loop::model::chunks;
@@ -83,18 +81,7 @@ impl Rig {
         let config = SubagentToolConfig::from_json(&json!({"provider": "spawn"})).expect("valid");
         let plugin = SubagentToolPlugin::load(rt.services(), &subagents, config).expect("tool loads");
         let parent = rt
-            .create(CreateAgentOptions {
-                meta: SessionMeta {
-                    cwd: Some(PathBuf::from("/workspace")),
-                    ..SessionMeta::default()
-                },
-                agent_options: AgentOptions {
-                    provider: Some(MODEL.into()),
-                    model: Some(MODEL.into()),
-                    ..AgentOptions::default()
-                },
-                ..CreateAgentOptions::new(SessionId::from(PARENT))
-            })
+            .create(common::routed_parent(PARENT, MODEL))
             .await
             .expect("parent is created");
         Self {

@@ -29,6 +29,23 @@ use subagent::{
 };
 use tool_subagent::{SubagentToolConfig, SubagentToolPlugin};
 
+/// Options creating top-level agent `id` in `/workspace`, routed to provider and model `model`
+/// (the real-runtime suites' parents).
+pub fn routed_parent(id: &str, model: &str) -> CreateAgentOptions {
+    CreateAgentOptions {
+        meta: agent::SessionMeta {
+            cwd: Some(std::path::PathBuf::from("/workspace")),
+            ..agent::SessionMeta::default()
+        },
+        agent_options: agent::AgentOptions {
+            provider: Some(model.into()),
+            model: Some(model.into()),
+            ..agent::AgentOptions::default()
+        },
+        ..CreateAgentOptions::new(SessionId::from(id))
+    }
+}
+
 /// A plain error for fake results and disposals.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
