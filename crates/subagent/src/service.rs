@@ -4,6 +4,7 @@
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use agent::bus::panic_message;
 use agent::{EventBus, EventData, Registration, SessionId};
@@ -53,6 +54,10 @@ pub enum RegisterError {
 /// One registry entry: the provider and the name it had when it was registered. The registry
 /// works on that recorded name only, so it never calls provider code while its lock is held.
 struct Entry {
+    /// This registration's own key: removal (by its guard or by the unwinding of a refused
+    /// addition) takes out exactly this entry, never another registration of the same provider
+    /// object (possible once its `name()` changed).
+    key: u64,
     /// Shared so a start can keep it (for a lifecycle event it may have to mint later) without
     /// copying it.
     name: Arc<str>,
@@ -67,6 +72,8 @@ struct Inner {
     /// The registered providers in insertion order. Held only for plain reads and writes of
     /// the vector; no provider code, listener or `.await` runs under it.
     providers: RwLock<Vec<Entry>>,
+    /// The next [`Entry::key`].
+    next_key: AtomicU64,
     events: EventBus<SubagentEvent>,
     tasks: TaskTracker,
 }
@@ -121,6 +128,7 @@ impl SubagentService {
         Self {
             inner: Arc::new(Inner {
                 providers: RwLock::new(Vec::new()),
+                next_key: AtomicU64::new(0),
                 events: EventBus::new(),
                 tasks: closed_tracker(),
             }),
@@ -149,26 +157,27 @@ impl SubagentService {
         let name = catch_unwind(AssertUnwindSafe(|| provider.name().to_owned()))
             .map_err(|payload| panicked(None, "name()", &*payload))?;
         let unlabeled = snapshot_subagent_descriptor(&SubagentDescriptor::one_shot(name.clone(), None)).ok();
+        let key = self.inner.next_key.fetch_add(1, Ordering::Relaxed);
         {
             let mut providers = self.inner.providers.write();
             if providers.iter().any(|e| *e.name == *name) {
                 return Err(SubagentError::duplicate_provider(&name).into());
             }
             providers.push(Entry {
+                key,
                 name: name.as_str().into(),
                 provider: provider.clone(),
                 unlabeled,
             });
         }
         let weak = Arc::downgrade(&self.inner);
-        let stored = provider.clone();
         let registered = name.clone();
         let guard = Registration::new(move || {
             if let Some(inner) = weak.upgrade() {
                 let removed = {
                     let mut providers = inner.providers.write();
                     let before = providers.len();
-                    providers.retain(|e| !Arc::ptr_eq(&e.provider, &stored));
+                    providers.retain(|e| e.key != key);
                     providers.len() != before
                 };
                 if removed {
@@ -182,10 +191,7 @@ impl SubagentService {
         // The provider leaves the registry before they hear it (a plugin keeps a mount over a
         // provider that is still registered).
         let unregister = || {
-            self.inner
-                .providers
-                .write()
-                .retain(|e| !Arc::ptr_eq(&e.provider, &provider));
+            self.inner.providers.write().retain(|e| e.key != key);
         };
         let removed = name.clone();
         if let Err(failure) =

@@ -1120,3 +1120,63 @@ async fn a_task_awaited_run_counts_once_and_concurrent_closes_complete() {
     }
     assert_eq!(service.pending_runs(), 0);
 }
+
+/// Each registration is undone by its own guard only. A provider object whose
+/// name changed after registration can be registered again under the new name; dropping the
+/// first guard removes only the first registration (announcing only its name), and the second
+/// registration stays until its own guard drops, which announces its removal. A refused
+/// re-registration likewise never takes the earlier registration with it.
+#[tokio::test(start_paused = true)]
+async fn each_registration_is_undone_by_its_own_guard_only() {
+    let service = SubagentService::new();
+    let (seen, _l) = record(&service);
+    let shifty = Arc::new(Shifty {
+        name: Mutex::new("a".into()),
+        service: Mutex::new(None),
+    });
+    let first = service.register_provider(shifty.clone()).unwrap();
+    *shifty.name.lock() = "b".into();
+    let second = service.register_provider(shifty.clone()).unwrap();
+    assert_eq!(service.list(), ["a", "b"]);
+    drop(first);
+    assert_eq!(
+        service.list(),
+        ["b"],
+        "the second registration survives the first guard"
+    );
+    assert!(service.get_provider("b").is_some());
+    let parent = Parent::agent("p");
+    let run = service.start("b", request(&parent)).await.unwrap();
+    run.dispose().await.unwrap();
+    service.close().await;
+    drop(second);
+    assert!(service.list().is_empty());
+    let removed: Vec<_> = seen
+        .lock()
+        .iter()
+        .filter(|l| l.starts_with("provider-removed"))
+        .cloned()
+        .collect();
+    assert_eq!(removed, ["provider-removed a", "provider-removed b"]);
+
+    // A refused re-registration of the same object unwinds only itself.
+    *shifty.name.lock() = "c".into();
+    let kept = service.register_provider(shifty.clone()).unwrap();
+    *shifty.name.lock() = "d".into();
+    let refusing = service.events().on(|e| match e {
+        SubagentEvent::ProviderAdded(_) => Err("listener refused".into()),
+        _ => Ok(()),
+    });
+    assert!(matches!(
+        service.register_provider(shifty.clone()),
+        Err(RegisterError::Listener(_))
+    ));
+    drop(refusing);
+    assert_eq!(
+        service.list(),
+        ["c"],
+        "the refusal unwound only its own registration"
+    );
+    drop(kept);
+    assert!(service.list().is_empty());
+}
