@@ -295,7 +295,9 @@ struct PendingDisposal {
 /// The first [`dispose`](Self::dispose) call, synchronously: removes the abort listener,
 /// requests local cancellation (no assumption that the child cooperates), and starts the
 /// teardown; every call (the first included) returns the same shared future, which completes
-/// when the teardown reaches quiescence. The service wraps this handle as a `SubagentRun` whose
+/// when the teardown reaches quiescence. A panic in `request_cancel` or `teardown` (at the call
+/// or while the teardown runs) fails that future with `PROVIDER_FAILED`; it never unwinds into
+/// the caller. The service wraps this handle as a `SubagentRun` whose
 /// `local_agent()` is `None`.
 pub struct SubprocessRunHandle {
     id: SessionId,
@@ -355,8 +357,35 @@ impl SubprocessRunHandle {
         let shared = match state.0.take() {
             Some(pending) => {
                 pending.listener.remove();
-                (pending.request_cancel)();
-                (pending.teardown)().shared()
+                // Provider code: a panic (at the call, or while the teardown runs) fails the
+                // disposal future, for every caller, rather than unwinding into this caller and
+                // leaving the parts taken with no future stored — which later calls would report
+                // as a finished teardown. A panicking cancellation request still starts the
+                // teardown.
+                let cancel_panic = catch_unwind(AssertUnwindSafe(pending.request_cancel))
+                    .err()
+                    .map(|payload| teardown_panicked("its cancellation request", &*payload));
+                let teardown = match catch_unwind(AssertUnwindSafe(pending.teardown)) {
+                    Ok(running) => AssertUnwindSafe(running)
+                        .catch_unwind()
+                        .map(|outcome| {
+                            outcome
+                                .unwrap_or_else(|payload| Err(teardown_panicked("its teardown", &*payload)))
+                        })
+                        .boxed(),
+                    Err(payload) => {
+                        futures::future::ready(Err(teardown_panicked("its teardown", &*payload))).boxed()
+                    }
+                };
+                match cancel_panic {
+                    None => teardown.shared(),
+                    Some(error) => async move {
+                        let _ = teardown.await;
+                        Err(error)
+                    }
+                    .boxed()
+                    .shared(),
+                }
             }
             // Unreachable by construction (parts are taken exactly when the future is stored);
             // settle as already disposed rather than panic.
@@ -365,6 +394,17 @@ impl SubprocessRunHandle {
         state.1 = Some(shared.clone());
         shared
     }
+}
+
+/// `PROVIDER_FAILED` for an out-of-process run whose disposal step panicked.
+fn teardown_panicked(during: &str, payload: &(dyn std::any::Any + Send)) -> SharedError {
+    let message = agent::bus::panic_message(payload);
+    tracing::warn!(panic = %message, "subagent: an out-of-process run panicked in {during}; its disposal fails");
+    share_error(crate::error::SubagentError::provider_panicked(
+        None,
+        &format!("run disposal ({during})"),
+        &message,
+    ))
 }
 
 /// Wraps any error as a [`SharedError`].
@@ -741,6 +781,57 @@ mod tests {
         let b = handle.dispose().await.unwrap_err();
         assert!(Arc::ptr_eq(&a, &b));
         assert_eq!(a.to_string(), "reap failed");
+    }
+
+    /// A panicking teardown — when it is started or while it runs — or a panicking
+    /// cancellation request fails the disposal future, for every caller, instead of unwinding
+    /// into the first caller and leaving later calls to report a teardown that never ran as a
+    /// success. The teardown is still started when the cancellation request panicked.
+    #[tokio::test]
+    async fn a_panicking_teardown_or_cancel_fails_the_disposal() {
+        let handle = |cancel: Box<dyn FnOnce() + Send>, teardown: Teardown| {
+            SubprocessRunHandle::new(SubprocessRunParts {
+                id: "run-p".into(),
+                result: async { SubagentResult::aborted(vec![]) }.boxed(),
+                listener: AbortListener::default(),
+                request_cancel: cancel,
+                teardown,
+            })
+        };
+        // Panics when the teardown is started.
+        let h = handle(Box::new(|| {}), Box::new(|| panic!("reaper exploded")));
+        let first = std::panic::catch_unwind(AssertUnwindSafe(|| h.dispose()))
+            .expect("dispose does not unwind into its caller");
+        let err = first.await.unwrap_err();
+        assert!(err.to_string().contains("reaper exploded"), "{err}");
+        assert!(h.dispose().await.is_err(), "a later call does not report success");
+
+        // Panics while the teardown runs.
+        let h = handle(
+            Box::new(|| {}),
+            Box::new(|| async { panic!("reaper exploded later") }.boxed()),
+        );
+        let a = tokio::spawn(h.dispose())
+            .await
+            .expect("the disposal future does not panic");
+        assert!(a.unwrap_err().to_string().contains("reaper exploded later"));
+        assert!(h.dispose().await.is_err());
+
+        // The cancellation request panics: the teardown still runs, and the disposal fails.
+        let torn = Arc::new(AtomicUsize::new(0));
+        let t = torn.clone();
+        let h = handle(
+            Box::new(|| panic!("cancel exploded")),
+            Box::new(move || {
+                t.fetch_add(1, Ordering::SeqCst);
+                async { Ok(()) }.boxed()
+            }),
+        );
+        let first = std::panic::catch_unwind(AssertUnwindSafe(|| h.dispose()))
+            .expect("dispose does not unwind into its caller");
+        assert!(first.await.unwrap_err().to_string().contains("cancel exploded"));
+        assert!(h.dispose().await.is_err());
+        assert_eq!(torn.load(Ordering::SeqCst), 1, "the teardown ran once");
     }
 
     #[tokio::test]
