@@ -251,6 +251,10 @@ pub struct LoopAgent {
     status: ReentrantMutex<StatusEmission>,
     drivers: Drivers,
     disposed: AtomicBool,
+    /// Test hook: runs once, on the driver's thread, as a drain that has finished its turn is
+    /// about to converge (after the turn's end, before the idle-or-continue decision).
+    #[cfg(test)]
+    pub(crate) before_converge: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl std::fmt::Debug for LoopAgent {
@@ -316,6 +320,8 @@ impl LoopAgent {
             }),
             drivers: Drivers::default(),
             disposed: AtomicBool::new(false),
+            #[cfg(test)]
+            before_converge: Mutex::new(None),
         }))
     }
 
@@ -484,29 +490,53 @@ impl LoopAgent {
 
     /// Runs the synchronous prefix of a fresh driver and spawns the rest.
     fn start_driver(&self) {
-        if let Some(open) = self.open_turn().or_else(|| self.next_open_after_exit()) {
+        if let Some(open) = self
+            .open_turn()
+            .or_else(|| self.next_open_after_exit(AfterTurn::Stop))
+        {
             tokio::spawn(Driver::new(self.arc()).drive(open));
         }
     }
 
-    /// The driver has no turn in flight: replay a latched wake (fresh signal, still running) or
-    /// become idle. Returns whether it replays.
-    fn converge(&self) -> bool {
+    /// The driver has no turn in flight: go on with a fresh signal (still running) or become
+    /// idle. It goes on when the activity is uncancelled and work is pending by `after`'s rule
+    /// (spine §8.6 step 4), or when a wake is latched and work is pending (replay). Returns
+    /// whether it goes on.
+    ///
+    /// The pending-work check and the idle transition are one critical section (under
+    /// `state`): a send reads the phase before it appends and delivers its wake after, so a
+    /// send that found the driver running (its wake is then a no-op, spine §8.3 rule 1) either
+    /// appended before the check, which sees it, or delivers its wake after the transition, to
+    /// an idle agent. (Checked in a section of its own, a send appending between the check and
+    /// the transition was left pending on an idle agent, with no wake.)
+    fn converge(&self, after: AfterTurn) -> bool {
         // Held from the idle transition through its status emission, so that a teardown that
         // saw the agent idle (another thread) waits for the `idle` event before it announces
         // the disposal (see `status_settled`).
         let _emission = self.status.lock();
-        let replay = {
+        let go_on = {
             let mut st = self.state.lock();
-            let latched = matches!(
-                st.phase,
+            let go_on = match &st.phase {
                 Phase::Running {
-                    wake_requested: true,
-                    ..
+                    signal,
+                    wake_requested,
+                    aborting,
+                } => {
+                    let continues = !*aborting
+                        && !signal.is_cancelled()
+                        && match after {
+                            AfterTurn::AnyPending => self.inbox.has_pending(),
+                            AfterTurn::QueuedPrompt => self.inbox.has_queued_prompt(),
+                            AfterTurn::Stop => false,
+                        };
+                    continues
+                        || (*wake_requested
+                            && !self.disposed.load(Ordering::SeqCst)
+                            && self.inbox.has_pending())
                 }
-            );
-            let replay = latched && !self.disposed.load(Ordering::SeqCst) && self.inbox.has_pending();
-            if replay {
+                Phase::Idle => false,
+            };
+            if go_on {
                 st.phase = Phase::Running {
                     signal: Signal::new(),
                     wake_requested: false,
@@ -516,12 +546,12 @@ impl LoopAgent {
                 // The idle waiters are released by the emission below, after the `idle` event.
                 st.phase = Phase::Idle;
             }
-            replay
+            go_on
         };
-        if !replay {
+        if !go_on {
             self.emit_status();
         }
-        replay
+        go_on
     }
 
     /// The synchronous opening of a turn: abort check, `turn/start`, first claim.
@@ -570,44 +600,26 @@ impl LoopAgent {
     /// After a turn: with work pending (what counts is `after`'s rule) and an uncancelled
     /// activity, start the next turn with a fresh signal; otherwise converge.
     fn after_turn(&self, after: AfterTurn) -> Option<OpenTurn> {
-        let pending = || match after {
-            AfterTurn::AnyPending => self.inbox.has_pending(),
-            AfterTurn::QueuedPrompt => self.inbox.has_queued_prompt(),
-            AfterTurn::Stop => false,
-        };
-        if after != AfterTurn::Stop {
-            let fresh = {
-                let mut st = self.state.lock();
-                match &mut st.phase {
-                    Phase::Running {
-                        signal,
-                        wake_requested,
-                        aborting: false,
-                    } if !signal.is_cancelled() && pending() => {
-                        *signal = Signal::new();
-                        *wake_requested = false;
-                        true
-                    }
-                    _ => false,
-                }
-            };
-            if fresh && let Some(open) = self.open_turn() {
-                return Some(open);
-            }
-        }
-        self.next_open_after_exit()
+        self.next_open_after_exit(after)
     }
 
-    /// Converges (replaying a latched wake while one is pending) until a turn opens or the
-    /// agent is idle.
-    fn next_open_after_exit(&self) -> Option<OpenTurn> {
+    /// Converges (going on while work is pending by `after`'s rule, then replaying a latched
+    /// wake while one is pending) until a turn opens or the agent is idle.
+    fn next_open_after_exit(&self, mut after: AfterTurn) -> Option<OpenTurn> {
+        #[cfg(test)]
+        if let Some(hook) = self.before_converge.lock().take() {
+            hook();
+        }
         loop {
-            if !self.converge() {
+            if !self.converge(after) {
                 return None;
             }
             if let Some(open) = self.open_turn() {
                 return Some(open);
             }
+            // The turn did not open (its signal was cancelled meanwhile, or it could not be
+            // logged): only a latched wake may try again.
+            after = AfterTurn::Stop;
         }
     }
 

@@ -1032,3 +1032,44 @@ async fn spn_16_send_racing_cancel_on_threads_is_cleared_or_latched() {
         finish(&rt, [handle]).await;
     }
 }
+
+/// spec: SPN-27 (spine §8.3 rule 1, §8.6 step 4) — a follow-up sent as the drain closes its
+/// last turn is never stranded. The send finds the agent running, so its wake is a no-op (a
+/// running drain picks queued work up itself): the drain must see it when it decides between
+/// the next turn and idle. A hook sends it at the latest point — after the turn ended, before
+/// the drain converges. Before the fix the drain decided "nothing pending" first and made the
+/// idle transition in a second critical section, so a send landing in between (another thread,
+/// in production) left the follow-up pending on an idle agent, with `when_idle` resolved.
+#[tokio::test(start_paused = true)]
+async fn spn_27_followup_sent_as_the_drain_converges_is_not_stranded() {
+    let model = ScriptedModel::new([chunks::text("first reply"), chunks::text("second reply")]);
+    let rt = builder(&model).build();
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    let loop_agent = rt.loop_agent(agent.id()).unwrap();
+    let sender = agent.clone();
+    *loop_agent.before_converge.lock() = Some(Box::new(move || {
+        assert_eq!(
+            sender.status(),
+            AgentStatus::Running,
+            "the drain is still running"
+        );
+        sender.followup(user("second")).unwrap();
+    }));
+    agent.followup(user("first")).unwrap();
+    agent.when_idle().await;
+    assert!(
+        agent.inbox().is_empty(),
+        "a follow-up is stranded with the agent idle: {:?}",
+        agent.inbox()
+    );
+    assert_eq!(user_texts(&*agent), ["first", "second"]);
+    assert_eq!(
+        turn_ends(&*agent),
+        [TurnEndReason::Completed, TurnEndReason::Completed]
+    );
+    assert_eq!(agent.status(), AgentStatus::Idle);
+    assert!(loop_agent.before_converge.lock().is_none(), "the hook ran");
+    drop((agent, loop_agent));
+    finish(&rt, [handle]).await;
+}
