@@ -275,11 +275,11 @@ impl JsonlStore {
 
     /// The header and every intact event of session `id`, after every accepted append reached
     /// the file (or this store's writer failed: a poisoned writer keeps its failure for `flush`
-    /// and [`claim`](Self::claim), and the log is read as it is on disk). A torn last line is dropped (with a warning) and reported as `repaired`; the
-    /// file is not modified. The store remembers the log's length, so appends can continue it:
-    /// loading again a session this store has only read so far (another store may have
-    /// continued it meanwhile) updates what it remembers, so the next append continues the log
-    /// as this load returned it.
+    /// and [`claim`](Self::claim), and the log is read as it is on disk). A torn last line is
+    /// dropped (with a warning) and reported as `repaired`; the file is not modified. The store
+    /// remembers the log's length, so appends can continue it: loading again a session this
+    /// store has only read so far (another store may have continued it meanwhile) updates what
+    /// it remembers, so the next append continues the log as this load returned it.
     pub async fn load(&self, id: &SessionId) -> Result<LoadedSession, StoreError> {
         let path = self.path_of(id)?;
         let cached = self.cached(id);
