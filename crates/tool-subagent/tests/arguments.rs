@@ -212,18 +212,14 @@ impl Rig {
         for handle in self.parents.drain(..) {
             handle.dispose().await;
         }
-        self.jobs.shutdown().await;
-        self.driver.wait().await;
-        self.subagents.close().await;
-        self.registrations.clear();
-        self.rt.shutdown().await;
-        assert_eq!(self.driver.task_count(), 0, "driver tasks left");
-        assert_eq!(self.subagents.pending_runs(), 0, "service tasks left");
-        assert!(
-            self.jobs.counts().is_empty(),
-            "jobs left: {:?}",
-            self.jobs.counts()
-        );
+        common::shut_down_quiescent(
+            &self.jobs,
+            &self.driver,
+            &self.subagents,
+            &mut self.registrations,
+            &self.rt,
+        )
+        .await;
         assert_quiescent(&self.rt);
         let violations = self.observer.violations();
         assert!(violations.is_empty(), "invariant violations: {violations:?}");

@@ -332,20 +332,16 @@ impl Rig {
         if let Some(parent) = self.parent.take() {
             parent.dispose().await;
         }
-        self.jobs.shutdown().await;
-        self.driver.wait().await;
-        self.subagents.close().await;
-        self.registrations.clear();
-        self.rt.shutdown().await;
+        common::shut_down_quiescent(
+            &self.jobs,
+            &self.driver,
+            &self.subagents,
+            &mut self.registrations,
+            &self.rt,
+        )
+        .await;
         assert_eq!(self.manager.task_count(), 0, "manager tasks left");
         assert!(self.manager.resident().is_empty(), "resident children left");
-        assert_eq!(self.driver.task_count(), 0, "driver tasks left");
-        assert_eq!(self.subagents.pending_runs(), 0, "service tasks left");
-        assert!(
-            self.jobs.counts().is_empty(),
-            "jobs left: {:?}",
-            self.jobs.counts()
-        );
         assert!(self.agents().is_empty(), "agents left: {:?}", self.agents());
         assert!(self.sessions().is_empty(), "sessions left: {:?}", self.sessions());
         assert_quiescent(&self.rt);

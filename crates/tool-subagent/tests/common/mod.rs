@@ -46,6 +46,28 @@ pub fn routed_parent(id: &str, model: &str) -> CreateAgentOptions {
     }
 }
 
+/// The shared tail of the real-runtime suites' teardown: stops the job registry, waits for the
+/// driver's and the service's tasks, drops the registrations, shuts the runtime down, and
+/// asserts that no driver task, pending run, job, agent, session or runtime task is left.
+pub async fn shut_down_quiescent(
+    jobs: &JobRegistry,
+    driver: &subagent_inprocess::InProcessDriver,
+    subagents: &SubagentService,
+    registrations: &mut Vec<Registration>,
+    rt: &Runtime,
+) {
+    jobs.shutdown().await;
+    driver.wait().await;
+    subagents.close().await;
+    registrations.clear();
+    rt.shutdown().await;
+    assert_eq!(driver.task_count(), 0, "driver tasks left");
+    assert_eq!(subagents.pending_runs(), 0, "service tasks left");
+    assert!(jobs.counts().is_empty(), "jobs left: {:?}", jobs.counts());
+    assert!(AgentRuntime::list(rt).is_empty(), "agents left");
+    agent_loop::runtime::assert_quiescent(rt);
+}
+
 /// A plain error for fake results and disposals.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
