@@ -559,9 +559,11 @@ pub fn check_lossless_json(value: &Value) -> Result<(), String> {
 /// Checks that the JSON rendering of `value` is lossless: no float in it is negative zero or
 /// non-finite (`serde_json` would silently render the latter as `null`), and its arrays and
 /// objects nest at most 127 levels deep (`serde_json` writes deeper renderings but refuses to
-/// read them back). The walk follows `value`'s `Serialize` implementation without building a
-/// JSON tree; the error names the first offending number or container and its path in the
-/// rendering (`.key`, `[i]`, `$` for the root).
+/// read them back), and no object renders a key twice (a `#[serde(flatten)]` map naming a
+/// field of its struct, which would read back as another value). The walk follows `value`'s
+/// `Serialize` implementation without building a JSON tree; the error names the first
+/// offending number or container and its path in the rendering (`.key`, `[i]`, `$` for the
+/// root).
 pub fn check_lossless<T: serde::Serialize + ?Sized>(value: &T) -> Result<(), String> {
     lossless::check(value, lossless::MAX_READABLE_DEPTH).map_err(|fault| fault.reason())
 }
@@ -1700,5 +1702,117 @@ mod tests {
         assert!(accepted.iter().all(|n| (1..13).contains(n)), "{accepted:?}");
         let err = check_tool_result_loggable(&[block(127)], None).unwrap_err();
         assert!(err.starts_with("content: value at `[0].v[0]"), "{err}");
+    }
+
+    /// An open-union map flattened into a block or source (a reasoning block's `extra`, an
+    /// image's `fields`, a tool source's `extra`) that names a key of the fields around it
+    /// (`type`, `text`, `kind`, `callId`) renders that key twice in the log line. Such appends
+    /// used to be accepted, and the line then read back as another value: a reasoning block
+    /// whose extra fields carried the provider's own `type` came back as an unknown block, a
+    /// tool result's source with an extra `kind` as an unknown source. They are refused (on
+    /// the fast path's inputs and through the loggability checks alike), the log unchanged;
+    /// extra fields of their own still round-trip.
+    #[test]
+    fn a_flattened_map_that_repeats_a_key_is_refused() {
+        use crate::content::ContentBlock;
+        use crate::message::MessageSource;
+        use serde_json::{Map, json};
+
+        let map = |v: Value| -> Map<String, Value> { v.as_object().unwrap().clone() };
+        let reasoning = |extra| ContentBlock::Reasoning {
+            text: "thought".into(),
+            extra: map(extra),
+        };
+        let tool_source = |extra| MessageSource::Tool {
+            call_id: "c".into(),
+            extra: map(extra),
+        };
+        let user_with =
+            |block: ContentBlock| EventData::UserMessage(Message::user(vec![block], MessageSource::User));
+        let result_with = |source: MessageSource| EventData::ToolResult {
+            turn: 1,
+            step: 1,
+            message: Message {
+                source,
+                ..Message::tool_result("c".into(), vec![ContentBlock::text("ok")], false)
+            },
+            error: None,
+            meta: None,
+        };
+        let s = Session::new(header("a"), None).unwrap();
+        let refused = [
+            (
+                user_with(reasoning(json!({"type": "thinking"}))),
+                "type",
+                ".content[0]",
+            ),
+            (
+                user_with(reasoning(json!({"text": "other"}))),
+                "text",
+                ".content[0]",
+            ),
+            (
+                user_with(ContentBlock::Image {
+                    fields: map(json!({"type": "png", "data": "x"})),
+                }),
+                "type",
+                ".content[0]",
+            ),
+            (
+                result_with(tool_source(json!({"kind": "mcp"}))),
+                "kind",
+                ".message.source",
+            ),
+            (
+                result_with(tool_source(json!({"callId": "d"}))),
+                "callId",
+                ".message.source",
+            ),
+        ];
+        for (data, key, path) in refused {
+            let kind = data.type_name().to_owned();
+            let line = serde_json::to_string(&data.payload()).unwrap();
+            assert_eq!(line.matches(&format!("\"{key}\":")).count(), 2, "{line}");
+            let err = s.append(data, Some(SurfaceMeta::append())).unwrap_err();
+            assert_eq!(
+                err,
+                LogError::NotLossless {
+                    kind,
+                    reason: format!(
+                        "object at `{path}` renders key `{key}` twice, which a JSON reader reads back as another value"
+                    ),
+                }
+            );
+        }
+        assert!(s.is_empty());
+        // The loggability checks agree: such content never reaches a failing append.
+        assert!(check_tool_result_loggable(&[reasoning(json!({"type": "thinking"}))], None).is_err());
+        let inserted = vec![Message::user(
+            vec![reasoning(json!({"text": "x"}))],
+            MessageSource::User,
+        )];
+        assert!(check_inbox_insert_loggable(&inserted).is_err());
+        let splice = EventData::InboxSpliced(crate::event::InboxSplice {
+            target: crate::event::InboxTarget::NextTurn,
+            start: 0,
+            removed_count: None,
+            inserted,
+            outcome: None,
+        });
+        assert!(matches!(
+            s.append(splice, None),
+            Err(LogError::NotLossless { .. })
+        ));
+        assert!(s.is_empty());
+        // Extra fields of their own are kept, and read back as written.
+        for data in [
+            user_with(reasoning(json!({"signature": "sig", "n": 1.5}))),
+            result_with(tool_source(json!({"server": "mcp"}))),
+        ] {
+            let event = s.append(data, Some(SurfaceMeta::append())).unwrap();
+            let back: SessionEvent = serde_json::from_str(&serde_json::to_string(&*event).unwrap()).unwrap();
+            assert_eq!(back, *event);
+        }
+        assert!(check_tool_result_loggable(&[reasoning(json!({"signature": "sig"}))], None).is_ok());
     }
 }

@@ -45,6 +45,9 @@ enum What {
     Unserializable(String),
     /// A container opened where the reader's nesting budget was spent.
     TooDeep(usize),
+    /// An object rendered with the same key twice (a flattened map naming a key of the
+    /// fields around it): a JSON reader keeps one of them, so the value reads back changed.
+    DuplicateKey(String),
 }
 
 impl Fault {
@@ -75,6 +78,10 @@ impl Fault {
             }
             What::TooDeep(limit) => format!(
                 "value at `{}` nests deeper than {limit} levels, which a JSON reader refuses",
+                self.path()
+            ),
+            What::DuplicateKey(key) => format!(
+                "object at `{}` renders key `{key}` twice, which a JSON reader reads back as another value",
                 self.path()
             ),
         }
@@ -238,7 +245,9 @@ fn plain_message(message: &Message) -> bool {
                 Some(PluginForm::Other(map)) => plain_map(map),
             },
             MessageSource::Model { replay_state, .. } => replay_state.as_deref().is_none_or(plain_value),
-            MessageSource::Tool { extra, .. } => plain_map(extra),
+            MessageSource::Tool { extra, .. } => {
+                plain_map(extra) && !extra.contains_key("kind") && !extra.contains_key("callId")
+            }
             MessageSource::Other(map) => plain_map(map),
         }
 }
@@ -251,8 +260,11 @@ fn plain_block(block: &ContentBlock) -> bool {
 fn plain_block_within(block: &ContentBlock, nesting: usize) -> bool {
     match block {
         ContentBlock::Text { .. } | ContentBlock::ToolCall { .. } => true,
-        ContentBlock::Reasoning { extra, .. } => plain_map(extra),
-        ContentBlock::Image { fields } => plain_map(fields),
+        // A flattened map naming a field of its own block renders that key twice: walk it.
+        ContentBlock::Reasoning { extra, .. } => {
+            plain_map(extra) && !extra.contains_key("type") && !extra.contains_key("text")
+        }
+        ContentBlock::Image { fields } => plain_map(fields) && !fields.contains_key("type"),
         ContentBlock::ToolResult { content, .. } => {
             nesting > 0 && content.iter().all(|b| plain_block_within(b, nesting - 1))
         }
@@ -358,6 +370,28 @@ struct Map {
     /// The walker for the values.
     inner: Walker,
     key: Option<String>,
+    /// The keys rendered so far, for a map whose length was not announced: that is how serde
+    /// renders a struct with a `#[serde(flatten)]` map (its fields, then the map's entries),
+    /// the one shape in which a key can be written twice. (Maps of announced length — JSON
+    /// objects, `BTreeMap`s — hold distinct keys by construction and are not tracked.)
+    seen: Option<std::collections::HashSet<String>>,
+}
+
+impl Map {
+    /// Records `key` (already checked to be a valid key) when keys are tracked; a repeated
+    /// key is a fault.
+    fn record<K: Serialize + ?Sized>(&mut self, key: &K) -> Result<(), Fault> {
+        if let Some(seen) = &mut self.seen {
+            let key = key.serialize(KeyText)?;
+            if let Some(key) = seen.replace(key) {
+                return Err(Fault {
+                    what: What::DuplicateKey(key),
+                    path: Vec::new(),
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A struct or struct-variant body.
@@ -516,10 +550,11 @@ impl ser::Serializer for Walker {
         })
     }
 
-    fn serialize_map(self, _: Option<usize>) -> Result<Map, Fault> {
+    fn serialize_map(self, len: Option<usize>) -> Result<Map, Fault> {
         Ok(Map {
             inner: self.open(1)?,
             key: None,
+            seen: len.is_none().then(std::collections::HashSet::new),
         })
     }
 
@@ -607,7 +642,7 @@ impl ser::SerializeMap for Map {
 
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), Fault> {
         self.key = Some(key.serialize(KeyText)?);
-        Ok(())
+        self.record(key)
     }
 
     fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Fault> {
@@ -623,6 +658,7 @@ impl ser::SerializeMap for Map {
         // The key is rendered only when the value is at fault (the common case allocates
         // nothing); it must still be a valid JSON object key.
         key.serialize(KeyCheck)?;
+        self.record(key)?;
         value.serialize(self.inner).map_err(|e| {
             let key = key.serialize(KeyText).unwrap_or_default();
             e.at(Segment::Key(key))
