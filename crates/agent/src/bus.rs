@@ -126,18 +126,23 @@ impl<E: 'static> EventBus<E> {
         let weak = Arc::downgrade(&self.inner);
         Registration::new(move || {
             if let Some(inner) = weak.upgrade() {
-                let mut entries = inner.entries.write();
-                let next: Vec<Entry<E>> = entries
-                    .iter()
-                    .filter(|e| e.id != id)
-                    .map(|e| Entry {
-                        id: e.id,
-                        scope: e.scope.clone(),
-                        listener: e.listener.clone(),
-                    })
-                    .collect();
-                inner.len.store(next.len(), Ordering::Release);
-                *entries = Arc::new(next);
+                let previous = {
+                    let mut entries = inner.entries.write();
+                    let next: Vec<Entry<E>> = entries
+                        .iter()
+                        .filter(|e| e.id != id)
+                        .map(|e| Entry {
+                            id: e.id,
+                            scope: e.scope.clone(),
+                            listener: e.listener.clone(),
+                        })
+                        .collect();
+                    inner.len.store(next.len(), Ordering::Release);
+                    std::mem::replace(&mut *entries, Arc::new(next))
+                };
+                // The removed listener is dropped (with whatever it owns, possibly the guard of
+                // another listener of this bus) only after the lock is released.
+                drop(previous);
             }
         })
     }
@@ -341,6 +346,36 @@ mod tests {
             bus.try_emit(&Ev(None, 1)).unwrap_err().message,
             "<unrenderable thrown value>"
         );
+    }
+
+    /// Runs `f` on another thread and fails (instead of hanging) if it does not finish: a
+    /// deadlocked `f` is left blocked on its thread.
+    fn finishes(f: impl FnOnce() + Send + 'static) {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            f();
+            let _ = done.send(());
+        });
+        finished
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("finished: no deadlock");
+    }
+
+    /// Removing a listener drops it, and with it whatever it owns, after the bus's lock is
+    /// released: a listener owning the guard of another listener of the same bus (one agent's
+    /// registrations tied together) used to be dropped under the write lock, whose second
+    /// removal then deadlocked on it.
+    #[test]
+    fn removing_a_listener_that_owns_another_registration_does_not_deadlock() {
+        let bus = EventBus::<Ev>::new();
+        let companion = bus.on(|_| Ok(()));
+        let owner = bus.on(move |_| {
+            let _keep = &companion;
+            Ok(())
+        });
+        assert_eq!(bus.listener_count(), 2);
+        finishes(move || drop(owner));
+        assert_eq!(bus.listener_count(), 0);
     }
 
     /// A vetoed emission is undone for exactly the listeners that heard it, latest first;

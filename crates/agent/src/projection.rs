@@ -78,7 +78,16 @@ impl ProjectionRegistry {
         let weak = Arc::downgrade(&self.entries);
         Ok(Registration::new(move || {
             if let Some(entries) = weak.upgrade() {
-                entries.write().retain(|(i, _)| *i != id);
+                let removed = {
+                    let mut entries = entries.write();
+                    entries
+                        .iter()
+                        .position(|(i, _)| *i == id)
+                        .map(|index| entries.remove(index))
+                };
+                // The projection (and whatever it owns, possibly the guard of another
+                // projection) is dropped after the lock is released.
+                drop(removed);
             }
         }))
     }
@@ -101,5 +110,54 @@ impl ProjectionRegistry {
             .iter()
             .map(|p| (p.name().to_owned(), p.view(session.header(), &events)))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A projection that may own another registration (held only to be dropped with it).
+    struct Named(
+        &'static str,
+        #[expect(dead_code, reason = "held, never read")] Option<Registration>,
+    );
+
+    impl Projection for Named {
+        fn name(&self) -> &str {
+            self.0
+        }
+
+        fn view(&self, _: &SessionHeader, events: &[Arc<SessionEvent>]) -> Value {
+            Value::from(events.len())
+        }
+    }
+
+    /// Unregistering a projection drops it after the registry's lock is released: one owning
+    /// the guard of another projection of the same registry used to be dropped under the write
+    /// lock, whose second removal then deadlocked on it.
+    #[test]
+    fn unregistering_a_projection_that_owns_another_registration_does_not_deadlock() {
+        let registry = ProjectionRegistry::new();
+        let inner = registry.register(Arc::new(Named("inner", None))).unwrap();
+        let outer = registry.register(Arc::new(Named("outer", Some(inner)))).unwrap();
+        assert_eq!(registry.names(), ["inner", "outer"]);
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(outer);
+            let _ = done.send(());
+        });
+        finished
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("finished: no deadlock");
+        assert!(registry.names().is_empty());
+        let session = Session::new(
+            crate::header::SessionMeta::default()
+                .into_header("s".into(), 1)
+                .unwrap(),
+            None,
+        )
+        .unwrap();
+        assert!(registry.snapshot(&session).is_empty());
     }
 }
