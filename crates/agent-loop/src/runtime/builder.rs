@@ -253,6 +253,7 @@ impl RuntimeBuilder {
             tool_registry,
             config,
             registry: Mutex::new(Default::default()),
+            reserved: Mutex::new(Default::default()),
             agent_lifecycle: parking_lot::ReentrantMutex::new(()),
             shutdown: Signal::new(),
             tasks: TaskTracker::new(),

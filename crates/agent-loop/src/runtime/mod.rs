@@ -4,7 +4,9 @@
 //! [`Services`] it runs on.
 //!
 //! # Creation (spec §9.1)
-//! 1. prepare the unpublished session (header and seed validated; a live id is a duplicate);
+//! 1. prepare the unpublished session (header and seed validated; a live id, or one another
+//!    creation or resumption under way holds until it ends, is a duplicate — scoped
+//!    registrations are keyed by id, so two setups of one id would share them);
 //! 2. validate the agent options, require a live owner, reject a pre-cancelled signal;
 //! 3. construct the [`LoopAgent`] and its flat scope, recording the owner link;
 //! 4. run `setup(ctx)` raced against the creation token — the caller's signal, the owner's
@@ -43,6 +45,8 @@ mod builder;
 mod dispose;
 pub mod fork;
 mod models;
+#[cfg(test)]
+mod overlap;
 mod registry;
 #[cfg(test)]
 mod robust;
@@ -100,6 +104,11 @@ struct RuntimeInner {
     config: LoopConfig,
     /// The registered agents (live or disposing) by id, in creation order.
     registry: Mutex<registry::Registry<Arc<AgentEntry>>>,
+    /// The ids of the creations and resumptions under way (from their session's preparation,
+    /// or a resume's duplicate check, to their end). Scoped registrations are keyed by id, so
+    /// a second transaction of an id while one is in its setup window would share — and run
+    /// under — the first one's registrations: it is refused `Duplicate` instead.
+    reserved: Mutex<foldhash::HashSet<SessionId>>,
     /// Held while an agent is marked announced and `AgentEvent::Created` is emitted, and while
     /// its teardown checks that mark and emits `AgentEvent::Disposed`, so listeners on any
     /// thread see an agent's `Created` before its `Disposed`. Reentrant: a `Created` listener
@@ -143,8 +152,23 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
+/// An id held by a creation or resumption under way ([`RuntimeInner::reserved`]); dropping
+/// it frees the id.
+struct Reservation {
+    runtime: Arc<RuntimeInner>,
+    id: SessionId,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.runtime.reserved.lock().remove(&self.id);
+    }
+}
+
 /// What the shared part of the creation transaction needs.
 struct Plan {
+    /// The id, held until the transaction ends (its rollback included).
+    reservation: Reservation,
     session: Arc<Session>,
     options: agent::AgentOptions,
     signal: Option<Signal>,
@@ -189,6 +213,8 @@ enum Stage {
 /// dropped).
 struct Rollback {
     stage: Stage,
+    /// Freed once the rollback ran (a field: dropped after [`Drop::drop`]'s undo).
+    _reservation: Reservation,
 }
 
 impl Rollback {
@@ -384,6 +410,17 @@ impl Runtime {
         }
     }
 
+    /// Holds `id` for a creation or resumption; `Duplicate` while another one holds it.
+    fn reserve(&self, id: &SessionId) -> Result<Reservation, AgentError> {
+        if !self.inner.reserved.lock().insert(id.clone()) {
+            return Err(AgentError::Duplicate(id.clone()));
+        }
+        Ok(Reservation {
+            runtime: self.inner.clone(),
+            id: id.clone(),
+        })
+    }
+
     /// The liveness checks re-run after every publication edge.
     fn recheck(
         &self,
@@ -433,6 +470,7 @@ impl Runtime {
     /// armed.
     fn stage(&self, plan: Plan) -> Result<Staged, AgentError> {
         let Plan {
+            reservation,
             session,
             options,
             signal,
@@ -474,6 +512,7 @@ impl Runtime {
                 agent: agent.clone(),
                 scope,
             },
+            _reservation: reservation,
         };
         Ok(Staged {
             rollback,
@@ -528,7 +567,9 @@ impl Runtime {
             return Err(inactive(&session_id));
         }
         let session = self.inner.sessions.prepare(session_id, seed, meta)?;
+        let reservation = self.reserve(session.id())?;
         Ok(Plan {
+            reservation,
             session,
             options: agent_options,
             signal,
@@ -714,6 +755,7 @@ impl AgentRuntime for Runtime {
         {
             return Err(AgentError::Duplicate(session_id));
         }
+        let reservation = self.reserve(&session_id)?;
         if let Some(s) = &signal
             && s.is_cancelled()
         {
@@ -745,6 +787,7 @@ impl AgentRuntime for Runtime {
         crate::store::repair_open_turn(&mut events);
         let session = Arc::new(Session::new(loaded.header, Some(events))?);
         self.transact(Plan {
+            reservation,
             session,
             options: agent_options,
             signal,
@@ -789,6 +832,11 @@ pub fn assert_quiescent(runtime: &Runtime) {
     let inner = &runtime.inner;
     let agents: Vec<String> = inner.registry.lock().ids().map(ToString::to_string).collect();
     assert!(agents.is_empty(), "agents still registered: {agents:?}");
+    let reserved: Vec<String> = inner.reserved.lock().iter().map(ToString::to_string).collect();
+    assert!(
+        reserved.is_empty(),
+        "creations still holding their ids: {reserved:?}"
+    );
     let sessions: Vec<String> = inner.sessions.list().iter().map(|s| s.id().to_string()).collect();
     assert!(sessions.is_empty(), "sessions still live: {sessions:?}");
     let s = &inner.services;
