@@ -8,27 +8,11 @@ use futures::FutureExt;
 
 use agent::prompt::{PERSONA_SECTION, PromptSection};
 use agent::runtime::Setup;
-use agent::{AgentError, AgentHandle, AgentRuntime, CreateAgentOptions, Ctx, ResumeAgentOptions};
+use agent::{AgentError, AgentHandle, AgentRuntime, Ctx};
 
 use super::Runtime;
 use crate::model::{ScriptedModel, chunks};
 use crate::runtime::testkit::*;
-
-fn options(id: &str) -> CreateAgentOptions {
-    let mut o = CreateAgentOptions::new(id.into());
-    o.agent_options = mock_options();
-    o
-}
-
-fn resume_options(id: &str) -> ResumeAgentOptions {
-    ResumeAgentOptions {
-        session_id: id.into(),
-        agent_options: mock_options(),
-        signal: None,
-        setup: None,
-        owner: None,
-    }
-}
 
 /// A setup that registers a scoped persona `text`, then waits for `go` before it commits.
 fn persona_then_wait(text: &'static str, go: tokio::sync::oneshot::Receiver<()>) -> Option<Setup> {
@@ -86,7 +70,7 @@ async fn a_creation_in_setup_owns_its_id() {
     let rt = builder(&model).persona("deployment").build();
 
     let (go, wait) = tokio::sync::oneshot::channel();
-    let mut first = options("x");
+    let mut first = create_options("x");
     first.setup = persona_then_wait("the first creation's persona", wait);
     let first = tokio::spawn({
         let rt: Runtime = rt.clone();
@@ -95,7 +79,7 @@ async fn a_creation_in_setup_owns_its_id() {
     settle().await;
     assert!(AgentRuntime::get(&rt, &"x".into()).is_none(), "still in setup");
 
-    let second = rt.create(options("x")).await;
+    let second = rt.create(create_options("x")).await;
     if let Err(why) = refused(&model, "a second creation", second).await {
         panic!("{why}");
     }
@@ -110,12 +94,15 @@ async fn a_creation_in_setup_owns_its_id() {
 
     // A creation dropped in its setup window frees the id at once.
     let (_go, wait) = tokio::sync::oneshot::channel();
-    let mut dropped = options("x");
+    let mut dropped = create_options("x");
     dropped.setup = persona_then_wait("dropped", wait);
     let mut dropped = Box::pin(rt.create(dropped));
     assert!(futures::poll!(dropped.as_mut()).is_pending());
     drop(dropped);
-    let again = rt.create(options("x")).await.expect("the id is free again");
+    let again = rt
+        .create(create_options("x"))
+        .await
+        .expect("the id is free again");
     assert_eq!(
         first_system_text(&model, &again).await.as_deref(),
         Some("deployment")

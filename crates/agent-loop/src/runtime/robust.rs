@@ -12,30 +12,14 @@ use parking_lot::Mutex;
 
 use agent::runtime::Setup;
 use agent::{
-    AgentError, AgentEvent, AgentHandle, AgentRuntime, CancelCause, CreateAgentOptions, Registration,
-    ResumeAgentOptions, SessionId, SessionPersistence, SessionStore, Signal,
+    AgentError, AgentEvent, AgentHandle, AgentRuntime, CancelCause, Registration, SessionId,
+    SessionPersistence, SessionStore, Signal,
 };
 
 use super::*;
 use crate::model::{ScriptedModel, chunks};
 use crate::runtime::testkit::*;
 use crate::{JsonlStore, MemoryStore};
-
-fn options(id: &str) -> CreateAgentOptions {
-    let mut o = CreateAgentOptions::new(id.into());
-    o.agent_options = mock_options();
-    o
-}
-
-fn resume_options(id: &str) -> ResumeAgentOptions {
-    ResumeAgentOptions {
-        session_id: id.into(),
-        agent_options: mock_options(),
-        signal: None,
-        setup: None,
-        owner: None,
-    }
-}
 
 /// A setup that appends to the session and yields between its steps (so every step is a
 /// scheduling point), then commits.
@@ -199,7 +183,7 @@ async fn interrupted(point: usize, interrupt: Interrupt, resume: bool) -> bool {
             (o.signal, o.owner, o.setup) = (o_signal, o_owner, appending_setup());
             rt2.resume(o).await
         } else {
-            let mut o = options("child");
+            let mut o = create_options("child");
             (o.signal, o.owner, o.setup) = (o_signal, o_owner, appending_setup());
             rt2.create(o).await
         }
@@ -409,7 +393,7 @@ async fn interrupted_from_a_publication_listener_stores_nothing() {
                         Ok(())
                     }),
                 };
-                let mut o = options("child");
+                let mut o = create_options("child");
                 (o.signal, o.owner, o.setup) = (Some(signal), Some(owner.agent().clone()), appending_setup());
                 let err = rt.create(o).await.expect_err(&context);
                 assert!(
@@ -457,7 +441,7 @@ async fn concurrent_creations_of_one_id_have_one_winner() {
             .map(|n| {
                 let (rt, id) = (rt.clone(), id.clone());
                 tokio::spawn(async move {
-                    let mut o = options(&id);
+                    let mut o = create_options(&id);
                     if (n + round) % 2 == 0 {
                         o.setup = appending_setup();
                     }
@@ -509,7 +493,7 @@ async fn shutdown_racing_creations_leaves_nothing() {
         for n in 0..6 {
             let (rt, parent) = (rt.clone(), parent.agent().clone());
             tasks.push(tokio::spawn(async move {
-                let mut o = options(&format!("c{n}"));
+                let mut o = create_options(&format!("c{n}"));
                 if n % 2 == 0 {
                     o.setup = appending_setup();
                 }
@@ -624,7 +608,7 @@ async fn disposal_racing_a_turn_waiters_and_resume() {
         let h = handle.clone();
         let disposer = tokio::spawn(async move { h.dispose().await });
         let rt2 = rt.clone();
-        let creator = tokio::spawn(async move { rt2.create(options("a")).await });
+        let creator = tokio::spawn(async move { rt2.create(create_options("a")).await });
         for w in waiters {
             w.await.unwrap();
         }
@@ -673,7 +657,7 @@ async fn failing_setup_at_every_point_stores_nothing() {
             let persistence = Arc::new(MemoryStore::new());
             let rt = builder(&model).persistence(persistence.clone()).build();
             let (log, guards) = record(&rt);
-            let mut o = options("child");
+            let mut o = create_options("child");
             o.setup = Some(Box::new(move |ctx: Ctx| {
                 async move {
                     let agent = ctx.agent().expect("scoped").clone();
@@ -831,7 +815,7 @@ async fn an_observer_refusing_a_session_at_entry_fails_its_creation() {
         .persistence(persistence.clone())
         .session_observer(Arc::new(PanickingAttach))
         .build();
-    let err = rt.create(options("a")).await.expect_err("refused");
+    let err = rt.create(create_options("a")).await.expect_err("refused");
     assert!(
         matches!(&err, AgentError::Log(agent::LogError::Refused { session, reason })
             if session.as_str() == "a" && reason.contains("attach exploded")),

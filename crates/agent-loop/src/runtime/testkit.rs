@@ -58,6 +58,24 @@ pub(crate) fn mock_options() -> AgentOptions {
     }
 }
 
+/// Options creating agent `id` routed to the scripted model.
+pub(crate) fn create_options(id: &str) -> CreateAgentOptions {
+    let mut o = CreateAgentOptions::new(id.into());
+    o.agent_options = mock_options();
+    o
+}
+
+/// Options resuming stored session `id` routed to the scripted model (no signal, setup or owner).
+pub(crate) fn resume_options(id: &str) -> agent::ResumeAgentOptions {
+    agent::ResumeAgentOptions {
+        session_id: id.into(),
+        agent_options: mock_options(),
+        signal: None,
+        setup: None,
+        owner: None,
+    }
+}
+
 /// Creates a published agent routed to the scripted model.
 pub(crate) async fn create(rt: &Runtime, id: &str) -> AgentHandle {
     let mut options = CreateAgentOptions::new(id.into());
