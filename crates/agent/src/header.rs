@@ -115,13 +115,23 @@ fn validate_meta_fields(
     check_safe("createdAt", created_at)?;
     check_safe("seedLength", seed_length)?;
     check_safe("delegationDepth", delegation_depth)?;
-    if let Some(cwd) = cwd
-        && !cwd.is_absolute()
-    {
-        return Err(HeaderError::new(
-            "cwd",
-            format!("{} is not an absolute path", cwd.display()),
-        ));
+    if let Some(cwd) = cwd {
+        if !cwd.is_absolute() {
+            return Err(HeaderError::new(
+                "cwd",
+                format!("{} is not an absolute path", cwd.display()),
+            ));
+        }
+        // The header is JSON: a path that is not Unicode has no lossless JSON form.
+        if cwd.to_str().is_none() {
+            return Err(HeaderError::new(
+                "cwd",
+                format!(
+                    "{} is not valid UTF-8, which a session header cannot hold",
+                    cwd.display()
+                ),
+            ));
+        }
     }
     if let Some(p) = parent_session
         && p.as_str().is_empty()
@@ -174,7 +184,7 @@ impl SessionMeta {
         Ok(meta)
     }
 
-    /// Validates every field: safe integers, absolute `cwd`, non-empty ids.
+    /// Validates every field: safe integers, an absolute UTF-8 `cwd`, non-empty ids.
     pub fn validate(&self) -> Result<(), HeaderError> {
         validate_meta_fields(
             self.created_at,
@@ -314,5 +324,24 @@ mod tests {
         assert_eq!(h.validate(), Ok(()));
         let err = SessionMeta::default().into_header("".into(), 5).unwrap_err();
         assert_eq!(err.field, "id");
+    }
+
+    /// spec: agent-spine §5 ("non-JSON metadata fails creation") — a `cwd` that is not UTF-8
+    /// has no lossless JSON form: the header (and so the creation) is refused, naming the field,
+    /// instead of being accepted and failing only where it is written.
+    #[cfg(unix)]
+    #[test]
+    fn a_cwd_that_is_not_utf8_is_invalid() {
+        use std::os::unix::ffi::OsStrExt as _;
+        let cwd = PathBuf::from(std::ffi::OsStr::from_bytes(b"/tmp/\xff"));
+        let meta = SessionMeta {
+            cwd: Some(cwd),
+            ..SessionMeta::default()
+        };
+        let err = meta.validate().unwrap_err();
+        assert_eq!(err.field, "cwd");
+        assert!(err.to_string().contains("not valid UTF-8"), "{err}");
+        let err = meta.into_header("s".into(), 1).unwrap_err();
+        assert_eq!(err.field, "cwd");
     }
 }

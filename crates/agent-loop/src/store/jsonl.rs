@@ -141,8 +141,9 @@ impl JsonlStore {
     /// line is longer than any header (`MAX_HEADER_LINE`; only that much of it is read, as by
     /// [`load`](Self::load)).
     ///
-    /// A header that cannot be encoded as JSON (e.g. a `cwd` that is not UTF-8) is
-    /// [`StoreError::EncodeHeader`] at once, and nothing is created.
+    /// An invalid header (a `cwd` that is not UTF-8 among them, which JSON cannot hold) is
+    /// [`StoreError::Header`], and one that still cannot be encoded as JSON is
+    /// [`StoreError::EncodeHeader`]: at once either way, and nothing is created.
     pub fn create(&self, header: &SessionHeader) -> Result<(), StoreError> {
         header.validate()?;
         let path = self.path_of(&header.id)?;

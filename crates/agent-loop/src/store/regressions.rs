@@ -127,8 +127,9 @@ async fn creating_over_a_complete_json_line_that_is_no_header_of_ours_keeps_the_
     }
 }
 
-/// A header that cannot be encoded (a `cwd` that is not UTF-8) fails `create` at once with a
-/// typed error, and nothing is created on disk: no log, not even the store's directory.
+/// A header that cannot be written as JSON (a `cwd` that is not UTF-8) fails `create` at once
+/// with a typed error — the header's own validation refuses it — and nothing is created on
+/// disk: no log, not even the store's directory.
 #[cfg(unix)]
 #[tokio::test]
 async fn a_header_that_cannot_be_encoded_fails_create_and_creates_nothing() {
@@ -137,13 +138,9 @@ async fn a_header_that_cannot_be_encoded_fails_create_and_creates_nothing() {
     let root = dir.path().join("store");
     let mut h = header("s");
     h.cwd = Some(Path::new(std::ffi::OsStr::from_bytes(b"/tmp/\xff")).to_path_buf());
-    h.validate().expect("an absolute path is a valid cwd");
     let store = JsonlStore::new(&root);
     let err = store.create(&h).unwrap_err();
-    assert!(
-        matches!(&err, StoreError::EncodeHeader { id, .. } if id.as_str() == "s"),
-        "{err}"
-    );
+    assert!(matches!(&err, StoreError::Header(e) if e.field == "cwd"), "{err}");
     assert!(!root.exists(), "nothing created");
     // The id stays free: a valid header creates the session.
     store.create(&header("s")).expect("create");
