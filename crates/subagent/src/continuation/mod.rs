@@ -1147,13 +1147,35 @@ impl Inner {
         materializing: drain::MaterializingGuard,
     ) -> impl Future<Output = ()> + Send + 'static {
         let inner = self.clone();
+        // Installed as the Activation's (memoized) disposal, so that it is the admission cutoff
+        // like any release: a delivery routed to this child meanwhile (its starter dropped, so
+        // its lock released) waits for the rollback and then cold-resumes, instead of being
+        // accepted by an agent whose handle is being disposed — and never run.
+        let disposal = {
+            let _admission = self.admission.lock();
+            activation.open_disposal(&self.tasks, move |activation| {
+                async move {
+                    if let Err(panic) = activation.dispose_handle().await {
+                        tracing::warn!(child = %activation.child_id, panic = %panic,
+                            "the handle disposal of a rolled-back activation failed");
+                    }
+                    {
+                        let mut map = inner.activations.lock();
+                        if map
+                            .get(&activation.child_id)
+                            .is_some_and(|a| Arc::ptr_eq(a, &activation))
+                        {
+                            map.remove(&activation.child_id);
+                        }
+                    }
+                    inner.release_ownership(&activation.child_id);
+                    Ok(())
+                }
+                .boxed()
+            })
+        };
         let done = self.tasks.spawn(async move {
-            if let Err(panic) = activation.dispose_handle().await {
-                tracing::warn!(child = %activation.child_id, panic = %panic,
-                    "the handle disposal of a rolled-back activation failed");
-            }
-            inner.activations.lock().remove(&activation.child_id);
-            inner.release_ownership(&activation.child_id);
+            let _ = disposal.await;
             drop(materializing);
         });
         async move {

@@ -29,6 +29,7 @@ use crate::service::SubagentService;
 
 mod host_faults;
 mod maintenance;
+mod races;
 mod setup;
 mod surface;
 
