@@ -107,8 +107,20 @@ impl Inner {
         if handle.id() != child_id {
             // The runtime resumed what the store handed it at load time: not this child.
             let found = handle.id().clone();
-            handle.dispose().await;
-            drop(materializing);
+            // The handle's disposal is host code: a panic there is contained (it fails nothing
+            // more than this refusal already does). It runs as a tracked task holding the
+            // in-flight record, so the foreign agent is still released — and drains still wait
+            // for it — when this follow-up is dropped meanwhile.
+            let released = self.tasks.spawn(async move {
+                if let Err(panic) = super::contained(|| handle.dispose()).await {
+                    tracing::warn!(panic = %panic,
+                        "the handle disposal of an agent resumed as another session failed");
+                }
+                drop(materializing);
+            });
+            if let Err(e) = released.await {
+                tracing::warn!(error = %e, "releasing an agent resumed as another session failed");
+            }
             return Err(SubagentError::child_session_mismatch(
                 child_id.as_str(),
                 found.as_str(),
