@@ -27,6 +27,26 @@ use crate::result::StopReason;
 use crate::run::SubagentRun;
 use crate::service::SubagentService;
 
+/// The lookups of an `AgentRuntime` wrapper (`get`, `list`, `ctx`, `agent_ctx`), delegated to
+/// its wrapped runtime in field `$inner`: the test runtimes below only change how agents are
+/// created, resumed or disposed.
+macro_rules! delegate_agent_lookups {
+    ($inner:tt) => {
+        fn get(&self, id: &SessionId) -> Option<AgentRef> {
+            self.$inner.get(id)
+        }
+        fn list(&self) -> Vec<AgentRef> {
+            self.$inner.list()
+        }
+        fn ctx(&self) -> agent::Ctx {
+            self.$inner.ctx()
+        }
+        fn agent_ctx(&self, id: &SessionId) -> Option<agent::Ctx> {
+            self.$inner.agent_ctx(id)
+        }
+    };
+}
+
 mod host_faults;
 mod maintenance;
 mod races;
@@ -3591,18 +3611,7 @@ impl AgentRuntime for PausingResume {
         let _ = release.wait_for(|released| *released).await;
         Ok(handle)
     }
-    fn get(&self, id: &SessionId) -> Option<AgentRef> {
-        self.inner.get(id)
-    }
-    fn list(&self) -> Vec<AgentRef> {
-        self.inner.list()
-    }
-    fn ctx(&self) -> agent::Ctx {
-        self.inner.ctx()
-    }
-    fn agent_ctx(&self, id: &SessionId) -> Option<agent::Ctx> {
-        self.inner.agent_ctx(id)
-    }
+    delegate_agent_lookups!(inner);
 }
 
 /// spec: CONT-47 — replacing the parent (its handle disposed, then the same id resumed as a new
@@ -4712,18 +4721,7 @@ impl AgentRuntime for SlowDisposal {
     async fn resume(&self, options: agent::ResumeAgentOptions) -> Result<AgentHandle, agent::AgentError> {
         self.0.resume(options).await.map(Self::wrap)
     }
-    fn get(&self, id: &SessionId) -> Option<AgentRef> {
-        self.0.get(id)
-    }
-    fn list(&self) -> Vec<AgentRef> {
-        self.0.list()
-    }
-    fn ctx(&self) -> agent::Ctx {
-        self.0.ctx()
-    }
-    fn agent_ctx(&self, id: &SessionId) -> Option<agent::Ctx> {
-        self.0.agent_ctx(id)
-    }
+    delegate_agent_lookups!(0);
 }
 
 /// A start whose caller drops it while its rollback is under way (a manager drain begun at
@@ -4833,18 +4831,7 @@ impl AgentRuntime for PanickingDisposal {
     async fn resume(&self, options: agent::ResumeAgentOptions) -> Result<AgentHandle, agent::AgentError> {
         self.inner.resume(options).await
     }
-    fn get(&self, id: &SessionId) -> Option<AgentRef> {
-        self.inner.get(id)
-    }
-    fn list(&self) -> Vec<AgentRef> {
-        self.inner.list()
-    }
-    fn ctx(&self) -> agent::Ctx {
-        self.inner.ctx()
-    }
-    fn agent_ctx(&self, id: &SessionId) -> Option<agent::Ctx> {
-        self.inner.agent_ctx(id)
-    }
+    delegate_agent_lookups!(inner);
 }
 
 /// spec: CONT-30 — a handle-disposal failure (the host's disposer panics) during natural
@@ -5030,18 +5017,7 @@ impl AgentRuntime for SeamErrorResume {
             }),
         }
     }
-    fn get(&self, id: &SessionId) -> Option<AgentRef> {
-        self.inner.get(id)
-    }
-    fn list(&self) -> Vec<AgentRef> {
-        self.inner.list()
-    }
-    fn ctx(&self) -> agent::Ctx {
-        self.inner.ctx()
-    }
-    fn agent_ctx(&self, id: &SessionId) -> Option<agent::Ctx> {
-        self.inner.agent_ctx(id)
-    }
+    delegate_agent_lookups!(inner);
 }
 
 /// spec: CONT-24 — a `SubagentError` raised by the agent resume (directly, or from its setup

@@ -19,18 +19,7 @@ impl AgentRuntime for AbortAfterCreate {
     async fn resume(&self, options: agent::ResumeAgentOptions) -> Result<AgentHandle, agent::AgentError> {
         self.0.resume(options).await
     }
-    fn get(&self, id: &SessionId) -> Option<AgentRef> {
-        self.0.get(id)
-    }
-    fn list(&self) -> Vec<AgentRef> {
-        self.0.list()
-    }
-    fn ctx(&self) -> agent::Ctx {
-        self.0.ctx()
-    }
-    fn agent_ctx(&self, id: &SessionId) -> Option<agent::Ctx> {
-        self.0.agent_ctx(id)
-    }
+    delegate_agent_lookups!(0);
 }
 
 /// A follow-up racing the rollback of a refused start (whose caller dropped it while the fresh
@@ -112,18 +101,7 @@ impl AgentRuntime for PanickingResumedDisposal {
             Arc::new(ExplodingDisposer(handle)),
         ))
     }
-    fn get(&self, id: &SessionId) -> Option<AgentRef> {
-        self.0.get(id)
-    }
-    fn list(&self) -> Vec<AgentRef> {
-        self.0.list()
-    }
-    fn ctx(&self) -> agent::Ctx {
-        self.0.ctx()
-    }
-    fn agent_ctx(&self, id: &SessionId) -> Option<agent::Ctx> {
-        self.0.agent_ctx(id)
-    }
+    delegate_agent_lookups!(0);
 }
 
 /// spec: CONT-22 — a cold resume whose runtime resumed another session (the store's load was
