@@ -303,7 +303,7 @@ pub struct SubprocessRunHandle {
     id: SessionId,
     result: SharedResult,
     /// Protects the one-time transition from "not disposed" (parts present) to "disposing"
-    /// (shared future present). Never held across an `.await`.
+    /// (shared future present). Never held across an `.await`, nor while provider code runs.
     disposal: Mutex<(Option<PendingDisposal>, Option<SharedDisposal>)>,
 }
 
@@ -349,50 +349,71 @@ impl SubprocessRunHandle {
     }
 
     /// Disposes the run (idempotent; see the type's documentation).
+    ///
+    /// The provider's closures run after the handle's lock is released, so a closure that
+    /// reaches this handle again (its `dispose`, say) gets the shared future instead of
+    /// deadlocking.
     pub fn dispose(&self) -> SharedDisposal {
-        let mut state = self.disposal.lock();
-        if let Some(shared) = &state.1 {
-            return shared.clone();
-        }
-        let shared = match state.0.take() {
-            Some(pending) => {
-                pending.listener.remove();
-                // Provider code: a panic (at the call, or while the teardown runs) fails the
-                // disposal future, for every caller, rather than unwinding into this caller and
-                // leaving the parts taken with no future stored — which later calls would report
-                // as a finished teardown. A panicking cancellation request still starts the
-                // teardown.
-                let cancel_panic = catch_unwind(AssertUnwindSafe(pending.request_cancel))
-                    .err()
-                    .map(|payload| teardown_panicked("its cancellation request", &*payload));
-                let teardown = match catch_unwind(AssertUnwindSafe(pending.teardown)) {
-                    Ok(running) => AssertUnwindSafe(running)
-                        .catch_unwind()
-                        .map(|outcome| {
-                            outcome
-                                .unwrap_or_else(|payload| Err(teardown_panicked("its teardown", &*payload)))
-                        })
-                        .boxed(),
-                    Err(payload) => {
-                        futures::future::ready(Err(teardown_panicked("its teardown", &*payload))).boxed()
-                    }
-                };
-                match cancel_panic {
-                    None => teardown.shared(),
-                    Some(error) => async move {
-                        let _ = teardown.await;
-                        Err(error)
-                    }
-                    .boxed()
-                    .shared(),
+        let (pending, started, shared) = {
+            let mut state = self.disposal.lock();
+            if let Some(shared) = &state.1 {
+                return shared.clone();
+            }
+            // The shared future is stored before any provider code runs; it drives the teardown
+            // this call hands it once the closures below have returned.
+            let (started, teardown) = futures::channel::oneshot::channel::<BoxFuture<'static, _>>();
+            let shared = async move {
+                match teardown.await {
+                    Ok(running) => running.await,
+                    // Only if this call unwound between storing the future and handing over the
+                    // teardown, which the containment below rules out; never report success.
+                    Err(_) => Err(teardown_panicked("its disposal", &"the disposal was abandoned")),
                 }
             }
+            .boxed()
+            .shared();
+            state.1 = Some(shared.clone());
+            (state.0.take(), started, shared)
+        };
+        let running = match pending {
+            Some(pending) => Self::start_teardown(pending),
             // Unreachable by construction (parts are taken exactly when the future is stored);
             // settle as already disposed rather than panic.
-            None => futures::future::ready(Ok::<(), SharedError>(())).boxed().shared(),
+            None => futures::future::ready(Ok::<(), SharedError>(())).boxed(),
         };
-        state.1 = Some(shared.clone());
+        // The receiver lives in `shared`, which this call still holds: the send cannot fail.
+        let _ = started.send(running);
         shared
+    }
+
+    /// The first disposal's synchronous steps: removes the abort listener, requests local
+    /// cancellation and starts the teardown, returning the future that completes with it.
+    fn start_teardown(pending: PendingDisposal) -> BoxFuture<'static, Result<(), SharedError>> {
+        pending.listener.remove();
+        // Provider code: a panic (at the call, or while the teardown runs) fails the disposal
+        // future, for every caller, rather than unwinding into this caller and leaving the parts
+        // taken with no teardown started — which later calls would report as a finished
+        // teardown. A panicking cancellation request still starts the teardown.
+        let cancel_panic = catch_unwind(AssertUnwindSafe(pending.request_cancel))
+            .err()
+            .map(|payload| teardown_panicked("its cancellation request", &*payload));
+        let teardown = match catch_unwind(AssertUnwindSafe(pending.teardown)) {
+            Ok(running) => AssertUnwindSafe(running)
+                .catch_unwind()
+                .map(|outcome| {
+                    outcome.unwrap_or_else(|payload| Err(teardown_panicked("its teardown", &*payload)))
+                })
+                .boxed(),
+            Err(payload) => futures::future::ready(Err(teardown_panicked("its teardown", &*payload))).boxed(),
+        };
+        match cancel_panic {
+            None => teardown,
+            Some(error) => async move {
+                let _ = teardown.await;
+                Err(error)
+            }
+            .boxed(),
+        }
     }
 }
 
@@ -832,6 +853,50 @@ mod tests {
         assert!(first.await.unwrap_err().to_string().contains("cancel exploded"));
         assert!(h.dispose().await.is_err());
         assert_eq!(torn.load(Ordering::SeqCst), 1, "the teardown ran once");
+    }
+
+    /// The provider's closures run outside the handle's lock: a cancellation request or a
+    /// teardown that reaches the same handle's `dispose` again (a backend that disposes of its
+    /// run from its own cancellation path) gets the shared future, where it used to deadlock on
+    /// the lock the first call held around them. A 10 s guard thread fails the test instead of
+    /// hanging it.
+    #[test]
+    fn a_closure_disposing_of_its_own_handle_does_not_deadlock() {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let me: Arc<std::sync::OnceLock<std::sync::Weak<SubprocessRunHandle>>> = Arc::default();
+            let (from_cancel, from_teardown) = (me.clone(), me.clone());
+            let inner = Arc::new(Mutex::new(Vec::new()));
+            let (cancel_seen, teardown_seen) = (inner.clone(), inner.clone());
+            let handle = Arc::new(SubprocessRunHandle::new(SubprocessRunParts {
+                id: "run-r".into(),
+                result: async { SubagentResult::aborted(vec![]) }.boxed(),
+                listener: AbortListener::default(),
+                request_cancel: Box::new(move || {
+                    let handle = from_cancel.get().and_then(|w| w.upgrade()).expect("set");
+                    cancel_seen.lock().push(handle.dispose());
+                }),
+                teardown: Box::new(move || {
+                    let handle = from_teardown.get().and_then(|w| w.upgrade()).expect("set");
+                    teardown_seen.lock().push(handle.dispose());
+                    async { Ok(()) }.boxed()
+                }),
+            }));
+            me.set(Arc::downgrade(&handle)).expect("set once");
+            let first = handle.dispose();
+            futures::executor::block_on(async {
+                first.await.expect("the teardown succeeded");
+                let reentrant = std::mem::take(&mut *inner.lock());
+                assert_eq!(reentrant.len(), 2, "both closures reached the handle");
+                for inner in reentrant {
+                    inner.await.expect("the re-entrant calls share the same outcome");
+                }
+            });
+            let _ = done.send(());
+        });
+        finished
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("finished: no deadlock");
     }
 
     #[tokio::test]
