@@ -1,7 +1,7 @@
 //! One residency epoch of a continuable child (spec §2.14.1).
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use agent::{
@@ -20,18 +20,36 @@ use crate::result::{StopReason, epoch_stop_reason};
 /// The memoized disposal transaction; every converging releaser awaits the same outcome.
 pub(crate) type Disposal = Shared<BoxFuture<'static, Result<(), SharedError>>>;
 
+/// Identifies one Activation (one residency epoch) among every Activation of the process: two
+/// epochs of the same child id never share one. An ownership registration records the epoch that
+/// made it, so that an epoch's release removes its own registration only — never that of a later
+/// epoch of the same child, cold-resumed between the earlier one's removal from the live map and
+/// its ownership release (spec §2.14.6 steps 8–10).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Epoch(u64);
+
+impl Epoch {
+    fn mint() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        Self(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
 /// Per-Activation state. Each mutex protects only its own field and is never held across an
 /// `.await`.
 pub(crate) struct Activation {
     pub(crate) child_id: SessionId,
+    /// This residency epoch's identity.
+    pub(crate) epoch_id: Epoch,
     /// The durable direct parent's id.
     pub(crate) parent_session: SessionId,
     /// The provider named by the descriptor.
     pub(crate) provider: String,
     pub(crate) agent: AgentRef,
     handle: Mutex<Option<AgentHandle>>,
-    /// Child session ids this Activation owns.
-    owned: Mutex<HashSet<SessionId>>,
+    /// Child session ids this Activation owns, each with the epoch of the child's Activation that
+    /// registered it (spec §2.14.6 `ownedChildren`).
+    owned: Mutex<HashMap<SessionId, Epoch>>,
     /// Waking sends not yet seen claimed or discarded.
     accepted: Mutex<HashSet<MessageId>>,
     /// Whether any delivery to this child was accepted.
@@ -57,6 +75,7 @@ impl Activation {
     ) -> Arc<Self> {
         Arc::new(Self {
             child_id,
+            epoch_id: Epoch::mint(),
             parent_session,
             provider,
             agent: handle.agent().clone(),
@@ -109,17 +128,28 @@ impl Activation {
         shared
     }
 
-    pub(crate) fn own(&self, child: SessionId) {
-        self.owned.lock().insert(child);
+    /// Registers `child` (one epoch of a child) as owned, replacing a registration by an earlier
+    /// epoch of the same child id (which has left the live map: its release no longer removes
+    /// this one).
+    pub(crate) fn own(&self, child: &Activation) {
+        self.owned.lock().insert(child.child_id.clone(), child.epoch_id);
     }
 
-    /// Removes `child` from the owned set; returns whether it was there.
-    pub(crate) fn disown(&self, child: &SessionId) -> bool {
-        self.owned.lock().remove(child)
+    /// Removes `child`'s own registration from the owned set — only if it was made by that very
+    /// epoch; returns whether it was there. A later epoch's registration under the same child id
+    /// stays.
+    pub(crate) fn disown(&self, child: &Activation) -> bool {
+        let mut owned = self.owned.lock();
+        if owned.get(&child.child_id) == Some(&child.epoch_id) {
+            owned.remove(&child.child_id);
+            true
+        } else {
+            false
+        }
     }
 
     pub(crate) fn owned_children(&self) -> Vec<SessionId> {
-        self.owned.lock().iter().cloned().collect()
+        self.owned.lock().keys().cloned().collect()
     }
 
     pub(crate) fn accept(&self, id: MessageId) {

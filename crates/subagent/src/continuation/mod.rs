@@ -183,6 +183,33 @@ pub(crate) struct Inner {
     /// their notice's delivery (§2.14.6 steps 8–9), once per such child; see
     /// [`ContinuationManager::notices_under_way`].
     notices: Mutex<Vec<SessionId>>,
+    /// Deterministic interleaving points for the tests.
+    #[cfg(test)]
+    hooks: TestHooks,
+}
+
+/// Deterministic interleaving points for the tests: each, when installed, is awaited at its
+/// point of the manager's transactions.
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct TestHooks {
+    /// Awaited by a disposal transaction or a rollback after its removal from the live map (and
+    /// the notice, if any) and before its ownership release, with the Activation released.
+    pub(crate) before_release: Mutex<Option<TestHook>>,
+}
+
+/// A test hook: the future to await at its point, made from the Activation concerned.
+#[cfg(test)]
+pub(crate) type TestHook = Arc<dyn Fn(&Arc<Activation>) -> BoxFuture<'static, ()> + Send + Sync>;
+
+#[cfg(test)]
+impl TestHooks {
+    async fn before_release(&self, activation: &Arc<Activation>) {
+        let hook = self.before_release.lock().clone();
+        if let Some(hook) = hook {
+            hook(activation).await;
+        }
+    }
 }
 
 /// Marks a settlement notice as under way toward `parent` until dropped (the delivery ended,
@@ -256,6 +283,8 @@ impl ContinuationManager {
                 admission: parking_lot::ReentrantMutex::new(()),
                 setup: Arc::default(),
                 notices: Mutex::new(Vec::new()),
+                #[cfg(test)]
+                hooks: TestHooks::default(),
             }),
         }
     }
@@ -604,6 +633,8 @@ impl ContinuationManager {
     /// child whose disposal is under way is waited for, then routed again — unless that
     /// teardown ended without releasing the child's Activation (`ACTIVATION_TEARDOWN_FAILED`,
     /// with the teardown's failure as its source), which routing again would only find again.
+    /// That wait observes `signal`: cancelled meanwhile, the follow-up rejects `CANCELLED` at
+    /// once (the disposal itself goes on to completion in the background).
     ///
     /// Host code that panics on the way — the store's reads or the runtime's resume during a
     /// cold resume (`NOT_RESUMABLE`), the child's inbox send (`PROVIDER_FAILED`, like a send
@@ -636,7 +667,11 @@ impl ContinuationManager {
             };
             if let Some(disposal) = activation.disposal() {
                 drop(guard);
-                let outcome = disposal.await;
+                // Raced with the signal: the teardown awaits host code (the child's idle, the
+                // store's flush, the handle's disposal), which may take long or never end. A
+                // cancelled follow-up rejects at once; only its wait is dropped — the disposal
+                // runs on as its tracked task (spec §2.14.6).
+                let outcome = resume::until_cancelled(signal, disposal).await?;
                 check_signal(signal)?;
                 inner.admit(parent)?;
                 // A finished teardown that left this very Activation mapped (abandoned) would be
@@ -865,7 +900,7 @@ impl Inner {
                 if owner.disposal().is_some() {
                     return Err(SubagentError::parent_activation_closing(parent.id().as_str()));
                 }
-                owner.own(activation.child_id.clone());
+                owner.own(activation);
             }
         }
         // The lineage and the epoch boundary read host agents (their `session`) and the host
@@ -924,7 +959,7 @@ impl Inner {
             if owner.disposal().is_some() {
                 return Err(SubagentError::parent_activation_closing(parent.id().as_str()));
             }
-            owner.own(activation.child_id.clone());
+            owner.own(activation);
         }
         let message = Message::user(content, source);
         let id = message.id.clone();
@@ -1119,7 +1154,9 @@ impl Inner {
             }
         }
         drop(under_way);
-        self.release_ownership(&child_id);
+        #[cfg(test)]
+        self.hooks.before_release(&activation).await;
+        self.release_ownership(&activation);
         if let Some(info) = activation.epoch() {
             self.service
                 .events()
@@ -1168,7 +1205,9 @@ impl Inner {
                             map.remove(&activation.child_id);
                         }
                     }
-                    inner.release_ownership(&activation.child_id);
+                    #[cfg(test)]
+                    inner.hooks.before_release(&activation).await;
+                    inner.release_ownership(&activation);
                     Ok(())
                 }
                 .boxed()
@@ -1185,10 +1224,14 @@ impl Inner {
         }
     }
 
-    fn release_ownership(&self, child_id: &SessionId) {
+    /// Step 10 of the disposal transaction (and of a rollback): removes `activation`'s ownership
+    /// registrations from every resident Activation and wakes those owners. Only registrations
+    /// made by this very epoch go: a later epoch of the same child id, cold-resumed since this
+    /// one left the live map, keeps its own (its parent still waits for it).
+    fn release_ownership(&self, activation: &Activation) {
         let owners: Vec<Arc<Activation>> = self.activations.lock().values().cloned().collect();
         for owner in owners {
-            if owner.disown(child_id) {
+            if owner.disown(activation) {
                 owner.wake();
             }
         }

@@ -140,3 +140,340 @@ async fn a_panicking_disposal_of_a_foreign_resumed_agent_is_contained() {
     assert_eq!(host.agent_count(), agents);
     host.finish().await;
 }
+
+/// A `before_release` hook (see [`super::super::TestHooks`]) that, the first time an epoch of
+/// the child `id` reaches its ownership release, sends that Activation on the returned receiver
+/// and holds the release until the returned sender fires (or is dropped).
+fn hold_release_of(
+    host: &Host,
+    id: &str,
+) -> (
+    tokio::sync::oneshot::Receiver<Arc<super::super::activation::Activation>>,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    let (reached_tx, reached_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let held = Arc::new(Mutex::new(Some((reached_tx, release_rx))));
+    let id = SessionId::from(id);
+    *host.manager.inner.hooks.before_release.lock() = Some(Arc::new(
+        move |activation: &Arc<super::super::activation::Activation>| {
+            let taken = if activation.child_id == id {
+                held.lock().take()
+            } else {
+                None
+            };
+            let activation = activation.clone();
+            Box::pin(async move {
+                if let Some((reached, release)) = taken {
+                    let _ = reached.send(activation);
+                    let _ = release.await;
+                }
+            })
+        },
+    ));
+    (reached_rx, release_tx)
+}
+
+/// spec: CONT-26 — an epoch's ownership release (spec §2.14.6 step 10) removes only its own
+/// registration: a follow-up that cold-resumes the grandchild as a new epoch after the old
+/// epoch left the live map but before it released ownership keeps the new epoch owned by the
+/// child, which therefore stays resident (waiting) until the new epoch settles; then both are
+/// released. (Ownership was keyed by child id alone: the old epoch's release removed the new
+/// epoch's registration, and the child could settle under its live grandchild.)
+#[tokio::test(start_paused = true)]
+async fn an_old_epochs_release_keeps_a_new_epochs_ownership() {
+    let host = Host::new(by_session(12)).await;
+    let (child_gate, child_hook) = gate(&host, "child");
+    let (gc_gate, gc_hook) = gate(&host, "gc");
+    gc_gate.send(true).unwrap();
+    let mut spec = host.spec("child task");
+    spec.child_id = Some(SessionId::from("child"));
+    let (child_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    let child = host.get(&child_id).unwrap();
+    let mut spec = ContinuableStartSpec::new(
+        "spawn",
+        "deeper",
+        vec![ContentBlock::text("gc task")],
+        child.clone(),
+    );
+    spec.child_id = Some(SessionId::from("gc"));
+    let (gc_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    let child_activation = host
+        .manager
+        .inner
+        .activations
+        .lock()
+        .get(&child_id)
+        .cloned()
+        .unwrap();
+    assert_eq!(child_activation.owned_children(), vec![gc_id.clone()]);
+    let (reached, release) = hold_release_of(&host, "gc");
+    child_gate.send(true).unwrap();
+    // The first epoch of the grandchild settles: it is out of the live map, its notice is in
+    // the child's inbox, and its ownership release is held.
+    let old_epoch = reached
+        .await
+        .expect("the grandchild's first epoch reaches its release");
+    assert!(!host.manager.is_resident(&gc_id));
+    let old_disposal = old_epoch.disposal().expect("the first epoch is being disposed");
+    // The new epoch below is held at its first step, so it stays resident throughout.
+    gc_gate.send(false).unwrap();
+    // Meanwhile the child follows up: the grandchild cold-resumes as a new epoch, owned anew.
+    host.manager
+        .followup(&child, &gc_id, vec![ContentBlock::text("gc again")])
+        .await
+        .expect("the grandchild cold-resumes");
+    let new_epoch = host
+        .manager
+        .inner
+        .activations
+        .lock()
+        .get(&gc_id)
+        .cloned()
+        .unwrap();
+    assert!(!Arc::ptr_eq(&new_epoch, &old_epoch));
+    assert_eq!(child_activation.owned_children(), vec![gc_id.clone()]);
+    // The first epoch's release ends: the new epoch is still owned by the child.
+    release.send(()).unwrap();
+    old_disposal.await.expect("the first epoch's teardown succeeds");
+    assert_eq!(
+        child_activation.owned_children(),
+        vec![gc_id.clone()],
+        "the old epoch's release removed the new epoch's ownership"
+    );
+    assert!(host.manager.is_resident(&child_id));
+    drop((old_epoch, new_epoch));
+    gc_gate.send(true).unwrap();
+    // Everything settles: the new epoch, then the child (whose own release is not held).
+    host.settle().await;
+    host.parent.when_idle().await;
+    host.settle().await;
+    assert!(child_activation.owned_children().is_empty());
+    drop(child_activation);
+    let log = host.persisted(&gc_id).await;
+    assert_eq!(texts(&log.events), vec!["gc task", "gc again"]);
+    assert_eq!(notices(&child).len(), 2, "one notice per grandchild epoch");
+    let ends: Vec<SessionId> = host.ends().into_iter().map(|e| e.info.id).collect();
+    assert_eq!(ends, vec![gc_id.clone(), gc_id, child_id]);
+    assert_eq!(host.starts().len(), 3);
+    drop((child_hook, gc_hook));
+    host.finish().await;
+}
+
+/// A host runtime whose first created agent's handle disposal does not begin until released:
+/// it reports on `entered` that it was reached, then waits for `release` (or its drop).
+struct HeldDisposal {
+    inner: Arc<dyn AgentRuntime>,
+    held: Mutex<Option<HeldDisposer>>,
+}
+
+/// The hold of a [`HeldDisposal`] handle, and (once built) the runtime's own handle.
+struct HeldDisposer {
+    entered: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    release: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
+    handle: Option<AgentHandle>,
+}
+
+impl agent::Disposer for HeldDisposer {
+    fn dispose(&self) -> futures::future::BoxFuture<'static, ()> {
+        let teardown = self.handle.as_ref().expect("built with its handle").dispose();
+        let entered = self.entered.lock().take();
+        let release = self.release.lock().take();
+        Box::pin(async move {
+            if let Some(entered) = entered {
+                let _ = entered.send(());
+            }
+            if let Some(release) = release {
+                let _ = release.await;
+            }
+            teardown.await;
+        })
+    }
+}
+
+#[async_trait]
+impl AgentRuntime for HeldDisposal {
+    async fn create(&self, options: CreateAgentOptions) -> Result<AgentHandle, agent::AgentError> {
+        let handle = self.inner.create(options).await?;
+        let Some(mut held) = self.held.lock().take() else {
+            return Ok(handle);
+        };
+        let agent = handle.agent().clone();
+        held.handle = Some(handle);
+        Ok(AgentHandle::new(agent, Arc::new(held)))
+    }
+    async fn resume(&self, options: agent::ResumeAgentOptions) -> Result<AgentHandle, agent::AgentError> {
+        self.inner.resume(options).await
+    }
+    delegate_agent_lookups!(inner);
+}
+
+/// spec: CONT-23 — a follow-up routed to a child whose disposal is under way waits for that
+/// disposal (spec §2.14.5) under its token: cancelled during the wait, it rejects `CANCELLED`
+/// at once, while the disposal itself goes on and completes once the host's disposer returns;
+/// the follow-up is never delivered. (The wait ignored the token: the cancelled follow-up
+/// stayed pending until the disposal ended — for ever with a hung host disposer.)
+#[tokio::test(start_paused = true)]
+async fn a_followup_waiting_for_a_disposal_observes_its_cancellation() {
+    let mut host = Host::new(by_session(6)).await;
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel();
+    let mut services = host.runtime.services().clone();
+    services.agents = Arc::new(HeldDisposal {
+        inner: services.agents.clone(),
+        held: Mutex::new(Some(HeldDisposer {
+            entered: Mutex::new(Some(entered_tx)),
+            release: Mutex::new(Some(release_rx)),
+            handle: None,
+        })),
+    });
+    host.manager = ContinuationManager::new(host.service.clone(), services);
+    let mut spec = host.spec("task");
+    spec.child_id = Some(SessionId::from("held"));
+    let (child_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    // The child settles; its disposal is held in the host's disposer.
+    entered_rx.await.expect("the child's handle disposal is reached");
+    assert!(host.manager.is_resident(&child_id));
+    let signal = Signal::new();
+    let mut followup = Box::pin(host.manager.followup_with(
+        &host.parent,
+        &child_id,
+        vec![ContentBlock::text("again")],
+        MessageSource::User,
+        &signal,
+    ));
+    assert!(
+        futures::poll!(followup.as_mut()).is_pending(),
+        "the follow-up waits for the disposal"
+    );
+    signal.cancel(agent::CancelCause::User);
+    let std::task::Poll::Ready(outcome) = futures::poll!(followup.as_mut()) else {
+        panic!("the cancelled follow-up is still waiting for the disposal");
+    };
+    let err = outcome.expect_err("the cancelled follow-up rejects");
+    assert_eq!(err.code(), SubagentErrorCode::Cancelled, "{err}");
+    drop(followup);
+    // The disposal was not cancelled with the wait: it is still under way, then completes.
+    assert!(host.manager.is_resident(&child_id));
+    release_tx.send(()).unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    host.settle().await;
+    let log = host.persisted(&child_id).await;
+    assert_eq!(texts(&log.events), vec!["task"]);
+    assert_eq!(host.starts().len(), 1);
+    assert_eq!(host.ends().len(), 1);
+    assert_eq!(notices(&host.parent).len(), 1);
+    host.finish().await;
+}
+
+/// A host runtime that cancels the creation's token right after it created the agent `id` (the
+/// runtime ignored the token): that start then fails its residency check and rolls back.
+struct AbortAfterCreating {
+    inner: Arc<dyn AgentRuntime>,
+    id: SessionId,
+}
+
+#[async_trait]
+impl AgentRuntime for AbortAfterCreating {
+    async fn create(&self, options: CreateAgentOptions) -> Result<AgentHandle, agent::AgentError> {
+        let signal = options.signal.clone().filter(|_| options.session_id == self.id);
+        let handle = self.inner.create(options).await?;
+        if let Some(signal) = signal {
+            signal.cancel(agent::CancelCause::User);
+        }
+        Ok(handle)
+    }
+    async fn resume(&self, options: agent::ResumeAgentOptions) -> Result<AgentHandle, agent::AgentError> {
+        self.inner.resume(options).await
+    }
+    delegate_agent_lookups!(inner);
+}
+
+/// spec: CONT-26 — a rollback's ownership release (spec §2.14.6, the lighter transaction)
+/// removes only the rolled-back epoch's own registration: a follow-up that cold-resumes the
+/// grandchild after the rollback removed it from the live map (its starter dropped) but before
+/// the rollback released ownership keeps the new epoch owned by the child. (Ownership was keyed
+/// by child id alone: the rollback — whose epoch never even registered — removed the new
+/// epoch's registration.)
+#[tokio::test(start_paused = true)]
+async fn a_rollbacks_release_keeps_a_new_epochs_ownership() {
+    let mut host = Host::new(by_session(12)).await;
+    let mut services = host.runtime.services().clone();
+    services.agents = Arc::new(AbortAfterCreating {
+        inner: services.agents.clone(),
+        id: SessionId::from("gc"),
+    });
+    host.manager = ContinuationManager::new(host.service.clone(), services);
+    let (child_gate, child_hook) = gate(&host, "child");
+    let (gc_gate, gc_hook) = gate(&host, "gc");
+    let mut spec = host.spec("child task");
+    spec.child_id = Some(SessionId::from("child"));
+    let (child_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    let child = host.get(&child_id).unwrap();
+    let child_activation = host
+        .manager
+        .inner
+        .activations
+        .lock()
+        .get(&child_id)
+        .cloned()
+        .unwrap();
+    let (reached, release) = hold_release_of(&host, "gc");
+    let mut spec = ContinuableStartSpec::new(
+        "spawn",
+        "deeper",
+        vec![ContentBlock::text("gc task")],
+        child.clone(),
+    );
+    let gc_id = SessionId::from("gc");
+    spec.child_id = Some(gc_id.clone());
+    let mut start = Box::pin(host.manager.start_continuable(spec));
+    let mut reached = std::pin::pin!(reached);
+    // The start is refused after creation; its rollback reaches the release and is held there.
+    let rolled_back = tokio::select! {
+        outcome = start.as_mut() => panic!("the start finished before its rollback released: {outcome:?}"),
+        rolled_back = reached.as_mut() => rolled_back.expect("the rollback reaches its release"),
+    };
+    assert!(!host.manager.is_resident(&gc_id));
+    let rollback = rolled_back
+        .disposal()
+        .expect("the rollback is the epoch's disposal");
+    // The starter goes away; the child follows up and the grandchild cold-resumes, owned anew.
+    drop(start);
+    host.manager
+        .followup(&child, &gc_id, vec![ContentBlock::text("gc again")])
+        .await
+        .expect("the grandchild cold-resumes");
+    let new_epoch = host
+        .manager
+        .inner
+        .activations
+        .lock()
+        .get(&gc_id)
+        .cloned()
+        .unwrap();
+    assert!(!Arc::ptr_eq(&new_epoch, &rolled_back));
+    assert_eq!(child_activation.owned_children(), vec![gc_id.clone()]);
+    release.send(()).unwrap();
+    rollback.await.expect("the rollback succeeds");
+    assert_eq!(
+        child_activation.owned_children(),
+        vec![gc_id.clone()],
+        "the rollback's release removed the new epoch's ownership"
+    );
+    drop((rolled_back, new_epoch));
+    child_gate.send(true).unwrap();
+    gc_gate.send(true).unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    host.settle().await;
+    assert!(child_activation.owned_children().is_empty());
+    drop(child_activation);
+    let log = host.persisted(&gc_id).await;
+    assert_eq!(texts(&log.events), vec!["gc again"]);
+    let ends: Vec<SessionId> = host.ends().into_iter().map(|e| e.info.id).collect();
+    assert_eq!(ends, vec![gc_id, child_id]);
+    drop((child_hook, gc_hook));
+    host.finish().await;
+}
