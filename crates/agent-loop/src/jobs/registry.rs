@@ -86,7 +86,10 @@ pub struct JobSnapshot {
     /// The producer's detail, once settled with one.
     pub detail: Option<String>,
     /// Whether a kill, a terminal read or wait, or a teardown has reported (or committed to
-    /// report) the terminal state; completion notices are suppressed when set.
+    /// report) the terminal state; completion notices are suppressed when set. Never reverts to
+    /// `false`. A settlement that found waiters is not reported yet: its notice is held until a
+    /// waiter delivers the output (then this is set) or every waiter is cancelled or dropped
+    /// (then the notice is emitted).
     pub reported: bool,
 }
 
@@ -190,7 +193,10 @@ impl JobCounts {
 ///   aborted ([`KillOutcome::CancelPanicked`]).
 /// * **Notices.** An unreported settlement emits one [`JobNotice`] on [`notices`](Self::notices)
 ///   (carrier = owner) after waiters are released. Kills, terminal reads and waits, and teardown
-///   mark a job reported and so suppress the notice.
+///   mark a job reported and so suppress the notice. A settlement that finds waiters holds its
+///   notice until one of them delivers the output; reads and waits whose signal has fired never
+///   claim the report (their caller discards the result), and when the last waiter of a held
+///   notice abandons — signal fired, or future dropped — the notice is emitted after all.
 /// * **Teardown.** [`dispose_owner`](Jobs::dispose_owner) cancels every job of the owner with the
 ///   reason [`OWNER_DISPOSED_REASON`](model_text::OWNER_DISPOSED_REASON), awaits `done` (and the
 ///   job's task), then drops the owner's records; [`shutdown`](Self::shutdown) does the same for
@@ -253,6 +259,9 @@ struct Record {
     detail: Option<String>,
     output: Option<String>,
     reported: bool,
+    /// The job settled while waiters were registered: its notice is held until one of them
+    /// delivers the output (then it is suppressed) or every one abandons (then it is emitted).
+    notice_held: bool,
     waiters: usize,
     teardown_cancelled: bool,
     cancel: CancelHook,
@@ -431,26 +440,84 @@ impl JobRegistry {
 
     /// Reads `owner`'s job `id` without waiting. A terminal read marks the job reported and is
     /// idempotent.
+    ///
+    /// For a caller whose result is discarded once a cancellation signal fires (a tool body),
+    /// use [`read_job_unless_cancelled`](Self::read_job_unless_cancelled) or
+    /// [`wait_and_read`](Self::wait_and_read) instead.
     pub fn read_job(&self, owner: &SessionId, id: &JobId) -> Result<JobReadout, JobError> {
+        read_locked(&mut self.inner.state.lock(), owner, id, true)
+    }
+
+    /// Reads `owner`'s job `id` without waiting, like [`read_job`](Self::read_job), except that
+    /// a read made once `signal` has fired does not mark the job reported: whoever reads under a
+    /// fired signal may discard the result (the tool pipeline records such a call as aborted),
+    /// so the report is left to the completion notice or a later read. The signal is checked
+    /// under the registry lock, atomically with the marking.
+    pub fn read_job_unless_cancelled(
+        &self,
+        owner: &SessionId,
+        id: &JobId,
+        signal: &Signal,
+    ) -> Result<JobReadout, JobError> {
         let mut state = self.inner.state.lock();
-        let rec = state.owned_mut(owner, id)?;
-        let output = if rec.status.is_terminal() {
-            rec.reported = true;
-            rec.output.clone().unwrap_or_default()
-        } else {
-            String::new()
+        read_locked(&mut state, owner, id, !signal.is_cancelled())
+    }
+
+    /// Waits like [`wait_settled`](Self::wait_settled), then reads like
+    /// [`read_job_unless_cancelled`](Self::read_job_unless_cancelled), keeping this read
+    /// registered as a waiter until the read is done: a settlement that finds it holds its
+    /// completion notice meanwhile.
+    ///
+    /// * Settled, `signal` not fired: the output is returned and the job marked reported (the
+    ///   held notice is suppressed).
+    /// * Settled, `signal` fired (it raced the settlement): the output is returned but the job
+    ///   is **not** marked reported; if no other waiter remains, the held notice is emitted, so
+    ///   the output is never consumed by a call whose result is discarded.
+    /// * Timed out: the live status (empty output), nothing marked.
+    /// * Not settled and `signal` fired: [`JobError::Cancelled`]; the job keeps running.
+    ///
+    /// Cancel-safe: dropping the future unregisters the waiter and releases its claim on the
+    /// report exactly like a fired signal does.
+    pub async fn wait_and_read(
+        &self,
+        owner: &SessionId,
+        id: &JobId,
+        timeout: Option<Duration>,
+        signal: &Signal,
+    ) -> Result<JobReadout, JobError> {
+        let waiter = self.wait_registered(owner, id, timeout, signal).await?;
+        let (result, notice) = {
+            let mut state = self.inner.state.lock();
+            let cancelled = signal.is_cancelled();
+            match waiter {
+                None => (read_locked(&mut state, owner, id, !cancelled), None),
+                Some(waiter) => {
+                    let status = state.owned_mut(owner, id).map(|rec| rec.status);
+                    let delivered = !cancelled && matches!(status, Ok(s) if s.is_terminal());
+                    let notice = waiter.release(&mut state, delivered);
+                    let result = match status {
+                        Err(error) => Err(error),
+                        Ok(s) if !s.is_terminal() && cancelled => Err(JobError::Cancelled(id.clone())),
+                        // A delivering release has marked the job reported already.
+                        Ok(_) => read_locked(&mut state, owner, id, false),
+                    };
+                    (result, notice)
+                }
+            }
         };
-        Ok(JobReadout {
-            snapshot: rec.snapshot(),
-            output,
-        })
+        if let Some(notice) = notice {
+            self.inner.notices.emit(&notice);
+        }
+        result
     }
 
     /// Waits until `owner`'s job `id` settles, `timeout` passes (`Ok(false)`), or `signal` is
     /// cancelled ([`JobError::Cancelled`]). Returns `Ok(true)` once settled (at once for a settled
-    /// job). A settlement that finds a waiter marks the job reported; cancelling or timing out
-    /// stops only this wait, never the job. Cancel-safe: dropping the future unregisters the
-    /// waiter.
+    /// job). A settlement that finds a waiter holds its notice; the waiter that returns it with
+    /// `signal` not fired claims the report (marks the job reported, suppressing the notice),
+    /// while one whose `signal` fired — or that is dropped — releases its claim, and once no
+    /// waiter is left the held notice is emitted. Cancelling or timing out stops only this wait,
+    /// never the job. Cancel-safe: dropping the future unregisters the waiter.
     pub async fn wait_settled(
         &self,
         owner: &SessionId,
@@ -458,11 +525,44 @@ impl JobRegistry {
         timeout: Option<Duration>,
         signal: &Signal,
     ) -> Result<bool, JobError> {
+        let Some(waiter) = self.wait_registered(owner, id, timeout, signal).await? else {
+            return Ok(true);
+        };
+        let (result, notice) = {
+            let mut state = self.inner.state.lock();
+            let cancelled = signal.is_cancelled();
+            let status = state.owned_mut(owner, id).map(|rec| rec.status);
+            let delivered = !cancelled && matches!(status, Ok(s) if s.is_terminal());
+            let notice = waiter.release(&mut state, delivered);
+            let result = match status {
+                Err(error) => Err(error),
+                Ok(s) if s.is_terminal() => Ok(true),
+                Ok(_) if cancelled => Err(JobError::Cancelled(id.clone())),
+                Ok(_) => Ok(false),
+            };
+            (result, notice)
+        };
+        if let Some(notice) = notice {
+            self.inner.notices.emit(&notice);
+        }
+        result
+    }
+
+    /// Registers a waiter on `owner`'s job `id` and waits until it settles, `timeout` passes or
+    /// `signal` fires. `None` when the job was already settled (no waiter registered); otherwise
+    /// the still-registered waiter, which the caller releases under the lock (or drops).
+    async fn wait_registered<'a>(
+        &'a self,
+        owner: &SessionId,
+        id: &'a JobId,
+        timeout: Option<Duration>,
+        signal: &Signal,
+    ) -> Result<Option<WaiterGuard<'a>>, JobError> {
         let latch = {
             let mut state = self.inner.state.lock();
             let rec = state.owned_mut(owner, id)?;
             if rec.status.is_terminal() {
-                return Ok(true);
+                return Ok(None);
             }
             rec.waiters += 1;
             let latch = rec.settled.clone();
@@ -472,31 +572,22 @@ impl JobRegistry {
         let guard = WaiterGuard {
             inner: &self.inner,
             id,
+            armed: true,
         };
         let settled = async {
             match timeout {
-                Some(limit) => tokio::time::timeout(limit, latch.cancelled()).await.is_ok(),
-                None => {
-                    latch.cancelled().await;
-                    true
+                Some(limit) => {
+                    let _ = tokio::time::timeout(limit, latch.cancelled()).await;
                 }
+                None => latch.cancelled().await,
             }
         };
         tokio::select! {
             biased;
-            _ = settled => {}
-            _ = signal.cancelled() => {}
+            () = settled => {}
+            () = signal.cancelled() => {}
         }
-        drop(guard);
-        let mut state = self.inner.state.lock();
-        let rec = state.owned_mut(owner, id)?;
-        if rec.status.is_terminal() {
-            Ok(true)
-        } else if signal.is_cancelled() {
-            Err(JobError::Cancelled(id.clone()))
-        } else {
-            Ok(false)
-        }
+        Ok(Some(guard))
     }
 
     /// Kills `owner`'s job `id`: calls its `cancel(reason)`, then marks it `stopping` and
@@ -630,11 +721,13 @@ impl Inner {
             rec.status = outcome.status;
             rec.detail = outcome.detail;
             rec.output = outcome.output;
-            if rec.waiters > 0 {
-                rec.reported = true;
+            // The waiters may still be cancelled before they deliver the output (their call's
+            // result is then discarded): hold the notice until one delivers or all abandon.
+            if rec.waiters > 0 && !rec.reported {
+                rec.notice_held = true;
             }
             rec.settled.cancel();
-            (!rec.reported && !closed).then(|| JobNotice::new(rec.snapshot()))
+            (!rec.reported && !rec.notice_held && !closed).then(|| JobNotice::new(rec.snapshot()))
         };
         if let Some(notice) = notice {
             self.notices.emit(&notice);
@@ -817,6 +910,7 @@ impl Reservation {
                     detail: None,
                     output: None,
                     reported: torn_down,
+                    notice_held: false,
                     waiters: 0,
                     teardown_cancelled: false,
                     cancel: Arc::from(cancel),
@@ -906,20 +1000,74 @@ impl Drop for SettleOnDrop {
     }
 }
 
-/// Unregisters one waiter of a job, on every exit of the wait.
+/// Reads `owner`'s job `id` under the lock: its output once settled (empty while live). With
+/// `claim`, a terminal read marks the job reported.
+fn read_locked(
+    state: &mut State,
+    owner: &SessionId,
+    id: &JobId,
+    claim: bool,
+) -> Result<JobReadout, JobError> {
+    let rec = state.owned_mut(owner, id)?;
+    let output = if rec.status.is_terminal() {
+        if claim {
+            rec.reported = true;
+        }
+        rec.output.clone().unwrap_or_default()
+    } else {
+        String::new()
+    };
+    Ok(JobReadout {
+        snapshot: rec.snapshot(),
+        output,
+    })
+}
+
+/// One registered waiter of a job. Released explicitly under the lock by the wait that
+/// registered it ([`release`](Self::release)), or — when that wait's future is dropped — on
+/// drop, which abandons its claim on the report.
 struct WaiterGuard<'a> {
     inner: &'a Inner,
     id: &'a JobId,
+    armed: bool,
+}
+
+impl WaiterGuard<'_> {
+    /// Unregisters the waiter under `state`. `delivered` (the job is settled and its output goes
+    /// to a caller whose signal has not fired) claims the report; otherwise the waiter abandons
+    /// its claim, and the last waiter to abandon a held notice returns it for the caller to
+    /// emit once the lock is released.
+    fn release(mut self, state: &mut State, delivered: bool) -> Option<JobNotice> {
+        self.armed = false;
+        release_waiter(state, self.id, delivered)
+    }
 }
 
 impl Drop for WaiterGuard<'_> {
     fn drop(&mut self) {
-        let mut state = self.inner.state.lock();
-        state.waiters = state.waiters.saturating_sub(1);
-        if let Some(rec) = state.jobs.get_mut(self.id) {
-            rec.waiters = rec.waiters.saturating_sub(1);
+        if !self.armed {
+            return;
+        }
+        let notice = release_waiter(&mut self.inner.state.lock(), self.id, false);
+        if let Some(notice) = notice {
+            self.inner.notices.emit(&notice);
         }
     }
+}
+
+/// See [`WaiterGuard::release`].
+fn release_waiter(state: &mut State, id: &JobId, delivered: bool) -> Option<JobNotice> {
+    state.waiters = state.waiters.saturating_sub(1);
+    let closed = state.closed;
+    let rec = state.jobs.get_mut(id)?;
+    rec.waiters = rec.waiters.saturating_sub(1);
+    if delivered {
+        rec.reported = true;
+        rec.notice_held = false;
+        return None;
+    }
+    let last_abandons_held = rec.waiters == 0 && std::mem::take(&mut rec.notice_held);
+    (last_abandons_held && !rec.reported && !closed).then(|| JobNotice::new(rec.snapshot()))
 }
 
 /// Lifts one owner's disposal fence, on every exit of the disposal.
@@ -996,10 +1144,11 @@ impl Jobs for JobRegistry {
         wait: bool,
         signal: &Signal,
     ) -> Result<JobRead, JobError> {
-        if wait {
-            self.wait_settled(owner, id, None, signal).await?;
-        }
-        let read = self.read_job(owner, id)?;
+        let read = if wait {
+            self.wait_and_read(owner, id, None, signal).await?
+        } else {
+            self.read_job_unless_cancelled(owner, id, signal)?
+        };
         let status = read.snapshot.status;
         Ok(JobRead {
             status,

@@ -100,13 +100,18 @@ impl ToolHandler for JobOutput {
             Some(other) => return Err(ToolError::invalid_args(model_text::invalid_wait(other))),
         };
         let owner = ctx.agent();
-        if wait {
+        // The pipeline discards a result whose call signal fired (recorded as aborted), so the
+        // read claims the report (suppressing the completion notice) only while the signal has
+        // not fired, checked atomically with the marking; a wait the signal interrupts releases
+        // its claim and the notice goes out.
+        let read = if wait {
             self.registry
-                .wait_settled(owner, &id, Some(self.wait_timeout), &ctx.signal)
+                .wait_and_read(owner, &id, Some(self.wait_timeout), &ctx.signal)
                 .await
-                .map_err(job_error)?;
+        } else {
+            self.registry.read_job_unless_cancelled(owner, &id, &ctx.signal)
         }
-        let read = self.registry.read_job(owner, &id).map_err(job_error)?;
+        .map_err(job_error)?;
         let text = model_text::read_result(
             &read.output,
             read.snapshot.status,

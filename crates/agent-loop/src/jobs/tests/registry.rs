@@ -10,6 +10,7 @@ use agent::ids::SessionId;
 use agent::jobs::{DEFAULT_JOB_LIMIT, JobError, JobHooks, JobId, JobOutcome, JobSpec, JobStatus, Jobs};
 use agent::message::{MessageSource, PluginForm};
 use agent::signal::Signal;
+use futures::poll;
 use parking_lot::Mutex;
 
 use super::{
@@ -476,6 +477,112 @@ async fn a_waiting_read_returns_at_settlement_and_claims_the_report() {
         again.outcome.unwrap().output.as_deref(),
         Some("background answer")
     );
+    assert_ends_empty(&registry).await;
+}
+
+/// A waiting read whose signal fires in the same moment the job settles (both before the
+/// read is polled again) returns the output but does not claim the report — its caller discards
+/// a result whose signal fired — so the held completion notice is emitted after all.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_read_whose_signal_fires_at_settlement_leaves_the_report_to_the_notice() {
+    let registry = JobRegistry::new();
+    let (notices, _guard) = record_notices(&registry);
+    let (spec, p) = producer("subagent", "research", "a");
+    let job = registry.start(spec).unwrap();
+    let (a, signal) = (owner("a"), Signal::new());
+    let reader = registry.read(&a, &job, true, &signal);
+    tokio::pin!(reader);
+    assert!(poll!(&mut reader).is_pending());
+    assert_eq!(registry.counts().waiters, 1);
+    p.settle(completed("background answer"));
+    settle_tasks().await;
+    assert!(
+        notices.lock().is_empty(),
+        "held while the waiter may still deliver"
+    );
+    assert!(
+        !registry.get(&owner("a"), &job).unwrap().reported,
+        "not reported before a waiter delivers it"
+    );
+    signal.cancel(CancelCause::User);
+    let read = reader.await.unwrap();
+    assert_eq!(read.outcome.unwrap().output.as_deref(), Some("background answer"));
+    assert!(!registry.get(&owner("a"), &job).unwrap().reported);
+    assert_eq!(notices.lock().len(), 1, "the abandoned claim releases the notice");
+    assert_eq!(registry.counts().waiters, 0);
+    assert_ends_empty(&registry).await;
+}
+
+/// A waiter dropped after the settlement it was registered for (its call was aborted before
+/// it was polled again) releases its claim on the report: the held notice is emitted.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_dropped_after_settlement_releases_the_held_notice() {
+    let registry = JobRegistry::new();
+    let (notices, _guard) = record_notices(&registry);
+    let (spec, p) = producer("bash", "x", "a");
+    let job = registry.start(spec).unwrap();
+    {
+        let (a, signal) = (owner("a"), Signal::new());
+        let waiter = registry.wait_settled(&a, &job, None, &signal);
+        tokio::pin!(waiter);
+        assert!(poll!(&mut waiter).is_pending());
+        p.settle(completed("x"));
+        settle_tasks().await;
+        assert!(notices.lock().is_empty());
+    }
+    assert_eq!(registry.counts().waiters, 0);
+    assert!(!registry.get(&owner("a"), &job).unwrap().reported);
+    assert_eq!(notices.lock().len(), 1);
+    assert_eq!(notices.lock()[0].job.id, job);
+    assert_ends_empty(&registry).await;
+}
+
+/// With several waiters, one that delivers claims the report (no notice) even if another was
+/// cancelled; only when every waiter abandons is the held notice emitted — exactly once.
+#[tokio::test(start_paused = true)]
+async fn a_held_notice_is_suppressed_by_any_delivering_waiter_and_emitted_once_when_all_abandon() {
+    let registry = JobRegistry::new();
+    let (notices, _guard) = record_notices(&registry);
+    let a = owner("a");
+
+    let (spec, p) = producer("bash", "one", "a");
+    let one = registry.start(spec).unwrap();
+    let (cancelled, live) = (Signal::new(), Signal::new());
+    let abandoning = registry.read(&a, &one, true, &cancelled);
+    let delivering = registry.read(&a, &one, true, &live);
+    tokio::pin!(abandoning, delivering);
+    assert!(poll!(&mut abandoning).is_pending());
+    assert!(poll!(&mut delivering).is_pending());
+    p.settle(completed("one"));
+    settle_tasks().await;
+    cancelled.cancel(CancelCause::User);
+    abandoning.await.unwrap();
+    assert!(notices.lock().is_empty(), "another waiter may still deliver");
+    assert!(!registry.get(&a, &one).unwrap().reported);
+    let read = delivering.await.unwrap();
+    assert_eq!(read.outcome.unwrap().output.as_deref(), Some("one"));
+    assert!(registry.get(&a, &one).unwrap().reported);
+    assert!(notices.lock().is_empty(), "the delivering waiter reported it");
+
+    let (spec, q) = producer("bash", "two", "a");
+    let two = registry.start(spec).unwrap();
+    let (first, second) = (Signal::new(), Signal::new());
+    let w1 = registry.read(&a, &two, true, &first);
+    let w2 = registry.wait_settled(&a, &two, None, &second);
+    tokio::pin!(w1, w2);
+    assert!(poll!(&mut w1).is_pending());
+    assert!(poll!(&mut w2).is_pending());
+    q.settle(completed("two"));
+    settle_tasks().await;
+    first.cancel(CancelCause::User);
+    second.cancel(CancelCause::User);
+    w1.await.unwrap();
+    assert!(notices.lock().is_empty(), "the second waiter still holds it");
+    assert_eq!(w2.await, Ok(true));
+    assert_eq!(notices.lock().len(), 1);
+    assert_eq!(notices.lock()[0].job.id, two);
+    assert!(!registry.get(&a, &two).unwrap().reported);
+    assert_eq!(registry.counts().waiters, 0);
     assert_ends_empty(&registry).await;
 }
 

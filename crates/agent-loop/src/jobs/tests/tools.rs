@@ -6,15 +6,22 @@ use std::time::Duration;
 use agent::CancelCause;
 use agent::content::visible_text;
 use agent::ids::{CallId, SessionId};
-use agent::jobs::{JobOutcome, JobStatus};
+use agent::jobs::{JobHooks, JobId, JobOutcome, JobSpec, JobStatus};
 use agent::signal::Signal;
-use agent::tools::{ExecutionId, ToolContext, ToolDefinition, ToolError, ToolExecution, codes};
+use agent::tools::{
+    ExecutedTool, ExecutionId, ToolCallRequest, ToolContext, ToolDefinition, ToolError, ToolExecution, Tools,
+    codes,
+};
+use futures::poll;
 use serde_json::{Value, json};
+use tokio::sync::oneshot;
 
 use super::{
-    OnCancel, assert_ends_empty, completed, failed, killable, killed, producer, producer_with, settle_tasks,
+    OnCancel, assert_ends_empty, completed, failed, killable, killed, producer, producer_with,
+    record_notices, settle_tasks,
 };
 use crate::jobs::{JOB_NOT_FOUND, JobRegistry, JobToolsConfig, job_tools, job_tools_with};
+use crate::tools::ToolRegistry;
 
 struct Harness {
     registry: Arc<JobRegistry>,
@@ -445,5 +452,176 @@ async fn a_panicking_cancel_becomes_a_failed_kill() {
         "{again}"
     );
     assert_eq!(p.cancels(), vec![None]);
+    assert_ends_empty(&h.registry).await;
+}
+
+/// The job tools registered in a real [`ToolRegistry`], so calls go through the whole pipeline
+/// (which records a success whose call signal fired as aborted).
+struct Pipeline {
+    registry: Arc<JobRegistry>,
+    tools: ToolRegistry,
+    _registrations: Vec<agent::Registration>,
+}
+
+impl Pipeline {
+    fn new() -> Self {
+        let registry = Arc::new(JobRegistry::new());
+        let tools = ToolRegistry::new();
+        let registrations = job_tools(registry.clone())
+            .into_iter()
+            .map(|def| tools.register(None, def).expect("job tool registers"))
+            .collect();
+        Self {
+            registry,
+            tools,
+            _registrations: registrations,
+        }
+    }
+
+    /// Spawns one `job_output` call of `parent` through the pipeline under `signal`.
+    fn spawn_output(&self, args: Value, signal: Signal) -> tokio::task::JoinHandle<ExecutedTool> {
+        let tools = self.tools.clone();
+        tokio::spawn(async move {
+            let call = ToolCallRequest {
+                call_id: CallId::from("call-1"),
+                name: "job_output".to_owned(),
+                arguments: args.to_string(),
+            };
+            tools.execute(&SessionId::from("parent"), call, signal).await
+        })
+    }
+}
+
+/// A job whose `done` resolves with `output` once `go` fires, cancelling `fire` right before
+/// it resolves: the job settles and the signal fires in the same moment.
+fn settles_cancelling(fire: Signal, go: oneshot::Receiver<()>, output: &str) -> JobSpec {
+    let outcome = completed(output);
+    JobSpec {
+        kind: "subagent".to_owned(),
+        label: "research".to_owned(),
+        owner: SessionId::from("parent"),
+        starter: Box::new(move || JobHooks {
+            cancel: Box::new(|_| {}),
+            done: Box::pin(async move {
+                let _ = go.await;
+                fire.cancel(CancelCause::User);
+                outcome
+            }),
+        }),
+    }
+}
+
+fn result_text(executed: &ExecutedTool) -> String {
+    visible_text(&executed.result.content)
+}
+
+/// A `job_output` wait whose call is cancelled in the very moment the job settles (the
+/// producer fires the call's signal right before `done` resolves) does not lose the output.
+/// The pipeline records the call as aborted, so the wait must not have claimed the report:
+/// the job stays unreported, its completion notice is emitted, and a later `job_output` still
+/// reads the output (and only then marks the job reported).
+#[tokio::test(start_paused = true)]
+async fn job_output_wait_cancelled_as_the_job_settles_leaves_the_output_to_the_notice() {
+    let h = Pipeline::new();
+    let (notices, _notices) = record_notices(&h.registry);
+    let signal = Signal::new();
+    let (go, gate) = oneshot::channel();
+    let job = h
+        .registry
+        .start_job(settles_cancelling(signal.clone(), gate, "background answer"))
+        .unwrap();
+    let call = h.spawn_output(json!({"job_id": "subagent-1", "wait": true}), signal.clone());
+    settle_tasks().await;
+    assert_eq!(h.registry.counts().waiters, 1, "the call is waiting");
+    go.send(()).unwrap();
+    let executed = call.await.unwrap();
+    assert!(signal.is_cancelled());
+    // The call's result was discarded as aborted: it does not carry the output.
+    assert!(executed.result.is_error, "{:?}", executed.result);
+    assert_eq!(
+        executed.result.error.as_ref().map(|e| e.code.as_str()),
+        Some(codes::CANCELLED)
+    );
+    assert!(!result_text(&executed).contains("background answer"));
+    // So the output was not consumed: the job is unreported and its notice went out.
+    let parent = SessionId::from("parent");
+    let snapshot = h.registry.get(&parent, &job).unwrap();
+    assert_eq!(
+        (snapshot.status, snapshot.reported),
+        (JobStatus::Completed, false)
+    );
+    let sent = notices.lock().clone();
+    assert_eq!(sent.len(), 1, "the completion notice is delivered after all");
+    assert_eq!(sent[0].job.id, job);
+    assert_eq!(
+        sent[0].text,
+        "background job subagent-1 (subagent: research) finished [status: completed]. Read its output with job_output."
+    );
+    assert_eq!(h.registry.counts().waiters, 0);
+    // A later call reads the output and claims the report.
+    let later = h
+        .spawn_output(json!({"job_id": "subagent-1", "wait": true}), Signal::new())
+        .await
+        .unwrap();
+    assert!(!later.result.is_error);
+    assert_eq!(result_text(&later), "background answer\n[status: completed]");
+    assert!(h.registry.get(&parent, &job).unwrap().reported);
+    assert_eq!(notices.lock().len(), 1);
+    assert_ends_empty(&h.registry).await;
+}
+
+/// The uncancelled path keeps its semantics through the pipeline: the waiting `job_output`
+/// delivers the output, marks the job reported and so suppresses the completion notice.
+#[tokio::test(start_paused = true)]
+async fn job_output_wait_that_delivers_claims_the_report_through_the_pipeline() {
+    let h = Pipeline::new();
+    let (notices, _notices) = record_notices(&h.registry);
+    let (spec, p) = producer("subagent", "research", "parent");
+    let job = h.registry.start_job(spec).unwrap();
+    let call = h.spawn_output(json!({"job_id": "subagent-1", "wait": true}), Signal::new());
+    settle_tasks().await;
+    assert_eq!(h.registry.counts().waiters, 1);
+    p.settle(completed("background answer"));
+    let executed = call.await.unwrap();
+    assert!(!executed.result.is_error, "{:?}", executed.result);
+    assert_eq!(result_text(&executed), "background answer\n[status: completed]");
+    assert!(h.registry.get(&SessionId::from("parent"), &job).unwrap().reported);
+    settle_tasks().await;
+    assert!(
+        notices.lock().is_empty(),
+        "the delivering wait reported the settlement"
+    );
+    assert_ends_empty(&h.registry).await;
+}
+
+/// `job_output` without wait, made once its call signal has fired (the pipeline will discard
+/// its result), does not claim the report either: a settlement whose notice is held for a
+/// waiter still gets its notice once that waiter abandons.
+#[tokio::test(start_paused = true)]
+async fn job_output_without_wait_under_a_fired_signal_does_not_claim_the_report() {
+    let h = Harness::new();
+    let (notices, _notices) = record_notices(&h.registry);
+    let (spec, p) = producer("bash", "x", "parent");
+    let job = h.registry.start_job(spec).unwrap();
+    let parent = SessionId::from("parent");
+    let waiter_signal = Signal::new();
+    let waiter = h.registry.wait_settled(&parent, &job, None, &waiter_signal);
+    tokio::pin!(waiter);
+    assert!(poll!(&mut waiter).is_pending(), "the waiter is registered");
+    p.settle(completed("answer"));
+    settle_tasks().await;
+    assert!(notices.lock().is_empty(), "the notice is held for the waiter");
+    let fired = Signal::new();
+    fired.cancel(CancelCause::User);
+    let (text, _) = h
+        .call_with("parent", "job_output", json!({"job_id": "bash-1"}), fired)
+        .await
+        .unwrap();
+    assert_eq!(text, "answer\n[status: completed]");
+    // The waiter's call is cancelled too: nobody delivered the output, so the notice goes out.
+    waiter_signal.cancel(CancelCause::User);
+    assert_eq!(waiter.await, Ok(true));
+    assert_eq!(notices.lock().len(), 1);
+    assert!(!h.registry.get(&parent, &JobId("bash-1".into())).unwrap().reported);
     assert_ends_empty(&h.registry).await;
 }
