@@ -27,6 +27,27 @@ pub(crate) struct OpenTurn {
     pub(crate) claimed: Result<Vec<Message>, TurnFailure>,
 }
 
+/// A turn whose `turn/end` the session refused: still open in the log, with the ending it was
+/// to be logged with.
+#[derive(Debug)]
+pub(crate) struct UnclosedTurn {
+    turn: u64,
+    reason: TurnEndReason,
+}
+
+/// The `agent/error` failure for a `turn/end` of `turn` the session refused: coded
+/// [`TURN_END_REFUSED`](super::codes::TURN_END_REFUSED), with the refusal's error chain.
+fn turn_end_refused(agent: &agent::SessionId, turn: u64, err: &agent::LogError) -> LlmFailure {
+    LlmFailure::new(
+        super::codes::TURN_END_REFUSED,
+        format!(
+            "agent \"{agent}\" could not log the end of turn {turn}: {}; the turn stays open \
+             and no further turn opens until its end is logged",
+            failure_of(err).message
+        ),
+    )
+}
+
 /// Why a turn stopped early.
 ///
 /// The failure facts are boxed: every `Result` of the driver carries this type, and a small
@@ -305,11 +326,37 @@ impl LoopAgent {
                 (TurnEndReason::Error { error: failure }, after)
             }
         };
+        // Kept for a retry should the session refuse the end (cloned: the append consumes it).
+        let unclosed = UnclosedTurn {
+            turn,
+            reason: reason.clone(),
+        };
         if let Err(err) = self.session.record(EventData::TurnEnd { turn, reason }, None) {
-            self.report_error(failure_of(&err));
+            // The turn stays open in the log: no turn may open over it (providers §6.4 S2), so
+            // the drain stops and the next wake retries this end before anything else.
+            self.report_error(turn_end_refused(&self.id, turn, &err));
+            self.state.lock().unclosed = Some(unclosed);
             return AfterTurn::Stop;
         }
         after
+    }
+
+    /// Logs the `turn/end` the session refused earlier (spec §8.6 step 3: `turn/end` is always
+    /// appended), with its original reason. Refused again, reports it and hands the turn back
+    /// (still unclosed).
+    pub(crate) fn close_unclosed(&self, unclosed: UnclosedTurn) -> Result<(), UnclosedTurn> {
+        let UnclosedTurn { turn, reason } = unclosed;
+        let retry = UnclosedTurn {
+            turn,
+            reason: reason.clone(),
+        };
+        match self.session.record(EventData::TurnEnd { turn, reason }, None) {
+            Ok(_) => Ok(()),
+            Err(err) => {
+                self.report_error(turn_end_refused(&self.id, turn, &err));
+                Err(retry)
+            }
+        }
     }
 
     /// The step loop of one turn. `Ok(true)`: the turn closed normally (also after an empty

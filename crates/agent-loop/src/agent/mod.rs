@@ -60,6 +60,15 @@ use crate::prompt::RetainedSnapshot;
 use driver::{AfterTurn, OpenTurn};
 use inbox::Inbox;
 
+/// Failure codes of the `agent/error` events the loop itself raises.
+pub mod codes {
+    /// The session refused to log a turn's `turn/end` (an observer vetoed it, say): the turn
+    /// stays open in the log, so no further turn opens until that `turn/end` is logged. Each
+    /// later wake retries it first; while it is still refused the wake opens no turn, its work
+    /// stays pending and another `agent/error` with this code is emitted.
+    pub const TURN_END_REFUSED: &str = "TURN_END_REFUSED";
+}
+
 /// Tunables of the loop.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoopConfig {
@@ -227,6 +236,10 @@ struct State {
     snapshot_scan: (usize, RetainedSnapshot),
     /// The log's derived history, projected incrementally for model requests.
     history: DerivedHistory,
+    /// A turn whose `turn/end` the session refused: the log still has it open, so the next
+    /// turn must log this end before its `turn/start` (spec §8.6 step 3: `turn/end` is always
+    /// appended; providers §6.4 S2: `turn/start` requires no open turn).
+    unclosed: Option<driver::UnclosedTurn>,
 }
 
 /// The reference agent loop. Created and published by [`Runtime`](crate::runtime::Runtime);
@@ -312,6 +325,7 @@ impl LoopAgent {
                 request_header_logged: false,
                 snapshot_scan: (0, RetainedSnapshot::Never),
                 history: DerivedHistory::new(),
+                unclosed: None,
             }),
             busy,
             status: ReentrantMutex::new(StatusEmission {
@@ -564,6 +578,15 @@ impl LoopAgent {
             (signal.clone(), st.last_turn.checked_add(1))
         };
         if signal.is_cancelled() {
+            return None;
+        }
+        // A turn whose `turn/end` was refused is still open in the log: close it first, or
+        // open nothing (the work stays pending for a later wake to retry).
+        let unclosed = self.state.lock().unclosed.take();
+        if let Some(unclosed) = unclosed
+            && let Err(unclosed) = self.close_unclosed(unclosed)
+        {
+            self.state.lock().unclosed = Some(unclosed);
             return None;
         }
         // A log (seeded, forked or resumed) can already hold the last number a turn may take;

@@ -1585,3 +1585,98 @@ async fn a_successful_calls_deferred_context_does_not_outlive_its_cancelled_step
     drop(guards);
     finish(&rt, [handle]).await;
 }
+
+/// A session observer that vetoes every `turn/end` while `on` is set.
+struct VetoTurnEnd {
+    on: std::sync::atomic::AtomicBool,
+}
+
+impl agent::SessionObserver for VetoTurnEnd {
+    fn check(&self, _session: &agent::Session, candidate: &agent::SessionEvent) -> Result<(), String> {
+        match candidate.data {
+            EventData::TurnEnd { .. } if self.on.load(Ordering::SeqCst) => Err("turn/end is vetoed".into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The turn markers of the log, as `(is_start, turn)`.
+fn turn_markers(agent: &dyn agent::Agent) -> Vec<(bool, u64)> {
+    agent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match e.data {
+            EventData::TurnStart { turn } => Some((true, turn)),
+            EventData::TurnEnd { turn, .. } => Some((false, turn)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// spec: ISES-142, ISES-145 (spine §8.6 step 3: `turn/end` is always appended; providers §6.4
+/// S2: `turn/start` requires no open turn; a vetoed append does not advance the trace) — when the session refuses a turn's `turn/end` (an
+/// observer veto), the turn stays open in the log and no turn opens over it: the agent reports
+/// an `agent/error` coded `TURN_END_REFUSED` and goes idle; a later wake retries the refused
+/// end first and, while it is still refused, opens no turn (the work stays pending, another
+/// error says why); once the end is logged, the pending work runs in balanced turns. (Before
+/// the fix the next wake appended `turn/start` into the unbalanced log — vetoed by the
+/// invariant checker as an S2 violation — and the open turn was never closed.)
+#[tokio::test(start_paused = true)]
+async fn a_refused_turn_end_keeps_further_turns_closed_until_it_is_logged() {
+    let model = ScriptedModel::new([chunks::text("one"), chunks::text("two"), chunks::text("three")]);
+    let veto = Arc::new(VetoTurnEnd {
+        on: std::sync::atomic::AtomicBool::new(true),
+    });
+    let rt = builder(&model).session_observer(veto.clone()).build();
+    let (seen, recorder) = record_events(&rt);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    let refusals = || {
+        seen.lock()
+            .iter()
+            .filter(|e| {
+                matches!(e, AgentEvent::Error { failure, .. }
+                    if failure.code == crate::agent::codes::TURN_END_REFUSED
+                        && failure.message.contains("turn 1"))
+            })
+            .count()
+    };
+
+    agent.followup(user("one")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(turn_markers(&*agent), [(true, 1)], "turn 1 stays open");
+    assert_eq!(refusals(), 1);
+    assert_eq!(agent.status(), AgentStatus::Idle);
+
+    // Still refused: the wake opens no turn; its message stays pending.
+    agent.followup(user("two")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(turn_markers(&*agent), [(true, 1)], "no turn opened over turn 1");
+    assert_eq!(refusals(), 2);
+    assert_eq!(agent.inbox().next_turn.len(), 1, "the message stays pending");
+    assert_eq!(model.requests().len(), 1);
+    assert_eq!(agent.status(), AgentStatus::Idle);
+
+    // Accepted again: the next wake logs turn 1's end, then runs the pending work.
+    veto.on.store(false, Ordering::SeqCst);
+    agent.followup(user("three")).unwrap();
+    agent.when_idle().await;
+    drop(recorder);
+    assert_eq!(
+        turn_markers(&*agent),
+        [
+            (true, 1),
+            (false, 1),
+            (true, 2),
+            (false, 2),
+            (true, 3),
+            (false, 3)
+        ]
+    );
+    assert_eq!(turn_ends(&*agent), vec![TurnEndReason::Completed; 3]);
+    assert_eq!(user_texts(&*agent), ["one", "two", "three"]);
+    assert_eq!(refusals(), 2);
+    assert!(agent.inbox().is_empty());
+    finish(&rt, [handle]).await;
+}
