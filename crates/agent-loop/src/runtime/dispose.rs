@@ -12,9 +12,11 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use agent::bus::panic_message;
-use agent::{Agent, AgentEvent, AgentRef, CancelCause, CancelOptions, Disposer, Registration, SessionId};
+use agent::{
+    Agent, AgentEvent, AgentRef, CancelCause, CancelOptions, Disposer, Registration, Scope, SessionId,
+};
 
-use super::RuntimeInner;
+use super::{Reservation, RuntimeInner};
 use crate::agent::LoopAgent;
 
 /// One registered agent.
@@ -32,6 +34,10 @@ pub(super) struct AgentEntry {
     /// Published agents this one created, by serial (creation order). A map, so that each
     /// child's release unlinks itself without a scan of its siblings.
     pub(super) children: Mutex<BTreeMap<u64, Weak<AgentEntry>>>,
+    /// Creations of agents this one owns that are still under way (not yet published), by the
+    /// address of their record: the teardown rolls back those in their setup window and waits
+    /// for those being published.
+    pub(super) creations: Mutex<BTreeMap<usize, Arc<OwnedCreation>>>,
     /// Set when the teardown begins (aborts pending creations it owns).
     pub(super) disposing: Latch,
     /// Whether `AgentEvent::Created` was emitted (so `Disposed` pairs with it).
@@ -171,6 +177,7 @@ impl AgentEntry {
     fn release_if_quiescent(self: &Arc<Self>) -> bool {
         let agent = &self.agent;
         let quiescent = self.children.lock().is_empty()
+            && self.creations.lock().is_empty()
             && self.runtime.upgrade().is_none_or(|rt| rt.services.jobs.is_none())
             && agent.is_idle()
             && !agent.has_running_driver();
@@ -187,6 +194,145 @@ impl AgentEntry {
 
     pub(super) fn is_agent(&self, agent: &AgentRef) -> bool {
         std::ptr::addr_eq(Arc::as_ptr(&self.agent), Arc::as_ptr(agent))
+    }
+
+    /// Registers a creation this agent owns. `false` once the teardown began: the creation
+    /// must fail (checked under the list's lock, which the teardown takes after it set
+    /// `disposing`, so a creation is either refused here or found by the teardown).
+    pub(super) fn adopt_creation(&self, creation: &Arc<OwnedCreation>) -> bool {
+        let mut creations = self.creations.lock();
+        if self.disposing.is_set() {
+            return false;
+        }
+        creations.insert(creation_key(creation), creation.clone());
+        true
+    }
+
+    /// Unregisters a creation that ended.
+    pub(super) fn forget_creation(&self, creation: &Arc<OwnedCreation>) {
+        self.creations.lock().remove(&creation_key(creation));
+    }
+}
+
+fn creation_key(creation: &Arc<OwnedCreation>) -> usize {
+    Arc::as_ptr(creation) as usize
+}
+
+/// A creation of an owned agent under way, registered with its owner's entry from its staging
+/// until its transaction ended (spec: SPN-55 — the owner's disposal aborts pending setup).
+///
+/// In its setup window the creation holds nothing the registry sees but its reserved id and its
+/// agent's scope, and its rollback would only run when its future is next polled or dropped. So
+/// the owner's teardown rolls it back itself ([`abort`](Self::abort)): the agent marked
+/// disposed, its scope (everything the setup registered) disposed, its id freed — at once,
+/// whatever becomes of the creator's future, which later still fails with
+/// [`AgentError::OwnerDisposed`](agent::AgentError::OwnerDisposed) (its own rollback finds
+/// nothing left to undo). Once the transaction [claims](Self::claim) it for its (synchronous)
+/// publication, the teardown instead waits until it [settles](Self::settle) and then disposes
+/// the child it may have published.
+pub(super) struct OwnedCreation {
+    state: Mutex<CreationState>,
+    settled: Latch,
+}
+
+enum CreationState {
+    /// In the setup window: what the owner's teardown undoes.
+    Armed {
+        agent: Arc<LoopAgent>,
+        scope: Arc<Scope>,
+        reservation: Arc<Reservation>,
+    },
+    /// Taken back by its transaction (publishing).
+    Claimed,
+    /// Rolled back by the owner's teardown, or settled.
+    Ended,
+}
+
+impl OwnedCreation {
+    /// A creation in its setup window.
+    pub(super) fn armed(agent: Arc<LoopAgent>, scope: Arc<Scope>, reservation: Arc<Reservation>) -> Self {
+        Self {
+            state: Mutex::new(CreationState::Armed {
+                agent,
+                scope,
+                reservation,
+            }),
+            settled: Latch::default(),
+        }
+    }
+
+    /// The transaction takes the creation back to publish it. `false`: the owner's teardown
+    /// already rolled it back.
+    pub(super) fn claim(&self) -> bool {
+        let mut state = self.state.lock();
+        match *state {
+            CreationState::Armed { .. } => {
+                *state = CreationState::Claimed;
+                true
+            }
+            CreationState::Claimed => true,
+            CreationState::Ended => false,
+        }
+    }
+
+    /// The transaction ended: nothing is left for the owner's teardown to undo here.
+    pub(super) fn settle(&self) {
+        let previous = std::mem::replace(&mut *self.state.lock(), CreationState::Ended);
+        // Dropped (the reservation's last reference, say) outside the lock.
+        drop(previous);
+        self.settled.set();
+    }
+
+    /// The owner's teardown: rolls the creation back now if it is still in its setup window.
+    /// Returns whether it is over; `false` while its transaction publishes it (then await
+    /// `settled`).
+    fn abort(&self, owner: &SessionId) -> bool {
+        let armed = {
+            let mut state = self.state.lock();
+            match &*state {
+                CreationState::Claimed => return false,
+                CreationState::Ended => return true,
+                CreationState::Armed { .. } => std::mem::replace(&mut *state, CreationState::Ended),
+            }
+        };
+        if let CreationState::Armed {
+            agent,
+            scope,
+            reservation,
+        } = armed
+        {
+            agent.begin_disposal();
+            contained_now(owner, "owned creation", || scope.dispose());
+            reservation.release();
+        }
+        self.settled.set();
+        true
+    }
+}
+
+/// Ends everything `entry` owns: rolls back the creations still in their setup window, then
+/// disposes (and awaits) the published agents it owns, together with waiting for the creations
+/// being published — again, until nothing is left (a creation that settles may have published
+/// a child after the children were taken).
+async fn dispose_owned(entry: &Arc<AgentEntry>) {
+    let id = entry.agent.id();
+    loop {
+        let creations: Vec<Arc<OwnedCreation>> = std::mem::take(&mut *entry.creations.lock())
+            .into_values()
+            .collect();
+        let publishing: Vec<Arc<OwnedCreation>> = creations.into_iter().filter(|c| !c.abort(id)).collect();
+        let children: Vec<Arc<AgentEntry>> = std::mem::take(&mut *entry.children.lock())
+            .into_values()
+            .filter_map(|w| w.upgrade())
+            .collect();
+        if children.is_empty() && publishing.is_empty() {
+            return;
+        }
+        future::join(
+            future::join_all(children.iter().map(|c| c.dispose())),
+            future::join_all(publishing.iter().map(|c| c.settled.wait())),
+        )
+        .await;
     }
 }
 
@@ -233,10 +379,6 @@ impl Latch {
 /// always ends unregistered with its session removed.
 pub(super) async fn teardown(entry: Arc<AgentEntry>) {
     let agent = entry.agent.clone();
-    let children: Vec<Arc<AgentEntry>> = std::mem::take(&mut *entry.children.lock())
-        .into_values()
-        .filter_map(|w| w.upgrade())
-        .collect();
     let jobs = entry.runtime.upgrade().and_then(|rt| rt.services.jobs.clone());
     let id = agent.id().clone();
     let jobs_done = async {
@@ -245,11 +387,7 @@ pub(super) async fn teardown(entry: Arc<AgentEntry>) {
         }
     };
     future::join3(
-        contained(
-            &id,
-            "owned agents",
-            future::join_all(children.iter().map(|c| c.dispose())),
-        ),
+        contained(&id, "owned agents", dispose_owned(&entry)),
         contained(&id, "jobs", jobs_done),
         contained(&id, "idle", agent.wait_idle()),
     )

@@ -24,9 +24,10 @@
 //!
 //! # Disposal (spec §9.4)
 //! One memoized teardown per agent, shared by its handle, its owner's disposal and
-//! [`Runtime::shutdown`]: mark disposing (new work is refused) → `cancel(disposed)` → dispose
-//! owned agents and the agent's background jobs while awaiting `when_idle` and the agent's
-//! tasks → dispose the agent's jobs once more (any started while the turn wound down) → dispose
+//! [`Runtime::shutdown`]: mark disposing (new work is refused) → `cancel(disposed)` → roll back
+//! the owned creations still in their setup window (at once: their creators' futures need not
+//! be polled again), dispose owned agents (also any an owned creation being published adds) and
+//! the agent's background jobs while awaiting `when_idle` and the agent's tasks → dispose the agent's jobs once more (any started while the turn wound down) → dispose
 //! the scope → unregister ([`AgentEvent::Disposed`]) → remove the session
 //! (`session/disposed`) → drop the owner link. Every `dispose` call's future drives the
 //! teardown when polled; the first one, dropped before the teardown completed (also unpolled),
@@ -74,7 +75,7 @@ use agent::{
 };
 
 pub use builder::RuntimeBuilder;
-use dispose::AgentEntry;
+use dispose::{AgentEntry, OwnedCreation};
 pub use fork::{ForkError, ForkSeed, SessionFork, fork_seed};
 pub use models::ModelMap;
 pub use store::{MemorySessionStore, SessionStoreEvent};
@@ -153,15 +154,27 @@ impl std::fmt::Debug for Runtime {
 }
 
 /// An id held by a creation or resumption under way ([`RuntimeInner::reserved`]); dropping
-/// it frees the id.
+/// it (or [`release`](Self::release)) frees the id.
 struct Reservation {
     runtime: Arc<RuntimeInner>,
     id: SessionId,
+    /// Whether the id was freed: it is freed once, so a late drop leaves a new reservation of
+    /// the same id alone.
+    released: std::sync::atomic::AtomicBool,
+}
+
+impl Reservation {
+    /// Frees the id now (once).
+    fn release(&self) {
+        if !self.released.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            self.runtime.reserved.lock().remove(&self.id);
+        }
+    }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.runtime.reserved.lock().remove(&self.id);
+        self.release();
     }
 }
 
@@ -213,8 +226,19 @@ enum Stage {
 /// dropped).
 struct Rollback {
     stage: Stage,
-    /// Freed once the rollback ran (a field: dropped after [`Drop::drop`]'s undo).
-    _reservation: Reservation,
+    /// The creation's registration with its owner, whose teardown rolls the creation back
+    /// itself while it is in its setup window (see [`OwnedCreation`]); settled (and unlinked)
+    /// once the transaction ended.
+    owned: Option<OwnedLink>,
+    /// Freed once the rollback ran (a field: dropped after [`Drop::drop`]'s undo), or earlier
+    /// by the owner's teardown.
+    _reservation: Arc<Reservation>,
+}
+
+/// A creation's link to the owner it is registered with.
+struct OwnedLink {
+    owner: Arc<AgentEntry>,
+    creation: Arc<OwnedCreation>,
 }
 
 impl Rollback {
@@ -222,14 +246,35 @@ impl Rollback {
         self.stage = stage;
     }
 
+    /// Takes the creation back from its owner's teardown for its synchronous publication.
+    /// `false`: that teardown already rolled it back (the owner is being disposed).
+    fn claim(&self) -> bool {
+        self.owned.as_ref().is_none_or(|link| link.creation.claim())
+    }
+
+    /// The transaction ended (published, or its rollback's synchronous part ran): releases a
+    /// teardown of the owner waiting for it, and unregisters it from the owner.
+    fn settle(&mut self) {
+        if let Some(OwnedLink { owner, creation }) = self.owned.take() {
+            creation.settle();
+            owner.forget_creation(&creation);
+        }
+    }
+
     async fn run(&mut self) {
         match std::mem::replace(&mut self.stage, Stage::Done) {
             Stage::Armed { agent, scope } => {
                 agent.begin_disposal();
                 scope.dispose();
+                self.settle();
             }
-            Stage::Published(entry) => entry.dispose().await,
-            Stage::Done => {}
+            Stage::Published(entry) => {
+                // Linked among the owner's children by now: an owner's teardown waiting for
+                // this creation goes on to dispose (and await) the entry itself.
+                self.settle();
+                entry.dispose().await;
+            }
+            Stage::Done => self.settle(),
         }
     }
 }
@@ -245,6 +290,7 @@ impl Drop for Rollback {
             Stage::Published(entry) => drop(entry.dispose()),
             Stage::Done => {}
         }
+        self.settle();
     }
 }
 
@@ -418,6 +464,7 @@ impl Runtime {
         Ok(Reservation {
             runtime: self.inner.clone(),
             id: id.clone(),
+            released: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -507,13 +554,28 @@ impl Runtime {
             self.inner.config.clone(),
             source == SessionStartSource::Resume,
         )?;
-        let rollback = Rollback {
+        let reservation = Arc::new(reservation);
+        let mut rollback = Rollback {
             stage: Stage::Armed {
                 agent: agent.clone(),
-                scope,
+                scope: scope.clone(),
             },
-            _reservation: reservation,
+            owned: None,
+            _reservation: reservation.clone(),
         };
+        if let Some(owner) = &owner {
+            // Registered with the owner before the setup window opens, so that the owner's
+            // teardown can roll the creation back without its future (spec: SPN-55).
+            let creation = Arc::new(OwnedCreation::armed(agent.clone(), scope, reservation));
+            if !owner.adopt_creation(&creation) {
+                // The owner began its teardown since the check above.
+                return Err(AgentError::OwnerDisposed(id));
+            }
+            rollback.owned = Some(OwnedLink {
+                owner: owner.clone(),
+                creation,
+            });
+        }
         Ok(Staged {
             rollback,
             publication: Publication {
@@ -637,6 +699,12 @@ impl Runtime {
                 }
             }
             self.recheck(&id, signal.as_ref(), owner.as_ref())?;
+            // From here to its end the publication runs synchronously: it takes the creation
+            // back from the owner's teardown, which from now on waits for it to settle — unless
+            // that teardown already rolled it back.
+            if !rollback.claim() {
+                return Err(AgentError::OwnerDisposed(id));
+            }
 
             // Publication: enter the session, then the agent.
             // Durable writes wait for the commit below: a rollback stores nothing.
@@ -659,6 +727,7 @@ impl Runtime {
                         session_guard,
                         owner: owner.as_ref().map(Arc::downgrade),
                         children: Mutex::new(std::collections::BTreeMap::new()),
+                        creations: Mutex::new(std::collections::BTreeMap::new()),
                         disposing: dispose::Latch::default(),
                         announced: std::sync::atomic::AtomicBool::new(false),
                         teardown: Default::default(),

@@ -916,3 +916,76 @@ async fn an_append_persistence_refused_fails_every_later_flush() {
         );
     }
 }
+
+/// spec: SPN-55 — owner disposal aborts a pending setup without waiting for the creator: a
+/// child creation paused in its setup window (with scoped registrations) under an owner whose
+/// disposal resolves while the creator's future is alive and unpolled leaves the runtime
+/// quiescent — no reserved id, no scoped registration, no live agent or session — and the id
+/// is free again at once; the creator's future, polled afterwards, still reports the abort
+/// (without freeing the id a later creation holds by then).
+/// (Before the fix the rollback ran only when the creator's future was next polled or
+/// dropped: the owner's disposal resolved with the child's id still reserved and its setup's
+/// registrations live.)
+#[tokio::test(start_paused = true)]
+async fn owner_disposal_rolls_back_an_unpolled_creation_in_its_setup_window() {
+    let model = ScriptedModel::default();
+    let rt = runtime(&model);
+    let owner = create(&rt, "owner").await;
+    let (entered_tx, entered) = tokio::sync::oneshot::channel::<()>();
+    let (_release, released) = tokio::sync::oneshot::channel::<()>();
+    let mut o = options("child");
+    o.owner = Some(owner.agent().clone());
+    o.setup = setup(move |ctx| async move {
+        ctx.register_tool(tool("mine", |_a, _c| async { Ok(ToolOutput::text("x")) }))?;
+        ctx.on_agent_event(|_| Ok(()))?;
+        ctx.prompt_section(PromptSection {
+            name: PERSONA_SECTION.into(),
+            order: 0,
+            text: "child".into(),
+            tool: None,
+        })?;
+        entered_tx.send(()).expect("the test waits for the setup");
+        // Never released: the creation stays in its setup window.
+        let _ = released.await;
+        Ok(None)
+    });
+    let mut creating = rt.create(o);
+    // One poll runs the creation into its setup, which pauses there.
+    assert!(futures::poll!(creating.as_mut()).is_pending());
+    entered.await.expect("the setup ran");
+    assert!(matches!(
+        rt.create(options("child")).await,
+        Err(AgentError::Duplicate(_))
+    ));
+
+    // The owner's disposal resolves with `creating` alive and not polled again.
+    owner.dispose().await;
+    nothing_published(&rt, "child");
+    assert!(AgentRuntime::get(&rt, &"owner".into()).is_none());
+    assert_quiescent(&rt);
+
+    // The id is free at once: a second creation of it takes it (paused in its own setup).
+    let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
+    let mut o = options("child");
+    o.setup = setup(move |_ctx| async move {
+        go.await.expect("the test releases the second setup");
+        Ok(None)
+    });
+    let mut second = rt.create(o);
+    assert!(futures::poll!(second.as_mut()).is_pending());
+
+    // The creator's future still reports the abort; its late rollback finds nothing left to
+    // undo and leaves the second creation's hold on the id alone.
+    let err = creating.await.expect_err("the owner was disposed during setup");
+    assert!(
+        matches!(&err, AgentError::OwnerDisposed(id) if id.as_str() == "child"),
+        "{err}"
+    );
+    assert!(matches!(
+        rt.create(options("child")).await,
+        Err(AgentError::Duplicate(_))
+    ));
+    go_tx.send(()).expect("the second setup waits");
+    let again = second.await.expect("the second creation publishes");
+    finish(&rt, [again]).await;
+}
