@@ -31,8 +31,27 @@ pub(crate) struct Control {
     pub(crate) continuation: Option<ContinuationManager>,
     /// The deliveries in flight. Each runs on its own task so that a call whose body is
     /// dropped never cuts a cold resume (or its rollback) short; the task ends as soon as the
-    /// manager answered.
+    /// manager answered. Closed by [`SubagentControlPlugin::shutdown`].
     pub(crate) deliveries: TaskTracker,
+    /// Serializes [`spawn_delivery`](Self::spawn_delivery)'s "closed? else spawn" with the
+    /// closing of `deliveries`, so that a delivery is either tracked before the close (and
+    /// awaited by `shutdown`) or refused. Held only for those synchronous sections.
+    pub(crate) admission: Mutex<()>,
+}
+
+impl Control {
+    /// Spawns `delivery` on the tracked task set, or `None` (dropping it unpolled) once
+    /// [`shutdown`](SubagentControlPlugin::shutdown) closed the set: a delivery started after
+    /// shutdown began would run untracked, past the moment shutdown promised that every
+    /// delivery had ended.
+    pub(crate) fn spawn_delivery<F>(&self, delivery: F) -> Option<tokio::task::JoinHandle<F::Output>>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let _admission = self.admission.lock();
+        (!self.deliveries.is_closed()).then(|| self.deliveries.spawn(delivery))
+    }
 }
 
 /// The loaded `send_message` and `interrupt_agent` tools.
@@ -55,7 +74,9 @@ pub(crate) struct Control {
 ///   `{accepted: true}`, also for an accepted no-op (an absent, settled or one-shot target). It
 ///   never cold-resumes anything.
 /// * Both refuse a call without a live calling agent and malformed arguments (`INVALID_ARGS`,
-///   naming the parameter); nothing is delivered or cancelled then.
+///   naming the parameter); nothing is delivered or cancelled then. Both refuse a call whose
+///   execution signal is already cancelled (`CANCELLED`; `send_message` through the manager's
+///   own check), so a cancelled call never takes effect.
 /// * Neither is concurrency-safe: calls of one assistant message run one at a time, in the
 ///   model's order, so two messages to one child, or an interrupt followed by a waking message,
 ///   take effect in the order the model wrote them.
@@ -122,6 +143,7 @@ impl SubagentControlPlugin {
             services: services.clone(),
             continuation,
             deliveries: TaskTracker::new(),
+            admission: Mutex::new(()),
         });
         let send = services.tools.register(
             None,
@@ -167,10 +189,18 @@ impl SubagentControlPlugin {
 
     /// Unloads, then waits until every delivery started through this plugin has ended (the
     /// child's inbox accepted the message, or the delivery rejected and rolled back).
+    ///
+    /// From the moment it is called, no delivery starts any more: a `send_message` call
+    /// resolved before the unload whose body runs afterwards delivers nothing and fails
+    /// ([`SEND_MESSAGE_SHUT_DOWN`](model_text::SEND_MESSAGE_SHUT_DOWN)), so nothing this plugin
+    /// started outlives the returned future.
     pub async fn shutdown(self) {
         self.unload();
         let deliveries = &self.control.deliveries;
-        deliveries.close();
+        {
+            let _admission = self.control.admission.lock();
+            deliveries.close();
+        }
         deliveries.wait().await;
     }
 

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 use serde_json::Value;
 use subagent::agent::SessionId;
-use subagent::agent::tools::{ToolContext, ToolError, ToolHandler, ToolOutput};
+use subagent::agent::tools::{ToolContext, ToolError, ToolHandler, ToolOutput, codes};
 use subagent::continuation::InterruptAuthority;
 
 use crate::control::Control;
@@ -69,6 +69,15 @@ impl ToolHandler for InterruptAgentTool {
             &ctx,
             model_text::INTERRUPT_AGENT_CALLING_AGENT_REQUIRED,
         )?;
+        // The interrupt is synchronous and cannot be undone, so the call's signal is observed
+        // once, right before it: a call cancelled before its body ran interrupts nothing and
+        // says so, instead of stopping the target's turn while its result reads as cancelled.
+        if ctx.signal.is_cancelled() {
+            return Err(ToolError::new(
+                codes::CANCELLED,
+                model_text::interrupt_cancelled(&agent_id),
+            ));
+        }
         // Without a continuation manager there is no continuable child to stop: every interrupt
         // is an accepted no-op (spec §4.3).
         if let Some(manager) = &control.continuation {
@@ -88,7 +97,6 @@ mod tests {
     use super::*;
     use serde_json::json;
     use subagent::agent::ContentBlock;
-    use subagent::agent::tools::codes;
 
     #[test]
     fn agent_id_is_parsed_strictly() {

@@ -119,11 +119,15 @@ impl ToolHandler for SendMessageTool {
         let content = vec![ContentBlock::text(args.message)];
         let source = relay_source(parent.id());
         // On a tracked task: a dropped body never cuts a cold resume (or its rollback) short.
-        let task = control.deliveries.spawn(async move {
+        let task = control.spawn_delivery(async move {
             manager
                 .followup_with(&parent, &child_id, content, source, &signal)
                 .await
         });
+        let Some(task) = task else {
+            abandon.disarm();
+            return Err(ToolError::failed(model_text::SEND_MESSAGE_SHUT_DOWN));
+        };
         let joined = task.await;
         abandon.disarm();
         let message_id = joined

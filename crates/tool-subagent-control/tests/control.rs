@@ -514,3 +514,94 @@ async fn ctrl_14_interrupt_agent_requires_a_calling_agent() {
     assert!(text(&result).starts_with("Error: "));
     rig.finish().await;
 }
+
+/// §4.3 and the tool-body contract ("bodies must observe `ctx.signal`") — a call whose signal
+/// is already cancelled when its body runs (a pipeline other than the reference one, which
+/// checks before dispatch) interrupts nothing: it fails `CANCELLED` and the target keeps
+/// running its turn. The interrupt is synchronous and irreversible, so without this check the
+/// target's turn was stopped while the caller was told its call was cancelled.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_interrupt_call_interrupts_nothing() {
+    let rig = Rig::new(vec![ScriptEntry::hang()]).await;
+    rig.start(rig.parent(), "child", "child", "work").await;
+    rig.until("the request", |rig| rig.model.requests().len() == 1)
+        .await;
+    let child = rig.agent("child").expect("the child is live");
+    let handler = rig
+        .rt
+        .services()
+        .tools
+        .get("interrupt_agent", None)
+        .expect("registered")
+        .handler;
+    let execution = agent::tools::ToolExecution {
+        id: agent::tools::ExecutionId::next(),
+        agent: SessionId::from(PARENT),
+        call_id: "direct".into(),
+        name: "interrupt_agent".to_owned(),
+        arguments: interrupt("child"),
+    };
+    let ctx = agent::tools::ToolContext::new(
+        std::sync::Arc::new(execution),
+        Signal::cancelled_with(agent::CancelCause::User),
+    );
+    let refused = handler
+        .execute(interrupt("child"), ctx)
+        .await
+        .expect_err("a cancelled call is refused");
+    assert_eq!(refused.code, "CANCELLED");
+    assert_eq!(
+        refused.message,
+        "interrupt_agent was cancelled before the interrupt was requested; agent child was not interrupted"
+    );
+    rig.yield_a_while().await;
+    assert_eq!(child.status(), AgentStatus::Running, "never interrupted");
+    assert!(turn_end_reasons(&live_log(&child)).is_empty());
+    assert_eq!(rig.model.requests().len(), 1);
+    drop(handler);
+    rig.finish().await;
+}
+
+/// §4.1/§4.2 — a `send_message` call resolved before the plugin's shutdown whose body runs
+/// after it (the registry may still run a call resolved just before its registration was
+/// dropped) starts no delivery: it fails, saying the message was not delivered, and the
+/// settled child is not cold-resumed. Before, the delivery was spawned on the already closed
+/// and awaited task set and cold-resumed the child after `shutdown` had returned.
+#[tokio::test(start_paused = true)]
+async fn a_call_running_after_shutdown_delivers_nothing() {
+    let mut rig = Rig::new(vec![answer("first"), answer("late answer")]).await;
+    let child = rig.start(rig.parent(), "child", "child task", "child task").await;
+    rig.until_released(&child).await;
+    let handler = rig
+        .rt
+        .services()
+        .tools
+        .get("send_message", None)
+        .expect("registered")
+        .handler;
+    rig.control.take().expect("loaded").shutdown().await;
+    let execution = agent::tools::ToolExecution {
+        id: agent::tools::ExecutionId::next(),
+        agent: SessionId::from(PARENT),
+        call_id: "late".into(),
+        name: "send_message".to_owned(),
+        arguments: send("child", "late"),
+    };
+    let ctx = agent::tools::ToolContext::new(std::sync::Arc::new(execution), Signal::new());
+    let refused = handler
+        .execute(send("child", "late"), ctx)
+        .await
+        .expect_err("no delivery after shutdown");
+    assert_eq!(refused.code, "FAILED");
+    assert_eq!(
+        refused.message,
+        "send_message is shut down; the message was NOT delivered"
+    );
+    rig.yield_a_while().await;
+    assert!(rig.agent("child").is_none(), "nothing was resumed");
+    assert!(!rig.manager.is_resident(&child));
+    assert_eq!(prompts(&rig.persisted(&child).await.events), ["child task"]);
+    assert_eq!(rig.model.requests().len(), 1);
+    drop(handler);
+    rig.finish().await;
+}
