@@ -137,15 +137,17 @@ impl AcpConfig {
     }
 
     /// Validates the configuration (graces, then empty `cwd`, then `cwd` resolution against the
-    /// launch directory) and resolves it into settings. Touches the filesystem only to check the
-    /// configured `cwd`; spawns nothing.
+    /// launch directory, then pinning a relative `command` path to the launch directory) and
+    /// resolves it into settings. Touches the filesystem only to check the configured `cwd` and
+    /// read the launch directory; spawns nothing.
     pub fn load(&self) -> Result<AcpSettings, AcpConfigError> {
         let eof = grace("disposeEofGraceMs", self.dispose_eof_grace_ms)?;
         let terminate = grace("disposeGraceMs", self.dispose_grace_ms)?;
         let cwd = validate_configured_cwd(PREFIX, self.cwd.as_deref()).map_err(AcpConfigError::from)?;
+        let command = resolve_command(&self.command, std::env::current_dir())?;
         Ok(AcpSettings {
             provider_name: self.provider_name.clone(),
-            command: resolve_command(&self.command),
+            command,
             args: self.args.clone(),
             cwd,
             permission: self.permission,
@@ -167,17 +169,21 @@ fn grace(name: &str, value: f64) -> Result<Duration, AcpConfigError> {
     Ok(Duration::from_secs_f64(value / 1000.0))
 }
 
-/// A relative command path containing a separator is pinned to the launch directory; bare names
-/// and absolute paths are kept as given.
-fn resolve_command(command: &str) -> PathBuf {
+/// A relative command path containing a separator is pinned to `launch` (the launch directory);
+/// bare names and absolute paths are kept as given. When such a command needs the launch
+/// directory and it is unavailable, load fails: keeping the relative path would let the spawn
+/// resolve it against the child's cwd and run a different program (spec §1.4 Rust hint).
+fn resolve_command(command: &str, launch: std::io::Result<PathBuf>) -> Result<PathBuf, AcpConfigError> {
     let path = Path::new(command);
-    if path.is_relative()
-        && path.components().count() > 1
-        && let Ok(launch) = std::env::current_dir()
-    {
-        return launch.join(path);
+    if !(path.is_relative() && path.components().count() > 1) {
+        return Ok(path.to_path_buf());
     }
-    path.to_path_buf()
+    match launch {
+        Ok(launch) => Ok(launch.join(path)),
+        Err(error) => Err(AcpConfigError::new(format!(
+            "{PREFIX}: command {command} is relative and the launch directory is unavailable: {error}"
+        ))),
+    }
 }
 
 #[cfg(test)]
@@ -234,6 +240,32 @@ mod tests {
         let settings = config.load().unwrap();
         assert_eq!(settings.graces, Graces::default());
         assert_eq!(settings.cwd, None);
+    }
+
+    /// spec: §1.4 (Rust hint) — a relative command with a separator cannot be pinned without a
+    /// launch directory: resolution fails with a clear message (never keeps the relative path,
+    /// which the spawn would resolve against the child's cwd). Bare names and absolute paths need
+    /// no launch directory.
+    #[test]
+    fn relative_command_without_launch_directory_is_an_error() {
+        let gone = || Err(std::io::Error::from(std::io::ErrorKind::NotFound));
+        let err = resolve_command("bin/agent", gone()).unwrap_err();
+        assert!(
+            err.to_string().starts_with(
+                "subagent-acp: command bin/agent is relative and the launch directory is unavailable: "
+            ),
+            "{err}"
+        );
+        assert!(resolve_command("./agent", gone()).is_err());
+        assert_eq!(resolve_command("agent", gone()).unwrap(), PathBuf::from("agent"));
+        assert_eq!(
+            resolve_command("/opt/agent", gone()).unwrap(),
+            PathBuf::from("/opt/agent")
+        );
+        assert_eq!(
+            resolve_command("bin/agent", Ok(PathBuf::from("/launch"))).unwrap(),
+            PathBuf::from("/launch/bin/agent")
+        );
     }
 
     /// A relative command with a separator is pinned to the launch directory.
