@@ -80,8 +80,8 @@ fn resolve_lexically(base: &Path, path: &Path) -> PathBuf {
 }
 
 /// Validates a configured `cwd` override once, at provider load: `None` passes through; an
-/// empty string fails (`<prefix>: config cwd must not be empty; omit it to inherit the parent
-/// session cwd`); a relative path is resolved lexically against the process's launch directory;
+/// empty string fails (`<prefix>: config cwd must not be empty — omit the key to inherit the
+/// parent session cwd`); a relative path is resolved lexically against the process's launch directory;
 /// the result must pass [`assert_usable_cwd`] with label `config cwd`.
 pub fn validate_configured_cwd(
     prefix: &str,
@@ -90,7 +90,7 @@ pub fn validate_configured_cwd(
     let Some(cwd) = cwd else { return Ok(None) };
     if cwd.is_empty() {
         return Err(OutOfProcessError::new(format!(
-            "{prefix}: config cwd must not be empty; omit it to inherit the parent session cwd"
+            "{prefix}: config cwd must not be empty — omit the key to inherit the parent session cwd"
         )));
     }
     let path = Path::new(cwd);
@@ -109,8 +109,9 @@ pub fn validate_configured_cwd(
 
 /// The child's working directory at start: the validated `configured` override when present,
 /// else the parent session's `cwd` checked with [`assert_usable_cwd`] (label `parent session
-/// cwd`); with neither, fails with `<prefix>: no working directory for the child; configure
-/// cwd or delegate from a parent session that has one`. Never falls back to the process cwd.
+/// cwd`); with neither, fails with ``<prefix>: no working directory for the child — configure
+/// `cwd` or delegate from a parent session that has one`` (the spec's wording). Never falls back
+/// to the process cwd.
 pub fn resolve_child_cwd(
     prefix: &str,
     configured: Option<&Path>,
@@ -122,8 +123,8 @@ pub fn resolve_child_cwd(
     match parent_cwd {
         Some(parent) => assert_usable_cwd(prefix, "parent session cwd", parent),
         None => Err(OutOfProcessError::new(format!(
-            "{prefix}: no working directory for the child; configure cwd or delegate from a parent \
-             session that has one"
+            "{prefix}: no working directory for the child — configure `cwd` or delegate from a \
+             parent session that has one"
         ))),
     }
 }
