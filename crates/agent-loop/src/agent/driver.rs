@@ -27,12 +27,27 @@ pub(crate) struct OpenTurn {
     pub(crate) claimed: Result<Vec<Message>, TurnFailure>,
 }
 
-/// A turn whose `turn/end` the session refused: still open in the log, with the ending it was
-/// to be logged with.
+/// A turn whose `turn/end` the session refused, or whose last step's `step/end` it refused:
+/// still open in the log, with the ending it was to be logged with.
 #[derive(Debug)]
 pub(crate) struct UnclosedTurn {
     turn: u64,
+    /// The step still open in the log (its `step/end` was refused): closed before the turn.
+    step: Option<u64>,
     reason: TurnEndReason,
+}
+
+/// The `agent/error` failure for a `step/end` of `turn`'s `step` the session refused: coded
+/// [`STEP_END_REFUSED`](super::codes::STEP_END_REFUSED), with the refusal's error chain.
+fn step_end_refused(agent: &agent::SessionId, turn: u64, step: u64, err: &agent::LogError) -> LlmFailure {
+    LlmFailure::new(
+        super::codes::STEP_END_REFUSED,
+        format!(
+            "agent \"{agent}\" could not log the end of step {step} of turn {turn}: {}; the step \
+             and its turn stay open and no further step or turn opens until their ends are logged",
+            failure_of(err).message
+        ),
+    )
 }
 
 /// The `agent/error` failure for a `turn/end` of `turn` the session refused: coded
@@ -213,6 +228,9 @@ struct TurnState {
     /// consumed nothing, so the drain must not go on to the next turn (it would fail the same
     /// way, forever).
     claim_failed: bool,
+    /// Whether the session refused the last step's `step/end`: that step is still open in the
+    /// log, so the turn cannot end yet (providers §6.4 S5).
+    step_open: bool,
 }
 
 /// The error facts logged beside a failed `tool/result`.
@@ -267,6 +285,7 @@ impl LoopAgent {
                 end: None,
                 step: 0,
                 claim_failed: false,
+                step_open: false,
             };
             let first = match std::mem::replace(&mut open.claimed, Ok(Vec::new())) {
                 Ok(batch) => batch,
@@ -326,9 +345,21 @@ impl LoopAgent {
                 (TurnEndReason::Error { error: failure }, after)
             }
         };
+        if ts.step_open {
+            // The last step is still open in the log: no `turn/end` may follow it (providers
+            // §6.4 S5). The refusal was reported; the drain stops and the next wake retries the
+            // step's end, then this turn's, before anything else.
+            self.state.lock().unclosed = Some(UnclosedTurn {
+                turn,
+                step: Some(ts.step),
+                reason,
+            });
+            return AfterTurn::Stop;
+        }
         // Kept for a retry should the session refuse the end (cloned: the append consumes it).
         let unclosed = UnclosedTurn {
             turn,
+            step: None,
             reason: reason.clone(),
         };
         if let Err(err) = self.session.record(EventData::TurnEnd { turn, reason }, None) {
@@ -341,13 +372,25 @@ impl LoopAgent {
         after
     }
 
-    /// Logs the `turn/end` the session refused earlier (spec §8.6 step 3: `turn/end` is always
-    /// appended), with its original reason. Refused again, reports it and hands the turn back
-    /// (still unclosed).
+    /// Logs the `step/end` and then the `turn/end` the session refused earlier (spec §8.6:
+    /// `step/end` and `turn/end` are always appended), the turn's with its original reason.
+    /// Refused again, reports it and hands the turn back (still unclosed, with its step still
+    /// open if that end was the one refused).
     pub(crate) fn close_unclosed(&self, unclosed: UnclosedTurn) -> Result<(), UnclosedTurn> {
-        let UnclosedTurn { turn, reason } = unclosed;
+        let UnclosedTurn { turn, step, reason } = unclosed;
+        if let Some(step) = step
+            && let Err(err) = self.session.record(EventData::StepEnd { turn, step }, None)
+        {
+            self.report_error(step_end_refused(&self.id, turn, step, &err));
+            return Err(UnclosedTurn {
+                turn,
+                step: Some(step),
+                reason,
+            });
+        }
         let retry = UnclosedTurn {
             turn,
+            step: None,
             reason: reason.clone(),
         };
         match self.session.record(EventData::TurnEnd { turn, reason }, None) {
@@ -442,9 +485,29 @@ impl LoopAgent {
                     .catch_unwind()
                     .await
                     .unwrap_or_else(|p| Err(panicked("a model step", &*p)));
-                let closed = self.session.record(EventData::StepEnd { turn, step }, None);
-                let step_end = ran?;
-                closed?;
+                let step_end = match self.session.record(EventData::StepEnd { turn, step }, None) {
+                    Ok(_) => ran?,
+                    Err(err) => {
+                        // The step stays open in the log: neither a step nor the turn's end may
+                        // follow it (providers §6.4 S5, S7), so the turn stops here and its end
+                        // waits for the step's (see `close_turn`).
+                        ts.step_open = true;
+                        let refused = step_end_refused(&self.id, turn, step, &err);
+                        match ran {
+                            // The refusal is the turn's failure (reported with its end).
+                            Ok(_) if !signal.is_cancelled() => {
+                                return Err(TurnFailure::failed(refused));
+                            }
+                            // The step's own failure (or the abort) ends the turn; the refusal
+                            // is reported beside it.
+                            ran => {
+                                self.report_error(refused);
+                                ran?;
+                                return Err(TurnFailure::Cancelled);
+                            }
+                        }
+                    }
+                };
                 if ts.end != Some(TurnEnd::MaxTokens) {
                     ts.end = step_end;
                 }

@@ -67,6 +67,14 @@ pub mod codes {
     /// later wake retries it first; while it is still refused the wake opens no turn, its work
     /// stays pending and another `agent/error` with this code is emitted.
     pub const TURN_END_REFUSED: &str = "TURN_END_REFUSED";
+    /// The session refused to log a step's `step/end` (an observer vetoed it, a persistence
+    /// failure): the step, and so its turn, stays open in the log, so the turn stops there
+    /// (ending `error` with this failure unless the step had failed or was aborted itself) and
+    /// no further step or turn opens until that `step/end`, then the turn's `turn/end`, are
+    /// logged. Each later wake retries them first; while the step's end is still refused the
+    /// wake opens no turn, its work stays pending and another `agent/error` with this code is
+    /// emitted.
+    pub const STEP_END_REFUSED: &str = "STEP_END_REFUSED";
 }
 
 /// Tunables of the loop.
@@ -236,9 +244,10 @@ struct State {
     snapshot_scan: (usize, RetainedSnapshot),
     /// The log's derived history, projected incrementally for model requests.
     history: DerivedHistory,
-    /// A turn whose `turn/end` the session refused: the log still has it open, so the next
-    /// turn must log this end before its `turn/start` (spec §8.6 step 3: `turn/end` is always
-    /// appended; providers §6.4 S2: `turn/start` requires no open turn).
+    /// A turn whose `turn/end` (or whose last step's `step/end`) the session refused: the log
+    /// still has it (and that step) open, so the next turn must log these ends before its
+    /// `turn/start` (spec §8.6: `step/end` and `turn/end` are always appended; providers §6.4
+    /// S2: `turn/start` requires no open turn, S5: `turn/end` no open step).
     unclosed: Option<driver::UnclosedTurn>,
 }
 
@@ -580,8 +589,9 @@ impl LoopAgent {
         if signal.is_cancelled() {
             return None;
         }
-        // A turn whose `turn/end` was refused is still open in the log: close it first, or
-        // open nothing (the work stays pending for a later wake to retry).
+        // A turn whose `turn/end` (or whose last step's `step/end`) was refused is still open
+        // in the log: close it (its step first) or open nothing (the work stays pending for a
+        // later wake to retry).
         let unclosed = self.state.lock().unclosed.take();
         if let Some(unclosed) = unclosed
             && let Err(unclosed) = self.close_unclosed(unclosed)

@@ -1680,3 +1680,191 @@ async fn a_refused_turn_end_keeps_further_turns_closed_until_it_is_logged() {
     assert!(agent.inbox().is_empty());
     finish(&rt, [handle]).await;
 }
+
+/// A session observer that vetoes every `step/end` while `on` is set.
+struct VetoStepEnd {
+    on: std::sync::atomic::AtomicBool,
+}
+
+impl agent::SessionObserver for VetoStepEnd {
+    fn check(&self, _session: &agent::Session, candidate: &agent::SessionEvent) -> Result<(), String> {
+        match candidate.data {
+            EventData::StepEnd { .. } if self.on.load(Ordering::SeqCst) => Err("step/end is vetoed".into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The step and turn markers of the log, in order (`"turn/start 1"`, `"step/end 1.1"`, …).
+fn step_and_turn_markers(agent: &dyn agent::Agent) -> Vec<String> {
+    agent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match e.data {
+            EventData::TurnStart { turn } => Some(format!("turn/start {turn}")),
+            EventData::TurnEnd { turn, .. } => Some(format!("turn/end {turn}")),
+            EventData::StepStart { turn, step } => Some(format!("step/start {turn}.{step}")),
+            EventData::StepEnd { turn, step } => Some(format!("step/end {turn}.{step}")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// spec: ISES-142, ISES-145 (spine §8.6: `step/end` and `turn/end` are always appended;
+/// providers §6.4 S5: `turn/end` requires no open step, S2: `turn/start` no open turn) — when
+/// the session refuses a step's `step/end` (an observer veto), the step and its turn stay open
+/// in the log: no `turn/end` is appended over the open step; the agent reports an
+/// `agent/error` coded `STEP_END_REFUSED` and goes idle; a later wake retries the step's end
+/// first and, while it is still refused, opens no turn (the work stays pending, another error
+/// says why); once it is logged, the turn's end follows (an `error` ending carrying the
+/// refusal) and the pending work runs in balanced turns. The online invariant checker (checked
+/// by `finish`) sees no violation. (Before the fix the driver appended `turn/end` right after
+/// the refused `step/end` — an S5 violation the checker vetoed — and the log never closed the
+/// step.)
+#[tokio::test(start_paused = true)]
+async fn a_refused_step_end_keeps_its_turn_open_until_both_ends_are_logged() {
+    let model = ScriptedModel::new([chunks::text("one"), chunks::text("two"), chunks::text("three")]);
+    let veto = Arc::new(VetoStepEnd {
+        on: std::sync::atomic::AtomicBool::new(true),
+    });
+    let rt = builder(&model).session_observer(veto.clone()).build();
+    let (seen, recorder) = record_events(&rt);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    let refusals = || {
+        seen.lock()
+            .iter()
+            .filter(|e| {
+                matches!(e, AgentEvent::Error { failure, .. }
+                    if failure.code == crate::agent::codes::STEP_END_REFUSED
+                        && failure.message.contains("step 1 of turn 1"))
+            })
+            .count()
+    };
+    let errors = || {
+        seen.lock()
+            .iter()
+            .filter(|e| matches!(e, AgentEvent::Error { .. }))
+            .count()
+    };
+
+    agent.followup(user("one")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(
+        step_and_turn_markers(&*agent),
+        ["turn/start 1", "step/start 1.1"],
+        "step 1 and turn 1 stay open"
+    );
+    assert_eq!(refusals(), 1);
+    assert_eq!(errors(), 1, "the refusal is the turn's one error");
+    assert_eq!(agent.status(), AgentStatus::Idle);
+
+    // Still refused: the wake opens no turn; its message stays pending.
+    agent.followup(user("two")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(
+        step_and_turn_markers(&*agent),
+        ["turn/start 1", "step/start 1.1"],
+        "no turn opened over turn 1"
+    );
+    assert_eq!(refusals(), 2);
+    assert_eq!(agent.inbox().next_turn.len(), 1, "the message stays pending");
+    assert_eq!(model.requests().len(), 1);
+    assert_eq!(agent.status(), AgentStatus::Idle);
+
+    // Accepted again: the next wake logs step 1's end and turn 1's, then runs the pending work.
+    veto.on.store(false, Ordering::SeqCst);
+    agent.followup(user("three")).unwrap();
+    agent.when_idle().await;
+    drop(recorder);
+    assert_eq!(
+        step_and_turn_markers(&*agent),
+        [
+            "turn/start 1",
+            "step/start 1.1",
+            "step/end 1.1",
+            "turn/end 1",
+            "turn/start 2",
+            "step/start 2.1",
+            "step/end 2.1",
+            "turn/end 2",
+            "turn/start 3",
+            "step/start 3.1",
+            "step/end 3.1",
+            "turn/end 3",
+        ]
+    );
+    let ends = turn_ends(&*agent);
+    assert!(
+        matches!(&ends[0], TurnEndReason::Error { error } if error.code == crate::agent::codes::STEP_END_REFUSED),
+        "{ends:?}"
+    );
+    assert_eq!(ends[1..], [TurnEndReason::Completed, TurnEndReason::Completed]);
+    assert_eq!(user_texts(&*agent), ["one", "two", "three"]);
+    assert_eq!(refusals(), 2);
+    assert_eq!(errors(), 2);
+    assert!(agent.inbox().is_empty());
+    finish(&rt, [handle]).await;
+}
+
+/// spec: ISES-142, ISES-145 (spine §8.6: `step/end` and `turn/end` are always appended;
+/// providers §6.4 S5) — a step aborted mid-stream whose `step/end` the session refuses: the
+/// abort ends the turn, the refusal is reported beside it (`STEP_END_REFUSED`), and no
+/// `turn/end` is appended over the open step; the next wake logs the step's end, then the
+/// turn's with its `aborted` reason, before the new work runs.
+#[tokio::test(start_paused = true)]
+async fn an_aborted_step_whose_end_is_refused_closes_on_the_next_wake() {
+    let model = ScriptedModel::new([ScriptEntry::hang(), chunks::text("next").into()]);
+    let veto = Arc::new(VetoStepEnd {
+        on: std::sync::atomic::AtomicBool::new(true),
+    });
+    let rt = builder(&model).session_observer(veto.clone()).build();
+    let (seen, recorder) = record_events(&rt);
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+
+    agent.followup(user("hangs")).unwrap();
+    settle().await;
+    agent.cancel(CancelCause::User, CancelOptions::default());
+    agent.when_idle().await;
+    assert_eq!(
+        step_and_turn_markers(&*agent),
+        ["turn/start 1", "step/start 1.1"],
+        "the aborted step and its turn stay open"
+    );
+    let codes = || {
+        seen.lock()
+            .iter()
+            .filter_map(|e| match e {
+                AgentEvent::Error { failure, .. } => Some(failure.code.clone()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(codes(), [crate::agent::codes::STEP_END_REFUSED]);
+
+    veto.on.store(false, Ordering::SeqCst);
+    agent.followup(user("next")).unwrap();
+    agent.when_idle().await;
+    drop(recorder);
+    assert_eq!(
+        step_and_turn_markers(&*agent),
+        [
+            "turn/start 1",
+            "step/start 1.1",
+            "step/end 1.1",
+            "turn/end 1",
+            "turn/start 2",
+            "step/start 2.1",
+            "step/end 2.1",
+            "turn/end 2",
+        ]
+    );
+    assert_eq!(
+        turn_ends(&*agent),
+        [aborted(CancelCause::User), TurnEndReason::Completed]
+    );
+    assert_eq!(codes(), [crate::agent::codes::STEP_END_REFUSED]);
+    finish(&rt, [handle]).await;
+}
