@@ -13,10 +13,11 @@ use tokio::sync::Notify;
 
 use agent::bus::panic_message;
 use agent::{
-    Agent, AgentEvent, AgentRef, CancelCause, CancelOptions, Disposer, Registration, Scope, SessionId,
+    Agent, AgentError, AgentEvent, AgentRef, CancelCause, CancelOptions, Disposer, Registration, Scope,
+    SessionId,
 };
 
-use super::{Reservation, RuntimeInner};
+use super::{RuntimeInner, inactive};
 use crate::agent::LoopAgent;
 
 /// One registered agent.
@@ -34,10 +35,10 @@ pub(super) struct AgentEntry {
     /// Published agents this one created, by serial (creation order). A map, so that each
     /// child's release unlinks itself without a scan of its siblings.
     pub(super) children: Mutex<BTreeMap<u64, Weak<AgentEntry>>>,
-    /// Creations of agents this one owns that are still under way (not yet published), by the
-    /// address of their record: the teardown rolls back those in their setup window and waits
-    /// for those being published.
-    pub(super) creations: Mutex<BTreeMap<usize, Arc<OwnedCreation>>>,
+    /// Creations and resumptions of agents this one owns that are still under way (not yet
+    /// published), by the address of their record: the teardown rolls back those that hold
+    /// their id or are in their setup window and waits for those being published.
+    pub(super) creations: Mutex<BTreeMap<usize, Arc<PendingCreation>>>,
     /// Set when the teardown begins (aborts pending creations it owns).
     pub(super) disposing: Latch,
     /// Whether `AgentEvent::Created` was emitted (so `Disposed` pairs with it).
@@ -199,7 +200,7 @@ impl AgentEntry {
     /// Registers a creation this agent owns. `false` once the teardown began: the creation
     /// must fail (checked under the list's lock, which the teardown takes after it set
     /// `disposing`, so a creation is either refused here or found by the teardown).
-    pub(super) fn adopt_creation(&self, creation: &Arc<OwnedCreation>) -> bool {
+    pub(super) fn adopt_creation(&self, creation: &Arc<PendingCreation>) -> bool {
         let mut creations = self.creations.lock();
         if self.disposing.is_set() {
             return false;
@@ -209,118 +210,215 @@ impl AgentEntry {
     }
 
     /// Unregisters a creation that ended.
-    pub(super) fn forget_creation(&self, creation: &Arc<OwnedCreation>) {
+    pub(super) fn forget_creation(&self, creation: &Arc<PendingCreation>) {
         self.creations.lock().remove(&creation_key(creation));
     }
 }
 
-fn creation_key(creation: &Arc<OwnedCreation>) -> usize {
+fn creation_key(creation: &Arc<PendingCreation>) -> usize {
     Arc::as_ptr(creation) as usize
 }
 
-/// A creation of an owned agent under way, registered with its owner's entry from its staging
-/// until its transaction ended (spec: SPN-55 — the owner's disposal aborts pending setup).
+/// A creation or resumption under way, from its id's reservation to the end of its
+/// transaction: listed in the runtime's reservations (what [`Runtime::shutdown`] rolls back,
+/// spine §9.1 step 3) and, when it has an owner, among the owner entry's creations from before
+/// anything of it exists until it ended (what the owner's teardown rolls back, spec: SPN-55 —
+/// the owner's disposal aborts pending setup).
 ///
-/// In its setup window the creation holds nothing the registry sees but its reserved id and its
-/// agent's scope, and its rollback would only run when its future is next polled or dropped. So
-/// the owner's teardown rolls it back itself ([`abort`](Self::abort)): the agent marked
-/// disposed, its scope (everything the setup registered) disposed, its id freed — at once,
-/// whatever becomes of the creator's future, which later still fails with
-/// [`AgentError::OwnerDisposed`](agent::AgentError::OwnerDisposed) (its own rollback finds
-/// nothing left to undo). Once the transaction [claims](Self::claim) it for its (synchronous)
-/// publication, the teardown instead waits until it [settles](Self::settle) and then disposes
-/// the child it may have published.
-pub(super) struct OwnedCreation {
+/// Before its publication the creation holds nothing the registry sees but its reserved id and
+/// (in its setup window) its agent's scope, and its own rollback would only run when its
+/// creator's future is next polled or dropped. So shutdown and the owner's teardown roll it
+/// back themselves ([`abort`](Self::abort)): its id freed and, in the setup window, its agent
+/// marked disposed and its scope (everything the setup registered) disposed — at once,
+/// whatever becomes of the creator's future, which later still fails with the abort's error
+/// ([`AbortedBy::error`]; its own rollback finds nothing left to undo). Once the transaction
+/// [claims](Self::claim) it for its (synchronous) publication, they instead wait until it
+/// [settles](Self::settle) and then dispose the agent it may have published.
+///
+/// [`Runtime::shutdown`]: super::Runtime::shutdown
+pub(super) struct PendingCreation {
+    runtime: Weak<RuntimeInner>,
+    id: SessionId,
     state: Mutex<CreationState>,
     settled: Latch,
+    /// Whether the id was freed: it is freed once, so a late free leaves a new reservation of
+    /// the same id alone.
+    released: AtomicBool,
 }
 
 enum CreationState {
-    /// In the setup window: what the owner's teardown undoes.
+    /// Only the id is held (the session is being prepared, or a resumed log loaded).
+    Reserved,
+    /// In the setup window: what an abort undoes.
     Armed {
         agent: Arc<LoopAgent>,
         scope: Arc<Scope>,
-        reservation: Arc<Reservation>,
     },
-    /// Taken back by its transaction (publishing).
-    Claimed,
-    /// Rolled back by the owner's teardown, or settled.
+    /// Taken back by its transaction (publishing); what its own rollback undoes.
+    Claimed {
+        agent: Arc<LoopAgent>,
+        scope: Arc<Scope>,
+    },
+    /// Rolled back by an abort.
+    Aborted(AbortedBy),
+    /// Settled, or rolled back by its transaction.
     Ended,
 }
 
-impl OwnedCreation {
-    /// A creation in its setup window.
-    pub(super) fn armed(agent: Arc<LoopAgent>, scope: Arc<Scope>, reservation: Arc<Reservation>) -> Self {
+/// Who rolled a pending creation back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum AbortedBy {
+    /// Its owner's teardown.
+    Owner,
+    /// The runtime's shutdown.
+    Shutdown,
+}
+
+impl AbortedBy {
+    /// The error the creation of `id` fails with.
+    pub(super) fn error(self, id: &SessionId) -> AgentError {
+        match self {
+            Self::Owner => AgentError::OwnerDisposed(id.clone()),
+            Self::Shutdown => inactive(id),
+        }
+    }
+}
+
+impl PendingCreation {
+    /// A creation holding only its id, in the reservations of `runtime`.
+    pub(super) fn reserved(runtime: Weak<RuntimeInner>, id: SessionId) -> Self {
         Self {
-            state: Mutex::new(CreationState::Armed {
-                agent,
-                scope,
-                reservation,
-            }),
+            runtime,
+            id,
+            state: Mutex::new(CreationState::Reserved),
             settled: Latch::default(),
+            released: AtomicBool::new(false),
         }
     }
 
-    /// The transaction takes the creation back to publish it. `false`: the owner's teardown
-    /// already rolled it back.
-    pub(super) fn claim(&self) -> bool {
+    /// The reserved id.
+    pub(super) fn id(&self) -> &SessionId {
+        &self.id
+    }
+
+    /// The setup window opens: what an abort now undoes. `Err`: it was aborted already.
+    pub(super) fn arm(&self, agent: Arc<LoopAgent>, scope: Arc<Scope>) -> Result<(), AbortedBy> {
         let mut state = self.state.lock();
         match *state {
-            CreationState::Armed { .. } => {
-                *state = CreationState::Claimed;
-                true
+            CreationState::Reserved => {
+                *state = CreationState::Armed { agent, scope };
+                Ok(())
             }
-            CreationState::Claimed => true,
-            CreationState::Ended => false,
+            CreationState::Aborted(by) => Err(by),
+            _ => unreachable!("a creation is armed once, before it is claimed or ends"),
         }
     }
 
-    /// The transaction ended: nothing is left for the owner's teardown to undo here.
+    /// The transaction takes the creation back to publish it. `Err`: an abort already rolled
+    /// it back.
+    pub(super) fn claim(&self) -> Result<(), AbortedBy> {
+        let mut state = self.state.lock();
+        match std::mem::replace(&mut *state, CreationState::Ended) {
+            CreationState::Armed { agent, scope } | CreationState::Claimed { agent, scope } => {
+                *state = CreationState::Claimed { agent, scope };
+                Ok(())
+            }
+            CreationState::Aborted(by) => {
+                *state = CreationState::Aborted(by);
+                Err(by)
+            }
+            CreationState::Reserved | CreationState::Ended => {
+                unreachable!("a creation is claimed between its arming and its end")
+            }
+        }
+    }
+
+    /// The transaction's own rollback of its setup (unless an abort did it already): the agent
+    /// marked disposed, its scope disposed.
+    pub(super) fn roll_back(&self) {
+        let taken = {
+            let mut state = self.state.lock();
+            match &*state {
+                CreationState::Armed { .. } | CreationState::Claimed { .. } => {
+                    std::mem::replace(&mut *state, CreationState::Ended)
+                }
+                _ => return,
+            }
+        };
+        if let CreationState::Armed { agent, scope } | CreationState::Claimed { agent, scope } = taken {
+            agent.begin_disposal();
+            scope.dispose();
+        }
+    }
+
+    /// The transaction ended: nothing is left for an abort to undo here.
     pub(super) fn settle(&self) {
-        let previous = std::mem::replace(&mut *self.state.lock(), CreationState::Ended);
-        // Dropped (the reservation's last reference, say) outside the lock.
+        let previous = {
+            let mut state = self.state.lock();
+            match &*state {
+                CreationState::Aborted(_) | CreationState::Ended => None,
+                _ => Some(std::mem::replace(&mut *state, CreationState::Ended)),
+            }
+        };
+        // Dropped (the agent's last reference, say) outside the lock.
         drop(previous);
         self.settled.set();
     }
 
-    /// The owner's teardown: rolls the creation back now if it is still in its setup window.
-    /// Returns whether it is over; `false` while its transaction publishes it (then await
-    /// `settled`).
-    fn abort(&self, owner: &SessionId) -> bool {
-        let armed = {
+    /// Resolves once the creation settled or was aborted.
+    pub(super) async fn settled(&self) {
+        self.settled.wait().await;
+    }
+
+    /// Frees the id now (once).
+    pub(super) fn release(&self) {
+        if !self.released.swap(true, Ordering::SeqCst)
+            && let Some(rt) = self.runtime.upgrade()
+        {
+            let removed = rt.reserved.lock().remove(&self.id);
+            // The list's reference, dropped outside its lock.
+            drop(removed);
+        }
+    }
+
+    /// Shutdown's or the owner's teardown's rollback: undoes the creation now unless its
+    /// transaction publishes it. Returns whether it is over; `false` while its transaction
+    /// publishes it (then await [`settled`](Self::settled)).
+    pub(super) fn abort(&self, by: AbortedBy) -> bool {
+        let taken = {
             let mut state = self.state.lock();
             match &*state {
-                CreationState::Claimed => return false,
-                CreationState::Ended => return true,
-                CreationState::Armed { .. } => std::mem::replace(&mut *state, CreationState::Ended),
+                CreationState::Claimed { .. } => return false,
+                CreationState::Aborted(_) | CreationState::Ended => return true,
+                CreationState::Reserved | CreationState::Armed { .. } => {
+                    std::mem::replace(&mut *state, CreationState::Aborted(by))
+                }
             }
         };
-        if let CreationState::Armed {
-            agent,
-            scope,
-            reservation,
-        } = armed
-        {
+        if let CreationState::Armed { agent, scope } = taken {
             agent.begin_disposal();
-            contained_now(owner, "owned creation", || scope.dispose());
-            reservation.release();
+            contained_now(&self.id, "pending creation", || scope.dispose());
         }
+        self.release();
         self.settled.set();
         true
     }
 }
 
-/// Ends everything `entry` owns: rolls back the creations still in their setup window, then
+/// Ends everything `entry` owns: rolls back the creations and resumptions not yet publishing
+/// (holding their id, or in their setup window), then
 /// disposes (and awaits) the published agents it owns, together with waiting for the creations
 /// being published — again, until nothing is left (a creation that settles may have published
 /// a child after the children were taken).
 async fn dispose_owned(entry: &Arc<AgentEntry>) {
-    let id = entry.agent.id();
     loop {
-        let creations: Vec<Arc<OwnedCreation>> = std::mem::take(&mut *entry.creations.lock())
+        let creations: Vec<Arc<PendingCreation>> = std::mem::take(&mut *entry.creations.lock())
             .into_values()
             .collect();
-        let publishing: Vec<Arc<OwnedCreation>> = creations.into_iter().filter(|c| !c.abort(id)).collect();
+        let publishing: Vec<Arc<PendingCreation>> = creations
+            .into_iter()
+            .filter(|c| !c.abort(AbortedBy::Owner))
+            .collect();
         let children: Vec<Arc<AgentEntry>> = std::mem::take(&mut *entry.children.lock())
             .into_values()
             .filter_map(|w| w.upgrade())
@@ -330,7 +428,7 @@ async fn dispose_owned(entry: &Arc<AgentEntry>) {
         }
         future::join(
             future::join_all(children.iter().map(|c| c.dispose())),
-            future::join_all(publishing.iter().map(|c| c.settled.wait())),
+            future::join_all(publishing.iter().map(|c| c.settled())),
         )
         .await;
     }

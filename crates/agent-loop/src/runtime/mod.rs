@@ -20,13 +20,17 @@
 //!
 //! Any failure or cancellation (including dropping the `create` future) before the handle is
 //! returned rolls back: the scope unwinds, announced entries are paired with their disposal
-//! notifications, nothing stays registered and the id is immediately reusable.
+//! notifications, nothing stays registered and the id is immediately reusable. Every creation
+//! and resumption under way is listed with its reserved id (and with its owner, if any), so
+//! that [`Runtime::shutdown`] (and the owner's teardown) rolls back those not yet publishing
+//! itself, without their creators' futures.
 //!
 //! # Disposal (spec §9.4)
 //! One memoized teardown per agent, shared by its handle, its owner's disposal and
 //! [`Runtime::shutdown`]: mark disposing (new work is refused) → `cancel(disposed)` → roll back
-//! the owned creations still in their setup window (at once: their creators' futures need not
-//! be polled again), dispose owned agents (also any an owned creation being published adds) and
+//! the owned creations not yet publishing — in their setup window, or (a resumption) still
+//! loading its log — at once (their creators' futures need not be polled again), dispose owned
+//! agents (also any an owned creation being published adds) and
 //! the agent's background jobs while awaiting `when_idle` and the agent's tasks → dispose the agent's jobs once more (any started while the turn wound down) → dispose
 //! the scope → unregister ([`AgentEvent::Disposed`]) → remove the session
 //! (`session/disposed`) → drop the owner link. Every `dispose` call's future drives the
@@ -75,7 +79,7 @@ use agent::{
 };
 
 pub use builder::RuntimeBuilder;
-use dispose::{AgentEntry, OwnedCreation};
+use dispose::{AbortedBy, AgentEntry, PendingCreation};
 pub use fork::{ForkError, ForkSeed, SessionFork, fork_seed};
 pub use models::ModelMap;
 pub use store::{MemorySessionStore, SessionStoreEvent};
@@ -105,11 +109,12 @@ struct RuntimeInner {
     config: LoopConfig,
     /// The registered agents (live or disposing) by id, in creation order.
     registry: Mutex<registry::Registry<Arc<AgentEntry>>>,
-    /// The ids of the creations and resumptions under way (from their session's preparation,
-    /// or a resume's duplicate check, to their end). Scoped registrations are keyed by id, so
-    /// a second transaction of an id while one is in its setup window would share — and run
-    /// under — the first one's registrations: it is refused `Duplicate` instead.
-    reserved: Mutex<foldhash::HashSet<SessionId>>,
+    /// The creations and resumptions under way by id (from their session's preparation, or a
+    /// resume's duplicate check, to their end). Scoped registrations are keyed by id, so a
+    /// second transaction of an id while one is in its setup window would share — and run
+    /// under — the first one's registrations: it is refused `Duplicate` instead. Shutdown
+    /// rolls back those not yet publishing from here, without their creators' futures.
+    reserved: Mutex<foldhash::HashMap<SessionId, Arc<PendingCreation>>>,
     /// Held while an agent is marked announced and `AgentEvent::Created` is emitted, and while
     /// its teardown checks that mark and emits `AgentEvent::Disposed`, so listeners on any
     /// thread see an agent's `Created` before its `Disposed`. Reentrant: a `Created` listener
@@ -153,28 +158,45 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
-/// An id held by a creation or resumption under way ([`RuntimeInner::reserved`]); dropping
-/// it (or [`release`](Self::release)) frees the id.
+/// A creation's or resumption's hold on its id ([`RuntimeInner::reserved`]) and its
+/// registration with its owner, if any (whose teardown rolls the creation back itself while it
+/// is not yet publishing, see [`PendingCreation`]). Dropping it ends the creation: settled,
+/// unlinked from its owner, its id freed.
 struct Reservation {
-    runtime: Arc<RuntimeInner>,
-    id: SessionId,
-    /// Whether the id was freed: it is freed once, so a late drop leaves a new reservation of
-    /// the same id alone.
-    released: std::sync::atomic::AtomicBool,
+    creation: Arc<PendingCreation>,
+    /// The owner the creation is registered with.
+    owner: Option<Arc<AgentEntry>>,
 }
 
 impl Reservation {
-    /// Frees the id now (once).
-    fn release(&self) {
-        if !self.released.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            self.runtime.reserved.lock().remove(&self.id);
+    /// Registers the creation with `owner` (once; from then on the owner's teardown rolls it
+    /// back). `OwnerDisposed` once that teardown began.
+    fn adopt(&mut self, owner: &Arc<AgentEntry>) -> Result<(), AgentError> {
+        if let Some(adopted) = &self.owner {
+            debug_assert!(Arc::ptr_eq(adopted, owner), "a creation has one owner");
+            return Ok(());
+        }
+        if !owner.adopt_creation(&self.creation) {
+            return Err(AgentError::OwnerDisposed(self.creation.id().clone()));
+        }
+        self.owner = Some(owner.clone());
+        Ok(())
+    }
+
+    /// The transaction ended (published, or its rollback's synchronous part ran): releases a
+    /// shutdown or an owner's teardown waiting for it, and unregisters it from the owner.
+    fn settle(&mut self) {
+        self.creation.settle();
+        if let Some(owner) = self.owner.take() {
+            owner.forget_creation(&self.creation);
         }
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.release();
+        self.settle();
+        self.creation.release();
     }
 }
 
@@ -211,11 +233,8 @@ struct Publication {
 
 /// How far a creation got, for its rollback.
 enum Stage {
-    /// Constructed, unpublished.
-    Armed {
-        agent: Arc<LoopAgent>,
-        scope: Arc<Scope>,
-    },
+    /// Constructed, unpublished: its agent and scope are in its [`PendingCreation`].
+    Armed,
     /// Entered into the store and the registry.
     Published(Arc<AgentEntry>),
     /// Nothing to undo.
@@ -226,19 +245,9 @@ enum Stage {
 /// dropped).
 struct Rollback {
     stage: Stage,
-    /// The creation's registration with its owner, whose teardown rolls the creation back
-    /// itself while it is in its setup window (see [`OwnedCreation`]); settled (and unlinked)
-    /// once the transaction ended.
-    owned: Option<OwnedLink>,
-    /// Freed once the rollback ran (a field: dropped after [`Drop::drop`]'s undo), or earlier
-    /// by the owner's teardown.
-    _reservation: Arc<Reservation>,
-}
-
-/// A creation's link to the owner it is registered with.
-struct OwnedLink {
-    owner: Arc<AgentEntry>,
-    creation: Arc<OwnedCreation>,
+    /// Settled and freed once the rollback ran (a field: dropped after [`Drop::drop`]'s undo);
+    /// rolled back earlier by shutdown or the owner's teardown while not yet publishing.
+    reservation: Reservation,
 }
 
 impl Rollback {
@@ -246,35 +255,25 @@ impl Rollback {
         self.stage = stage;
     }
 
-    /// Takes the creation back from its owner's teardown for its synchronous publication.
-    /// `false`: that teardown already rolled it back (the owner is being disposed).
-    fn claim(&self) -> bool {
-        self.owned.as_ref().is_none_or(|link| link.creation.claim())
-    }
-
-    /// The transaction ended (published, or its rollback's synchronous part ran): releases a
-    /// teardown of the owner waiting for it, and unregisters it from the owner.
-    fn settle(&mut self) {
-        if let Some(OwnedLink { owner, creation }) = self.owned.take() {
-            creation.settle();
-            owner.forget_creation(&creation);
-        }
+    /// Takes the creation back from shutdown and its owner's teardown for its synchronous
+    /// publication. `Err`: one of them already rolled it back.
+    fn claim(&self) -> Result<(), AbortedBy> {
+        self.reservation.creation.claim()
     }
 
     async fn run(&mut self) {
         match std::mem::replace(&mut self.stage, Stage::Done) {
-            Stage::Armed { agent, scope } => {
-                agent.begin_disposal();
-                scope.dispose();
-                self.settle();
+            Stage::Armed => {
+                self.reservation.creation.roll_back();
+                self.reservation.settle();
             }
             Stage::Published(entry) => {
-                // Linked among the owner's children by now: an owner's teardown waiting for
-                // this creation goes on to dispose (and await) the entry itself.
-                self.settle();
+                // Registered by now: a shutdown or an owner's teardown waiting for this
+                // creation goes on to dispose (and await) the entry itself.
+                self.reservation.settle();
                 entry.dispose().await;
             }
-            Stage::Done => self.settle(),
+            Stage::Done => self.reservation.settle(),
         }
     }
 }
@@ -282,15 +281,12 @@ impl Rollback {
 impl Drop for Rollback {
     fn drop(&mut self) {
         match std::mem::replace(&mut self.stage, Stage::Done) {
-            Stage::Armed { agent, scope } => {
-                agent.begin_disposal();
-                scope.dispose();
-            }
+            Stage::Armed => self.reservation.creation.roll_back(),
             // The memoized teardown runs as a runtime task.
             Stage::Published(entry) => drop(entry.dispose()),
             Stage::Done => {}
         }
-        self.settle();
+        // The reservation, dropped next, settles the creation and frees the id.
     }
 }
 
@@ -365,12 +361,36 @@ impl Runtime {
     /// Shuts the runtime down: pending creations abort ("agent loop is not active"), every
     /// registered agent is disposed (the same memoized teardown as its handle), and the
     /// runtime's tasks are awaited. Idempotent.
+    ///
+    /// A creation or resumption not yet publishing (holding its id, or in its setup window) is
+    /// rolled back here, at once — its id freed, its agent marked disposed and its scope
+    /// disposed — whether or not its creator's future is ever polled again (which then fails
+    /// with the shutdown's error); one being published is awaited, and the agent it published
+    /// disposed. So shutdown resolves with the runtime quiescent.
     pub async fn shutdown(&self) {
         self.inner.shutdown.cancel(CancelCause::Other {
             reason: INACTIVE.to_owned(),
         });
-        let entries: Vec<Arc<AgentEntry>> = self.inner.registry.lock().values().rev().cloned().collect();
-        future::join_all(entries.iter().map(|e| e.dispose())).await;
+        loop {
+            // Taken under the reservations' lock after the cancellation: no creation reserves
+            // an id from now on (see `reserve`).
+            let creations: Vec<Arc<PendingCreation>> = self.inner.reserved.lock().values().cloned().collect();
+            let publishing: Vec<Arc<PendingCreation>> = creations
+                .into_iter()
+                .filter(|c| !c.abort(AbortedBy::Shutdown))
+                .collect();
+            let entries: Vec<Arc<AgentEntry>> = self.inner.registry.lock().values().rev().cloned().collect();
+            future::join(
+                future::join_all(entries.iter().map(|e| e.dispose())),
+                future::join_all(publishing.iter().map(|c| c.settled())),
+            )
+            .await;
+            // A creation that settled may have published an agent after the entries were
+            // taken: dispose it too.
+            if publishing.is_empty() {
+                break;
+            }
+        }
         self.inner.tasks.close();
         self.inner.tasks.wait().await;
     }
@@ -456,15 +476,31 @@ impl Runtime {
         }
     }
 
-    /// Holds `id` for a creation or resumption; `Duplicate` while another one holds it.
+    /// Holds `id` for a creation or resumption; `Duplicate` while another one holds it, the
+    /// shutdown error once shutdown began.
     fn reserve(&self, id: &SessionId) -> Result<Reservation, AgentError> {
-        if !self.inner.reserved.lock().insert(id.clone()) {
-            return Err(AgentError::Duplicate(id.clone()));
-        }
+        let creation = {
+            let mut reserved = self.inner.reserved.lock();
+            // Checked under the lock shutdown takes after its cancellation: a creation is
+            // either refused here or found (and rolled back) by shutdown.
+            if self.inner.shutdown.is_cancelled() {
+                return Err(inactive(id));
+            }
+            match reserved.entry(id.clone()) {
+                std::collections::hash_map::Entry::Occupied(_) => {
+                    return Err(AgentError::Duplicate(id.clone()));
+                }
+                std::collections::hash_map::Entry::Vacant(slot) => slot
+                    .insert(Arc::new(PendingCreation::reserved(
+                        Arc::downgrade(&self.inner),
+                        id.clone(),
+                    )))
+                    .clone(),
+            }
+        };
         Ok(Reservation {
-            runtime: self.inner.clone(),
-            id: id.clone(),
-            released: std::sync::atomic::AtomicBool::new(false),
+            creation,
+            owner: None,
         })
     }
 
@@ -554,27 +590,22 @@ impl Runtime {
             self.inner.config.clone(),
             source == SessionStartSource::Resume,
         )?;
-        let reservation = Arc::new(reservation);
+        if let Err(by) = reservation.creation.arm(agent.clone(), scope.clone()) {
+            // Shutdown rolled the reservation back since the check above (another thread).
+            agent.begin_disposal();
+            scope.dispose();
+            return Err(by.error(&id));
+        }
         let mut rollback = Rollback {
-            stage: Stage::Armed {
-                agent: agent.clone(),
-                scope: scope.clone(),
-            },
-            owned: None,
-            _reservation: reservation.clone(),
+            stage: Stage::Armed,
+            reservation,
         };
         if let Some(owner) = &owner {
-            // Registered with the owner before the setup window opens, so that the owner's
-            // teardown can roll the creation back without its future (spec: SPN-55).
-            let creation = Arc::new(OwnedCreation::armed(agent.clone(), scope, reservation));
-            if !owner.adopt_creation(&creation) {
-                // The owner began its teardown since the check above.
-                return Err(AgentError::OwnerDisposed(id));
-            }
-            rollback.owned = Some(OwnedLink {
-                owner: owner.clone(),
-                creation,
-            });
+            // Registered with the owner before the setup window opens (a resumption already
+            // before its log was loaded), so that the owner's teardown can roll the creation
+            // back without its future (spec: SPN-55). Refused: the owner began its teardown
+            // since the check above.
+            rollback.reservation.adopt(owner)?;
         }
         Ok(Staged {
             rollback,
@@ -702,8 +733,8 @@ impl Runtime {
             // From here to its end the publication runs synchronously: it takes the creation
             // back from the owner's teardown, which from now on waits for it to settle — unless
             // that teardown already rolled it back.
-            if !rollback.claim() {
-                return Err(AgentError::OwnerDisposed(id));
+            if let Err(by) = rollback.claim() {
+                return Err(by.error(&id));
             }
 
             // Publication: enter the session, then the agent.
@@ -824,7 +855,7 @@ impl AgentRuntime for Runtime {
         {
             return Err(AgentError::Duplicate(session_id));
         }
-        let reservation = self.reserve(&session_id)?;
+        let mut reservation = self.reserve(&session_id)?;
         if let Some(s) = &signal
             && s.is_cancelled()
         {
@@ -834,6 +865,11 @@ impl AgentRuntime for Runtime {
             });
         }
         let owner_entry = self.owner_entry(owner.as_ref())?;
+        if let Some(owner) = &owner_entry {
+            // Registered with the owner before the log is loaded, so that the owner's teardown
+            // frees the id without this future (spec: SPN-55).
+            reservation.adopt(owner)?;
+        }
         let loaded = self
             .race(
                 persistence.load(&session_id),
@@ -901,7 +937,7 @@ pub fn assert_quiescent(runtime: &Runtime) {
     let inner = &runtime.inner;
     let agents: Vec<String> = inner.registry.lock().ids().map(ToString::to_string).collect();
     assert!(agents.is_empty(), "agents still registered: {agents:?}");
-    let reserved: Vec<String> = inner.reserved.lock().iter().map(ToString::to_string).collect();
+    let reserved: Vec<String> = inner.reserved.lock().keys().map(ToString::to_string).collect();
     assert!(
         reserved.is_empty(),
         "creations still holding their ids: {reserved:?}"

@@ -989,3 +989,198 @@ async fn owner_disposal_rolls_back_an_unpolled_creation_in_its_setup_window() {
     let again = second.await.expect("the second creation publishes");
     finish(&rt, [again]).await;
 }
+
+/// spec: SPN-55 (spine §9.1 step 3: runtime shutdown aborts a pending setup) — shutdown rolls
+/// back an ownerless creation paused in its setup window (with scoped registrations) without
+/// waiting for its creator: it resolves with the runtime quiescent — no reserved id, no scoped
+/// registration, no live agent or session — while the creator's future is alive and unpolled;
+/// that future, polled afterwards, fails with the shutdown's error.
+/// (Before the fix shutdown resolved with the creation's id still reserved and its setup's
+/// registrations live until the creator's future was polled again or dropped.)
+#[tokio::test(start_paused = true)]
+async fn shutdown_rolls_back_an_unpolled_creation_in_its_setup_window() {
+    let model = ScriptedModel::default();
+    let rt = runtime(&model);
+    let (entered_tx, entered) = tokio::sync::oneshot::channel::<()>();
+    let (_release, released) = tokio::sync::oneshot::channel::<()>();
+    let mut o = options("lone");
+    o.setup = setup(move |ctx| async move {
+        ctx.register_tool(tool("mine", |_a, _c| async { Ok(ToolOutput::text("x")) }))?;
+        ctx.on_agent_event(|_| Ok(()))?;
+        ctx.prompt_section(PromptSection {
+            name: PERSONA_SECTION.into(),
+            order: 0,
+            text: "lone".into(),
+            tool: None,
+        })?;
+        entered_tx.send(()).expect("the test waits for the setup");
+        // Never released: the creation stays in its setup window.
+        let _ = released.await;
+        Ok(None)
+    });
+    let mut creating = rt.create(o);
+    // One poll runs the creation into its setup, which pauses there.
+    assert!(futures::poll!(creating.as_mut()).is_pending());
+    entered.await.expect("the setup ran");
+
+    // Shutdown resolves with `creating` alive and not polled again.
+    rt.shutdown().await;
+    nothing_published(&rt, "lone");
+    assert_quiescent(&rt);
+
+    let err = creating.await.expect_err("the runtime shut down during setup");
+    assert!(
+        matches!(&err, AgentError::CreationAborted { id, cause: CancelCause::Other { reason } }
+            if id.as_str() == "lone" && reason == INACTIVE),
+        "{err}"
+    );
+    finish(&rt, []).await;
+}
+
+/// A [`TestPersistence`] whose next `load` (once armed) reports that it began, then waits until
+/// the test releases it.
+struct GatedLoad {
+    store: Arc<TestPersistence>,
+    gate: Mutex<
+        Option<(
+            tokio::sync::oneshot::Sender<()>,
+            tokio::sync::oneshot::Receiver<()>,
+        )>,
+    >,
+}
+
+impl GatedLoad {
+    /// Arms the gate: returns the receiver told when the load began and the sender releasing it.
+    fn arm(
+        &self,
+    ) -> (
+        tokio::sync::oneshot::Receiver<()>,
+        tokio::sync::oneshot::Sender<()>,
+    ) {
+        let (began_tx, began) = tokio::sync::oneshot::channel();
+        let (release, released) = tokio::sync::oneshot::channel();
+        *self.gate.lock() = Some((began_tx, released));
+        (began, release)
+    }
+}
+
+#[async_trait::async_trait]
+impl agent::SessionPersistence for GatedLoad {
+    fn create(&self, header: &agent::SessionHeader) -> Result<(), AgentError> {
+        self.store.create(header)
+    }
+
+    fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), AgentError> {
+        self.store.append(id, event)
+    }
+
+    async fn flush(&self, id: &SessionId) -> Result<(), AgentError> {
+        self.store.flush(id).await
+    }
+
+    async fn list(&self) -> Result<Vec<agent::SessionHeader>, AgentError> {
+        self.store.list().await
+    }
+
+    async fn inspect(&self, id: &SessionId) -> Result<Option<agent::SessionHeader>, AgentError> {
+        self.store.inspect(id).await
+    }
+
+    async fn load(&self, id: &SessionId) -> Result<agent::store::LoadedSession, AgentError> {
+        let gate = self.gate.lock().take();
+        if let Some((began, released)) = gate {
+            began.send(()).expect("the test waits for the load");
+            // Dropped unreleased, the load goes on as well.
+            let _ = released.await;
+        }
+        self.store.load(id).await
+    }
+}
+
+/// A runtime over a [`GatedLoad`] persistence holding a stored session `"child"`.
+async fn runtime_with_stored_child(model: &ScriptedModel) -> (Runtime, Arc<GatedLoad>) {
+    let persistence = Arc::new(GatedLoad {
+        store: Arc::new(TestPersistence::default()),
+        gate: Mutex::new(None),
+    });
+    let rt = builder(model).persistence(persistence.clone()).build();
+    create(&rt, "child").await.dispose().await;
+    assert!(
+        persistence
+            .store
+            .sessions
+            .lock()
+            .contains_key(&SessionId::from("child"))
+    );
+    (rt, persistence)
+}
+
+/// spec: SPN-55 — the owner's disposal aborts a resumption it owns whose persistence `load` is
+/// still pending, without waiting for the resumer: the disposal resolves with the runtime
+/// quiescent (the id no longer reserved) while the resuming future is alive and unpolled; that
+/// future, polled after the load completes, fails with `OwnerDisposed`.
+/// (Before the fix the resumption was registered with its owner only after its load, so the
+/// owner's disposal resolved with the id still reserved.)
+#[tokio::test(start_paused = true)]
+async fn owner_disposal_frees_the_id_of_a_resumption_whose_load_is_pending() {
+    let model = ScriptedModel::default();
+    let (rt, persistence) = runtime_with_stored_child(&model).await;
+    let owner = create(&rt, "owner").await;
+    let (began, release) = persistence.arm();
+    let mut o = resume_options("child");
+    o.owner = Some(owner.agent().clone());
+    let mut resuming = rt.resume(o);
+    assert!(futures::poll!(resuming.as_mut()).is_pending());
+    began.await.expect("the load began");
+    assert!(matches!(
+        rt.resume(resume_options("child")).await,
+        Err(AgentError::Duplicate(_))
+    ));
+
+    // The owner's disposal resolves with `resuming` alive and not polled again.
+    owner.dispose().await;
+    nothing_published(&rt, "child");
+    assert_quiescent(&rt);
+
+    release.send(()).expect("the load waits");
+    let err = resuming
+        .await
+        .expect_err("the owner was disposed during the load");
+    assert!(
+        matches!(&err, AgentError::OwnerDisposed(id) if id.as_str() == "child"),
+        "{err}"
+    );
+    // The id is free: the session resumes.
+    let again = rt
+        .resume(resume_options("child"))
+        .await
+        .expect("the resume succeeds");
+    finish(&rt, [again]).await;
+}
+
+/// spec: SPN-55 (spine §9.1 step 3) — shutdown aborts an ownerless resumption whose
+/// persistence `load` is still pending: it resolves with the runtime quiescent while the
+/// resuming future is alive and unpolled; that future later fails with the shutdown's error.
+/// (Before the fix shutdown resolved with the id still reserved.)
+#[tokio::test(start_paused = true)]
+async fn shutdown_frees_the_id_of_a_resumption_whose_load_is_pending() {
+    let model = ScriptedModel::default();
+    let (rt, persistence) = runtime_with_stored_child(&model).await;
+    let (began, release) = persistence.arm();
+    let mut resuming = rt.resume(resume_options("child"));
+    assert!(futures::poll!(resuming.as_mut()).is_pending());
+    began.await.expect("the load began");
+
+    rt.shutdown().await;
+    nothing_published(&rt, "child");
+    assert_quiescent(&rt);
+
+    release.send(()).expect("the load waits");
+    let err = resuming.await.expect_err("the runtime shut down during the load");
+    assert!(
+        matches!(&err, AgentError::CreationAborted { id, cause: CancelCause::Other { reason } }
+            if id.as_str() == "child" && reason == INACTIVE),
+        "{err}"
+    );
+    finish(&rt, []).await;
+}
