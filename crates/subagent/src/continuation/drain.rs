@@ -193,8 +193,11 @@ impl ContinuationManager {
     /// unrelated forests stay admitting. Failures aggregate as `ACTIVATION_TEARDOWN_FAILED`.
     ///
     /// Closing the roots, selecting the targets and opening their transactions happen
-    /// synchronously, when this is called; the returned future awaits the in-flight
-    /// materializations below the roots, then the teardowns.
+    /// synchronously, when this is called, in one span that no materialization's residency
+    /// interleaves with (on any thread): a child materializing below a root is either selected
+    /// here, fully resident, or refused `DRAINING` and waited for — the returned future awaits
+    /// the in-flight materializations below the roots, then the teardowns, so that once it
+    /// resolves no continuable descendant admitted before the drain is resident.
     pub fn drain_continuable_descendants(
         &self,
         parents: &[AgentRef],
@@ -214,7 +217,17 @@ impl ContinuationManager {
         if roots.is_empty() {
             return futures::future::ready(Ok(())).boxed();
         }
-        // Synchronously: close each root, select its descendants, open their disposals.
+        // Synchronously: close each root, select its descendants, open their disposals, collect
+        // the in-flight materializations — one span under the admission lock, so that a
+        // materialization's residency span (which checks admission and records the ancestry the
+        // selection reads; its in-flight record goes only after it) comes wholly before it —
+        // the child is selected — or wholly after it — the child is refused and its record
+        // waited for. Unlocked, a residency on another thread could fall between the selection
+        // and the collection, and the drain resolved with that child resident under its closed
+        // root.
+        #[cfg(test)]
+        inner.hooks.drain_span(&inner.admission);
+        let admission = inner.admission.lock();
         let activations: Vec<_> = inner.activations.lock().values().cloned().collect();
         let mut disposals = Vec::new();
         for root in &roots {
@@ -228,6 +241,8 @@ impl ContinuationManager {
             // its already-open transaction. (The map's order would sometimes cancel a grandchild
             // while its parent still ran.)
             targets.sort_by_cached_key(|a| covered_ancestors(a, &activations, root));
+            #[cfg(test)]
+            inner.hooks.drain_selected();
             {
                 let mut closing = inner.closing.lock();
                 let index = match closing
@@ -260,6 +275,7 @@ impl ContinuationManager {
                 .filter_map(Weak::upgrade)
                 .any(|a| roots.iter().any(|r| Arc::ptr_eq(&a, r)))
         });
+        drop(admission);
         let disposals: Vec<_> = disposals.into_iter().map(|(_, d)| d).collect();
         async move {
             futures::future::join_all(inflight).await;

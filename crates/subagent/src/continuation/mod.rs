@@ -44,10 +44,14 @@
 //!   through the inbox insertion) and the synchronous opening of a disposal transaction (its
 //!   cancel) mutually atomic across threads, as both are one synchronous span in the spec: a
 //!   follow-up admitted before a drain's cancel is inserted before it (CONT-45), and one that
-//!   is not sees the closed admission (`DRAINING`). A residency's admission checks and its
-//!   ownership registration under a resident parent are one such span too (a parent's
-//!   disposal either refuses the child or finds it owned). Reentrant, because an insertion
-//!   observer may itself drain; never held across an `.await`. Taken before any lock above.
+//!   is not sees the closed admission (`DRAINING`). A materialization's whole residency
+//!   (admission checks, ownership registration under a resident parent, ancestry, epoch, start
+//!   edge) is one such span too (a parent's disposal either refuses the child or finds it
+//!   owned), and so is a scoped drain's synchronous part (closing its roots, selecting its
+//!   targets, collecting the in-flight materializations): the drain either selects a child
+//!   made resident before it or refuses one that comes after, whose in-flight record it then
+//!   waits for. Reentrant, because an insertion observer may itself drain; never held across
+//!   an `.await`. Taken before any lock above.
 //! * `Activation` fields (sync) — each protects only its own small set.
 
 mod activation;
@@ -196,11 +200,44 @@ pub(crate) struct TestHooks {
     /// Awaited by a disposal transaction or a rollback after its removal from the live map (and
     /// the notice, if any) and before its ownership release, with the Activation released.
     pub(crate) before_release: Mutex<Option<TestHook>>,
+    /// Called (synchronously) by a scoped drain right before its synchronous span takes the
+    /// admission lock, with whether another thread holds that lock now (the span then waits
+    /// for it).
+    pub(crate) drain_span: Mutex<Option<SpanHook>>,
+    /// Called (synchronously) by a scoped drain after it selected a root's targets, before it
+    /// closes that root's admission — inside the drain's synchronous span.
+    pub(crate) drain_selected: Mutex<Option<PointHook>>,
+    /// Called (synchronously) by a materialization right before its residency span (spec
+    /// §2.14.4 step 4) takes the admission lock, with the Activation being installed and whether
+    /// another thread holds that lock now (the span then waits for it).
+    pub(crate) residency: Mutex<Option<ResidencyHook>>,
+    /// Called (synchronously) by a materialization's residency once its admission checks
+    /// passed and its ownership is registered, before its ancestry is recorded — inside the
+    /// residency's span.
+    pub(crate) admitted: Mutex<Option<AdmittedHook>>,
 }
 
 /// A test hook: the future to await at its point, made from the Activation concerned.
 #[cfg(test)]
 pub(crate) type TestHook = Arc<dyn Fn(&Arc<Activation>) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// A synchronous test hook told whether another thread holds the admission lock it is about to
+/// take.
+#[cfg(test)]
+pub(crate) type SpanHook = Arc<dyn Fn(bool) + Send + Sync>;
+
+/// A synchronous test hook at a point of a synchronous span.
+#[cfg(test)]
+pub(crate) type PointHook = Arc<dyn Fn() + Send + Sync>;
+
+/// A synchronous test hook before a residency's span: the Activation being installed, and
+/// whether another thread holds the admission lock it is about to take.
+#[cfg(test)]
+pub(crate) type ResidencyHook = Arc<dyn Fn(&Arc<Activation>, bool) + Send + Sync>;
+
+/// A synchronous test hook inside a residency's span, with the Activation being installed.
+#[cfg(test)]
+pub(crate) type AdmittedHook = Arc<dyn Fn(&Arc<Activation>) + Send + Sync>;
 
 #[cfg(test)]
 impl TestHooks {
@@ -208,6 +245,37 @@ impl TestHooks {
         let hook = self.before_release.lock().clone();
         if let Some(hook) = hook {
             hook(activation).await;
+        }
+    }
+
+    fn drain_span(&self, admission: &parking_lot::ReentrantMutex<()>) {
+        let hook = self.drain_span.lock().clone();
+        if let Some(hook) = hook {
+            hook(admission.is_locked() && !admission.is_owned_by_current_thread());
+        }
+    }
+
+    fn admitted(&self, activation: &Arc<Activation>) {
+        let hook = self.admitted.lock().clone();
+        if let Some(hook) = hook {
+            hook(activation);
+        }
+    }
+
+    fn drain_selected(&self) {
+        let hook = self.drain_selected.lock().clone();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
+
+    fn residency(&self, activation: &Arc<Activation>, admission: &parking_lot::ReentrantMutex<()>) {
+        let hook = self.residency.lock().clone();
+        if let Some(hook) = hook {
+            hook(
+                activation,
+                admission.is_locked() && !admission.is_owned_by_current_thread(),
+            );
         }
     }
 }
@@ -636,6 +704,12 @@ impl ContinuationManager {
     /// That wait observes `signal`: cancelled meanwhile, the follow-up rejects `CANCELLED` at
     /// once (the disposal itself goes on to completion in the background).
     ///
+    /// A submission refused after a cold resume releases the fresh epoch (which admitted
+    /// nothing) through its disposal, and rejects once that disposal settled, so that no epoch
+    /// is left when the error is seen — unless `signal` is cancelled (before or during that
+    /// wait): then the follow-up rejects `CANCELLED` at once, and the epoch's disposal completes
+    /// in the background (the manager's drains still wait for it).
+    ///
     /// Host code that panics on the way — the store's reads or the runtime's resume during a
     /// cold resume (`NOT_RESUMABLE`), the child's inbox send (`PROVIDER_FAILED`, like a send
     /// that threw) — fails the follow-up with a typed error and never unwinds into the caller.
@@ -693,11 +767,17 @@ impl ContinuationManager {
             return match inner.submit(&activation, parent, content, source, signal) {
                 Ok(id) => Ok(id),
                 Err(e) => {
-                    // A fresh epoch that admitted nothing is released through its disposal.
+                    // A fresh epoch that admitted nothing is released through its disposal,
+                    // awaited before rejecting so that the caller sees no epoch left — raced
+                    // with the signal, though: the teardown awaits host code (the child's idle,
+                    // the store's flush, the handle's disposal), which may take long or never
+                    // end. A cancelled follow-up (before or during the wait) rejects `CANCELLED`
+                    // at once; only its wait is dropped — the disposal runs on as its tracked
+                    // task, and drains still find the epoch and wait for it (spec §2.14.6).
                     let disposal = (!activation.is_announced()).then(|| inner.open_disposal(&activation));
                     drop(guard);
                     if let Some(disposal) = disposal {
-                        let _ = disposal.await;
+                        let _ = resume::until_cancelled(signal, disposal).await?;
                     }
                     Err(e)
                 }
@@ -879,30 +959,44 @@ impl Inner {
     /// Installs ownership, the inbox subscription and the epoch boundary, then emits the start
     /// edge (spec §2.14.4 step 4). Synchronous: no suspension point.
     ///
-    /// The admission checks and the ownership registration under a resident parent Activation
-    /// are one span under `admission`, like a submission's: the opening of the parent's disposal
-    /// (which takes the same lock to cancel and to open the transactions of the children it owns
-    /// *then*) comes either before — this child is refused `ACTIVATION_CLOSING` — or after — it
-    /// finds this child owned and tears it down with the parent. Checked and registered apart, a
-    /// disposal opened in between (on another thread) missed the child, which then outlived its
-    /// parent's teardown, owned by an Activation no longer resident.
+    /// The whole residency is one span under `admission`, like a submission's, so that every
+    /// other admission span sees this child either not yet admitted or fully resident (ancestry
+    /// recorded, epoch begun, start edge emitted) — never in between:
+    /// * the opening of the parent's disposal (which takes the same lock to cancel and to open
+    ///   the transactions of the children it owns *then*) comes either before — this child is
+    ///   refused `ACTIVATION_CLOSING` — or after — it finds this child owned and tears it down
+    ///   with the parent. Checked and registered apart, a disposal opened in between (on another
+    ///   thread) missed the child, which then outlived its parent's teardown;
+    /// * a scoped drain's synchronous span (closing its roots, selecting its targets by their
+    ///   recorded ancestry, collecting the in-flight materializations) comes either before —
+    ///   this child is refused `DRAINING` and rolled back while the drain waits for its
+    ///   in-flight record — or after — the drain selects this child by its ancestry and tears
+    ///   it down. With the ancestry recorded after the span (and the drain's selection outside
+    ///   any span), a drain on another thread could select before the ancestry was there and
+    ///   collect the in-flight records after this child dropped its own: it resolved with the
+    ///   child resident under its closed root;
+    /// * no disposal opened by someone else can run beside the rest of the installation (an end
+    ///   edge missed because the epoch had not begun yet, a subscription set after the
+    ///   teardown dropped it).
     fn make_resident(
         self: &Arc<Self>,
         activation: &Arc<Activation>,
         parent: &AgentRef,
         signal: &Signal,
     ) -> Result<(), SubagentError> {
-        {
-            let _admission = self.admission.lock();
-            check_signal(signal)?;
-            self.admit(parent)?;
-            if let Some(owner) = self.activations.lock().get(parent.id()).cloned() {
-                if owner.disposal().is_some() {
-                    return Err(SubagentError::parent_activation_closing(parent.id().as_str()));
-                }
-                owner.own(activation);
+        #[cfg(test)]
+        self.hooks.residency(activation, &self.admission);
+        let _admission = self.admission.lock();
+        check_signal(signal)?;
+        self.admit(parent)?;
+        if let Some(owner) = self.activations.lock().get(parent.id()).cloned() {
+            if owner.disposal().is_some() {
+                return Err(SubagentError::parent_activation_closing(parent.id().as_str()));
             }
+            owner.own(activation);
         }
+        #[cfg(test)]
+        self.hooks.admitted(activation);
         // The lineage and the epoch boundary read host agents (their `session`) and the host
         // runtime (`get`): a panic there fails the start like a host call that threw, and the
         // caller's rollback undoes the ownership registered above (unwound, it left the child
@@ -931,6 +1025,8 @@ impl Inner {
             parent: activation.parent_session.clone(),
         };
         activation.begin_epoch(info.clone(), boundary);
+        // Listeners are contained by the bus; one that drains or disposes re-enters the
+        // (reentrant) admission lock and finds this child fully resident.
         self.service.events().emit(&SubagentEvent::Start(info));
         Ok(())
     }

@@ -477,3 +477,424 @@ async fn a_rollbacks_release_keeps_a_new_epochs_ownership() {
     drop((child_hook, gc_hook));
     host.finish().await;
 }
+
+/// A host runtime whose creation of the agent `id` does not begin until released: it reports
+/// on `entered` that it was reached, then waits for `release` (or its drop).
+struct HeldCreate {
+    inner: Arc<dyn AgentRuntime>,
+    id: SessionId,
+    held: Mutex<
+        Option<(
+            tokio::sync::oneshot::Sender<()>,
+            tokio::sync::oneshot::Receiver<()>,
+        )>,
+    >,
+}
+
+#[async_trait]
+impl AgentRuntime for HeldCreate {
+    async fn create(&self, options: CreateAgentOptions) -> Result<AgentHandle, agent::AgentError> {
+        let held = if options.session_id == self.id {
+            self.held.lock().take()
+        } else {
+            None
+        };
+        if let Some((entered, release)) = held {
+            let _ = entered.send(());
+            let _ = release.await;
+        }
+        self.inner.create(options).await
+    }
+    async fn resume(&self, options: agent::ResumeAgentOptions) -> Result<AgentHandle, agent::AgentError> {
+        self.inner.resume(options).await
+    }
+    delegate_agent_lookups!(inner);
+}
+
+/// spec: CONT-39 — a scoped drain and a start below its root installing its Activation, on two
+/// threads: the drain's synchronous span (selection, closing, collection of the in-flight
+/// materializations) and the start's residency never interleave. Here the start is let go on
+/// while the drain is between selecting its targets and closing its root: its residency waits
+/// for the drain's span, is refused `DRAINING` and rolled back, and the drain — which found
+/// its in-flight record — resolves only once the child is gone. (Unserialized, the start
+/// became resident in the middle of the drain — after the selection, which missed it, and
+/// before the collection, its own record already dropped — and the drain resolved at once
+/// with the child resident under the closed root, its first prompt accepted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scoped_drain_never_resolves_under_a_child_becoming_resident() {
+    let mut host = Host::new(vec![ScriptEntry::hang()]).await;
+    let id = SessionId::from("inflight");
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel();
+    let mut services = host.runtime.services().clone();
+    services.agents = Arc::new(HeldCreate {
+        inner: services.agents.clone(),
+        id: id.clone(),
+        held: Mutex::new(Some((entered_tx, release_rx))),
+    });
+    host.manager = ContinuationManager::new(host.service.clone(), services);
+    // What lets the drain's span go on, once the start was let go: the start returned, or its
+    // residency found the admission lock held by the drain's thread (and waits for it).
+    let (progress_tx, progress_rx) = std::sync::mpsc::channel::<&'static str>();
+    let residency = progress_tx.clone();
+    let watched = id.clone();
+    *host.manager.inner.hooks.residency.lock() = Some(Arc::new(
+        move |activation: &Arc<super::super::activation::Activation>, contended: bool| {
+            if contended && activation.child_id == watched {
+                let _ = residency.send("the residency waits for the drain's span");
+            }
+        },
+    ));
+    let release = Mutex::new(Some(release_tx));
+    let progress_rx = Mutex::new(progress_rx);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    *host.manager.inner.hooks.drain_selected.lock() = Some(Arc::new(move || {
+        let Some(release) = release.lock().take() else {
+            return;
+        };
+        // The drain has selected its targets (the child is not even in the live map yet) and
+        // not closed its root: the start goes on now, on another thread.
+        release.send(()).expect("the start is held in its creation");
+        let progress = progress_rx.lock().recv().expect("the start goes on");
+        sink.lock().push(progress);
+    }));
+    let mut spec = host.spec("task");
+    spec.child_id = Some(id.clone());
+    let manager = host.manager.clone();
+    let start = tokio::spawn(async move {
+        let outcome = manager.start_continuable(spec).await;
+        let _ = progress_tx.send("the start returned");
+        outcome
+    });
+    entered_rx.await.expect("the start reaches its creation");
+    // The drain's synchronous span runs on a thread of its own (it blocks in the hook).
+    let (manager, root) = (host.manager.clone(), host.parent.clone());
+    let drain = tokio::task::spawn_blocking(move || {
+        manager.drain_continuable_descendants(std::slice::from_ref(&root))
+    })
+    .await
+    .expect("the drain's synchronous span");
+    drain.await.expect("the drain resolves");
+    assert!(
+        host.manager.resident().is_empty(),
+        "the drain resolved with {:?} resident under its closed root",
+        host.manager.resident()
+    );
+    assert!(host.get(&id).is_none(), "the drain resolved with the child live");
+    let err = start
+        .await
+        .expect("the start's task")
+        .expect_err("the start is refused");
+    assert_eq!(err.code(), SubagentErrorCode::Draining, "{err}");
+    assert_eq!(*seen.lock(), vec!["the residency waits for the drain's span"]);
+    assert!(host.starts().is_empty() && host.ends().is_empty());
+    assert_eq!(host.model.requests().len(), 0);
+    *host.manager.inner.hooks.residency.lock() = None;
+    *host.manager.inner.hooks.drain_selected.lock() = None;
+    host.finish().await;
+}
+
+/// spec: CONT-39 — the other order: a start admitted to residency (its admission checks passed)
+/// on one thread, a scoped drain of its root beginning on another before the residency is
+/// done: the drain's span waits for the whole residency, then selects the child — fully
+/// resident, its ancestry recorded — and tears it down, so the drain resolves only once the
+/// child is gone. (The residency's span covered its admission checks and ownership only: the
+/// drain, falling between that span and the recording of the ancestry, did not select the child,
+/// waited only for its in-flight record — dropped once the child was resident — and resolved
+/// with the child resident under the closed root.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scoped_drain_tears_down_a_child_admitted_before_it() {
+    let mut host = Host::new(vec![ScriptEntry::hang()]).await;
+    let id = SessionId::from("admitted");
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel();
+    let mut services = host.runtime.services().clone();
+    services.agents = Arc::new(HeldDisposal {
+        inner: services.agents.clone(),
+        held: Mutex::new(Some(HeldDisposer {
+            entered: Mutex::new(Some(entered_tx)),
+            release: Mutex::new(Some(release_rx)),
+            handle: None,
+        })),
+    });
+    host.manager = ContinuationManager::new(host.service.clone(), services);
+    // What lets the residency go on, once the drain began: the drain's span found the
+    // admission lock held by the residency's thread (and waits for it), or it is over.
+    let (progress_tx, progress_rx) = std::sync::mpsc::channel::<&'static str>();
+    let drain_span = progress_tx.clone();
+    *host.manager.inner.hooks.drain_span.lock() = Some(Arc::new(move |contended: bool| {
+        if contended {
+            let _ = drain_span.send("the drain's span waits for the residency");
+        }
+    }));
+    let (admitted_tx, admitted_rx) = tokio::sync::oneshot::channel();
+    let admitted = Mutex::new(Some((admitted_tx, progress_rx)));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let watched = id.clone();
+    *host.manager.inner.hooks.admitted.lock() = Some(Arc::new(
+        move |activation: &Arc<super::super::activation::Activation>| {
+            if activation.child_id != watched {
+                return;
+            }
+            let Some((reached, progress)) = admitted.lock().take() else {
+                return;
+            };
+            reached.send(()).expect("the test waits for the residency");
+            let progress = progress.recv().expect("the drain goes on");
+            sink.lock().push(progress);
+        },
+    ));
+    let mut spec = host.spec("task");
+    spec.child_id = Some(id.clone());
+    let start = tokio::spawn(host.manager.start_continuable(spec));
+    admitted_rx
+        .await
+        .expect("the start's residency passes its admission checks");
+    // The drain's synchronous span runs on a thread of its own (it may wait for the lock).
+    let (manager, root) = (host.manager.clone(), host.parent.clone());
+    let drain = tokio::task::spawn_blocking(move || {
+        manager.drain_continuable_descendants(std::slice::from_ref(&root))
+    })
+    .await
+    .expect("the drain's synchronous span");
+    let _ = progress_tx.send("the drain's span is over");
+    let mut drain = std::pin::pin!(drain);
+    let mut entered = std::pin::pin!(entered_rx);
+    let drained_first = tokio::select! {
+        biased;
+        outcome = drain.as_mut() => {
+            outcome.expect("the drain resolves");
+            true
+        }
+        held = entered.as_mut() => {
+            held.expect("the child's handle disposal is reached");
+            false
+        }
+    };
+    assert!(
+        !drained_first,
+        "the drain resolved with the child resident under its closed root (resident: {:?})",
+        host.manager.resident()
+    );
+    // The drain waits for the child's teardown, held in the host's disposer.
+    assert!(host.manager.is_resident(&id));
+    release_tx.send(()).unwrap();
+    drain.await.expect("the drain resolves");
+    assert!(!host.manager.is_resident(&id));
+    assert!(host.get(&id).is_none(), "the drain resolved with the child live");
+    assert_eq!(*seen.lock(), vec!["the drain's span waits for the residency"]);
+    // The first prompt was accepted before the drain's span or refused after it.
+    match start.await.expect("the start's task") {
+        Ok((child, _)) => assert_eq!(child, id),
+        Err(e) => assert_eq!(e.code(), SubagentErrorCode::Draining, "{e}"),
+    }
+    assert_eq!(host.starts().len(), 1);
+    assert_eq!(host.ends().len(), 1);
+    *host.manager.inner.hooks.drain_span.lock() = None;
+    *host.manager.inner.hooks.admitted.lock() = None;
+    host.finish().await;
+}
+
+/// A host runtime whose first resumed agent's handle disposal does not begin until released
+/// (see [`HeldDisposer`]).
+struct HeldResumedDisposal {
+    inner: Arc<dyn AgentRuntime>,
+    held: Mutex<Option<HeldDisposer>>,
+}
+
+#[async_trait]
+impl AgentRuntime for HeldResumedDisposal {
+    async fn create(&self, options: CreateAgentOptions) -> Result<AgentHandle, agent::AgentError> {
+        self.inner.create(options).await
+    }
+    async fn resume(&self, options: agent::ResumeAgentOptions) -> Result<AgentHandle, agent::AgentError> {
+        let handle = self.inner.resume(options).await?;
+        let Some(mut held) = self.held.lock().take() else {
+            return Ok(handle);
+        };
+        let agent = handle.agent().clone();
+        held.handle = Some(handle);
+        Ok(AgentHandle::new(agent, Arc::new(held)))
+    }
+    delegate_agent_lookups!(inner);
+}
+
+/// A host whose child `held` ran one epoch and settled, and whose next (cold-resumed) epoch's
+/// handle disposal is held: reports on the returned receiver when it is reached, and waits
+/// for the returned sender.
+async fn settled_child_with_held_resume_disposal() -> (
+    Host,
+    SessionId,
+    tokio::sync::oneshot::Receiver<()>,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    let mut host = Host::new(by_session(8)).await;
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel();
+    let mut services = host.runtime.services().clone();
+    services.agents = Arc::new(HeldResumedDisposal {
+        inner: services.agents.clone(),
+        held: Mutex::new(Some(HeldDisposer {
+            entered: Mutex::new(Some(entered_tx)),
+            release: Mutex::new(Some(release_rx)),
+            handle: None,
+        })),
+    });
+    host.manager = ContinuationManager::new(host.service.clone(), services);
+    let mut spec = host.spec("task");
+    spec.child_id = Some(SessionId::from("held"));
+    let (child_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    host.settle().await;
+    assert_eq!(host.ends().len(), 1);
+    (host, child_id, entered_rx, release_tx)
+}
+
+/// After the held release of the refused epoch was let go: everything ends empty — the epoch
+/// released with its end edge and no notice, the follow-up never delivered.
+async fn the_refused_epoch_is_released(host: Host, child_id: &SessionId) {
+    host.settle().await;
+    host.parent.when_idle().await;
+    host.settle().await;
+    assert!(!host.manager.is_resident(child_id));
+    assert!(host.get(child_id).is_none());
+    let log = host.persisted(child_id).await;
+    assert_eq!(
+        texts(&log.events),
+        vec!["task"],
+        "the follow-up was never delivered"
+    );
+    assert_eq!(host.starts().len(), 2);
+    assert_eq!(host.ends().len(), 2);
+    assert_eq!(
+        notices(&host.parent).len(),
+        1,
+        "the refused epoch announced nothing"
+    );
+    host.finish().await;
+}
+
+/// spec: CONT-23 — a follow-up whose cold-resumed epoch is refused at submission because its
+/// token was cancelled (here at the epoch's start edge) rejects `CANCELLED` at once: it does
+/// not wait for that fresh epoch's release, which goes on in the background and completes once
+/// the host's disposer returns; then nothing is left. (The wait for the release ignored the
+/// token: with a hung host disposer the cancelled follow-up never returned.)
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_followup_does_not_wait_for_its_refused_epochs_release() {
+    let (host, child_id, entered_rx, release_tx) = settled_child_with_held_resume_disposal().await;
+    let signal = Signal::new();
+    let cancel = signal.clone();
+    let resumed = child_id.clone();
+    let listener = host.service.events().on(move |e: &SubagentEvent| {
+        if let SubagentEvent::Start(info) = e
+            && info.id == resumed
+        {
+            cancel.cancel(agent::CancelCause::User);
+        }
+        Ok(())
+    });
+    let mut followup = Box::pin(host.manager.followup_with(
+        &host.parent,
+        &child_id,
+        vec![ContentBlock::text("again")],
+        MessageSource::User,
+        &signal,
+    ));
+    let mut entered = std::pin::pin!(entered_rx);
+    let mut reached = false;
+    let outcome = tokio::select! {
+        outcome = followup.as_mut() => outcome,
+        held = entered.as_mut() => {
+            held.expect("the epoch's handle disposal is reached");
+            reached = true;
+            let std::task::Poll::Ready(outcome) = futures::poll!(followup.as_mut()) else {
+                panic!("the cancelled follow-up is still waiting for its epoch's release");
+            };
+            outcome
+        }
+    };
+    let err = outcome.expect_err("the cancelled follow-up rejects");
+    assert_eq!(err.code(), SubagentErrorCode::Cancelled, "{err}");
+    drop(followup);
+    if !reached {
+        entered.await.expect("the epoch's handle disposal is reached");
+    }
+    // The release was not cancelled with the wait: it is still under way, held by the host.
+    assert!(host.manager.is_resident(&child_id));
+    release_tx.send(()).unwrap();
+    drop(listener);
+    the_refused_epoch_is_released(host, &child_id).await;
+}
+
+/// spec: CONT-48 — a follow-up whose cold-resumed epoch's inbox send is refused waits for that
+/// fresh epoch's release before rejecting with the send's error, so that no epoch is left
+/// when the error is seen; cancelled during that wait, it rejects `CANCELLED` at once instead,
+/// and the release completes in the background once the host's disposer returns. (The wait
+/// ignored the token: with a hung host disposer the cancelled follow-up never returned.)
+#[tokio::test(start_paused = true)]
+async fn a_refused_followup_waits_for_its_epochs_release_unless_cancelled() {
+    for cancelled in [false, true] {
+        let (host, child_id, entered_rx, release_tx) = settled_child_with_held_resume_disposal().await;
+        // The resumed epoch's agent refuses the follow-up's insertion.
+        let services = host.runtime.services().clone();
+        let resumed = child_id.clone();
+        let listener = host.service.events().on(move |e: &SubagentEvent| {
+            if let SubagentEvent::Start(info) = e
+                && info.id == resumed
+                && let Some(agent) = services.agents.get(&resumed)
+            {
+                agent
+                    .session()
+                    .add_observer(Arc::new(RefuseInsertion(|m| visible_text(&m.content) == "again")));
+            }
+            Ok(())
+        });
+        let signal = Signal::new();
+        let mut followup = Box::pin(host.manager.followup_with(
+            &host.parent,
+            &child_id,
+            vec![ContentBlock::text("again")],
+            MessageSource::User,
+            &signal,
+        ));
+        let mut entered = std::pin::pin!(entered_rx);
+        tokio::select! {
+            outcome = followup.as_mut() => {
+                panic!("cancelled={cancelled}: the follow-up returned before its epoch's release: {outcome:?}")
+            }
+            held = entered.as_mut() => held.expect("the epoch's handle disposal is reached"),
+        }
+        assert!(
+            futures::poll!(followup.as_mut()).is_pending(),
+            "cancelled={cancelled}: the follow-up waits for its epoch's release"
+        );
+        if cancelled {
+            signal.cancel(agent::CancelCause::User);
+            let std::task::Poll::Ready(outcome) = futures::poll!(followup.as_mut()) else {
+                panic!("the cancelled follow-up is still waiting for its epoch's release");
+            };
+            let err = outcome.expect_err("the cancelled follow-up rejects");
+            assert_eq!(err.code(), SubagentErrorCode::Cancelled, "{err}");
+            drop(followup);
+            assert!(host.manager.is_resident(&child_id), "the release goes on");
+            release_tx.send(()).unwrap();
+        } else {
+            release_tx.send(()).unwrap();
+            let err = followup.await.expect_err("the refused follow-up rejects");
+            assert_ne!(err.code(), SubagentErrorCode::Cancelled, "{err}");
+            assert!(
+                err.to_string().contains("synthetic inbox failure"),
+                "the send's error: {err}"
+            );
+            assert!(
+                !host.manager.is_resident(&child_id),
+                "the refused epoch is gone when the error is seen"
+            );
+        }
+        drop(listener);
+        the_refused_epoch_is_released(host, &child_id).await;
+    }
+}
