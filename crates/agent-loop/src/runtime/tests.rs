@@ -917,6 +917,29 @@ async fn an_append_persistence_refused_fails_every_later_flush() {
     }
 }
 
+/// A setup that registers a tool, an agent-event listener and a persona section (scoped
+/// registrations a rollback must undo), tells `entered` it ran, then pauses until `released`
+/// resolves (dropping its sender keeps the creation in its setup window for good).
+fn paused_setup(
+    persona: &'static str,
+    entered: tokio::sync::oneshot::Sender<()>,
+    released: tokio::sync::oneshot::Receiver<()>,
+) -> Option<Setup> {
+    setup(move |ctx| async move {
+        ctx.register_tool(tool("mine", |_a, _c| async { Ok(ToolOutput::text("x")) }))?;
+        ctx.on_agent_event(|_| Ok(()))?;
+        ctx.prompt_section(PromptSection {
+            name: PERSONA_SECTION.into(),
+            order: 0,
+            text: persona.into(),
+            tool: None,
+        })?;
+        entered.send(()).expect("the test waits for the setup");
+        let _ = released.await;
+        Ok(None)
+    })
+}
+
 /// spec: SPN-55 — owner disposal aborts a pending setup without waiting for the creator: a
 /// child creation paused in its setup window (with scoped registrations) under an owner whose
 /// disposal resolves while the creator's future is alive and unpolled leaves the runtime
@@ -935,20 +958,7 @@ async fn owner_disposal_rolls_back_an_unpolled_creation_in_its_setup_window() {
     let (_release, released) = tokio::sync::oneshot::channel::<()>();
     let mut o = options("child");
     o.owner = Some(owner.agent().clone());
-    o.setup = setup(move |ctx| async move {
-        ctx.register_tool(tool("mine", |_a, _c| async { Ok(ToolOutput::text("x")) }))?;
-        ctx.on_agent_event(|_| Ok(()))?;
-        ctx.prompt_section(PromptSection {
-            name: PERSONA_SECTION.into(),
-            order: 0,
-            text: "child".into(),
-            tool: None,
-        })?;
-        entered_tx.send(()).expect("the test waits for the setup");
-        // Never released: the creation stays in its setup window.
-        let _ = released.await;
-        Ok(None)
-    });
+    o.setup = paused_setup("child", entered_tx, released);
     let mut creating = rt.create(o);
     // One poll runs the creation into its setup, which pauses there.
     assert!(futures::poll!(creating.as_mut()).is_pending());
@@ -1004,20 +1014,7 @@ async fn shutdown_rolls_back_an_unpolled_creation_in_its_setup_window() {
     let (entered_tx, entered) = tokio::sync::oneshot::channel::<()>();
     let (_release, released) = tokio::sync::oneshot::channel::<()>();
     let mut o = options("lone");
-    o.setup = setup(move |ctx| async move {
-        ctx.register_tool(tool("mine", |_a, _c| async { Ok(ToolOutput::text("x")) }))?;
-        ctx.on_agent_event(|_| Ok(()))?;
-        ctx.prompt_section(PromptSection {
-            name: PERSONA_SECTION.into(),
-            order: 0,
-            text: "lone".into(),
-            tool: None,
-        })?;
-        entered_tx.send(()).expect("the test waits for the setup");
-        // Never released: the creation stays in its setup window.
-        let _ = released.await;
-        Ok(None)
-    });
+    o.setup = paused_setup("lone", entered_tx, released);
     let mut creating = rt.create(o);
     // One poll runs the creation into its setup, which pauses there.
     assert!(futures::poll!(creating.as_mut()).is_pending());

@@ -1586,17 +1586,29 @@ async fn a_successful_calls_deferred_context_does_not_outlive_its_cancelled_step
     finish(&rt, [handle]).await;
 }
 
-/// A session observer that vetoes every `turn/end` while `on` is set.
-struct VetoTurnEnd {
+/// A session observer that vetoes every event `vetoed` matches (`step/end`, `turn/end`) while
+/// `on` is set.
+struct VetoWhileOn {
     on: std::sync::atomic::AtomicBool,
+    vetoed: fn(&EventData) -> bool,
 }
 
-impl agent::SessionObserver for VetoTurnEnd {
+impl VetoWhileOn {
+    /// Vetoing from the start.
+    fn new(vetoed: fn(&EventData) -> bool) -> Arc<Self> {
+        Arc::new(Self {
+            on: std::sync::atomic::AtomicBool::new(true),
+            vetoed,
+        })
+    }
+}
+
+impl agent::SessionObserver for VetoWhileOn {
     fn check(&self, _session: &agent::Session, candidate: &agent::SessionEvent) -> Result<(), String> {
-        match candidate.data {
-            EventData::TurnEnd { .. } if self.on.load(Ordering::SeqCst) => Err("turn/end is vetoed".into()),
-            _ => Ok(()),
+        if self.on.load(Ordering::SeqCst) && (self.vetoed)(&candidate.data) {
+            return Err(format!("{} is vetoed", candidate.data.type_name()));
         }
+        Ok(())
     }
 }
 
@@ -1625,9 +1637,7 @@ fn turn_markers(agent: &dyn agent::Agent) -> Vec<(bool, u64)> {
 #[tokio::test(start_paused = true)]
 async fn a_refused_turn_end_keeps_further_turns_closed_until_it_is_logged() {
     let model = ScriptedModel::new([chunks::text("one"), chunks::text("two"), chunks::text("three")]);
-    let veto = Arc::new(VetoTurnEnd {
-        on: std::sync::atomic::AtomicBool::new(true),
-    });
+    let veto = VetoWhileOn::new(|e| matches!(e, EventData::TurnEnd { .. }));
     let rt = builder(&model).session_observer(veto.clone()).build();
     let (seen, recorder) = record_events(&rt);
     let handle = create(&rt, "a").await;
@@ -1681,20 +1691,6 @@ async fn a_refused_turn_end_keeps_further_turns_closed_until_it_is_logged() {
     finish(&rt, [handle]).await;
 }
 
-/// A session observer that vetoes every `step/end` while `on` is set.
-struct VetoStepEnd {
-    on: std::sync::atomic::AtomicBool,
-}
-
-impl agent::SessionObserver for VetoStepEnd {
-    fn check(&self, _session: &agent::Session, candidate: &agent::SessionEvent) -> Result<(), String> {
-        match candidate.data {
-            EventData::StepEnd { .. } if self.on.load(Ordering::SeqCst) => Err("step/end is vetoed".into()),
-            _ => Ok(()),
-        }
-    }
-}
-
 /// The step and turn markers of the log, in order (`"turn/start 1"`, `"step/end 1.1"`, …).
 fn step_and_turn_markers(agent: &dyn agent::Agent) -> Vec<String> {
     agent
@@ -1725,9 +1721,7 @@ fn step_and_turn_markers(agent: &dyn agent::Agent) -> Vec<String> {
 #[tokio::test(start_paused = true)]
 async fn a_refused_step_end_keeps_its_turn_open_until_both_ends_are_logged() {
     let model = ScriptedModel::new([chunks::text("one"), chunks::text("two"), chunks::text("three")]);
-    let veto = Arc::new(VetoStepEnd {
-        on: std::sync::atomic::AtomicBool::new(true),
-    });
+    let veto = VetoWhileOn::new(|e| matches!(e, EventData::StepEnd { .. }));
     let rt = builder(&model).session_observer(veto.clone()).build();
     let (seen, recorder) = record_events(&rt);
     let handle = create(&rt, "a").await;
@@ -1816,9 +1810,7 @@ async fn a_refused_step_end_keeps_its_turn_open_until_both_ends_are_logged() {
 #[tokio::test(start_paused = true)]
 async fn an_aborted_step_whose_end_is_refused_closes_on_the_next_wake() {
     let model = ScriptedModel::new([ScriptEntry::hang(), chunks::text("next").into()]);
-    let veto = Arc::new(VetoStepEnd {
-        on: std::sync::atomic::AtomicBool::new(true),
-    });
+    let veto = VetoWhileOn::new(|e| matches!(e, EventData::StepEnd { .. }));
     let rt = builder(&model).session_observer(veto.clone()).build();
     let (seen, recorder) = record_events(&rt);
     let handle = create(&rt, "a").await;
