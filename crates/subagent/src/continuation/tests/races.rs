@@ -198,14 +198,7 @@ async fn an_old_epochs_release_keeps_a_new_epochs_ownership() {
     );
     spec.child_id = Some(SessionId::from("gc"));
     let (gc_id, _) = host.manager.start_continuable(spec).await.unwrap();
-    let child_activation = host
-        .manager
-        .inner
-        .activations
-        .lock()
-        .get(&child_id)
-        .cloned()
-        .unwrap();
+    let child_activation = activation(&host.manager, &child_id).unwrap();
     assert_eq!(child_activation.owned_children(), vec![gc_id.clone()]);
     let (reached, release) = hold_release_of(&host, "gc");
     child_gate.send(true).unwrap();
@@ -223,14 +216,7 @@ async fn an_old_epochs_release_keeps_a_new_epochs_ownership() {
         .followup(&child, &gc_id, vec![ContentBlock::text("gc again")])
         .await
         .expect("the grandchild cold-resumes");
-    let new_epoch = host
-        .manager
-        .inner
-        .activations
-        .lock()
-        .get(&gc_id)
-        .cloned()
-        .unwrap();
+    let new_epoch = activation(&host.manager, &gc_id).unwrap();
     assert!(!Arc::ptr_eq(&new_epoch, &old_epoch));
     assert_eq!(child_activation.owned_children(), vec![gc_id.clone()]);
     // The first epoch's release ends: the new epoch is still owned by the child.
@@ -411,14 +397,7 @@ async fn a_rollbacks_release_keeps_a_new_epochs_ownership() {
     spec.child_id = Some(SessionId::from("child"));
     let (child_id, _) = host.manager.start_continuable(spec).await.unwrap();
     let child = host.get(&child_id).unwrap();
-    let child_activation = host
-        .manager
-        .inner
-        .activations
-        .lock()
-        .get(&child_id)
-        .cloned()
-        .unwrap();
+    let child_activation = activation(&host.manager, &child_id).unwrap();
     let (reached, release) = hold_release_of(&host, "gc");
     let mut spec = ContinuableStartSpec::new(
         "spawn",
@@ -445,14 +424,7 @@ async fn a_rollbacks_release_keeps_a_new_epochs_ownership() {
         .followup(&child, &gc_id, vec![ContentBlock::text("gc again")])
         .await
         .expect("the grandchild cold-resumes");
-    let new_epoch = host
-        .manager
-        .inner
-        .activations
-        .lock()
-        .get(&gc_id)
-        .cloned()
-        .unwrap();
+    let new_epoch = activation(&host.manager, &gc_id).unwrap();
     assert!(!Arc::ptr_eq(&new_epoch, &rolled_back));
     assert_eq!(child_activation.owned_children(), vec![gc_id.clone()]);
     release.send(()).unwrap();
@@ -897,4 +869,12 @@ async fn a_refused_followup_waits_for_its_epochs_release_unless_cancelled() {
         drop(listener);
         the_refused_epoch_is_released(host, &child_id).await;
     }
+}
+
+/// The Activation `manager` maps `id` to now, if any.
+fn activation(
+    manager: &ContinuationManager,
+    id: &SessionId,
+) -> Option<Arc<crate::continuation::activation::Activation>> {
+    manager.inner.activations.lock().get(id).cloned()
 }
