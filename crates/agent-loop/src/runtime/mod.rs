@@ -698,6 +698,17 @@ impl Runtime {
         async move {
             let id = agent.id().clone();
             if let Some(setup) = setup {
+                // A setup that failed because its creation was aborted meanwhile — shutdown or
+                // the owner's teardown rolled it back and disposed the agent it was writing to,
+                // or the caller cancelled — reports that abort, not its symptom.
+                let failed = |source: agent::BoxError| {
+                    self.recheck(&id, signal.as_ref(), owner.as_ref())
+                        .err()
+                        .unwrap_or_else(|| AgentError::Setup {
+                            id: id.clone(),
+                            source,
+                        })
+                };
                 let ctx = Ctx::scoped(self.inner.services.clone(), agent.clone());
                 let composed = std::panic::AssertUnwindSafe(setup(ctx)).catch_unwind();
                 match self.race(composed, signal.as_ref(), owner.as_ref()).await {
@@ -708,22 +719,12 @@ impl Runtime {
                         });
                         match committed {
                             Ok(Ok(())) => {}
-                            Ok(Err(source)) => return Err(AgentError::Setup { id, source }),
-                            Err(panic) => {
-                                return Err(AgentError::Setup {
-                                    id,
-                                    source: agent::bus::panic_message(&*panic).into(),
-                                });
-                            }
+                            Ok(Err(source)) => return Err(failed(source)),
+                            Err(panic) => return Err(failed(agent::bus::panic_message(&*panic).into())),
                         }
                     }
-                    Race::Done(Ok(Err(source))) => return Err(AgentError::Setup { id, source }),
-                    Race::Done(Err(panic)) => {
-                        return Err(AgentError::Setup {
-                            id,
-                            source: agent::bus::panic_message(&*panic).into(),
-                        });
-                    }
+                    Race::Done(Ok(Err(source))) => return Err(failed(source)),
+                    Race::Done(Err(panic)) => return Err(failed(agent::bus::panic_message(&*panic).into())),
                     Race::Caller(cause) => return Err(AgentError::CreationAborted { id, cause }),
                     Race::Owner => return Err(AgentError::OwnerDisposed(id)),
                     Race::Shutdown => return Err(inactive(&id)),

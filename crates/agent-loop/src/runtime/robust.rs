@@ -703,6 +703,58 @@ async fn failing_setup_at_every_point_stores_nothing() {
     }
 }
 
+/// spec: SPN-50, SPN-55 — a setup that fails because its creation was interrupted in the same
+/// poll (the interruption reached it synchronously, as one from another thread of a
+/// multi-threaded runtime does: the caller's signal cancelled, the owner's disposal begun, the
+/// runtime's shutdown begun), typically with the `Disposed` of the agent the rollback took from
+/// it, reports the interruption's typed error, not a setup failure; nothing is left.
+#[tokio::test(start_paused = true)]
+async fn a_setup_failing_from_its_interruption_reports_the_interruption() {
+    for interrupt in [Interrupt::Signal, Interrupt::Owner, Interrupt::Shutdown] {
+        let context = format!("{interrupt:?}");
+        let model = ScriptedModel::default();
+        let rt = builder(&model).build();
+        let owner = Arc::new(create(&rt, "owner").await);
+        let signal = Signal::new();
+        // The interruption begun by the setup, awaited to its end by the test.
+        let begun: Arc<Mutex<Option<futures::future::BoxFuture<'static, ()>>>> = Arc::default();
+        let mut o = create_options("child");
+        o.owner = Some(owner.agent().clone());
+        o.signal = Some(signal.clone());
+        let (slot, rt2, owner_agent) = (begun.clone(), rt.clone(), owner.clone());
+        o.setup = Some(Box::new(move |ctx: Ctx| {
+            async move {
+                let agent = ctx.agent().expect("scoped").clone();
+                agent.followup(user("setup"))?;
+                let mut interruption: futures::future::BoxFuture<'static, ()> = match interrupt {
+                    Interrupt::Signal => {
+                        signal.cancel(CancelCause::User);
+                        futures::future::ready(()).boxed()
+                    }
+                    Interrupt::Owner => owner_agent.dispose(),
+                    _ => async move { rt2.shutdown().await }.boxed(),
+                };
+                // Its synchronous part runs now, inside this poll of the setup.
+                if futures::poll!(interruption.as_mut()).is_pending() {
+                    *slot.lock() = Some(interruption);
+                }
+                agent.followup(user("after"))?;
+                Err("setup failed after its interruption".into())
+            }
+            .boxed()
+        }));
+        let err = rt.create(o).await.expect_err(&context);
+        assert!(expected_error(interrupt, &err), "{context}: {err:?}");
+        let pending = begun.lock().take();
+        if let Some(interruption) = pending {
+            interruption.await;
+        }
+        nothing_live(&rt, "child", &context);
+        owner.dispose().await;
+        finish(&rt, []).await;
+    }
+}
+
 /// A resumption rolled back after its session entered the store (a `session/created` listener
 /// vetoes) leaves the stored log exactly as it was: neither the repair of its open turn nor its
 /// setup's appends are written; a later resumption succeeds from the same log.
