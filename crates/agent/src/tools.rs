@@ -113,10 +113,14 @@ pub struct ToolExecution {
     pub arguments: Value,
 }
 
+/// A hook registered with [`ToolContext::on_discarded`].
+type DiscardHook = Box<dyn FnOnce() + Send>;
+
 /// The body's view of its execution.
 ///
 /// Cloning shares the same execution state. `conclude_turn` marks this execution's **successful**
-/// result as terminal for the turn.
+/// result as terminal for the turn; [`on_discarded`](Self::on_discarded) hooks run if that
+/// success is not what gets recorded.
 #[derive(Clone)]
 pub struct ToolContext {
     /// The execution.
@@ -127,6 +131,7 @@ pub struct ToolContext {
     pub signal: Signal,
     concluded: Arc<AtomicBool>,
     deferred: Arc<Mutex<Vec<Message>>>,
+    discard_hooks: Arc<Mutex<Vec<DiscardHook>>>,
 }
 
 impl fmt::Debug for ToolContext {
@@ -145,6 +150,7 @@ impl ToolContext {
             signal,
             concluded: Arc::default(),
             deferred: Arc::default(),
+            discard_hooks: Arc::default(),
         }
     }
 
@@ -172,6 +178,34 @@ impl ToolContext {
     pub fn take_deferred(&self) -> Vec<Message> {
         std::mem::take(&mut *self.deferred.lock())
     }
+
+    /// Registers `hook` to run if the pipeline records this execution's **successful** result as
+    /// something else than that success: because the call's signal fired after the body
+    /// returned (the call is recorded as cancelled), or because the output cannot be recorded
+    /// (it becomes a `FAILED` result). Use it to undo a side effect that only a *delivered*
+    /// result justifies (e.g. marking a background job's output as read).
+    ///
+    /// Guarantees: a hook runs at most once, and only on such a discard; it never runs when the
+    /// success is committed, nor when the body fails, panics or is dropped, nor when a
+    /// post-execute policy replaces or blocks the result (the policy decided what the model
+    /// sees). Hooks that never run are dropped with the last clone of the context. Only hooks
+    /// registered before the body returns are guaranteed to count (see [`ToolHandler`]). A hook
+    /// runs synchronously on the pipeline's task, with no lock of the context held, so it may
+    /// use the context; it must not block.
+    pub fn on_discarded(&self, hook: impl FnOnce() + Send + 'static) {
+        self.discard_hooks.lock().push(Box::new(hook));
+    }
+
+    /// For pipelines: the body's successful result is **not** what is recorded (see
+    /// [`on_discarded`](Self::on_discarded)), so runs every hook registered so far, in
+    /// registration order. The hooks are taken: a second call runs only hooks registered
+    /// since. A pipeline that commits the success never calls this.
+    pub fn discard(&self) {
+        let hooks = std::mem::take(&mut *self.discard_hooks.lock());
+        for hook in hooks {
+            hook();
+        }
+    }
 }
 
 /// A tool body.
@@ -187,10 +221,14 @@ impl ToolContext {
 ///   **dropped**, and the call is recorded as cancelled (`CANCELLED`). Cleanup that must outlive
 ///   the call belongs in `Drop` or a task of its own; awaiting it in the body after noticing the
 ///   cancellation is not guaranteed to run. A success returned after the signal fired is
-///   recorded as cancelled too.
+///   recorded as cancelled too — even when the signal fires *after* the body last checked it —
+///   and so is one whose output cannot be recorded: a body whose success has a side effect only
+///   a delivered result justifies registers an [`on_discarded`](ToolContext::on_discarded)
+///   hook to undo it in that case.
 /// * **Context.** `ctx` may be cloned and kept, but only
-///   [`conclude_turn`](ToolContext::conclude_turn) and
-///   [`defer_context`](ToolContext::defer_context) calls made before the body returns are
+///   [`conclude_turn`](ToolContext::conclude_turn),
+///   [`defer_context`](ToolContext::defer_context) and
+///   [`on_discarded`](ToolContext::on_discarded) calls made before the body returns are
 ///   guaranteed to count.
 /// * **Errors and panics.** `Err(ToolError)` becomes an error result with its code and message
 ///   (post-execute policies still see it); a panic is caught and recorded as `FAILED`.
@@ -471,4 +509,66 @@ pub struct ExecutedTool {
     pub result: ToolResult,
     /// Context messages the body deferred.
     pub deferred: Vec<Message>,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    fn ctx() -> ToolContext {
+        ToolContext::new(
+            Arc::new(ToolExecution {
+                id: ExecutionId::next(),
+                agent: SessionId::from("a"),
+                call_id: CallId::from("c1"),
+                name: "t".to_owned(),
+                arguments: Value::Null,
+            }),
+            Signal::new(),
+        )
+    }
+
+    fn counting(ran: &Arc<AtomicUsize>) -> impl FnOnce() + Send + 'static {
+        let ran = ran.clone();
+        move || {
+            ran.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// `discard` runs the hooks registered through any clone exactly once (they are taken), and
+    /// a hook may use the context it was registered on (no lock is held while it runs).
+    #[test]
+    fn discard_runs_each_hook_once() {
+        let ctx = ctx();
+        let ran = Arc::new(AtomicUsize::new(0));
+        ctx.on_discarded(counting(&ran));
+        ctx.clone().on_discarded(counting(&ran));
+        let reentrant = ctx.clone();
+        let inner = ran.clone();
+        ctx.on_discarded(move || reentrant.on_discarded(counting(&inner)));
+        ctx.discard();
+        assert_eq!(ran.load(Ordering::SeqCst), 2);
+        // The hooks were taken: only the one registered by the reentrant hook is left.
+        ctx.discard();
+        assert_eq!(ran.load(Ordering::SeqCst), 3);
+        ctx.discard();
+        assert_eq!(ran.load(Ordering::SeqCst), 3);
+    }
+
+    /// A context whose success is committed never runs its hooks: they are dropped with it.
+    #[test]
+    fn undiscarded_hooks_are_dropped_unrun() {
+        let ran = Arc::new(AtomicUsize::new(0));
+        let ctx = ctx();
+        ctx.on_discarded(counting(&ran));
+        let held = Arc::downgrade(&ctx.discard_hooks);
+        drop(ctx);
+        assert!(
+            held.upgrade().is_none(),
+            "the hooks were dropped with the context"
+        );
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+    }
 }

@@ -86,10 +86,11 @@ pub struct JobSnapshot {
     /// The producer's detail, once settled with one.
     pub detail: Option<String>,
     /// Whether a kill, a terminal read or wait, or a teardown has reported (or committed to
-    /// report) the terminal state; completion notices are suppressed when set. Never reverts to
-    /// `false`. A settlement that found waiters is not reported yet: its notice is held until a
-    /// waiter delivers the output (then this is set) or every waiter is cancelled or dropped
-    /// (then the notice is emitted).
+    /// report) the terminal state; completion notices are suppressed when set. Reverts to
+    /// `false` only when every read that [claimed](JobReadout::claimed) the report gives its
+    /// claim back ([`JobRegistry::unclaim`]) and nothing else reported the job. A settlement that
+    /// found waiters is not reported yet: its notice is held until a waiter delivers the output
+    /// (then this is set) or every waiter is cancelled or dropped (then the notice is emitted).
     pub reported: bool,
 }
 
@@ -117,6 +118,11 @@ pub struct JobReadout {
     pub snapshot: JobSnapshot,
     /// Empty while the job is live; its final output (or empty) once settled. Idempotent.
     pub output: String,
+    /// Whether this read marked the job reported (suppressing its completion notice) in a way
+    /// the reader may take back with [`JobRegistry::unclaim`] if its result never reaches whoever
+    /// the notice was for. `false` for a live job, a read under a fired signal, and a job whose
+    /// report came from elsewhere (a kill, a teardown) that no read can undo.
+    pub claimed: bool,
 }
 
 /// What [`JobRegistry::kill_job`] did.
@@ -196,7 +202,10 @@ impl JobCounts {
 ///   mark a job reported and so suppress the notice. A settlement that finds waiters holds its
 ///   notice until one of them delivers the output; reads and waits whose signal has fired never
 ///   claim the report (their caller discards the result), and when the last waiter of a held
-///   notice abandons — signal fired, or future dropped — the notice is emitted after all.
+///   notice abandons — signal fired, or future dropped — the notice is emitted after all. A
+///   read whose result is discarded only after it claimed (the signal fired later) gives the
+///   claim back with [`unclaim`](Self::unclaim), and the notice goes out as if it had never
+///   claimed.
 /// * **Teardown.** [`dispose_owner`](Jobs::dispose_owner) cancels every job of the owner with the
 ///   reason [`OWNER_DISPOSED_REASON`](model_text::OWNER_DISPOSED_REASON), awaits `done` (and the
 ///   job's task), then drops the owner's records; [`shutdown`](Self::shutdown) does the same for
@@ -259,9 +268,14 @@ struct Record {
     detail: Option<String>,
     output: Option<String>,
     reported: bool,
+    /// Reads whose claim on the report is outstanding (may still be given back with
+    /// [`JobRegistry::unclaim`]). `reported` with no claims is a report no read can undo.
+    claims: usize,
     /// The job settled while waiters were registered: its notice is held until one of them
     /// delivers the output (then it is suppressed) or every one abandons (then it is emitted).
     notice_held: bool,
+    /// The completion notice has been emitted (at most one per job).
+    notice_sent: bool,
     waiters: usize,
     teardown_cancelled: bool,
     cancel: CancelHook,
@@ -287,6 +301,27 @@ impl Record {
 
     fn is_active(&self) -> bool {
         !self.status.is_terminal()
+    }
+
+    /// The completion notice to emit (once the lock is released), marking it sent: none once
+    /// the registry is closed or when it was sent already.
+    fn notice(&mut self, closed: bool) -> Option<JobNotice> {
+        if closed || std::mem::replace(&mut self.notice_sent, true) {
+            return None;
+        }
+        Some(JobNotice::new(self.snapshot()))
+    }
+
+    /// A delivering read marks the (terminal) job reported. Returns whether the read holds a
+    /// claim it may give back: not when the job was already reported by something no read can
+    /// undo (a kill or a teardown).
+    fn claim(&mut self) -> bool {
+        if self.reported && self.claims == 0 {
+            return false;
+        }
+        self.reported = true;
+        self.claims += 1;
+        true
     }
 }
 
@@ -452,7 +487,9 @@ impl JobRegistry {
     /// a read made once `signal` has fired does not mark the job reported: whoever reads under a
     /// fired signal may discard the result (the tool pipeline records such a call as aborted),
     /// so the report is left to the completion notice or a later read. The signal is checked
-    /// under the registry lock, atomically with the marking.
+    /// under the registry lock, atomically with the marking; a signal that fires only after it
+    /// is the caller's to handle: [`unclaim`](Self::unclaim) the read if it
+    /// [claimed](JobReadout::claimed) the report and its result is discarded.
     pub fn read_job_unless_cancelled(
         &self,
         owner: &SessionId,
@@ -469,7 +506,9 @@ impl JobRegistry {
     /// completion notice meanwhile.
     ///
     /// * Settled, `signal` not fired: the output is returned and the job marked reported (the
-    ///   held notice is suppressed).
+    ///   held notice is suppressed); [`claimed`](JobReadout::claimed) says whether the caller
+    ///   may give that back with [`unclaim`](Self::unclaim) should its result be discarded
+    ///   after all (the signal fired only after this check).
     /// * Settled, `signal` fired (it raced the settlement): the output is returned but the job
     ///   is **not** marked reported; if no other waiter remains, the held notice is emitted, so
     ///   the output is never consumed by a call whose result is discarded.
@@ -494,12 +533,13 @@ impl JobRegistry {
                 Some(waiter) => {
                     let status = state.owned_mut(owner, id).map(|rec| rec.status);
                     let delivered = !cancelled && matches!(status, Ok(s) if s.is_terminal());
-                    let notice = waiter.release(&mut state, delivered);
+                    let (claimed, notice) = waiter.release(&mut state, delivered);
                     let result = match status {
                         Err(error) => Err(error),
                         Ok(s) if !s.is_terminal() && cancelled => Err(JobError::Cancelled(id.clone())),
                         // A delivering release has marked the job reported already.
-                        Ok(_) => read_locked(&mut state, owner, id, false),
+                        Ok(_) => read_locked(&mut state, owner, id, false)
+                            .map(|read| JobReadout { claimed, ..read }),
                     };
                     (result, notice)
                 }
@@ -509,6 +549,54 @@ impl JobRegistry {
             self.inner.notices.emit(&notice);
         }
         result
+    }
+
+    /// Gives back the claim on the report that a read of `owner`'s job `id` made
+    /// ([`JobReadout::claimed`]), for a reader whose result never reached anyone (the tool
+    /// pipeline [discarded](agent::tools::ToolContext::on_discarded) it). Call it at most once
+    /// per claiming readout.
+    ///
+    /// Once no other read's claim is outstanding, the job is exactly as if the read had never
+    /// claimed: it reads unreported again and its completion notice is emitted now (with the
+    /// lock released; never once the registry is closed, and never a second time: a job that
+    /// settled unreported before the read had its notice already) — or, while waiters are
+    /// registered, held for them, so a delivering waiter suppresses it and the last abandoning
+    /// one emits it. While another claiming read is outstanding (it may have delivered), the
+    /// job stays reported; a report made by a kill or a teardown is never undone.
+    ///
+    /// Returns whether the job reads unreported again. A job that is gone (its owner was
+    /// disposed) or foreign is left alone (`false`).
+    pub fn unclaim(&self, owner: &SessionId, id: &JobId) -> bool {
+        let (unreported, notice) = {
+            let mut state = self.inner.state.lock();
+            let closed = state.closed;
+            let Ok(rec) = state.owned_mut(owner, id) else {
+                return false;
+            };
+            if rec.claims == 0 {
+                return false;
+            }
+            rec.claims -= 1;
+            if rec.claims > 0 {
+                return false;
+            }
+            rec.reported = false;
+            let notice = if rec.notice_sent {
+                // Emitted before the read claimed (the job settled unreported): the notice
+                // already told the owner to read the output.
+                None
+            } else if rec.waiters > 0 {
+                rec.notice_held = true;
+                None
+            } else {
+                rec.notice(closed)
+            };
+            (true, notice)
+        };
+        if let Some(notice) = notice {
+            self.inner.notices.emit(&notice);
+        }
+        unreported
     }
 
     /// Waits until `owner`'s job `id` settles, `timeout` passes (`Ok(false)`), or `signal` is
@@ -533,7 +621,7 @@ impl JobRegistry {
             let cancelled = signal.is_cancelled();
             let status = state.owned_mut(owner, id).map(|rec| rec.status);
             let delivered = !cancelled && matches!(status, Ok(s) if s.is_terminal());
-            let notice = waiter.release(&mut state, delivered);
+            let (_, notice) = waiter.release(&mut state, delivered);
             let result = match status {
                 Err(error) => Err(error),
                 Ok(s) if s.is_terminal() => Ok(true),
@@ -609,6 +697,8 @@ impl JobRegistry {
             let rec = state.owned_mut(owner, id)?;
             if rec.status.is_terminal() {
                 rec.reported = true;
+                // A report no read can take back any more.
+                rec.claims = 0;
                 return Ok(KillOutcome::AlreadyFinished(rec.snapshot()));
             }
             // Claimed before `cancel` runs so a settlement it triggers stays quiet.
@@ -727,7 +817,11 @@ impl Inner {
                 rec.notice_held = true;
             }
             rec.settled.cancel();
-            (!rec.reported && !rec.notice_held && !closed).then(|| JobNotice::new(rec.snapshot()))
+            if rec.reported || rec.notice_held {
+                None
+            } else {
+                rec.notice(closed)
+            }
         };
         if let Some(notice) = notice {
             self.notices.emit(&notice);
@@ -910,7 +1004,9 @@ impl Reservation {
                     detail: None,
                     output: None,
                     reported: torn_down,
+                    claims: 0,
                     notice_held: false,
+                    notice_sent: false,
                     waiters: 0,
                     teardown_cancelled: false,
                     cancel: Arc::from(cancel),
@@ -1001,7 +1097,7 @@ impl Drop for SettleOnDrop {
 }
 
 /// Reads `owner`'s job `id` under the lock: its output once settled (empty while live). With
-/// `claim`, a terminal read marks the job reported.
+/// `claim`, a terminal read marks the job reported ([`Record::claim`]).
 fn read_locked(
     state: &mut State,
     owner: &SessionId,
@@ -1009,10 +1105,9 @@ fn read_locked(
     claim: bool,
 ) -> Result<JobReadout, JobError> {
     let rec = state.owned_mut(owner, id)?;
-    let output = if rec.status.is_terminal() {
-        if claim {
-            rec.reported = true;
-        }
+    let terminal = rec.status.is_terminal();
+    let claimed = terminal && claim && rec.claim();
+    let output = if terminal {
         rec.output.clone().unwrap_or_default()
     } else {
         String::new()
@@ -1020,6 +1115,7 @@ fn read_locked(
     Ok(JobReadout {
         snapshot: rec.snapshot(),
         output,
+        claimed,
     })
 }
 
@@ -1034,10 +1130,11 @@ struct WaiterGuard<'a> {
 
 impl WaiterGuard<'_> {
     /// Unregisters the waiter under `state`. `delivered` (the job is settled and its output goes
-    /// to a caller whose signal has not fired) claims the report; otherwise the waiter abandons
-    /// its claim, and the last waiter to abandon a held notice returns it for the caller to
-    /// emit once the lock is released.
-    fn release(mut self, state: &mut State, delivered: bool) -> Option<JobNotice> {
+    /// to a caller whose signal has not fired) claims the report (the returned flag says
+    /// whether that claim may be given back, see [`Record::claim`]); otherwise the waiter
+    /// abandons its claim, and the last waiter to abandon a held notice returns it for the
+    /// caller to emit once the lock is released.
+    fn release(mut self, state: &mut State, delivered: bool) -> (bool, Option<JobNotice>) {
         self.armed = false;
         release_waiter(state, self.id, delivered)
     }
@@ -1048,7 +1145,7 @@ impl Drop for WaiterGuard<'_> {
         if !self.armed {
             return;
         }
-        let notice = release_waiter(&mut self.inner.state.lock(), self.id, false);
+        let (_, notice) = release_waiter(&mut self.inner.state.lock(), self.id, false);
         if let Some(notice) = notice {
             self.inner.notices.emit(&notice);
         }
@@ -1056,18 +1153,25 @@ impl Drop for WaiterGuard<'_> {
 }
 
 /// See [`WaiterGuard::release`].
-fn release_waiter(state: &mut State, id: &JobId, delivered: bool) -> Option<JobNotice> {
+fn release_waiter(state: &mut State, id: &JobId, delivered: bool) -> (bool, Option<JobNotice>) {
     state.waiters = state.waiters.saturating_sub(1);
     let closed = state.closed;
-    let rec = state.jobs.get_mut(id)?;
+    let Some(rec) = state.jobs.get_mut(id) else {
+        return (false, None);
+    };
     rec.waiters = rec.waiters.saturating_sub(1);
     if delivered {
-        rec.reported = true;
+        let claimed = rec.claim();
         rec.notice_held = false;
-        return None;
+        return (claimed, None);
     }
     let last_abandons_held = rec.waiters == 0 && std::mem::take(&mut rec.notice_held);
-    (last_abandons_held && !rec.reported && !closed).then(|| JobNotice::new(rec.snapshot()))
+    let notice = if last_abandons_held && !rec.reported {
+        rec.notice(closed)
+    } else {
+        None
+    };
+    (false, notice)
 }
 
 /// Lifts one owner's disposal fence, on every exit of the disposal.

@@ -112,6 +112,16 @@ impl ToolHandler for JobOutput {
             self.registry.read_job_unless_cancelled(owner, &id, &ctx.signal)
         }
         .map_err(job_error)?;
+        if read.claimed {
+            // The signal may still fire after that check (another thread cancels the turn), or
+            // the output may prove unrecordable: the pipeline then discards this success, and
+            // the claim goes back so the completion notice still delivers the output.
+            let registry = self.registry.clone();
+            let (owner, id) = (owner.clone(), id.clone());
+            ctx.on_discarded(move || {
+                registry.unclaim(&owner, &id);
+            });
+        }
         let text = model_text::read_result(
             &read.output,
             read.snapshot.status,

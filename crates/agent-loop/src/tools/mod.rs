@@ -38,7 +38,13 @@
 //!    (discarding its deferred contexts too).
 //!    An outcome whose content, value, metadata or deferred contexts are not lossless JSON
 //!    (they could not be logged) becomes a `FAILED` result naming the offending number, and its
-//!    deferred contexts are discarded;
+//!    deferred contexts are discarded.
+//!    Wherever the pipeline itself replaces a body's **success** — the signal fired after the
+//!    body returned (stage 4, or at commit), or the output cannot be recorded — it runs the
+//!    execution's [`on_discarded`](agent::tools::ToolContext::on_discarded) hooks, once, so a
+//!    body can undo a side effect only a delivered result justifies (a `job_output` read gives
+//!    its claim on the job's report back). A post-execute `Block` or failure does not run them:
+//!    the policy decided what the model sees;
 //! 6. `tools/result`: every observer (global and the agent's own) receives the frozen final
 //!    outcome, synchronously, for every execution. Observer panics are contained and logged.
 //!

@@ -96,6 +96,27 @@ pub(super) struct Dispatched {
     cancelled_at_settle: bool,
 }
 
+#[cfg(test)]
+impl Dispatched {
+    /// A call whose body returned `output` and whose signal was (`cancelled_at_settle`) or was
+    /// not cancelled when it settled: the state a multi-thread race leaves between the body's
+    /// return and [`ToolRegistry::dispatch`]'s check, made deterministic.
+    pub(super) fn settled_success_for_test(
+        ctx: ToolContext,
+        output: agent::tools::ToolOutput,
+        cancelled_at_settle: bool,
+    ) -> Self {
+        Self {
+            ctx,
+            staged: Staged::Post {
+                result: ToolResult::success(output, false),
+                body_invoked: true,
+            },
+            cancelled_at_settle,
+        }
+    }
+}
+
 /// When a commit decides whether a successful outcome raced the call's cancellation (such a
 /// success is recorded as cancelled).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,16 +159,23 @@ impl ToolRegistry {
     /// observer with the frozen outcome. Synchronous, so commits never interleave.
     pub(super) fn commit(&self, dispatched: Dispatched, race: RaceCheck) -> ExecutedTool {
         let execution = dispatched.ctx.execution.clone();
+        let ctx = dispatched.ctx.clone();
         let (result, deferred) = self.settle(dispatched, race);
         let (result, deferred) = match output_fault(&result, &deferred) {
             None => (result, deferred),
-            Some(detail) => (
-                error_result(
-                    codes::FAILED,
-                    model_text::output_not_lossless(&execution.name, &detail),
-                ),
-                Vec::new(),
-            ),
+            Some(detail) => {
+                if !result.is_error {
+                    // The body's success (possibly amended by a policy) cannot be recorded.
+                    ctx.discard();
+                }
+                (
+                    error_result(
+                        codes::FAILED,
+                        model_text::output_not_lossless(&execution.name, &detail),
+                    ),
+                    Vec::new(),
+                )
+            }
         };
         self.notify(&execution, &result);
         ExecutedTool {
@@ -178,7 +206,9 @@ impl ToolRegistry {
                     RaceCheck::AtSettle => cancelled_at_settle,
                 };
                 if raced && !result.is_error {
-                    // Recorded as cancelled: its deferred contexts are discarded with it.
+                    // Recorded as cancelled: the body's success is discarded, with its
+                    // deferred contexts and the side effects it registered to undo.
+                    ctx.discard();
                     return (cancellation(body_invoked), Vec::new());
                 }
                 (result, deferred)
@@ -265,8 +295,11 @@ impl ToolRegistry {
             ),
             Ok(Ok(Err(error))) => error_result(&error.code, error.message),
             Ok(Ok(Ok(output))) if signal.is_cancelled() => {
+                // The signal fired after the body returned (or after its last check): the
+                // success is discarded, and so are the side effects it registered to undo.
                 drop(output);
                 drop(ctx.take_deferred());
+                ctx.discard();
                 cancellation(true)
             }
             Ok(Ok(Ok(output))) => ToolResult::success(output, ctx.concludes_turn()),

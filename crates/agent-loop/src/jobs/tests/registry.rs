@@ -1004,3 +1004,64 @@ async fn a_job_started_on_a_shut_down_runtime_settles_failed() {
     registry.dispose_owner(&owner("a")).await;
     assert_ends_empty(&registry).await;
 }
+
+/// `JobReadout::claimed` and `unclaim`: only a read that marked a settled job reported holds a
+/// claim; the job reads unreported again only once every outstanding claim is given back; a
+/// kill's report is never undone; `unclaim` without a claim, for a foreign owner or an unknown
+/// job does nothing.
+#[tokio::test(start_paused = true)]
+async fn unclaim_gives_back_only_outstanding_read_claims() {
+    let reg = JobRegistry::new();
+    let (notices, _notices) = record_notices(&reg);
+    let (spec, p) = producer("bash", "x", "parent");
+    let job = reg.start_job(spec).unwrap();
+    let parent = owner("parent");
+    assert!(
+        !reg.read_job(&parent, &job).unwrap().claimed,
+        "a live read claims nothing"
+    );
+    assert!(!reg.unclaim(&parent, &job));
+    // Held for a waiter, so the claims decide whether the notice goes out.
+    let waiter_signal = Signal::new();
+    let waiter = reg.wait_settled(&parent, &job, None, &waiter_signal);
+    tokio::pin!(waiter);
+    assert!(poll!(&mut waiter).is_pending());
+    p.settle(completed("out"));
+    settle_tasks().await;
+    let fired = Signal::cancelled_with(CancelCause::User);
+    assert!(
+        !reg.read_job_unless_cancelled(&parent, &job, &fired)
+            .unwrap()
+            .claimed
+    );
+    let first = reg
+        .read_job_unless_cancelled(&parent, &job, &Signal::new())
+        .unwrap();
+    let second = reg.read_job(&parent, &job).unwrap();
+    assert!(first.claimed && second.claimed && second.snapshot.reported);
+    assert!(!reg.unclaim(&owner("other"), &job), "owner-fenced");
+    assert!(!reg.unclaim(&parent, &id("bash-9")));
+    assert!(!reg.unclaim(&parent, &job), "the second claim is outstanding");
+    assert!(reg.get(&parent, &job).unwrap().reported);
+    assert!(reg.unclaim(&parent, &job), "the last claim given back");
+    assert!(!reg.get(&parent, &job).unwrap().reported);
+    assert!(notices.lock().is_empty(), "held for the waiter");
+    assert!(!reg.unclaim(&parent, &job), "nothing left to give back");
+    // A kill reports the job for good: a claim made before it cannot undo it.
+    let third = reg.read_job(&parent, &job).unwrap();
+    assert!(third.claimed);
+    assert!(matches!(
+        reg.kill_job(&parent, &job, None),
+        Ok(KillOutcome::AlreadyFinished(_))
+    ));
+    assert!(!reg.unclaim(&parent, &job));
+    assert!(
+        !reg.read_job(&parent, &job).unwrap().claimed,
+        "reported by the kill"
+    );
+    waiter_signal.cancel(CancelCause::User);
+    assert_eq!(waiter.await, Ok(true));
+    assert!(reg.get(&parent, &job).unwrap().reported);
+    assert!(notices.lock().is_empty(), "the kill reported the job");
+    assert_ends_empty(&reg).await;
+}

@@ -625,3 +625,185 @@ async fn job_output_without_wait_under_a_fired_signal_does_not_claim_the_report(
     assert!(!h.registry.get(&parent, &JobId("bash-1".into())).unwrap().reported);
     assert_ends_empty(&h.registry).await;
 }
+
+/// The real `job_output` body, after which its own call's signal fires before it returns: the
+/// cancellation lands after the body's locked check, as one from another thread cancelling the
+/// turn would, but deterministically.
+struct CancelsAfterReturn(Arc<dyn agent::tools::ToolHandler>);
+
+#[async_trait::async_trait]
+impl agent::tools::ToolHandler for CancelsAfterReturn {
+    async fn execute(
+        &self,
+        arguments: Value,
+        ctx: ToolContext,
+    ) -> Result<agent::tools::ToolOutput, ToolError> {
+        let output = self.0.execute(arguments, ctx.clone()).await;
+        ctx.signal.cancel(CancelCause::User);
+        output
+    }
+}
+
+impl Pipeline {
+    /// Registers `job_output_racing`: the real `job_output` over this registry wrapped in
+    /// [`CancelsAfterReturn`].
+    fn register_racing_output(&self) -> agent::Registration {
+        let real = job_tools(self.registry.clone())
+            .into_iter()
+            .find(|def| def.name == "job_output")
+            .expect("job_output is built");
+        let racing = ToolDefinition {
+            name: "job_output_racing".to_owned(),
+            handler: Arc::new(CancelsAfterReturn(real.handler)),
+            ..real
+        };
+        self.tools.register(None, racing).expect("racing tool registers")
+    }
+
+    /// Runs one call of `parent` through the pipeline under a fresh signal.
+    async fn execute(&self, name: &str, args: Value) -> ExecutedTool {
+        let call = ToolCallRequest {
+            call_id: CallId::from("call-2"),
+            name: name.to_owned(),
+            arguments: args.to_string(),
+        };
+        self.tools
+            .execute(&SessionId::from("parent"), call, Signal::new())
+            .await
+    }
+}
+
+fn assert_cancelled_without_output(executed: &ExecutedTool, output: &str) {
+    assert!(executed.result.is_error, "{:?}", executed.result);
+    assert_eq!(
+        executed.result.error.as_ref().map(|e| e.code.as_str()),
+        Some(codes::CANCELLED)
+    );
+    assert!(!result_text(executed).contains(output));
+}
+
+/// spec: TOOL-37 (and `acp-and-tools.md` §3.8 step 6: later interaction is through
+/// `job_output` and completion notices) — a waiting `job_output` that delivers the output and
+/// claims the report, but whose call signal fires after that locked check (before the body
+/// returns), is recorded CANCELLED by the pipeline; the discarded success gives its claim back,
+/// so the job is not reported, its held completion notice is emitted exactly once, and a later
+/// `job_output` still reads the output and only then marks the job reported.
+#[tokio::test(start_paused = true)]
+async fn job_output_wait_discarded_after_it_claimed_gives_the_report_back() {
+    let h = Pipeline::new();
+    let _racing = h.register_racing_output();
+    let (notices, _notices) = record_notices(&h.registry);
+    let (spec, p) = producer("subagent", "research", "parent");
+    let job = h.registry.start_job(spec).unwrap();
+    let parent = SessionId::from("parent");
+    let call = {
+        let tools = h.tools.clone();
+        tokio::spawn(async move {
+            let call = ToolCallRequest {
+                call_id: CallId::from("call-1"),
+                name: "job_output_racing".to_owned(),
+                arguments: json!({"job_id": "subagent-1", "wait": true}).to_string(),
+            };
+            tools
+                .execute(&SessionId::from("parent"), call, Signal::new())
+                .await
+        })
+    };
+    settle_tasks().await;
+    assert_eq!(h.registry.counts().waiters, 1, "the call is waiting");
+    p.settle(completed("background answer"));
+    let executed = call.await.unwrap();
+    assert_cancelled_without_output(&executed, "background answer");
+    let snapshot = h.registry.get(&parent, &job).unwrap();
+    assert_eq!(
+        (snapshot.status, snapshot.reported),
+        (JobStatus::Completed, false),
+        "the discarded read did not consume the output"
+    );
+    let sent = notices.lock().clone();
+    assert_eq!(sent.len(), 1, "the completion notice is delivered after all");
+    assert_eq!(sent[0].job.id, job);
+    assert_eq!(h.registry.counts().waiters, 0);
+
+    let later = h.execute("job_output", json!({"job_id": "subagent-1"})).await;
+    assert!(!later.result.is_error, "{:?}", later.result);
+    assert_eq!(result_text(&later), "background answer\n[status: completed]");
+    assert!(h.registry.get(&parent, &job).unwrap().reported);
+    assert_eq!(notices.lock().len(), 1, "exactly one notice");
+    assert_ends_empty(&h.registry).await;
+}
+
+/// spec: TOOL-37 — the same for `job_output` without wait: the read claims the report of a
+/// settled job whose notice is held for another waiter, then its call signal fires before the
+/// body returns. The pipeline records the call CANCELLED, the claim is given back, so when the
+/// waiter abandons the notice goes out exactly once, and a later read delivers the output.
+#[tokio::test(start_paused = true)]
+async fn job_output_without_wait_discarded_after_it_claimed_gives_the_report_back() {
+    let h = Pipeline::new();
+    let _racing = h.register_racing_output();
+    let (notices, _notices) = record_notices(&h.registry);
+    let (spec, p) = producer("bash", "x", "parent");
+    let job = h.registry.start_job(spec).unwrap();
+    let parent = SessionId::from("parent");
+    let waiter_signal = Signal::new();
+    let waiter = h.registry.wait_settled(&parent, &job, None, &waiter_signal);
+    tokio::pin!(waiter);
+    assert!(poll!(&mut waiter).is_pending(), "the waiter is registered");
+    p.settle(completed("answer"));
+    settle_tasks().await;
+    assert!(notices.lock().is_empty(), "the notice is held for the waiter");
+
+    let executed = h.execute("job_output_racing", json!({"job_id": "bash-1"})).await;
+    assert_cancelled_without_output(&executed, "answer");
+    assert!(!h.registry.get(&parent, &job).unwrap().reported);
+    assert!(notices.lock().is_empty(), "still held for the waiter");
+
+    // The waiter's call is cancelled too: nobody delivered the output, so the notice goes out.
+    waiter_signal.cancel(CancelCause::User);
+    assert_eq!(waiter.await, Ok(true));
+    assert_eq!(
+        notices.lock().len(),
+        1,
+        "the completion notice is delivered after all"
+    );
+    assert!(!h.registry.get(&parent, &job).unwrap().reported);
+
+    let later = h.execute("job_output", json!({"job_id": "bash-1"})).await;
+    assert!(!later.result.is_error, "{:?}", later.result);
+    assert_eq!(result_text(&later), "answer\n[status: completed]");
+    assert!(h.registry.get(&parent, &job).unwrap().reported);
+    assert_eq!(notices.lock().len(), 1, "exactly one notice");
+    assert_ends_empty(&h.registry).await;
+}
+
+/// A discarded read of a job whose notice already went out (it settled unreported before the
+/// read) gives the claim back without a second notice, and a discarded read never undoes a
+/// report another, delivered read made.
+#[tokio::test(start_paused = true)]
+async fn a_discarded_read_never_duplicates_a_notice_nor_undoes_a_delivered_read() {
+    let h = Pipeline::new();
+    let _racing = h.register_racing_output();
+    let (notices, _notices) = record_notices(&h.registry);
+    let (spec, p) = producer("bash", "x", "parent");
+    let job = h.registry.start_job(spec).unwrap();
+    let parent = SessionId::from("parent");
+    p.settle(completed("answer"));
+    settle_tasks().await;
+    assert_eq!(notices.lock().len(), 1, "settled unreported: notified");
+
+    let executed = h.execute("job_output_racing", json!({"job_id": "bash-1"})).await;
+    assert_cancelled_without_output(&executed, "answer");
+    assert!(!h.registry.get(&parent, &job).unwrap().reported);
+    assert_eq!(notices.lock().len(), 1, "no second notice");
+
+    let delivered = h.execute("job_output", json!({"job_id": "bash-1"})).await;
+    assert_eq!(result_text(&delivered), "answer\n[status: completed]");
+    let executed = h.execute("job_output_racing", json!({"job_id": "bash-1"})).await;
+    assert_cancelled_without_output(&executed, "answer");
+    assert!(
+        h.registry.get(&parent, &job).unwrap().reported,
+        "the delivered read's report stands"
+    );
+    assert_eq!(notices.lock().len(), 1);
+    assert_ends_empty(&h.registry).await;
+}

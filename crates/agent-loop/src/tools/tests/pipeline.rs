@@ -918,3 +918,177 @@ async fn a_cancelled_call_returns_no_deferred_contexts() {
     assert_eq!(text(&executed), "done");
     assert_eq!(executed.deferred.len(), 1);
 }
+
+/// A tool whose body registers a discard hook that counts into `ran`, optionally cancels its own
+/// call's signal (the cancellation arriving after the body's last check), then returns `output`
+/// (or fails, with `fail`).
+fn hooked(
+    name: &str,
+    ran: &Arc<std::sync::atomic::AtomicUsize>,
+    cancel_self: bool,
+    fail: bool,
+    value: Option<Value>,
+) -> agent::ToolDefinition {
+    let ran = ran.clone();
+    tool_with(name, false, move |_, ctx| {
+        let ran = ran.clone();
+        ctx.on_discarded(move || {
+            ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        if cancel_self {
+            ctx.signal.cancel(CancelCause::User);
+        }
+        let value = value.clone();
+        Box::pin(async move {
+            if fail {
+                return Err(ToolError::failed("boom"));
+            }
+            Ok(ToolOutput {
+                value,
+                ..ToolOutput::text("done")
+            })
+        })
+    })
+}
+
+fn count(ran: &Arc<std::sync::atomic::AtomicUsize>) -> usize {
+    ran.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// A success the pipeline itself replaces runs the body's discard hooks exactly once: the
+/// signal fired after the body returned (stage 4), or before the commit (post-execute), or the
+/// output cannot be recorded. A committed success, a body's own error, and a post-execute
+/// `Block` (the policy decided what the model sees) run none.
+#[tokio::test]
+async fn a_discarded_success_runs_its_discard_hooks_once() {
+    let reg = ToolRegistry::new();
+    let a = sid("a");
+
+    // The body's own call signal fires after it last checked it: recorded as cancelled.
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let _t = reg
+        .register(None, hooked("races", &ran, true, false, None))
+        .unwrap();
+    let executed = reg.execute(&a, call("c1", "races", "{}"), Signal::new()).await;
+    assert_eq!(code(&executed), codes::CANCELLED);
+    assert_eq!(count(&ran), 1, "the hook ran once");
+
+    // Untouched signal: committed, the hook never runs.
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let _t = reg
+        .register(None, hooked("plain", &ran, false, false, None))
+        .unwrap();
+    let executed = reg.execute(&a, call("c2", "plain", "{}"), Signal::new()).await;
+    assert!(!executed.result.is_error, "{:?}", executed.result);
+    assert_eq!(text(&executed), "done");
+    assert_eq!(count(&ran), 0, "a committed success runs no hook");
+
+    // A body's own error is no success to discard.
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let _t = reg
+        .register(None, hooked("fails", &ran, true, true, None))
+        .unwrap();
+    let executed = reg.execute(&a, call("c3", "fails", "{}"), Signal::new()).await;
+    assert_eq!(code(&executed), codes::FAILED);
+    assert_eq!(count(&ran), 0);
+
+    // An unrecordable output (a negative zero) becomes FAILED: the success is discarded.
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let _t = reg
+        .register(
+            None,
+            hooked("unloggable", &ran, false, false, Some(json!({"x": -0.0}))),
+        )
+        .unwrap();
+    let executed = reg
+        .execute(&a, call("c4", "unloggable", "{}"), Signal::new())
+        .await;
+    assert_eq!(code(&executed), codes::FAILED);
+    assert_eq!(count(&ran), 1);
+
+    // The signal fires after the body settled, before the commit's race check.
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let _t = reg
+        .register(None, hooked("late", &ran, false, false, None))
+        .unwrap();
+    let signal = Signal::new();
+    let post = {
+        let signal = signal.clone();
+        reg.post_execute(
+            None,
+            Arc::new(move |exec: &ToolExecution, _: &ToolResult| {
+                if exec.name == "late" {
+                    signal.cancel(CancelCause::User);
+                }
+                None
+            }),
+        )
+    };
+    let executed = reg.execute(&a, call("c5", "late", "{}"), signal).await;
+    assert_eq!(code(&executed), codes::CANCELLED);
+    assert_eq!(count(&ran), 1);
+    drop(post);
+
+    // A post-execute block replaces the success by the policy's decision: no hook.
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let _t = reg
+        .register(None, hooked("blocked", &ran, false, false, None))
+        .unwrap();
+    let _block = reg.post_execute(
+        None,
+        Arc::new(|exec: &ToolExecution, _: &ToolResult| {
+            (exec.name == "blocked").then(|| PostExecuteDecision::Block("no".to_owned()))
+        }),
+    );
+    let executed = reg.execute(&a, call("c6", "blocked", "{}"), Signal::new()).await;
+    assert_eq!(code(&executed), codes::DENIED);
+    assert_eq!(count(&ran), 0);
+}
+
+/// The parallel-group commit (`RaceCheck::AtSettle`): a success whose signal had fired when the
+/// body settled (a cross-thread cancellation between the body's return and the dispatch's
+/// check, fixed here through a test constructor) is recorded as cancelled and runs its hooks
+/// once; one that settled before the cancellation keeps its success and runs none.
+#[tokio::test]
+async fn a_parallel_commit_discarding_a_settled_success_runs_its_hooks() {
+    use super::super::pipeline::{Dispatched, RaceCheck};
+    use agent::tools::ToolContext;
+
+    let reg = ToolRegistry::new();
+    let context = |id: &str| {
+        ToolContext::new(
+            Arc::new(ToolExecution {
+                id: ExecutionId::next(),
+                agent: sid("a"),
+                call_id: agent::CallId::from(id),
+                name: "t".to_owned(),
+                arguments: json!({}),
+            }),
+            Signal::new(),
+        )
+    };
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let hook = |ctx: &ToolContext| {
+        let ran = ran.clone();
+        ctx.on_discarded(move || {
+            ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+    };
+
+    let raced = context("c1");
+    hook(&raced);
+    raced.signal.cancel(CancelCause::User);
+    let dispatched = Dispatched::settled_success_for_test(raced, ToolOutput::text("done"), true);
+    let executed = reg.commit(dispatched, RaceCheck::AtSettle);
+    assert_eq!(code(&executed), codes::CANCELLED);
+    assert_eq!(count(&ran), 1);
+
+    // Cancelled only while awaiting its commit: the settled success is kept.
+    let kept = context("c2");
+    hook(&kept);
+    kept.signal.cancel(CancelCause::User);
+    let dispatched = Dispatched::settled_success_for_test(kept, ToolOutput::text("done"), false);
+    let executed = reg.commit(dispatched, RaceCheck::AtSettle);
+    assert!(!executed.result.is_error, "{:?}", executed.result);
+    assert_eq!(count(&ran), 1, "a committed success runs no hook");
+}
