@@ -1,7 +1,10 @@
 //! Provider configuration and its load-time validation (spec `acp-and-tools.md` §1.2, §1.4).
 //!
 //! A misconfiguration fails [`AcpConfig::load`] — the Rust form of "plugin load" — never the first
-//! delegation. Validation order: the two graces, then an empty `cwd`, then `cwd` resolution.
+//! delegation. Validation order: the two graces, then an empty `cwd`, then `cwd` resolution (the
+//! spec's order), then what the spec leaves to the implementation: a `command`, `args` and `env`
+//! the operating system can pass to a process (no empty command, no NUL byte anywhere, no `=` or
+//! empty variable name), then pinning a relative command to the launch directory.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -137,13 +140,16 @@ impl AcpConfig {
     }
 
     /// Validates the configuration (graces, then empty `cwd`, then `cwd` resolution against the
-    /// launch directory, then pinning a relative `command` path to the launch directory) and
+    /// launch directory, then a `command`, `args` and `env` a process can be given — no empty
+    /// command, no NUL byte, no empty or `=`-containing variable name — then pinning a relative
+    /// `command` path to the launch directory) and
     /// resolves it into settings. Touches the filesystem only to check the configured `cwd` and
     /// read the launch directory; spawns nothing.
     pub fn load(&self) -> Result<AcpSettings, AcpConfigError> {
         let eof = grace("disposeEofGraceMs", self.dispose_eof_grace_ms)?;
         let terminate = grace("disposeGraceMs", self.dispose_grace_ms)?;
         let cwd = validate_configured_cwd(PREFIX, self.cwd.as_deref()).map_err(AcpConfigError::from)?;
+        self.check_process_strings()?;
         let command = resolve_command(&self.command, std::env::current_dir())?;
         Ok(AcpSettings {
             provider_name: self.provider_name.clone(),
@@ -154,6 +160,39 @@ impl AcpConfig {
             env: self.env.clone(),
             graces: Graces { eof, terminate },
         })
+    }
+}
+
+impl AcpConfig {
+    /// The command, arguments and environment must be passable to a process: otherwise every
+    /// spawn would fail (a NUL byte), or the child would see a different environment than the
+    /// one configured (a name containing `=` splits into another name and value; an empty name
+    /// is no variable at all). Reported at load, never at the first delegation.
+    fn check_process_strings(&self) -> Result<(), AcpConfigError> {
+        let nul =
+            |what: &str| AcpConfigError::new(format!("{PREFIX}: config {what} must not contain a NUL byte"));
+        if self.command.is_empty() {
+            return Err(AcpConfigError::new(format!(
+                "{PREFIX}: config command must not be empty"
+            )));
+        }
+        if self.command.contains('\0') {
+            return Err(nul("command"));
+        }
+        if let Some(i) = self.args.iter().position(|arg| arg.contains('\0')) {
+            return Err(nul(&format!("args[{i}]")));
+        }
+        for (name, value) in &self.env {
+            if name.is_empty() || name.contains(['=', '\0']) {
+                return Err(AcpConfigError::new(format!(
+                    "{PREFIX}: config env name {name:?} must be non-empty and contain neither '=' nor a NUL byte"
+                )));
+            }
+            if value.contains('\0') {
+                return Err(nul(&format!("env {name} value")));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -266,6 +305,68 @@ mod tests {
             resolve_command("bin/agent", Ok(PathBuf::from("/launch"))).unwrap(),
             PathBuf::from("/launch/bin/agent")
         );
+    }
+
+    /// A command, argument or environment entry no process can be given — an empty command, a
+    /// NUL byte anywhere, an environment name that is empty or contains `=` — fails load with a
+    /// message naming it (never the first delegation, spec §1.2); validated after the cwd.
+    #[test]
+    fn strings_no_process_can_take_fail_load() {
+        type Break = fn(&mut AcpConfig);
+        let cases: [(Break, &str); 7] = [
+            (
+                |c| c.command = String::new(),
+                "subagent-acp: config command must not be empty",
+            ),
+            (
+                |c| c.command = "age\0nt".into(),
+                "subagent-acp: config command must not contain a NUL byte",
+            ),
+            (
+                |c| c.args = vec!["ok".into(), "b\0d".into()],
+                "subagent-acp: config args[1] must not contain a NUL byte",
+            ),
+            (
+                |c| {
+                    c.env.insert("A=B".into(), "1".into());
+                },
+                "subagent-acp: config env name \"A=B\" must be non-empty and contain neither '=' nor a NUL byte",
+            ),
+            (
+                |c| {
+                    c.env.insert(String::new(), "1".into());
+                },
+                "subagent-acp: config env name \"\" must be non-empty and contain neither '=' nor a NUL byte",
+            ),
+            (
+                |c| {
+                    c.env.insert("A\0".into(), "1".into());
+                },
+                "subagent-acp: config env name \"A\\0\" must be non-empty and contain neither '=' nor a NUL byte",
+            ),
+            (
+                |c| {
+                    c.env.insert("A".into(), "x\0y".into());
+                },
+                "subagent-acp: config env A value must not contain a NUL byte",
+            ),
+        ];
+        for (break_it, message) in cases {
+            let mut config = AcpConfig::new("agent");
+            break_it(&mut config);
+            assert_eq!(config.load().unwrap_err().to_string(), message);
+            // The cwd is validated first.
+            config.cwd = Some(String::new());
+            assert!(
+                config.load().unwrap_err().to_string().contains("cwd"),
+                "{message}"
+            );
+        }
+        // Values may hold `=` and be empty.
+        let mut config = AcpConfig::new("agent");
+        config.env.insert("A".into(), "b=c".into());
+        config.env.insert("E".into(), String::new());
+        assert!(config.load().is_ok());
     }
 
     /// A relative command with a separator is pinned to the launch directory.
