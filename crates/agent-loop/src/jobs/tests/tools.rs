@@ -20,7 +20,7 @@ use super::{
     OnCancel, assert_ends_empty, completed, failed, killable, killed, producer, producer_with,
     record_notices, settle_tasks,
 };
-use crate::jobs::{JOB_NOT_FOUND, JobRegistry, JobToolsConfig, job_tools, job_tools_with};
+use crate::jobs::{JOB_NOT_FOUND, JobNotice, JobRegistry, JobToolsConfig, job_tools, job_tools_with};
 use crate::tools::ToolRegistry;
 
 struct Harness {
@@ -673,6 +673,27 @@ impl Pipeline {
     }
 }
 
+impl Pipeline {
+    /// A later plain `job_output` of `parent`'s `job` reads `text` and only then marks the job
+    /// reported; `notices` recorded exactly one completion notice. Ends the registry.
+    async fn later_read_delivers(
+        &self,
+        job: &JobId,
+        text: &str,
+        notices: &parking_lot::Mutex<Vec<JobNotice>>,
+    ) {
+        let later = self
+            .execute("job_output", json!({"job_id": job.to_string()}))
+            .await;
+        assert!(!later.result.is_error, "{:?}", later.result);
+        assert_eq!(result_text(&later), text);
+        let parent = SessionId::from("parent");
+        assert!(self.registry.get(&parent, job).unwrap().reported);
+        assert_eq!(notices.lock().len(), 1, "exactly one notice");
+        assert_ends_empty(&self.registry).await;
+    }
+}
+
 fn assert_cancelled_without_output(executed: &ExecutedTool, output: &str) {
     assert!(executed.result.is_error, "{:?}", executed.result);
     assert_eq!(
@@ -725,12 +746,8 @@ async fn job_output_wait_discarded_after_it_claimed_gives_the_report_back() {
     assert_eq!(sent[0].job.id, job);
     assert_eq!(h.registry.counts().waiters, 0);
 
-    let later = h.execute("job_output", json!({"job_id": "subagent-1"})).await;
-    assert!(!later.result.is_error, "{:?}", later.result);
-    assert_eq!(result_text(&later), "background answer\n[status: completed]");
-    assert!(h.registry.get(&parent, &job).unwrap().reported);
-    assert_eq!(notices.lock().len(), 1, "exactly one notice");
-    assert_ends_empty(&h.registry).await;
+    h.later_read_delivers(&job, "background answer\n[status: completed]", &notices)
+        .await;
 }
 
 /// spec: TOOL-37 — the same for `job_output` without wait: the read claims the report of a
@@ -768,12 +785,8 @@ async fn job_output_without_wait_discarded_after_it_claimed_gives_the_report_bac
     );
     assert!(!h.registry.get(&parent, &job).unwrap().reported);
 
-    let later = h.execute("job_output", json!({"job_id": "bash-1"})).await;
-    assert!(!later.result.is_error, "{:?}", later.result);
-    assert_eq!(result_text(&later), "answer\n[status: completed]");
-    assert!(h.registry.get(&parent, &job).unwrap().reported);
-    assert_eq!(notices.lock().len(), 1, "exactly one notice");
-    assert_ends_empty(&h.registry).await;
+    h.later_read_delivers(&job, "answer\n[status: completed]", &notices)
+        .await;
 }
 
 /// A discarded read of a job whose notice already went out (it settled unreported before the
