@@ -114,6 +114,10 @@ impl SubagentProvider for ForkProvider {
     /// history or a policy switch after the call never reaches the child. Written out rather
     /// than `async fn`, which would defer the capture to the first poll and box a second
     /// future around the driver's.
+    ///
+    /// A request whose signal is already cancelled gets no seed: the driver refuses it at call
+    /// time (`CANCELLED`, `subagent request was aborted before child publication`, nothing
+    /// created) whatever the seed, so the parent's history is not copied only to be dropped.
     fn start<'life0, 'async_trait>(
         &'life0 self,
         request: ResolvedSubagentStartRequest,
@@ -122,9 +126,12 @@ impl SubagentProvider for ForkProvider {
         'life0: 'async_trait,
         Self: 'async_trait,
     {
-        let options = InProcessRunOptions {
-            seed: completed_turn_prefix(&request.request.parent),
+        let seed = if request.request.signal.is_cancelled() {
+            None
+        } else {
+            completed_turn_prefix(&request.request.parent)
         };
+        let options = InProcessRunOptions { seed };
         self.driver.start_boxed(request, options)
     }
 
@@ -138,14 +145,22 @@ impl PrepareContinuable for ForkProvider {
     /// The same prefix, captured once at creation: it becomes part of the child's durable
     /// transcript, so a cold resume replays it instead of re-forking newer parent history.
     ///
+    /// The request signal is observed (the trait's contract): an already-cancelled preparation
+    /// rejects before the parent's history is read or copied.
+    ///
     /// # Errors
-    /// `PROVIDER_FAILED` (source [`StartFailure::UnbalancedSeed`]) when the prefix is not
-    /// balanced (an ill-formed parent log), as a one-shot start of the same parent rejects: the
-    /// child could not continue it.
+    /// * `CANCELLED` (source [`StartFailure::AbortedBeforePublication`]) when the request signal
+    ///   is already cancelled; nothing was copied or created.
+    /// * `PROVIDER_FAILED` (source [`StartFailure::UnbalancedSeed`]) when the prefix is not
+    ///   balanced (an ill-formed parent log), as a one-shot start of the same parent rejects: the
+    ///   child could not continue it.
     async fn prepare_continuable(
         &self,
         request: ContinuableCreateRequest,
     ) -> Result<ContinuableCreateSpec, SubagentError> {
+        if request.signal.is_cancelled() {
+            return Err(StartFailure::AbortedBeforePublication.into());
+        }
         let seed = completed_turn_prefix(&request.parent);
         if seed.as_ref().is_some_and(|s| !is_balanced(s)) {
             return Err(StartFailure::UnbalancedSeed.into());
