@@ -37,7 +37,8 @@ pub enum ToolSubagentReportError {
     /// Registering the tool failed, and rolling back the guidance section failed too. Both are
     /// kept, in that order; the section's guard was consumed, so nothing stays registered.
     #[error(
-        "tool-subagent-report: failed to register the report tool and roll back its prompt guidance: {registration}; {rollback}"
+        "tool-subagent-report: failed to register the report tool and roll back its prompt guidance: {}; {rollback}",
+        unprefixed(registration)
     )]
     RollbackFailed {
         /// Why the tool was not registered.
@@ -80,6 +81,18 @@ fn registry_refusal(error: &ToolRegistryError) -> String {
     match error {
         ToolRegistryError::Duplicate(name) => format!("tool \"{name}\" is already registered in this scope"),
         other => format!("the tool registry refused the report tool: {other}"),
+    }
+}
+
+/// The crate's own prefix, which a nested error must not repeat inside an aggregate's message.
+const PREFIX: &str = "tool-subagent-report: ";
+
+/// `error`'s message without the crate's prefix (the aggregate around it carries it once).
+fn unprefixed(error: &ToolSubagentReportError) -> String {
+    let message = error.to_string();
+    match message.strip_prefix(PREFIX) {
+        Some(rest) => rest.to_owned(),
+        None => message,
     }
 }
 

@@ -196,6 +196,7 @@ fn rolled_back(error: ToolSubagentReportError, section: Registration) -> ToolSub
 /// # Concurrency
 /// `revoke` may be called from any thread and any number of times; the registrations are
 /// removed exactly once, by whichever caller (or the scope) gets there first.
+#[must_use = "dropping the installation revokes the report tool and its guidance at once"]
 pub struct ReportInstallation {
     slot: Arc<Slot>,
     child: SessionId,

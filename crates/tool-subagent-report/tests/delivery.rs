@@ -568,3 +568,80 @@ async fn malformed_arguments_deliver_nothing() {
     assert!(rig.models.requests(PARENT).is_empty());
     rig.finish().await;
 }
+
+/// spec: §5.5 `ACTIVATION_CLOSING` (acp-and-tools.md) — a report from a child whose Activation
+/// disposal has begun (a selected teardown opened, the child not yet gone) is refused with the
+/// seam's code and text and delivers nothing; once the teardown completed, the tool is gone
+/// from the child's scope.
+#[tokio::test(start_paused = true)]
+async fn a_report_from_a_closing_activation_is_refused() {
+    let rig = Rig::new(next_step()).await;
+    rig.models.hold("child");
+    rig.start(rig.parent(), "child", "child task").await;
+    let teardown = rig
+        .manager
+        .drain_continuable_children(rig.parent(), &["child".into()]);
+    let result = rig.report("child", "too late").await;
+    assert_eq!(code(&result), "ACTIVATION_CLOSING", "{}", text(&result));
+    assert_eq!(
+        text(&result),
+        "Error: subagent \"child\" activation is being disposed; the report was not delivered"
+    );
+    teardown.await.expect("torn down");
+    let result = rig.report("child", "after teardown").await;
+    assert_eq!(code(&result), "UNKNOWN_TOOL", "{}", text(&result));
+    assert!(reports(rig.parent()).is_empty());
+    assert!(
+        insertions(rig.parent())
+            .iter()
+            .all(|(_, kind)| kind != "subagent-report")
+    );
+    rig.finish().await;
+}
+
+/// Raw argument text at the edges: text that is not JSON (a lone surrogate escape, a cut-off
+/// object) is `INVALID_ARGS` and delivers nothing; control characters and a large output are
+/// delivered verbatim, as the exact last block of the parent's message.
+#[tokio::test(start_paused = true)]
+async fn raw_arguments_at_the_edges() {
+    let rig = Rig::new(quiet()).await;
+    rig.models.hold("child");
+    rig.start(rig.parent(), "child", "child task").await;
+    let call = |raw: &str| agent::tools::ToolCallRequest {
+        call_id: "raw".into(),
+        name: "report".to_owned(),
+        arguments: raw.to_owned(),
+    };
+    for raw in [r#"{"output": "a\ud800b"}"#, r#"{"output": "cut of"#, "null", ""] {
+        let result = rig
+            .rt
+            .services()
+            .tools
+            .execute(&"child".into(), call(raw), Signal::new())
+            .await
+            .result;
+        assert_eq!(code(&result), "INVALID_ARGS", "{raw:?}");
+    }
+    assert!(reports(rig.parent()).is_empty());
+    let result = rig
+        .rt
+        .services()
+        .tools
+        .execute(
+            &"child".into(),
+            call(r#"{"output": "a\u0000b\u001b[0m\r\n"}"#),
+            Signal::new(),
+        )
+        .await
+        .result;
+    assert!(!result.is_error, "{}", text(&result));
+    let large = "x".repeat(1 << 20);
+    let result = rig.report("child", &large).await;
+    assert!(!result.is_error, "{}", text(&result));
+    let last: Vec<String> = reports(rig.parent())
+        .into_iter()
+        .map(|r| r.texts.last().cloned().unwrap_or_default())
+        .collect();
+    assert_eq!(last, ["a\u{0}b\u{1b}[0m\r\n".to_owned(), large]);
+    rig.finish().await;
+}

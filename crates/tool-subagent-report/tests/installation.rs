@@ -286,6 +286,14 @@ async fn rep_15_a_failed_rollback_aggregates_with_the_registration_failure() {
         failures[1].contains("prompt rollback listener failed"),
         "{failures:?}"
     );
+    // The aggregate names the crate once, then each cause.
+    assert_eq!(
+        error.to_string(),
+        "tool-subagent-report: failed to register the report tool and roll back its prompt \
+         guidance: tool \"report\" is already registered in this scope; removing the report guidance \
+         section failed: prompt rollback listener failed",
+        "{error}"
+    );
     assert!(!has_guidance(&rig, "child"));
     drop(conflict);
     rig.finish().await;
@@ -626,5 +634,45 @@ async fn the_body_refuses_revoked_foreign_and_cancelled_calls() {
     assert_eq!(error.message, model_text::REVOKED);
     assert_eq!(reports(rig.parent()).len(), 1, "nothing more delivered");
     drop(definition);
+    rig.finish().await;
+}
+
+/// spec: §2.14.12 (subagent-seam.md) — a child whose setup fails after the report tool was
+/// installed (a later contribution refuses, or the start is cancelled inside the setup window)
+/// is not established, and the installation was released: no `report` tool, no guidance, no
+/// layer left for it.
+#[tokio::test(start_paused = true)]
+async fn a_setup_failing_after_installation_leaves_no_report_registrations() {
+    let rig = Rig::new(quiet()).await;
+    let refusing = rig.manager.register_continuable_setup(Arc::new(|_: &Ctx| {
+        Err::<SetupRelease, agent::bus::BoxError>("a later contribution refused".into())
+    }));
+    let error = rig
+        .manager
+        .start_continuable(rig.spec(rig.parent(), "refused", "refused child"))
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("a later contribution refused"),
+        "{error}"
+    );
+    nothing_materialized(&rig, "refused").await;
+    drop(refusing);
+
+    let signal = Signal::new();
+    let cancel = signal.clone();
+    let cancelling = rig.manager.register_continuable_setup(Arc::new(move |_: &Ctx| {
+        cancel.cancel(agent::CancelCause::User);
+        Ok(Box::new(|| Ok(())) as SetupRelease)
+    }));
+    let mut spec = rig.spec(rig.parent(), "aborted", "aborted child");
+    spec.signal = signal;
+    rig.manager
+        .start_continuable(spec)
+        .await
+        .expect_err("the start was cancelled during setup");
+    nothing_materialized(&rig, "aborted").await;
+    assert_eq!(rig.rt.tool_registry().expect("registry").counts().scope_layers, 0);
+    drop(cancelling);
     rig.finish().await;
 }
