@@ -12,10 +12,11 @@
 //! answers with a JSON-RPC error carrying the failure. `session/cancel` cancels the running
 //! prompt: its turn (cause `user`) and the background jobs it left running are stopped, and it
 //! is answered `cancelled` — also when its turn had completed and the prompt was still waiting
-//! for those jobs. `session/load` cold-resumes a top-level session the store holds (from an
+//! for those jobs, or was about to be answered (a cancel handled before the answer is sent is
+//! never lost). `session/load` cold-resumes a top-level session the store holds (from an
 //! earlier run of the server; a subagent's session is refused, and so is a second load of a
-//! session already open or being loaded), replays its conversation to the client, and serves
-//! it like a new one.
+//! session already open or being loaded, and an id no stored session can have), replays its
+//! conversation to the client, and serves it like a new one.
 //!
 //! # Ownership and shutdown
 //! [`serve`] owns every session and every request task. When the input ends (the client closed
@@ -49,6 +50,7 @@ use agent_client_protocol::v1::schema::{
     PromptResponse, SessionId as SessionIdWire, SessionNotification, SessionUpdate, StopReason, TextContent,
 };
 use agent_client_protocol::{Agent as AcpAgent, ByteStreams, Client, Error as AcpError, ErrorCode};
+use agent_loop::StoreError;
 use agent_loop::jobs::KillOutcome;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -181,14 +183,19 @@ impl State {
         let host = self.session_host(&request.cwd, request.mcp_servers.len())?;
         // A subagent's session continues only under its parent (its lineage, its parent's
         // tools and policy): served on its own, its log would take turns its parent never
-        // asked for. Looked at before the resume, which already writes to the log.
-        if let Ok(header) = host.store().inspect(&SessionId::new(id.clone())).await
-            && let Some(parent) = header.parent_session
-        {
+        // asked for. Looked at before the resume, which already writes to the log. Any other
+        // failure to read the header is left to the resume, which reports it.
+        let refused = match host.store().inspect(&SessionId::new(id.clone())).await {
+            Ok(header) => header.parent_session.map(|parent| {
+                format!("session `{id}` is a subagent of `{parent}`; only a top-level session can be loaded")
+            }),
+            // The client's id cannot name a stored session at all (empty, or a path).
+            Err(StoreError::InvalidId(_)) => Some(format!("`{id}` is not a valid session id")),
+            Err(_) => None,
+        };
+        if let Some(refused) = refused {
             discard(host).await;
-            return Err(invalid_params(format!(
-                "session `{id}` is a subagent of `{parent}`; only a top-level session can be loaded"
-            )));
+            return Err(invalid_params(refused));
         }
         let coordinator = host.resume_agent(SessionId::new(id.clone())).await;
         let served = self.open(host, coordinator, cx.clone()).await?;
@@ -288,14 +295,21 @@ impl State {
         Ok((served, text, token))
     }
 
-    /// Runs an admitted prompt to its response (its text streamed meanwhile), then releases the
-    /// session for the next one.
+    /// Runs an admitted prompt to its response (its text streamed meanwhile), hands the response
+    /// to `answer` (which sends it) and releases the session for the next prompt.
+    ///
+    /// The response is decided, sent and the session released in one step that
+    /// [`cancel`](Self::cancel) cannot split: a `session/cancel` handled at any point before it
+    /// — even after the prompt's turn has settled `completed`, or failed — makes the response
+    /// `cancelled`, as the protocol requires of a prompt whose cancel the agent received; one
+    /// handled after it finds no prompt running.
     async fn prompt(
         &self,
         served: Arc<Served>,
         text: String,
         cancel: CancellationToken,
-    ) -> Result<PromptResponse, AcpError> {
+        answer: impl FnOnce(Result<PromptResponse, AcpError>),
+    ) {
         let reason = if cancel.is_cancelled() {
             // Cancelled before its turn began: no turn is run.
             Ok(TurnEndReason::Aborted {
@@ -305,16 +319,31 @@ impl State {
             *served.stream.last_step.lock() = None;
             run_prompt(&served, text, &cancel).await
         };
-        *served.prompt.lock() = None;
-        Ok(PromptResponse::new(stop_reason(reason?)?))
+        #[cfg(test)]
+        tests::after_turn().await;
+        let mut running = served.prompt.lock();
+        // A cancel that came after the turn had settled has nothing left to stop: `run_prompt`
+        // returned with the coordinator idle and its background jobs settled.
+        let reason = if cancel.is_cancelled() {
+            Ok(TurnEndReason::Aborted {
+                reason: CancelCause::User,
+            })
+        } else {
+            reason
+        };
+        answer(reason.and_then(stop_reason).map(PromptResponse::new));
+        *running = None;
     }
 
     /// `session/cancel`: cancels the session's running prompt, if any (its turn ends
     /// `aborted`, answered `cancelled`).
     fn cancel(&self, notification: &CancelNotification) {
         let served = self.sessions.lock().get(&*notification.session_id.0).cloned();
-        if let Some(token) = served.and_then(|s| s.prompt.lock().clone()) {
-            token.cancel();
+        if let Some(served) = served {
+            // Cancelled under the lock the prompt's answer is decided under (see `prompt`).
+            if let Some(token) = &*served.prompt.lock() {
+                token.cancel();
+            }
         }
     }
 
@@ -658,8 +687,11 @@ where
                 };
                 let state = for_prompt.clone();
                 for_prompt.spawn(&for_prompt.prompts, async move {
-                    let response = state.prompt(served, text, cancel).await;
-                    let _ = responder.respond_with_result(response);
+                    state
+                        .prompt(served, text, cancel, |response| {
+                            let _ = responder.respond_with_result(response);
+                        })
+                        .await;
                 });
                 Ok(())
             },
@@ -680,9 +712,103 @@ where
 
 #[cfg(test)]
 mod tests {
+    use agent::{GenerateOptions, ModelStream};
+    use agent_client_protocol::v1::schema::TextContent;
+    use futures::StreamExt;
     use tokio::io::AsyncWriteExt;
+    use tokio::sync::oneshot;
 
     use super::*;
+
+    /// A pause between a prompt's turn having settled and its answer being decided: told when a
+    /// prompt gets there (the first sender), it waits there for the second.
+    type AfterTurn = (oneshot::Sender<()>, oneshot::Receiver<()>);
+
+    /// The pause the next prompt to get there takes (none by default; only
+    /// [`a_cancel_handled_before_the_answer_is_decided_answers_cancelled`] serves prompts here).
+    static AFTER_TURN: Mutex<Option<AfterTurn>> = Mutex::new(None);
+
+    /// Takes the pause [`AFTER_TURN`] holds, if any.
+    pub(super) async fn after_turn() {
+        let pause = AFTER_TURN.lock().take();
+        if let Some((reached, resume)) = pause {
+            let _ = reached.send(());
+            let _ = resume.await;
+        }
+    }
+
+    /// Answers every model call with one short text.
+    struct Hello;
+
+    impl ModelAdapter for Hello {
+        fn stream(&self, _: Arc<GenerateOptions>) -> ModelStream {
+            futures::stream::iter(agent_loop::model::chunks::text("hello back").into_iter().map(Ok)).boxed()
+        }
+    }
+
+    /// spec: acp-and-tools.md §2.5, §2.6 — the protocol requires `cancelled` once the agent has
+    /// received `session/cancel`. A cancel the server handles after the prompt's turn has
+    /// settled but before its answer is decided (on another thread, as the answer is being
+    /// made) is not lost: the prompt is answered `cancelled`, not `end_turn`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancel_handled_before_the_answer_is_decided_answers_cancelled() {
+        let store = tempfile::tempdir().expect("store dir");
+        let workspace = tempfile::tempdir().expect("workspace dir");
+        let cwd = workspace.path().canonicalize().expect("canonical workspace");
+        let observer = invariants::InvariantObserver::shared();
+        let options = ServeOptions {
+            adapter: Arc::new(Hello),
+            model_provider: "mock".to_owned(),
+            model_name: "mock".to_owned(),
+            max_tokens: None,
+            max_steps_per_turn: Some(5),
+            store_dir: store.path().to_owned(),
+            session_observers: vec![observer.clone() as Arc<dyn SessionObserver>],
+        };
+        let (reached, at_pause) = oneshot::channel();
+        let (resume, paused) = oneshot::channel();
+        *AFTER_TURN.lock() = Some((reached, paused));
+        let (client_end, server_end) = tokio::io::duplex(1 << 16);
+        let (server_read, server_write) = tokio::io::split(server_end);
+        let server = tokio::spawn(serve(options, server_read, server_write));
+        let (client_read, client_write) = tokio::io::split(client_end);
+        let transport = ByteStreams::new(client_write.compat_write(), client_read.compat());
+        agent_client_protocol::Client
+            .v1()
+            .name("test-client")
+            .connect_with(
+                transport,
+                async move |cx: ConnectionTo<agent_client_protocol::Agent>| {
+                    cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
+                        .block_task()
+                        .await?;
+                    let session = cx
+                        .send_request(NewSessionRequest::new(cwd))
+                        .block_task()
+                        .await?
+                        .session_id;
+                    let prompt = ContentBlock::Text(TextContent::new("say hello"));
+                    let answer = cx.send_request(PromptRequest::new(session.clone(), vec![prompt]));
+                    at_pause.await.expect("the prompt's turn settles");
+                    cx.send_notification(CancelNotification::new(session))?;
+                    // Requests are handled in arrival order: once a later one is answered, the
+                    // cancel has been handled.
+                    cx.send_request(InitializeRequest::new(ProtocolVersion::V1))
+                        .block_task()
+                        .await?;
+                    resume.send(()).expect("the prompt waits");
+                    assert_eq!(answer.block_task().await?.stop_reason, StopReason::Cancelled);
+                    Ok(())
+                },
+            )
+            .await
+            .expect("the client's exchange succeeds");
+        server
+            .await
+            .expect("the server task")
+            .expect("the server ends cleanly");
+        assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+    }
 
     /// A client that hung up swallows what is still written to it; while it is there, writes
     /// reach it as they are, and a failure that is not a hang-up is passed on.

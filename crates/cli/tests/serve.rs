@@ -575,3 +575,31 @@ async fn stored_session(store: &std::path::Path, cwd: &std::path::Path, prompt: 
     .await;
     id.lock().clone().expect("a session was created")
 }
+
+/// A `session/load` of an id no session can have in the store (empty, or naming a path: `/`,
+/// `..`) is the client's bad request: refused as invalid params, naming the id — not reported
+/// as an internal failure of the server — and nothing is stored for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_of_an_id_no_session_can_have_is_refused_as_invalid_params() {
+    let (store, _workspace, cwd) = dirs();
+    with_server(store.path(), async move |cx: Agent| {
+        initialize(&cx).await?;
+        for id in ["", "../escape", "a/b"] {
+            let refused = cx
+                .send_request(LoadSessionRequest::new(id, cwd.clone()))
+                .block_task()
+                .await
+                .expect_err("an id no session can have is refused");
+            assert_eq!(
+                refused.code,
+                agent_client_protocol::ErrorCode::INVALID_PARAMS,
+                "{id:?}: {refused:?}"
+            );
+            assert!(refused.message.contains(&format!("`{id}`")), "{refused:?}");
+        }
+        Ok(())
+    })
+    .await;
+    let stored: Vec<_> = std::fs::read_dir(store.path()).expect("the store").collect();
+    assert!(stored.is_empty(), "nothing stored: {stored:?}");
+}
