@@ -49,9 +49,9 @@ struct State {
     entries: Registry<Entry>,
 }
 
-/// Appends every committed event to durable persistence (post-commit; a failure is logged, and
-/// remembered: every later `flush` of the session fails with it, since the durable log now
-/// lacks an event the live session holds).
+/// Appends every committed event to durable persistence (post-commit; a failure — an error or
+/// a panic in the host's persistence — is logged, and remembered: every later `flush` of the
+/// session fails with it, since the durable log now lacks an event the live session holds).
 ///
 /// Installed when the session is entered but *deferred* until the creation commits
 /// ([`Durability::commit`]): a creation rolled back before then writes nothing durable (no
@@ -97,7 +97,18 @@ impl SessionObserver for PersistObserver {
             return;
         };
         *n = event.seq + 1;
-        if let Err(err) = self.persistence.append(session.id(), event) {
+        // A panic in the host's persistence is a lost event like a refusal: contained here
+        // (not by the session, which would forget it) so every later flush reports it.
+        let appended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.persistence.append(session.id(), event)
+        }))
+        .unwrap_or_else(|payload| {
+            Err(AgentError::Persistence(format!(
+                "session persistence panicked: {}",
+                agent::bus::panic_message(&*payload)
+            )))
+        });
+        if let Err(err) = appended {
             tracing::warn!(session = %session.id(), seq = event.seq, %err, "persisting a session event failed");
             self.failed.lock().get_or_insert_with(|| {
                 format!(

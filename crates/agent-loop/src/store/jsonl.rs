@@ -5,11 +5,13 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+#[cfg(test)]
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use agent::{SessionEvent, SessionHeader, SessionId};
 use parking_lot::Mutex;
 
-use super::codec::{encode_line, read_header, read_log};
+use super::codec::{encode_line, open_regular, read_header, read_log};
 use super::dir::StoreDir;
 use super::error::StoreError;
 use super::writer::{Known, Plan, ReleaseLatch, SessionFile};
@@ -88,6 +90,9 @@ pub struct JsonlStore {
     /// meanwhile opens the log only after its predecessor let go of the lock. Taken after
     /// `files` when both are held.
     closing: Mutex<HashMap<SessionId, Arc<ReleaseLatch>>>,
+    /// Syncs issued by flushes of sessions this store held no writer for (tests read it).
+    #[cfg(test)]
+    unheld_syncs: Arc<AtomicU64>,
 }
 
 /// Runs blocking file-system work on tokio's blocking pool.
@@ -115,6 +120,8 @@ impl JsonlStore {
             dir: Arc::new(StoreDir::new(dir.into())),
             files: Mutex::new(HashMap::new()),
             closing: Mutex::new(HashMap::new()),
+            #[cfg(test)]
+            unheld_syncs: Arc::default(),
         }
     }
 
@@ -207,12 +214,43 @@ impl JsonlStore {
 
     /// Durability checkpoint for session `id`: every event appended before this call is on
     /// stable storage when it returns `Ok`. Concurrent flushes share one sync. For a session
-    /// this store never wrote to, only checks that it exists.
+    /// this store holds no writer for — never written to, or [`close`](Self::close)d since —
+    /// checks its header (like [`inspect`](Self::inspect)) and syncs the log and the directory
+    /// entry naming it: `close` hands every accepted line to the OS but syncs nothing.
     pub async fn flush(&self, id: &SessionId) -> Result<(), StoreError> {
         match self.cached(id) {
             Some(file) => file.flush().await,
-            None => self.inspect(id).await.map(drop),
+            None => self.sync_unheld(id).await,
         }
+    }
+
+    /// [`flush`](Self::flush) of a session this store holds no writer for.
+    async fn sync_unheld(&self, id: &SessionId) -> Result<(), StoreError> {
+        let path = self.path_of(id)?;
+        let dir = self.dir.clone();
+        let id = id.clone();
+        #[cfg(test)]
+        let counted = self.unheld_syncs.clone();
+        blocking(path.clone(), move || {
+            read_header(&path, &id)?;
+            let file =
+                open_regular(&path, fs::OpenOptions::new().read(true)).map_err(|e| match e.kind() {
+                    io::ErrorKind::NotFound => StoreError::NotFound(id.clone()),
+                    _ => StoreError::io(&path, e),
+                })?;
+            file.sync_data().map_err(|e| StoreError::io(&path, e))?;
+            dir.sync(dir.path())?;
+            #[cfg(test)]
+            counted.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })
+        .await
+    }
+
+    /// How many syncs flushes of sessions this store held no writer for have issued.
+    #[cfg(test)]
+    pub(crate) fn unheld_syncs(&self) -> u64 {
+        self.unheld_syncs.load(Ordering::Relaxed)
     }
 
     /// Every stored session, ordered by `createdAt` then id. Reads only header lines (after
@@ -369,8 +407,8 @@ impl JsonlStore {
     }
 
     /// Forgets session `id`'s writer state and closes its file after every accepted append has
-    /// reached the file (not a durability checkpoint: flush first for that), releasing the
-    /// log's lock before it returns. Also clears a writer poisoned by a failure, returning that
+    /// reached the file (not a durability checkpoint: flush, before or after, for that),
+    /// releasing the log's lock before it returns. Also clears a writer poisoned by a failure, returning that
     /// failure. A later append reopens the log — also one made while `close` runs, whose new
     /// writer opens the log only once this one has let go of it (when `close` returns, or when
     /// a dropped `close` future's writer is dropped). No-op for a session this store holds no

@@ -391,3 +391,38 @@ async fn a_log_named_by_an_invalid_id_is_not_listed() {
         .collect();
     assert_eq!(listed, ["s"]);
 }
+
+/// `flush` promises that every event appended before it is on stable storage when it returns
+/// `Ok`. `close` hands the closed writer's lines to the OS but syncs nothing, and forgets the
+/// writer; a flush after it used to take the session for one this store never wrote to and
+/// only check that the log exists, reporting never-synced events durable (lost on a power
+/// failure). It now syncs the log. Errors are as before: a missing log is `NotFound`.
+#[tokio::test]
+async fn a_flush_after_close_syncs_what_the_closed_writer_wrote() {
+    let dir = tempfile::tempdir().expect("dir");
+    let id = SessionId::from("s");
+    let all = events("s", 3);
+    let store = JsonlStore::new(dir.path());
+    store.create(&header("s")).expect("create");
+    for ev in &all {
+        store.append(&id, ev).expect("append");
+    }
+    store.close(&id).await.expect("close");
+    assert_eq!(
+        store.sync_count(&id),
+        None,
+        "close synced nothing and forgot the writer"
+    );
+    assert_eq!(store.unheld_syncs(), 0);
+    store.flush(&id).await.expect("flush");
+    assert_eq!(
+        store.unheld_syncs(),
+        1,
+        "the flush synced what the closed writer wrote"
+    );
+    assert_eq!(store.load(&id).await.expect("load").events, all);
+    assert!(matches!(
+        store.flush(&SessionId::from("missing")).await,
+        Err(StoreError::NotFound(_))
+    ));
+}
