@@ -486,6 +486,64 @@ async fn appends_made_while_close_runs_continue_the_log_after_it() {
     }
 }
 
+/// `release` lets go of a session without waiting: appended lines still being written are
+/// neither lost nor read half-written — a load, a flush or another store's claim right after it
+/// sees every line — and the store holds nothing for the session any more (its file and lock
+/// go once the lines are written). A later append in the same store reopens the log and
+/// continues it in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_lets_go_once_written_and_loses_nothing() {
+    for _ in 0..20 {
+        let (dir, store, id, events) = five_appended();
+        store.release(&id);
+        assert_eq!(store.sync_count(&id), None, "no writer held");
+        assert_eq!(store.load(&id).await.unwrap().events, events[..5]);
+        store.flush(&id).await.unwrap();
+        let other = JsonlStore::new(dir.path());
+        assert_eq!(other.load(&id).await.unwrap().events, events[..5]);
+        other
+            .claim(&id, 5)
+            .await
+            .expect("the released log is free for another store");
+        other.close(&id).await.unwrap();
+
+        for ev in &events[5..] {
+            store.append(&id, ev).unwrap();
+        }
+        store.release(&id);
+        store.flush(&id).await.unwrap();
+        assert_eq!(store.sync_count(&id), None);
+        assert_eq!(
+            JsonlStore::new(dir.path()).load(&id).await.unwrap().events,
+            events
+        );
+    }
+}
+
+/// A writer poisoned by a failure is not let go of by `release`: the lines it lost must not
+/// read as durable, so the next flush still reports the failure (here a seq gap only the file
+/// could reveal), until `close` clears it.
+#[tokio::test]
+async fn release_keeps_a_poisoned_writer_and_its_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = sample_log("s");
+    write_log(&JsonlStore::new(dir.path()), "s", &events).await;
+    let all = continued(&events, 3);
+    let id = SessionId::from("s");
+    let b = JsonlStore::new(dir.path());
+    // One past the log's end: the writer finds the gap when it opens the file.
+    b.append(&id, &all[events.len() + 1]).unwrap();
+    assert!(b.flush(&id).await.is_err(), "the gap is reported");
+    b.release(&id);
+    assert!(b.flush(&id).await.is_err(), "still reported after release");
+    assert!(
+        b.close(&id).await.is_err(),
+        "close returns the failure and clears it"
+    );
+    b.flush(&id).await.unwrap();
+    assert_eq!(b.load(&id).await.unwrap().events, events);
+}
+
 #[tokio::test]
 async fn turn_end_reason_interrupted_round_trips_through_the_store() {
     let dir = tempfile::tempdir().unwrap();

@@ -129,4 +129,21 @@ pub trait SessionPersistence: Send + Sync + 'static {
         let _ = (id, events);
         Ok(())
     }
+
+    /// The runtime has stopped writing session `id`: its live session was removed (its agent
+    /// disposed, or its creation or resumption rolled back). A backend that holds something per
+    /// written session — an open file, a writer's lock on the log — lets go of it here, once
+    /// every append it accepted has reached its storage: nothing accepted is dropped. Not a
+    /// durability checkpoint (a later [`flush`](SessionPersistence::flush) still covers those
+    /// appends). A later `create`, `append` or `claim` of the same id (a resume) takes the
+    /// session up again.
+    ///
+    /// Called synchronously, possibly on a runtime thread: it must not block. Without it a
+    /// long-running host would hold one open log per session it ever wrote, and another
+    /// process could never continue a session this one has finished with.
+    ///
+    /// The default does nothing: right for a backend that holds nothing per session.
+    fn release(&self, id: &SessionId) {
+        let _ = id;
+    }
 }

@@ -766,13 +766,12 @@ impl Host {
         let own = std::mem::take(&mut sessions.lock().order);
         let mut failures = Vec::new();
         for id in own {
-            // A session announced but rolled back before its durable commit left nothing in
-            // the store (which then holds no writer for it): there is nothing to flush.
-            if store.sync_count(&id).is_none() {
-                continue;
-            }
-            if let Err(e) = store.flush(&id).await {
-                failures.push(format!("session {id}: {e}"));
+            match store.flush(&id).await {
+                Ok(()) => {}
+                // A session announced but rolled back before its durable commit left nothing
+                // in the store: there is nothing to flush.
+                Err(agent_loop::StoreError::NotFound(_)) => {}
+                Err(e) => failures.push(format!("session {id}: {e}")),
             }
         }
         if failures.is_empty() {

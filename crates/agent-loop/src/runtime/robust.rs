@@ -797,8 +797,9 @@ async fn a_vetoed_resume_leaves_the_stored_log_unchanged() {
 
 /// A resume of a session whose log another runtime's store is writing fails at once — the
 /// claim finds the log locked — rather than publishing an agent whose appends fail at a later
-/// flush; nothing is live and the log is unchanged. Once the other writer lets go, the same
-/// runtime resumes the session and continues its log.
+/// flush; nothing is live and the log is unchanged. Once the other writer lets go — its agent
+/// disposed, which releases the log without closing the store — the same runtime resumes the
+/// session and continues its log.
 #[tokio::test(start_paused = true)]
 async fn a_resume_of_a_log_another_store_writes_fails_at_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -809,8 +810,6 @@ async fn a_resume_of_a_log_another_store_writes_fails_at_once() {
     let first = create(&rt_writing, "a").await;
     first.agent().followup(user("go")).unwrap();
     first.agent().when_idle().await;
-    first.dispose().await;
-    finish(&rt_writing, []).await;
     writing.flush(&id).await.unwrap();
     let path = writing.path_of(&id).unwrap();
     let before = std::fs::read(&path).unwrap();
@@ -832,7 +831,11 @@ async fn a_resume_of_a_log_another_store_writes_fails_at_once() {
         "the refused resume wrote to the log"
     );
 
-    writing.close(&id).await.unwrap();
+    // The writing agent goes away; its store (still open) lets go of the log once what it
+    // accepted is written — which its flush waits for.
+    first.dispose().await;
+    writing.flush(&id).await.unwrap();
+    assert_eq!(writing.sync_count(&id), None, "the writing store holds no writer");
     let resumed = rt
         .resume(resume_options("a"))
         .await
@@ -845,6 +848,7 @@ async fn a_resume_of_a_log_another_store_writes_fails_at_once() {
     assert!(stored.len() > stored_before, "the resumed turn is stored");
     assert!(stored.iter().enumerate().all(|(i, e)| e.seq == i as u64));
     finish(&rt, []).await;
+    finish(&rt_writing, []).await;
 }
 
 /// An observer that panics in `attach`.

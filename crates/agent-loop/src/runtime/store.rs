@@ -364,14 +364,24 @@ impl MemorySessionStore {
         let weak = Arc::downgrade(&self.inner);
         Registration::new(move || {
             let Some(inner) = weak.upgrade() else { return };
-            let _lifecycle = inner.lifecycle.lock();
-            let removed = inner.state.lock().entries.remove(key);
-            if let Some(entry) = removed
-                && entry.announced
+            let removed = {
+                let _lifecycle = inner.lifecycle.lock();
+                let removed = inner.state.lock().entries.remove(key);
+                if let Some(entry) = &removed
+                    && entry.announced
+                {
+                    inner
+                        .events
+                        .emit(&SessionStoreEvent::Disposed(entry.session.id().clone()));
+                }
+                removed
+            };
+            // Nothing writes the session any more: the persistence lets go of what it holds
+            // for it (an open log and its lock), once what it accepted is written.
+            if let (Some(entry), Some(persistence)) = (removed, &inner.persistence)
+                && entry.persist.is_some()
             {
-                inner
-                    .events
-                    .emit(&SessionStoreEvent::Disposed(entry.session.id().clone()));
+                persistence.release(entry.session.id());
             }
         })
     }

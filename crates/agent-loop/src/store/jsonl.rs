@@ -231,7 +231,10 @@ impl JsonlStore {
         let id = id.clone();
         #[cfg(test)]
         let counted = self.unheld_syncs.clone();
+        // A released writer may still be writing what it accepted: the sync must cover it.
+        let letting_go = self.letting_go(&id);
         blocking(path.clone(), move || {
+            wait_for(letting_go);
             read_header(&path, &id)?;
             let file =
                 open_regular(&path, fs::OpenOptions::new().read(true)).map_err(|e| match e.kind() {
@@ -264,8 +267,16 @@ impl JsonlStore {
                 tracing::warn!(error = %e, "a session log write failed before listing");
             }
         }
+        let letting_go: Vec<Arc<ReleaseLatch>> = self
+            .closing
+            .lock()
+            .values()
+            .filter(|latch| !latch.is_raised())
+            .cloned()
+            .collect();
         let dir = self.dir.path().to_owned();
         blocking(dir.clone(), move || {
+            letting_go.iter().for_each(|latch| latch.wait());
             let entries = match fs::read_dir(&dir) {
                 Ok(entries) => entries,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -308,8 +319,13 @@ impl JsonlStore {
         if let Some(file) = self.cached(id) {
             settle_for_reading(&file).await;
         }
+        let letting_go = self.letting_go(id);
         let id = id.clone();
-        blocking(path.clone(), move || read_header(&path, &id)).await
+        blocking(path.clone(), move || {
+            wait_for(letting_go);
+            read_header(&path, &id)
+        })
+        .await
     }
 
     /// The header and every intact event of session `id`, after every accepted append reached
@@ -325,8 +341,13 @@ impl JsonlStore {
         if let Some(file) = &cached {
             settle_for_reading(file).await;
         }
+        let letting_go = self.letting_go(id);
         let read_id = id.clone();
-        let parsed = blocking(path.clone(), move || read_log(&path, &read_id)).await?;
+        let parsed = blocking(path.clone(), move || {
+            wait_for(letting_go);
+            read_log(&path, &read_id)
+        })
+        .await?;
         match cached {
             Some(file) => {
                 // An idle writer (one an earlier load made) takes this newer reading; one that
@@ -397,11 +418,16 @@ impl JsonlStore {
             // A failed writer has nothing more to write; the file may still exist.
             let _ = file.settle().await;
         }
+        let letting_go = self.letting_go(id);
         let id = id.clone();
-        blocking(path.clone(), move || match fs::remove_file(&path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(StoreError::NotFound(id)),
-            Err(e) => Err(StoreError::io(&path, e)),
+        blocking(path.clone(), move || {
+            // A released writer still writing would recreate or extend the file.
+            wait_for(letting_go);
+            match fs::remove_file(&path) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Err(StoreError::NotFound(id)),
+                Err(e) => Err(StoreError::io(&path, e)),
+            }
         })
         .await
     }
@@ -415,6 +441,37 @@ impl JsonlStore {
     /// state for.
     pub async fn close(&self, id: &SessionId) -> Result<(), StoreError> {
         self.close_writer(id, None).await
+    }
+
+    /// Lets go of session `id` without waiting: forgets its writer, which closes the log — and
+    /// with it the log's lock — as soon as every line it accepted has been written (at once
+    /// when nothing is left to write). Nothing accepted is dropped, and this is no durability
+    /// checkpoint: a later [`flush`](Self::flush) syncs what the writer wrote. A later append,
+    /// claim or create of `id` makes a new writer, which opens the log only once this one has
+    /// let go of it. No-op for a session this store holds no writer for.
+    ///
+    /// Unlike [`close`](Self::close) it never blocks, so the runtime calls it (through
+    /// [`SessionPersistence::release`](agent::store::SessionPersistence::release)) when a live
+    /// session is removed. A writer poisoned by a failure is kept: its failure is still what
+    /// the next [`flush`](Self::flush) or [`claim`](Self::claim) of the session reports (a
+    /// log that lost lines must not read as durable), until [`close`](Self::close) clears it.
+    pub fn release(&self, id: &SessionId) {
+        let file = {
+            let mut files = self.files.lock();
+            if files.get(id).is_none_or(|file| file.is_failed()) {
+                return;
+            }
+            let Some(file) = files.remove(id) else { return };
+            let mut closing = self.closing.lock();
+            // Latches of writers that have let go already guard nothing any more.
+            closing.retain(|_, latch| !latch.is_raised());
+            closing.insert(id.clone(), file.latch());
+            file
+        };
+        file.release_if_written();
+        // Dropping the last handle closes the file; a drainer still writing holds one until
+        // its last write.
+        drop(file);
     }
 
     /// [`close`](Self::close), of session `id`'s writer only if it is `only` (when given).
@@ -465,6 +522,25 @@ impl Drop for JsonlStore {
         for file in self.files.get_mut().values() {
             file.release_if_written();
         }
+    }
+}
+
+impl JsonlStore {
+    /// The latch of a writer of `id` this store has let go of (released or being closed) that
+    /// may still be writing what it accepted: a read, sync or removal of the log waits for it.
+    fn letting_go(&self, id: &SessionId) -> Option<Arc<ReleaseLatch>> {
+        self.closing
+            .lock()
+            .get(id)
+            .filter(|latch| !latch.is_raised())
+            .cloned()
+    }
+}
+
+/// Waits (on a blocking-pool thread) until a writer the store let go of has let go of the log.
+fn wait_for(latch: Option<Arc<ReleaseLatch>>) {
+    if let Some(latch) = latch {
+        latch.wait();
     }
 }
 

@@ -71,6 +71,10 @@ impl SessionPersistence for JsonlStore {
     async fn claim(&self, id: &SessionId, events: u64) -> Result<(), AgentError> {
         Ok(JsonlStore::claim(self, id, events).await?)
     }
+
+    fn release(&self, id: &SessionId) {
+        JsonlStore::release(self, id);
+    }
 }
 
 /// Delegates to the inherent methods; see [`MemoryStore`].

@@ -141,8 +141,14 @@ impl ReleaseLatch {
         self.changed.notify_all();
     }
 
-    /// Blocks the calling (drainer) thread until the latch is raised.
-    fn wait(&self) {
+    /// Whether the latch has been raised.
+    pub(crate) fn is_raised(&self) -> bool {
+        *self.released.lock()
+    }
+
+    /// Blocks the calling thread (a drainer, or a store read on the blocking pool) until the
+    /// latch is raised.
+    pub(crate) fn wait(&self) {
         let mut released = self.released.lock();
         while !*released {
             self.changed.wait(&mut released);
