@@ -12,8 +12,8 @@
 use std::sync::Arc;
 
 use futures::FutureExt;
-use subagent::agent::jobs::{JobHooks, JobOutcome, JobSpec, Jobs};
-use subagent::agent::tools::{ToolError, codes};
+use subagent::agent::jobs::{JobHooks, JobId, JobOutcome, JobSpec, Jobs};
+use subagent::agent::tools::{ToolContext, ToolError, codes};
 use subagent::agent::{CancelCause, SessionId, Signal};
 use subagent::provider::SubagentStartRequest;
 use subagent::run::SubagentRun;
@@ -68,8 +68,27 @@ pub(crate) fn start(
     };
     let id = jobs
         .start(spec)
-        .map_err(|e| ToolError::new(codes::FAILED, e.to_string()))?;
+        .map_err(|e| ToolError::new(codes::FAILED, model_text::job_start_refused(&e)))?;
     Ok(DelegationValue::Background { job_id: id.0 })
+}
+
+/// Kills job `job_id` of the call's agent if the pipeline discards the call's successful
+/// result ([`ToolContext::on_discarded`]): the call's signal fired as the body returned, so the
+/// call is recorded as cancelled and the model never learns the job id. The id was never
+/// returned, so the call's cancellation still owns the child (§3.8 step 3: the call's token
+/// stops owning it only "once the id is returned"); the kill (reason
+/// [`model_text::CALL_DISCARDED_KILL_REASON`]) cancels the run, which the job still disposes
+/// before it settles `killed`, and marks the job reported, so no completion notice names a job
+/// the model never heard of.
+pub(crate) fn kill_on_discard(ctx: &ToolContext, jobs: Arc<dyn Jobs>, job_id: &str) {
+    let owner = ctx.agent().clone();
+    let id = JobId(job_id.to_owned());
+    ctx.on_discarded(move || {
+        let reason = Some(model_text::CALL_DISCARDED_KILL_REASON.to_owned());
+        if let Err(error) = jobs.kill(&owner, &id, reason) {
+            tracing::warn!(job = %id, %error, "subagent tool: could not kill the job of a discarded call");
+        }
+    });
 }
 
 /// The job's settlement (never fails; disposal happens before the outcome is reported):

@@ -18,6 +18,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::SubagentToolConfig;
 use crate::model_text;
 use crate::route::{Route, resolve_route};
+use crate::value::DelegationValue;
 use crate::{background, continuable, foreground};
 
 /// What every call of one instance shares: its configuration, the host's services, the
@@ -184,14 +185,21 @@ impl ToolHandler for DelegationTool {
                 let Some(jobs) = &inv.services.jobs else {
                     return Err(ToolError::failed(model_text::JOBS_UNAVAILABLE));
                 };
-                background::start(
+                let value = background::start(
                     jobs,
                     inv.subagents.clone(),
                     provider,
                     args.description,
                     ctx.agent().clone(),
                     request,
-                )?
+                )?;
+                // Until the job id reaches the model, the call still owns the job: a success the
+                // pipeline discards (the call's signal fired as the body returned, so the call is
+                // recorded as cancelled) would otherwise leave a job the model never heard of.
+                if let DelegationValue::Background { job_id } = &value {
+                    background::kill_on_discard(&ctx, jobs.clone(), job_id);
+                }
+                value
             }
             Route::Continuable => {
                 // §3.9. Without a continuation manager there is nothing to start children

@@ -21,6 +21,7 @@ use serde_json::{Map, Value, json};
 use subagent::StopReason;
 use subagent::agent::ContentBlock;
 use subagent::agent::content::visible_text;
+use subagent::agent::jobs::JobError;
 
 /// The default model-facing tool name.
 pub const DEFAULT_TOOL_NAME: &str = "subagent";
@@ -240,8 +241,30 @@ pub const BACKGROUND_DISABLED: &str =
 pub const JOBS_UNAVAILABLE: &str =
     "background jobs unavailable: load @deepseek-ai/dsh-jobs and @deepseek-ai/dsh-tool-jobs";
 
+/// A one-shot background call whose job preflight found no job controller serving the calling
+/// agent (`acp-and-tools.md` §3.8 step 2, verbatim): the registry's own refusal names the
+/// problem, this text also names the remedy.
+pub const JOBS_NO_CONTROLLER: &str = "background jobs unavailable: no job controller serves this agent (load \
+     @deepseek-ai/dsh-tool-jobs in its composition)";
+
+/// The model-facing text of a job registry's refusal to start a one-shot background job: the
+/// spec's text for a missing controller ([`JOBS_NO_CONTROLLER`]), the registry's own text
+/// (owner limit, disposed owner, shut-down registry, …) otherwise.
+pub fn job_start_refused(error: &JobError) -> String {
+    match error {
+        JobError::NoController => JOBS_NO_CONTROLLER.to_owned(),
+        other => other.to_string(),
+    }
+}
+
 /// The cancellation reason a killed background job gives its run when `job_kill` names none.
 pub const DEFAULT_KILL_REASON: &str = "background subagent task killed";
+
+/// The cancellation reason a one-shot background job's run receives when the pipeline discards
+/// the call's successful result (the call's signal fired as the body returned), so the model
+/// never received the job id.
+pub const CALL_DISCARDED_KILL_REASON: &str =
+    "the subagent tool call was cancelled before its job id reached the model";
 
 /// The cancellation reason a foreground run's child receives when its tool call is abandoned
 /// (the call's future dropped before the run answered, without the call's signal firing).
@@ -355,9 +378,12 @@ mod tests {
         lines.push(CALLING_AGENT_REQUIRED.to_owned());
         lines.push(BACKGROUND_DISABLED.to_owned());
         lines.push(JOBS_UNAVAILABLE.to_owned());
+        lines.push(job_start_refused(&JobError::NoController));
+        lines.push(job_start_refused(&JobError::LimitReached(10)));
         lines.push(DEFAULT_KILL_REASON.to_owned());
         lines.push(CALL_ABANDONED_REASON.to_owned());
         lines.push(START_ABANDONED_REASON.to_owned());
+        lines.push(CALL_DISCARDED_KILL_REASON.to_owned());
         lines.push(ARGUMENTS_NOT_OBJECT.to_owned());
         lines.push(string_param_required(PROMPT_PARAM));
         lines.push(PROMPT_BLANK.to_owned());

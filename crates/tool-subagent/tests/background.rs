@@ -379,10 +379,11 @@ async fn tool_50_failed_preflight_never_starts_the_provider() {
     let parent = host.parent("sess-parent").await;
     let outcome = host.call("subagent", &parent, background()).await;
     assert!(outcome.is_error);
-    assert!(
-        text(&outcome).contains("background jobs unavailable: no job controller serves this agent"),
-        "{}",
-        text(&outcome)
+    // The spec's text, verbatim (§3.8 step 2): the refusal names its remedy.
+    assert_eq!(
+        text(&outcome),
+        "Error: background jobs unavailable: no job controller serves this agent (load \
+         @deepseek-ai/dsh-tool-jobs in its composition)"
     );
     tokio::task::yield_now().await;
     assert!(requests.lock().is_empty());
@@ -610,5 +611,68 @@ async fn an_oversized_diagnostic_reaches_job_output_bounded() {
         diagnostic.len()
     );
     assert!(diagnostic.ends_with(subagent::result::DIAGNOSTIC_TRUNCATION_SUFFIX));
+    host.close().await;
+}
+
+/// spec: TOOL-44 / §3.8 step 3 — the call's token stops owning a background child only once
+/// the job id is *returned*. When the call's signal fires as the body returns, the pipeline
+/// discards the success (the call is recorded as cancelled) and the model never learns the id:
+/// the job must then be killed — its run cancelled and disposed, the job settled `killed` —
+/// rather than keep working for a call the model saw cancelled.
+#[tokio::test(start_paused = true)]
+async fn a_discarded_background_start_kills_its_job() {
+    let mut host = Host::new();
+    let call_signal = Signal::new();
+    let reasons: Arc<Mutex<Vec<String>>> = Arc::default();
+    let disposals = counter();
+    let (cancel_call, seen, d) = (call_signal.clone(), reasons.clone(), disposals.clone());
+    let provider = FakeProvider::new(
+        "hanging",
+        Arc::new(move |request| {
+            // The call's signal fires while the body runs (deterministically here; in a
+            // multi-threaded host, the user's interrupt racing the body's return).
+            cancel_call.cancel(CancelCause::User);
+            let signal = request.request.signal.clone();
+            let seen = seen.clone();
+            let result = async move {
+                signal.cancelled().await;
+                seen.lock().push(match signal.cause() {
+                    Some(CancelCause::Other { reason }) => reason,
+                    other => format!("{other:?}"),
+                });
+                Ok(SubagentResult::aborted(vec![]))
+            }
+            .boxed();
+            let run = FakeRun::boxed("hang", result, Ok(()), d.clone());
+            async move { Ok(run) }.boxed()
+        }),
+    )
+    .capability_less();
+    let _p = host.provider(provider);
+    let _tool = host.load(tool_subagent::SubagentToolConfig::new("hanging"));
+    let parent = host.parent("sess-parent").await;
+    let outcome = host
+        .call_with("subagent", &parent, background(), call_signal)
+        .await;
+    assert!(
+        outcome.is_error,
+        "the call is recorded as cancelled: {}",
+        text(&outcome)
+    );
+    let jobs = host.jobs.clone().expect("the host has a job registry");
+    let listed = jobs.list(&parent);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_ne!(
+        listed[0].status,
+        agent::jobs::JobStatus::Running,
+        "a job whose id never reached the model keeps running: {listed:?}"
+    );
+    let killed = host.job_output(&parent, "subagent-1").await;
+    assert_eq!(text(&killed), "(no new output)\n[status: killed]");
+    assert_eq!(
+        *reasons.lock(),
+        vec![tool_subagent::model_text::CALL_DISCARDED_KILL_REASON.to_owned()]
+    );
+    assert_eq!(disposals.load(Ordering::SeqCst), 1);
     host.close().await;
 }
