@@ -88,7 +88,11 @@ impl Control {
 ///
 /// A call's execution signal owns a delivery only until the child's inbox accepts it:
 /// cancelling it earlier makes the delivery reject `CANCELLED` (a cold resume it started is
-/// rolled back); a turn already accepted cannot be cancelled through this tool. A call whose
+/// rolled back); a turn already accepted cannot be cancelled through this tool. One exception
+/// keeps a failed call meaning "not delivered": when the pipeline does not record the accepted
+/// delivery's success (the signal fired between the inbox's acceptance and the recording, so
+/// the model is told the call was aborted), the message is withdrawn from the child's inbox if
+/// the child has not claimed it yet (`Agent::remove_pending`, a logged cancellation). A call whose
 /// future is dropped before the manager answered cancels its delivery the same way (reason
 /// [`DELIVERY_ABANDONED_REASON`](model_text::DELIVERY_ABANDONED_REASON)); the delivery still
 /// runs to its end on a task [`shutdown`](Self::shutdown) waits for.

@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use subagent::SubagentError;
 use subagent::agent::bus::panic_message;
 use subagent::agent::tools::{ToolContext, ToolError, ToolHandler, ToolOutput};
-use subagent::agent::{CancelCause, ContentBlock, MessageSource, SessionId};
+use subagent::agent::{AgentRuntime, CancelCause, ContentBlock, MessageId, MessageSource, SessionId};
 use tokio::task::JoinError;
 
 use crate::control::Control;
@@ -133,11 +133,45 @@ impl ToolHandler for SendMessageTool {
         let message_id = joined
             .map_err(|join| task_failure(&args.subagent_id, join))?
             .map_err(|error| seam_failure(&error))?;
+        withdraw_if_discarded(
+            control.services.agents.clone(),
+            &ctx,
+            &args.subagent_id,
+            &message_id,
+        );
         Ok(MessageQueued {
             message_id: message_id.to_string(),
         }
         .into_output(&args.subagent_id))
     }
+}
+
+/// Registers the undo of an accepted delivery for the case where the pipeline does not record
+/// this call's success: the call's signal fired after the child's inbox accepted the message but
+/// before the result was recorded (the model is told the call was aborted), or the output could
+/// not be recorded. The model then reads a failure, which the tool's description says means the
+/// message was NOT delivered (and a retry would deliver it twice), so the hook removes the
+/// message from the child's inbox while it is still pending — a logged cancellation, which
+/// also settles the manager's accounting of the waking send. A message the child already
+/// claimed into a turn cannot be taken back; the hook then changes nothing.
+fn withdraw_if_discarded(
+    agents: Arc<dyn AgentRuntime>,
+    ctx: &ToolContext,
+    subagent_id: &str,
+    message_id: &MessageId,
+) {
+    let child_id = SessionId::from(subagent_id);
+    let message_id = message_id.clone();
+    ctx.on_discarded(move || {
+        // `Ok(false)`: already claimed (or gone with the child) — nothing left to withdraw. An
+        // error: the cancellation could not be logged and the child's inbox is unchanged; the
+        // call's result is already decided, so it can only be logged.
+        if let Some(child) = agents.get(&child_id)
+            && let Err(error) = child.remove_pending(&message_id)
+        {
+            tracing::warn!(child = %child_id, message = %message_id, %error, "send_message: could not withdraw a delivery whose call was recorded as failed");
+        }
+    });
 }
 
 /// A delivery task that ended without an answer: it panicked (the manager contains host code's

@@ -336,6 +336,58 @@ async fn an_abandoned_call_cancels_its_delivery() {
     rig.finish().await;
 }
 
+/// §4.2 — a delivery whose success the pipeline discards (the call's signal fired after the
+/// child's inbox accepted the message, before the result was recorded: the model is told
+/// `Error: tool call aborted`) is withdrawn from the child's inbox while still unclaimed, so the
+/// failure the model sees means the message was NOT delivered — as the tool's description
+/// promises — and a retry does not deliver it twice. Before, the message stayed queued and ran
+/// as the child's next turn although the call had failed.
+#[tokio::test(start_paused = true)]
+async fn a_discarded_delivery_is_withdrawn_from_the_inbox() {
+    let mut rig = Rig::new(vec![answer("first"), answer("never")]).await;
+    let gate = rig.gate("child");
+    let child = rig.start(rig.parent(), "child", "child task", "child task").await;
+    rig.until("the child's turn is open", |rig| {
+        rig.agent("child")
+            .is_some_and(|agent| agent.status() == AgentStatus::Running)
+    })
+    .await;
+    let signal = Signal::new();
+    // Fires the call's signal once its body has returned, before the pipeline records the
+    // result: the success is discarded.
+    let fire = signal.clone();
+    let late_cancel = rig.rt.services().tools.post_execute(
+        Some(&SessionId::from(PARENT)),
+        std::sync::Arc::new(
+            move |execution: &agent::tools::ToolExecution, _: &agent::tools::ToolResult| {
+                if execution.name == "send_message" {
+                    fire.cancel(agent::CancelCause::User);
+                }
+                None
+            },
+        ),
+    );
+    let result = rig
+        .call_with("send_message", PARENT, send("child", "follow-up"), signal)
+        .await;
+    drop(late_cancel);
+    let (code, message) = error(&result);
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        ("CANCELLED", "tool call aborted")
+    );
+    let agent = rig.agent("child").expect("the child is live");
+    assert!(
+        agent.inbox().next_turn.is_empty(),
+        "the discarded follow-up is no longer queued"
+    );
+    gate.send_replace(true);
+    rig.until_released(&child).await;
+    assert_eq!(prompts(&rig.persisted(&child).await.events), ["child task"]);
+    assert_eq!(rig.model.requests().len(), 1, "no turn for the withdrawn message");
+    rig.finish().await;
+}
+
 /// §4.2 — a composition without a continuation manager: `send_message` fails
 /// `CONTINUATION_UNAVAILABLE`, `interrupt_agent` from a live caller is an accepted no-op.
 ///
