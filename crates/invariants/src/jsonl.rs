@@ -305,9 +305,21 @@ fn not_regular() -> io::Error {
 
 /// Replays one JSON-lines log file. A path that is not a regular file (a FIFO, a device, a
 /// directory) is an error; it is never read.
+///
+/// Every violation of the report names `path` as its file.
 pub fn replay_jsonl_file(path: &Path) -> Result<Report, ReadError> {
     let file = open_log(path).map_err(|e| ReadError::new(path, e))?;
-    replay_jsonl_reader(&stem_id(path), BufReader::new(file)).map_err(|e| ReadError::new(path, e))
+    let mut report =
+        replay_jsonl_reader(&stem_id(path), BufReader::new(file)).map_err(|e| ReadError::new(path, e))?;
+    locate(&mut report.violations, path);
+    Ok(report)
+}
+
+/// Names `path` as the file of every violation that names none yet.
+pub(crate) fn locate(violations: &mut [Violation], path: &Path) {
+    for v in violations.iter_mut().filter(|v| v.file.is_none()) {
+        v.file = Some(path.to_owned());
+    }
 }
 
 /// Every `*.jsonl` file under `dir`, recursively, in path order. Symbolic links to directories
@@ -367,10 +379,11 @@ pub(crate) fn io_violation(path: &Path, e: &io::Error) -> Violation {
         RuleId::IO,
         format!("{} to be readable ({e})", path.display()),
     )
+    .in_file(path)
 }
 
 /// Replays every `*.jsonl` log under `dir` (recursively), each on its own. Cross-session rules
-/// are [`check_store`](crate::check_store)'s.
+/// are [`check_store`](crate::check_store)'s. Every violation names the file it was found in.
 pub fn replay_dir(dir: &Path) -> Result<DirReport, ReadError> {
     let mut report = DirReport::default();
     let logs = find_logs(dir, &mut report.violations)?;

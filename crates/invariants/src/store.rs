@@ -8,7 +8,7 @@ use agent::{Origin, SessionHeader, SessionId};
 use serde_json::Value;
 
 use crate::jsonl::{
-    DirReport, ReadError, find_logs, for_each_line, io_violation, open_log, read_log, stem_id,
+    DirReport, ReadError, find_logs, for_each_line, io_violation, locate, open_log, read_log, stem_id,
 };
 use crate::rule::RuleId;
 use crate::violation::Violation;
@@ -40,7 +40,8 @@ struct Entry {
 /// Every relation is lenient about a parent that is not in the store: a store may hold a
 /// subtree of a larger history, so a child naming an absent `parentSession` is not a violation.
 /// The per-log rules include the header-level lineage checks (a subagent child names a parent
-/// and has depth ≥ 1) and the child's own descriptor (`DESCRIPTOR`).
+/// and has depth ≥ 1) and the child's own descriptor (`DESCRIPTOR`). Every violation names the
+/// file it concerns (for a relation, the log of the session it is reported under).
 pub fn check_store(dir: &Path) -> Result<DirReport, ReadError> {
     let mut report = DirReport::default();
     let logs = find_logs(dir, &mut report.violations)?;
@@ -48,7 +49,8 @@ pub fn check_store(dir: &Path) -> Result<DirReport, ReadError> {
     for path in logs {
         let read = open_log(&path).and_then(|f| read_log(&stem_id(&path), BufReader::new(f)));
         match read {
-            Ok(read) => {
+            Ok(mut read) => {
+                locate(&mut read.report.violations, &path);
                 report.add(read.report);
                 if let Some(header) = read.header {
                     entries.push(Entry { path, header });
@@ -73,7 +75,8 @@ pub fn check_store(dir: &Path) -> Result<DirReport, ReadError> {
                     entry.path.display(),
                     entry.header.id
                 ),
-            ));
+            )
+            .in_file(&entry.path));
         }
     }
 
@@ -86,16 +89,19 @@ pub fn check_store(dir: &Path) -> Result<DirReport, ReadError> {
         if let Some(&first) = by_id.get(&entry.header.id).and_then(|holders| holders.first())
             && first != i
         {
-            report.violations.push(Violation::at(
-                entry.header.id.clone(),
-                None,
-                RuleId::DUPLICATE_SESSION,
-                format!(
-                    "one log per session id, but {} and {} both hold it",
-                    entries[first].path.display(),
-                    entry.path.display()
-                ),
-            ));
+            report.violations.push(
+                Violation::at(
+                    entry.header.id.clone(),
+                    None,
+                    RuleId::DUPLICATE_SESSION,
+                    format!(
+                        "one log per session id, but {} and {} both hold it",
+                        entries[first].path.display(),
+                        entry.path.display()
+                    ),
+                )
+                .in_file(&entry.path),
+            );
         }
     }
 
@@ -111,10 +117,10 @@ pub fn check_store(dir: &Path) -> Result<DirReport, ReadError> {
             continue;
         };
         let parent = &entries[*parent];
-        relations.extend(depth_violation(child, parent));
+        relations.extend(depth_violation(child, parent).map(|v| v.in_file(&child.path)));
         if let Some(n) = child.header.seed_length.filter(|n| *n > 0) {
             match fork_seed_violation(child, parent, n) {
-                Ok(v) => relations.extend(v),
+                Ok(v) => relations.extend(v.map(|v| v.in_file(&child.path))),
                 Err((path, e)) => relations.push(io_violation(&path, &e)),
             }
         }
@@ -140,7 +146,8 @@ pub fn check_store(dir: &Path) -> Result<DirReport, ReadError> {
                                     .as_ref()
                                     .map_or("absent".to_owned(), |p| format!("{p}"))
                             ),
-                        ));
+                        )
+                        .in_file(&receiver.path));
                     }
                 }
             }
@@ -219,7 +226,7 @@ fn lineage_cycles(entries: &[Entry], by_id: &HashMap<&SessionId, Vec<usize>>) ->
                     entry.header.parent_session.as_ref().map_or("", |p| p.as_str())
                 )
             };
-            Some(Violation::at(id.clone(), None, RuleId::LINEAGE, expected))
+            Some(Violation::at(id.clone(), None, RuleId::LINEAGE, expected).in_file(&entry.path))
         })
         .collect()
 }

@@ -275,7 +275,16 @@ impl CoreTrace {
                             ..
                         })
                     ) && error.as_ref().is_some_and(|e| e.code == TOOL_NOT_STARTED);
-                    match answered_call(message) {
+                    let named = answered_calls(message);
+                    if let [first, second, ..] = named.as_slice() {
+                        out.push((
+                            RuleId::S12,
+                            format!(
+                                "a tool/result message answering one call, but it names both {first} and {second}"
+                            ),
+                        ));
+                    }
+                    match named.into_iter().next() {
                         Some(call) => {
                             if !not_started && !self.pending_calls.contains(&call) {
                                 out.push((
@@ -384,16 +393,26 @@ impl CoreTrace {
     }
 }
 
-/// The call a tool-result message answers: its source's `callId`, else its first tool-result
-/// block's `toolCallId`.
-fn answered_call(message: &agent::Message) -> Option<CallId> {
-    if let MessageSource::Tool { call_id, .. } = &message.source {
-        return Some(call_id.clone());
-    }
-    message.content.iter().find_map(|b| match b {
-        ContentBlock::ToolResult { tool_call_id, .. } => Some(tool_call_id.clone()),
+/// Every distinct call a tool-result message claims to answer, in order: its source's `callId`,
+/// then each tool-result block's `toolCallId`. A well-formed message names exactly one (spine
+/// §3: one tool-result block, for the call its source names); the blocks are what the model is
+/// shown, so a block naming another call answers that call, whatever the source says.
+fn answered_calls(message: &agent::Message) -> Vec<CallId> {
+    let source = match &message.source {
+        MessageSource::Tool { call_id, .. } => Some(call_id),
         _ => None,
-    })
+    };
+    let blocks = message.content.iter().filter_map(|b| match b {
+        ContentBlock::ToolResult { tool_call_id, .. } => Some(tool_call_id),
+        _ => None,
+    });
+    let mut calls: Vec<CallId> = Vec::new();
+    for call in source.into_iter().chain(blocks) {
+        if !calls.contains(call) {
+            calls.push(call.clone());
+        }
+    }
+    calls
 }
 
 /// Spine §4.2 (2), §4.7 (1): what a session validates in every appended or seeded event besides

@@ -1,6 +1,7 @@
 //! One broken rule, located in a session log.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 
 use agent::SessionId;
 
@@ -9,7 +10,8 @@ use crate::rule::RuleId;
 /// One broken rule: which session, where in its log, which rule, and what was expected there.
 ///
 /// `Display` reads `[S4] session "a" seq 5 (line 7): expected turn/end to name the open turn 1,
-/// got turn 2`. Violations are values, never panics: the engine reports them and carries on
+/// got turn 2`; a finding read from a file names it: `[S4] session "a" seq 5 in /logs/a.jsonl
+/// (line 7): expected …`. Violations are values, never panics: the engine reports them and carries on
 /// (offline) or turns them into a veto (online).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Violation {
@@ -25,6 +27,9 @@ pub struct Violation {
     /// The 1-based line of the log file, when the violation was found reading a file (the header
     /// is line 1, event `i` normally line `i + 2`).
     pub line: Option<u64>,
+    /// The log file the violation was found in, when it was found reading one (session ids
+    /// repeat across directories, so the session alone may not identify the log).
+    pub file: Option<PathBuf>,
 }
 
 impl Violation {
@@ -36,12 +41,19 @@ impl Violation {
             rule,
             expected: expected.into(),
             line: None,
+            file: None,
         }
     }
 
     /// The same violation located at file line `line`.
     pub fn on_line(mut self, line: u64) -> Self {
         self.line = Some(line);
+        self
+    }
+
+    /// The same violation located in the log file `file`.
+    pub fn in_file(mut self, file: &Path) -> Self {
+        self.file = Some(file.to_owned());
         self
     }
 
@@ -57,6 +69,9 @@ impl fmt::Display for Violation {
         write!(f, "[{}] session \"{}\"", self.rule, self.session)?;
         if let Some(seq) = self.seq {
             write!(f, " seq {seq}")?;
+        }
+        if let Some(file) = &self.file {
+            write!(f, " in {}", file.display())?;
         }
         if let Some(line) = self.line {
             write!(f, " (line {line})")?;
@@ -86,6 +101,11 @@ mod tests {
         );
         let v = Violation::at("b".into(), None, RuleId::HEADER, "a header line");
         assert_eq!(v.to_string(), "[HEADER] session \"b\": expected a header line");
+        let v = v.in_file(Path::new("/logs/b.jsonl")).on_line(1);
+        assert_eq!(
+            v.to_string(),
+            "[HEADER] session \"b\" in /logs/b.jsonl (line 1): expected a header line"
+        );
         assert!(
             v.veto_text()
                 .starts_with("invariant violated by \"session\": [HEADER]")

@@ -534,3 +534,70 @@ fn store_fork_children_with_trailing_log_only_events_replay_clean() {
     };
     assert_eq!(observer.check(&child, &next), Ok(()));
 }
+
+/// Every finding read from a file names that file. Session ids repeat across directories (the
+/// capture behind `cargo xtask check-invariants` writes one directory per test, each with its
+/// own `parent.jsonl`), so a finding that names only the session, seq and line cannot be traced
+/// to the log that breaks the rule. Checked for per-event rules (`replay_jsonl_file`,
+/// `replay_dir`, `check_store`), header and end-of-log findings, and a store's cross-session
+/// findings.
+#[test]
+fn findings_name_the_file_they_concern() {
+    let dir = scratch("findings-name-files");
+    let good = synthetic::valid_log("parent", 2, 1, 0);
+    let mut bad = good.clone();
+    let end = bad
+        .events
+        .iter()
+        .position(|e| e.type_name() == "turn/end")
+        .unwrap();
+    bad.events.remove(end);
+    write(&dir, "test_a/parent.jsonl", &good.to_jsonl());
+    write(&dir, "test_b/parent.jsonl", &bad.to_jsonl());
+    let broken = dir.join("test_b").join("parent.jsonl");
+    let named = |v: &Violation| {
+        v.file.as_deref() == Some(broken.as_path()) && v.to_string().contains(&broken.display().to_string())
+    };
+
+    let report = replay_dir(&dir).unwrap();
+    assert!(!report.is_clean());
+    assert!(report.violations.iter().all(named), "{:#?}", report.violations);
+    let report = replay_jsonl_file(&broken).unwrap();
+    assert!(!report.is_clean());
+    assert!(report.violations.iter().all(named), "{:#?}", report.violations);
+    let report = invariants::check_store(&dir.join("test_b")).unwrap();
+    assert!(!report.is_clean());
+    assert!(report.violations.iter().all(named), "{:#?}", report.violations);
+
+    // Header and end-of-log findings (a subagent child without parent, shorter than its seed).
+    let mut orphan = child_header("parent", &good.header, 50);
+    orphan.parent_session = None;
+    write(
+        &dir,
+        "test_b/parent.jsonl",
+        &LogBuilder::new(orphan).build().to_jsonl(),
+    );
+    let report = replay_dir(&dir).unwrap();
+    assert_eq!(
+        rules(&report.violations),
+        ["LINEAGE", "SEED"],
+        "{:#?}",
+        report.violations
+    );
+    assert!(report.violations.iter().all(named), "{:#?}", report.violations);
+
+    // A cross-session finding names the log it is about (here the child with the wrong depth).
+    let mut child = child_header("parent", &good.header, 0);
+    child.id = "child".into();
+    child.delegation_depth = Some(5);
+    let mut b = LogBuilder::new(child);
+    b.turn(1, 0, Some("spawn"));
+    std::fs::remove_file(&broken).unwrap();
+    let broken = dir.join("test_a").join("child.jsonl");
+    write(&dir, "test_a/child.jsonl", &b.build().to_jsonl());
+    let report = invariants::check_store(&dir.join("test_a")).unwrap();
+    assert_eq!(rules(&report.violations), ["DEPTH"], "{:#?}", report.violations);
+    let v = &report.violations[0];
+    assert_eq!(v.file.as_deref(), Some(broken.as_path()), "{v:#?}");
+    assert!(v.to_string().contains(&broken.display().to_string()), "{v}");
+}

@@ -779,3 +779,53 @@ fn approval_ids_of_different_json_types_are_different_ids() {
     assert_eq!(next_breaks(&numeric, decided(json!(7))), Vec::<&str>::new());
     assert_eq!(next_breaks(&numeric, decided(json!("7"))), ["A2"]);
 }
+
+/// A `tool/result` whose message answers a pending call through its source (`callId`) but whose
+/// tool-result block — what the model is shown — answers another call.
+fn crossed_result(turn: u64, step: u64, source: &str, block: &str) -> EventData {
+    let mut message = agent::Message::tool_result(agent::CallId::new(source), vec![], false);
+    message.content = vec![agent::content::ContentBlock::ToolResult {
+        tool_call_id: agent::CallId::new(block),
+        content: vec![],
+        is_error: Some(false),
+    }];
+    EventData::ToolResult {
+        turn,
+        step,
+        message,
+        error: None,
+        meta: None,
+    }
+}
+
+/// spec: S12 (providers §6.4), ISES-147 — a result must answer a pending call of its step. A
+/// message that names a pending call in its source but carries a tool-result block for a call
+/// that never happened (spine §3: a tool-result message carries exactly one tool-result block,
+/// for the call it answers) answers an unknown call as far as the model is concerned: it is
+/// rejected offline and vetoed online, and so is one whose extra block answers an unknown call.
+#[test]
+fn s12_a_result_whose_blocks_answer_another_call_is_rejected() {
+    let prefix = [turn_start(1), step_start(1, 1), tool_call(1, 1, "c1")];
+    assert_eq!(next_breaks(&prefix, crossed_result(1, 1, "c1", "ghost")), ["S12"]);
+    let mut two_blocks = crossed_result(1, 1, "c1", "c1");
+    if let EventData::ToolResult { message, .. } = &mut two_blocks {
+        message.content.push(agent::content::ContentBlock::ToolResult {
+            tool_call_id: agent::CallId::new("ghost"),
+            content: vec![],
+            is_error: Some(false),
+        });
+    }
+    assert_eq!(next_breaks(&prefix, two_blocks), ["S12"]);
+    // The consistent form is still accepted.
+    assert_eq!(
+        next_breaks(&prefix, crossed_result(1, 1, "c1", "c1")),
+        Vec::<&str>::new()
+    );
+
+    let (s, _) = live("crossed");
+    for data in prefix {
+        append(&s, data).unwrap();
+    }
+    let reason = veto_reason(append(&s, crossed_result(1, 1, "c1", "ghost")));
+    assert!(reason.contains("[S12]") && reason.contains("ghost"), "{reason}");
+}
