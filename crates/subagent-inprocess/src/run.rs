@@ -292,15 +292,18 @@ async fn drive(d: Drive) -> Result<SubagentResult, RunFailure> {
 ///   unregister it and remove its session) runs while the returned future — or any clone of it —
 ///   is polled, like any Rust future, and that future resolves when both it and the result have
 ///   settled, each independently. Await it. It fails only when the handle's teardown failed
-///   ([`HandleDisposalFailed`], also when the host's disposer panicked at the call: `dispose`
-///   itself never panics, and the run then cancels the child itself, cause `disposed`, so the
-///   result still settles); a result failure stays on [`result`](SubagentRun::result).
+///   ([`HandleDisposalFailed`], also when the host's disposer panicked at the call or in its
+///   future: `dispose` itself never panics, and the run then cancels the child itself, cause
+///   `disposed`, so the result still settles); a result failure stays on
+///   [`result`](SubagentRun::result).
 /// * **Drop** without dispose starts the same disposal in the background (a task on the
 ///   driver's tracker, so [`InProcessDriver::wait`](crate::InProcessDriver::wait) awaits it,
 ///   spawned on the runtime the run was started on, even when the drop happens outside any
 ///   runtime) and logs a warning — unless the request signal had already fired: a caller that
 ///   drops the run because its own token was cancelled (a cancelled tool call's future is
-///   dropped mid-await) made no mistake, so that drop is logged at debug level only.
+///   dropped mid-await) made no mistake, so that drop is logged at debug level only. A failure
+///   of that background disposal ([`HandleDisposalFailed`]) has no awaiter, so it is logged as
+///   a warning.
 pub struct LocalRun {
     state: Arc<RunState>,
     result: RunResultFuture,
@@ -375,6 +378,7 @@ impl LocalRun {
                 }
                 let result = self.result.clone();
                 let id = self.state.id().clone();
+                let state = self.state.clone();
                 async move {
                     let released = match teardown {
                         // A result that settled already (the caller awaited it first, as most
@@ -384,8 +388,19 @@ impl LocalRun {
                             .await
                             .map_err(|panic| panic_message(&*panic)),
                         Ok(teardown) => {
-                            let (released, ()) =
-                                futures::join!(AssertUnwindSafe(teardown).catch_unwind(), settled(result));
+                            // A teardown that panics in its future may have done so before it
+                            // cancelled the child (a host disposer written as an `async` block
+                            // does nothing at the call): cancel it here, as for a panic at the
+                            // call, so the result settles instead of waiting on a child nobody
+                            // is tearing down.
+                            let teardown = async move {
+                                let released = AssertUnwindSafe(teardown).catch_unwind().await;
+                                if released.is_err() {
+                                    state.cancel_child_with(CancelCause::Disposed);
+                                }
+                                released
+                            };
+                            let (released, ()) = futures::join!(teardown, settled(result));
                             released.map_err(|panic| panic_message(&*panic))
                         }
                         Err(message) => {
@@ -455,7 +470,19 @@ impl Drop for LocalRun {
             tracing::warn!(child = %self.state.id(), "subagent run dropped without dispose(); disposing in the background");
         }
         // On the runtime the run was launched on, wherever the drop happens. Once that runtime
-        // has shut down nothing can run the disposal; its child's tasks went with it.
-        drop(self.tasks.spawn_on(self.start_dispose(), &self.state.runtime));
+        // has shut down nothing can run the disposal; its child's tasks went with it. Nobody
+        // awaits this disposal, so a failure it returned would vanish: it is logged instead.
+        let dispose = self.start_dispose();
+        let child = self.state.id().clone();
+        let background = async move {
+            if let Err(failure) = dispose.await {
+                tracing::warn!(
+                    child = %child,
+                    error = %failure,
+                    "background disposal of a dropped subagent run failed"
+                );
+            }
+        };
+        drop(self.tasks.spawn_on(background, &self.state.runtime));
     }
 }

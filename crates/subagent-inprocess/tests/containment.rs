@@ -40,6 +40,18 @@ impl Disposer for RefusesAtTheCall {
     }
 }
 
+/// Returns a future that panics when first polled, without starting any teardown: the child is
+/// neither cancelled nor released by it (a host disposer written as an `async` block whose body
+/// fails before it reaches the teardown). It holds the real handle, whose teardown starts only
+/// when the wrapper (and so this disposer) is dropped.
+struct RefusesInItsFuture(#[allow(dead_code)] AgentHandle);
+
+impl Disposer for RefusesInItsFuture {
+    fn dispose(&self) -> BoxFuture<'static, ()> {
+        Box::pin(async { panic!("disposer failed before tearing anything down") })
+    }
+}
+
 /// Waits (paused clock) until the child left the registry and its session was removed.
 async fn until_released(host: &Host, id: &agent::SessionId) {
     while host.get(id).is_some() || host.session_count() > 1 {
@@ -133,6 +145,38 @@ async fn a_disposer_refusing_at_the_call_still_stops_the_child() {
     ends_released(host, &driver, &id).await;
 }
 
+/// spec: DRV-5, §3.8 — a host disposer whose *future* panics before it cancelled anything (not
+/// at the call) does not leave `dispose()` waiting forever on the result of a child nobody tears
+/// down: the run cancels the child itself (cause `disposed`), so the result settles `aborted`
+/// and `dispose()` fails with the disposer's panic. The child stays owned by its parent's scope,
+/// which releases it.
+#[tokio::test(start_paused = true)]
+async fn a_disposer_failing_in_its_future_still_stops_the_child() {
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let (driver, run) = hanging_run_disposed_by(&host, |handle| Arc::new(RefusesInItsFuture(handle))).await;
+    let id = run.id().clone();
+    let failure = tokio::time::timeout(Duration::from_secs(3600), run.dispose())
+        .await
+        .expect("dispose settles although the disposer's future started no teardown")
+        .unwrap_err();
+    assert!(
+        failure
+            .to_string()
+            .contains("disposer failed before tearing anything down"),
+        "{failure}"
+    );
+    assert_eq!(run.result().await.unwrap().stop_reason, StopReason::Aborted);
+    assert_eq!(
+        last_turn_end(run.child()),
+        Some(agent::TurnEndReason::Aborted {
+            reason: CancelCause::Disposed
+        }),
+        "the child's turn was cancelled with cause disposed"
+    );
+    drop(run);
+    ends_released(host, &driver, &id).await;
+}
+
 /// spec: DRV-5 — a run dropped undisposed whose host disposer panics at the call does not panic
 /// in `drop` (where a panic during unwinding would abort the process); the child is still
 /// released.
@@ -143,6 +187,44 @@ async fn dropping_a_run_whose_disposer_panics_does_not_panic() {
     let id = run.id().clone();
     drop(run);
     ends_released(host, &driver, &id).await;
+}
+
+/// spec: DRV-5, §3.8 — a run dropped undisposed whose host disposer's future panics before it
+/// cancelled anything does not leave its background disposal (a task on the driver's tracker)
+/// and its result task waiting on each other forever: the child is stopped and released, and the
+/// driver's tracker empties.
+#[tokio::test(start_paused = true)]
+async fn dropping_a_run_whose_disposer_fails_in_its_future_releases_the_child() {
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let (driver, run) = hanging_run_disposed_by(&host, |handle| Arc::new(RefusesInItsFuture(handle))).await;
+    let id = run.id().clone();
+    drop(run);
+    tokio::time::timeout(Duration::from_secs(3600), driver.wait())
+        .await
+        .expect("the background disposal and the result task finish");
+    ends_released(host, &driver, &id).await;
+}
+
+/// spec: DRV-5; ARCHITECTURE (Errors: no silent fallbacks) — a run dropped undisposed whose
+/// background disposal fails (the host's disposer panicked) reports that failure as a warning
+/// naming the child and the panic: nobody awaits a background disposal, so a failure it only
+/// returned would vanish.
+#[tokio::test(start_paused = true)]
+async fn a_failed_background_disposal_is_logged() {
+    let warnings = agent_loop::warnings::WarningCapture::new();
+    let _subscriber = warnings.install();
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let (driver, run) = hanging_run_disposed_by(&host, |handle| Arc::new(PanicsAtTheCall(handle))).await;
+    let id = run.id().clone();
+    drop(run);
+    ends_released(host, &driver, &id).await;
+    let failures: Vec<_> = warnings
+        .warnings()
+        .into_iter()
+        .filter(|w| w.mentions("disposer refused at the call"))
+        .collect();
+    assert_eq!(failures.len(), 1, "{:?}", warnings.warnings());
+    assert!(failures[0].mentions(id.as_str()), "{:?}", failures[0]);
 }
 
 /// spec: §3.5 — after publication failures belong to `result`: a prompt delivery that panics
