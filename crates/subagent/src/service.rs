@@ -100,9 +100,11 @@ struct Inner {
 ///   it back from the task that settles the result ([`SubagentRun::on_settled`]), or, for a run
 ///   that cannot, a task owned by the service awaits the result. [`SubagentService::close`]
 ///   waits for every pending emission (each completes at the latest when its run is disposed)
-///   and [`SubagentService::pending_runs`] counts them. `close` has no deadline: a run that
-///   breaks the [`SubagentRun`] contract by never settling, even once disposed, keeps it
-///   waiting (bound it with a timeout if that matters to the host).
+///   and [`SubagentService::pending_runs`] counts them, together with the starts still in
+///   flight (validated, the provider's `start` not yet settled), which `close` waits for too.
+///   `close` has no deadline: a run that breaks the [`SubagentRun`] contract by never settling,
+///   even once disposed, keeps it waiting (bound it with a timeout if that matters to the
+///   host).
 #[derive(Clone)]
 pub struct SubagentService {
     inner: Arc<Inner>,
@@ -271,6 +273,10 @@ impl SubagentService {
             _ => snapshot_subagent_descriptor(&descriptor)?,
         };
         let parent = request.parent.id().clone();
+        // Admitted: from here until its `end` is emitted (or the start fails, or its future is
+        // dropped) the start counts as pending, so `close` also waits for a start whose provider
+        // is still building the child — not only for runs already returned.
+        let pending = self.inner.tasks.token();
         let resolved = ResolvedSubagentStartRequest {
             request,
             max_depth,
@@ -321,7 +327,7 @@ impl SubagentService {
         let edge = EndEdge {
             info: Some(info),
             inner: self.inner.clone(),
-            _pending: self.inner.tasks.token(),
+            _pending: pending,
         };
         let callback: SettledCallback = Box::new(move |outcome| edge.emit(outcome));
         // A panicking `on_settled` has consumed the callback: dropped, it ended the run with
@@ -357,13 +363,16 @@ impl SubagentService {
         Ok(run)
     }
 
-    /// Waits for every `subagent/end` emission still pending (each completes once its run's
-    /// result settles, at the latest when the run is disposed).
+    /// Waits for every start still in flight (admitted past validation, its provider still
+    /// building the child) and every `subagent/end` emission still pending (each completes once
+    /// its run's result settles, at the latest when the run is disposed). A start in flight
+    /// completes when its provider fulfils or rejects — cancel its request signal to hurry it —
+    /// or when its caller drops the `start` future.
     pub async fn close(&self) {
         self.inner.tasks.wait().await;
     }
 
-    /// The number of runs whose `subagent/end` is still pending.
+    /// The number of starts in flight plus accepted runs whose `subagent/end` is still pending.
     pub fn pending_runs(&self) -> usize {
         self.inner.tasks.len()
     }

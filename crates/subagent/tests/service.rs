@@ -1180,3 +1180,93 @@ async fn each_registration_is_undone_by_its_own_guard_only() {
     drop(kept);
     assert!(service.list().is_empty());
 }
+
+/// `close` waits for a start still in flight (validated, the provider still building the
+/// child), not only for runs already returned: it used to resolve at once, after which the
+/// start was accepted, `subagent/start` was emitted and an `end` was pending on a service whose
+/// `close` had already reported quiescence. Once the provider fulfils, `close` waits for that
+/// run's `end` as for any other run.
+#[tokio::test(start_paused = true)]
+async fn close_waits_for_a_start_in_flight() {
+    let service = SubagentService::new();
+    let provider = FakeProvider::new("spawn", SubagentCapabilities::ALL);
+    let (gate_tx, gate_rx) = oneshot::channel();
+    *provider.gate.lock() = Some(gate_rx);
+    let _g = service.register_provider(provider.clone()).unwrap();
+    let (seen, _l) = record(&service);
+    let parent = Parent::agent("p");
+    let starting = tokio::spawn({
+        let service = service.clone();
+        async move { service.start("spawn", request(&parent)).await }
+    });
+    // Let the start reach the provider, which waits for the gate.
+    while !provider.gate.lock().is_none() {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(service.pending_runs(), 1, "the start in flight is pending");
+    let hour = std::time::Duration::from_secs(3600);
+    assert!(
+        tokio::time::timeout(hour, service.close()).await.is_err(),
+        "close waits for the start in flight"
+    );
+    gate_tx.send(()).unwrap();
+    let run = starting.await.unwrap().unwrap();
+    assert_eq!(*seen.lock(), vec!["start spawn child-1 p".to_owned()]);
+    assert_eq!(service.pending_runs(), 1, "now the run's end is pending");
+    assert!(tokio::time::timeout(hour, service.close()).await.is_err());
+    provider.settle(0, Ok(SubagentResult::new(vec![], StopReason::Completed)));
+    run.dispose().await.unwrap();
+    service.close().await;
+    assert_eq!(service.pending_runs(), 0);
+    assert_eq!(seen.lock().last().unwrap(), "end spawn completed");
+}
+
+/// A start in flight that the provider rejects, or whose future is dropped, stops counting as
+/// pending: `close` then returns, with no lifecycle edge.
+#[tokio::test(start_paused = true)]
+async fn a_start_in_flight_that_fails_or_is_dropped_releases_close() {
+    let service = SubagentService::new();
+    let failing = Arc::new(FakeProvider {
+        name: "failing".into(),
+        caps: SubagentCapabilities::ALL,
+        calls: Mutex::default(),
+        fail: Some(SubagentError::no_provider("inner")),
+        gate: Mutex::new(None),
+    });
+    let (gate_tx, gate_rx) = oneshot::channel();
+    *failing.gate.lock() = Some(gate_rx);
+    let _f = service.register_provider(failing.clone()).unwrap();
+    let (seen, _l) = record(&service);
+    let parent = Parent::agent("p");
+    let starting = tokio::spawn({
+        let service = service.clone();
+        let parent = parent.clone();
+        async move { service.start("failing", request(&parent)).await.map(|_| ()) }
+    });
+    while !failing.gate.lock().is_none() {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(service.pending_runs(), 1);
+    gate_tx.send(()).unwrap();
+    assert!(starting.await.unwrap().is_err());
+    service.close().await;
+    assert_eq!(service.pending_runs(), 0);
+
+    let gated = FakeProvider::new("gated", SubagentCapabilities::ALL);
+    let (_gate_tx, gate_rx) = oneshot::channel();
+    *gated.gate.lock() = Some(gate_rx);
+    let _g = service.register_provider(gated.clone()).unwrap();
+    {
+        let start = service.start("gated", request(&parent));
+        futures::pin_mut!(start);
+        assert!(futures::poll!(start.as_mut()).is_pending());
+        assert_eq!(service.pending_runs(), 1);
+    }
+    assert_eq!(service.pending_runs(), 0);
+    service.close().await;
+    assert_eq!(
+        *seen.lock(),
+        vec!["provider-added gated".to_owned()],
+        "no lifecycle edge for a failed or dropped start"
+    );
+}
