@@ -101,9 +101,12 @@ impl Partial {
 
 /// Incrementally assembles one model stream.
 ///
-/// Tolerant of adapters that skip `block-start`/`block-end`: a delta for an unknown index opens
-/// a block of the delta's type. Deltas for a closed block are ignored, and the first
-/// `block-end` of a block wins. An index may be reused after its block closed.
+/// Tolerant of adapters that skip `block-start`/`block-end`: a delta (or a `block-end`) for an
+/// index never seen opens a block of its type. Deltas for a closed block are ignored, and the
+/// first `block-end` of a block wins: a straggler addressing a closed index (a late delta, a
+/// repeated `block-end`) neither changes the closed block nor adds one (a repeated tool call
+/// would run twice). An index may be reused after its block closed, by a `block-start` (spec
+/// §13.2: indexes are unique while open).
 #[derive(Default)]
 pub(crate) struct BlockAssembler {
     partials: Vec<Partial>,
@@ -113,36 +116,44 @@ pub(crate) struct BlockAssembler {
 }
 
 impl BlockAssembler {
-    /// The open partial with this index, if any.
-    fn open(&mut self, index: u32) -> Option<&mut Partial> {
-        self.partials
-            .iter_mut()
-            .rev()
-            .find(|p| p.index == index && !p.closed)
+    /// The latest partial with this index (open or closed), if any. At most one partial per
+    /// index is open, and it is the latest one with that index: a partial is only opened for an
+    /// index whose latest partial is closed or absent.
+    fn latest(&mut self, index: u32) -> Option<&mut Partial> {
+        self.partials.iter_mut().rev().find(|p| p.index == index)
     }
 
-    /// The open partial with this index, opened with `kind` when there is none.
-    fn ensure(&mut self, index: u32, kind: BlockType) -> &mut Partial {
-        if self.open(index).is_none() {
-            self.partials.push(Partial::new(index, Some(kind)));
-        }
-        self.open(index)
-            .expect("an open partial with this index was just ensured")
+    /// The open partial a delta for `index` adds to: the open one, or one opened with `kind`
+    /// for an index never seen. `None` for a straggler (the index's block is closed).
+    fn for_delta(&mut self, index: u32, kind: BlockType) -> Option<&mut Partial> {
+        let at = match self.partials.iter().rposition(|p| p.index == index) {
+            Some(at) if self.partials[at].closed => return None,
+            Some(at) => at,
+            None => {
+                self.partials.push(Partial::new(index, Some(kind)));
+                self.partials.len() - 1
+            }
+        };
+        Some(&mut self.partials[at])
     }
 
     /// Feeds one chunk, in stream order.
     pub(crate) fn push(&mut self, chunk: &StreamChunk) {
         match chunk {
             StreamChunk::BlockStart { index, block_type } => {
-                if self.open(*index).is_none() {
+                if self.latest(*index).is_none_or(|p| p.closed) {
                     self.partials.push(Partial::new(*index, Some(*block_type)));
                 }
             }
             StreamChunk::TextDelta { index, text } => {
-                self.ensure(*index, BlockType::Text).text.push_str(text)
+                if let Some(partial) = self.for_delta(*index, BlockType::Text) {
+                    partial.text.push_str(text);
+                }
             }
             StreamChunk::ReasoningDelta { index, text } => {
-                self.ensure(*index, BlockType::Reasoning).text.push_str(text);
+                if let Some(partial) = self.for_delta(*index, BlockType::Reasoning) {
+                    partial.text.push_str(text);
+                }
             }
             StreamChunk::ToolCallDelta {
                 index,
@@ -150,15 +161,18 @@ impl BlockAssembler {
                 name,
                 arguments_delta,
             } => {
-                let partial = self.ensure(*index, BlockType::ToolCall);
-                partial.call_id = Some(id.clone());
-                if let Some(name) = name {
-                    partial.name = Some(name.clone());
+                if let Some(partial) = self.for_delta(*index, BlockType::ToolCall) {
+                    partial.call_id = Some(id.clone());
+                    if let Some(name) = name {
+                        partial.name = Some(name.clone());
+                    }
+                    partial.arguments.push_str(arguments_delta);
                 }
-                partial.arguments.push_str(arguments_delta);
             }
-            StreamChunk::BlockEnd { index, block } => match self.open(*index) {
-                Some(partial) => partial.close(block),
+            StreamChunk::BlockEnd { index, block } => match self.latest(*index) {
+                Some(partial) if !partial.closed => partial.close(block),
+                // A repeated close: the first one won.
+                Some(_) => {}
                 None => {
                     let mut partial = Partial::new(*index, BlockType::of(block));
                     partial.block = Some(block.clone());
@@ -281,6 +295,59 @@ mod tests {
         assert!(
             matches!(&blocks[2], ContentBlock::ToolCall { id, name, arguments } if id.as_str() == "c2" && name == "rm" && arguments == "{\"path\": \"/\"}"),
             "{blocks:?}"
+        );
+    }
+
+    /// spec: §13.2 — the first `block-end` of a block wins: a late tool-call delta or a repeated
+    /// close of a closed call adds no second call and leaves the closed one as it was, and a
+    /// block made only of a `block-end` is not repeated by a second one; a `block-start` may
+    /// reuse the index.
+    #[test]
+    fn stragglers_for_a_closed_block_are_ignored() {
+        let call = |arguments: &str| ContentBlock::ToolCall {
+            id: "c1".into(),
+            name: "read".into(),
+            arguments: arguments.into(),
+        };
+        let mut a = BlockAssembler::default();
+        for c in chunks::tool_call("c1", "read", "{}") {
+            if !matches!(c, StreamChunk::Finish { .. }) {
+                a.push(&c);
+            }
+        }
+        a.push(&StreamChunk::ToolCallDelta {
+            index: 0,
+            id: "c1".into(),
+            name: None,
+            arguments_delta: "{\"late\": 1}".into(),
+        });
+        a.push(&StreamChunk::BlockEnd {
+            index: 0,
+            block: call("{}"),
+        });
+        // Closed by its `block-end` alone, then closed again.
+        for _ in 0..2 {
+            a.push(&StreamChunk::BlockEnd {
+                index: 5,
+                block: ContentBlock::text("once"),
+            });
+        }
+        a.push(&StreamChunk::BlockStart {
+            index: 0,
+            block_type: BlockType::Text,
+        });
+        a.push(&StreamChunk::TextDelta {
+            index: 0,
+            text: "again".into(),
+        });
+        a.push(&chunks::finish_chunk(FinishReason::ToolCalls));
+        assert_eq!(
+            a.into_blocks(),
+            vec![
+                call("{}"),
+                ContentBlock::text("once"),
+                ContentBlock::text("again")
+            ]
         );
     }
 

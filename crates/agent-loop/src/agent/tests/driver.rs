@@ -1241,6 +1241,116 @@ async fn duplicate_call_ids_in_one_step_keep_the_log_valid() {
     finish(&rt, [handle]).await;
 }
 
+/// spec: §13.2 — chunks that address a block its `block-end` already closed (a repeated
+/// `block-end`, a late delta; a misbehaving adapter) are stragglers: the first close wins and
+/// the block is assembled once. A repeated `block-end` of a tool call therefore runs the call
+/// once (it was re-keyed and run a second time), and a late text delta neither adds a block
+/// nor changes the closed one. A `block-start` may still reuse a closed index (§13.2: indexes
+/// are unique while open).
+#[tokio::test(start_paused = true)]
+async fn stragglers_after_block_end_are_ignored_and_run_no_second_call() {
+    let call = ContentBlock::ToolCall {
+        id: "c1".into(),
+        name: "echo".into(),
+        arguments: json!({"x": 1}).to_string(),
+    };
+    let stream = vec![
+        StreamChunk::BlockStart {
+            index: 0,
+            block_type: agent::model::BlockType::Text,
+        },
+        StreamChunk::TextDelta {
+            index: 0,
+            text: "reading".into(),
+        },
+        StreamChunk::BlockEnd {
+            index: 0,
+            block: ContentBlock::text("reading"),
+        },
+        // A late delta for the closed text block.
+        StreamChunk::TextDelta {
+            index: 0,
+            text: " more".into(),
+        },
+        StreamChunk::BlockStart {
+            index: 1,
+            block_type: agent::model::BlockType::ToolCall,
+        },
+        StreamChunk::ToolCallDelta {
+            index: 1,
+            id: "c1".into(),
+            name: Some("echo".into()),
+            arguments_delta: json!({"x": 1}).to_string(),
+        },
+        StreamChunk::BlockEnd {
+            index: 1,
+            block: call.clone(),
+        },
+        // The same close, repeated.
+        StreamChunk::BlockEnd {
+            index: 1,
+            block: call.clone(),
+        },
+        // Index 0 reused by a new block: allowed once its block closed.
+        StreamChunk::BlockStart {
+            index: 0,
+            block_type: agent::model::BlockType::Text,
+        },
+        StreamChunk::TextDelta {
+            index: 0,
+            text: "then".into(),
+        },
+        StreamChunk::BlockEnd {
+            index: 0,
+            block: ContentBlock::text("then"),
+        },
+        chunks::finish_chunk(FinishReason::ToolCalls),
+    ];
+    let model = ScriptedModel::new([stream, chunks::text("done")]);
+    let rt = runtime(&model);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let guard = {
+        let runs = runs.clone();
+        rt.services()
+            .tools
+            .register(
+                None,
+                tool("echo", move |args, _ctx| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    async move { Ok(ToolOutput::text(args.to_string())) }
+                }),
+            )
+            .unwrap()
+    };
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the repeated close ran the call again"
+    );
+    assert_eq!(turn_ends(&*agent), [TurnEndReason::Completed]);
+    let first = agent
+        .session()
+        .events()
+        .iter()
+        .find_map(|e| match &e.data {
+            EventData::AssistantMessage { message, .. } => Some(message.content.clone()),
+            _ => None,
+        })
+        .expect("the first step's assistant message");
+    assert_eq!(
+        first,
+        [ContentBlock::text("reading"), call, ContentBlock::text("then")]
+    );
+    assert_eq!(count(&*agent, "tool/call"), 1);
+    assert_eq!(count(&*agent, "tool/result"), 1);
+    drop(guard);
+    finish(&rt, [handle]).await;
+}
+
 /// A tool whose output is not lossless JSON (a negative zero in its metadata) resolves as a
 /// `FAILED` error result in place; the other calls of the step keep their results and the turn
 /// continues (spec §11.1: outputs must be lossless JSON; §11.5 step 5: any failure is normalised
