@@ -121,6 +121,22 @@ pub fn not_text(path: &str) -> String {
     format!("file {path:?} is not UTF-8 text")
 }
 
+/// A file named to `grep` that is too large to search.
+pub fn too_large_to_grep(path: &str, limit: u64) -> String {
+    format!(
+        "file {path:?} is larger than {limit} bytes, the most grep searches; read it in parts with \
+         read_file"
+    )
+}
+
+/// A `read_file` offset that falls inside a multi-byte character of a text file.
+pub fn offset_inside_character(path: &str, offset: u64, next_boundary: u64) -> String {
+    format!(
+        "`offset` {offset} falls inside a multi-byte character of {path:?}; the next character \
+         starts at offset {next_boundary}"
+    )
+}
+
 /// Any other read failure.
 pub fn cannot_read(path: &str, reason: &str) -> String {
     format!("cannot read {path:?}: {reason}")
@@ -216,6 +232,8 @@ mod tests {
             not_found("missing.txt"),
             wrong_kind("src", "file"),
             not_text("image.png"),
+            too_large_to_grep("build.log", 1048576),
+            offset_inside_character("notes.md", 65536, 65538),
             cannot_read("locked.txt", "Permission denied (os error 13)"),
             root_unresolvable("/gone", "No such file or directory (os error 2)"),
             ARGUMENTS_NOT_OBJECT.to_owned(),

@@ -10,8 +10,10 @@
 //! cancelled call that is still polled answers once its work has ended.
 //!
 //! Output and memory are bounded: `read_file` reads and returns at most [`MAX_READ_BYTES`], `list_dir` at most
-//! [`MAX_DIR_ENTRIES`] entries and `grep` at most [`MAX_GREP_MATCHES`] matching lines (files
-//! larger than [`MAX_GREP_FILE_BYTES`] and files that are not UTF-8 text are skipped). Every
+//! [`MAX_DIR_ENTRIES`] entries and `grep` at most [`MAX_GREP_MATCHES`] matching lines (in a walk over a
+//! directory, files larger than [`MAX_GREP_FILE_BYTES`] and files that are not UTF-8 text are
+//! skipped; a file named by `grep`'s `path` that cannot be searched is an error saying why,
+//! never "no matches"). Every
 //! model-visible text is in [`crate::model_text`].
 
 use std::fmt;
@@ -79,6 +81,12 @@ pub enum WorkspaceError {
     /// The file is not UTF-8 text.
     #[error("{}", model_text::not_text(path))]
     NotText {
+        /// The path as the model gave it.
+        path: String,
+    },
+    /// The file named to `grep` is larger than [`MAX_GREP_FILE_BYTES`].
+    #[error("{}", model_text::too_large_to_grep(path, MAX_GREP_FILE_BYTES))]
+    TooLargeToGrep {
         /// The path as the model gave it.
         path: String,
     },
@@ -157,28 +165,38 @@ impl Workspace {
         } else {
             self.root.join(given)
         };
+        let outside = || WorkspaceError::OutsideWorkspace {
+            path: path.to_owned(),
+        };
         match fs::canonicalize(&joined) {
             Ok(real) if real.starts_with(&*self.root) => Ok(real),
-            Ok(_) => Err(WorkspaceError::OutsideWorkspace {
+            Ok(_) => Err(outside()),
+            // Do not reveal anything about what lies outside the workspace: a path that cannot
+            // be resolved is outside when it leaves the root lexically or when the nearest part
+            // of it that exists resolves outside (through a symbolic link), whatever the reason
+            // it cannot be resolved — otherwise "does not exist", "not a directory" or
+            // "permission denied" would tell what exists behind a link that points out.
+            Err(_) if !lexically_inside(&self.root, &joined) || !self.resolves_inside(&joined) => {
+                Err(outside())
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(WorkspaceError::NotFound {
                 path: path.to_owned(),
             }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                // Do not reveal whether something exists outside the workspace.
-                if lexically_inside(&self.root, &joined) {
-                    Err(WorkspaceError::NotFound {
-                        path: path.to_owned(),
-                    })
-                } else {
-                    Err(WorkspaceError::OutsideWorkspace {
-                        path: path.to_owned(),
-                    })
-                }
-            }
             Err(source) => Err(WorkspaceError::Io {
                 path: path.to_owned(),
                 source,
             }),
         }
+    }
+
+    /// Whether the nearest ancestor of `unresolvable` (a path that cannot be canonicalized)
+    /// that can be canonicalized lies inside the root.
+    fn resolves_inside(&self, unresolvable: &Path) -> bool {
+        unresolvable
+            .ancestors()
+            .skip(1)
+            .find_map(|ancestor| fs::canonicalize(ancestor).ok())
+            .is_some_and(|real| real.starts_with(&*self.root))
     }
 
     /// The path relative to the root, for display (`.` for the root).
@@ -207,17 +225,23 @@ impl Workspace {
         let start = offset.min(len);
         let slice = read_window(file, start, MAX_READ_BYTES as u64).map_err(io_err)?;
         let total = len.max(start + slice.len() as u64);
-        // Cut back to a char boundary when the cap split a character.
-        let text = match std::str::from_utf8(&slice) {
-            Ok(t) => t.to_owned(),
-            Err(e) if e.error_len().is_none() && e.valid_up_to() > 0 => {
-                String::from_utf8_lossy(&slice[..e.valid_up_to()]).into_owned()
+        let Some(text) = window_text(&slice) else {
+            // An offset inside a character of a text file: the offset is wrong, not the file.
+            let inside = slice
+                .iter()
+                .take(3)
+                .take_while(|&&b| (0x80..0xc0).contains(&b))
+                .count();
+            if inside > 0 && window_text(&slice[inside..]).is_some() {
+                return Err(WorkspaceError::InvalidArgs(model_text::offset_inside_character(
+                    path,
+                    start,
+                    start + inside as u64,
+                )));
             }
-            Err(_) => {
-                return Err(WorkspaceError::NotText {
-                    path: path.to_owned(),
-                });
-            }
+            return Err(WorkspaceError::NotText {
+                path: path.to_owned(),
+            });
         };
         let shown = start + text.len() as u64;
         if shown < total {
@@ -305,12 +329,42 @@ impl Workspace {
         } else {
             pattern.to_owned()
         };
+        // A file named by `path` that cannot be searched is an error that says why; inside a
+        // walk such files are skipped (see the module docs).
+        let named_file = match fs::metadata(&real) {
+            Ok(meta) if meta.is_dir() => false,
+            Ok(meta) if meta.is_file() => true,
+            Ok(_) => {
+                return Err(WorkspaceError::WrongKind {
+                    path: path.to_owned(),
+                    expected: "file or directory",
+                });
+            }
+            Err(source) => {
+                return Err(WorkspaceError::Io {
+                    path: path.to_owned(),
+                    source,
+                });
+            }
+        };
         let mut matches = Vec::new();
         let mut truncated = false;
         let mut stack = vec![real];
         'walk: while let Some(current) = stack.pop() {
             if stop.load(Ordering::Relaxed) {
                 return Err(WorkspaceError::Cancelled);
+            }
+            if named_file {
+                let text = searchable_text(&current).map_err(|skip| skip.into_error(path))?;
+                self.grep_text(
+                    &current,
+                    &text,
+                    &needle,
+                    ignore_case,
+                    &mut matches,
+                    &mut truncated,
+                );
+                break;
             }
             let Ok(meta) = fs::symlink_metadata(&current) else {
                 continue;
@@ -336,38 +390,18 @@ impl Workspace {
             if !meta.is_file() || meta.len() > MAX_GREP_FILE_BYTES {
                 continue;
             }
-            // Opened and read with bounds: the file may have been replaced or grown since.
-            let Ok(Some((file, _))) = open_regular(&current) else {
+            let Ok(text) = searchable_text(&current) else {
                 continue;
             };
-            let Ok(bytes) = read_window(file, 0, MAX_GREP_FILE_BYTES + 1) else {
-                continue;
-            };
-            if bytes.len() as u64 > MAX_GREP_FILE_BYTES {
-                continue;
-            }
-            let Ok(text) = String::from_utf8(bytes) else {
-                continue;
-            };
-            for (i, line) in text.lines().enumerate() {
-                let hit = if ignore_case {
-                    line.to_lowercase().contains(&needle)
-                } else {
-                    line.contains(&needle)
-                };
-                if hit {
-                    if matches.len() == MAX_GREP_MATCHES {
-                        truncated = true;
-                        break 'walk;
-                    }
-                    let shown: String = line.chars().take(300).collect();
-                    matches.push(format!(
-                        "{}:{}: {}",
-                        self.display(&current),
-                        i + 1,
-                        shown.trim_end()
-                    ));
-                }
+            if self.grep_text(
+                &current,
+                &text,
+                &needle,
+                ignore_case,
+                &mut matches,
+                &mut truncated,
+            ) {
+                break 'walk;
             }
         }
         if matches.is_empty() {
@@ -380,6 +414,77 @@ impl Workspace {
         }
         Ok(out)
     }
+
+    /// Adds the lines of `text` (the content of `file`) that contain `needle` to `matches`;
+    /// returns `true`, with `truncated` set, once a match beyond [`MAX_GREP_MATCHES`] is found.
+    fn grep_text(
+        &self,
+        file: &Path,
+        text: &str,
+        needle: &str,
+        ignore_case: bool,
+        matches: &mut Vec<String>,
+        truncated: &mut bool,
+    ) -> bool {
+        for (i, line) in text.lines().enumerate() {
+            let hit = if ignore_case {
+                line.to_lowercase().contains(needle)
+            } else {
+                line.contains(needle)
+            };
+            if hit {
+                if matches.len() == MAX_GREP_MATCHES {
+                    *truncated = true;
+                    return true;
+                }
+                let shown: String = line.chars().take(300).collect();
+                matches.push(format!("{}:{}: {}", self.display(file), i + 1, shown.trim_end()));
+            }
+        }
+        false
+    }
+}
+
+/// Why `grep` does not search a file.
+enum Unsearchable {
+    /// It is no longer a regular file.
+    NotFile,
+    /// It is larger than [`MAX_GREP_FILE_BYTES`].
+    TooLarge,
+    /// It is not UTF-8 text.
+    NotText,
+    /// It cannot be opened or read.
+    Io(io::Error),
+}
+
+impl Unsearchable {
+    /// The failure of a `grep` whose `path` named this file.
+    fn into_error(self, path: &str) -> WorkspaceError {
+        let path = path.to_owned();
+        match self {
+            Self::NotFile => WorkspaceError::WrongKind {
+                path,
+                expected: "file or directory",
+            },
+            Self::TooLarge => WorkspaceError::TooLargeToGrep { path },
+            Self::NotText => WorkspaceError::NotText { path },
+            Self::Io(source) => WorkspaceError::Io { path, source },
+        }
+    }
+}
+
+/// The content of `file` for `grep`: a regular file of at most [`MAX_GREP_FILE_BYTES`] of
+/// UTF-8 text. Opened and read with bounds: the file may have been replaced or grown since it
+/// was looked at.
+fn searchable_text(file: &Path) -> Result<String, Unsearchable> {
+    let Some((file, _)) = open_regular(file).map_err(Unsearchable::Io)? else {
+        return Err(Unsearchable::NotFile);
+    };
+    let bytes = read_window(file, 0, MAX_GREP_FILE_BYTES + 1).map_err(Unsearchable::Io)?;
+    if bytes.len() as u64 > MAX_GREP_FILE_BYTES {
+        return Err(Unsearchable::TooLarge);
+    }
+    String::from_utf8(bytes).map_err(|_| Unsearchable::NotText)
 }
 
 /// Whether `path` stays inside `root` once `.` and `..` are applied lexically (used only for a
@@ -567,6 +672,19 @@ fn open_regular(real: &Path) -> io::Result<Option<(fs::File, u64)>> {
     Ok(meta.is_file().then_some((file, meta.len())))
 }
 
+/// A window of a file as text: all of it when it is UTF-8, cut back to the last character
+/// boundary when its end splits a character; `None` when it is not UTF-8 text (an empty window
+/// is the empty text).
+fn window_text(window: &[u8]) -> Option<String> {
+    match std::str::from_utf8(window) {
+        Ok(text) => Some(text.to_owned()),
+        Err(e) if e.error_len().is_none() && e.valid_up_to() > 0 => {
+            Some(String::from_utf8_lossy(&window[..e.valid_up_to()]).into_owned())
+        }
+        Err(_) => None,
+    }
+}
+
 /// Reads at most `limit` bytes of `file` from byte `start`.
 fn read_window(file: fs::File, start: u64, limit: u64) -> io::Result<Vec<u8>> {
     use std::io::{Read as _, Seek as _};
@@ -726,6 +844,72 @@ mod tests {
         assert_eq!(err.code(), OUTSIDE_WORKSPACE);
     }
 
+    /// A symbolic link that points out of the workspace is no oracle for what lies behind it:
+    /// every path through it is refused alike, whether what it names exists there, is missing,
+    /// or is a file used as a directory.
+    #[cfg(unix)]
+    #[test]
+    fn an_escaping_symlink_reveals_nothing_about_what_lies_outside() {
+        let (dir, ws) = fixture();
+        std::os::unix::fs::symlink(dir.path(), ws.root().join("out")).expect("symlink");
+        for path in [
+            "out/secret.txt",
+            "out/missing.txt",
+            "out/secret.txt/more",
+            "out/missing/more",
+            "out/inside/../missing.txt",
+        ] {
+            let err = ws.read_file(path, 0).expect_err(path);
+            assert!(
+                matches!(err, WorkspaceError::OutsideWorkspace { .. }),
+                "read_file {path}: {err:?}"
+            );
+            let err = ws.list_dir(path).expect_err(path);
+            assert!(
+                matches!(err, WorkspaceError::OutsideWorkspace { .. }),
+                "list_dir {path}: {err:?}"
+            );
+        }
+        // Inside the workspace, a missing path is still "not found".
+        assert!(matches!(
+            ws.read_file("sub/missing/more.txt", 0),
+            Err(WorkspaceError::NotFound { .. })
+        ));
+        assert!(matches!(
+            ws.read_file("out/inside/missing.txt", 0),
+            Err(WorkspaceError::NotFound { .. })
+        ));
+    }
+
+    /// `grep` on one named file that it cannot search says why instead of answering "no
+    /// matches" for text it never looked at; a walk over a directory still skips such files.
+    #[test]
+    fn grep_on_a_named_file_it_cannot_search_says_why() {
+        let (_dir, ws) = fixture();
+        let limit = usize::try_from(MAX_GREP_FILE_BYTES).expect("limit");
+        fs::write(
+            ws.root().join("big.log"),
+            format!("{}\nneedle\n", "x".repeat(limit)),
+        )
+        .expect("write");
+        fs::write(ws.root().join("latin1.txt"), b"caf\xe9 needle\n").expect("write");
+        let err = ws
+            .grep("needle", "big.log", false)
+            .expect_err("too large to search");
+        assert!(matches!(err, WorkspaceError::TooLargeToGrep { .. }), "{err:?}");
+        assert!(err.to_string().contains("read_file"), "{err}");
+        let err = ws.grep("needle", "latin1.txt", false).expect_err("not text");
+        assert!(matches!(err, WorkspaceError::NotText { .. }), "{err:?}");
+        assert_eq!(
+            ws.grep("needle", ".", false).expect("grep"),
+            model_text::no_matches("needle")
+        );
+        assert_eq!(
+            ws.grep("beta", "a.txt", false).expect("grep"),
+            "a.txt:2: beta\na.txt:3: Gamma beta"
+        );
+    }
+
     /// A huge (sparse) file costs one window to read, not its size: only the shown bytes are
     /// read, and the notice gives the real length.
     #[test]
@@ -763,6 +947,40 @@ mod tests {
         assert!(matches!(err, WorkspaceError::WrongKind { .. }), "{err:?}");
         let found = ws.grep("anything", ".", false).expect("grep skips it");
         assert!(!found.contains("pipe.txt"), "{found}");
+        let err = ws
+            .grep("anything", "pipe.txt", false)
+            .expect_err("a FIFO is not searched");
+        assert!(matches!(err, WorkspaceError::WrongKind { .. }), "{err:?}");
+    }
+
+    /// An offset that falls inside a multi-byte character of a UTF-8 file is refused as an
+    /// offset, naming the next character boundary, not reported as a file that is not text.
+    #[test]
+    fn an_offset_inside_a_character_names_the_next_boundary() {
+        let (_dir, ws) = fixture();
+        // "日本" is six bytes; "é" two.
+        fs::write(ws.root().join("ja.txt"), "日本語のテキスト\ncafé\n").expect("write");
+        let err = ws.read_file("ja.txt", 1).expect_err("inside 日");
+        assert_eq!(err.code(), codes::INVALID_ARGS, "{err}");
+        assert_eq!(
+            err.to_string(),
+            model_text::offset_inside_character("ja.txt", 1, 3)
+        );
+        let err = ws.read_file("ja.txt", 5).expect_err("inside 本");
+        assert_eq!(
+            err.to_string(),
+            model_text::offset_inside_character("ja.txt", 5, 6)
+        );
+        assert_eq!(
+            ws.read_file("ja.txt", 3).expect("a boundary"),
+            "本語のテキスト\ncafé\n"
+        );
+        // A file that is not text is still named so.
+        fs::write(ws.root().join("bin.dat"), b"\x00\x9f\x92\xff\xfe").expect("write");
+        assert!(matches!(
+            ws.read_file("bin.dat", 2),
+            Err(WorkspaceError::NotText { .. })
+        ));
     }
 
     #[test]
