@@ -382,7 +382,7 @@ async fn demo(store: &Path) -> Result<(), CliError> {
     outln!(
         "providers: spawn (tool `{SPAWN_TOOL}`, fresh child) and fork (tool `{FORK_TOOL}`, inherits the conversation); \
          sessions in {}",
-        store.display()
+        single_line(&store.display().to_string())
     )?;
     outln!()?;
     let (outcome, shutdown) = match run_demo(store, Some(tree_printer(false))).await {
@@ -404,6 +404,9 @@ async fn demo(store: &Path) -> Result<(), CliError> {
 /// The demo's closing output: the tree (when stdout is no terminal), the answer, where the logs
 /// are.
 fn print_demo_outcome(store: &Path, outcome: &DemoOutcome) -> Result<(), CliError> {
+    // The user's own path, but it reaches a terminal: control characters in it are shown inert.
+    let store = store.display().to_string();
+    let store = single_line(&store);
     outln!()?;
     if !std::io::stdout().is_terminal() {
         // On a terminal the live tree above is already the final one.
@@ -416,17 +419,13 @@ fn print_demo_outcome(store: &Path, outcome: &DemoOutcome) -> Result<(), CliErro
     outln!()?;
     outln!(
         "Session logs: {} (coordinator {}, {} model calls)",
-        store.display(),
+        store,
         outcome.coordinator,
         outcome.model_calls
     )?;
-    outln!("  subagent agents --store {}", store.display())?;
-    outln!(
-        "  subagent log {} --store {}",
-        outcome.coordinator,
-        store.display()
-    )?;
-    outln!("  subagent check {}", store.display())?;
+    outln!("  subagent agents --store {}", store)?;
+    outln!("  subagent log {} --store {}", outcome.coordinator, store)?;
+    outln!("  subagent check {}", store)?;
     Ok(())
 }
 

@@ -1285,3 +1285,20 @@ fn run_logs_warnings_quoting_model_text_escaped() {
     assert!(!err.contains("\nforged"), "a forged line:\n{err}");
     assert_checks_clean(&store);
 }
+
+/// `subagent demo --store <dir>` whose path carries characters a terminal acts on (an escape
+/// sequence, a carriage return, a bell): the banner and the closing lines show the path inert,
+/// as `run` and `agents` do, and the demo still runs into that directory.
+#[test]
+fn a_demo_store_path_with_escape_sequences_is_shown_inert() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let store = root.path().join("logs\x1b]0;pwned\x07\rforged");
+    let mut cmd = subagent();
+    cmd.arg("demo").arg("--store").arg(&store);
+    let out = run(cmd);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_inert("demo output", &text);
+    assert!(text.contains("logs\\u{1b}]0;pwned\\u{7}\\rforged"), "{text}");
+    assert!(store.is_dir(), "the demo wrote into the directory as named");
+}
