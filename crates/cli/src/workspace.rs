@@ -138,6 +138,17 @@ impl fmt::Debug for Workspace {
     }
 }
 
+/// A directory entry's name as one line of a listing: a name holding a line break or another
+/// control character — which could pose as further entries, or as text after the listing — is
+/// shown as a quoted, escaped string literal instead.
+fn entry_line(name: &str) -> String {
+    if name.chars().any(char::is_control) {
+        format!("{name:?}")
+    } else {
+        name.to_owned()
+    }
+}
+
 impl Workspace {
     /// A workspace rooted at `root` (canonicalized now).
     pub fn new(root: impl AsRef<Path>) -> Result<Self, WorkspaceError> {
@@ -283,7 +294,7 @@ impl Workspace {
                 return Err(WorkspaceError::Cancelled);
             }
             let entry = entry.map_err(io_err)?;
-            let mut name = entry.file_name().to_string_lossy().into_owned();
+            let mut name = entry_line(&entry.file_name().to_string_lossy());
             if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
                 name.push('/');
             }
@@ -951,6 +962,26 @@ mod tests {
             .grep("anything", "pipe.txt", false)
             .expect_err("a FIFO is not searched");
         assert!(matches!(err, WorkspaceError::WrongKind { .. }), "{err:?}");
+    }
+
+    /// A name holding a line break (or another control character) is listed as one escaped
+    /// entry: it cannot pose as further entries of the listing.
+    #[cfg(unix)]
+    #[test]
+    fn a_name_with_a_line_break_is_listed_as_one_escaped_entry() {
+        let (_dir, ws) = fixture();
+        let sub = ws.root().join("names");
+        fs::create_dir(&sub).expect("mkdir");
+        fs::write(sub.join("a\nforged.txt"), "x").expect("write");
+        fs::write(sub.join("b\x1b[2J.txt"), "x").expect("write");
+        fs::write(sub.join("plain.txt"), "x").expect("write");
+        let listed = ws.list_dir("names").expect("listed");
+        let lines: Vec<&str> = listed.lines().collect();
+        assert_eq!(
+            lines,
+            ["\"a\\nforged.txt\"", "\"b\\u{1b}[2J.txt\"", "plain.txt"],
+            "{listed}"
+        );
     }
 
     /// An offset that falls inside a multi-byte character of a UTF-8 file is refused as an
