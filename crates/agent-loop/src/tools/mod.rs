@@ -8,7 +8,9 @@
 //! * **Restrictions** (§11.3): scoped only, compiled at registration, intersecting, each lifted by
 //!   its own guard. They filter what a scope *inherits* (including tools registered later) and
 //!   never its own registrations; an ancestor's restriction reaches every nested scope, a child's
-//!   never its parent. A restricted tool is absent from [`Tools::schemas`] and [`Tools::get`] and
+//!   never its parent. A nested scope inherits exactly what its parent sees, so an ancestor's
+//!   own tools are never hidden by that ancestor's (or a farther one's) restrictions, only by
+//!   nearer ones. A restricted tool is absent from [`Tools::schemas`] and [`Tools::get`] and
 //!   its calls resolve as `unknown tool "<name>"` (`UNKNOWN_TOOL`).
 //! * **Guards** (§11.4): monotonic, evaluated after the whole pre-execute chain; global guards,
 //!   then the scope chain's, farthest first. Any reason denies (`Error: <reason>`).
@@ -43,7 +45,8 @@
 //!    body returned (stage 4, or at commit), or the output cannot be recorded — it runs the
 //!    execution's [`on_discarded`](agent::tools::ToolContext::on_discarded) hooks, once, so a
 //!    body can undo a side effect only a delivered result justifies (a `job_output` read gives
-//!    its claim on the job's report back). A post-execute `Block` or failure does not run them:
+//!    its claim on the job's report back; a panicking hook is contained and logged). A
+//!    post-execute `Block` or failure does not run them:
 //!    the policy decided what the model sees;
 //! 6. `tools/result`: every observer (global and the agent's own) receives the frozen final
 //!    outcome, synchronously, for every execution. Observer panics are contained and logged.

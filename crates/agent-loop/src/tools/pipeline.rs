@@ -166,7 +166,7 @@ impl ToolRegistry {
             Some(detail) => {
                 if !result.is_error {
                     // The body's success (possibly amended by a policy) cannot be recorded.
-                    ctx.discard();
+                    run_discard_hooks(&ctx);
                 }
                 (
                     error_result(
@@ -208,7 +208,7 @@ impl ToolRegistry {
                 if raced && !result.is_error {
                     // Recorded as cancelled: the body's success is discarded, with its
                     // deferred contexts and the side effects it registered to undo.
-                    ctx.discard();
+                    run_discard_hooks(&ctx);
                     return (cancellation(body_invoked), Vec::new());
                 }
                 (result, deferred)
@@ -299,7 +299,7 @@ impl ToolRegistry {
                 // success is discarded, and so are the side effects it registered to undo.
                 drop(output);
                 drop(ctx.take_deferred());
-                ctx.discard();
+                run_discard_hooks(ctx);
                 cancellation(true)
             }
             Ok(Ok(Ok(output))) => ToolResult::success(output, ctx.concludes_turn()),
@@ -350,6 +350,21 @@ impl ToolRegistry {
                 );
             }
         }
+    }
+}
+
+/// Runs the execution's [`on_discarded`](ToolContext::on_discarded) hooks (the pipeline
+/// replaced the body's success), containing a panicking hook like every other hook: it is
+/// logged, and the pipeline goes on to record and deliver the replaced outcome. The hooks
+/// registered after a panicking one in the same batch do not run (they are dropped with it).
+fn run_discard_hooks(ctx: &ToolContext) {
+    if let Err(panic) = catch_unwind(AssertUnwindSafe(|| ctx.discard())) {
+        tracing::warn!(
+            tool = %ctx.execution.name,
+            call_id = %ctx.execution.call_id,
+            message = %panic_message(&*panic),
+            "tool discard hook failed; the replaced outcome is recorded"
+        );
     }
 }
 

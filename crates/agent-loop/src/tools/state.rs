@@ -335,6 +335,11 @@ impl State {
     }
 
     /// Whether every restriction on `chain` admits the inherited `name`.
+    ///
+    /// Callers pass only the layers *nearer* than the one that defines `name` (`chain[depth..]`,
+    /// see [`Self::schemas`]): a layer's restrictions filter what it inherits, never its own
+    /// registrations, so a nested scope sees an ancestor's own tools exactly as the ancestor
+    /// does (spec §11.3 rule 6).
     fn chain_admits(&self, chain: &[SessionId], name: &str) -> bool {
         chain
             .iter()
@@ -352,13 +357,16 @@ impl State {
             return Some(def.clone());
         }
         let chain = self.chain(scope);
-        let inherited = chain[..chain.len() - 1]
+        // The nearest definition and its depth: 0 for the global layer, `i + 1` for the tool
+        // of `chain[i]`. Only restrictions of layers nearer than its own apply to it.
+        let (depth, inherited) = chain[..chain.len() - 1]
             .iter()
+            .enumerate()
             .rev()
-            .filter_map(|k| self.scopes.get(k))
-            .find_map(|l| l.tools.get(name))
-            .or_else(|| self.global.tools.get(name))?;
-        self.chain_admits(&chain, name).then(|| inherited.1.clone())
+            .find_map(|(i, k)| self.scopes.get(k)?.tools.get(name).map(|t| (i + 1, t)))
+            .or_else(|| self.global.tools.get(name).map(|t| (0, t)))?;
+        self.chain_admits(&chain[depth..], name)
+            .then(|| inherited.1.clone())
     }
 
     /// The schemas of every definition `scope` sees, by name (own shadows inherited; nearer
@@ -375,18 +383,20 @@ impl State {
             return own.map_or_else(Vec::new, |l| l.tools.values().map(|(_, d)| d.schema()).collect());
         }
         let chain = self.chain(scope);
-        let mut inherited: BTreeMap<&String, &ToolDefinition> =
-            self.global.tools.iter().map(|(n, (_, d))| (n, d)).collect();
-        for key in &chain[..chain.len() - 1] {
+        // Each inherited definition with its depth (0: global; `i + 1`: `chain[i]`'s own), the
+        // nearest shadowing the farther; only restrictions of nearer layers filter it.
+        let mut inherited: BTreeMap<&String, (usize, &ToolDefinition)> =
+            self.global.tools.iter().map(|(n, (_, d))| (n, (0, d))).collect();
+        for (i, key) in chain[..chain.len() - 1].iter().enumerate() {
             if let Some(layer) = self.scopes.get(key) {
-                inherited.extend(layer.tools.iter().map(|(n, (_, d))| (n, d)));
+                inherited.extend(layer.tools.iter().map(|(n, (_, d))| (n, (i + 1, d))));
             }
         }
-        inherited.retain(|n, _| self.chain_admits(&chain, n));
+        inherited.retain(|n, (depth, _)| self.chain_admits(&chain[*depth..], n));
         if let Some(own) = own {
-            inherited.extend(own.tools.iter().map(|(n, (_, d))| (n, d)));
+            inherited.extend(own.tools.iter().map(|(n, (_, d))| (n, (chain.len(), d))));
         }
-        inherited.values().map(|d| d.schema()).collect()
+        inherited.values().map(|(_, d)| d.schema()).collect()
     }
 
     /// Guards that apply to `agent`'s calls: global first, then the scope chain farthest first.

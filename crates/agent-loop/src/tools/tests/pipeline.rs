@@ -1092,3 +1092,77 @@ async fn a_parallel_commit_discarding_a_settled_success_runs_its_hooks() {
     assert!(!executed.result.is_error, "{:?}", executed.result);
     assert_eq!(count(&ran), 1, "a committed success runs no hook");
 }
+
+/// A tool whose body registers a discard hook that panics, optionally cancels its own call's
+/// signal after its last check, then returns `value` as its success.
+fn panicking_discard(name: &str, cancel_self: bool, value: Option<Value>) -> agent::ToolDefinition {
+    tool_with(name, false, move |_, ctx| {
+        ctx.on_discarded(|| panic!("discard hook exploded"));
+        if cancel_self {
+            ctx.signal.cancel(CancelCause::User);
+        }
+        let value = value.clone();
+        Box::pin(async move {
+            Ok(ToolOutput {
+                value,
+                ..ToolOutput::text("done")
+            })
+        })
+    })
+}
+
+/// Discard hooks are user code like every other pipeline hook: one that panics is contained.
+/// `execute` still returns the replaced outcome (cancelled, or `FAILED` for an unrecordable
+/// output) and every `tools/result` observer still receives it; the panic never unwinds into
+/// the caller (the agent's driver). Before, the panic escaped `execute` from stage 4 and from
+/// the commit, skipping the observers.
+#[tokio::test]
+async fn a_panicking_discard_hook_is_contained() {
+    let reg = ToolRegistry::new();
+    let a = sid("a");
+    let log = Log::default();
+    let _obs = {
+        let log = log.clone();
+        reg.on_result(
+            None,
+            Arc::new(move |exec, r| {
+                let code = r.error.as_ref().map_or("", |e| e.code.as_str());
+                log.push(format!("result:{}:{code}", exec.call_id));
+            }),
+        )
+    };
+    let _races = reg
+        .register(None, panicking_discard("races", true, None))
+        .unwrap();
+    let _unloggable = reg
+        .register(
+            None,
+            panicking_discard("unloggable", false, Some(json!({"x": -0.0}))),
+        )
+        .unwrap();
+
+    let executed = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(reg.execute(
+        &a,
+        call("c1", "races", "{}"),
+        Signal::new(),
+    )))
+    .await
+    .expect("a discard hook's panic must not escape the pipeline (stage 4)");
+    assert_eq!(code(&executed), codes::CANCELLED);
+    assert_eq!(text(&executed), "Error: tool call aborted");
+
+    let executed = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(reg.execute(
+        &a,
+        call("c2", "unloggable", "{}"),
+        Signal::new(),
+    )))
+    .await
+    .expect("a discard hook's panic must not escape the pipeline (commit)");
+    assert_eq!(code(&executed), codes::FAILED);
+
+    assert_eq!(
+        log.entries(),
+        ["result:c1:CANCELLED", "result:c2:FAILED"],
+        "every observer still receives the final outcome"
+    );
+}

@@ -248,6 +248,48 @@ async fn ancestor_filters_reach_nested_scopes() {
     assert_eq!(names(&reg, Some("grandchild")), ["web"]);
 }
 
+/// spec: SPN-66 — an ancestor's restriction filters what that ancestor *inherits*, never its
+/// own registrations, so a nested scope sees exactly the surface the ancestor sees (plus its
+/// own). The ancestor's `allow` list cannot even name its own tools (that is refused), so
+/// applying it to them hid every tool the ancestor contributes from its nested scopes; and a
+/// farther ancestor's `deny` of a global name hid a nearer ancestor's own tool of that name.
+/// `schemas` and execution must agree.
+#[tokio::test]
+async fn an_ancestor_filter_never_hides_the_ancestors_own_tools_from_nested_scopes() {
+    let reg = ToolRegistry::new();
+    let (grand, parent, child) = (sid("grand"), sid("parent"), sid("child"));
+    let _web = reg.register(None, tool("web")).unwrap();
+    let _read = reg.register(None, tool("read")).unwrap();
+    let _edge = reg.set_scope_parent(&child, &parent);
+    let _edge2 = reg.set_scope_parent(&parent, &grand);
+
+    // The parent exposes its own `bash` and only `read` of what it inherits.
+    let _bash = reg.register(Some(&parent), tool("bash")).unwrap();
+    let _r = reg.restrict(Some(&parent), allow(&["read"])).unwrap();
+    assert_eq!(names(&reg, Some("parent")), ["bash", "read"]);
+    assert_eq!(names(&reg, Some("child")), ["bash", "read"]);
+    assert_eq!(run(&reg, "bash", "child").await, "ran:bash");
+    assert!(reg.get("bash", Some(&child)).is_some());
+    assert_eq!(run(&reg, "web", "child").await, "Error: unknown tool \"web\"");
+
+    // A farther ancestor denies the global `web`; the parent's own `web` shadows it and
+    // stays visible below the parent.
+    drop(_r);
+    let _g = reg.restrict(Some(&grand), deny(&["web"])).unwrap();
+    let _own_web = reg
+        .register(Some(&parent), tool_replying("web", "parent-web"))
+        .unwrap();
+    assert_eq!(names(&reg, Some("grand")), ["read"]);
+    assert_eq!(names(&reg, Some("parent")), ["bash", "read", "web"]);
+    assert_eq!(names(&reg, Some("child")), ["bash", "read", "web"]);
+    assert_eq!(run(&reg, "web", "child").await, "parent-web");
+
+    // The child's own restriction still reaches everything it inherits.
+    let _c = reg.restrict(Some(&child), deny(&["bash", "web"])).unwrap();
+    assert_eq!(names(&reg, Some("child")), ["read"]);
+    assert_eq!(run(&reg, "web", "child").await, "Error: unknown tool \"web\"");
+}
+
 /// Nearer layers shadow farther ones by name, in either registration order.
 #[tokio::test]
 async fn nearer_layers_shadow_farther_ones() {
