@@ -200,10 +200,20 @@ impl ToolContext {
     /// [`on_discarded`](Self::on_discarded)), so runs every hook registered so far, in
     /// registration order. The hooks are taken: a second call runs only hooks registered
     /// since. A pipeline that commits the success never calls this.
+    ///
+    /// # Panics
+    /// A hook that panics does not keep the later ones from running: every hook runs, then the
+    /// first panic is resumed for the caller to contain.
     pub fn discard(&self) {
         let hooks = std::mem::take(&mut *self.discard_hooks.lock());
+        let mut first_panic = None;
         for hook in hooks {
-            hook();
+            if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(hook)) {
+                first_panic.get_or_insert(payload);
+            }
+        }
+        if let Some(payload) = first_panic {
+            std::panic::resume_unwind(payload);
         }
     }
 }
@@ -555,6 +565,22 @@ mod tests {
         assert_eq!(ran.load(Ordering::SeqCst), 3);
         ctx.discard();
         assert_eq!(ran.load(Ordering::SeqCst), 3);
+    }
+
+    /// A panicking hook does not keep the later ones from running; the first panic reaches the
+    /// caller once every hook ran.
+    #[test]
+    fn a_panicking_hook_does_not_skip_the_others() {
+        let ctx = ctx();
+        let ran = Arc::new(AtomicUsize::new(0));
+        ctx.on_discarded(|| panic!("first hook exploded"));
+        ctx.on_discarded(counting(&ran));
+        ctx.on_discarded(|| panic!("third hook exploded"));
+        ctx.on_discarded(counting(&ran));
+        let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ctx.discard()))
+            .expect_err("the first panic is resumed");
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"first hook exploded"));
+        assert_eq!(ran.load(Ordering::SeqCst), 2, "every hook ran");
     }
 
     /// A context whose success is committed never runs its hooks: they are dropped with it.
