@@ -81,8 +81,28 @@ pub(crate) struct Line<'a> {
 /// stops there instead of pulling the file into memory whole.
 pub const MAX_LINE_BYTES: u64 = 1 << 28;
 
+/// A line longer than the reader's bound: the read stops there. Carried as the source of an
+/// `InvalidData` [`io::Error`], so that a log reader can tell this defect of the input from a
+/// failure to read it.
+#[derive(Debug, thiserror::Error)]
+#[error("line {number} is longer than {max} bytes; the log is not read past it")]
+pub(crate) struct LineTooLong {
+    /// The 1-based number of the line.
+    pub(crate) number: u64,
+    /// The bound it exceeds.
+    pub(crate) max: u64,
+}
+
+impl LineTooLong {
+    /// The over-long line `err` reports, if that is what it is.
+    pub(crate) fn of(err: &io::Error) -> Option<&Self> {
+        err.get_ref().and_then(|e| e.downcast_ref::<Self>())
+    }
+}
+
 /// Reads `reader` line by line, calling `f` for each; stops early when `f` returns `false`. A
-/// line longer than [`MAX_LINE_BYTES`] ends the read with an `InvalidData` error naming it.
+/// line longer than [`MAX_LINE_BYTES`] ends the read with an `InvalidData` error naming it
+/// (its source a [`LineTooLong`]).
 pub(crate) fn for_each_line<R: BufRead>(reader: R, f: impl FnMut(Line<'_>) -> bool) -> io::Result<()> {
     for_each_bounded_line(reader, MAX_LINE_BYTES, f)
 }
@@ -105,7 +125,7 @@ fn for_each_bounded_line<R: BufRead>(
         if !terminated && buf.len() as u64 > max {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("line {number} is longer than {max} bytes; the log is not read past it"),
+                LineTooLong { number, max },
             ));
         }
         let bytes = if terminated {
@@ -151,15 +171,22 @@ fn unreadable(line: &Line<'_>, err: &serde_json::Error) -> (RuleId, String) {
 pub(crate) struct ReadLog {
     pub(crate) report: Report,
     pub(crate) header: Option<SessionHeader>,
+    /// The over-long line the read stopped at, if it did not reach the end of the log.
+    pub(crate) cut: Option<u64>,
 }
 
 /// The replay of one log from a reader. `fallback` names the session when the header cannot be
 /// read.
+///
+/// A line longer than [`MAX_LINE_BYTES`] is a defect of the input, not a read failure: reading
+/// stops there and it becomes one `IO` finding at its line, after the findings of the lines
+/// before it (which are kept). The end of such a log was never seen, so no end-of-log finding
+/// is made for it.
 pub(crate) fn read_log<R: BufRead>(fallback: &SessionId, reader: R) -> io::Result<ReadLog> {
     let mut violations: Vec<Violation> = Vec::new();
     let mut header: Option<SessionHeader> = None;
     let mut replay: Option<SessionReplay> = None;
-    for_each_line(reader, |line| {
+    let read = for_each_line(reader, |line| {
         let replay = match &mut replay {
             Some(r) => r,
             None => {
@@ -181,19 +208,46 @@ pub(crate) fn read_log<R: BufRead>(fallback: &SessionId, reader: R) -> io::Resul
             }
         }
         true
-    })?;
+    });
+    let cut = match read {
+        Ok(()) => None,
+        Err(e) => match LineTooLong::of(&e) {
+            Some(long) => Some(long.number),
+            None => return Err(e),
+        },
+    };
+    let session = replay
+        .as_ref()
+        .map_or_else(|| fallback.clone(), |r| r.session().clone());
+    if let Some(number) = cut {
+        violations.push(
+            Violation::at(
+                session.clone(),
+                None,
+                RuleId::IO,
+                format!(
+                    "every line of the log to be readable, but line {number} is longer than \
+                     {MAX_LINE_BYTES} bytes; the log is not read past it"
+                ),
+            )
+            .on_line(number),
+        );
+    }
     let replay = replay.unwrap_or_else(|| {
-        violations.push(Violation::at(
-            fallback.clone(),
-            None,
-            RuleId::HEADER,
-            "a header line, but the log is empty",
-        ));
+        if cut.is_none() {
+            violations.push(Violation::at(
+                fallback.clone(),
+                None,
+                RuleId::HEADER,
+                "a header line, but the log is empty",
+            ));
+        }
         SessionReplay::new(fallback.clone())
     });
-    let session = replay.session().clone();
     let finish = replay.finish();
-    violations.extend(finish.violations);
+    if cut.is_none() {
+        violations.extend(finish.violations);
+    }
     Ok(ReadLog {
         report: Report {
             session,
@@ -202,6 +256,7 @@ pub(crate) fn read_log<R: BufRead>(fallback: &SessionId, reader: R) -> io::Resul
             open_turn: finish.open_turn,
         },
         header,
+        cut,
     })
 }
 
@@ -261,9 +316,9 @@ fn start(
 }
 
 /// Replays one JSON-lines log from `reader`. `fallback` names the session when its header cannot
-/// be read. Only a read failure of `reader` itself is an `Err`, and so is a line longer than
-/// [`MAX_LINE_BYTES`] (`InvalidData`): reading stops there, so a damaged file costs at most that
-/// much memory.
+/// be read. Only a read failure of `reader` itself is an `Err`. A line longer than
+/// [`MAX_LINE_BYTES`] is an `IO` finding at its line: reading stops there (so a damaged file costs
+/// at most that much memory), and the findings of the lines before it are kept.
 pub fn replay_jsonl_reader<R: BufRead>(fallback: &SessionId, reader: R) -> io::Result<Report> {
     read_log(fallback, reader).map(|r| r.report)
 }

@@ -167,7 +167,7 @@ impl SessionReplay {
     }
 
     /// Counts one log entry that could not be read as an event: it occupies a position, and
-    /// the seq gap it leaves is not reported again.
+    /// the gap of (at most) one seq it leaves is not reported again; a larger gap still is.
     pub fn skip_unreadable(&mut self) {
         self.core.note_unreadable();
         self.index += 1;

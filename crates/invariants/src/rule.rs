@@ -15,7 +15,7 @@ use std::fmt;
 pub struct RuleId(&'static str);
 
 impl RuleId {
-    /// S1: `seq` strictly increases.
+    /// S1: `seq` strictly increases (so no seq repeats an earlier event's).
     pub const S1: Self = Self("S1");
     /// S2: `turn/start` requires no open turn.
     pub const S2: Self = Self("S2");
@@ -90,7 +90,8 @@ impl RuleId {
     pub const PARSE: Self = Self("PARSE");
     /// The last line of a log is cut short (a crash artifact stores drop on load).
     pub const TORN: Self = Self("TORN");
-    /// A log file or directory could not be read.
+    /// A log file or directory could not be read, or a log line is longer than
+    /// [`MAX_LINE_BYTES`](crate::MAX_LINE_BYTES) (the log is read up to it).
     pub const IO: Self = Self("IO");
     /// An append reached the post-commit notification without a matching pre-commit check
     /// (providers §6.3 (4)).

@@ -52,7 +52,9 @@ pub fn check_store(dir: &Path) -> Result<DirReport, ReadError> {
             Ok(mut read) => {
                 locate(&mut read.report.violations, &path);
                 report.add(read.report);
-                if let Some(header) = read.header {
+                // A log read only up to an over-long line (already an `IO` finding) takes no
+                // part in the relations: its events past that line are unknown.
+                if let Some(header) = read.header.filter(|_| read.cut.is_none()) {
                     entries.push(Entry { path, header });
                 }
             }

@@ -8,7 +8,7 @@
 //! offending event claims (a `turn/start 3` opens turn 3), so one defect in a log is reported
 //! once instead of cascading over every later event.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use agent::content::ContentBlock;
 use agent::event::{EventData, SurfaceOp};
@@ -35,8 +35,41 @@ pub(crate) struct CoreTrace {
     /// Seqs of the `assistant/chunk` events of the open step, in log order (spine §4.2 (4):
     /// what an `assistant/message`'s `sourceEventSeqs` may name).
     step_chunks: Vec<u64>,
-    /// Set after an unreadable line: the next seq gap is expected and not reported.
-    seq_gap_expected: bool,
+    /// Every seq seen so far, as disjoint ranges (one range for a valid log): S1 holds that
+    /// no seq repeats, also after the baseline was resynchronised below an earlier seq.
+    seen: SeqRanges,
+    /// Unreadable lines since the last event: each occupies one seq, so the next seq may skip
+    /// up to this many values without a `SEQ` finding.
+    unreadable: u64,
+}
+
+/// A set of `u64`s stored as disjoint, non-adjacent inclusive ranges `start → end`.
+#[derive(Clone, Debug, Default)]
+struct SeqRanges(BTreeMap<u64, u64>);
+
+impl SeqRanges {
+    fn contains(&self, n: u64) -> bool {
+        self.0.range(..=n).next_back().is_some_and(|(_, end)| n <= *end)
+    }
+
+    fn insert(&mut self, n: u64) {
+        if self.contains(n) {
+            return;
+        }
+        let mut start = n;
+        let mut end = n;
+        if let Some((&s, &e)) = self.0.range(..n).next_back()
+            && e.checked_add(1) == Some(n)
+        {
+            start = s;
+        }
+        if let Some(next) = n.checked_add(1)
+            && let Some(e) = self.0.remove(&next)
+        {
+            end = e;
+        }
+        self.0.insert(start, end);
+    }
 }
 
 impl Default for CoreTrace {
@@ -49,7 +82,8 @@ impl Default for CoreTrace {
             next_step: 1,
             pending_calls: HashSet::new(),
             step_chunks: Vec::new(),
-            seq_gap_expected: false,
+            seen: SeqRanges::default(),
+            unreadable: 0,
         }
     }
 }
@@ -100,9 +134,10 @@ impl CoreTrace {
         self.pending_calls.len()
     }
 
-    /// Notes that one log line could not be read: the next seq may skip one value.
+    /// Notes that one log line could not be read: it took one seq, so the next seq may skip
+    /// one more value (never more than one per unreadable line).
     pub(crate) fn note_unreadable(&mut self) {
-        self.seq_gap_expected = true;
+        self.unreadable = self.unreadable.saturating_add(1);
     }
 
     fn require_open_step(&self, kind: &str, turn: u64, step: u64, rule: RuleId, out: &mut Vec<Finding>) {
@@ -126,13 +161,28 @@ impl CoreTrace {
                 RuleId::S1,
                 format!("seq to strictly increase past {last}, got {seq}"),
             )),
+            // After a resynchronised baseline (an earlier S1 or SEQ finding) a seq can be above
+            // the previous event's and still repeat an earlier one: S1 all the same.
+            _ if self.seen.contains(seq) => out.push((
+                RuleId::S1,
+                format!("seq to strictly increase, got {seq}, which an earlier event already has"),
+            )),
             last => {
                 let want = last.map_or(0, |l| l.saturating_add(1));
-                if seq != want && !self.seq_gap_expected {
-                    out.push((
-                        RuleId::SEQ,
-                        format!("seq {want} (seqs are contiguous from 0), got {seq}"),
-                    ));
+                // Each unreadable line before this event took one seq (or none, if it was not
+                // an event at all): a gap of up to that many is excused, a larger one is not.
+                let most = want.saturating_add(self.unreadable);
+                if !(want..=most).contains(&seq) {
+                    let expected = if most == want {
+                        format!("seq {want} (seqs are contiguous from 0), got {seq}")
+                    } else {
+                        format!(
+                            "seq {want} to {most} (seqs are contiguous from 0; each of the {} unreadable \
+                             lines before it takes at most one), got {seq}",
+                            self.unreadable
+                        )
+                    };
+                    out.push((RuleId::SEQ, expected));
                 }
             }
         }
@@ -159,11 +209,12 @@ impl CoreTrace {
                         format!("no open turn at turn/start {turn}, but turn {open} is still open"),
                     ));
                 }
-                if turn != self.next_turn {
-                    out.push((
-                        RuleId::S3,
-                        format!("turn/start {}, got turn/start {turn}", self.next_turn),
-                    ));
+                // With a turn still open (S2), the number that turn's missing `turn/end` would
+                // have made next is also the right one: that defect is S2's, reported once.
+                let after_open = self.open_turn.map(|open| open.saturating_add(1));
+                if turn != self.next_turn && Some(turn) != after_open {
+                    let want = after_open.unwrap_or(self.next_turn);
+                    out.push((RuleId::S3, format!("turn/start {want}, got turn/start {turn}")));
                 }
                 t.open_turn = Some(turn);
                 t.open_step = None;
@@ -276,11 +327,24 @@ impl CoreTrace {
                         })
                     ) && error.as_ref().is_some_and(|e| e.code == TOOL_NOT_STARTED);
                     let named = answered_calls(message);
+                    let blocks = message
+                        .content
+                        .iter()
+                        .filter(|b| matches!(b, ContentBlock::ToolResult { .. }))
+                        .count();
                     if let [first, second, ..] = named.as_slice() {
                         out.push((
                             RuleId::S12,
                             format!(
                                 "a tool/result message answering one call, but it names both {first} and {second}"
+                            ),
+                        ));
+                    } else if blocks != 1 && !named.is_empty() {
+                        // Spine §3: the block is what the model is shown as the call's answer.
+                        out.push((
+                            RuleId::S12,
+                            format!(
+                                "a tool/result message carrying exactly one tool-result block, got {blocks}"
                             ),
                         ));
                     }
@@ -362,7 +426,8 @@ impl CoreTrace {
         self.open_step = t.open_step;
         self.next_turn = t.next_turn;
         self.next_step = t.next_step;
-        self.seq_gap_expected = false;
+        self.seen.insert(t.last_seq);
+        self.unreadable = 0;
         match t.calls {
             CallsDelta::None => {}
             CallsDelta::Add(c) => {

@@ -1,0 +1,227 @@
+//! Regression tests for the defects an audit of the checker found: a double-reported missing
+//! `turn/end`, under-reported repeated seqs, seq gaps hidden behind an unreadable line, findings
+//! dropped by an over-long line, and a tool-result message without its tool-result block.
+
+mod common;
+
+use agent::content::ContentBlock;
+use agent::event::EventData;
+use agent::{CallId, Message, SessionEvent, SessionId};
+use common::*;
+use invariants::{RuleId, Violation, replay_dir, replay_log, synthetic};
+
+fn rules(violations: &[Violation]) -> Vec<&'static str> {
+    violations.iter().map(|v| v.rule.as_str()).collect()
+}
+
+/// `events` renumbered with the given seqs (one per event, in order).
+fn with_seqs(events: Vec<SessionEvent>, seqs: &[u64]) -> Vec<SessionEvent> {
+    assert_eq!(events.len(), seqs.len());
+    events
+        .into_iter()
+        .zip(seqs)
+        .map(|(mut e, s)| {
+            e.seq = *s;
+            e
+        })
+        .collect()
+}
+
+/// spec: providers §6.4 S2, S3 — a missing `turn/end` before the next `turn/start` is one
+/// defect: S2 (turn 1 is still open). The new turn's number 2 is exactly what S3 would require
+/// once turn 1 were closed, so it is not also reported as "expected turn/start 1, got 2".
+#[test]
+fn a_missing_turn_end_is_reported_once_as_s2() {
+    let report = replay_log(None, log([turn_start(1), user("hi"), turn_start(2)]));
+    assert_eq!(rules(&report.violations), ["S2"], "{:#?}", report.violations);
+    assert_eq!(report.violations[0].seq, Some(2));
+    // A skipped number on top of the missing end is a second defect, still reported (S3),
+    // against the number the next turn should have had.
+    let report = replay_log(None, log([turn_start(1), turn_start(3)]));
+    assert_eq!(
+        rules(&report.violations),
+        ["S2", "S3"],
+        "{:#?}",
+        report.violations
+    );
+    assert!(
+        report.violations[1].expected.contains("turn/start 2"),
+        "{}",
+        report.violations[1]
+    );
+}
+
+/// spec: providers §6.4 S1 (seq > lastSeq; a rejected event does not advance `lastSeq`,
+/// providers §6.3 (5)) — in a duplicated run `0,1,2,1,2,3` both copies (seqs 1 and 2) repeat
+/// an earlier seq, so both are S1 findings, not only the first.
+#[test]
+fn every_event_of_a_duplicated_run_is_an_s1_finding() {
+    let events = with_seqs(
+        log([
+            turn_start(1),
+            user("a"),
+            user("b"),
+            user("c"),
+            user("d"),
+            user("e"),
+        ]),
+        &[0, 1, 2, 1, 2, 3],
+    );
+    let report = replay_log(None, &events);
+    let s1: Vec<_> = report.of_rule(RuleId::S1).map(|v| v.seq).collect();
+    assert_eq!(s1, [Some(1), Some(2)], "{:#?}", report.violations);
+    // One renumbered event still costs one finding per defect, not one per later event.
+    let events = with_seqs(
+        log([turn_start(1), user("a"), user("b"), user("c"), user("d")]),
+        &[0, 1, 40, 3, 4],
+    );
+    assert_eq!(rules(&replay_log(None, &events).violations), ["SEQ", "S1"]);
+}
+
+/// spec: spine §4.2 (1) (`SEQ`: seqs contiguous from 0) — an unreadable line occupies one seq,
+/// so the next event may skip exactly that one; a larger gap behind it is still a `SEQ`
+/// finding.
+#[test]
+fn an_unreadable_line_excuses_a_gap_of_one_seq_only() {
+    let events = log([
+        turn_start(1),
+        user("a"),
+        user("b"),
+        user("c"),
+        user("d"),
+        user("e"),
+        turn_end(1),
+    ]);
+    // Line 1 the header; event 2 (line 4) becomes garbage. `shift` renumbers every event after
+    // it by that much.
+    let text = |shift: i64| {
+        let mut text = serde_json::to_string(&synthetic::header("gap")).unwrap() + "\n";
+        for e in &events {
+            let line = match e.seq {
+                2 => "not json".to_owned(),
+                s if s > 2 => {
+                    let mut e = e.clone();
+                    e.seq = e.seq.checked_add_signed(shift).unwrap();
+                    serde_json::to_string(&e).unwrap()
+                }
+                _ => serde_json::to_string(e).unwrap(),
+            };
+            text.push_str(&line);
+            text.push('\n');
+        }
+        invariants::replay_jsonl_reader(&SessionId::new("gap"), text.as_bytes())
+            .expect("in-memory reads do not fail")
+    };
+    // The gap of one the garbage leaves is excused (and so is none: it may not be an event).
+    for shift in [0, -1] {
+        let report = text(shift);
+        assert_eq!(rules(&report.violations), ["PARSE"], "{:#?}", report.violations);
+    }
+    // Seq 3 written as 10: a gap of eight seqs behind one unreadable line.
+    let report = text(7);
+    assert_eq!(
+        rules(&report.violations),
+        ["PARSE", "SEQ"],
+        "{:#?}",
+        report.violations
+    );
+    assert_eq!(report.violations[1].seq, Some(10));
+    assert!(
+        report.violations[1].expected.contains("seq 2 to 3"),
+        "{}",
+        report.violations[1]
+    );
+}
+
+/// spec: the reader's contract (every defect of the input is a typed finding; `IO`, `PARSE`) —
+/// a line beyond [`invariants::MAX_LINE_BYTES`] stops the read there, but the findings of the
+/// lines before it are kept, and the over-long line is one more finding at its line.
+#[test]
+fn an_overlong_line_keeps_the_findings_before_it() {
+    let dir = scratch("audit-overlong");
+    let log = synthetic::valid_log("long", 2, 1, 0);
+    // The first user message is made unreadable: a PARSE finding before the long line.
+    let garbage = 1 + log
+        .events
+        .iter()
+        .position(|e| e.type_name() == "user/message")
+        .expect("a user message");
+    let mut text = String::new();
+    for (i, line) in log.to_jsonl().lines().enumerate() {
+        text.push_str(if i == garbage { "garbage" } else { line });
+        text.push('\n');
+    }
+    let path = dir.join("long.jsonl");
+    std::fs::write(&path, &text).unwrap();
+    // A sparse tail with no newline: one line longer than the bound.
+    let file = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+    if file
+        .set_len(text.len() as u64 + invariants::MAX_LINE_BYTES + 2)
+        .is_err()
+    {
+        return; // no sparse files here: nothing to show
+    }
+    let report = replay_dir(&dir).unwrap();
+    assert_eq!(
+        rules(&report.violations),
+        ["PARSE", "IO"],
+        "{:#?}",
+        report.violations
+    );
+    let long_line = log.events.len() as u64 + 2;
+    assert_eq!(report.violations[0].line, Some(garbage as u64 + 1));
+    assert_eq!(report.violations[1].line, Some(long_line));
+    assert!(report.violations.iter().all(|v| v.session.as_str() == "long"));
+    assert!(
+        report
+            .violations
+            .iter()
+            .all(|v| v.file.as_deref() == Some(path.as_path()))
+    );
+    assert_eq!(report.events, log.events.len() as u64);
+}
+
+/// spec: spine §3 ("a tool-result message carries exactly one `tool-result` block"), providers
+/// §6.4 S12 — a `tool/result` whose message has a tool source but no tool-result block (or two
+/// blocks for the same call) is a finding.
+#[test]
+fn a_tool_result_message_needs_exactly_one_tool_result_block() {
+    let with_content = |content: Vec<ContentBlock>| {
+        let mut message = Message::tool_result(CallId::new("c1"), vec![], false);
+        message.content = content;
+        EventData::ToolResult {
+            turn: 1,
+            step: 1,
+            message,
+            error: None,
+            meta: None,
+        }
+    };
+    let block = || ContentBlock::ToolResult {
+        tool_call_id: CallId::new("c1"),
+        content: vec![],
+        is_error: Some(false),
+    };
+    let prefix = [turn_start(1), step_start(1, 1), tool_call(1, 1, "c1")];
+    for (content, ok) in [
+        (vec![block()], true),
+        (vec![], false),
+        (vec![ContentBlock::text("done")], false),
+        (vec![block(), block()], false),
+    ] {
+        let n = content.len();
+        let events = log(prefix.iter().cloned().chain([with_content(content)]));
+        let report = replay_log(None, &events);
+        if ok {
+            assert!(report.is_clean(), "{:#?}", report.violations);
+        } else {
+            assert_eq!(
+                rules(&report.violations),
+                ["S12"],
+                "{n} blocks: {:#?}",
+                report.violations
+            );
+            assert_eq!(report.violations[0].seq, Some(3));
+        }
+    }
+}
