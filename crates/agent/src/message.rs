@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
-use crate::content::ContentBlock;
+use crate::content::{ContentBlock, known_tag, read_open_union};
 use crate::ids::{CallId, MessageId};
 
 /// Who speaks a message.
@@ -91,8 +91,18 @@ impl Message {
     }
 }
 
+/// The `kind` tags [`MessageSource`] reads as typed variants (every variant but
+/// [`MessageSource::Other`]'s). A source of another kind must use another tag.
+pub const MESSAGE_SOURCE_KINDS: [&str; 4] = ["user", "plugin", "model", "tool"];
+
 /// Where a message came from: an open union keyed by `kind`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+///
+/// A source of a kind this crate does not know deserializes as [`MessageSource::Other`] and
+/// serializes back unchanged. A source whose `kind` is one of [`MESSAGE_SOURCE_KINDS`] but
+/// whose fields do not fit that kind is refused with an error naming the kind; it never reads
+/// as [`MessageSource::Other`] (and a session refuses to log an `Other` that names a known
+/// kind, which would read back as the typed variant).
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum MessageSource {
@@ -130,9 +140,62 @@ pub enum MessageSource {
         #[serde(flatten)]
         extra: Map<String, Value>,
     },
-    /// A source kind this crate does not know, kept as raw JSON (including its `kind`).
+    /// A source kind this crate does not know, kept as raw JSON (including its `kind`). Its
+    /// `kind`, if any, is never one of [`MESSAGE_SOURCE_KINDS`].
     #[serde(untagged)]
     Other(Map<String, Value>),
+}
+
+/// The known source kinds' wire form, for reading (the same shapes as [`MessageSource`]'s
+/// typed variants, without the catch-all).
+#[derive(Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+enum KnownSource {
+    User,
+    Plugin {
+        plugin: String,
+        #[serde(default)]
+        form: Option<PluginForm>,
+    },
+    Model {
+        provider: Arc<str>,
+        model: Arc<str>,
+        #[serde(
+            rename = "replayState",
+            default,
+            deserialize_with = "crate::content::present_boxed_value"
+        )]
+        replay_state: Option<Box<Value>>,
+    },
+    Tool {
+        #[serde(rename = "callId")]
+        call_id: CallId,
+        #[serde(flatten)]
+        extra: Map<String, Value>,
+    },
+}
+
+impl<'de> Deserialize<'de> for MessageSource {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let known = match read_open_union(deserializer, "kind", &MESSAGE_SOURCE_KINDS, "message source")? {
+            Ok(known) => known,
+            Err(fields) => return Ok(Self::Other(fields)),
+        };
+        Ok(match known {
+            KnownSource::User => Self::User,
+            KnownSource::Plugin { plugin, form } => Self::Plugin { plugin, form },
+            KnownSource::Model {
+                provider,
+                model,
+                replay_state,
+            } => Self::Model {
+                provider,
+                model,
+                replay_state,
+            },
+            KnownSource::Tool { call_id, extra } => Self::Tool { call_id, extra },
+        })
+    }
 }
 
 impl MessageSource {
@@ -141,6 +204,15 @@ impl MessageSource {
         Self::Plugin {
             plugin: name.into(),
             form: None,
+        }
+    }
+
+    /// For [`MessageSource::Other`] whose `kind` is one of [`MESSAGE_SOURCE_KINDS`] (which a
+    /// log refuses: it would read back as the typed variant), that kind; otherwise `None`.
+    pub fn other_with_known_kind(&self) -> Option<&str> {
+        match self {
+            Self::Other(fields) => known_tag(fields, "kind", &MESSAGE_SOURCE_KINDS),
+            _ => None,
         }
     }
 
@@ -156,8 +228,16 @@ impl MessageSource {
     }
 }
 
+/// The `type` tags [`PluginForm`] reads as typed variants (every variant but
+/// [`PluginForm::Other`]'s).
+pub const PLUGIN_FORM_TYPES: [&str; 6] = ["instructions", "catalog", "snapshot", "notice", "relay", "recall"];
+
 /// Optional semantic metadata on a plugin message, keyed by `type`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+///
+/// An open union: a form of a type this crate does not know reads as [`PluginForm::Other`]; a
+/// form whose `type` is one of [`PLUGIN_FORM_TYPES`] but whose fields do not fit is refused
+/// with an error naming the type.
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum PluginForm {
@@ -179,9 +259,50 @@ pub enum PluginForm {
     Relay,
     /// A recalled message.
     Recall,
-    /// A form this crate does not know, kept as raw JSON.
+    /// A form this crate does not know, kept as raw JSON. Its `type`, if any, is never one of
+    /// [`PLUGIN_FORM_TYPES`].
     #[serde(untagged)]
     Other(Map<String, Value>),
+}
+
+/// The known forms' wire form, for reading.
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+enum KnownForm {
+    Instructions,
+    Catalog,
+    Snapshot { sections: Vec<SnapshotSection> },
+    Notice { summary: String },
+    Relay,
+    Recall,
+}
+
+impl<'de> Deserialize<'de> for PluginForm {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let known = match read_open_union(deserializer, "type", &PLUGIN_FORM_TYPES, "plugin form")? {
+            Ok(known) => known,
+            Err(fields) => return Ok(Self::Other(fields)),
+        };
+        Ok(match known {
+            KnownForm::Instructions => Self::Instructions,
+            KnownForm::Catalog => Self::Catalog,
+            KnownForm::Snapshot { sections } => Self::Snapshot { sections },
+            KnownForm::Notice { summary } => Self::Notice { summary },
+            KnownForm::Relay => Self::Relay,
+            KnownForm::Recall => Self::Recall,
+        })
+    }
+}
+
+impl PluginForm {
+    /// For [`PluginForm::Other`] whose `type` is one of [`PLUGIN_FORM_TYPES`] (which a log
+    /// refuses: it would read back as the typed variant), that type; otherwise `None`.
+    pub fn other_with_known_type(&self) -> Option<&str> {
+        match self {
+            Self::Other(fields) => known_tag(fields, "type", &PLUGIN_FORM_TYPES),
+            _ => None,
+        }
+    }
 }
 
 /// One named section of a runtime-context snapshot.

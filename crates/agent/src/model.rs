@@ -122,7 +122,7 @@ enum KnownFinish {
 }
 
 /// The kinds [`KnownFinish`] reads.
-const KNOWN_FINISH_KINDS: [&str; 5] = ["stop", "tool-calls", "max-tokens", "aborted", "error"];
+pub(crate) const KNOWN_FINISH_KINDS: [&str; 5] = ["stop", "tool-calls", "max-tokens", "aborted", "error"];
 
 impl Serialize for FinishReason {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {

@@ -574,13 +574,18 @@ pub fn check_lossless<T: serde::Serialize + ?Sized>(value: &T) -> Result<(), Str
 /// `data.message.content[0].content` — and `meta` two, so content or metadata that passes
 /// [`check_lossless`] on its own can still nest too deep to be read back once logged.) A
 /// caller that checks with this before committing an outcome never has the append refuse it
-/// for its shape. The error names the part (`content: …`, `meta: …`) and the path inside it.
+/// for its shape. The content's open unions are checked as the append checks them (no
+/// [`ContentBlock::Other`] naming a known block type). The error names the part (`content: …`,
+/// `meta: …`) and the path inside it.
 pub fn check_tool_result_loggable(content: &[ContentBlock], meta: Option<&Value>) -> Result<(), String> {
     // line → data → message → content array → tool-result block → its content array.
     const CONTENT_DEPTH: usize = lossless::MAX_READABLE_DEPTH - 5;
     // line → data → meta.
     const META_DEPTH: usize = lossless::MAX_READABLE_DEPTH - 2;
     lossless::check(content, CONTENT_DEPTH).map_err(|fault| format!("content: {}", fault.reason()))?;
+    if let Some(reason) = lossless::misnamed_in_blocks(content) {
+        return Err(format!("content: {reason}"));
+    }
     match meta {
         Some(meta) if !lossless::plain_value(meta) => {
             lossless::check(meta, META_DEPTH).map_err(|fault| format!("meta: {}", fault.reason()))
@@ -591,12 +596,17 @@ pub fn check_tool_result_loggable(content: &[ContentBlock], meta: Option<&Value>
 
 /// Checks that `messages` can be logged as the messages an inbox splice inserts
 /// (`agent/inbox/spliced`, whose `data.inserted` holds them): [`check_lossless`] with the
-/// nesting budget left there, so an inbox insertion of messages that pass never fails for
-/// their shape.
+/// nesting budget left there, and the open-union check of the append (no
+/// [`ContentBlock::Other`] or [`MessageSource::Other`] naming a known tag), so an inbox
+/// insertion of messages that pass never fails for their shape.
 pub fn check_inbox_insert_loggable(messages: &[Message]) -> Result<(), String> {
     // line → data → inserted array.
     const INSERTED_DEPTH: usize = lossless::MAX_READABLE_DEPTH - 2;
-    lossless::check(messages, INSERTED_DEPTH).map_err(|fault| fault.reason())
+    lossless::check(messages, INSERTED_DEPTH).map_err(|fault| fault.reason())?;
+    match lossless::misnamed_in_messages(messages) {
+        Some(reason) => Err(reason),
+        None => Ok(()),
+    }
 }
 
 /// [`check_lossless`] for an event's `data`, which sits one level inside its envelope: the
@@ -626,6 +636,10 @@ fn validate_candidate(data: &EventData, surface: Option<&SurfaceMeta>) -> Result
     // The fast path only skips walks that cannot fail; anything it is unsure of is walked.
     if !lossless::plainly_lossless(data) {
         check_lossless_payload(data).map_err(CandidateError::Lossless)?;
+        // An open union's catch-all naming a known tag would read back as another value.
+        if let Some(reason) = lossless::misnamed_other(data) {
+            return Err(CandidateError::Invalid(reason));
+        }
     }
     // A plugin event named like a typed one would read back as that type (or not at all).
     if let EventData::Other { kind, .. } = data

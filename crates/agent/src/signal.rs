@@ -6,14 +6,22 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering, fence};
 
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+
+use crate::content::{known_tag, read_open_union};
+
+/// The `kind` tags [`CancelCause`] reads as typed variants (every variant but
+/// [`CancelCause::Unknown`]'s).
+pub const CANCEL_CAUSE_KINDS: [&str; 6] = ["user", "parent", "hook", "disposed", "legacy", "other"];
 
 /// Why an agent's activity was cancelled. Serialized as `{"kind": …}` in the spec's vocabulary.
 ///
 /// The union is open: a cause this crate does not know (`legacy` in imported logs, or a
-/// caller-supplied reason) round-trips through [`CancelCause::Other`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// caller-supplied reason) round-trips through [`CancelCause::Other`]. A cause whose `kind` is
+/// one of [`CANCEL_CAUSE_KINDS`] but whose fields do not fit (a `hook` without its reason) is
+/// refused with an error naming the kind; it never reads as [`CancelCause::Unknown`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum CancelCause {
@@ -37,9 +45,49 @@ pub enum CancelCause {
         reason: String,
     },
     /// A cause kind this crate does not know (from a foreign log), kept as raw JSON including
-    /// its `kind`.
+    /// its `kind`. Its `kind`, if any, is never one of [`CANCEL_CAUSE_KINDS`].
     #[serde(untagged)]
     Unknown(serde_json::Map<String, serde_json::Value>),
+}
+
+/// The known causes' wire form, for reading.
+#[derive(Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+enum KnownCause {
+    User,
+    Parent,
+    Hook { reason: String },
+    Disposed,
+    Legacy,
+    Other { reason: String },
+}
+
+impl<'de> Deserialize<'de> for CancelCause {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let known = match read_open_union(deserializer, "kind", &CANCEL_CAUSE_KINDS, "cancel cause")? {
+            Ok(known) => known,
+            Err(fields) => return Ok(Self::Unknown(fields)),
+        };
+        Ok(match known {
+            KnownCause::User => Self::User,
+            KnownCause::Parent => Self::Parent,
+            KnownCause::Hook { reason } => Self::Hook { reason },
+            KnownCause::Disposed => Self::Disposed,
+            KnownCause::Legacy => Self::Legacy,
+            KnownCause::Other { reason } => Self::Other { reason },
+        })
+    }
+}
+
+impl CancelCause {
+    /// For [`CancelCause::Unknown`] whose `kind` is one of [`CANCEL_CAUSE_KINDS`] (which a log
+    /// refuses: it would read back as the typed variant), that kind; otherwise `None`.
+    pub fn unknown_with_known_kind(&self) -> Option<&str> {
+        match self {
+            Self::Unknown(fields) => known_tag(fields, "kind", &CANCEL_CAUSE_KINDS),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for CancelCause {

@@ -111,8 +111,9 @@ impl ser::Error for Fault {
 /// float, the request temperature); every other field is a string, integer, boolean or closed
 /// enum and can never be at fault.
 ///
-/// `true` means the full walk ([`check`]) would find nothing. `false` means "not certain": the
-/// caller runs the full walk, which decides and, on a fault, names its path. So this fast path
+/// `true` means the full walk ([`check`]) would find nothing, and neither would
+/// [`misnamed_other`]. `false` means "not certain": the caller runs both walks, which decide
+/// and, on a fault, name its path. So this fast path
 /// can change cost, never verdicts or error texts. The matches below are exhaustive on purpose:
 /// a new variant or field shape must be classified here before the crate compiles.
 pub(super) fn plainly_lossless(data: &EventData) -> bool {
@@ -242,13 +243,17 @@ fn plain_message(message: &Message) -> bool {
                     | PluginForm::Relay
                     | PluginForm::Recall,
                 ) => true,
-                Some(PluginForm::Other(map)) => plain_map(map),
+                // An `Other` naming a known type is refused by the open-union check: not plain.
+                Some(form @ PluginForm::Other(map)) => {
+                    plain_map(map) && form.other_with_known_type().is_none()
+                }
             },
             MessageSource::Model { replay_state, .. } => replay_state.as_deref().is_none_or(plain_value),
             MessageSource::Tool { extra, .. } => {
                 plain_map(extra) && !extra.contains_key("kind") && !extra.contains_key("callId")
             }
-            MessageSource::Other(map) => plain_map(map),
+            // An `Other` naming a known kind is refused by the open-union check: not plain.
+            MessageSource::Other(map) => plain_map(map) && message.source.other_with_known_kind().is_none(),
         }
 }
 
@@ -268,11 +273,16 @@ fn plain_block_within(block: &ContentBlock, nesting: usize) -> bool {
         ContentBlock::ToolResult { content, .. } => {
             nesting > 0 && content.iter().all(|b| plain_block_within(b, nesting - 1))
         }
-        ContentBlock::Other(map) => plain_map(map),
+        // An `Other` naming a known type is refused by the open-union check: not plain.
+        ContentBlock::Other(map) => plain_map(map) && block.other_with_known_type().is_none(),
     }
 }
 
 fn turn_end_reason(reason: &TurnEndReason) -> bool {
+    // A catch-all naming a known kind is refused by the open-union check: not plain.
+    if reason.other_with_known_kind().is_some() {
+        return false;
+    }
     match reason {
         TurnEndReason::Completed
         | TurnEndReason::Blocked
@@ -299,7 +309,159 @@ fn finish_reason(reason: &FinishReason) -> bool {
         | FinishReason::MaxTokens
         | FinishReason::Aborted { .. }
         | FinishReason::Error { .. } => true,
-        FinishReason::Unknown { fields, .. } => plain_map(fields),
+        // An `Unknown` naming a known kind is refused by the open-union check: not plain.
+        FinishReason::Unknown { kind, fields } => {
+            plain_map(fields) && !crate::model::KNOWN_FINISH_KINDS.contains(&kind.as_str())
+        }
+    }
+}
+
+/// The first catch-all arm of an open union in `data` that names one of the union's known tags
+/// (a [`ContentBlock::Other`] whose `type` is `text`, a [`MessageSource::Other`] whose `kind`
+/// is `user`, a [`PluginForm::Other`], [`TurnEndReason::Other`], [`CancelCause::Unknown`] or
+/// [`FinishReason::Unknown`] spelling a known variant), as a refusal reason with its path in
+/// the payload. Such a value renders as the typed variant's JSON (or as a malformed one), so
+/// the logged line would read back as another value, or not at all (spine §3, §4.2 rule 2).
+/// Like [`check`], the path is assembled only on a hit: the walk allocates nothing otherwise.
+pub(super) fn misnamed_other(data: &EventData) -> Option<String> {
+    let found = match data {
+        EventData::TurnEnd { reason, .. } => reason.other_with_known_kind().map(|kind| match reason {
+            TurnEndReason::Aborted { .. } => Misnamed::new("cancel cause", "kind", kind)
+                .at(".reason")
+                .at(".reason"),
+            _ => Misnamed::new("turn-end reason", "kind", kind).at(".reason"),
+        }),
+        EventData::UserMessage(message) => misnamed_in_message(message),
+        EventData::AssistantMessage { message, .. } | EventData::ToolResult { message, .. } => {
+            misnamed_in_message(message).map(|m| m.at(".message"))
+        }
+        EventData::InboxSpliced(splice) => {
+            misnamed_in_message_list(&splice.inserted).map(|m| m.at(".inserted"))
+        }
+        EventData::AssistantChunk {
+            chunk: StreamChunk::BlockEnd { block, .. },
+            ..
+        } => misnamed_in_block(block).map(|m| m.at(".block").at(".chunk")),
+        EventData::AssistantChunk {
+            chunk:
+                StreamChunk::Finish {
+                    reason: FinishReason::Unknown { kind, .. },
+                    ..
+                },
+            ..
+        } if crate::model::KNOWN_FINISH_KINDS.contains(&kind.as_str()) => Some(
+            Misnamed::new("finish reason", "kind", kind)
+                .at(".reason")
+                .at(".chunk"),
+        ),
+        _ => None,
+    };
+    found.map(|m| m.reason())
+}
+
+/// [`misnamed_other`] for `messages` (paths relative to the list).
+pub(super) fn misnamed_in_messages(messages: &[Message]) -> Option<String> {
+    misnamed_in_message_list(messages).map(|m| m.reason())
+}
+
+/// [`misnamed_other`] for `blocks` (paths relative to the list).
+pub(super) fn misnamed_in_blocks(blocks: &[ContentBlock]) -> Option<String> {
+    misnamed_in_block_list(blocks).map(|m| m.reason())
+}
+
+/// A catch-all arm naming a known tag, found by the open-union walk.
+struct Misnamed {
+    what: &'static str,
+    tag: &'static str,
+    kind: String,
+    /// Path segments, innermost first (added while the walk returns).
+    path: Vec<Step>,
+}
+
+/// One segment of a [`Misnamed`] path.
+enum Step {
+    Key(&'static str),
+    Index(usize),
+}
+
+impl Misnamed {
+    #[cold]
+    #[inline(never)]
+    fn new(what: &'static str, tag: &'static str, kind: &str) -> Self {
+        Self {
+            what,
+            tag,
+            kind: kind.to_owned(),
+            path: Vec::new(),
+        }
+    }
+
+    fn at(mut self, key: &'static str) -> Self {
+        self.path.push(Step::Key(key));
+        self
+    }
+
+    fn at_index(mut self, index: usize) -> Self {
+        self.path.push(Step::Index(index));
+        self
+    }
+
+    fn reason(&self) -> String {
+        let mut path: String = self
+            .path
+            .iter()
+            .rev()
+            .map(|step| match step {
+                Step::Key(key) => (*key).to_owned(),
+                Step::Index(i) => format!("[{i}]"),
+            })
+            .collect();
+        if path.is_empty() {
+            path.push('$');
+        }
+        let (what, tag, kind) = (self.what, self.tag, &self.kind);
+        format!(
+            "the unknown-{tag} {what} at `{path}` names the known {tag} `{kind}`; \
+             it would read back as a `{kind}` {what}, not as the value appended"
+        )
+    }
+}
+
+fn misnamed_in_message_list(messages: &[Message]) -> Option<Misnamed> {
+    messages
+        .iter()
+        .enumerate()
+        .find_map(|(i, message)| misnamed_in_message(message).map(|m| m.at_index(i)))
+}
+
+fn misnamed_in_block_list(blocks: &[ContentBlock]) -> Option<Misnamed> {
+    blocks
+        .iter()
+        .enumerate()
+        .find_map(|(i, block)| misnamed_in_block(block).map(|m| m.at_index(i)))
+}
+
+fn misnamed_in_message(message: &Message) -> Option<Misnamed> {
+    let source = match &message.source {
+        MessageSource::Plugin { form: Some(form), .. } => form
+            .other_with_known_type()
+            .map(|kind| Misnamed::new("plugin form", "type", kind).at(".form")),
+        source => source
+            .other_with_known_kind()
+            .map(|kind| Misnamed::new("message source", "kind", kind)),
+    };
+    match source {
+        Some(found) => Some(found.at(".source")),
+        None => misnamed_in_block_list(&message.content).map(|m| m.at(".content")),
+    }
+}
+
+fn misnamed_in_block(block: &ContentBlock) -> Option<Misnamed> {
+    match block {
+        ContentBlock::ToolResult { content, .. } => misnamed_in_block_list(content).map(|m| m.at(".content")),
+        _ => block
+            .other_with_known_type()
+            .map(|kind| Misnamed::new("content block", "type", kind)),
     }
 }
 
