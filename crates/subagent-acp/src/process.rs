@@ -5,9 +5,11 @@
 //! once the **whole group** has exited: EOF window, then SIGTERM to the group, then SIGKILL.
 //!
 //! # Ownership and drop
-//! The value owns the child. Dropping it without [`teardown`](ChildProcess::teardown) kills the
-//! direct child (tokio's `kill_on_drop`, the last resort) and leaves its reaping to tokio's
-//! orphan reaper; helpers in its group are not signalled then. Always tear down.
+//! The value owns the child and its process group. Dropping it — or dropping a
+//! [`teardown`](ChildProcess::teardown) future before it proved the group gone (its task was
+//! aborted, its runtime shut down) — is the last resort: SIGKILL to the **whole group** (plus
+//! tokio's `kill_on_drop` for the direct child), with reaping left to tokio's orphan reaper and
+//! the helpers' new parent. No EOF window or SIGTERM grace is given then. Always tear down.
 
 use std::ffi::OsString;
 use std::io;
@@ -72,9 +74,39 @@ enum State {
     Failed(Arc<io::Error>),
     Running {
         child: Child,
-        /// The process group id (= the child's pid) on Unix.
-        group: Option<u32>,
+        /// The process group (id = the child's pid on Unix), killed if dropped while armed.
+        group: GroupGuard,
     },
+}
+
+/// The last resort for a child's process group: SIGKILL to the whole group when dropped while
+/// armed, so helpers the child started never outlive an abandoned child or teardown. Disarmed
+/// only once the teardown proved the group gone; until then the group id cannot name another
+/// group (the unreaped direct child, or a live member, keeps it reserved).
+#[derive(Debug)]
+struct GroupGuard {
+    /// The process group id while armed (`None` off Unix, or once disarmed).
+    group: Option<u32>,
+}
+
+impl GroupGuard {
+    fn id(&self) -> Option<u32> {
+        self.group
+    }
+
+    /// The group is gone: nothing left to kill.
+    fn disarm(&mut self) {
+        self.group = None;
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        if let Some(group) = self.group.take() {
+            signal_group(group, rustix::process::Signal::KILL);
+        }
+    }
 }
 
 /// The pipes of a freshly spawned child.
@@ -109,7 +141,9 @@ impl ChildProcess {
                     (Some(stdin), Some(stdout)) => Some(ChildPipes { stdin, stdout }),
                     _ => None,
                 };
-                let group = if cfg!(unix) { child.id() } else { None };
+                let group = GroupGuard {
+                    group: if cfg!(unix) { child.id() } else { None },
+                };
                 (
                     Self {
                         state: State::Running { child, group },
@@ -147,13 +181,16 @@ impl ChildProcess {
     /// `graces.terminate`, SIGKILL, and an unbounded wait for the group to vanish (SIGKILL cannot
     /// be ignored). Off Unix the child is force-terminated right after the EOF window.
     ///
-    /// Cancelling (dropping) this future drops the child, which kills it (`kill_on_drop`).
+    /// Cancelling (dropping) this future before it completes kills the whole process group
+    /// (SIGKILL, the last resort; see the module documentation).
     pub async fn teardown(self, graces: Graces) -> TeardownReport {
-        let (mut child, group) = match self.state {
+        let (mut child, mut guard) = match self.state {
             State::Failed(error) => return TeardownReport::SpawnFailed(error),
             State::Running { child, group } => (child, group),
         };
+        let group = guard.id();
         if let Ok(status) = tokio::time::timeout(graces.eof, tree_exit(&mut child, group)).await {
+            guard.disarm();
             return TeardownReport::Exited {
                 status,
                 tier: TeardownTier::Eof,
@@ -165,6 +202,7 @@ impl ChildProcess {
             if let Ok(status) =
                 tokio::time::timeout(graces.terminate, tree_exit(&mut child, Some(group))).await
             {
+                guard.disarm();
                 return TeardownReport::Exited {
                     status,
                     tier: TeardownTier::Terminate,
@@ -174,6 +212,7 @@ impl ChildProcess {
         }
         let _ = child.start_kill();
         let status = tree_exit(&mut child, group).await;
+        guard.disarm();
         TeardownReport::Exited {
             status,
             tier: TeardownTier::Kill,

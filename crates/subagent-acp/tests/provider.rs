@@ -1151,3 +1151,41 @@ fn start_outside_a_runtime_is_a_typed_error() {
     assert!(matches!(outcome, Err(subagent_acp::AcpError::NoRuntime)));
     runtime.block_on(host.finish());
 }
+
+/// spec: §1.5, §1.11 — a run dropped undisposed whose background teardown is cut short by its
+/// runtime shutting down (a host exiting with a run still live) leaves no helper of the child
+/// running: the last resort kills the child's whole process group, not only the child.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_run_whose_runtime_shuts_down_mid_teardown_leaves_no_helper() {
+    let dir = scratch();
+    let helper_pid = dir.path().join("helper.pid");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let host = Host::new(Some(dir.path())).await;
+        let mut config = AcpConfig::new("sh");
+        config.args = vec![
+            "-c".into(),
+            format!("sleep 600 & echo $! > '{}'; exec '{MOCK}'", helper_pid.display()),
+        ];
+        // The helper keeps the group alive, so the teardown stays in this (long) EOF window.
+        config.dispose_eof_grace_ms = 3_600_000.0;
+        config.dispose_grace_ms = 3_600_000.0;
+        let provider = AcpProvider::load(&config).unwrap();
+        let run = provider.start_run(&host.request()).await.unwrap();
+        assert_eq!(run.result().await.unwrap().stop_reason, StopReason::Completed);
+        wait_for(&helper_pid).await;
+        drop(run);
+        host.finish().await;
+    });
+    drop(runtime);
+    let helper: u32 = std::fs::read_to_string(&helper_pid)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    wait_ended(helper, "the dropped run's helper outlived the runtime");
+}

@@ -129,3 +129,69 @@ async fn teardown_reaches_helpers_in_the_group() {
     // `alive` probes the whole group (the helper is a member), not just the direct child.
     assert!(!alive(pid), "no member of the child's group is left");
 }
+
+/// Spawns `sh` running `body` after starting a `sleep 600` helper in the child's process group;
+/// returns the child, its pipes and the helper's pid once the helper runs.
+#[cfg(target_os = "linux")]
+async fn child_with_helper(
+    dir: &Path,
+    body: &str,
+) -> (ChildProcess, Option<subagent_acp::process::ChildPipes>, u32) {
+    let helper_pid = dir.join("helper.pid");
+    let script = format!("sleep 600 & echo $! > '{}'; exec {body}", helper_pid.display());
+    let (child, pipes) = ChildProcess::spawn(&spec("sh", &["-c", &script], dir, &[]));
+    wait_for(&helper_pid).await;
+    let helper = std::fs::read_to_string(&helper_pid)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    (child, pipes, helper)
+}
+
+/// spec: §1.5, §1.11 (Rust hint: "keep a last-resort `kill_on_drop`, signal the group") — a
+/// child dropped without a teardown takes its **whole process group** down, not just the direct
+/// child: a helper it started is not leaked.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn dropping_a_child_kills_its_whole_group() {
+    let dir = scratch();
+    let (child, pipes, helper) = child_with_helper(dir.path(), "cat").await;
+    drop(child);
+    drop(pipes);
+    wait_ended(helper, "the dropped child's helper was leaked");
+}
+
+/// spec: §1.11 — a teardown cut short (its runtime shut down during the EOF window, as when a
+/// host exits with a run still disposing) still ends the whole group: the last resort reaches
+/// the helper the EOF window was waiting for.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_teardown_dropped_mid_ladder_kills_the_whole_group() {
+    let dir = scratch();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let helper = runtime.block_on(async {
+        // `cat` exits at EOF; the helper keeps the group — and so the EOF window — alive.
+        let (child, pipes, helper) = child_with_helper(dir.path(), "cat").await;
+        let pid = child.id().unwrap();
+        drop(pipes);
+        let hour = Duration::from_secs(3600);
+        let teardown = tokio::spawn(child.teardown(Graces {
+            eof: hour,
+            terminate: hour,
+        }));
+        // Wait until `cat` saw EOF and exited: the ladder now waits on the helper alone.
+        let deadline = std::time::Instant::now() + BOUND;
+        while !process_ended(pid) {
+            assert!(std::time::Instant::now() < deadline, "cat never saw EOF");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!teardown.is_finished());
+        helper
+    });
+    drop(runtime);
+    wait_ended(helper, "the helper outlived the abandoned teardown");
+}

@@ -126,3 +126,26 @@ pub fn text(blocks: &[ContentBlock]) -> String {
 pub fn canonical(p: impl AsRef<Path>) -> PathBuf {
     std::fs::canonicalize(p).expect("canonicalizable")
 }
+
+/// Whether process `pid` has ended: it is gone, or a zombie waiting to be reaped by whoever
+/// adopted it (Linux: read from `/proc`).
+#[cfg(target_os = "linux")]
+pub fn process_ended(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| matches!(state, 'Z' | 'X')),
+    }
+}
+
+/// Polls (bounded by [`BOUND`], blocking the thread) until process `pid` has ended.
+#[cfg(target_os = "linux")]
+pub fn wait_ended(pid: u32, what: &str) {
+    let deadline = Instant::now() + BOUND;
+    while !process_ended(pid) {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
