@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use agent::bus::panic_message;
 use agent::{
     Agent, AgentError, AgentEvent, AgentRef, CancelCause, CancelOptions, Disposer, Registration, Scope,
-    SessionId,
+    SessionId, SessionPersistence,
 };
 
 use super::{RuntimeInner, inactive};
@@ -244,6 +244,11 @@ pub(super) struct PendingCreation {
     /// Whether the id was freed: it is freed once, so a late free leaves a new reservation of
     /// the same id alone.
     released: AtomicBool,
+    /// A resumption's claimed log ([`hold_log`](Self::hold_log)) until its session enters the
+    /// store ([`hand_over_log`](Self::hand_over_log)), whose removal lets go of it from then
+    /// on: let go of when the id is freed before that (a rollback; spec:
+    /// `SessionPersistence::release`, "its creation or resumption rolled back").
+    log: Mutex<Option<Arc<dyn SessionPersistence>>>,
 }
 
 enum CreationState {
@@ -293,6 +298,30 @@ impl PendingCreation {
             state: Mutex::new(CreationState::Reserved),
             settled: Latch::default(),
             released: AtomicBool::new(false),
+            log: Mutex::new(None),
+        }
+    }
+
+    /// The resumption claimed its log from `persistence`: freeing the id from now on lets go
+    /// of it, until [`hand_over_log`](Self::hand_over_log). Let go of at once when the id was
+    /// freed already (an abort while the claim was under way, on another thread).
+    pub(super) fn hold_log(&self, persistence: Arc<dyn SessionPersistence>) {
+        *self.log.lock() = Some(persistence);
+        if self.released.load(Ordering::SeqCst) {
+            self.let_go_of_log();
+        }
+    }
+
+    /// The resumed session entered the store: its removal lets go of the log from now on.
+    pub(super) fn hand_over_log(&self) {
+        drop(self.log.lock().take());
+    }
+
+    /// Lets go of the claimed log, if still held.
+    fn let_go_of_log(&self) {
+        let log = self.log.lock().take();
+        if let Some(persistence) = log {
+            contained_now(&self.id, "log release", || persistence.release(&self.id));
         }
     }
 
@@ -370,11 +399,14 @@ impl PendingCreation {
         self.settled.wait().await;
     }
 
-    /// Frees the id now (once).
+    /// Frees the id now (once), after letting go of a claimed log not handed over (so that no
+    /// new reservation of the id claims the log before).
     pub(super) fn release(&self) {
-        if !self.released.swap(true, Ordering::SeqCst)
-            && let Some(rt) = self.runtime.upgrade()
-        {
+        if self.released.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.let_go_of_log();
+        if let Some(rt) = self.runtime.upgrade() {
             let removed = rt.reserved.lock().remove(&self.id);
             // The list's reference, dropped outside its lock.
             drop(removed);

@@ -742,6 +742,10 @@ impl Runtime {
             // Durable writes wait for the commit below: a rollback stores nothing.
             let (session_guard, durability) =
                 self.inner.sessions.enter_deferred(session.clone(), persisted)?;
+            if persisted.is_some() {
+                // A resumed session: its removal lets go of the claimed log from now on.
+                rollback.reservation.creation.hand_over_log();
+            }
             let entry = {
                 let mut registry = self.inner.registry.lock();
                 if registry.contains(&id) {
@@ -889,6 +893,9 @@ impl AgentRuntime for Runtime {
         )
         .await
         .outcome(&session_id)?;
+        // Claimed: a rollback from here until the session enters the store (whose removal lets
+        // go of the log from then on) lets go of it with the id.
+        reservation.creation.hold_log(persistence);
         let mut events = loaded.events;
         crate::store::repair_open_turn(&mut events);
         let session = Arc::new(Session::new(loaded.header, Some(events))?);

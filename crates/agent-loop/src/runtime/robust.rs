@@ -881,3 +881,79 @@ async fn an_observer_refusing_a_session_at_entry_fails_its_creation() {
     assert!(!stored(persistence.as_ref(), "a").await);
     finish(&rt, []).await;
 }
+
+/// A resumption that claimed its log and then rolled back before publishing — its setup
+/// failed, or its owner's teardown rolled it back in its setup window (at once, without its
+/// creator's future) — lets go of the log (spec `SessionPersistence::release`: "its creation or
+/// resumption rolled back"): its store holds no writer for it, and another store resumes the
+/// session at once instead of finding the log locked.
+#[tokio::test(start_paused = true)]
+async fn a_resume_rolled_back_before_publication_releases_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = SessionId::from("a");
+    let model = ScriptedModel::new((0..4).map(|_| chunks::text("ok")));
+    let store = Arc::new(JsonlStore::new(dir.path()));
+    let rt = builder(&model).persistence(store.clone()).build();
+    let first = create(&rt, "a").await;
+    first.agent().followup(user("go")).unwrap();
+    first.agent().when_idle().await;
+    first.dispose().await;
+    store.flush(&id).await.unwrap();
+    assert_eq!(store.sync_count(&id), None, "the disposed agent's log is let go");
+
+    // The setup fails after the claim.
+    let mut o = resume_options("a");
+    o.setup = Some(Box::new(|_: Ctx| {
+        async { Err::<Option<agent::runtime::Commit>, _>("setup refused".into()) }.boxed()
+    }));
+    let err = rt.resume(o).await.expect_err("the setup fails");
+    assert!(matches!(&err, AgentError::Setup { .. }), "{err:?}");
+    nothing_live(&rt, "a", "failed setup");
+    assert_eq!(
+        store.sync_count(&id),
+        None,
+        "a resumption whose setup failed still holds the log"
+    );
+
+    // The owner's teardown rolls the resumption back in its setup window; its future is kept
+    // unpolled meanwhile.
+    let owner = create(&rt, "owner").await;
+    let (entered_tx, entered) = tokio::sync::oneshot::channel::<()>();
+    let mut o = resume_options("a");
+    o.owner = Some(owner.agent().clone());
+    let entered_tx = Mutex::new(Some(entered_tx));
+    o.setup = Some(Box::new(move |_: Ctx| {
+        let entered_tx = entered_tx.lock().take();
+        async move {
+            if let Some(tx) = entered_tx {
+                let _ = tx.send(());
+            }
+            futures::future::pending::<()>().await;
+            Ok(None)
+        }
+        .boxed()
+    }));
+    let mut resuming = rt.resume(o);
+    tokio::select! {
+        biased;
+        _ = entered => {}
+        _ = &mut resuming => panic!("the setup never ends"),
+    }
+    owner.dispose().await;
+    assert_eq!(
+        store.sync_count(&id),
+        None,
+        "a resumption its owner rolled back still holds the log"
+    );
+    let other_store = Arc::new(JsonlStore::new(dir.path()));
+    let other = builder(&model).persistence(other_store.clone()).build();
+    let resumed = other
+        .resume(resume_options("a"))
+        .await
+        .expect("another store resumes the log the rolled-back resumption let go");
+    let err = resuming.await.expect_err("rolled back by its owner");
+    assert!(matches!(&err, AgentError::OwnerDisposed(_)), "{err:?}");
+    resumed.dispose().await;
+    finish(&other, []).await;
+    finish(&rt, []).await;
+}
