@@ -302,9 +302,9 @@ impl PendingCreation {
         }
     }
 
-    /// The resumption claimed its log from `persistence`: freeing the id from now on lets go
-    /// of it, until [`hand_over_log`](Self::hand_over_log). Let go of at once when the id was
-    /// freed already (an abort while the claim was under way, on another thread).
+    /// The resumption reads (then claims) its log from `persistence`: freeing the id from now
+    /// on lets go of it, until [`hand_over_log`](Self::hand_over_log). Let go of at once when
+    /// the id was freed already (an abort, on another thread).
     pub(super) fn hold_log(&self, persistence: Arc<dyn SessionPersistence>) {
         *self.log.lock() = Some(persistence);
         if self.released.load(Ordering::SeqCst) {

@@ -875,6 +875,11 @@ impl AgentRuntime for Runtime {
             // frees the id without this future (spec: SPN-55).
             reservation.adopt(owner)?;
         }
+        // From the load on, the backend may hold state for the log (a cached reader, then the
+        // claimed writer and its lock — also when a claim cut off by the race below completes
+        // anyway): a rollback from here until the session enters the store (whose removal lets
+        // go of the log from then on) lets go of it with the id.
+        reservation.creation.hold_log(persistence.clone());
         let loaded = self
             .race(
                 persistence.load(&session_id),
@@ -893,9 +898,6 @@ impl AgentRuntime for Runtime {
         )
         .await
         .outcome(&session_id)?;
-        // Claimed: a rollback from here until the session enters the store (whose removal lets
-        // go of the log from then on) lets go of it with the id.
-        reservation.creation.hold_log(persistence);
         let mut events = loaded.events;
         crate::store::repair_open_turn(&mut events);
         let session = Arc::new(Session::new(loaded.header, Some(events))?);
