@@ -50,7 +50,9 @@
 //!   owned), and so is a scoped drain's synchronous part (closing its roots, selecting its
 //!   targets, collecting the in-flight materializations): the drain either selects a child
 //!   made resident before it or refuses one that comes after, whose in-flight record it then
-//!   waits for. Reentrant, because an insertion observer may itself drain; never held across
+//!   waits for. A settlement notice's delivery (its scheduling decision — closing parent or
+//!   not, wake or not — through its send) is one such span as well: a drain on another thread
+//!   never opens the parent's teardown between the decision and the send. Reentrant, because an insertion observer may itself drain; never held across
 //!   an `.await`. Taken before any lock above.
 //! * `Activation` fields (sync) — each protects only its own small set.
 
@@ -215,6 +217,10 @@ pub(crate) struct TestHooks {
     /// passed and its ownership is registered, before its ancestry is recorded — inside the
     /// residency's span.
     pub(crate) admitted: Mutex<Option<AdmittedHook>>,
+    /// Called (synchronously) by a settlement notice's delivery once it decided how to schedule
+    /// the notice (closing parent or not, and so whether to wake it), before its send — inside
+    /// the delivery's admission span.
+    pub(crate) notice_scheduled: Mutex<Option<PointHook>>,
 }
 
 /// A test hook: the future to await at its point, made from the Activation concerned.
@@ -264,6 +270,13 @@ impl TestHooks {
 
     fn drain_selected(&self) {
         let hook = self.drain_selected.lock().clone();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
+
+    fn notice_scheduled(&self) {
+        let hook = self.notice_scheduled.lock().clone();
         if let Some(hook) = hook {
             hook();
         }

@@ -33,6 +33,15 @@ impl Inner {
             MessageSource::Other(source),
         );
         let id = message.id.clone();
+        // The scheduling decision and the send are one span under the admission lock, like a
+        // submission's (spec §2.14.5): with respect to the opening of a disposal transaction
+        // (its cancel) and a drain's closing of admission on another thread, the notice is
+        // either decided and inserted wholly before — a waking send the parent's cancel then
+        // discards or aborts — or decided after, and then injected without a wake. Decided
+        // outside the span, a drain opening the parent's teardown between the decision and the
+        // send let a wake into the already-cancelled parent, which then ran (and paid for) a
+        // whole model turn inside its own teardown.
+        let _admission = self.admission.lock();
         let owner = self.activations.lock().get(parent.id()).cloned();
         // A closing parent (manager drain, a scoped drain covering it, or a resident parent whose own teardown began) gets
         // the notice without a wake: teardown is not a reason to spend a model request.
@@ -41,6 +50,8 @@ impl Inner {
         if let Some(owner) = accounted {
             owner.accept(id.clone());
         }
+        #[cfg(test)]
+        self.hooks.notice_scheduled();
         // The parent is host code: a panic of its `send` is contained and counts as a failed
         // send, so that it cannot abandon the disposal transaction delivering the notice.
         let result = send_contained("the parent agent", || {
