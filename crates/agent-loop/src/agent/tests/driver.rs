@@ -1165,20 +1165,7 @@ async fn duplicate_call_ids_in_one_step_keep_the_log_valid() {
         chunks::text("done"),
     ]);
     let rt = runtime(&model);
-    let runs = Arc::new(AtomicUsize::new(0));
-    let guard = {
-        let runs = runs.clone();
-        rt.services()
-            .tools
-            .register(
-                None,
-                tool("echo", move |args, _ctx| {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    async move { Ok(ToolOutput::text(args.to_string())) }
-                }),
-            )
-            .unwrap()
-    };
+    let (runs, guard) = counting_echo(&rt);
     let handle = create(&rt, "a").await;
     let agent = handle.agent().clone();
     agent.followup(user("go")).unwrap();
@@ -1308,20 +1295,7 @@ async fn stragglers_after_block_end_are_ignored_and_run_no_second_call() {
     ];
     let model = ScriptedModel::new([stream, chunks::text("done")]);
     let rt = runtime(&model);
-    let runs = Arc::new(AtomicUsize::new(0));
-    let guard = {
-        let runs = runs.clone();
-        rt.services()
-            .tools
-            .register(
-                None,
-                tool("echo", move |args, _ctx| {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    async move { Ok(ToolOutput::text(args.to_string())) }
-                }),
-            )
-            .unwrap()
-    };
+    let (runs, guard) = counting_echo(&rt);
     let handle = create(&rt, "a").await;
     let agent = handle.agent().clone();
     agent.followup(user("go")).unwrap();
@@ -1969,4 +1943,22 @@ async fn an_aborted_step_whose_end_is_refused_closes_on_the_next_wake() {
     );
     assert_eq!(codes(), [crate::agent::codes::STEP_END_REFUSED]);
     finish(&rt, [handle]).await;
+}
+
+/// Registers a global `echo` tool (returns its arguments as text) on `rt`, counting its runs.
+fn counting_echo(rt: &crate::runtime::Runtime) -> (Arc<AtomicUsize>, agent::Registration) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let guard = rt
+        .services()
+        .tools
+        .register(
+            None,
+            tool("echo", move |args, _ctx| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async move { Ok(ToolOutput::text(args.to_string())) }
+            }),
+        )
+        .unwrap();
+    (runs, guard)
 }
