@@ -52,8 +52,9 @@
 //!   made resident before it or refuses one that comes after, whose in-flight record it then
 //!   waits for. A settlement notice's delivery (its scheduling decision — closing parent or
 //!   not, wake or not — through its send) is one such span as well: a drain on another thread
-//!   never opens the parent's teardown between the decision and the send. Reentrant, because an insertion observer may itself drain; never held across
-//!   an `.await`. Taken before any lock above.
+//!   never opens the parent's teardown between the decision and the send. So is a report
+//!   (its checks through its send, §2.14.10). Reentrant, because an insertion observer may
+//!   itself drain; never held across an `.await`. Taken before any lock above.
 //! * `Activation` fields (sync) — each protects only its own small set.
 
 mod activation;
@@ -221,6 +222,10 @@ pub(crate) struct TestHooks {
     /// the notice (closing parent or not, and so whether to wake it), before its send — inside
     /// the delivery's admission span.
     pub(crate) notice_scheduled: Mutex<Option<PointHook>>,
+    /// Called (synchronously) by a report once its checks passed and it decided how to deliver
+    /// the report (closing parent or not, and so whether to wake it), before its send — inside
+    /// the report's admission span.
+    pub(crate) report_scheduled: Mutex<Option<PointHook>>,
 }
 
 /// A test hook: the future to await at its point, made from the Activation concerned.
@@ -277,6 +282,13 @@ impl TestHooks {
 
     fn notice_scheduled(&self) {
         let hook = self.notice_scheduled.lock().clone();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
+
+    fn report_scheduled(&self) {
+        let hook = self.report_scheduled.lock().clone();
         if let Some(hook) = hook {
             hook();
         }

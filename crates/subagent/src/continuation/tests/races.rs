@@ -1015,3 +1015,129 @@ async fn a_drain_beginning_mid_notice_spends_no_model_request_on_the_closing_par
     drop((mid_hook, leaf_hook));
     host.finish().await;
 }
+
+/// spec: §2.14.10 (REP-5, REP-10, REP-12), CONT-45, CONT-79 — a report runs without suspension:
+/// its checks, its scheduling decision and its send are one admission span, like a
+/// submission's (§2.14.5) and a settlement notice's (§2.14.8). Here a scoped drain covering the
+/// reporting leaf and its parent — a resident, waiting Activation — begins on another thread
+/// right after a next-step report from the leaf passed its checks and decided to wake that (not
+/// yet closing) parent: the drain's span waits for the report, so the report enters the
+/// parent's inbox before the drain cancels the parent, and that cancel discards it. No model
+/// request is spent in the parent's teardown. (Checked outside any span, the drain opened the
+/// parent's teardown — its cancel — between the checks and the send; the waking `steer` then
+/// reached the already-cancelled parent, which ran a whole model turn on the report inside its
+/// own teardown.)
+#[tokio::test(start_paused = true)]
+async fn a_drain_beginning_mid_report_spends_no_model_request_on_the_closing_parent() {
+    let host = Host::new(by_session(10)).await;
+    let (mid_gate, mid_hook) = gate(&host, "mid");
+    let (_leaf_gate, leaf_hook) = gate(&host, "leaf");
+    let mut spec = host.spec("mid task");
+    spec.child_id = Some(SessionId::from("mid"));
+    let (mid_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    let mid = host.get(&mid_id).unwrap();
+    let mut spec = ContinuableStartSpec::new(
+        "spawn",
+        "deeper",
+        vec![ContentBlock::text("leaf task")],
+        mid.clone(),
+    );
+    spec.child_id = Some(SessionId::from("leaf"));
+    let (leaf_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    let leaf = host.get(&leaf_id).unwrap();
+    // The mid child finishes its turn and waits on the leaf, which runs (held at its step).
+    mid_gate.send(true).unwrap();
+    mid.when_idle().await;
+    yield_a_while().await;
+    assert!(host.manager.is_resident(&mid_id));
+    assert_eq!(mid.status(), AgentStatus::Idle);
+    assert_eq!(leaf.status(), AgentStatus::Running);
+    let mid_requests = |host: &Host| {
+        host.model
+            .requests()
+            .iter()
+            .filter(|r| r.session_id.as_ref() == Some(&mid_id))
+            .count()
+    };
+    assert_eq!(mid_requests(&host), 1);
+    // What lets the report go on, once the drain began on its thread: the drain's span found the
+    // admission lock held by the report's thread (and waits for it), or it is over.
+    let (progress_tx, progress_rx) = std::sync::mpsc::channel::<&'static str>();
+    let drain_span = progress_tx.clone();
+    *host.manager.inner.hooks.drain_span.lock() = Some(Arc::new(move |contended: bool| {
+        if contended {
+            let _ = drain_span.send("the drain's span waits for the report");
+        }
+    }));
+    // The drain: started on a thread of its own by the report, once it decided how to deliver
+    // itself.
+    let (drain_tx, drain_rx) = std::sync::mpsc::channel();
+    let start_drain = Mutex::new(Some((progress_tx, progress_rx, drain_tx)));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let (manager, root, runtime) = (
+        host.manager.clone(),
+        host.parent.clone(),
+        tokio::runtime::Handle::current(),
+    );
+    *host.manager.inner.hooks.report_scheduled.lock() = Some(Arc::new(move || {
+        let Some((progress_tx, progress_rx, drain_tx)) = start_drain.lock().take() else {
+            return;
+        };
+        let (manager, root, runtime) = (manager.clone(), root.clone(), runtime.clone());
+        let drain = std::thread::spawn(move || {
+            let _runtime = runtime.enter();
+            let drain = manager.drain_continuable_descendants(std::slice::from_ref(&root));
+            let _ = progress_tx.send("the drain's span is over");
+            drain
+        });
+        drain_tx.send(drain).expect("the test holds the drain's receiver");
+        sink.lock().push(progress_rx.recv().expect("the drain goes on"));
+    }));
+    let reported = host.manager.report_from(
+        &leaf,
+        vec![ContentBlock::text("halfway there")],
+        crate::continuation::ReportDelivery::NextStep,
+        &Signal::new(),
+    );
+    // Holds this (the runtime's only) thread, with no await since the report, until the drain's
+    // synchronous span is over on its own: the parent's cancel has then been issued.
+    let drain = drain_rx
+        .recv()
+        .expect("the report started the drain")
+        .join()
+        .expect("the drain's synchronous span");
+    let id = reported.expect("the report was admitted before the drain");
+    drain.await.expect("the scoped drain releases the mid child");
+    host.settle().await;
+    // The report reached the mid child's log ...
+    let log = host.persisted(&mid_id).await;
+    let inserted = log
+        .events
+        .iter()
+        .position(|e| {
+            matches!(&e.data, EventData::InboxSpliced(splice)
+                if splice.inserted.iter().any(|m| m.id == id))
+        })
+        .expect("the report reached the mid child");
+    // ... and the closing mid child spent no model request on it.
+    assert_eq!(
+        mid_requests(&host),
+        1,
+        "the closing parent ran a model turn on the report"
+    );
+    assert!(
+        !type_names(&log.events[inserted..])
+            .iter()
+            .any(|n| n == "step/start"),
+        "the closing parent opened a step after the report: {:?}",
+        type_names(&log.events[inserted..])
+    );
+    let ends: Vec<SessionId> = host.ends().into_iter().map(|e| e.info.id).collect();
+    assert_eq!(ends, vec![leaf_id, mid_id]);
+    assert_eq!(*seen.lock(), vec!["the drain's span waits for the report"]);
+    *host.manager.inner.hooks.drain_span.lock() = None;
+    *host.manager.inner.hooks.report_scheduled.lock() = None;
+    drop((mid_hook, leaf_hook));
+    host.finish().await;
+}
