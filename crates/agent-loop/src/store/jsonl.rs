@@ -214,13 +214,17 @@ impl JsonlStore {
 
     /// Durability checkpoint for session `id`: every event appended before this call is on
     /// stable storage when it returns `Ok`. Concurrent flushes share one sync. For a session
-    /// this store holds no writer for — never written to, or [`close`](Self::close)d since —
-    /// checks its header (like [`inspect`](Self::inspect)) and syncs the log and the directory
-    /// entry naming it: `close` hands every accepted line to the OS but syncs nothing.
+    /// this store writes nothing to — never written to, [`close`](Self::close)d or
+    /// [`release`](Self::release)d since, or only [`load`](Self::load)ed since — checks its
+    /// header (like [`inspect`](Self::inspect)) and syncs the log and the directory entry naming
+    /// it: `close` and `release` hand every accepted line to the OS but sync nothing. A failure
+    /// a released writer met after its release fails it (see [`release`](Self::release)).
     pub async fn flush(&self, id: &SessionId) -> Result<(), StoreError> {
         match self.cached(id) {
-            Some(file) => file.flush().await,
-            None => self.sync_unheld(id).await,
+            // A writer that only read the log has nothing of its own to sync, but one this
+            // store let go of may have written lines nobody synced.
+            Some(file) if !file.only_reads() => file.flush().await,
+            _ => self.sync_unheld(id).await,
         }
     }
 
@@ -231,10 +235,11 @@ impl JsonlStore {
         let id = id.clone();
         #[cfg(test)]
         let counted = self.unheld_syncs.clone();
-        // A released writer may still be writing what it accepted: the sync must cover it.
-        let letting_go = self.letting_go(&id);
+        // A released writer may still be writing what it accepted: the sync must cover it, and
+        // lines it failed to write must not read as durable.
+        let released = self.released(&id);
         blocking(path.clone(), move || {
-            wait_for(letting_go);
+            failure_of(released)?;
             read_header(&path, &id)?;
             let file =
                 open_regular(&path, fs::OpenOptions::new().read(true)).map_err(|e| match e.kind() {
@@ -388,6 +393,11 @@ impl JsonlStore {
     /// its failure (returned here) until [`close`](Self::close).
     pub async fn claim(&self, id: &SessionId, events: u64) -> Result<(), StoreError> {
         let path = self.path_of(id)?;
+        // A writer this store released that failed afterwards is reported as a poisoned one
+        // would be, until `close`.
+        if let Some(latch) = self.released(id) {
+            blocking(path.clone(), move || failure_of(Some(latch))).await?;
+        }
         let file = {
             let mut files = self.files.lock();
             let file = files.entry(id.clone()).or_insert_with(|| {
@@ -419,23 +429,29 @@ impl JsonlStore {
             let _ = file.settle().await;
         }
         let letting_go = self.letting_go(id);
-        let id = id.clone();
+        let removed = id.clone();
         blocking(path.clone(), move || {
             // A released writer still writing would recreate or extend the file.
             wait_for(letting_go);
             match fs::remove_file(&path) {
                 Ok(()) => Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Err(StoreError::NotFound(id)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Err(StoreError::NotFound(removed)),
                 Err(e) => Err(StoreError::io(&path, e)),
             }
         })
-        .await
+        .await?;
+        // A failure a released writer met concerned a log that is gone now.
+        let mut closing = self.closing.lock();
+        if closing.get(id).is_some_and(|latch| latch.is_raised()) {
+            closing.remove(id);
+        }
+        Ok(())
     }
 
     /// Forgets session `id`'s writer state and closes its file after every accepted append has
     /// reached the file (not a durability checkpoint: flush, before or after, for that),
     /// releasing the log's lock before it returns. Also clears a writer poisoned by a failure, returning that
-    /// failure. A later append reopens the log — also one made while `close` runs, whose new
+    /// failure — one a [`release`](Self::release)d writer met after its release included. A later append reopens the log — also one made while `close` runs, whose new
     /// writer opens the log only once this one has let go of it (when `close` returns, or when
     /// a dropped `close` future's writer is dropped). No-op for a session this store holds no
     /// state for.
@@ -454,7 +470,8 @@ impl JsonlStore {
     /// [`SessionPersistence::release`](agent::store::SessionPersistence::release)) when a live
     /// session is removed. A writer poisoned by a failure is kept: its failure is still what
     /// the next [`flush`](Self::flush) or [`claim`](Self::claim) of the session reports (a
-    /// log that lost lines must not read as durable), until [`close`](Self::close) clears it.
+    /// log that lost lines must not read as durable), until [`close`](Self::close) clears it —
+    /// and so is a failure the released writer meets afterwards, writing what it accepted.
     pub fn release(&self, id: &SessionId) {
         let file = {
             let mut files = self.files.lock();
@@ -462,9 +479,15 @@ impl JsonlStore {
                 return;
             }
             let Some(file) = files.remove(id) else { return };
+            if file.only_reads() {
+                // It holds no file and will write nothing: nothing to wait for. Its latch must
+                // not replace that of a writer let go of before it, still writing or failed.
+                return;
+            }
             let mut closing = self.closing.lock();
-            // Latches of writers that have let go already guard nothing any more.
-            closing.retain(|_, latch| !latch.is_raised());
+            // Latches of writers that have let go already guard nothing any more, unless they
+            // carry a failure still to report.
+            closing.retain(|_, latch| !latch.is_raised() || latch.failure().is_some());
             closing.insert(id.clone(), file.latch());
             file
         };
@@ -476,7 +499,7 @@ impl JsonlStore {
 
     /// [`close`](Self::close), of session `id`'s writer only if it is `only` (when given).
     async fn close_writer(&self, id: &SessionId, only: Option<&Arc<SessionFile>>) -> Result<(), StoreError> {
-        let cached = {
+        let (cached, earlier) = {
             let mut files = self.files.lock();
             if let Some(only) = only
                 && !files.get(id).is_some_and(|f| Arc::ptr_eq(f, only))
@@ -484,22 +507,49 @@ impl JsonlStore {
                 return Ok(());
             }
             let cached = files.remove(id);
-            if let Some(file) = &cached {
-                self.closing.lock().insert(id.clone(), file.latch());
+            let mut closing = self.closing.lock();
+            // A writer released before: `close` waits for it and reports (and clears) a failure
+            // it met. Not when only cleaning up after a claim.
+            let earlier = closing.get(id).filter(|_| only.is_none()).cloned();
+            if let Some(file) = &cached
+                && !file.only_reads()
+            {
+                closing.insert(id.clone(), file.latch());
             }
-            cached
+            (cached, earlier)
         };
-        let Some(file) = cached else { return Ok(()) };
-        // Forgets the latch however this ends (a dropped `close` included): the writer raises
-        // it itself when it is dropped.
-        let _closing = Closing {
-            store: self,
-            id,
-            latch: file.latch(),
-        };
-        let settled = file.settle().await;
-        file.release();
-        settled
+        let mut result = Ok(());
+        if let Some(file) = cached {
+            // Forgets the latch however this ends (a dropped `close` included): the writer
+            // raises it itself when it is dropped.
+            let _closing = Closing {
+                store: self,
+                id,
+                latch: file.latch(),
+            };
+            result = file.settle().await;
+            // Reported here, so not again by a successor that waits for this writer.
+            let failure = file.latch().take_failure();
+            file.release();
+            result = result.and(failure.map_or(Ok(()), Err));
+        }
+        if let Some(latch) = earlier {
+            let path = self.path_of(id)?;
+            let waited = latch.clone();
+            let failure = blocking(path, move || {
+                waited.wait();
+                Ok(waited.take_failure())
+            })
+            .await?;
+            let mut closing = self.closing.lock();
+            if closing.get(id).is_some_and(|l| Arc::ptr_eq(l, &latch)) {
+                closing.remove(id);
+            }
+            if let Some(err) = failure {
+                result = result.and(Err(err));
+            }
+        }
+        result
     }
 
     /// How many `fdatasync`s this store has issued for session `id` since it began holding
@@ -534,6 +584,28 @@ impl JsonlStore {
             .get(id)
             .filter(|latch| !latch.is_raised())
             .cloned()
+    }
+
+    /// The latch of a writer of `id` this store has let go of that may still be writing, or
+    /// that failed: a flush or claim waits for it and reports its failure.
+    fn released(&self, id: &SessionId) -> Option<Arc<ReleaseLatch>> {
+        self.closing
+            .lock()
+            .get(id)
+            .filter(|latch| !latch.is_raised() || latch.failure().is_some())
+            .cloned()
+    }
+}
+
+/// Waits (on a blocking-pool thread) for a writer the store let go of, then returns the failure
+/// it met, if any.
+fn failure_of(latch: Option<Arc<ReleaseLatch>>) -> Result<(), StoreError> {
+    match latch {
+        Some(latch) => {
+            latch.wait();
+            latch.failure().map_or(Ok(()), Err)
+        }
+        None => Ok(()),
     }
 }
 

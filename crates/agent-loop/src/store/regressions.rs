@@ -426,3 +426,99 @@ async fn a_flush_after_close_syncs_what_the_closed_writer_wrote() {
         Err(StoreError::NotFound(_))
     ));
 }
+
+/// `flush` promises that every event appended before it is on stable storage when it returns
+/// `Ok`. A writer this store let go of (`close`, or the runtime's `release`) hands its lines to
+/// the OS but syncs nothing; a `load` afterwards made an idle writer, and a flush of a session
+/// with an idle writer returned `Ok` at once — without syncing the lines the let-go writer
+/// wrote (lost on a power failure). It now syncs the log and its directory entry, as a flush of
+/// a session with no writer does.
+#[tokio::test]
+async fn a_flush_after_a_load_syncs_what_a_let_go_writer_wrote() {
+    for release in [false, true] {
+        let dir = tempfile::tempdir().expect("dir");
+        let id = SessionId::from("s");
+        let all = events("s", 3);
+        let store = JsonlStore::new(dir.path());
+        store.create(&header("s")).expect("create");
+        for ev in &all {
+            store.append(&id, ev).expect("append");
+        }
+        if release {
+            store.release(&id);
+        } else {
+            store.close(&id).await.expect("close");
+        }
+        assert_eq!(store.load(&id).await.expect("load").events, all);
+        assert_eq!(store.unheld_syncs(), 0);
+        store.flush(&id).await.expect("flush");
+        assert_eq!(
+            store.unheld_syncs(),
+            1,
+            "release: {release}: the flush synced what the let-go writer wrote"
+        );
+    }
+}
+
+/// A writer `release`d while it still had an accepted line to write, which it then failed to
+/// write (here: another store holds the log, so it is `Locked`), used to take its failure with
+/// it: the next flush found no writer, synced the log and returned `Ok` — reporting durable an
+/// event that is not in the log. The failure is now kept, like that of a writer poisoned before
+/// its release: `flush` and `claim` report it until `close` clears it (returning it) — also
+/// after a load and a release of the reading it left (a resume rolled back at its claim), which
+/// used to put the idle reader's latch in the failed writer's place.
+#[test]
+fn a_released_writer_that_fails_afterwards_still_fails_the_next_flush() {
+    let dir = tempfile::tempdir().expect("dir");
+    let id = SessionId::from("s");
+    let all = events("s", 3);
+    // One blocking thread: a task parked on it keeps the writer's drainer queued until the
+    // test has released the writer.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .max_blocking_threads(1)
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let holder = JsonlStore::new(dir.path());
+        holder.create(&header("s")).expect("create");
+        for ev in &all[..2] {
+            holder.append(&id, ev).expect("append");
+        }
+        holder.flush(&id).await.expect("flush");
+
+        let store = JsonlStore::new(dir.path());
+        assert_eq!(store.load(&id).await.expect("load").events, all[..2]);
+        let (open, gate) = std::sync::mpsc::channel::<()>();
+        let parked = tokio::task::spawn_blocking(move || gate.recv().ok());
+        store.append(&id, &all[2]).expect("accepted, written later");
+        store.release(&id);
+        open.send(()).expect("parked");
+        parked.await.expect("gate");
+
+        let err = store.flush(&id).await.expect_err("event 2 was never written");
+        assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+        assert!(
+            matches!(store.flush(&id).await, Err(StoreError::Locked { .. })),
+            "still reported"
+        );
+        // A resume rolled back at its claim: the reading its load left is let go of again,
+        // which must not take the failure with it either.
+        assert_eq!(store.load(&id).await.expect("readable").events, all[..2]);
+        assert!(matches!(
+            store.claim(&id, 2).await,
+            Err(StoreError::Locked { .. })
+        ));
+        store.release(&id);
+        assert!(
+            matches!(store.flush(&id).await, Err(StoreError::Locked { .. })),
+            "still reported after the reading was let go of"
+        );
+        assert!(
+            matches!(store.close(&id).await, Err(StoreError::Locked { .. })),
+            "close returns the failure and clears it"
+        );
+        store.flush(&id).await.expect("cleared by close");
+        holder.close(&id).await.expect("close");
+        assert_eq!(store.load(&id).await.expect("load").events, all[..2]);
+    });
+}

@@ -129,29 +129,54 @@ struct WriterState {
 /// Raised once a writer has let go of its log's advisory lock: when it is released, or when the
 /// writer (and with it the open file) is dropped. A successor writer of the same log in this
 /// store waits for it before it opens the log, so it never finds its predecessor's lock.
+///
+/// It also carries the writer's first failure (recorded before the latch is raised), so a
+/// failure met after the store let go of the writer — which nobody waits on any more — is
+/// still what the store's next flush or claim of the session reports.
 #[derive(Debug, Default)]
 pub(crate) struct ReleaseLatch {
-    released: Mutex<bool>,
+    state: Mutex<LatchState>,
     changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct LatchState {
+    released: bool,
+    failure: Option<StoreError>,
 }
 
 impl ReleaseLatch {
     fn raise(&self) {
-        *self.released.lock() = true;
+        self.state.lock().released = true;
         self.changed.notify_all();
+    }
+
+    /// Records the writer's failure (the first one is kept).
+    pub(crate) fn fail(&self, err: StoreError) {
+        self.state.lock().failure.get_or_insert(err);
+    }
+
+    /// The failure recorded, if any.
+    pub(crate) fn failure(&self) -> Option<StoreError> {
+        self.state.lock().failure.clone()
+    }
+
+    /// Takes the failure recorded, if any: whoever takes it reports it.
+    pub(crate) fn take_failure(&self) -> Option<StoreError> {
+        self.state.lock().failure.take()
     }
 
     /// Whether the latch has been raised.
     pub(crate) fn is_raised(&self) -> bool {
-        *self.released.lock()
+        self.state.lock().released
     }
 
     /// Blocks the calling thread (a drainer, or a store read on the blocking pool) until the
     /// latch is raised.
     pub(crate) fn wait(&self) {
-        let mut released = self.released.lock();
-        while !*released {
-            self.changed.wait(&mut released);
+        let mut state = self.state.lock();
+        while !state.released {
+            self.changed.wait(&mut state);
         }
     }
 }
@@ -382,6 +407,13 @@ impl SessionFile {
         Ok(())
     }
 
+    /// Whether this writer only remembers a reading of the log (a `load` made it): it has not
+    /// opened the log, accepted nothing, and is not poisoned. Its own `flush` has nothing to do.
+    pub(crate) fn only_reads(&self) -> bool {
+        let st = self.state.lock();
+        matches!(st.plan, Some(Plan::Existing(_))) && st.accepted == 1 && st.failed.is_none()
+    }
+
     /// Whether this writer was never handed an event line (it at most opened the log).
     pub(crate) fn accepted_nothing(&self) -> bool {
         self.state.lock().accepted == 1
@@ -459,6 +491,7 @@ impl SessionFile {
                 io::Error::new(e.kind(), format!("cannot start the session log writer: {e}")),
             );
             tracing::warn!(session = %self.id, error = %err, "session log writer not started; the session's writer is poisoned");
+            self.latch.fail(err.clone());
             let mut st = self.state.lock();
             st.failed.get_or_insert(err);
             st.draining = false;
@@ -511,6 +544,9 @@ impl SessionFile {
             };
             if let Err(err) = result {
                 tracing::warn!(session = %self.id, error = %err, "session log write failed; the session's writer is poisoned");
+                // Before anyone can see the latch raised (when this writer is dropped): a store
+                // that let go of the writer reports it from there.
+                self.latch.fail(err.clone());
                 let mut st = self.state.lock();
                 st.failed = Some(err);
                 st.draining = false;
@@ -532,6 +568,11 @@ impl SessionFile {
     fn open(&self, plan: Plan) -> Result<(), StoreError> {
         if let Some(predecessor) = &self.predecessor {
             predecessor.wait();
+            // The predecessor lost lines this writer may continue: its failure is this one's
+            // (a `close` that reported it took it).
+            if let Some(err) = predecessor.failure() {
+                return Err(err);
+            }
         }
         let (file, known) = match plan {
             Plan::Create { header, line } => match self.create(&header, &line)? {
