@@ -631,5 +631,10 @@ impl Host {
         tokio::time::timeout(Duration::from_secs(60), self.subagents.close())
             .await
             .expect("every run settles");
+        assert_eq!(self.subagents.pending_runs(), 0, "service tasks left");
+        if let Some(jobs) = &self.jobs {
+            assert!(jobs.counts().is_empty(), "jobs left: {:?}", jobs.counts());
+        }
+        agent_loop::runtime::assert_quiescent(&self.rt);
     }
 }
