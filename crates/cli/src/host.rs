@@ -501,7 +501,8 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
             .map_err(|e| register_err("the control tools", e))?;
         let list = ListAgentsPlugin::load(&services, Arc::new(listing))
             .map_err(|e| register_err("tool list_agents", e))?;
-        let report = ReportToolPlugin::load(&continuation, ReportToolConfig::default());
+        let report = ReportToolPlugin::load(&continuation, ReportToolConfig::default())
+            .map_err(|e| register_err("tool report", e))?;
         Some(ControlTools {
             control,
             list,

@@ -77,11 +77,15 @@ pub enum SubagentErrorCode {
     /// also provider code that panicked inside the service
     /// ([`SubagentError::provider_panicked`]).
     ProviderFailed,
+    /// Rust addition: a keyed setup contribution
+    /// ([`register_continuable_setup_keyed`](crate::continuation::ContinuationManager::register_continuable_setup_keyed))
+    /// was refused because a live contribution is already registered under the same key.
+    SetupAlreadyRegistered,
 }
 
 impl SubagentErrorCode {
-    /// Every code, in the order of spec §3, then the two Rust additions.
-    pub const ALL: [Self; 20] = [
+    /// Every code, in the order of spec §3, then the Rust additions.
+    pub const ALL: [Self; 21] = [
         Self::DuplicateProvider,
         Self::NoProvider,
         Self::UnsupportedCapability,
@@ -102,6 +106,7 @@ impl SubagentErrorCode {
         Self::Cancelled,
         Self::DepthExceeded,
         Self::ProviderFailed,
+        Self::SetupAlreadyRegistered,
     ];
 
     /// The code in its wire spelling (`DUPLICATE_PROVIDER`, …).
@@ -127,6 +132,7 @@ impl SubagentErrorCode {
             Self::Cancelled => "CANCELLED",
             Self::DepthExceeded => "DEPTH_EXCEEDED",
             Self::ProviderFailed => "PROVIDER_FAILED",
+            Self::SetupAlreadyRegistered => "SETUP_ALREADY_REGISTERED",
         }
     }
 }
@@ -612,6 +618,19 @@ impl SubagentError {
         )
     }
 
+    /// `SETUP_ALREADY_REGISTERED`: `a continuable-subagent setup contribution keyed "<key>" is
+    /// already registered; remove it before registering another`. Nothing was registered; the
+    /// live contribution is unaffected.
+    pub fn setup_already_registered(key: &str) -> Self {
+        Self::new(
+            SubagentErrorCode::SetupAlreadyRegistered,
+            format!(
+                "a continuable-subagent setup contribution keyed \"{key}\" is already registered; \
+                 remove it before registering another"
+            ),
+        )
+    }
+
     // ---- listing ----------------------------------------------------------------------------
 
     /// `SUBAGENT_CONTROL_PROJECTIONS_UNAVAILABLE`: `listing subagents requires the session
@@ -728,6 +747,7 @@ mod tests {
             SubagentError::teardown_failed_at_boundaries("c1", &failures),
             SubagentError::setup_revoked(),
             SubagentError::setup_release_failed("removal", &failures[..1]),
+            SubagentError::setup_already_registered("tool-subagent-report"),
             SubagentError::projections_unavailable(),
             SubagentError::session_store_unavailable(),
             SubagentError::listing_cancelled(),

@@ -1,5 +1,6 @@
-//! [`ToolSubagentReportError`]: why configuring, installing or revoking the report tool failed
-//! (`acp-and-tools.md` §5.1). These reach the host: a failed installation fails the child's
+//! [`ToolSubagentReportError`]: why configuring, loading, installing or revoking the report tool
+//! failed (`acp-and-tools.md` §5.1). These reach the host: a refused load is
+//! [`ReportToolPlugin::load`](crate::ReportToolPlugin::load)'s error, a failed installation fails the child's
 //! materialization (the seam propagates it to the start or follow-up), a failed revocation is
 //! the seam's `ACTIVATION_SETUP_RELEASE_FAILED` cause. Failures of a tool *call* reach the model
 //! as tool errors instead (see [`model_text`](crate::model_text)).
@@ -8,8 +9,9 @@ use std::fmt;
 
 use agent::AgentError;
 use agent::tools::ToolRegistryError;
+use subagent::SubagentError;
 
-/// A configuration, installation or revocation failure of the report tool.
+/// A configuration, load, installation or revocation failure of the report tool.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ToolSubagentReportError {
@@ -17,6 +19,12 @@ pub enum ToolSubagentReportError {
     /// than `next-step` or `quiet`, a non-object).
     #[error("tool-subagent-report: invalid configuration: {0}")]
     InvalidConfig(String),
+    /// [`ReportToolPlugin::load`](crate::ReportToolPlugin::load) was refused: a copy of the
+    /// package is already loaded over this continuation manager (its contribution holds
+    /// [`SETUP_KEY`](crate::SETUP_KEY)). Nothing was registered; the loaded copy is unaffected.
+    /// The source is the seam's `SETUP_ALREADY_REGISTERED` refusal.
+    #[error("tool-subagent-report: already loaded over this continuation manager: {0}")]
+    AlreadyLoaded(#[source] SubagentError),
     /// The context handed to the installer is the global one: the report tool exists only in a
     /// child's own scope.
     #[error(

@@ -9,7 +9,8 @@
 //! it into every continuable child residency (fresh start or cold resume) inside the child's
 //! unpublished setup window, so the tool and its guidance exist only in that child's own scope
 //! and survive its tool filter. Roots, one-shot children, siblings and out-of-process children
-//! never see it.
+//! never see it. The contribution is keyed ([`SETUP_KEY`]): a second load over the same manager
+//! is refused with [`ToolSubagentReportError::AlreadyLoaded`] while the first copy is loaded.
 //!
 //! | module | concept |
 //! |---|---|
@@ -17,7 +18,7 @@
 //! | [`plugin`] | [`ReportToolPlugin`]: load (register the contribution), unload (revoke at once) |
 //! | [`install`] | [`install_report_tool`]: the installer body, and the [`ReportInstallation`] that revokes it |
 //! | [`model_text`] | every model-visible text: description, schema, guidance, rendering, refusals |
-//! | [`error`] | [`ToolSubagentReportError`]: configuration, installation and revocation failures |
+//! | [`error`] | [`ToolSubagentReportError`]: configuration, load, installation and revocation failures |
 //! | `handler` | the tool body: parse `output`, deliver through `report_from` |
 //!
 //! # What a call guarantees
@@ -46,5 +47,5 @@ pub mod plugin;
 pub use config::ReportToolConfig;
 pub use error::{InstalledPart, ToolSubagentReportError, UndoFailure};
 pub use install::{ReportInstallation, install_report_tool};
-pub use plugin::{DEPENDENCIES, PLUGIN_NAME, ReportToolPlugin};
+pub use plugin::{DEPENDENCIES, PLUGIN_NAME, ReportToolPlugin, SETUP_KEY};
 pub use subagent::continuation::ReportDelivery;

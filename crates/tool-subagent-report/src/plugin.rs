@@ -10,10 +10,17 @@ use subagent::SubagentError;
 use subagent::continuation::{ContinuableSetupRegistration, ContinuationManager, SetupRelease};
 
 use crate::config::ReportToolConfig;
+use crate::error::ToolSubagentReportError;
 use crate::install::{ReportInstallation, install_report_tool};
 
 /// The package's name.
 pub const PLUGIN_NAME: &str = "tool-subagent-report";
+
+/// The key the package's setup contribution is registered under
+/// ([`register_continuable_setup_keyed`](ContinuationManager::register_continuable_setup_keyed)):
+/// one manager holds at most one live registration under it, so the package is loaded at most
+/// once per manager.
+pub const SETUP_KEY: &str = PLUGIN_NAME;
 
 /// The host services the package requires: the subagent service (its continuation manager),
 /// the tool registry and the system prompt. Installation uses the latter two only through each
@@ -59,18 +66,35 @@ impl fmt::Debug for ReportToolPlugin {
 
 impl ReportToolPlugin {
     /// Loads the package over `manager` (the host's continuation manager): registers the setup
-    /// contribution that installs the report tool with `config`'s delivery policy.
-    pub fn load(manager: &ContinuationManager, config: ReportToolConfig) -> Self {
+    /// contribution that installs the report tool with `config`'s delivery policy, under
+    /// [`SETUP_KEY`].
+    ///
+    /// # Once per manager
+    /// While a copy of the package is loaded over `manager`, another load is refused here, at
+    /// load time, and changes nothing: the loaded copy keeps installing exactly one `report`
+    /// tool per continuable child. Once that copy is [unloaded](Self::unload) (or dropped), the
+    /// package can be loaded again. Loads over different managers are independent.
+    ///
+    /// # Errors
+    /// [`AlreadyLoaded`](ToolSubagentReportError::AlreadyLoaded) — its source the seam's
+    /// `SETUP_ALREADY_REGISTERED` refusal — while a copy is loaded over `manager`.
+    pub fn load(
+        manager: &ContinuationManager,
+        config: ReportToolConfig,
+    ) -> Result<Self, ToolSubagentReportError> {
         let delivery = config.report_delivery;
         let delivering = manager.clone();
-        let registration = manager.register_continuable_setup(Arc::new(
-            move |child: &Ctx| -> Result<SetupRelease, BoxError> {
-                install_report_tool(child, &delivering, delivery)
-                    .map(ReportInstallation::into_release)
-                    .map_err(|e| Box::new(e) as BoxError)
-            },
-        ));
-        Self { config, registration }
+        let registration = manager
+            .register_continuable_setup_keyed(
+                SETUP_KEY,
+                Arc::new(move |child: &Ctx| -> Result<SetupRelease, BoxError> {
+                    install_report_tool(child, &delivering, delivery)
+                        .map(ReportInstallation::into_release)
+                        .map_err(|e| Box::new(e) as BoxError)
+                }),
+            )
+            .map_err(ToolSubagentReportError::AlreadyLoaded)?;
+        Ok(Self { config, registration })
     }
 
     /// The configuration the package was loaded with.

@@ -22,8 +22,8 @@ use serde_json::json;
 use subagent::SubagentErrorCode;
 use subagent::continuation::{ReportDelivery, SetupRelease};
 use tool_subagent_report::{
-    DEPENDENCIES, InstalledPart, PLUGIN_NAME, ReportToolConfig, ReportToolPlugin, ToolSubagentReportError,
-    install_report_tool, model_text,
+    DEPENDENCIES, InstalledPart, PLUGIN_NAME, ReportToolConfig, ReportToolPlugin, SETUP_KEY,
+    ToolSubagentReportError, install_report_tool, model_text,
 };
 
 fn quiet() -> Option<ReportToolConfig> {
@@ -207,10 +207,10 @@ async fn rep_13_unloading_revokes_at_once_and_reloading_waits_for_the_next_resid
     assert!(result.is_error, "{}", text(&result));
     assert!(reports(rig.parent()).is_empty());
 
-    rig.plugin = Some(ReportToolPlugin::load(
-        &rig.manager,
-        ReportToolConfig::new(ReportDelivery::Quiet),
-    ));
+    rig.plugin = Some(
+        ReportToolPlugin::load(&rig.manager, ReportToolConfig::new(ReportDelivery::Quiet))
+            .expect("loads again once unloaded"),
+    );
     assert!(!has_report(&rig, "child"), "no retrofit of a resident child");
     assert!(!has_guidance(&rig, "child"));
 
@@ -482,10 +482,9 @@ async fn rep_18_a_self_revoking_contribution_fails_the_start() {
 #[tokio::test(start_paused = true)]
 async fn rep_19_revocation_before_publication_fails_the_start() {
     let rig = Rig::new(None).await;
-    let plugin = Arc::new(ReportToolPlugin::load(
-        &rig.manager,
-        ReportToolConfig::new(ReportDelivery::Quiet),
-    ));
+    let plugin = Arc::new(
+        ReportToolPlugin::load(&rig.manager, ReportToolConfig::new(ReportDelivery::Quiet)).expect("loads"),
+    );
     let installed_then_revoked = Arc::new(AtomicBool::new(false));
     let witness = installed_then_revoked.clone();
     let weak: Weak<ReportToolPlugin> = Arc::downgrade(&plugin);
@@ -534,7 +533,7 @@ async fn rep_21_plugin_shape_and_configuration() {
         let error = ReportToolConfig::from_json(&json!({"reportDelivery": bad})).unwrap_err();
         assert!(matches!(error, ToolSubagentReportError::InvalidConfig(_)));
     }
-    let plugin = ReportToolPlugin::load(&rig.manager, config);
+    let plugin = ReportToolPlugin::load(&rig.manager, config).expect("loads");
     assert_eq!(plugin.config().report_delivery, ReportDelivery::NextStep);
     assert!(plugin.is_loaded());
     assert!(rig.tool_names(None).is_empty());
@@ -674,5 +673,67 @@ async fn a_setup_failing_after_installation_leaves_no_report_registrations() {
     nothing_materialized(&rig, "aborted").await;
     assert_eq!(rig.rt.tool_registry().expect("registry").counts().scope_layers, 0);
     drop(cancelling);
+    rig.finish().await;
+}
+
+/// spec: REP-21 (the package is one setup contribution) — loading the package a second time over
+/// the same manager is refused at load with `AlreadyLoaded` (its source the seam's
+/// `SETUP_ALREADY_REGISTERED` naming [`SETUP_KEY`]) and registers nothing: the first copy keeps
+/// installing, so a continuable child still gets exactly one `report` tool and one guidance
+/// section. Once the first copy is unloaded, a new load succeeds and installs into later
+/// children.
+#[tokio::test(start_paused = true)]
+async fn loading_twice_is_refused_at_load_and_the_first_copy_keeps_working() {
+    let mut rig = Rig::new(quiet()).await;
+    let error = ReportToolPlugin::load(&rig.manager, ReportToolConfig::default())
+        .expect_err("a second load over the same manager");
+    let ToolSubagentReportError::AlreadyLoaded(seam) = &error else {
+        panic!("{error:?}")
+    };
+    assert_eq!(seam.code(), SubagentErrorCode::SetupAlreadyRegistered, "{seam}");
+    assert!(seam.message().contains(&format!("\"{SETUP_KEY}\"")), "{seam}");
+    assert_eq!(
+        error.to_string(),
+        "tool-subagent-report: already loaded over this continuation manager: a continuable-subagent \
+         setup contribution keyed \"tool-subagent-report\" is already registered; remove it before \
+         registering another"
+    );
+    assert!(rig.plugin.as_ref().expect("the first copy").is_loaded());
+
+    rig.models.hold("child");
+    rig.start(rig.parent(), "child", "child task").await;
+    let count = |rig: &Rig, agent: &str| {
+        (
+            rig.tool_names(Some(agent))
+                .iter()
+                .filter(|name| *name == "report")
+                .count(),
+            rig.sections(Some(agent))
+                .iter()
+                .filter(|s| s.name == "tool:report")
+                .count(),
+        )
+    };
+    assert_eq!(
+        count(&rig, "child"),
+        (1, 1),
+        "exactly one report tool and section"
+    );
+    let result = rig.report("child", "still works").await;
+    assert!(!result.is_error, "{}", text(&result));
+
+    rig.plugin
+        .take()
+        .expect("the first copy")
+        .unload()
+        .expect("unloads");
+    assert!(!has_report(&rig, "child"));
+    rig.plugin = Some(
+        ReportToolPlugin::load(&rig.manager, ReportToolConfig::default())
+            .expect("loads once the first is unloaded"),
+    );
+    rig.models.hold("c2");
+    rig.start(rig.parent(), "c2", "t").await;
+    assert_eq!(count(&rig, "c2"), (1, 1));
     rig.finish().await;
 }

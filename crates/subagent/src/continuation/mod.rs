@@ -25,7 +25,9 @@
 //!
 //! * [`ContinuationManager::register_continuable_setup`] (§2.14.12): setup contributions
 //!   installed into every fresh or cold-resumed child's unpublished scope, after its base
-//!   composition, with a commit that refuses a child whose installation was revoked meanwhile.
+//!   composition, with a commit that refuses a child whose installation was revoked meanwhile;
+//!   [`ContinuationManager::register_continuable_setup_keyed`] registers one under a key and
+//!   refuses a second live one (`SETUP_ALREADY_REGISTERED`).
 //!
 //! Drains wait for in-flight materializations in their scope (spec §2.14.4 step 1). Listing
 //! (§2.18) lives in [`crate::listing`].
@@ -397,6 +399,29 @@ impl ContinuationManager {
         contribution: SetupContribution,
     ) -> ContinuableSetupRegistration {
         self.inner.setup.register(contribution)
+    }
+
+    /// Registers a setup contribution under `key`, refusing a second live registration under the
+    /// same key: for a package that must install its capability into each child at most once
+    /// (two copies would both install, and the second would fail every child's setup).
+    ///
+    /// Behaves as [`register_continuable_setup`](Self::register_continuable_setup) once
+    /// registered. The refusal is decided at registration, atomically with it: while a
+    /// contribution registered under `key` on this manager is live (neither
+    /// [removed](ContinuableSetupRegistration::remove) nor dropped), the call fails with
+    /// `SETUP_ALREADY_REGISTERED` naming the key and changes nothing — the live contribution
+    /// keeps installing as before. Once it is removed, the key can be registered again.
+    /// Unkeyed registrations neither hold nor check any key.
+    ///
+    /// # Errors
+    /// `SETUP_ALREADY_REGISTERED` ([`SubagentError::setup_already_registered`]) while `key` is
+    /// held by a live contribution.
+    pub fn register_continuable_setup_keyed(
+        &self,
+        key: &'static str,
+        contribution: SetupContribution,
+    ) -> Result<ContinuableSetupRegistration, SubagentError> {
+        self.inner.setup.register_keyed(key, contribution)
     }
 
     /// The ids of the resident children, in no particular order.

@@ -10,6 +10,9 @@
 //! Each contribution's own mutex guards its `removed` flag and its live installations; each
 //! installation's release closure sits behind its own mutex (taken to release it once); a
 //! batch's mutex guards its commit state; the registry's list of contributions has one more.
+//! A keyed registration holds the list's mutex while it reads the `removed` flags of the listed
+//! contributions (list, then contribution: no path takes them the other way round), so its check
+//! and its registration are one step.
 //! None is held while host code runs (an installer or a release), so an installer may register
 //! or remove contributions — its own included — without deadlocking.
 
@@ -48,6 +51,8 @@ pub(crate) struct SetupRegistry {
 }
 
 struct Contribution {
+    /// The key it was registered under ([`SetupRegistry::register_keyed`]), if any.
+    key: Option<&'static str>,
     install: SetupContribution,
     state: Mutex<ContributionState>,
 }
@@ -88,6 +93,16 @@ struct BatchState {
 #[error("{0}")]
 struct SetupFailure(String);
 
+impl Contribution {
+    fn new(key: Option<&'static str>, install: SetupContribution) -> Arc<Self> {
+        Arc::new(Self {
+            key,
+            install,
+            state: Mutex::new(ContributionState::default()),
+        })
+    }
+}
+
 impl Installation {
     /// Releases this installation if nobody has: removes it from its contribution's live set,
     /// invalidates an uncommitted batch, then runs the release (outside every lock).
@@ -125,11 +140,37 @@ fn release_all(installations: &[Arc<Installation>], during: &str) -> Result<(), 
 impl SetupRegistry {
     /// Registers `install` after every live contribution.
     pub(crate) fn register(self: &Arc<Self>, install: SetupContribution) -> ContinuableSetupRegistration {
-        let contribution = Arc::new(Contribution {
-            install,
-            state: Mutex::new(ContributionState::default()),
-        });
+        let contribution = Contribution::new(None, install);
         self.contributions.lock().push(contribution.clone());
+        self.registration(contribution)
+    }
+
+    /// Registers `install` under `key` after every live contribution, unless a contribution
+    /// registered under `key` is still live (not removed): then `SETUP_ALREADY_REGISTERED` and
+    /// nothing changes. The check and the registration happen under the list's one lock, so two
+    /// concurrent registrations under one key never both succeed.
+    pub(crate) fn register_keyed(
+        self: &Arc<Self>,
+        key: &'static str,
+        install: SetupContribution,
+    ) -> Result<ContinuableSetupRegistration, SubagentError> {
+        let contribution = Contribution::new(Some(key), install);
+        {
+            let mut contributions = self.contributions.lock();
+            // A removed contribution may still be listed for a moment (its removal unlists it
+            // after closing it): it no longer holds the key.
+            let taken = contributions
+                .iter()
+                .any(|c| c.key == Some(key) && !c.state.lock().removed);
+            if taken {
+                return Err(SubagentError::setup_already_registered(key));
+            }
+            contributions.push(contribution.clone());
+        }
+        Ok(self.registration(contribution))
+    }
+
+    fn registration(self: &Arc<Self>, contribution: Arc<Contribution>) -> ContinuableSetupRegistration {
         ContinuableSetupRegistration {
             registry: Arc::downgrade(self),
             contribution,
@@ -232,6 +273,7 @@ impl fmt::Debug for ContinuableSetupRegistration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = self.contribution.state.lock();
         f.debug_struct("ContinuableSetupRegistration")
+            .field("key", &self.contribution.key)
             .field("removed", &state.removed)
             .field("installations", &state.installations.len())
             .finish()
@@ -253,6 +295,14 @@ impl ContinuableSetupRegistration {
     /// Whether [`remove`](Self::remove) has run (from this handle or by dropping it).
     pub fn is_removed(&self) -> bool {
         self.contribution.state.lock().removed
+    }
+
+    /// The key the contribution was registered under
+    /// ([`register_continuable_setup_keyed`](crate::continuation::ContinuationManager::register_continuable_setup_keyed)),
+    /// or `None` for an unkeyed registration. Once the contribution is removed the key is free
+    /// again, though this still reports it.
+    pub fn key(&self) -> Option<&'static str> {
+        self.contribution.key
     }
 
     /// A handle that removes the contribution too, for an installer that revokes its own

@@ -343,7 +343,7 @@ impl Rig {
         });
         services.agents = agents_view.clone();
         let manager = ContinuationManager::new(subagents.clone(), services);
-        let plugin = config.map(|config| ReportToolPlugin::load(&manager, config));
+        let plugin = config.map(|config| ReportToolPlugin::load(&manager, config).expect("loads"));
         let parent = rt
             .create(CreateAgentOptions {
                 agent_options: routed(),

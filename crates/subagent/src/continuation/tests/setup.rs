@@ -444,3 +444,100 @@ async fn set_5_removal_releases_resident_installations_at_once() {
         "the child's disposal does not release it again"
     );
 }
+
+/// spec: §2.14.12 (Rust addition: keyed contributions) — a second keyed registration under a
+/// live key is refused with `SETUP_ALREADY_REGISTERED` naming the key, registers nothing, and
+/// leaves the first contribution installing (once) as before; once the first is removed — or
+/// dropped — the key registers again.
+#[tokio::test]
+async fn set_keyed_registration_is_refused_while_the_key_is_live() {
+    let mut children = Children::new().await;
+    let (registry, journal) = (children.registry.clone(), children.journal.clone());
+    let first = registry
+        .register_keyed("cap", journal.contribution("first"))
+        .expect("the first keyed registration");
+    assert_eq!(first.key(), Some("cap"));
+    let refused = registry
+        .register_keyed("cap", journal.contribution("second"))
+        .expect_err("a second live registration under the key");
+    assert_eq!(refused.code(), SubagentErrorCode::SetupAlreadyRegistered);
+    assert_eq!(
+        refused.to_string(),
+        "a continuable-subagent setup contribution keyed \"cap\" is already registered; \
+         remove it before registering another"
+    );
+    assert_eq!(registry.len(), 1, "the refusal registered nothing");
+    assert!(!first.is_removed(), "the refusal left the first registered");
+    children.committed("c1").await;
+    assert_eq!(journal.entries(), ["install:first@c1"]);
+
+    first.remove().expect("removed");
+    let again = registry
+        .register_keyed("cap", journal.contribution("again"))
+        .expect("the key is free once the first is removed");
+    children.committed("c2").await;
+    assert_eq!(journal.count("install:again@c2"), 1);
+    assert_eq!(journal.count("install:first@c2"), 0);
+
+    drop(again);
+    let _last = registry
+        .register_keyed("cap", journal.contribution("last"))
+        .expect("the key is free once the registration is dropped");
+    drop(first);
+    children.finish().await;
+}
+
+/// spec: §2.14.12 (Rust addition: keyed contributions) — unkeyed registrations neither hold nor
+/// check a key, and a different key is independent: all of them install beside the keyed one.
+#[tokio::test]
+async fn set_keyed_registration_leaves_unkeyed_and_other_keys_alone() {
+    let mut children = Children::new().await;
+    let (registry, journal) = (children.registry.clone(), children.journal.clone());
+    let _keyed = registry
+        .register_keyed("cap", journal.contribution("keyed"))
+        .expect("registered");
+    let unkeyed = children.register("plain");
+    assert_eq!(unkeyed.key(), None);
+    let _twice = children.register("plain2");
+    let _other = registry
+        .register_keyed("other", journal.contribution("other"))
+        .expect("another key is independent");
+    children.committed("c1").await;
+    assert_eq!(
+        journal.entries(),
+        [
+            "install:keyed@c1",
+            "install:plain@c1",
+            "install:plain2@c1",
+            "install:other@c1"
+        ]
+    );
+    children.finish().await;
+}
+
+/// spec: §2.14.12 (Rust addition: keyed contributions) — through the manager: a refused second
+/// keyed registration leaves the first in force, so a continuable child still gets exactly one
+/// installation and starts normally.
+#[tokio::test(start_paused = true)]
+async fn set_keyed_refusal_through_the_manager_keeps_the_first_installing() {
+    let host = Host::new(vec![ScriptEntry::hang()]).await;
+    let journal = Journal::default();
+    let _first = host
+        .manager
+        .register_continuable_setup_keyed("cap", journal.contribution("first"))
+        .expect("registered");
+    let refused = host
+        .manager
+        .register_continuable_setup_keyed("cap", journal.contribution("second"))
+        .expect_err("refused");
+    assert_eq!(
+        refused.code(),
+        SubagentErrorCode::SetupAlreadyRegistered,
+        "{refused}"
+    );
+    let (child, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    assert!(host.manager.is_resident(&child));
+    assert_eq!(journal.entries(), [format!("install:first@{}", child.as_str())]);
+    host.finish().await;
+    assert_eq!(journal.count("release:first@"), 1);
+}
