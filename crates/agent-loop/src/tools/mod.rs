@@ -42,7 +42,9 @@
 //!    (they could not be logged) becomes a `FAILED` result naming the offending number, and its
 //!    deferred contexts are discarded.
 //!    Wherever the pipeline itself replaces a body's **success** — the signal fired after the
-//!    body returned (stage 4, or at commit), or the output cannot be recorded — it runs the
+//!    body returned (stage 4, or at commit), the output cannot be recorded, or a settled
+//!    success is dropped uncommitted (the future of [`run_step_calls`] was dropped while the call
+//!    awaited an earlier call's commit) — it runs the
 //!    execution's [`on_discarded`](agent::tools::ToolContext::on_discarded) hooks, once, so a
 //!    body can undo a side effect only a delivered result justifies (a `job_output` read gives
 //!    its claim on the job's report back; a panicking hook is contained and logged). A

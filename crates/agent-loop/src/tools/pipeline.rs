@@ -89,11 +89,26 @@ enum PostOutcome {
 ///
 /// The step scheduler runs the dispatch of a parallel group's calls concurrently and commits
 /// them one by one in model order (spec §11.6); [`ToolRegistry::run`] commits directly.
+///
+/// Dropped uncommitted — the scheduler's future was dropped while this call awaited the commit
+/// of an earlier call of its group — a body's success is never recorded: the drop runs the
+/// execution's [`on_discarded`](ToolContext::on_discarded) hooks, as a discarding commit would.
 pub(super) struct Dispatched {
     ctx: ToolContext,
-    staged: Staged,
+    /// Taken by the commit; still here on drop only when the call was never committed.
+    staged: Option<Staged>,
     /// Whether the call's signal was already cancelled when the body settled.
     cancelled_at_settle: bool,
+}
+
+impl Drop for Dispatched {
+    fn drop(&mut self) {
+        if let Some(Staged::Post { result, .. }) = &self.staged
+            && !result.is_error
+        {
+            run_discard_hooks(&self.ctx);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -108,10 +123,10 @@ impl Dispatched {
     ) -> Self {
         Self {
             ctx,
-            staged: Staged::Post {
+            staged: Some(Staged::Post {
                 result: ToolResult::success(output, false),
                 body_invoked: true,
-            },
+            }),
             cancelled_at_settle,
         }
     }
@@ -150,7 +165,7 @@ impl ToolRegistry {
         let cancelled_at_settle = ctx.signal.is_cancelled();
         Dispatched {
             ctx,
-            staged,
+            staged: Some(staged),
             cancelled_at_settle,
         }
     }
@@ -186,12 +201,12 @@ impl ToolRegistry {
     }
 
     /// Stages 4–5: post-execute and normalisation into the final outcome.
-    fn settle(&self, dispatched: Dispatched, race: RaceCheck) -> (ToolResult, Vec<Message>) {
-        let Dispatched {
-            ctx,
-            staged,
-            cancelled_at_settle,
-        } = dispatched;
+    fn settle(&self, mut dispatched: Dispatched, race: RaceCheck) -> (ToolResult, Vec<Message>) {
+        let staged = dispatched
+            .staged
+            .take()
+            .expect("a dispatched call is committed once");
+        let (ctx, cancelled_at_settle) = (&dispatched.ctx, dispatched.cancelled_at_settle);
         let (result, body_invoked) = match staged {
             Staged::Final(result) => return (result, Vec::new()),
             Staged::Post { result, body_invoked } => (result, body_invoked),
@@ -208,7 +223,7 @@ impl ToolRegistry {
                 if raced && !result.is_error {
                     // Recorded as cancelled: the body's success is discarded, with its
                     // deferred contexts and the side effects it registered to undo.
-                    run_discard_hooks(&ctx);
+                    run_discard_hooks(ctx);
                     return (cancellation(body_invoked), Vec::new());
                 }
                 (result, deferred)

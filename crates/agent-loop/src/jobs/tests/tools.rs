@@ -820,3 +820,92 @@ async fn a_discarded_read_never_duplicates_a_notice_nor_undoes_a_delivered_read(
     assert_eq!(notices.lock().len(), 1);
     assert_ends_empty(&h.registry).await;
 }
+
+/// A parallel-safe tool whose body never settles.
+struct NeverSettles;
+
+#[async_trait::async_trait]
+impl agent::tools::ToolHandler for NeverSettles {
+    async fn execute(
+        &self,
+        _arguments: Value,
+        _ctx: ToolContext,
+    ) -> Result<agent::tools::ToolOutput, ToolError> {
+        std::future::pending().await
+    }
+}
+
+/// Polls `step` until every task blocks; it must not complete.
+async fn drive_pending<F: std::future::Future + Unpin>(step: &mut F) {
+    tokio::select! {
+        biased;
+        _ = step => panic!("the step is expected to stay pending"),
+        () = settle_tasks() => {}
+    }
+}
+
+/// spec: TOOL-37 — a `job_output` wait that delivered the output (claiming the report, so the
+/// held completion notice is suppressed) inside a parallel group, behind an earlier call that
+/// is still running, is never recorded if the step is dropped before its commit (a host bounding
+/// the step, a runtime shutting down). Its claim goes back with the dropped success: the job
+/// reads unreported, the completion notice goes out once, and a later `job_output` still reads
+/// the output. Before, the job stayed reported with no notice: its output was lost to the owner.
+#[tokio::test(start_paused = true)]
+async fn job_output_dropped_with_its_step_before_its_commit_gives_the_report_back() {
+    let h = Pipeline::new();
+    let _slow = h
+        .tools
+        .register(
+            None,
+            ToolDefinition {
+                name: "slow".to_owned(),
+                description: "never settles".to_owned(),
+                parameters: json!({"type": "object"}),
+                concurrency_safe: true,
+                handler: Arc::new(NeverSettles),
+            },
+        )
+        .unwrap();
+    let (notices, _notices) = record_notices(&h.registry);
+    let (spec, p) = producer("subagent", "research", "parent");
+    let job = h.registry.start_job(spec).unwrap();
+    let parent = SessionId::from("parent");
+    let call = |id: &str, name: &str, args: Value| ToolCallRequest {
+        call_id: CallId::from(id),
+        name: name.to_owned(),
+        arguments: args.to_string(),
+    };
+    let calls = vec![
+        call("call-1", "slow", json!({})),
+        call(
+            "call-2",
+            "job_output",
+            json!({"job_id": "subagent-1", "wait": true}),
+        ),
+    ];
+    let signal = Signal::new();
+    let mut step = Box::pin(crate::tools::run_step_calls(&h.tools, &parent, calls, &signal, 4));
+    drive_pending(&mut step).await;
+    assert_eq!(h.registry.counts().waiters, 1, "job_output is waiting");
+    p.settle(completed("background answer"));
+    drive_pending(&mut step).await;
+    assert_eq!(h.registry.counts().waiters, 0, "the wait delivered");
+    assert!(
+        h.registry.get(&parent, &job).unwrap().reported,
+        "the delivering wait claimed the report"
+    );
+    assert!(notices.lock().is_empty(), "its notice is suppressed");
+
+    drop(step);
+    assert!(
+        !h.registry.get(&parent, &job).unwrap().reported,
+        "the dropped, never recorded read gave its claim back"
+    );
+    assert_eq!(
+        notices.lock().len(),
+        1,
+        "the completion notice is delivered after all"
+    );
+    h.later_read_delivers(&job, "background answer\n[status: completed]", &notices)
+        .await;
+}

@@ -437,6 +437,69 @@ async fn a_settled_success_survives_a_cancellation_while_awaiting_its_commit() {
     assert_eq!(observed, ["result:c1", "result:c2"]);
 }
 
+/// A parallel-safe tool whose body registers a discard hook counting into `ran`, then succeeds
+/// after a sleep of `{"ms": n}`.
+fn discard_counting(name: &str, ran: &Arc<AtomicUsize>) -> agent::ToolDefinition {
+    let ran = ran.clone();
+    tool_with(name, true, move |args, ctx| {
+        let ran = ran.clone();
+        ctx.on_discarded(move || {
+            ran.fetch_add(1, Ordering::SeqCst);
+        });
+        let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(0);
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok(ToolOutput::text("done"))
+        })
+    })
+}
+
+/// A parallel call whose body succeeded while its commit awaits an earlier, slower call is
+/// never recorded when the step's future is dropped (a host bounding the step, a runtime
+/// shutting down): its `on_discarded` hooks run, exactly once, as for any discarded success
+/// (a `job_output` read then gives its claim on the report back). A step that commits its
+/// successes runs none. Before, the settled success was dropped silently with the step.
+#[tokio::test(start_paused = true)]
+async fn dropping_the_step_discards_settled_uncommitted_successes() {
+    let reg = ToolRegistry::new();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let _t = reg.register(None, discard_counting("t", &ran)).unwrap();
+    let agent = sid("a");
+    let signal = Signal::new();
+
+    let committed = run_step_calls(
+        &reg,
+        &agent,
+        vec![call("c1", "t", r#"{"ms": 20}"#), call("c2", "t", "{}")],
+        &signal,
+        2,
+    )
+    .await;
+    assert_eq!(ids(&committed), ["c1", "c2"]);
+    assert!(committed.iter().all(|e| !e.result.is_error));
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "committed successes run no hook");
+
+    let mut step = Box::pin(run_step_calls(
+        &reg,
+        &agent,
+        vec![call("c3", "t", r#"{"ms": 100}"#), call("c4", "t", "{}")],
+        &signal,
+        2,
+    ));
+    tokio::select! {
+        biased;
+        _ = &mut step => panic!("c3 is still sleeping"),
+        () = tokio::time::sleep(Duration::from_millis(10)) => {}
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "c4 settled and awaits c3's commit");
+    drop(step);
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        1,
+        "c4's settled success was dropped uncommitted: its hook ran once (c3's body was dropped)"
+    );
+}
+
 /// A [`Tools`] implementation the scheduler does not recognise (it keeps the provided
 /// `as_any`): it delegates every call to a registry.
 struct Foreign(ToolRegistry);
