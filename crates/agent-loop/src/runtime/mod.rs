@@ -100,6 +100,14 @@ fn inactive(id: &SessionId) -> AgentError {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Test hook: runs (once) when a creation or resumption on this thread is about to reserve
+    /// its id, to interleave another transaction exactly there.
+    static BEFORE_RESERVE: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 struct RuntimeInner {
     /// Shared with every agent and context (one reference count each, not one per service).
     services: Arc<Services>,
@@ -479,6 +487,10 @@ impl Runtime {
     /// Holds `id` for a creation or resumption; `Duplicate` while another one holds it, the
     /// shutdown error once shutdown began.
     fn reserve(&self, id: &SessionId) -> Result<Reservation, AgentError> {
+        #[cfg(test)]
+        if let Some(hook) = BEFORE_RESERVE.with(|h| h.borrow_mut().take()) {
+            hook();
+        }
         let creation = {
             let mut reserved = self.inner.reserved.lock();
             // Checked under the lock shutdown takes after its cancellation: a creation is
@@ -502,6 +514,21 @@ impl Runtime {
             creation,
             owner: None,
         })
+    }
+
+    /// [`reserve`](Self::reserve)s `id`, then requires it not live: `Duplicate` when a session
+    /// or an agent of that id is. Checked once the id is held, so no transaction of the id can
+    /// publish after the check (a publication enters its session and agent before it frees the
+    /// id): a check made before reserving would miss one that published in between, and the
+    /// creation would then run its setup beside the live agent — or, a resumption, load and
+    /// claim the live session's log and, rolling back, let go of its writer.
+    fn reserve_free(&self, id: &SessionId) -> Result<Reservation, AgentError> {
+        let reservation = self.reserve(id)?;
+        if self.inner.sessions.get(id).is_some() || self.inner.registry.lock().contains(id) {
+            // Dropped: the id freed; nothing held yet, nothing let go of.
+            return Err(AgentError::Duplicate(id.clone()));
+        }
+        Ok(reservation)
     }
 
     /// The liveness checks re-run after every publication edge.
@@ -660,7 +687,7 @@ impl Runtime {
             return Err(inactive(&session_id));
         }
         let session = self.inner.sessions.prepare(session_id, seed, meta)?;
-        let reservation = self.reserve(session.id())?;
+        let reservation = self.reserve_free(session.id())?;
         Ok(Plan {
             reservation,
             session,
@@ -741,7 +768,17 @@ impl Runtime {
             // Publication: enter the session, then the agent.
             // Durable writes wait for the commit below: a rollback stores nothing.
             let (session_guard, durability) =
-                self.inner.sessions.enter_deferred(session.clone(), persisted)?;
+                match self.inner.sessions.enter_deferred(session.clone(), persisted) {
+                    Ok(entered) => entered,
+                    Err(err @ AgentError::Duplicate(_)) if persisted.is_some() => {
+                        // A live session of the id (entered into the store directly, not through
+                        // this runtime, whose transactions the reservation keeps out) writes the
+                        // log: its removal lets go of it, not this rollback.
+                        rollback.reservation.creation.hand_over_log();
+                        return Err(err);
+                    }
+                    Err(err) => return Err(err),
+                };
             if persisted.is_some() {
                 // A resumed session: its removal lets go of the claimed log from now on.
                 rollback.reservation.creation.hand_over_log();
@@ -856,11 +893,9 @@ impl AgentRuntime for Runtime {
             .persistence
             .clone()
             .ok_or_else(|| AgentError::Persistence("session persistence is not configured".to_owned()))?;
-        if self.inner.sessions.get(&session_id).is_some() || self.inner.registry.lock().contains(&session_id)
-        {
-            return Err(AgentError::Duplicate(session_id));
-        }
-        let mut reservation = self.reserve(&session_id)?;
+        // Before the log is touched: a loser never holds — so its rollback never lets go of —
+        // the log of a live session of its id.
+        let mut reservation = self.reserve_free(&session_id)?;
         if let Some(s) = &signal
             && s.is_cancelled()
         {

@@ -293,7 +293,7 @@ impl MemorySessionStore {
                 None => return Err(AgentError::Duplicate(session.id().clone())),
             }
         };
-        let guard = self.removal_guard(key);
+        let guard = self.removal_guard(key, &session);
         let mut observers: Vec<Arc<dyn SessionObserver>> = Vec::new();
         if let Some(p) = &persist {
             observers.push(p.clone());
@@ -360,29 +360,45 @@ impl MemorySessionStore {
             .try_emit(&SessionStoreEvent::Created(session.clone()))
     }
 
-    fn removal_guard(&self, key: u64) -> Registration {
+    /// Removes entry `key` (of `session`) when dropped.
+    fn removal_guard(&self, key: u64, session: &Arc<Session>) -> Registration {
         let weak = Arc::downgrade(&self.inner);
+        let id = session.id().clone();
+        let session = Arc::downgrade(session);
         Registration::new(move || {
             let Some(inner) = weak.upgrade() else { return };
-            let removed = {
-                let _lifecycle = inner.lifecycle.lock();
-                let removed = inner.state.lock().entries.remove(key);
-                if let Some(entry) = &removed
-                    && entry.announced
-                {
-                    inner
-                        .events
-                        .emit(&SessionStoreEvent::Disposed(entry.session.id().clone()));
-                }
-                removed
-            };
             // Nothing writes the session any more: the persistence lets go of what it holds
-            // for it (an open log and its lock), once what it accepted is written.
-            if let (Some(entry), Some(persistence)) = (removed, &inner.persistence)
-                && entry.persist.is_some()
+            // for it (an open log and its lock), once what it accepted is written. Before the
+            // entry leaves the store: while it is here the id is live, so no resumption of it
+            // can claim the log before this release — which would then let go of the successor's
+            // writer, not this session's (spec: SPN-56, ids reopen only after quiescence).
+            let persisted = inner.state.lock().entries.get(&id).is_some_and(|e| {
+                std::ptr::eq(Arc::as_ptr(&e.session), session.as_ptr()) && e.persist.is_some()
+            });
+            if persisted
+                && let Some(persistence) = &inner.persistence
+                && let Err(payload) =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| persistence.release(&id)))
             {
-                persistence.release(entry.session.id());
+                // Contained: the entry leaves the store all the same.
+                tracing::warn!(
+                    session = %id,
+                    message = %agent::bus::panic_message(&*payload),
+                    "session persistence panicked releasing the log"
+                );
             }
+            let lifecycle = inner.lifecycle.lock();
+            let removed = inner.state.lock().entries.remove(key);
+            if let Some(entry) = &removed
+                && entry.announced
+            {
+                inner
+                    .events
+                    .emit(&SessionStoreEvent::Disposed(entry.session.id().clone()));
+            }
+            drop(lifecycle);
+            // The entry (its session's last reference, say) is dropped outside the locks.
+            drop(removed);
         })
     }
 }

@@ -1181,3 +1181,257 @@ async fn shutdown_frees_the_id_of_a_resumption_whose_load_is_pending() {
     );
     finish(&rt, []).await;
 }
+
+/// A test hook of [`RecordingRelease`], run once.
+type Hook = Mutex<Option<Box<dyn FnOnce() + Send>>>;
+
+/// A [`TestPersistence`] recording every `release`, and whether a session of that id was live
+/// in the watched runtime's store when it came (and which); its next `load` and `release` run
+/// a hook first when one is set (to interleave another transaction there).
+#[derive(Default)]
+struct RecordingRelease {
+    store: TestPersistence,
+    /// `(id, live)` per `release` call.
+    releases: Mutex<Vec<(SessionId, bool)>>,
+    /// The session of the id live at each `release`, if any.
+    released_live: Mutex<Vec<Option<Arc<agent::Session>>>>,
+    runtime: Mutex<std::sync::Weak<RuntimeInner>>,
+    on_load: Hook,
+    on_release: Hook,
+}
+
+impl RecordingRelease {
+    fn watch(&self, rt: &Runtime) {
+        *self.runtime.lock() = Arc::downgrade(&rt.inner);
+    }
+
+    /// The ids released while a session of theirs was live.
+    fn released_while_live(&self) -> Vec<SessionId> {
+        self.releases
+            .lock()
+            .iter()
+            .filter(|(_, live)| *live)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+}
+
+#[async_trait::async_trait]
+impl agent::SessionPersistence for RecordingRelease {
+    fn create(&self, header: &agent::SessionHeader) -> Result<(), AgentError> {
+        self.store.create(header)
+    }
+
+    fn append(&self, id: &SessionId, event: &SessionEvent) -> Result<(), AgentError> {
+        self.store.append(id, event)
+    }
+
+    async fn flush(&self, id: &SessionId) -> Result<(), AgentError> {
+        self.store.flush(id).await
+    }
+
+    async fn list(&self) -> Result<Vec<agent::SessionHeader>, AgentError> {
+        self.store.list().await
+    }
+
+    async fn inspect(&self, id: &SessionId) -> Result<Option<agent::SessionHeader>, AgentError> {
+        self.store.inspect(id).await
+    }
+
+    async fn load(&self, id: &SessionId) -> Result<agent::store::LoadedSession, AgentError> {
+        let hook = self.on_load.lock().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+        self.store.load(id).await
+    }
+
+    fn release(&self, id: &SessionId) {
+        let hook = self.on_release.lock().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+        let live = self.runtime.lock().upgrade().and_then(|rt| rt.sessions.get(id));
+        self.releases.lock().push((id.clone(), live.is_some()));
+        self.released_live.lock().push(live);
+    }
+}
+
+/// Runs `racer` (a transaction of the same id, to completion) when the next creation or
+/// resumption on this thread is about to reserve its id — after the checks it made before.
+fn race_before_reserve(
+    rt: &Runtime,
+    racer: impl FnOnce(&Runtime) -> Result<AgentHandle, AgentError> + 'static,
+) -> Arc<Mutex<Option<AgentHandle>>> {
+    let won = Arc::new(Mutex::new(None));
+    let (rt, slot) = (rt.clone(), won.clone());
+    BEFORE_RESERVE.with(|h| {
+        *h.borrow_mut() = Some(Box::new(move || {
+            *slot.lock() = Some(racer(&rt).expect("the racing transaction wins"));
+        }));
+    });
+    won
+}
+
+/// spec §6 (`prepare`: "duplicates of a live id are rejected"), §9.1, SPN-56 — a resumption
+/// whose id a racing creation or resumption of the same id made live between its duplicate
+/// check and its reservation fails `Duplicate` without ever touching the log: it never lets go
+/// of (`SessionPersistence::release`) the writer of the live session that won, which keeps its
+/// log. (Before the fix the loser reserved the freed id, loaded and claimed the live session's
+/// log, failed to enter the store, and its rollback released the live session's writer —
+/// dropping the single-writer lock of a log this process still appends to.)
+#[tokio::test(start_paused = true)]
+async fn a_resume_losing_its_id_to_a_racer_never_releases_the_live_log() {
+    for racer_resumes in [false, true] {
+        let model = ScriptedModel::default();
+        let persistence = Arc::new(RecordingRelease::default());
+        let rt = builder(&model).persistence(persistence.clone()).build();
+        persistence.watch(&rt);
+        if racer_resumes {
+            create(&rt, "x").await.dispose().await;
+        }
+        persistence.releases.lock().clear();
+        let won = race_before_reserve(&rt, move |rt| {
+            // The racer needs no await that suspends (no setup, an immediate persistence).
+            if racer_resumes {
+                futures::executor::block_on(rt.resume(resume_options("x")))
+            } else {
+                futures::executor::block_on(rt.create(options("x")))
+            }
+        });
+        let err = rt
+            .resume(resume_options("x"))
+            .await
+            .expect_err("the racer holds the id");
+        assert!(
+            matches!(&err, AgentError::Duplicate(id) if id.as_str() == "x"),
+            "racer resumes: {racer_resumes}: {err}"
+        );
+        let winner = won.lock().take().expect("the racer ran");
+        assert!(
+            AgentRuntime::get(&rt, &"x".into()).is_some(),
+            "the winner is live"
+        );
+        assert_eq!(
+            persistence.released_while_live(),
+            Vec::<SessionId>::new(),
+            "racer resumes: {racer_resumes}: the losing resume released the live session's log"
+        );
+        winner.dispose().await;
+        finish(&rt, []).await;
+    }
+}
+
+/// spec §6, §9.1 (SPN-54: scoped registrations are visible only to their agent) — a creation
+/// whose id a racing creation made live between its `prepare` and its reservation fails
+/// `Duplicate` before its setup runs: its registrations, keyed by the id, never exist beside
+/// the live agent's. (Before the fix its setup ran while the winner was live, and the creation
+/// failed only at the store's entry.)
+#[tokio::test(start_paused = true)]
+async fn a_create_losing_its_id_to_a_racer_never_runs_its_setup() {
+    let model = ScriptedModel::default();
+    let rt = builder(&model)
+        .persistence(Arc::new(TestPersistence::default()))
+        .build();
+    let won = race_before_reserve(&rt, |rt| futures::executor::block_on(rt.create(options("x"))));
+    let ran = Arc::new(AtomicUsize::new(0));
+    let mut o = options("x");
+    let seen = ran.clone();
+    o.setup = setup(move |_| async move {
+        seen.fetch_add(1, Ordering::SeqCst);
+        Ok(None)
+    });
+    let err = rt.create(o).await.expect_err("the racer holds the id");
+    assert!(
+        matches!(&err, AgentError::Duplicate(id) if id.as_str() == "x"),
+        "{err}"
+    );
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        0,
+        "the losing creation's setup ran beside the live agent"
+    );
+    let winner = won.lock().take().expect("the racer ran");
+    finish(&rt, [winner]).await;
+}
+
+/// spec: SPN-56 (ids reopen only after quiescence) — a resumption racing the removal of the
+/// live session of its id (its agent disposed) — here, run from inside that removal's
+/// `SessionPersistence::release`, as another thread would — is refused `Duplicate` until the
+/// removal let go of the log; the removal's release never lands on a resumed successor's
+/// writer. (Before the fix the store released the log only after the entry had left it, so a
+/// resumption in between published, claimed the log, and then lost its writer to the old
+/// session's late release.)
+#[tokio::test(start_paused = true)]
+async fn a_removed_sessions_release_never_lands_on_a_resumed_successor() {
+    let model = ScriptedModel::default();
+    let persistence = Arc::new(RecordingRelease::default());
+    let rt = builder(&model).persistence(persistence.clone()).build();
+    persistence.watch(&rt);
+    let first = create(&rt, "x").await;
+    let old = first.agent().session().clone();
+    let raced = Arc::new(Mutex::new(None));
+    let (racer, slot) = (rt.clone(), raced.clone());
+    *persistence.on_release.lock() = Some(Box::new(move || {
+        *slot.lock() = Some(futures::executor::block_on(racer.resume(resume_options("x"))));
+    }));
+    first.dispose().await;
+    let raced = raced.lock().take().expect("the racer ran");
+    let successor = match raced {
+        Err(AgentError::Duplicate(_)) => None,
+        Err(err) => panic!("unexpected: {err}"),
+        Ok(handle) => Some(handle),
+    };
+    for live in persistence.released_live.lock().iter().flatten() {
+        assert!(
+            Arc::ptr_eq(live, &old),
+            "the removed session's release landed on its resumed successor"
+        );
+    }
+    assert!(
+        successor.is_none(),
+        "resumed before the old session's log was let go of"
+    );
+    // Once the removal ended, the session resumes.
+    let again = rt.resume(resume_options("x")).await.expect("resumes");
+    finish(&rt, [again]).await;
+}
+
+/// spec §6 (`enter` never overwrites a live entry) — a resumption that claimed its log and then
+/// finds a session of its id live in the store at entry (entered there directly, by the host,
+/// while the log loaded) fails `Duplicate` and does not let go of the log that live session
+/// writes. (Before the fix its rollback released the live session's writer.)
+#[tokio::test(start_paused = true)]
+async fn a_resume_refused_at_store_entry_leaves_the_live_sessions_log() {
+    let model = ScriptedModel::default();
+    let persistence = Arc::new(RecordingRelease::default());
+    let rt = builder(&model).persistence(persistence.clone()).build();
+    persistence.watch(&rt);
+    create(&rt, "x").await.dispose().await;
+    persistence.releases.lock().clear();
+    let direct = Arc::new(Mutex::new(None));
+    let (store, slot) = (rt.sessions().clone(), direct.clone());
+    *persistence.on_load.lock() = Some(Box::new(move || {
+        let session = store
+            .prepare("x".into(), None, SessionMeta::default())
+            .expect("not live yet");
+        // Its (empty) log counts as durable: the stored one is not recreated.
+        let entered = store.enter_persisted(session, Some(0));
+        *slot.lock() = Some(entered.expect("entered directly"));
+    }));
+    let err = rt
+        .resume(resume_options("x"))
+        .await
+        .expect_err("a session of the id is live");
+    assert!(
+        matches!(&err, AgentError::Duplicate(id) if id.as_str() == "x"),
+        "{err}"
+    );
+    assert_eq!(
+        persistence.released_while_live(),
+        Vec::<SessionId>::new(),
+        "the refused resume released the live session's log"
+    );
+    drop(direct.lock().take());
+    finish(&rt, []).await;
+}
