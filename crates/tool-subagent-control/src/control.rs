@@ -95,7 +95,9 @@ impl Control {
 /// the child has not claimed it yet (`Agent::remove_pending`, a logged cancellation). A call whose
 /// future is dropped before the manager answered cancels its delivery the same way (reason
 /// [`DELIVERY_ABANDONED_REASON`](model_text::DELIVERY_ABANDONED_REASON)); the delivery still
-/// runs to its end on a task [`shutdown`](Self::shutdown) waits for.
+/// runs to its end on a task [`shutdown`](Self::shutdown) waits for. A call whose future is
+/// dropped after the inbox accepted the message but before the body took that answer (nobody
+/// was told it was delivered) has the message withdrawn the same way, if still unclaimed.
 pub struct SubagentControlPlugin {
     control: Arc<Control>,
     /// The two tool registrations; `None` once unloaded. Never held across an `.await`.

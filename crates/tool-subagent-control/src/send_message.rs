@@ -9,6 +9,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use serde::Serialize;
 use serde_json::{Map, Value};
 use subagent::SubagentError;
@@ -118,11 +119,19 @@ impl ToolHandler for SendMessageTool {
         let child_id = SessionId::from(args.subagent_id.as_str());
         let content = vec![ContentBlock::text(args.message)];
         let source = relay_source(parent.id());
+        // Hands the accepted message's id from the delivery to this body. Dropped with this
+        // body before it took the id, it withdraws the message (see `Receipt`).
+        let receipt = Receipt::new(control.services.agents.clone(), child_id.clone());
+        let handoff = receipt.handoff.clone();
         // On a tracked task: a dropped body never cuts a cold resume (or its rollback) short.
         let task = control.spawn_delivery(async move {
-            manager
+            let delivered = manager
                 .followup_with(&parent, &child_id, content, source, &signal)
-                .await
+                .await;
+            if let Ok(message_id) = &delivered {
+                handoff.accepted(message_id);
+            }
+            delivered
         });
         let Some(task) = task else {
             abandon.disarm();
@@ -130,6 +139,9 @@ impl ToolHandler for SendMessageTool {
         };
         let joined = task.await;
         abandon.disarm();
+        // From here on this body answers for the message: no `.await` is left before the
+        // discard hook is registered.
+        receipt.taken();
         let message_id = joined
             .map_err(|join| task_failure(&args.subagent_id, join))?
             .map_err(|error| seam_failure(&error))?;
@@ -143,6 +155,107 @@ impl ToolHandler for SendMessageTool {
             message_id: message_id.to_string(),
         }
         .into_output(&args.subagent_id))
+    }
+}
+
+/// Where the accepted message's id stands between the delivery task and the call's body.
+#[derive(Debug, Default)]
+enum Handoff {
+    /// The delivery has not been accepted (yet, or ever).
+    #[default]
+    Waiting,
+    /// The child's inbox accepted the message; the body has not taken the answer yet.
+    Accepted(MessageId),
+    /// The body took the answer: it reports the delivery and registers its discard hook.
+    Taken,
+    /// The body was dropped without taking the answer.
+    Dropped,
+}
+
+/// The delivery task's side of a [`Receipt`].
+#[derive(Clone)]
+struct HandoffSlot {
+    state: Arc<Mutex<Handoff>>,
+    /// The live registry, to find the child in for a withdrawal.
+    agents: Arc<dyn AgentRuntime>,
+    /// The child the message was sent to.
+    child_id: SessionId,
+}
+
+impl HandoffSlot {
+    /// Records that the child's inbox accepted `message_id`; if the body is already gone (it
+    /// was dropped while the delivery ran), withdraws the message at once.
+    fn accepted(&self, message_id: &MessageId) {
+        let dropped = {
+            let mut state = self.state.lock();
+            if matches!(*state, Handoff::Dropped) {
+                true
+            } else {
+                *state = Handoff::Accepted(message_id.clone());
+                false
+            }
+        };
+        if dropped {
+            withdraw(self.agents.as_ref(), &self.child_id, message_id);
+        }
+    }
+}
+
+/// The body's side of the hand-off. A call's future may be dropped after the child's inbox
+/// accepted its message but before the body observed the answer — the pipeline drops a body
+/// still pending once the call's signal fired (on a multi-thread runtime the delivery task can
+/// accept in that window), or a host abandons the call. Nobody is then told that the message was
+/// delivered (the pipeline records the call as cancelled), so, like a discarded success, the
+/// message is withdrawn while still unclaimed: by this guard's drop when the delivery was
+/// accepted first, or by the delivery task when the body was dropped first.
+struct Receipt {
+    handoff: HandoffSlot,
+    /// Whether the body took the answer (the guard then does nothing).
+    taken: bool,
+}
+
+impl Receipt {
+    fn new(agents: Arc<dyn AgentRuntime>, child_id: SessionId) -> Self {
+        Self {
+            handoff: HandoffSlot {
+                state: Arc::default(),
+                agents,
+                child_id,
+            },
+            taken: false,
+        }
+    }
+
+    /// The body took the delivery's answer and answers for the message from now on.
+    fn taken(mut self) {
+        *self.handoff.state.lock() = Handoff::Taken;
+        self.taken = true;
+    }
+}
+
+impl Drop for Receipt {
+    fn drop(&mut self) {
+        if self.taken {
+            return;
+        }
+        let previous = std::mem::replace(&mut *self.handoff.state.lock(), Handoff::Dropped);
+        if let Handoff::Accepted(message_id) = previous {
+            withdraw(self.handoff.agents.as_ref(), &self.handoff.child_id, &message_id);
+        }
+    }
+}
+
+/// Removes `message_id` from the inbox of the live child `child_id` if it is still pending (a
+/// logged cancellation, which also settles the manager's accounting of the waking send). A
+/// message the child already claimed into a turn cannot be taken back: nothing changes then.
+fn withdraw(agents: &dyn AgentRuntime, child_id: &SessionId, message_id: &MessageId) {
+    // `Ok(false)`: already claimed (or gone with the child) — nothing left to withdraw. An
+    // error: the cancellation could not be logged and the child's inbox is unchanged; the
+    // call's result is already decided, so it can only be logged.
+    if let Some(child) = agents.get(child_id)
+        && let Err(error) = child.remove_pending(message_id)
+    {
+        tracing::warn!(child = %child_id, message = %message_id, %error, "send_message: could not withdraw a delivery whose call was recorded as failed");
     }
 }
 
@@ -162,16 +275,7 @@ fn withdraw_if_discarded(
 ) {
     let child_id = SessionId::from(subagent_id);
     let message_id = message_id.clone();
-    ctx.on_discarded(move || {
-        // `Ok(false)`: already claimed (or gone with the child) — nothing left to withdraw. An
-        // error: the cancellation could not be logged and the child's inbox is unchanged; the
-        // call's result is already decided, so it can only be logged.
-        if let Some(child) = agents.get(&child_id)
-            && let Err(error) = child.remove_pending(&message_id)
-        {
-            tracing::warn!(child = %child_id, message = %message_id, %error, "send_message: could not withdraw a delivery whose call was recorded as failed");
-        }
-    });
+    ctx.on_discarded(move || withdraw(agents.as_ref(), &child_id, &message_id));
 }
 
 /// A delivery task that ended without an answer: it panicked (the manager contains host code's

@@ -388,6 +388,133 @@ async fn a_discarded_delivery_is_withdrawn_from_the_inbox() {
     rig.finish().await;
 }
 
+/// §4.2 — a call whose future is dropped after the child's inbox accepted its delivery but
+/// before the body observed the answer (the pipeline drops a body still pending once the call's
+/// signal fired — on a multi-thread runtime the delivery task can accept in that window — or a
+/// host abandons the call) withdraws the still-unclaimed message: nobody was told it was
+/// delivered (the pipeline records the call as cancelled), so it must not run as the child's
+/// next turn. Before, only a body that saw the answer could register the withdrawal, and the
+/// message stayed queued and ran although the call was recorded as failed.
+#[tokio::test(start_paused = true)]
+async fn a_call_dropped_after_acceptance_withdraws_the_delivery() {
+    let mut rig = Rig::new(vec![answer("first"), answer("never")]).await;
+    let gate = rig.gate("child");
+    let child = rig.start(rig.parent(), "child", "child task", "child task").await;
+    rig.until("the child's turn is open", |rig| {
+        rig.agent("child")
+            .is_some_and(|agent| agent.status() == AgentStatus::Running)
+    })
+    .await;
+    let agent = rig.agent("child").expect("the child is live");
+    let handler = rig
+        .rt
+        .services()
+        .tools
+        .get("send_message", None)
+        .expect("registered")
+        .handler;
+    let execution = agent::tools::ToolExecution {
+        id: agent::tools::ExecutionId::next(),
+        agent: SessionId::from(PARENT),
+        call_id: "dropped".into(),
+        name: "send_message".to_owned(),
+        arguments: send("child", "follow-up"),
+    };
+    let ctx = agent::tools::ToolContext::new(std::sync::Arc::new(execution), Signal::new());
+    let mut call = handler.execute(send("child", "follow-up"), ctx);
+    // One poll: the delivery starts on its task and the body waits for its answer.
+    tokio::select! {
+        biased;
+        result = &mut call => panic!("the call answered at once: {result:?}"),
+        () = std::future::ready(()) => {}
+    }
+    rig.until("the delivery was accepted and its task ended", |rig| {
+        agent.inbox().next_turn.len() == 1 && rig.control.as_ref().is_some_and(|c| c.deliveries() == 0)
+    })
+    .await;
+    drop(call);
+    assert!(
+        agent.inbox().next_turn.is_empty(),
+        "the follow-up nobody was told about is no longer queued"
+    );
+    gate.send_replace(true);
+    rig.until_released(&child).await;
+    assert_eq!(prompts(&rig.persisted(&child).await.events), ["child task"]);
+    assert_eq!(rig.model.requests().len(), 1, "no turn for the withdrawn message");
+    drop(handler);
+    rig.finish().await;
+}
+
+/// §4.2 — the real race behind `a_call_dropped_after_acceptance_withdraws_the_delivery`, through
+/// the real pipeline on a multi-thread runtime: the call's signal fires while the delivery task
+/// is inside the child's inbox send (past the manager's last signal check). The pipeline polls
+/// the body once more, finds it pending and drops it, recording the call as cancelled; the
+/// delivery then completes. The delivery task, finding its body gone, withdraws the still
+/// unclaimed message, so the failure the model read means "not delivered". Before, the message
+/// stayed queued and ran as the child's next turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_call_cancelled_while_its_delivery_is_accepted_withdraws_it() {
+    let mut rig = Rig::new(vec![answer("first"), answer("never")]).await;
+    let gate = rig.gate("child");
+    rig.start(rig.parent(), "child", "child task", "child task").await;
+    let agent = rig.agent("child").expect("the child is live");
+    // Held at its first step by the gate: the child's driver leaves its inbox alone.
+    while agent.status() != AgentStatus::Running
+        || agent.inbox().next_turn.len() + agent.inbox().next_step.len() > 0
+    {
+        tokio::task::yield_now().await;
+    }
+    // Holds the delivery inside the child's inbox send, after the message was appended.
+    let (entered_tx, entered) = std::sync::mpsc::channel::<()>();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    let release_rx = parking_lot::Mutex::new(release_rx);
+    let hold = rig
+        .rt
+        .services()
+        .agent_events
+        .on_scoped(SessionId::from("child"), move |event| {
+            if let agent::AgentEvent::InboxInserted { .. } = event {
+                let _ = entered_tx.send(());
+                let _ = release_rx.lock().recv();
+            }
+            Ok(())
+        });
+    let signal = Signal::new();
+    let tools = rig.rt.services().tools.clone();
+    let call = tokio::spawn({
+        let signal = signal.clone();
+        async move {
+            let request = agent::tools::ToolCallRequest {
+                call_id: "raced".into(),
+                name: "send_message".to_owned(),
+                arguments: send("child", "follow-up").to_string(),
+            };
+            tools
+                .execute(&SessionId::from(PARENT), request, signal)
+                .await
+                .result
+        }
+    });
+    entered
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the delivery reaches the child's inbox");
+    signal.cancel(agent::CancelCause::User);
+    // The pipeline drops the pending body and records the call as cancelled, while the
+    // delivery is still held inside the send.
+    let result = call.await.expect("the call task");
+    let (code, _) = error(&result);
+    assert_eq!(code, "CANCELLED");
+    release.send(()).expect("the delivery is held");
+    rig.control.take().expect("loaded").shutdown().await;
+    drop(hold);
+    assert!(
+        agent.inbox().next_turn.is_empty(),
+        "the follow-up of the cancelled call is no longer queued"
+    );
+    gate.send_replace(true);
+    rig.finish().await;
+}
+
 /// §4.2 — a composition without a continuation manager: `send_message` fails
 /// `CONTINUATION_UNAVAILABLE`, `interrupt_agent` from a live caller is an accepted no-op.
 ///
