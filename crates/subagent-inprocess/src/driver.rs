@@ -34,8 +34,8 @@ use crate::structured::StructuredCapture;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct InProcessRunOptions {
     /// A creation seed: the parent's balanced completed-turn prefix (`fork`), or `None` for a
-    /// fresh child (`spawn`). An empty seed should be passed as `None` (an empty seed still
-    /// writes a `session/end-seed` marker). A seed that is not balanced
+    /// fresh child (`spawn`). An empty seed is the same as `None`: the child is created
+    /// unseeded (no `session/end-seed` marker, no `seedLength`). A seed that is not balanced
     /// ([`is_balanced`]) rejects the start with
     /// [`StartFailure::UnbalancedSeed`].
     pub seed: Option<Vec<SessionEvent>>,
@@ -229,7 +229,9 @@ impl InProcessDriver {
         // 4. Child id and seed boundary.
         let mut id = [0u8; uuid::fmt::Hyphenated::LENGTH];
         let child_id = SessionId::new(&*uuid::Uuid::new_v4().hyphenated().encode_lower(&mut id));
-        let seed = options.seed;
+        // An empty seed is no seed (spec §5.1): the child is created unseeded — no end-seed
+        // marker, no `seedLength` — whichever way the caller spelled it.
+        let seed = options.seed.filter(|s| !s.is_empty());
         // A seed the child's first turn could not continue (an open turn or step, a turn closed
         // over an open step) is refused here, before anything exists: created, the child would
         // run on a log that breaks the session invariants (spine §4.7 item 5).

@@ -311,6 +311,36 @@ async fn drv_8_seed_is_verbatim_and_output_is_child_owned() {
     host.finish().await;
 }
 
+/// spec: DRV-8 (§5.1) — an empty seed is no seed: a child started with
+/// `InProcessRunOptions::seeded(vec![])` is created unseeded, like a fresh one — no
+/// `session/end-seed` marker, no `seedLength` in its header. (Before, the driver passed the
+/// empty seed on and the child's log opened with an end-seed marker at 0 while its header said
+/// it was unseeded.)
+#[tokio::test(start_paused = true)]
+async fn an_empty_seed_creates_an_unseeded_child() {
+    let host = Host::new(vec![chunks::text("child answer").into()]).await;
+    let run = host
+        .driver
+        .start(
+            resolve(host.request(), "test"),
+            InProcessRunOptions::seeded(Vec::new()),
+        )
+        .await
+        .unwrap();
+    let result = run.result().await.unwrap();
+    assert_eq!(text(&result.output), "child answer");
+    let child = run.local_agent().unwrap();
+    assert_eq!(child.session().header().seed_length, None);
+    let events = events_of(&child);
+    assert!(
+        events.iter().all(|e| e.type_name() != "session/end-seed"),
+        "no end-seed marker: {:?}",
+        events.iter().map(|e| e.type_name()).collect::<Vec<_>>()
+    );
+    run.dispose().await.unwrap();
+    host.finish().await;
+}
+
 /// spec: DRV-8 (spine §4.7 item 5, §4.8) — a seed the child's first turn could not continue is
 /// refused at start with a typed `PROVIDER_FAILED` error (source
 /// [`StartFailure::UnbalancedSeed`]) before anything exists: a turn closed while its step is
