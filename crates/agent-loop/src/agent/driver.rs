@@ -220,8 +220,12 @@ pub(crate) enum AfterTurn {
 
 /// Per-turn bookkeeping.
 struct TurnState {
-    /// The turn's ending so far (`None`: the last step asked to continue).
+    /// The outcome of the turn's last step (`None`: it asked to continue), or `Blocked`.
     end: Option<TurnEnd>,
+    /// Whether a step of the turn finished at the output-token ceiling: the turn then ends
+    /// `max-tokens` (sticky, spine §4.4) — kept apart from `end`, which decides whether the turn
+    /// goes on, so a later step whose tool calls ran still continues.
+    max_tokens: bool,
     /// The number of the last opened step.
     step: u64,
     /// Whether claiming the inbox failed (the claim's splice could not be logged): the turn
@@ -283,6 +287,7 @@ impl LoopAgent {
         async move {
             let mut ts = TurnState {
                 end: None,
+                max_tokens: false,
                 step: 0,
                 claim_failed: false,
                 step_open: false,
@@ -315,7 +320,11 @@ impl LoopAgent {
     ) -> AfterTurn {
         let (reason, after) = match body {
             Ok(normal) => (
-                ts.end.map_or(TurnEndReason::Completed, TurnEnd::reason),
+                match ts.end {
+                    Some(TurnEnd::Blocked) => TurnEndReason::Blocked,
+                    _ if ts.max_tokens => TurnEndReason::MaxTokens,
+                    end => end.map_or(TurnEndReason::Completed, TurnEnd::reason),
+                },
                 if normal {
                     AfterTurn::AnyPending
                 } else {
@@ -508,9 +517,8 @@ impl LoopAgent {
                         }
                     }
                 };
-                if ts.end != Some(TurnEnd::MaxTokens) {
-                    ts.end = step_end;
-                }
+                ts.max_tokens |= step_end == Some(TurnEnd::MaxTokens);
+                ts.end = step_end;
                 check(signal)?;
                 if ts.end.is_some() && self.inbox.next_step_is_empty() {
                     self.turn_stopping(turn, signal).await?;

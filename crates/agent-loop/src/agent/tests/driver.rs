@@ -366,6 +366,51 @@ async fn spn_36_max_tokens_is_sticky_within_a_turn_only() {
     finish(&rt, [handle]).await;
 }
 
+/// spec: SPN-36 (spine §8.6 step 2.5: a step's outcome is `completed`, `max-tokens` or
+/// "continue") — `max-tokens` is sticky for the turn's *reason* only: a later step of the same
+/// turn whose tool calls ran still continues, so the model sees their results in a follow-up
+/// request, and the turn then ends `max-tokens`. (Before the fix the sticky reason was taken for
+/// the later step's outcome: the turn ended right after the tools ran, their results never
+/// answered by the model.)
+#[tokio::test(start_paused = true)]
+async fn a_tool_step_after_a_max_tokens_step_still_continues() {
+    let model = ScriptedModel::new([
+        chunks::max_tokens_text("cut"),
+        chunks::tool_call("c1", "look", json!({})),
+        chunks::text("seen"),
+    ]);
+    let rt = runtime(&model);
+    let hook = rt.services().turn_stopping.add(
+        None,
+        Arc::new(SteerOnStop {
+            text: "continue",
+            left: AtomicUsize::new(1),
+        }),
+    );
+    let guard = rt
+        .services()
+        .tools
+        .register(
+            None,
+            tool(
+                "look",
+                |_args, _ctx| async move { Ok(ToolOutput::text("looked")) },
+            ),
+        )
+        .unwrap();
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(count(&*agent, "tool/result"), 1);
+    assert_eq!(count(&*agent, "step/start"), 3);
+    assert_eq!(model.requests().len(), 3);
+    assert_eq!(turn_ends(&*agent), [TurnEndReason::MaxTokens]);
+    drop(guard);
+    drop(hook);
+    finish(&rt, [handle]).await;
+}
+
 /// spec: SPN-37 — tool calls of a max-tokens-truncated step are not dispatched; empty
 /// completions still record an assistant message.
 #[tokio::test(start_paused = true)]
