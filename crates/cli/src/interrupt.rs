@@ -5,7 +5,7 @@
 //! [`TwoStage::run`] drives the work and the interrupt source together and returns a typed
 //! outcome ([`Abandoned`] on the second interrupt). The work learns of the first interrupt
 //! through a [`FirstInterrupt`] handle. The source is any stream of `()`, so tests can drive it;
-//! [`ctrl_c`] is the process's own.
+//! [`ctrl_c`] is the process's own Ctrl-C, [`stop_signals`] its Ctrl-C and SIGTERM.
 //!
 //! ```
 //! # async fn demo() {
@@ -117,6 +117,27 @@ pub fn ctrl_c() -> std::io::Result<impl Stream<Item = ()> + Unpin> {
     #[cfg(windows)]
     let mut signal = tokio::signal::windows::ctrl_c()?;
     Ok(futures::stream::poll_fn(move |cx| signal.poll_recv(cx)))
+}
+
+/// The process's requests to stop as one stream of interrupts, from this call on: Ctrl-C
+/// (SIGINT) and, on Unix, SIGTERM — what `kill`, `timeout`, service managers and container
+/// runtimes send — so either winds the work down (and a second of either abandons it) instead
+/// of SIGTERM killing the process with its turns open and its child processes (an `acp`
+/// provider's agents, in process groups of their own) left running. Both stay caught as
+/// [`ctrl_c`] describes. Call it inside a tokio runtime with signals enabled.
+///
+/// # Errors
+/// A signal handler cannot be installed.
+pub fn stop_signals() -> std::io::Result<impl Stream<Item = ()> + Unpin> {
+    let interrupt = ctrl_c()?;
+    #[cfg(unix)]
+    let terminate = {
+        let mut signal = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        futures::stream::poll_fn(move |cx| signal.poll_recv(cx))
+    };
+    #[cfg(not(unix))]
+    let terminate = futures::stream::pending::<()>();
+    Ok(futures::stream::select(interrupt, terminate))
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! (the stored sessions as a tree), `log` (one session log, readable) and `check` (invariant
 //! replay over a store). Failures print one line on stderr
 //! (`subagent: <message>`) and exit non-zero: 1 when `check` found violations, 130 when a second
-//! Ctrl-C cut `run`'s shutdown short, 2 otherwise.
+//! Ctrl-C (or SIGTERM) cut `run`'s shutdown short, 2 otherwise.
 
 use std::collections::HashSet;
 use std::io::{IsTerminal as _, Write as _};
@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 use subagent_cli::catalog::{check_store_dir, read_catalog};
 use subagent_cli::demo::{DemoError, DemoOutcome, run_demo};
 use subagent_cli::host::{FORK_TOOL, SPAWN_TOOL, read_acp_config};
-use subagent_cli::interrupt::{Abandoned, TwoStage};
+use subagent_cli::interrupt::{Abandoned, TwoStage, stop_signals};
 use subagent_cli::serve::{ServeOptions, serve};
 use subagent_cli::terminal_text::{final_answer, single_line, single_line_owned};
 use subagent_cli::tree::{LiveTree, TreeChange, TreeNode, TreeSink, node_line, short_id};
@@ -40,7 +40,7 @@ const MODEL_ENV_HELP: &str = "Environment variables (used when the flag is absen
 /// `subagent run`'s default step limit per turn of every agent.
 const DEFAULT_MAX_STEPS: u32 = 50;
 
-/// What `subagent run` prints on the first Ctrl-C.
+/// What `subagent run` prints on the first Ctrl-C (or SIGTERM).
 const FIRST_INTERRUPT: &str = "subagent: interrupted; cancelling the coordinator and shutting down (press Ctrl-C again to exit at once)";
 
 #[derive(Parser, Debug)]
@@ -491,12 +491,13 @@ async fn run(
         "run-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     ));
-    // Ctrl-C in two stages. The first cancels the coordinator's turn (its children with it)
-    // and lets the host shut down normally, so every log ends balanced and durable. A second
-    // one, at any point until the shutdown is over, abandons it: the program exits at once (a
-    // log may then end in a torn line, which the store drops on load).
-    let interrupts = TwoStage::new(subagent_cli::interrupt::ctrl_c().map_err(|e| CliError::Io {
-        context: "cannot listen for Ctrl-C".to_owned(),
+    // Ctrl-C (or SIGTERM) in two stages. The first cancels the coordinator's turn (its
+    // children with it) and lets the host shut down normally, so every log ends balanced and
+    // durable and every child process is torn down. A second one, at any point until the
+    // shutdown is over, abandons it: the program exits at once (a log may then end in a torn
+    // line, which the store drops on load).
+    let interrupts = TwoStage::new(stop_signals().map_err(|e| CliError::Io {
+        context: "cannot listen for Ctrl-C and SIGTERM".to_owned(),
         source: e,
     })?);
     let stop = interrupts.first_interrupt();

@@ -1302,3 +1302,115 @@ fn a_demo_store_path_with_escape_sequences_is_shown_inert() {
     assert!(text.contains("logs\\u{1b}]0;pwned\\u{7}\\rforged"), "{text}");
     assert!(store.is_dir(), "the demo wrote into the directory as named");
 }
+
+/// `kill <pid>` (SIGTERM, what `timeout`, service managers and container runtimes send) during
+/// a stalled stream is the graceful stop Ctrl-C is: the coordinator's turn is aborted, the host
+/// shuts down and every log ends balanced — not a process killed mid-write with its turns open.
+#[test]
+fn sigterm_during_a_stalled_stream_ends_the_run_with_balanced_logs() {
+    let (base, requests) = serve(|_| Reply::Stall);
+    let workspace = tempfile::tempdir().expect("workspace");
+    let (cmd, store) = run_command(&base, workspace.path(), "wait forever");
+    let out = run_with(cmd, |pid| {
+        requests
+            .recv_timeout(HANG_GUARD)
+            .expect("the run's request reaches the server");
+        let status = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    });
+    let err = stderr(&out);
+    assert!(
+        err.contains("subagent: interrupted; cancelling the coordinator"),
+        "{err}"
+    );
+    assert_fails(&out, "was aborted");
+    assert!(!err.contains("interrupted again"), "{err}");
+    assert_checks_clean(&store);
+}
+
+/// SIGTERM while the coordinator waits on an `acp` delegation whose agent stays alive past the
+/// end of its stdin (as an agent busy in a tool, or one that spawned helpers, does): the run
+/// winds down as on Ctrl-C, and the provider's teardown (EOF, then SIGTERM to the child's own
+/// process group) ends the child. A SIGTERM that killed `subagent` outright left the child,
+/// in a process group of its own, running with nobody to stop it.
+#[test]
+fn sigterm_during_an_acp_delegation_leaves_no_child_process_behind() {
+    let (base, requests) = serve(|body| {
+        if has_tool_result(body) {
+            return text_sse("done");
+        }
+        tool_sse("acp", r#"{"description":"hang","prompt":"wait for a cancel"}"#)
+    });
+    let workspace = tempfile::tempdir().expect("workspace");
+    let dir = tempfile::tempdir().expect("scratch");
+    let ready = dir.path().join("ready");
+    mkfifo(&ready);
+    let pid_file = dir.path().join("pid");
+    let terminated = dir.path().join("sigterm");
+    let config = dir.path().join("acp.json");
+    let text = |p: &Path| p.to_str().expect("a UTF-8 path").to_owned();
+    let env = json!({
+        "MOCK_HANG": "1",
+        "MOCK_IGNORE_EOF": "1",
+        "MOCK_READY_FILE": text(&ready),
+        "MOCK_PID_FILE": text(&pid_file),
+        "MOCK_SIGTERM_FILE": text(&terminated),
+    });
+    let agent = text(support::mock_acp_agent());
+    // A short EOF grace: the child ignores EOF, so the teardown goes on to SIGTERM soon.
+    let config_json = json!({"command": agent, "env": env, "disposeEofGraceMs": 100});
+    fs::write(&config, config_json.to_string()).expect("config");
+    let (mut cmd, store) = run_command(&base, workspace.path(), "delegate and wait");
+    cmd.arg("--acp-config").arg(&config);
+    // Output to files, not pipes: a child left behind holds the stderr it inherited, and the
+    // test must still see `subagent` end.
+    let (out_file, err_file) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    cmd.stdout(fs::File::create(&out_file).expect("stdout file"))
+        .stderr(fs::File::create(&err_file).expect("stderr file"));
+    let mut out = run_with(cmd, |pid| {
+        requests
+            .recv_timeout(HANG_GUARD)
+            .expect("the coordinator's request reaches the server");
+        // The mock touches `ready` (a FIFO: each touch waits for a reader) once its SIGTERM
+        // handler is armed and once its prompt handler has streamed: then it hangs in the turn.
+        let (tx, rx) = mpsc::channel();
+        let fifo = ready.clone();
+        thread::spawn(move || {
+            for _ in 0..2 {
+                let _ = fs::read(&fifo);
+            }
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(HANG_GUARD)
+            .expect("the ACP child reaches its prompt");
+        let status = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    });
+    out.stdout = fs::read(&out_file).expect("stdout");
+    out.stderr = fs::read(&err_file).expect("stderr");
+    let child: u32 = fs::read_to_string(&pid_file)
+        .expect("the child wrote its pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    let left_behind = subagent_acp::process::group_alive(child);
+    if left_behind {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{child}")])
+            .status();
+    }
+    assert!(
+        !left_behind,
+        "the ACP child {child} outlived `subagent`: {}",
+        stderr(&out)
+    );
+    assert!(terminated.exists(), "the child was sent SIGTERM by the teardown");
+    assert_fails(&out, "was aborted");
+    assert_checks_clean(&store);
+}
