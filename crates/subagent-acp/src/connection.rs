@@ -9,8 +9,9 @@
 //! the teardown ladder). The task is awaited by [`Connection::finish`]; dropping a `Connection`
 //! closes and aborts it (which also drops the transport).
 //! Inbound callbacks run one at a time in arrival order and only append to the fold or answer a
-//! permission request, so every chunk that precedes the prompt response is folded before the
-//! response is processed (§1.7).
+//! permission request (under the policy until the run is cancelled, `cancelled` after), so
+//! every chunk that precedes the prompt response is folded before the response is processed
+//! (§1.7).
 
 use std::sync::Arc;
 
@@ -211,8 +212,9 @@ impl Connection {
         pipes: ChildPipes,
         fold: SharedFold,
         policy: PermissionPolicy,
+        cancelled: CancellationToken,
     ) -> Result<Self, AcpError> {
-        Self::spawn(pipes, fold, policy).opened().await
+        Self::spawn(pipes, fold, policy, cancelled).opened().await
     }
 
     /// `self` once ready (the tail of [`open`](Self::open)).
@@ -222,17 +224,37 @@ impl Connection {
     }
 
     /// Spawns the engine over `pipes`: session updates are folded into `fold` and permission
-    /// requests answered under `policy`. Does not wait; the returned value owns the task from
-    /// this moment, so a caller that stores it before its first `.await` can always close and
-    /// await it ([`finish`](Self::finish)), whatever happens to the startup afterwards.
-    pub fn spawn(pipes: ChildPipes, fold: SharedFold, policy: PermissionPolicy) -> Self {
+    /// requests answered under `policy` — until `cancelled` fires: from then on every permission
+    /// request is answered `cancelled`, whatever the policy (a client that cancelled the turn
+    /// must not approve the child's further tool calls, §2.6). Does not wait; the returned value
+    /// owns the task from this moment, so a caller that stores it before its first `.await` can
+    /// always close and await it ([`finish`](Self::finish)), whatever happens to the startup
+    /// afterwards.
+    pub fn spawn(
+        pipes: ChildPipes,
+        fold: SharedFold,
+        policy: PermissionPolicy,
+        cancelled: CancellationToken,
+    ) -> Self {
         // The child's output is bounded per line: an endless line ends the connection instead of
         // growing the engine's buffer without limit.
         let incoming = crate::LineLimit::new(pipes.stdout, crate::DEFAULT_MAX_LINE);
-        Self::spawn_over(pipes.stdin.compat_write(), incoming.compat(), fold, policy)
+        Self::spawn_over(
+            pipes.stdin.compat_write(),
+            incoming.compat(),
+            fold,
+            policy,
+            cancelled,
+        )
     }
 
-    fn spawn_over<W, R>(outgoing: W, incoming: R, fold: SharedFold, policy: PermissionPolicy) -> Self
+    fn spawn_over<W, R>(
+        outgoing: W,
+        incoming: R,
+        fold: SharedFold,
+        policy: PermissionPolicy,
+        cancelled: CancellationToken,
+    ) -> Self
     where
         W: futures::AsyncWrite + Send + 'static,
         R: futures::AsyncRead + Send + 'static,
@@ -254,6 +276,11 @@ impl Connection {
                 )
                 .on_receive_request(
                     async move |request: RequestPermissionRequest, responder, _cx| {
+                        let policy = if cancelled.is_cancelled() {
+                            PermissionPolicy::Reject
+                        } else {
+                            policy
+                        };
                         responder.respond(permission_response(policy, &request))
                     },
                     agent_client_protocol::on_receive_request!(),
@@ -420,7 +447,8 @@ mod tests {
                     ours_out.compat_write(),
                     ours_in.compat(),
                     fold,
-                    PermissionPolicy::Reject
+                    PermissionPolicy::Reject,
+                    CancellationToken::new()
                 )
                 .opened()
             );

@@ -18,6 +18,7 @@ use subagent::settle::{
 };
 use subagent::{AssistantOutputFold, NO_START_CAPABILITIES, StopReason, SubagentError, SubagentResult};
 use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{AcpConfig, AcpSettings, PREFIX};
 use crate::connection::{Connection, SharedFold, prompt, prompt_blocks};
@@ -120,6 +121,7 @@ impl AcpProvider {
             process: Some(process),
             connection: None,
             settings: self.settings.clone(),
+            cancelled: CancellationToken::new(),
         };
         if let Some(error) = startup.process.as_ref().and_then(|p| p.spawn_error().cloned()) {
             startup.rollback().await;
@@ -137,10 +139,12 @@ impl AcpProvider {
         // The startup owns the connection task from its spawn (no `.await` in between): however
         // the handshake ends — failure, the signal, or this future being dropped — the rollback
         // closes the connection (the child's stdin sees EOF) and awaits its task.
-        let connection =
-            startup
-                .connection
-                .insert(Connection::spawn(pipes, fold.clone(), self.settings.permission));
+        let connection = startup.connection.insert(Connection::spawn(
+            pipes,
+            fold.clone(),
+            self.settings.permission,
+            startup.cancelled.clone(),
+        ));
         let handshake = async {
             connection.ready().await?;
             connection.initialize().await?;
@@ -183,7 +187,11 @@ impl AcpProvider {
             .as_ref()
             .and_then(|c| c.context().cloned())
             .expect("a published start has an open connection");
-        let canceller = Arc::new(Canceller::new(cx.clone(), session.clone()));
+        let canceller = Arc::new(Canceller::new(
+            cx.clone(),
+            session.clone(),
+            startup.cancelled.clone(),
+        ));
         let on_abort = canceller.clone();
         let (listener, watch) = AbortListener::attach(&request.signal, move |_cause| on_abort.cancel());
         let watch = runtime.spawn(watch);
@@ -269,6 +277,10 @@ struct Startup {
     process: Option<ChildProcess>,
     connection: Option<Connection>,
     settings: Arc<AcpSettings>,
+    /// The run's local cancellation: once published, the run's [`Canceller`] fires it, which
+    /// settles the result and revokes the permission policy (the connection answers every later
+    /// permission request `cancelled`).
+    cancelled: CancellationToken,
 }
 
 impl Startup {

@@ -32,9 +32,15 @@ pub(crate) struct Canceller {
 }
 
 impl Canceller {
-    pub(crate) fn new(cx: ConnectionTo<agent_client_protocol::Agent>, session: AcpSessionId) -> Self {
+    /// `local` is the run's local cancellation (shared with the connection, whose permission
+    /// answers it revokes).
+    pub(crate) fn new(
+        cx: ConnectionTo<agent_client_protocol::Agent>,
+        session: AcpSessionId,
+        local: CancellationToken,
+    ) -> Self {
         Self {
-            local: CancellationToken::new(),
+            local,
             fired: AtomicBool::new(false),
             cx,
             session,

@@ -663,6 +663,44 @@ async fn acp_50_allowed_child_writes_in_the_configured_cwd() {
     assert!(!refused.path().join("proof.txt").exists());
 }
 
+/// spec: ACP-24 / ACP-31 with ACP-33 (§1.8, §1.10, §2.6) — once the run was cancelled, the
+/// `allow` policy no longer approves anything: a permission request the child sends after
+/// `session/cancel` (a tool call racing the cancellation, before teardown ends the child) is
+/// answered `cancelled`, as ACP requires of a client that cancelled the turn. Approving it would
+/// let the child act (write files, run commands) after the user stopped the delegation.
+#[tokio::test]
+async fn allow_policy_answers_cancelled_after_the_run_was_cancelled() {
+    let dir = scratch();
+    let ready = dir.path().join("ready");
+    let outcome = dir.path().join("late-permission");
+    let host = Host::new(Some(dir.path())).await;
+    let mut config = mock_config(&[
+        ("MOCK_HANG", "1"),
+        ("MOCK_READY_FILE", &path_str(&ready)),
+        ("MOCK_ASK_AFTER_CANCEL", &path_str(&outcome)),
+    ]);
+    config.permission = PermissionPolicy::Allow;
+    let _p = register(&host.service, &config).unwrap();
+    let signal = Signal::new();
+    let run = host
+        .service
+        .start("acp", host.request_with(signal.clone()))
+        .await
+        .unwrap();
+    wait_for(&ready).await;
+    signal.cancel(CancelCause::User);
+    assert_eq!(run.result().await.unwrap().stop_reason, StopReason::Aborted);
+    // The connection stays open until disposal, so the child gets its answer first.
+    wait_for(&outcome).await;
+    assert_eq!(
+        std::fs::read_to_string(&outcome).unwrap(),
+        "cancelled",
+        "a cancelled run must not approve the child's late permission request"
+    );
+    run.dispose().await.unwrap();
+    host.finish().await;
+}
+
 /// spec: ACP-34 — the allow policy with only reject-shaped options answers `cancelled` →
 /// `aborted`.
 #[tokio::test]

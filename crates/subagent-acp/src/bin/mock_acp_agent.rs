@@ -17,6 +17,7 @@
 //! | `MOCK_THOUGHT=1` | send an `agent_thought_chunk` before the message chunk |
 //! | `MOCK_HANG=1` | after streaming, wait for `session/cancel`, then answer `cancelled` |
 //! | `MOCK_IGNORE_CANCEL=1` | with hang: receive `session/cancel` but never answer |
+//! | `MOCK_ASK_AFTER_CANCEL=<path>` | with hang: on `session/cancel` first ask permission (`yes`/allow_once, `no`/reject_once), write the answer (`selected:<id>` or `cancelled`) to path, then answer `cancelled` |
 //! | `MOCK_CRASH_ON_CANCEL=1` | exit(1) on `session/cancel` |
 //! | `MOCK_CRASH_ON_PROMPT=1` | stream the text, then exit(1) without answering the prompt |
 //! | `MOCK_READY_FILE` | touched once the prompt handler streamed its chunk, or once a SIGTERM trap is armed |
@@ -106,6 +107,23 @@ fn chunk(session: &SessionId, text: String, thought: bool) -> SessionNotificatio
     SessionNotification::new(session.clone(), update)
 }
 
+fn permission_options() -> Vec<PermissionOption> {
+    let mut options = Vec::new();
+    if !flag("MOCK_NO_ALLOW") {
+        options.push(PermissionOption::new(
+            "yes".to_owned(),
+            "Yes".to_owned(),
+            PermissionOptionKind::AllowOnce,
+        ));
+    }
+    options.push(PermissionOption::new(
+        "no".to_owned(),
+        "No".to_owned(),
+        PermissionOptionKind::RejectOnce,
+    ));
+    options
+}
+
 fn answer_text(state: &State) -> String {
     if let Some(name) = var("MOCK_ECHO_ENV") {
         return std::env::var(&name).unwrap_or_else(|_| format!("<{name} unset>"));
@@ -138,23 +156,10 @@ async fn run_prompt(
         touch(&ready);
     }
     if flag("MOCK_PERMISSION") {
-        let mut options = Vec::new();
-        if !flag("MOCK_NO_ALLOW") {
-            options.push(PermissionOption::new(
-                "yes".to_owned(),
-                "Yes".to_owned(),
-                PermissionOptionKind::AllowOnce,
-            ));
-        }
-        options.push(PermissionOption::new(
-            "no".to_owned(),
-            "No".to_owned(),
-            PermissionOptionKind::RejectOnce,
-        ));
         let request = RequestPermissionRequest::new(
             session.clone(),
             ToolCallUpdate::new("mock-call", ToolCallUpdateFields::new()),
-            options,
+            permission_options(),
         );
         let response = cx.send_request(request).block_task().await?;
         if let RequestPermissionOutcome::Cancelled = response.outcome {
@@ -170,6 +175,25 @@ async fn run_prompt(
     }
     if flag("MOCK_HANG") {
         state.cancelled.notified().await;
+        if let Some(outcome_file) = var("MOCK_ASK_AFTER_CANCEL") {
+            // A tool call racing the cancellation: the client must not approve it any more.
+            let request = RequestPermissionRequest::new(
+                session.clone(),
+                ToolCallUpdate::new("late-call", ToolCallUpdateFields::new()),
+                permission_options(),
+            );
+            let outcome = match cx.send_request(request).block_task().await?.outcome {
+                RequestPermissionOutcome::Selected(selected) => format!("selected:{}", selected.option_id),
+                _ => "cancelled".to_owned(),
+            };
+            // Written aside, then renamed: a waiter never reads a half-written answer.
+            let partial = format!("{outcome_file}.partial");
+            if let Err(error) =
+                std::fs::write(&partial, outcome).and_then(|()| std::fs::rename(&partial, &outcome_file))
+            {
+                eprintln!("mock_acp_agent: cannot write {outcome_file}: {error}");
+            }
+        }
         if flag("MOCK_IGNORE_CANCEL") {
             std::future::pending::<()>().await;
         }
