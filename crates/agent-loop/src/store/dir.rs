@@ -80,6 +80,12 @@ impl StoreDir {
         Ok(())
     }
 
+    /// The directories synced so far, in order.
+    #[cfg(test)]
+    pub(crate) fn synced(&self) -> Vec<PathBuf> {
+        self.synced.lock().clone()
+    }
+
     /// `self.path` and every ancestor of it that does not exist, deepest first.
     fn missing_ancestors(&self) -> Result<Vec<PathBuf>, StoreError> {
         let mut missing = Vec::new();

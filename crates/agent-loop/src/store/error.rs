@@ -13,9 +13,11 @@ use agent::{HeaderError, LogError, SessionId};
 #[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// A file-system operation failed. For `append` and `flush` this poisons the session's
-    /// writer in this store instance: later appends and flushes of that session fail with the
-    /// same error (the file may end in a torn line, which the next load drops).
+    /// A file-system operation failed — or the session's background writer panicked (the
+    /// source's message says so), which is handled the same way. For `append` and `flush` this
+    /// poisons the session's writer in this store instance: later appends and flushes of that
+    /// session fail with the same error (the file may end in a torn line, which the next load
+    /// drops).
     #[error("session store I/O error at {}: {source}", path.display())]
     Io {
         /// The file or directory involved.

@@ -38,7 +38,8 @@ const EXTENSION: &str = "jsonl";
 ///   or replaced (renamed over) while this store had it open fails the flush with
 ///   [`StoreError::Io`] (kind `NotFound`) rather than reporting durable events no reader will
 ///   find.
-/// * After an I/O failure a session's writer is poisoned: its appends and flushes fail with the
+/// * After an I/O failure — or a panic in its background writer, reported as
+///   [`StoreError::Io`] — a session's writer is poisoned: its appends and flushes fail with the
 ///   same error until [`close`](Self::close) or [`remove`](Self::remove).
 ///
 /// # One writer per log
@@ -420,24 +421,57 @@ impl JsonlStore {
         claimed
     }
 
-    /// Deletes session `id`'s log (after its pending writes, so nothing recreates it).
+    /// Deletes session `id`'s log (after its pending writes, so nothing recreates it) and syncs
+    /// the store directory, so the deletion survives a crash once this returns `Ok`. A log that
+    /// does not exist is [`StoreError::NotFound`]. If the deletion succeeded but the directory
+    /// sync failed, the log is gone yet the error ([`StoreError::Io`]) says the removal may not
+    /// survive a crash.
+    ///
+    /// The session's writer is forgotten (a failure it met is dropped with the log) and lets go
+    /// of the log's lock once it has written what it accepted. An append, claim or create of
+    /// `id` made while `remove` runs makes a new writer, which opens the log only after that:
+    /// it either continues the log just before the deletion (its next flush then fails with
+    /// [`StoreError::Io`] of kind `NotFound`: the log was deleted while this store had it
+    /// open) or finds it gone — never [`StoreError::Locked`] by this store's own writer.
     pub async fn remove(&self, id: &SessionId) -> Result<(), StoreError> {
         let path = self.path_of(id)?;
-        let cached = self.files.lock().remove(id);
-        if let Some(file) = cached {
+        let (cached, letting_go) = {
+            let mut files = self.files.lock();
+            let cached = files.remove(id);
+            let mut closing = self.closing.lock();
+            // A writer released before this one may still be writing: the deletion waits.
+            let letting_go = closing.get(id).filter(|latch| !latch.is_raised()).cloned();
+            // Recorded like `close` records it: a writer made for the log meanwhile waits for
+            // this one to let go of the log's lock.
+            if let Some(file) = &cached
+                && !file.only_reads()
+            {
+                closing.insert(id.clone(), file.latch());
+            }
+            (cached, letting_go)
+        };
+        let _closing = cached.as_ref().map(|file| Closing {
+            store: self,
+            id,
+            latch: file.latch(),
+        });
+        if let Some(file) = &cached {
             // A failed writer has nothing more to write; the file may still exist.
             let _ = file.settle().await;
+            file.release();
         }
-        let letting_go = self.letting_go(id);
         let removed = id.clone();
+        let dir = self.dir.clone();
         blocking(path.clone(), move || {
             // A released writer still writing would recreate or extend the file.
             wait_for(letting_go);
             match fs::remove_file(&path) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Err(StoreError::NotFound(removed)),
-                Err(e) => Err(StoreError::io(&path, e)),
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StoreError::NotFound(removed)),
+                Err(e) => return Err(StoreError::io(&path, e)),
             }
+            // Else the deleted entry may come back after a crash.
+            dir.sync(dir.path())
         })
         .await?;
         // A failure a released writer met concerned a log that is gone now.
@@ -557,6 +591,23 @@ impl JsonlStore {
     /// use it to check that concurrent flushes share syncs.
     pub fn sync_count(&self, id: &SessionId) -> Option<u64> {
         self.cached(id).map(|f| f.syncs())
+    }
+
+    /// How many times the store directory itself has been synced (tests read it).
+    #[cfg(test)]
+    pub(crate) fn store_dir_syncs(&self) -> usize {
+        self.dir
+            .synced()
+            .iter()
+            .filter(|d| d.as_path() == self.dir.path())
+            .count()
+    }
+
+    /// Session `id`'s writer, if this store holds one (tests use it to inject faults or to hold
+    /// a writer alive as a drainer still finishing its work would).
+    #[cfg(test)]
+    pub(crate) fn writer(&self, id: &SessionId) -> Option<Arc<SessionFile>> {
+        self.cached(id)
     }
 
     fn cached(&self, id: &SessionId) -> Option<Arc<SessionFile>> {

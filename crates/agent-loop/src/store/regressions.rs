@@ -522,3 +522,141 @@ fn a_released_writer_that_fails_afterwards_still_fails_the_next_flush() {
         assert_eq!(store.load(&id).await.expect("load").events, all[..2]);
     });
 }
+
+/// A panic in a session's background writer (here injected into its next write) used to leave
+/// the writer marked as running forever: the flush waiting for it never returned, nor did any
+/// later flush, `close` or read of the session. The panic now poisons the writer like an I/O
+/// failure: the flush fails with [`StoreError::Io`] naming the panic, later appends and flushes
+/// fail with it too, and `close` returns and clears it, after which the session can be continued.
+#[tokio::test(start_paused = true)]
+async fn a_panic_in_the_writer_fails_the_flush_instead_of_hanging_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let id = SessionId::from("s");
+    let all = events("s", 2);
+    let store = JsonlStore::new(dir.path());
+    store.create(&header("s")).expect("create");
+    store.flush(&id).await.expect("header written");
+    store.writer(&id).expect("writer").panic_on_next_write();
+    store.append(&id, &all[0]).expect("accepted, written later");
+    // Paused time only advances once nothing runs, not even blocking tasks: a hung flush.
+    let flushed = tokio::time::timeout(std::time::Duration::from_secs(60), store.flush(&id))
+        .await
+        .expect("the flush returns instead of hanging");
+    let err = flushed.expect_err("event 0 was never written");
+    assert!(
+        matches!(&err, StoreError::Io { .. }) && err.to_string().contains("panicked"),
+        "{err}"
+    );
+    assert!(matches!(store.append(&id, &all[0]), Err(StoreError::Io { .. })));
+    assert!(matches!(store.flush(&id).await, Err(StoreError::Io { .. })));
+    assert!(matches!(store.close(&id).await, Err(StoreError::Io { .. })));
+    // Cleared: the lost event can be appended again.
+    store.append(&id, &all[0]).expect("append");
+    store.append(&id, &all[1]).expect("append");
+    store.flush(&id).await.expect("flush");
+    assert_eq!(store.load(&id).await.expect("load").events, all);
+}
+
+/// A writer released while it still had a line to write, whose drainer then panicked, used to
+/// be dropped by the unwinding without recording any failure: the next flush found the released
+/// writer gone without a failure, synced the log and returned `Ok` — reporting durable an event
+/// that is not in the log. The panic is now recorded like an I/O failure: `flush` reports it
+/// until `close` clears it.
+#[test]
+fn a_released_writer_whose_drainer_panics_still_fails_the_next_flush() {
+    let dir = tempfile::tempdir().expect("dir");
+    let id = SessionId::from("s");
+    let all = events("s", 1);
+    // One blocking thread: a task parked on it keeps the drainer queued until the writer is
+    // released.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .max_blocking_threads(1)
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let store = JsonlStore::new(dir.path());
+        store.create(&header("s")).expect("create");
+        store.flush(&id).await.expect("header written");
+        let (open, gate) = std::sync::mpsc::channel::<()>();
+        let parked = tokio::task::spawn_blocking(move || gate.recv().ok());
+        store.writer(&id).expect("writer").panic_on_next_write();
+        store.append(&id, &all[0]).expect("accepted, written later");
+        store.release(&id);
+        open.send(()).expect("parked");
+        parked.await.expect("gate");
+
+        let err = store.flush(&id).await.expect_err("event 0 was never written");
+        assert!(err.to_string().contains("panicked"), "{err}");
+        assert!(matches!(store.close(&id).await, Err(StoreError::Io { .. })));
+        store.flush(&id).await.expect("cleared by close");
+        assert!(store.load(&id).await.expect("load").events.is_empty());
+    });
+}
+
+/// `remove` deleted the log without syncing the store directory, so after a crash the removed
+/// session could come back. The directory entry is now synced before `remove` returns.
+#[tokio::test]
+async fn remove_syncs_the_directory_entry_it_deleted() {
+    let dir = tempfile::tempdir().expect("dir");
+    let id = SessionId::from("s");
+    let store = JsonlStore::new(dir.path());
+    store.create(&header("s")).expect("create");
+    store.append(&id, &events("s", 1)[0]).expect("append");
+    store.flush(&id).await.expect("flush");
+    let before = store.store_dir_syncs();
+    store.remove(&id).await.expect("remove");
+    assert!(!dir.path().join("s.jsonl").exists());
+    assert_eq!(
+        store.store_dir_syncs(),
+        before + 1,
+        "the deletion was made durable"
+    );
+}
+
+/// An append made while `remove` waits for the removed writer to write what it accepted makes a
+/// new writer. `remove` did not record the removed writer as letting go of the log, so the new
+/// writer opened the log while the removed one (here held alive, as a drainer finishing a sync
+/// would) still held its lock, and failed with `Locked` — "another store is writing it" — though
+/// only this store ever wrote it. The new writer now waits for the removed one to let go: it
+/// continues the log, which the removal then deletes, and its flush says so.
+#[test]
+fn an_append_racing_remove_is_not_refused_as_locked() {
+    let dir = tempfile::tempdir().expect("dir");
+    let id = SessionId::from("s");
+    let all = events("s", 2);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .max_blocking_threads(1)
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let store = std::sync::Arc::new(JsonlStore::new(dir.path()));
+        let (open, gate) = std::sync::mpsc::channel::<()>();
+        let parked = tokio::task::spawn_blocking(move || gate.recv().ok());
+        store.create(&header("s")).expect("create");
+        store.append(&id, &all[0]).expect("accepted, written later");
+        let removed_writer = store.writer(&id).expect("writer");
+        let removing = tokio::spawn({
+            let (store, id) = (store.clone(), id.clone());
+            async move { store.remove(&id).await }
+        });
+        // `remove` has taken the writer and waits for it to write event 0.
+        while store.writer(&id).is_some() {
+            tokio::task::yield_now().await;
+        }
+        store.append(&id, &all[1]).expect("accepted by a new writer");
+        open.send(()).expect("parked");
+        parked.await.expect("gate");
+        removing.await.expect("joined").expect("removed");
+
+        let err = store.flush(&id).await.expect_err("the log was removed");
+        assert!(
+            matches!(&err, StoreError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound),
+            "{err}"
+        );
+        assert!(matches!(store.load(&id).await, Err(StoreError::NotFound(_))));
+        drop(removed_writer);
+        assert!(store.close(&id).await.is_err(), "close returns the failure");
+        store.create(&header("s")).expect("create again");
+        store.flush(&id).await.expect("a new log");
+    });
+}

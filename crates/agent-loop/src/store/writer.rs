@@ -204,6 +204,9 @@ pub(crate) struct SessionFile {
     /// Test seam: runs in `create` between creating the file and locking it.
     #[cfg(test)]
     before_lock: tests::Hook,
+    /// Test seam: runs in the drainer before each event write (fault injection).
+    #[cfg(test)]
+    before_write: tests::Hook,
 }
 
 impl Drop for SessionFile {
@@ -255,6 +258,8 @@ impl SessionFile {
             predecessor,
             #[cfg(test)]
             before_lock: tests::Hook::default(),
+            #[cfg(test)]
+            before_write: tests::Hook::default(),
         })
     }
 
@@ -323,6 +328,13 @@ impl SessionFile {
         if written {
             self.release();
         }
+    }
+
+    /// Fault injection: the drainer's next event write panics.
+    #[cfg(test)]
+    pub(crate) fn panic_on_next_write(&self) {
+        self.before_write
+            .set(|| panic!("injected session log writer panic"));
     }
 
     /// How many `fdatasync`s this writer has issued.
@@ -491,17 +503,41 @@ impl SessionFile {
                 io::Error::new(e.kind(), format!("cannot start the session log writer: {e}")),
             );
             tracing::warn!(session = %self.id, error = %err, "session log writer not started; the session's writer is poisoned");
-            self.latch.fail(err.clone());
-            let mut st = self.state.lock();
-            st.failed.get_or_insert(err);
-            st.draining = false;
-            drop(st);
-            self.progress.send_modify(|p| p.failed = true);
+            self.poison(err);
         }
     }
 
-    /// The drainer loop (blocking).
+    /// The drainer (blocking). A panic in it poisons the writer like an I/O failure — a
+    /// [`StoreError::Io`] naming the panic, recorded on the latch and in the state, waiters
+    /// woken — instead of leaving the writer marked as draining forever, with every flush
+    /// waiting for it hanging.
     fn drain(&self) {
+        let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.drain_loop())) else {
+            return;
+        };
+        let reason = agent::bus::panic_message(&*panic);
+        let err = StoreError::io(
+            &self.path,
+            io::Error::other(format!("the session log writer panicked: {reason}")),
+        );
+        tracing::error!(session = %self.id, error = %err, "session log writer panicked; the session's writer is poisoned");
+        self.poison(err);
+    }
+
+    /// Records `err` as this writer's failure (the first one is kept) — on the latch first, so
+    /// a store that let go of the writer reports it once the latch is raised — stops the
+    /// drainer and wakes every waiter.
+    fn poison(&self, err: StoreError) {
+        self.latch.fail(err.clone());
+        let mut st = self.state.lock();
+        st.failed.get_or_insert(err);
+        st.draining = false;
+        drop(st);
+        self.progress.send_modify(|p| p.failed = true);
+    }
+
+    /// The drainer loop (blocking).
+    fn drain_loop(&self) {
         enum Job {
             Open(Plan),
             Write(Vec<u8>, u64),
@@ -546,12 +582,7 @@ impl SessionFile {
                 tracing::warn!(session = %self.id, error = %err, "session log write failed; the session's writer is poisoned");
                 // Before anyone can see the latch raised (when this writer is dropped): a store
                 // that let go of the writer reports it from there.
-                self.latch.fail(err.clone());
-                let mut st = self.state.lock();
-                st.failed = Some(err);
-                st.draining = false;
-                drop(st);
-                self.progress.send_modify(|p| p.failed = true);
+                self.poison(err);
                 return;
             }
         }
@@ -717,6 +748,8 @@ impl SessionFile {
     }
 
     fn write(&self, buf: &[u8]) -> Result<(), StoreError> {
+        #[cfg(test)]
+        self.before_write.run();
         let file = self.file.get().ok_or_else(|| {
             StoreError::io(
                 &self.path,
@@ -825,6 +858,11 @@ mod tests {
     }
 
     impl Hook {
+        /// Makes `hook` run at the next [`run`](Self::run) (once).
+        pub(super) fn set(&self, hook: impl FnOnce() + Send + 'static) {
+            *self.0.lock() = Some(Box::new(hook));
+        }
+
         pub(super) fn run(&self) {
             let hook = self.0.lock().take();
             if let Some(hook) = hook {
