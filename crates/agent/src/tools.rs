@@ -182,7 +182,9 @@ impl ToolContext {
     /// Registers `hook` to run if the pipeline records this execution's **successful** result as
     /// something else than that success: because the call's signal fired after the body
     /// returned (the call is recorded as cancelled), or because the output cannot be recorded
-    /// (it becomes a `FAILED` result). Use it to undo a side effect that only a *delivered*
+    /// (it becomes a `FAILED` result) — and, in a runtime that delivers results through a log,
+    /// when the committed success never reaches the model (its `tool/result` append is
+    /// refused, or the step is abandoned before it is logged). Use it to undo a side effect that only a *delivered*
     /// result justifies (e.g. marking a background job's output as read).
     ///
     /// Guarantees: a hook runs at most once, and only on such a discard; it never runs when the

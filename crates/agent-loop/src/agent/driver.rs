@@ -19,6 +19,7 @@ use agent::{
 use super::LoopAgent;
 use super::assemble::BlockAssembler;
 use crate::prompt::{self, PromptVariables, RetainedSnapshot};
+use crate::tools::CommittedTool;
 
 /// A turn whose synchronous prefix ran: `turn/start` is logged and the first batch claimed.
 pub(crate) struct OpenTurn {
@@ -1125,7 +1126,12 @@ impl LoopAgent {
                 None,
             )?;
         }
-        let executed = crate::tools::run_step_calls(
+        // Each success keeps its discard hooks armed until its `tool/result` is logged: if the
+        // log refuses one (an observer's veto, a failing persistence), the `?` below drops it
+        // and every later result of the step undelivered, and each success the model will
+        // never see undoes what it registered to undo (a `job_output` read gives its claim on
+        // the job's report back, so the completion notice still delivers the output).
+        let committed = crate::tools::run_step_calls_armed(
             &*self.services.tools,
             &self.id,
             calls,
@@ -1135,7 +1141,11 @@ impl LoopAgent {
         .await;
         let mut concluded = false;
         let mut deferred = Vec::new();
-        for done in executed {
+        for CommittedTool {
+            executed: done,
+            delivery,
+        } in committed
+        {
             let result = done.result;
             concluded |= !result.is_error && result.concludes_turn;
             deferred.extend(done.deferred);
@@ -1158,6 +1168,7 @@ impl LoopAgent {
                 },
                 Some(SurfaceMeta::append()),
             )?;
+            delivery.delivered();
         }
         if !deferred.is_empty() {
             // The deferred contexts are for the next step of this turn. A cancelled turn has

@@ -44,7 +44,9 @@
 //!    Wherever the pipeline itself replaces a body's **success** — the signal fired after the
 //!    body returned (stage 4, or at commit), the output cannot be recorded, or a settled
 //!    success is dropped uncommitted (the future of [`run_step_calls`] was dropped while the call
-//!    awaited an earlier call's commit) — it runs the
+//!    awaited an earlier call's commit), or a committed success never reaches the model (the
+//!    consumer of [`run_step_calls_armed`] drops its [`Delivery`] undelivered: the session
+//!    log refused its `tool/result`, or a refusal abandoned the rest of the step) — it runs the
 //!    execution's [`on_discarded`](agent::tools::ToolContext::on_discarded) hooks, once, so a
 //!    body can undo a side effect only a delivered result justifies (a `job_output` read gives
 //!    its claim on the job's report back; a panicking hook is contained and logged). A
@@ -88,7 +90,8 @@ mod state;
 mod tests;
 
 pub use approval::{ApprovalOutcome, ToolApproval};
-pub use schedule::run_step_calls;
+pub use pipeline::{CommittedTool, Delivery};
+pub use schedule::{run_step_calls, run_step_calls_armed};
 pub use state::RegistryCounts;
 
 /// Error codes of the pipeline beyond [`agent::tools::codes`].

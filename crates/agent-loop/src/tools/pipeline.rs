@@ -132,6 +132,77 @@ impl Dispatched {
     }
 }
 
+/// A committed call on its way to the model: its final outcome, and the [`Delivery`] that
+/// keeps a success's discard hooks armed until the outcome is logged.
+#[derive(Debug)]
+pub struct CommittedTool {
+    /// The final outcome, as [`Tools::execute`](agent::Tools::execute) returns it.
+    pub executed: ExecutedTool,
+    /// Runs the execution's [`on_discarded`](ToolContext::on_discarded) hooks when dropped
+    /// undelivered.
+    pub delivery: Delivery,
+}
+
+impl CommittedTool {
+    /// An outcome with no hooks to arm (an error, a synthetic or a foreign result).
+    pub(super) fn unarmed(executed: ExecutedTool) -> Self {
+        Self {
+            executed,
+            delivery: Delivery(None),
+        }
+    }
+
+    /// The outcome reached its consumer: disarms the hooks (they never run) and hands the
+    /// outcome over.
+    pub fn deliver(self) -> ExecutedTool {
+        self.delivery.delivered();
+        self.executed
+    }
+}
+
+/// The discard hooks of a committed **success**, armed until its outcome is delivered.
+///
+/// A committed success reaches the model only through the session log. The hooks stay armed
+/// until the consumer reports the outcome [`delivered`](Self::delivered) (its `tool/result` was
+/// appended); dropped undelivered — the log refused the append, the driver abandoned the step's
+/// later results after such a refusal, or the scheduler's future was dropped holding it — the
+/// success was never seen, so the drop runs the execution's
+/// [`on_discarded`](ToolContext::on_discarded) hooks, once, as a discarding commit would (a
+/// panicking hook is contained and logged). An error outcome arms nothing: the pipeline
+/// already ran the hooks when it replaced the success, or the body never succeeded, or a
+/// post-execute policy decided the outcome.
+#[must_use = "dropping an undelivered success runs its discard hooks"]
+pub struct Delivery(Option<ToolContext>);
+
+impl Delivery {
+    /// The outcome was delivered: the hooks never run.
+    pub fn delivered(mut self) {
+        self.0 = None;
+    }
+
+    /// Whether dropping this delivery would run discard hooks (the outcome is an undelivered
+    /// success of the registry's pipeline).
+    pub fn is_armed(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("armed", &self.is_armed())
+            .finish()
+    }
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        if let Some(ctx) = self.0.take() {
+            run_discard_hooks(&ctx);
+        }
+    }
+}
+
 /// When a commit decides whether a successful outcome raced the call's cancellation (such a
 /// success is recorded as cancelled).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,8 +215,22 @@ pub(super) enum RaceCheck {
 }
 
 impl ToolRegistry {
-    /// Runs one call through the whole pipeline and notifies the result observers.
+    /// Runs one call through the whole pipeline and notifies the result observers. The
+    /// outcome is handed over as delivered (its consumer owns it, see [`Tools::execute`]).
+    ///
+    /// [`Tools::execute`]: agent::Tools::execute
     pub(super) async fn run(&self, agent: &SessionId, call: ToolCallRequest, signal: Signal) -> ExecutedTool {
+        self.run_armed(agent, call, signal).await.deliver()
+    }
+
+    /// Runs one call through the whole pipeline and notifies the result observers; a success
+    /// keeps its discard hooks armed until its consumer delivers it.
+    pub(super) async fn run_armed(
+        &self,
+        agent: &SessionId,
+        call: ToolCallRequest,
+        signal: Signal,
+    ) -> CommittedTool {
         let dispatched = self.dispatch(agent, call, signal).await;
         self.commit(dispatched, RaceCheck::AtCommit)
     }
@@ -171,8 +256,9 @@ impl ToolRegistry {
     }
 
     /// The sequential half of the pipeline: post-execute, normalisation, then every result
-    /// observer with the frozen outcome. Synchronous, so commits never interleave.
-    pub(super) fn commit(&self, dispatched: Dispatched, race: RaceCheck) -> ExecutedTool {
+    /// observer with the frozen outcome. Synchronous, so commits never interleave. A committed
+    /// success keeps the execution's discard hooks armed in its [`Delivery`].
+    pub(super) fn commit(&self, dispatched: Dispatched, race: RaceCheck) -> CommittedTool {
         let execution = dispatched.ctx.execution.clone();
         let ctx = dispatched.ctx.clone();
         let (result, deferred) = self.settle(dispatched, race);
@@ -193,10 +279,14 @@ impl ToolRegistry {
             }
         };
         self.notify(&execution, &result);
-        ExecutedTool {
-            execution,
-            result,
-            deferred,
+        let armed = (!result.is_error).then_some(ctx);
+        CommittedTool {
+            executed: ExecutedTool {
+                execution,
+                result,
+                deferred,
+            },
+            delivery: Delivery(armed),
         }
     }
 

@@ -8,7 +8,7 @@ use futures::stream::FuturesUnordered;
 use agent::tools::{ExecutedTool, ToolCallRequest, Tools};
 use agent::{SessionId, Signal};
 
-use super::pipeline::{Dispatched, RaceCheck, error_result, new_execution};
+use super::pipeline::{CommittedTool, Dispatched, RaceCheck, error_result, new_execution};
 use super::{ToolRegistry, codes, model_text};
 
 /// Runs one assistant step's tool calls for `agent` and returns one result per call, in the
@@ -45,6 +45,9 @@ use super::{ToolRegistry, codes, model_text};
 /// [`ToolRegistry`]) the scheduler can only call [`Tools::execute`], which runs the whole
 /// pipeline; inside a parallel run its post-execute policies and result observers then run in
 /// completion order, and only the returned results are re-ordered.
+///
+/// The results are handed over as delivered: a caller that may fail to pass a success on to the
+/// model (its `tool/result` append can be refused) uses [`run_step_calls_armed`] instead.
 pub async fn run_step_calls(
     tools: &dyn Tools,
     agent: &SessionId,
@@ -52,6 +55,29 @@ pub async fn run_step_calls(
     signal: &Signal,
     pool: usize,
 ) -> Vec<ExecutedTool> {
+    run_step_calls_armed(tools, agent, calls, signal, pool)
+        .await
+        .into_iter()
+        .map(CommittedTool::deliver)
+        .collect()
+}
+
+/// [`run_step_calls`], with every committed success's
+/// [`on_discarded`](agent::tools::ToolContext::on_discarded) hooks still armed in its
+/// [`Delivery`](super::Delivery): the caller [delivers](super::Delivery::delivered) each outcome once it reached the
+/// model (its `tool/result` is logged), and one it drops undelivered — refused by the log,
+/// abandoned with the rest of a failed step — runs its hooks, so a success the model never
+/// saw undoes the side effects it registered (a `job_output` read gives its claim on the job's
+/// report back). Exclusive calls are armed like parallel ones. Results of a [`Tools`]
+/// implementation other than [`ToolRegistry`] arm nothing: [`Tools::execute`] keeps the
+/// contexts to itself. Dropping this future drops the calls it committed so far undelivered.
+pub async fn run_step_calls_armed(
+    tools: &dyn Tools,
+    agent: &SessionId,
+    calls: Vec<ToolCallRequest>,
+    signal: &Signal,
+    pool: usize,
+) -> Vec<CommittedTool> {
     let pool = pool.max(1);
     let registry = tools.as_any().and_then(|any| any.downcast_ref::<ToolRegistry>());
     let mut results = Vec::with_capacity(calls.len());
@@ -63,7 +89,11 @@ pub async fn run_step_calls(
             break;
         }
         if !concurrency_safe(tools, agent, &call) {
-            results.push(tools.execute(agent, call, signal.child()).await);
+            let committed = match registry {
+                Some(registry) => registry.run_armed(agent, call, signal.child()).await,
+                None => CommittedTool::unarmed(tools.execute(agent, call, signal.child()).await),
+            };
+            results.push(committed);
             continue;
         }
         let mut group = vec![call];
@@ -90,10 +120,10 @@ pub async fn run_step_calls(
                     if signal.is_cancelled() {
                         not_started(agent, call)
                     } else {
-                        tools.execute(agent, call, signal.child()).await
+                        CommittedTool::unarmed(tools.execute(agent, call, signal.child()).await)
                     }
                 };
-                rolling_pool(group, pool, start, |executed| executed, &mut results).await;
+                rolling_pool(group, pool, start, |committed| committed, &mut results).await;
             }
         }
     }
@@ -103,7 +133,7 @@ pub async fn run_step_calls(
 /// A parallel call of a [`ToolRegistry`] whose body phase is over, awaiting its commit.
 enum Slot {
     /// The step was cancelled before the call started: a synthetic, already final result.
-    NotStarted(ExecutedTool),
+    NotStarted(CommittedTool),
     /// The call ran up to its body; post-execute, normalisation and observers are due.
     Dispatched(Dispatched),
 }
@@ -115,8 +145,8 @@ async fn rolling_pool<S, Fut>(
     calls: Vec<ToolCallRequest>,
     pool: usize,
     start: impl Fn(ToolCallRequest) -> Fut,
-    mut commit: impl FnMut(S) -> ExecutedTool,
-    results: &mut Vec<ExecutedTool>,
+    mut commit: impl FnMut(S) -> CommittedTool,
+    results: &mut Vec<CommittedTool>,
 ) where
     Fut: Future<Output = S>,
 {
@@ -149,10 +179,10 @@ fn concurrency_safe(tools: &dyn Tools, agent: &SessionId, call: &ToolCallRequest
 }
 
 /// The synthetic result of a call a cancelled step never started.
-fn not_started(agent: &SessionId, call: ToolCallRequest) -> ExecutedTool {
-    ExecutedTool {
+fn not_started(agent: &SessionId, call: ToolCallRequest) -> CommittedTool {
+    CommittedTool::unarmed(ExecutedTool {
         execution: new_execution(agent, call),
         result: error_result(codes::CANCELLED, model_text::NOT_STARTED),
         deferred: Vec::new(),
-    }
+    })
 }

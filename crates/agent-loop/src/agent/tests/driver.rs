@@ -2007,3 +2007,84 @@ fn counting_echo(rt: &crate::runtime::Runtime) -> (Arc<AtomicUsize>, agent::Regi
         .unwrap();
     (runs, guard)
 }
+
+/// A tool (`concurrency_safe` as given) whose body registers a discard hook that records its
+/// call id into `discarded`, then succeeds.
+fn discard_recording(
+    name: &str,
+    concurrency_safe: bool,
+    discarded: &Arc<Mutex<Vec<String>>>,
+) -> agent::ToolDefinition {
+    let discarded = discarded.clone();
+    agent::ToolDefinition {
+        concurrency_safe,
+        ..tool(name, move |_args, ctx| {
+            let discarded = discarded.clone();
+            let call_id = ctx.execution.call_id.to_string();
+            ctx.on_discarded(move || discarded.lock().push(call_id));
+            async move { Ok(ToolOutput::text("done")) }
+        })
+    }
+}
+
+/// The call id a `tool/result` answers.
+fn result_call_id(data: &EventData) -> Option<String> {
+    match data {
+        EventData::ToolResult { message, .. } => message.content.iter().find_map(|b| match b {
+            ContentBlock::ToolResult { tool_call_id, .. } => Some(tool_call_id.to_string()),
+            _ => None,
+        }),
+        _ => None,
+    }
+}
+
+/// spec: TOOL-37 (§11.5: a body's success that is not what gets recorded runs its
+/// `on_discarded` hooks) — when the session log refuses a committed success's `tool/result`
+/// (an observer's veto), the model never sees that success nor any later result of the step:
+/// the refused success (here an exclusive call) and every success abandoned after it (a
+/// parallel one) run their discard hooks, once each, while a success logged before the refusal
+/// runs none. Before the fix the scheduler dropped every call's context with its hooks unrun
+/// once the step was committed, so nothing a body registered to undo was ever undone (a
+/// `job_output` read kept the job reported with no notice: its output was lost to the model).
+#[tokio::test(start_paused = true)]
+async fn a_refused_tool_result_discards_it_and_every_later_success_of_the_step() {
+    let model = ScriptedModel::new([chunks::tool_calls(
+        None,
+        vec![
+            chunks::call("c1", "par", json!({})),
+            chunks::call("c2", "excl", json!({})),
+            chunks::call("c3", "par", json!({})),
+        ],
+    )]);
+    let veto = VetoWhileOn::new(|e| result_call_id(e).as_deref() == Some("c2"));
+    let rt = builder(&model).session_observer(veto).build();
+    let discarded = Arc::new(Mutex::new(Vec::new()));
+    let tools = &rt.services().tools;
+    let _guards = [
+        tools
+            .register(None, discard_recording("par", true, &discarded))
+            .unwrap(),
+        tools
+            .register(None, discard_recording("excl", false, &discarded))
+            .unwrap(),
+    ];
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+
+    agent.followup(user("go")).unwrap();
+    agent.when_idle().await;
+    let logged: Vec<String> = agent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| result_call_id(&e.data))
+        .collect();
+    assert_eq!(logged, ["c1"], "the refusal ended the step's results");
+    assert_eq!(
+        *discarded.lock(),
+        ["c2", "c3"],
+        "the refused success and the abandoned one ran their hooks; the logged one did not"
+    );
+    finish(&rt, [handle]).await;
+    assert_eq!(discarded.lock().len(), 2, "each hook ran once");
+}

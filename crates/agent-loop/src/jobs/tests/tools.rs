@@ -909,3 +909,105 @@ async fn job_output_dropped_with_its_step_before_its_commit_gives_the_report_bac
     h.later_read_delivers(&job, "background answer\n[status: completed]", &notices)
         .await;
 }
+
+/// A session observer that vetoes every `tool/result` append while `on` is set.
+struct VetoToolResults {
+    on: std::sync::atomic::AtomicBool,
+}
+
+impl agent::SessionObserver for VetoToolResults {
+    fn check(&self, _session: &agent::Session, candidate: &agent::SessionEvent) -> Result<(), String> {
+        if self.on.load(std::sync::atomic::Ordering::SeqCst)
+            && matches!(candidate.data, agent::EventData::ToolResult { .. })
+        {
+            return Err("tool/result is vetoed".to_owned());
+        }
+        Ok(())
+    }
+}
+
+/// The texts of the logged `tool/result`s answering `call_id`.
+fn logged_results(agent: &dyn agent::Agent, call_id: &str) -> Vec<String> {
+    agent
+        .session()
+        .events()
+        .iter()
+        .filter_map(|e| match &e.data {
+            agent::EventData::ToolResult { message, .. } => message.content.iter().find_map(|b| match b {
+                agent::ContentBlock::ToolResult {
+                    tool_call_id,
+                    content,
+                    ..
+                } if tool_call_id.to_string() == call_id => Some(visible_text(content)),
+                _ => None,
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// spec: TOOL-37 — a `job_output` wait run by an agent's turn delivers the output of the job
+/// that settled under it (claiming the report, so the held completion notice is suppressed),
+/// but the session log refuses its `tool/result` (an observer's veto): the model never sees
+/// the output, so the committed success gives its claim back — the job reads unreported, its
+/// completion notice goes out once, and a later `job_output` (once the log accepts results
+/// again) returns the output. Before, the step's contexts were dropped with their hooks unrun:
+/// the job stayed reported with no notice, and the output was lost to the model.
+#[tokio::test(start_paused = true)]
+async fn job_output_whose_logged_result_is_refused_gives_the_report_back() {
+    use crate::model::{ScriptedModel, chunks};
+    use crate::runtime::testkit::{builder, create, finish, user};
+
+    let model = ScriptedModel::new([
+        chunks::tool_call("c1", "job_output", json!({"job_id": "subagent-1", "wait": true})),
+        chunks::tool_call("c2", "job_output", json!({"job_id": "subagent-1"})),
+        chunks::text("done"),
+    ]);
+    let veto = Arc::new(VetoToolResults {
+        on: std::sync::atomic::AtomicBool::new(true),
+    });
+    let registry = Arc::new(JobRegistry::new());
+    let rt = builder(&model)
+        .session_observer(veto.clone())
+        .jobs(registry.clone())
+        .build();
+    let _tools: Vec<agent::Registration> = job_tools(registry.clone())
+        .into_iter()
+        .map(|def| rt.services().tools.register(None, def).unwrap())
+        .collect();
+    let (notices, _notices) = record_notices(&registry);
+    let (spec, p) = producer("subagent", "research", "a");
+    let job = registry.start_job(spec).unwrap();
+    let owner = SessionId::from("a");
+    let handle = create(&rt, "a").await;
+    let agent = handle.agent().clone();
+
+    agent.followup(user("read it")).unwrap();
+    settle_tasks().await;
+    assert_eq!(registry.counts().waiters, 1, "job_output is waiting");
+    p.settle(completed("background answer"));
+    agent.when_idle().await;
+    assert!(
+        logged_results(&*agent, "c1").is_empty(),
+        "the tool/result was refused"
+    );
+    let snapshot = registry.get(&owner, &job).unwrap();
+    assert_eq!(
+        (snapshot.status, snapshot.reported),
+        (JobStatus::Completed, false),
+        "the refused read gave its claim on the report back"
+    );
+    assert_eq!(notices.lock().len(), 1, "the completion notice goes out");
+    assert_eq!(notices.lock()[0].job.id, job);
+
+    veto.on.store(false, std::sync::atomic::Ordering::SeqCst);
+    agent.followup(user("read it again")).unwrap();
+    agent.when_idle().await;
+    assert_eq!(
+        logged_results(&*agent, "c2"),
+        ["background answer\n[status: completed]"]
+    );
+    assert!(registry.get(&owner, &job).unwrap().reported);
+    assert_eq!(notices.lock().len(), 1, "exactly one notice");
+    finish(&rt, [handle]).await;
+}

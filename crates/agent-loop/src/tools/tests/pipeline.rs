@@ -1079,7 +1079,7 @@ async fn a_parallel_commit_discarding_a_settled_success_runs_its_hooks() {
     hook(&raced);
     raced.signal.cancel(CancelCause::User);
     let dispatched = Dispatched::settled_success_for_test(raced, ToolOutput::text("done"), true);
-    let executed = reg.commit(dispatched, RaceCheck::AtSettle);
+    let executed = reg.commit(dispatched, RaceCheck::AtSettle).deliver();
     assert_eq!(code(&executed), codes::CANCELLED);
     assert_eq!(count(&ran), 1);
 
@@ -1088,7 +1088,7 @@ async fn a_parallel_commit_discarding_a_settled_success_runs_its_hooks() {
     hook(&kept);
     kept.signal.cancel(CancelCause::User);
     let dispatched = Dispatched::settled_success_for_test(kept, ToolOutput::text("done"), false);
-    let executed = reg.commit(dispatched, RaceCheck::AtSettle);
+    let executed = reg.commit(dispatched, RaceCheck::AtSettle).deliver();
     assert!(!executed.result.is_error, "{:?}", executed.result);
     assert_eq!(count(&ran), 1, "a committed success runs no hook");
 }

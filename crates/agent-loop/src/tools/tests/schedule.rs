@@ -9,7 +9,7 @@ use serde_json::Value;
 use agent::tools::{ExecutedTool, PreExecuteDecision, ToolOutput, codes};
 use agent::{CancelCause, Signal, Tools};
 
-use super::super::{model_text, run_step_calls};
+use super::super::{model_text, run_step_calls, run_step_calls_armed};
 use super::{Log, ToolRegistry, call, code, sid, text, tool_with};
 
 /// A tool that logs `start:<call>` / `end:<call>` around a sleep of `{"ms": n}` and tracks the
@@ -500,6 +500,77 @@ async fn dropping_the_step_discards_settled_uncommitted_successes() {
     );
 }
 
+/// An exclusive tool whose body registers a discard hook counting into `ran`, then succeeds,
+/// or fails with `{"fail": true}`.
+fn exclusive_discard_counting(name: &str, ran: &Arc<AtomicUsize>) -> agent::ToolDefinition {
+    let ran = ran.clone();
+    tool_with(name, false, move |args, ctx| {
+        let ran = ran.clone();
+        ctx.on_discarded(move || {
+            ran.fetch_add(1, Ordering::SeqCst);
+        });
+        let fail = args.get("fail").and_then(Value::as_bool).unwrap_or(false);
+        Box::pin(async move {
+            if fail {
+                Err(agent::tools::ToolError::invalid_args("told to fail"))
+            } else {
+                Ok(ToolOutput::text("done"))
+            }
+        })
+    })
+}
+
+/// spec: TOOL-37 (§11.5) — the armed scheduler hands every committed success over with its
+/// discard hooks armed, exclusive calls as well as parallel ones: a success delivered to the
+/// model runs none, one dropped undelivered (the session log refused its `tool/result`) runs
+/// them once, and an error arms nothing (its body never succeeded). The plain scheduler
+/// hands its results over delivered.
+#[tokio::test(start_paused = true)]
+async fn armed_results_run_their_hooks_only_when_dropped_undelivered() {
+    let reg = ToolRegistry::new();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let _t = reg.register(None, discard_counting("par", &ran)).unwrap();
+    let _x = reg
+        .register(None, exclusive_discard_counting("excl", &ran))
+        .unwrap();
+    let agent = sid("a");
+    let signal = Signal::new();
+    let calls = || {
+        vec![
+            call("c1", "par", "{}"),
+            call("c2", "excl", "{}"),
+            call("c3", "excl", r#"{"fail": true}"#),
+            call("c4", "par", "{}"),
+        ]
+    };
+
+    let plain = run_step_calls(&reg, &agent, calls(), &signal, 2).await;
+    assert_eq!(ids(&plain), ["c1", "c2", "c3", "c4"]);
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "the plain scheduler delivers");
+
+    let armed = run_step_calls_armed(&reg, &agent, calls(), &signal, 2).await;
+    assert_eq!(
+        armed.iter().map(|c| c.delivery.is_armed()).collect::<Vec<_>>(),
+        [true, true, false, true]
+    );
+    let mut armed = armed.into_iter();
+    let first = armed.next().unwrap().deliver();
+    assert!(!first.result.is_error);
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "a delivered success runs no hook");
+    drop(armed.next());
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        1,
+        "the undelivered exclusive success ran its hook"
+    );
+    drop(armed);
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        2,
+        "the abandoned parallel success ran its hook; the failure ran none"
+    );
+}
+
 /// A [`Tools`] implementation the scheduler does not recognise (it keeps the provided
 /// `as_any`): it delegates every call to a registry.
 struct Foreign(ToolRegistry);
@@ -597,6 +668,30 @@ async fn foreign_implementations_use_the_rolling_pool_through_execute() {
     assert!(log.index("result:c2") < log.index("result:c1"));
 }
 
+/// An unrecognised implementation keeps its executions' contexts to itself
+/// (`Tools::execute` consumes them): the armed scheduler arms none of its results, so dropping
+/// them runs nothing.
+#[tokio::test(start_paused = true)]
+async fn foreign_implementations_arm_nothing() {
+    let reg = ToolRegistry::new();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let _t = reg.register(None, discard_counting("par", &ran)).unwrap();
+    let _x = reg
+        .register(None, exclusive_discard_counting("excl", &ran))
+        .unwrap();
+    let foreign = Foreign(reg.clone());
+    let calls = vec![call("c1", "par", "{}"), call("c2", "excl", "{}")];
+    let armed = run_step_calls_armed(&foreign, &sid("a"), calls, &Signal::new(), 2).await;
+    assert_eq!(armed.len(), 2);
+    assert!(
+        armed
+            .iter()
+            .all(|c| !c.executed.result.is_error && !c.delivery.is_armed())
+    );
+    drop(armed);
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+}
+
 /// The scheduler's future is `Send` (the driver may run it on any worker).
 #[test]
 fn run_step_calls_is_send() {
@@ -606,6 +701,9 @@ fn run_step_calls_is_send() {
     let signal = Signal::new();
     let tools: &dyn Tools = &reg;
     let fut = run_step_calls(tools, &agent, Vec::new(), &signal, 1);
+    assert_send(&fut);
+    drop(fut);
+    let fut = run_step_calls_armed(tools, &agent, Vec::new(), &signal, 1);
     assert_send(&fut);
     drop(fut);
 }
