@@ -44,7 +44,8 @@ pub struct DirReport {
     pub logs: usize,
     /// How many events were replayed across all logs.
     pub events: u64,
-    /// Every violation, log by log in path order.
+    /// Every violation, log by log in path order; an entry that could not be walked or read is
+    /// reported in its path's place.
     pub violations: Vec<Violation>,
 }
 
@@ -144,27 +145,46 @@ fn for_each_bounded_line<R: BufRead>(
 }
 
 /// Why a line is not an event, as a finding.
+///
+/// A line that is not well-formed JSON and has no newline can only be the last, cut short by an
+/// interrupted write: `TORN`, the crash artifact a store drops on load, even when all it holds
+/// is whitespace. (A last line that does end in a newline but holds zeros a lost write left is
+/// torn too; only the caller knows whether a line is the last, see [`read_log`].)
 fn unreadable(line: &Line<'_>, err: &serde_json::Error) -> (RuleId, String) {
+    if serde_json::from_slice::<Value>(line.bytes).is_ok() {
+        return (
+            RuleId::PARSE,
+            format!("a session event, got JSON of another shape ({err})"),
+        );
+    }
+    if !line.terminated {
+        return torn(err);
+    }
     if line.bytes.iter().all(u8::is_ascii_whitespace) {
         return (
             RuleId::PARSE,
             "one session event per line, got a blank line".to_owned(),
         );
     }
-    match serde_json::from_slice::<Value>(line.bytes) {
-        Ok(_) => (
-            RuleId::PARSE,
-            format!("a session event, got JSON of another shape ({err})"),
-        ),
-        Err(_) if !line.terminated => (
-            RuleId::TORN,
-            format!("a complete last line, got a cut-short one ({err}); stores drop it on load"),
-        ),
-        Err(_) => (
-            RuleId::PARSE,
-            format!("a JSON session event, got text that is not JSON ({err})"),
-        ),
-    }
+    (
+        RuleId::PARSE,
+        format!("a JSON session event, got text that is not JSON ({err})"),
+    )
+}
+
+/// The `TORN` finding for a cut-short last line.
+fn torn(err: &serde_json::Error) -> (RuleId, String) {
+    (
+        RuleId::TORN,
+        format!("a complete last line, got a cut-short one ({err}); stores drop it on load"),
+    )
+}
+
+/// Whether an unreadable, newline-terminated line is torn if it turns out to be the last: not
+/// JSON, and holding NUL bytes — blocks a power loss left unwritten, which a store drops on
+/// load like a line without its newline.
+fn torn_if_last(line: &Line<'_>) -> bool {
+    line.terminated && line.bytes.contains(&0) && serde_json::from_slice::<Value>(line.bytes).is_err()
 }
 
 /// A replayed log plus the header it was read with.
@@ -186,7 +206,11 @@ pub(crate) fn read_log<R: BufRead>(fallback: &SessionId, reader: R) -> io::Resul
     let mut violations: Vec<Violation> = Vec::new();
     let mut header: Option<SessionHeader> = None;
     let mut replay: Option<SessionReplay> = None;
+    // The finding (index in `violations`) and parse error of the line before, when that line
+    // is torn if it was the last (see `torn_if_last`).
+    let mut torn_candidate: Option<(usize, serde_json::Error)> = None;
     let read = for_each_line(reader, |line| {
+        torn_candidate = None;
         let replay = match &mut replay {
             Some(r) => r,
             None => {
@@ -204,6 +228,9 @@ pub(crate) fn read_log<R: BufRead>(fallback: &SessionId, reader: R) -> io::Resul
                 let (rule, expected) = unreadable(&line, &err);
                 violations
                     .push(Violation::at(replay.session().clone(), None, rule, expected).on_line(line.number));
+                if torn_if_last(&line) {
+                    torn_candidate = Some((violations.len() - 1, err));
+                }
                 replay.skip_unreadable();
             }
         }
@@ -216,6 +243,11 @@ pub(crate) fn read_log<R: BufRead>(fallback: &SessionId, reader: R) -> io::Resul
             None => return Err(e),
         },
     };
+    if let Some((at, err)) = torn_candidate.filter(|_| cut.is_none()) {
+        let (rule, expected) = torn(&err);
+        violations[at].rule = rule;
+        violations[at].expected = expected;
+    }
     let session = replay
         .as_ref()
         .map_or_else(|| fallback.clone(), |r| r.session().clone());
@@ -377,18 +409,39 @@ pub(crate) fn locate(violations: &mut [Violation], path: &Path) {
     }
 }
 
-/// Every `*.jsonl` file under `dir`, recursively, in path order. Symbolic links to directories
-/// are not followed. Unreadable subdirectories become `IO` violations; only `dir` itself being
-/// unreadable is an `Err`.
-pub(crate) fn find_logs(dir: &Path, problems: &mut Vec<Violation>) -> Result<Vec<PathBuf>, ReadError> {
-    let mut logs = Vec::new();
+/// What a directory walk found at one path: a log to read, or an entry that could not be
+/// walked or read (an `IO` finding naming it).
+pub(crate) enum Found {
+    /// A `*.jsonl` regular file (or a link to one).
+    Log(PathBuf),
+    /// An unreadable subdirectory or entry, or an entry named like a log that is not a regular
+    /// file.
+    Problem(Violation),
+}
+
+impl Found {
+    fn path(&self) -> Option<&Path> {
+        match self {
+            Self::Log(path) => Some(path),
+            Self::Problem(v) => v.file.as_deref(),
+        }
+    }
+}
+
+/// Every `*.jsonl` file under `dir`, recursively, and every problem met on the way, all in path
+/// order (a problem takes the place of the path it names), so that a report lists its findings
+/// in the same order on every run and file system, whatever order directories list their
+/// entries in. Symbolic links to directories are not followed. Unreadable subdirectories
+/// become `IO` problems; only `dir` itself being unreadable is an `Err`.
+pub(crate) fn find_logs(dir: &Path) -> Result<Vec<Found>, ReadError> {
+    let mut found = Vec::new();
     let mut stack = vec![dir.to_owned()];
     while let Some(current) = stack.pop() {
         let entries = match std::fs::read_dir(&current) {
             Ok(entries) => entries,
             Err(e) if current == dir => return Err(ReadError::new(dir, e)),
             Err(e) => {
-                problems.push(io_violation(&current, &e));
+                found.push(Found::Problem(io_violation(&current, &e)));
                 continue;
             }
         };
@@ -396,7 +449,7 @@ pub(crate) fn find_logs(dir: &Path, problems: &mut Vec<Violation>) -> Result<Vec
             let entry = match entry {
                 Ok(entry) => entry,
                 Err(e) => {
-                    problems.push(io_violation(&current, &e));
+                    found.push(Found::Problem(io_violation(&current, &e)));
                     continue;
                 }
             };
@@ -404,7 +457,7 @@ pub(crate) fn find_logs(dir: &Path, problems: &mut Vec<Violation>) -> Result<Vec
             let kind = match entry.file_type() {
                 Ok(kind) => kind,
                 Err(e) => {
-                    problems.push(io_violation(&path, &e));
+                    found.push(Found::Problem(io_violation(&path, &e)));
                     continue;
                 }
             };
@@ -416,15 +469,16 @@ pub(crate) fn find_logs(dir: &Path, problems: &mut Vec<Violation>) -> Result<Vec
                 // reported, never opened: opening a FIFO would block the check forever.
                 // The readers open it with `open_log`, which checks again on the handle.
                 match std::fs::metadata(&path) {
-                    Ok(meta) if meta.is_file() => logs.push(path),
-                    Ok(_) => problems.push(io_violation(&path, &not_regular())),
-                    Err(e) => problems.push(io_violation(&path, &e)),
+                    Ok(meta) if meta.is_file() => found.push(Found::Log(path)),
+                    Ok(_) => found.push(Found::Problem(io_violation(&path, &not_regular()))),
+                    Err(e) => found.push(Found::Problem(io_violation(&path, &e))),
                 }
             }
         }
     }
-    logs.sort();
-    Ok(logs)
+    // Stable: problems naming one path keep the order they were met in.
+    found.sort_by(|a, b| a.path().cmp(&b.path()));
+    Ok(found)
 }
 
 pub(crate) fn io_violation(path: &Path, e: &io::Error) -> Violation {
@@ -441,8 +495,14 @@ pub(crate) fn io_violation(path: &Path, e: &io::Error) -> Violation {
 /// are [`check_store`](crate::check_store)'s. Every violation names the file it was found in.
 pub fn replay_dir(dir: &Path) -> Result<DirReport, ReadError> {
     let mut report = DirReport::default();
-    let logs = find_logs(dir, &mut report.violations)?;
-    for path in logs {
+    for found in find_logs(dir)? {
+        let path = match found {
+            Found::Log(path) => path,
+            Found::Problem(v) => {
+                report.violations.push(v);
+                continue;
+            }
+        };
         match replay_jsonl_file(&path) {
             Ok(r) => report.add(r),
             Err(e) => {

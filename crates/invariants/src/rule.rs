@@ -46,8 +46,10 @@ impl RuleId {
     /// Spine §4.2 (1): seqs are contiguous from 0 (`events[i].seq == i`).
     pub const SEQ: Self = Self("SEQ");
     /// Spine §4.2 (3), (4): surface markers only on surface events, `sourceEventSeqs` only on
-    /// `assistant/message`, every surface event declares `surfaceOp`, and an appended
-    /// message's `sourceEventSeqs` names `assistant/chunk` events of its own step.
+    /// `assistant/message`, every surface event declares `surfaceOp`, a `replace {start, end}`
+    /// names current surface nodes (a `tool/result` replacement rewrites exactly one current
+    /// `tool/result`, changing only its result's content), and an appended message's
+    /// `sourceEventSeqs` names `assistant/chunk` events of its own step.
     pub const SURFACE: Self = Self("SURFACE");
     /// Spine §4.2 (2), §4.7 (1): an event's data is lossless JSON (no negative zero), and every
     /// `assistant/message` and `request/header` names its provider and model — what a session

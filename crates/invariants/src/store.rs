@@ -8,7 +8,7 @@ use agent::{Origin, SessionHeader, SessionId};
 use serde_json::Value;
 
 use crate::jsonl::{
-    DirReport, ReadError, find_logs, for_each_line, io_violation, locate, open_log, read_log, stem_id,
+    DirReport, Found, ReadError, find_logs, for_each_line, io_violation, locate, open_log, read_log, stem_id,
 };
 use crate::rule::RuleId;
 use crate::violation::Violation;
@@ -44,9 +44,15 @@ struct Entry {
 /// file it concerns (for a relation, the log of the session it is reported under).
 pub fn check_store(dir: &Path) -> Result<DirReport, ReadError> {
     let mut report = DirReport::default();
-    let logs = find_logs(dir, &mut report.violations)?;
     let mut entries: Vec<Entry> = Vec::new();
-    for path in logs {
+    for found in find_logs(dir)? {
+        let path = match found {
+            Found::Log(path) => path,
+            Found::Problem(v) => {
+                report.violations.push(v);
+                continue;
+            }
+        };
         let read = open_log(&path).and_then(|f| read_log(&stem_id(&path), BufReader::new(f)));
         match read {
             Ok(mut read) => {

@@ -8,7 +8,8 @@
 //! offending event claims (a `turn/start 3` opens turn 3), so one defect in a log is reported
 //! once instead of cascading over every later event.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::Hasher as _;
 
 use agent::content::ContentBlock;
 use agent::event::{EventData, SurfaceOp};
@@ -41,6 +42,12 @@ pub(crate) struct CoreTrace {
     /// Unreadable lines since the last event: each occupies one seq, so the next seq may skip
     /// up to this many values without a `SEQ` finding.
     unreadable: u64,
+    /// The seqs of the current surface nodes, in surface order (spine §4.2 (3): what a
+    /// `surfaceOp: replace {start, end}` must name).
+    surface: Vec<u64>,
+    /// For each current surface node that is a `tool/result`: a digest of what a replacement
+    /// of it may not change (everything but its result's content).
+    result_keys: HashMap<u64, Option<u64>>,
 }
 
 /// A set of `u64`s stored as disjoint, non-adjacent inclusive ranges `start → end`.
@@ -84,6 +91,8 @@ impl Default for CoreTrace {
             step_chunks: Vec::new(),
             seen: SeqRanges::default(),
             unreadable: 0,
+            surface: Vec::new(),
+            result_keys: HashMap::new(),
         }
     }
 }
@@ -112,6 +121,18 @@ pub(crate) struct CoreTransition {
     next_turn: u64,
     next_step: u64,
     calls: CallsDelta,
+    surface: Option<SurfaceDelta>,
+}
+
+/// One surface event's place among the current surface nodes.
+#[derive(Clone, Debug)]
+pub(crate) struct SurfaceDelta {
+    seq: u64,
+    /// The positions in the current surface nodes it replaces (none: it is appended, as a
+    /// session reads a replacement whose range names no current nodes).
+    span: Option<(usize, usize)>,
+    /// For a `tool/result`, what a later replacement of it may not change.
+    key: Option<Option<u64>>,
 }
 
 fn show(v: Option<u64>) -> String {
@@ -187,6 +208,7 @@ impl CoreTrace {
             }
         }
         check_surface(ev, out);
+        let surface = self.place_surface(ev, out);
         check_contents(ev, out);
 
         let mut t = CoreTransition {
@@ -198,6 +220,7 @@ impl CoreTrace {
             next_turn: self.next_turn,
             next_step: self.next_step,
             calls: CallsDelta::None,
+            surface,
         };
         let kind = ev.type_name();
         match &ev.data {
@@ -410,6 +433,52 @@ impl CoreTrace {
         }
     }
 
+    /// Spine §4.2 (3): a surface event's place among the current surface nodes. A
+    /// `surfaceOp: replace {start, end}` must name current surface nodes, `start` not after
+    /// `end`; a `tool/result` replacement must rewrite exactly one current `tool/result`,
+    /// changing only its result's content — what a session checks on append and a store on
+    /// load, so a stored log it would refuse is not called clean.
+    fn place_surface(&self, ev: &SessionEvent, out: &mut Vec<Finding>) -> Option<SurfaceDelta> {
+        if !ev.data.is_surface() {
+            return None;
+        }
+        let key = matches!(ev.data, EventData::ToolResult { .. }).then(|| result_key(&ev.data));
+        let mut span = None;
+        if let Some(SurfaceOp::Replace { start, end }) =
+            ev.surface.as_ref().and_then(|s| s.surface_op.as_ref())
+        {
+            let first = self.surface.iter().position(|seq| seq == start);
+            span = first.and_then(|first| {
+                let last = self.surface[first..].iter().position(|seq| seq == end)?;
+                Some((first, first + last))
+            });
+            let problem = match (span, &key) {
+                (None, _) => Some(format!(
+                    "surfaceOp replace {{start: {start}, end: {end}}} to name current surface nodes, start not after end"
+                )),
+                (Some(_), None) => None,
+                (Some((first, last)), Some(_)) if first != last => {
+                    Some("a tool/result surface replacement to rewrite exactly one current node".to_owned())
+                }
+                (Some(_), Some(key)) => match self.result_keys.get(start) {
+                    Some(original) if original == key => None,
+                    Some(_) => Some(
+                        "a tool/result surface replacement to change only the result's content".to_owned(),
+                    ),
+                    None => {
+                        Some("a tool/result surface replacement to target a current tool/result".to_owned())
+                    }
+                },
+            };
+            out.extend(problem.map(|p| (RuleId::SURFACE, p)));
+        }
+        Some(SurfaceDelta {
+            seq: ev.seq,
+            span,
+            key,
+        })
+    }
+
     fn require_open_turn(&self, kind: &str, out: &mut Vec<Finding>) {
         if self.open_turn.is_none() {
             out.push((
@@ -428,6 +497,20 @@ impl CoreTrace {
         self.next_step = t.next_step;
         self.seen.insert(t.last_seq);
         self.unreadable = 0;
+        if let Some(d) = t.surface {
+            match d.span {
+                Some((first, last)) => {
+                    for seq in self.surface.drain(first..=last) {
+                        self.result_keys.remove(&seq);
+                    }
+                    self.surface.insert(first, d.seq);
+                }
+                None => self.surface.push(d.seq),
+            }
+            if let Some(key) = d.key {
+                self.result_keys.insert(d.seq, key);
+            }
+        }
         match t.calls {
             CallsDelta::None => {}
             CallsDelta::Add(c) => {
@@ -478,6 +561,44 @@ fn answered_calls(message: &agent::Message) -> Vec<CallId> {
         }
     }
     calls
+}
+
+/// A digest of what a replacement of a `tool/result` may not change: everything but the content
+/// of its result block (spine §4.2 (3), as a session checks it). A digest rather than a copy, so
+/// a long log's large `meta` values are not held twice. `None` if it cannot be rendered.
+fn result_key(data: &EventData) -> Option<u64> {
+    let EventData::ToolResult {
+        turn,
+        step,
+        message,
+        error,
+        meta,
+    } = data
+    else {
+        return None;
+    };
+    let result = match message.content.first() {
+        Some(ContentBlock::ToolResult {
+            tool_call_id,
+            is_error,
+            ..
+        }) => serde_json::json!({"toolCallId": tool_call_id, "isError": is_error}),
+        other => serde_json::json!({"block": other}),
+    };
+    let bytes = serde_json::to_vec(&(
+        turn,
+        step,
+        error,
+        meta,
+        &message.id,
+        &message.role,
+        &message.source,
+        result,
+    ))
+    .ok()?;
+    let mut hasher = std::hash::DefaultHasher::new();
+    hasher.write(&bytes);
+    Some(hasher.finish())
 }
 
 /// Spine §4.2 (2), §4.7 (1): what a session validates in every appended or seeded event besides

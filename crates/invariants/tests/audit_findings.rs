@@ -225,3 +225,228 @@ fn a_tool_result_message_needs_exactly_one_tool_result_block() {
         }
     }
 }
+
+/// The files of a report's findings, in report order.
+#[cfg(unix)]
+fn files(violations: &[Violation]) -> Vec<std::path::PathBuf> {
+    violations
+        .iter()
+        .map(|v| {
+            v.file
+                .clone()
+                .expect("a finding read from a directory names its file")
+        })
+        .collect()
+}
+
+/// spec: the checker's contract (`DirReport::violations`: log by log in path order) — entries
+/// that cannot be read (dangling links, unreadable subdirectories, …) are reported in their
+/// path's place, not first and in whatever order the file system lists a directory, so two runs
+/// over the same tree on different file systems print the same findings in the same order.
+#[cfg(unix)]
+#[test]
+fn findings_of_a_tree_are_in_path_order_whatever_the_listing_order() {
+    let dir = scratch("audit-path-order");
+    let names = ["m", "c", "x", "a", "q", "f", "k", "b", "z", "d", "r", "h"];
+    for name in names {
+        std::os::unix::fs::symlink(dir.join("nowhere"), dir.join(format!("{name}-dangling.jsonl")))
+            .expect("symlink");
+        std::fs::create_dir_all(dir.join(format!("{name}-sub"))).expect("subdirectory");
+        std::os::unix::fs::symlink(dir.join("nowhere"), dir.join(format!("{name}-sub/l.jsonl")))
+            .expect("symlink");
+    }
+    // A real log in the middle of the order, with one finding of its own.
+    let log = synthetic::valid_log("g", 1, 1, 0);
+    std::fs::write(dir.join("g.jsonl"), log.to_jsonl() + "\n").expect("write");
+
+    let report = replay_dir(&dir).expect("the tree is readable");
+    let got = files(&report.violations);
+    let mut sorted = got.clone();
+    sorted.sort();
+    assert_eq!(got, sorted, "{:#?}", report.violations);
+    assert_eq!(got.len(), 2 * names.len() + 1);
+    assert!(got.contains(&dir.join("g.jsonl")));
+
+    let report = invariants::check_store(&dir).expect("the tree is readable");
+    let got = files(&report.violations);
+    let mut sorted = got.clone();
+    sorted.sort();
+    assert_eq!(got, sorted, "{:#?}", report.violations);
+}
+
+/// spec: ARCHITECTURE "Data" (a torn last line is dropped on load with a warning), the
+/// checker's `TORN` rule — the checker calls `TORN` exactly the last lines a store drops as an
+/// interrupted write, and `PARSE` the damage a store refuses to load: a last line of zeros a
+/// power loss left (newline or not) and an unterminated whitespace-only last line are torn; the
+/// same zeros before another line, or a blank line ending in a newline, are not.
+#[tokio::test]
+async fn a_torn_last_line_is_torn_exactly_when_a_store_drops_it() {
+    let dir = scratch("audit-torn-last-line");
+    let log = synthetic::valid_log("t", 1, 1, 0);
+    let text = log.to_jsonl();
+    let zeros = [0u8; 16];
+    let cases: [(&str, Vec<u8>, Option<&str>); 5] = [
+        (
+            "zeros-nl",
+            [text.as_bytes(), &zeros, b"\n"].concat(),
+            Some("TORN"),
+        ),
+        ("zeros", [text.as_bytes(), &zeros].concat(), Some("TORN")),
+        ("blanks", [text.as_bytes(), b"   "].concat(), Some("TORN")),
+        ("blank-nl", [text.as_bytes(), b"   \n"].concat(), None),
+        (
+            "zeros-inside",
+            [
+                text.as_bytes(),
+                &zeros,
+                b"\n",
+                text.lines().nth(1).unwrap().as_bytes(),
+                b"\n",
+            ]
+            .concat(),
+            None,
+        ),
+    ];
+    for (name, bytes, torn) in cases {
+        let report = invariants::replay_jsonl_reader(&SessionId::new("t"), &bytes[..]).expect("in memory");
+        let want = torn.unwrap_or("PARSE");
+        assert_eq!(
+            rules(&report.violations)[..1],
+            [want],
+            "{name}: {:#?}",
+            report.violations
+        );
+        assert_eq!(
+            report.violations[0].line,
+            Some(log.events.len() as u64 + 2),
+            "{name}"
+        );
+        // What the store does with the same file.
+        let store_dir = dir.join(name);
+        std::fs::create_dir_all(&store_dir).expect("dir");
+        std::fs::write(store_dir.join("t.jsonl"), &bytes).expect("write");
+        let loaded = agent_loop::JsonlStore::new(&store_dir)
+            .load(&SessionId::new("t"))
+            .await;
+        match torn {
+            Some(_) => assert!(loaded.expect("a torn tail loads").repaired, "{name}"),
+            None => assert!(loaded.is_err(), "{name}: the store refuses the log"),
+        }
+    }
+}
+
+/// `surfaceOp: replace {start, end}`.
+fn replacing(start: u64, end: u64) -> Option<agent::event::SurfaceMeta> {
+    Some(agent::event::SurfaceMeta {
+        surface_op: Some(agent::event::SurfaceOp::Replace { start, end }),
+        source_event_seqs: None,
+    })
+}
+
+/// spec: agent-spine §4.2 (3) (SURFACE) — a replacement must name current surface nodes,
+/// `start` not after `end`, and a `tool/result` replacement must rewrite exactly one current
+/// `tool/result`, changing only its result's content. A session refuses anything else on
+/// append, and a store refuses a log holding it on load (`validate_log`), so the offline
+/// checker must not call such a log clean; valid compactions stay clean.
+#[test]
+fn a_surface_replacement_must_name_current_surface_nodes() {
+    // Built once: every tool/result message gets a fresh id.
+    let history = log([
+        turn_start(1),           // 0
+        user("task"),            // 1
+        step_start(1, 1),        // 2
+        assistant(1, 1),         // 3
+        tool_call(1, 1, "c1"),   // 4
+        tool_result(1, 1, "c1"), // 5
+        step_end(1, 1),          // 6
+        turn_end(1),             // 7
+        turn_start(2),           // 8
+    ]);
+    let base = || history.clone();
+    let summary = |surface| SessionEvent {
+        seq: 9,
+        time: 9,
+        data: user("summary"),
+        surface,
+        ignorable: false,
+    };
+    let rewritten = |id: &str, surface| {
+        let EventData::ToolResult { message, .. } = tool_result(1, 1, id) else {
+            unreachable!("a tool/result")
+        };
+        let mut original = base()[5].clone();
+        let EventData::ToolResult { message: m, .. } = &mut original.data else {
+            unreachable!("a tool/result")
+        };
+        // Same message id and source; only the result block's content (or its call) differs.
+        let mut message = message;
+        message.id = m.id.clone();
+        if id == "c1" {
+            message.content = vec![ContentBlock::ToolResult {
+                tool_call_id: CallId::new("c1"),
+                content: vec![ContentBlock::text("shortened")],
+                is_error: Some(false),
+            }];
+        }
+        *m = message;
+        SessionEvent {
+            seq: 9,
+            surface,
+            ..original
+        }
+    };
+    let cases = [
+        ("whole history", summary(replacing(1, 5)), true),
+        ("one node", summary(replacing(3, 3)), true),
+        ("tool/result content", rewritten("c1", replacing(5, 5)), true),
+        ("reversed", summary(replacing(5, 1)), false),
+        ("not a node", summary(replacing(2, 5)), false),
+        ("past the end", summary(replacing(1, 40)), false),
+        (
+            "tool/result over two nodes",
+            rewritten("c1", replacing(3, 5)),
+            false,
+        ),
+        (
+            "tool/result over a user message",
+            rewritten("c1", replacing(1, 1)),
+            false,
+        ),
+        (
+            "tool/result answering another call",
+            rewritten("c2", replacing(5, 5)),
+            false,
+        ),
+    ];
+    for (name, event, valid) in cases {
+        let mut events = base();
+        events.push(event);
+        assert_eq!(
+            agent::session::validate_log(&events).is_ok(),
+            valid,
+            "{name}: the session's own verdict: {:?}",
+            agent::session::validate_log(&events)
+        );
+        let report = replay_log(None, &events);
+        if valid {
+            assert!(report.is_clean(), "{name}: {:#?}", report.violations);
+        } else {
+            assert_eq!(
+                rules(&report.violations),
+                ["SURFACE"],
+                "{name}: {:#?}",
+                report.violations
+            );
+            assert_eq!(report.violations[0].seq, Some(9), "{name}");
+        }
+    }
+    // A replaced node is no longer current: a later replacement cannot name it.
+    let mut events = base();
+    events.push(summary(replacing(1, 5)));
+    events.push(SessionEvent {
+        seq: 10,
+        ..summary(replacing(3, 3))
+    });
+    assert!(agent::session::validate_log(&events).is_err());
+    assert_eq!(rules(&replay_log(None, &events).violations), ["SURFACE"]);
+}
