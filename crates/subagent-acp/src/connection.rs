@@ -12,8 +12,17 @@
 //! permission request (under the policy until the run is cancelled, `cancelled` after), so
 //! every chunk that precedes the prompt response is folded before the response is processed
 //! (§1.7).
+//!
+//! # Failure causes
+//! The engine reports a connection that the child's output broke (an over-long line) only as
+//! "connection terminated". The reader under the engine records the typed cause in the
+//! connection's [`OutputFault`] before it fails the read, so every request failing because of it
+//! — and the run's diagnostic — names the cause ([`AcpError::ChildOutput`]). A line that is not
+//! UTF-8 does not break the connection at all ([`Utf8Guard`](crate::Utf8Guard)).
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::ConnectionTo;
@@ -27,18 +36,72 @@ use serde::Serialize;
 use serde_json::Value;
 use subagent::agent::ContentBlock;
 use subagent::{AssistantOutputFold, StopReason};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::task::JoinHandle;
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::PermissionPolicy;
-use crate::error::{AcpError, Stage};
+use crate::error::{AcpError, ChildOutputError, Stage};
+use crate::line_limit::LineTooLong;
 use crate::process::ChildPipes;
 
 /// The streamed assistant text of one run, shared between the protocol callbacks (writers) and
 /// every settlement path (readers). The lock guards only the fold and is never held across an
 /// `.await`.
 pub type SharedFold = Arc<Mutex<AssistantOutputFold>>;
+
+/// The first way the child's output broke the connection, once it did. Shared by the reader
+/// (which records it before failing the read, so it is set before any request fails because of
+/// it) and every path that reports a failure. The lock is never held across an `.await`.
+#[derive(Clone, Debug, Default)]
+pub struct OutputFault(Arc<Mutex<Option<ChildOutputError>>>);
+
+impl OutputFault {
+    /// The recorded cause, if the child's output broke the connection.
+    pub fn get(&self) -> Option<ChildOutputError> {
+        self.0.lock().clone()
+    }
+
+    /// Records `cause` unless one is recorded already (the first cause ended the connection).
+    fn record(&self, cause: ChildOutputError) {
+        self.0.lock().get_or_insert(cause);
+    }
+
+    /// The error a request of `stage` failed with: the recorded cause when there is one (the
+    /// engine's `source` then only says that the connection terminated), else `source`.
+    pub fn request_failed(&self, stage: Stage, source: agent_client_protocol::Error) -> AcpError {
+        match self.get() {
+            Some(cause) => AcpError::ChildOutput { stage, cause },
+            None => AcpError::Protocol { stage, source },
+        }
+    }
+}
+
+/// Records in an [`OutputFault`] why a read of the child's output failed, when the failure has a
+/// typed cause; bytes and errors pass through unchanged.
+#[derive(Debug)]
+struct FaultRecorder<R> {
+    inner: R,
+    fault: OutputFault,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for FaultRecorder<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let Poll::Ready(Err(error)) = &polled
+            && let Some(LineTooLong { max }) = error.get_ref().and_then(|e| e.downcast_ref())
+        {
+            this.fault.record(ChildOutputError::LineTooLong { max: *max });
+        }
+        polled
+    }
+}
 
 /// The text an ACP content block contributes to the output: its text when it is a text block,
 /// nothing otherwise.
@@ -202,6 +265,7 @@ pub struct Connection {
     ready: Option<tokio::sync::oneshot::Receiver<ConnectionTo<agent_client_protocol::Agent>>>,
     close: CancellationToken,
     task: Option<JoinHandle<()>>,
+    fault: OutputFault,
 }
 
 impl Connection {
@@ -237,11 +301,17 @@ impl Connection {
         cancelled: CancellationToken,
     ) -> Self {
         // The child's output is bounded per line: an endless line ends the connection instead of
-        // growing the engine's buffer without limit.
-        let incoming = crate::LineLimit::new(pipes.stdout, crate::DEFAULT_MAX_LINE);
+        // growing the engine's buffer without limit (and the recorder keeps that cause). A line
+        // that is not UTF-8 reaches the engine as a malformed line, which it answers and reads on.
+        let fault = OutputFault::default();
+        let incoming = FaultRecorder {
+            inner: crate::LineLimit::new(crate::Utf8Guard::new(pipes.stdout), crate::DEFAULT_MAX_LINE),
+            fault: fault.clone(),
+        };
         Self::spawn_over(
             pipes.stdin.compat_write(),
             incoming.compat(),
+            fault,
             fold,
             policy,
             cancelled,
@@ -251,6 +321,7 @@ impl Connection {
     fn spawn_over<W, R>(
         outgoing: W,
         incoming: R,
+        fault: OutputFault,
         fold: SharedFold,
         policy: PermissionPolicy,
         cancelled: CancellationToken,
@@ -303,7 +374,13 @@ impl Connection {
             ready: Some(ready_rx),
             close,
             task: Some(task),
+            fault,
         }
+    }
+
+    /// Why the child's output broke the connection, once it did (shared; see [`OutputFault`]).
+    pub fn fault(&self) -> &OutputFault {
+        &self.fault
     }
 
     /// Waits until the engine is ready. Fails when the engine stopped before it was ready (the
@@ -331,7 +408,7 @@ impl Connection {
                     let _ = task.await;
                     self.task = None;
                 }
-                Err(not_ready())
+                Err(self.not_ready())
             }
         }
     }
@@ -343,7 +420,13 @@ impl Connection {
     }
 
     fn cx(&self) -> Result<&ConnectionTo<agent_client_protocol::Agent>, AcpError> {
-        self.cx.as_ref().ok_or_else(not_ready)
+        self.cx.as_ref().ok_or_else(|| self.not_ready())
+    }
+
+    /// The failure of a connection whose engine is not (or never became) ready.
+    fn not_ready(&self) -> AcpError {
+        self.fault
+            .request_failed(Stage::Connection, agent_client_protocol::Error::internal_error())
     }
 
     /// `initialize` with protocol version 1 and no optional client capabilities.
@@ -353,10 +436,7 @@ impl Connection {
             .block_task()
             .await
             .map(drop)
-            .map_err(|source| AcpError::Protocol {
-                stage: Stage::Initialize,
-                source,
-            })
+            .map_err(|source| self.fault.request_failed(Stage::Initialize, source))
     }
 
     /// `session/new {cwd, mcpServers: []}`; returns the child's session id.
@@ -366,10 +446,7 @@ impl Connection {
             .send_request(RawRequest::session_new(acp::NewSessionRequest::new(cwd)))
             .block_task()
             .await
-            .map_err(|source| AcpError::Protocol {
-                stage: Stage::SessionNew,
-                source,
-            })?;
+            .map_err(|source| self.fault.request_failed(Stage::SessionNew, source))?;
         decode_session_id(&raw)
     }
 
@@ -397,17 +474,11 @@ impl Drop for Connection {
     }
 }
 
-/// The failure of a connection whose engine is not (or never became) ready.
-fn not_ready() -> AcpError {
-    AcpError::Protocol {
-        stage: Stage::Connection,
-        source: agent_client_protocol::Error::internal_error(),
-    }
-}
-
-/// Sends `session/prompt` and decodes the response into the harness stop reason.
+/// Sends `session/prompt` and decodes the response into the harness stop reason. A failure
+/// the child's output caused (recorded in `fault`) is reported with that cause.
 pub async fn prompt(
     cx: &ConnectionTo<agent_client_protocol::Agent>,
+    fault: &OutputFault,
     session: acp::SessionId,
     blocks: Vec<acp::ContentBlock>,
 ) -> Result<StopReason, AcpError> {
@@ -415,10 +486,7 @@ pub async fn prompt(
         .send_request(RawRequest::prompt(acp::PromptRequest::new(session, blocks)))
         .block_task()
         .await
-        .map_err(|source| AcpError::Protocol {
-            stage: Stage::Prompt,
-            source,
-        })?;
+        .map_err(|source| fault.request_failed(Stage::Prompt, source))?;
     decode_prompt_response(raw)
 }
 
@@ -446,6 +514,7 @@ mod tests {
                 Connection::spawn_over(
                     ours_out.compat_write(),
                     ours_in.compat(),
+                    OutputFault::default(),
                     fold,
                     PermissionPolicy::Reject,
                     CancellationToken::new()

@@ -72,6 +72,19 @@ impl std::fmt::Display for Stage {
     }
 }
 
+/// How the child's output broke the connection. The protocol engine reports only that the
+/// connection terminated; the connection's reader records the cause when it fails the read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChildOutputError {
+    /// The child wrote a line longer than the limit ([`LineLimit`](crate::LineLimit)).
+    #[error("the agent wrote a line longer than {max} bytes")]
+    LineTooLong {
+        /// The limit, in bytes (newline excluded).
+        max: usize,
+    },
+}
+
 /// A failure while starting or running an ACP child.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -109,6 +122,16 @@ pub enum AcpError {
         #[source]
         source: agent_client_protocol::Error,
     },
+    /// A request failed because the child's output broke the connection (for example a line
+    /// longer than the limit): the cause, not the engine's opaque terminated connection.
+    #[error("ACP {stage} failed: {cause}")]
+    ChildOutput {
+        /// The stage whose request was pending (or [`Stage::Connection`] before any was sent).
+        stage: Stage,
+        /// What the child wrote.
+        #[source]
+        cause: ChildOutputError,
+    },
     /// A response could not be understood (for example an unknown stop reason).
     #[error("ACP {stage} response is malformed: {source}")]
     Malformed {
@@ -127,7 +150,9 @@ impl AcpError {
     /// The stage the failure belongs to, when it is a protocol-level one.
     pub fn stage(&self) -> Option<Stage> {
         match self {
-            Self::Protocol { stage, .. } | Self::Malformed { stage, .. } => Some(*stage),
+            Self::Protocol { stage, .. }
+            | Self::ChildOutput { stage, .. }
+            | Self::Malformed { stage, .. } => Some(*stage),
             Self::MissingSessionId => Some(Stage::SessionNew),
             _ => None,
         }

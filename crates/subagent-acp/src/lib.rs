@@ -15,6 +15,7 @@
 //! | [`run`] | [`AcpRun`], the published run (§1.10, §1.14) |
 //! | [`error`] | typed errors with the spec's messages |
 //! | [`line_limit`] | a bound on one protocol line from a peer |
+//! | [`utf8_guard`] | a line that is not UTF-8 is a malformed line, not a broken connection |
 //!
 //! The seam's out-of-process kit (`subagent::out_of_process`, `subagent::settle`) supplies the
 //! cwd rules, the result settlement and the memoized run handle; this crate adds the ACP
@@ -30,9 +31,13 @@ pub mod line_limit;
 pub mod process;
 pub mod provider;
 pub mod run;
+pub mod utf8_guard;
 
 pub use config::{AcpConfig, AcpSettings, DEFAULT_PROVIDER_NAME, Graces, PermissionPolicy};
-pub use error::{ABORTED_BEFORE_START, AcpConfigError, AcpError, AcpRegisterError, MISSING_SESSION_ID};
-pub use line_limit::{DEFAULT_MAX_LINE, LineLimit};
+pub use error::{
+    ABORTED_BEFORE_START, AcpConfigError, AcpError, AcpRegisterError, ChildOutputError, MISSING_SESSION_ID,
+};
+pub use line_limit::{DEFAULT_MAX_LINE, LineLimit, LineTooLong};
 pub use provider::{AcpProvider, FailureSink, failure_warning, register, register_provider};
 pub use run::AcpRun;
+pub use utf8_guard::Utf8Guard;

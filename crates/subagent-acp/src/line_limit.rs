@@ -4,7 +4,10 @@
 //! parses it. A peer that writes without ever ending its line — a broken or hostile child, or
 //! client — would make that buffer grow until the process runs out of memory. Wrapped in a
 //! `LineLimit`, such input fails the read with [`std::io::ErrorKind::InvalidData`] once a line
-//! passes the limit: the connection ends as for any broken pipe, with a clear cause.
+//! passes the limit: the connection ends as for any broken pipe, with a clear cause — the error
+//! carries a typed [`LineTooLong`] (reach it with [`std::io::Error::get_ref`] and `downcast_ref`),
+//! so a reader above can name the cause even where the protocol engine reports only that the
+//! connection terminated.
 
 use std::io;
 use std::pin::Pin;
@@ -15,6 +18,14 @@ use tokio::io::{AsyncRead, ReadBuf};
 /// The longest line a peer may send by default: 64 MiB, far beyond any real frame (a frame
 /// carrying a large file's content is a few megabytes) yet a bound on memory.
 pub const DEFAULT_MAX_LINE: usize = 64 << 20;
+
+/// The cause inside the [`std::io::Error`] a [`LineLimit`] fails with: a line passed `max` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the peer sent a line longer than {max} bytes")]
+pub struct LineTooLong {
+    /// The limit the line passed.
+    pub max: usize,
+}
 
 /// An [`AsyncRead`] that fails once more than `max` bytes arrive without a newline.
 ///
@@ -42,10 +53,7 @@ impl<R> LineLimit<R> {
     }
 
     fn overlong(&self) -> io::Error {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("the peer sent a line longer than {} bytes", self.max),
-        )
+        io::Error::new(io::ErrorKind::InvalidData, LineTooLong { max: self.max })
     }
 }
 
@@ -110,6 +118,12 @@ mod tests {
             let err = limited.read_to_end(&mut out).await.expect_err("overlong");
             assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{input:?}");
             assert!(err.to_string().contains("longer than 4 bytes"), "{err}");
+            let cause = err.get_ref().and_then(|e| e.downcast_ref::<LineTooLong>());
+            assert_eq!(
+                cause,
+                Some(&LineTooLong { max: 4 }),
+                "the typed cause travels with it"
+            );
             let again = limited.read(&mut [0u8; 8]).await.expect_err("still failed");
             assert_eq!(again.kind(), io::ErrorKind::InvalidData);
         }

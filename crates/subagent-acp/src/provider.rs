@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{AcpConfig, AcpSettings, PREFIX};
 use crate::connection::{Connection, SharedFold, prompt, prompt_blocks};
 use crate::env::child_environment;
-use crate::error::{AcpConfigError, AcpError, AcpRegisterError};
+use crate::error::{AcpConfigError, AcpError, AcpRegisterError, ChildOutputError};
 use crate::process::{ChildProcess, SpawnSpec};
 use crate::run::{AcpRun, Canceller, TeardownCell, TeardownInputs, seam_teardown};
 
@@ -34,6 +34,16 @@ pub type FailureSink = Arc<dyn Fn(&(dyn StdError + 'static), &StopReason) + Send
 
 /// The fixed, secret-free diagnostic attached to a run whose prompt turn failed.
 pub const PROMPT_FAILED_DIAGNOSTIC: &str = "subagent-acp: the ACP child failed during the prompt turn";
+
+/// The diagnostic of a failed prompt turn: [`PROMPT_FAILED_DIAGNOSTIC`], followed by the cause
+/// when the child's output broke the connection (fixed text built from a structured fact, never
+/// the child's own output).
+fn prompt_failed_diagnostic(cause: Option<&ChildOutputError>) -> String {
+    match cause {
+        Some(cause) => format!("{PROMPT_FAILED_DIAGNOSTIC}: {cause}"),
+        None => PROMPT_FAILED_DIAGNOSTIC.to_owned(),
+    }
+}
 
 /// The warning the default failure sink logs:
 /// `subagent-acp "<provider>": child run failed (<reason>): <error>`.
@@ -183,6 +193,7 @@ impl AcpProvider {
     ) -> AcpRun {
         let runtime = startup.runtime.clone();
         let (process, connection) = startup.defuse();
+        let fault = connection.as_ref().map(|c| c.fault().clone()).unwrap_or_default();
         let cx = connection
             .as_ref()
             .and_then(|c| c.context().cloned())
@@ -205,7 +216,12 @@ impl AcpProvider {
                 let fold = fold.clone();
                 Box::new(move || fold.lock().collect().unwrap_or_default())
             },
-            collect_diagnostic: Some(Box::new(|| Some(PROMPT_FAILED_DIAGNOSTIC.to_owned()))),
+            collect_diagnostic: {
+                let fault = fault.clone();
+                Some(Box::new(move || {
+                    Some(prompt_failed_diagnostic(fault.get().as_ref()))
+                }))
+            },
             cancelled: {
                 let local = local.clone();
                 Box::new(move || local.is_cancelled())
@@ -221,7 +237,7 @@ impl AcpProvider {
                 tokio::select! {
                     biased;
                     _ = local.cancelled() => Err(AcpError::Cancelled),
-                    stop = prompt(&cx, session, blocks) => stop.map(|stop| {
+                    stop = prompt(&cx, &fault, session, blocks) => stop.map(|stop| {
                         SubagentResult::new(fold.lock().collect().unwrap_or_default(), stop)
                     }),
                 }

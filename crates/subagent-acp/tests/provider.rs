@@ -1227,3 +1227,72 @@ fn a_run_whose_runtime_shuts_down_mid_teardown_leaves_no_helper() {
         .unwrap();
     wait_ended(helper, "the dropped run's helper outlived the runtime");
 }
+
+/// The diagnostic of a prompt turn the child's output broke.
+fn broken_output_diagnostic(cause: &str) -> String {
+    format!("subagent-acp: the ACP child failed during the prompt turn: {cause}")
+}
+
+/// A line longer than the limit ends the connection during the prompt: the run settles `error`
+/// and both the diagnostic and the error the sink receives name the cause — the over-long line —
+/// instead of an opaque terminated connection (spec §1.9 flattening; §1.13 fixed diagnostic).
+#[tokio::test]
+async fn an_overlong_line_during_the_prompt_names_its_cause() {
+    let dir = scratch();
+    let host = Host::new(Some(dir.path())).await;
+    let (sink, seen) = recording_sink();
+    let long = format!("long:{}", subagent_acp::DEFAULT_MAX_LINE + 1);
+    let provider = AcpProvider::load(&mock_config(&[("MOCK_BAD_LINE", &long)]))
+        .unwrap()
+        .with_failure_sink(sink);
+    let _p = register_provider(&host.service, provider).unwrap();
+    let run = start(&host).await;
+    let result = run.result().await.unwrap();
+    run.dispose().await.unwrap();
+    let cause = format!(
+        "the agent wrote a line longer than {} bytes",
+        subagent_acp::DEFAULT_MAX_LINE
+    );
+    assert_eq!(result.stop_reason, StopReason::Error);
+    assert_eq!(result.diagnostic, Some(broken_output_diagnostic(&cause)));
+    let seen = seen.lock().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].0, format!("ACP prompt failed: {cause}"));
+    host.finish().await;
+}
+
+/// A line longer than the limit before the handshake completes fails the start with the cause
+/// named (not an opaque terminated connection); the child is reaped first.
+#[tokio::test]
+async fn an_overlong_line_during_the_handshake_names_its_cause() {
+    let dir = scratch();
+    let host = Host::new(Some(dir.path())).await;
+    let long = format!("long:{}", subagent_acp::DEFAULT_MAX_LINE + 1);
+    let config = mock_config(&[("MOCK_BAD_LINE", &long), ("MOCK_BAD_LINE_AT_START", "1")]);
+    let _p = register(&host.service, &config).unwrap();
+    let message = start_err(&host).await;
+    assert!(
+        message.ends_with(&format!(
+            " failed: the agent wrote a line longer than {} bytes",
+            subagent_acp::DEFAULT_MAX_LINE
+        )),
+        "{message}"
+    );
+    assert!(message.starts_with("ACP "), "{message}");
+    host.finish().await;
+}
+
+/// A line that is not UTF-8 is a malformed line like one that is not JSON: it is answered with
+/// a parse error and the connection goes on, so the run completes with the child's text
+/// (spec §2.1: one JSON message per line; a stray line does not end the session).
+#[tokio::test]
+async fn a_line_that_is_not_utf8_is_tolerated_like_one_that_is_not_json() {
+    for kind in ["json", "utf8"] {
+        let (stop, text) = run_script(&[("MOCK_BAD_LINE", kind)]).await;
+        assert_eq!(
+            (stop, text.as_str()),
+            (StopReason::Completed, "mock child answer"),
+            "{kind}"
+        );
+    }
+}

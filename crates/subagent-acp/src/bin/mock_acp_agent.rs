@@ -25,6 +25,8 @@
 //! | `MOCK_TRAP_SIGTERM=1` | ignore SIGTERM and stay alive past EOF (forces the SIGKILL tier) |
 //! | `MOCK_IGNORE_EOF=1` | stay alive past EOF; on SIGTERM touch `MOCK_SIGTERM_FILE` (if set) and exit 0 |
 //! | `MOCK_PID_FILE` | write the process id to this path at startup |
+//! | `MOCK_BAD_LINE=<kind>` | during the prompt, after streaming, write one raw non-protocol line to stdout, then go on: `long:<n>` (`n` bytes of `x`), `utf8` (JSON whose string holds invalid UTF-8), `json` (text that is not JSON) |
+//! | `MOCK_BAD_LINE_AT_START=1` | write that line at startup instead, before reading anything |
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -124,6 +126,34 @@ fn permission_options() -> Vec<PermissionOption> {
     options
 }
 
+/// The raw line `MOCK_BAD_LINE` asks for (newline included), if any.
+fn bad_line() -> Option<Vec<u8>> {
+    let kind = var("MOCK_BAD_LINE")?;
+    let mut line = match kind.as_str() {
+        "utf8" => b"{\"jsonrpc\":\"2.0\",\"method\":\"x/\xff\xfe\"}".to_vec(),
+        "json" => b"this is not json".to_vec(),
+        other => {
+            let n = other
+                .strip_prefix("long:")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("mock_acp_agent: unknown MOCK_BAD_LINE {other:?}"));
+            vec![b'x'; n]
+        }
+    };
+    line.push(b'\n');
+    Some(line)
+}
+
+/// Writes `line` to stdout under the process-wide stdout lock, flushed: the engine's own writes
+/// go through the same lock one whole line at a time, so the lines never interleave.
+fn write_raw(line: &[u8]) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(error) = out.write_all(line).and_then(|()| out.flush()) {
+        eprintln!("mock_acp_agent: cannot write the bad line: {error}");
+    }
+}
+
 fn answer_text(state: &State) -> String {
     if let Some(name) = var("MOCK_ECHO_ENV") {
         return std::env::var(&name).unwrap_or_else(|_| format!("<{name} unset>"));
@@ -147,6 +177,9 @@ async fn run_prompt(
         cx.send_notification(chunk(&session, "private thought".to_owned(), true))?;
     }
     cx.send_notification(chunk(&session, answer_text(&state), false))?;
+    if let Some(line) = bad_line().filter(|_| !flag("MOCK_BAD_LINE_AT_START")) {
+        write_raw(&line);
+    }
     if flag("MOCK_CRASH_ON_PROMPT") {
         // Give the chunk a moment to leave the pipe, then die without answering.
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -210,6 +243,9 @@ async fn main() {
     }
     #[cfg(unix)]
     arm_signals();
+    if let Some(line) = bad_line().filter(|_| flag("MOCK_BAD_LINE_AT_START")) {
+        write_raw(&line);
+    }
 
     let state = Arc::new(State {
         announced_cwd: Mutex::new(None),
