@@ -54,12 +54,13 @@ pub enum InboxTarget {
 pub enum SurfaceOp {
     /// Appends to the surface (serialized as the string `"append"`).
     Append,
-    /// Replaces surface nodes `start..end` (compaction-style; serialized as
-    /// `{"op": "replace", "start", "end"}`).
+    /// Replaces the current surface nodes from seq `start` through seq `end`, both included
+    /// (compaction-style; serialized as `{"op": "replace", "start", "end"}`; see
+    /// [`derive_messages`](crate::derive_messages)).
     Replace {
         /// First replaced seq.
         start: u64,
-        /// End of the replaced range.
+        /// Last replaced seq (inclusive).
         end: u64,
     },
 }
@@ -1037,6 +1038,55 @@ mod tests {
         };
         let rendered = bare.to_data();
         assert!(rendered.get("usage").is_none() && rendered.get("interrupted").is_none());
+    }
+
+    /// A logged float reads back as the same number: an event written as a line and read back
+    /// (a persisted log reloaded, a seed copied through JSON) serializes to the same line.
+    /// `serde_json`'s default float parser is off by one unit in the last place for about one
+    /// in ten shortest renderings of 17 significant digits, so without its `float_roundtrip`
+    /// parser a tool's metadata, an adapter's replay state or a request temperature changed on
+    /// every reload — and the stored value was no longer what later readers see.
+    ///
+    /// spec: agent-spine §4.2 rule 2 (lossless JSON; the stored value is what readers see)
+    #[test]
+    fn floats_survive_a_written_and_reread_line() {
+        // Shortest renderings the default parser reads back one unit off.
+        let floats = [985.6906946328695, 955774.9072043791];
+        let events = [
+            EventData::ToolResult {
+                turn: 1,
+                step: 1,
+                message: Message::tool_result("c".into(), vec![], false),
+                error: None,
+                meta: Some(Box::new(json!({"score": floats[0], "nested": [floats[1]]}))),
+            },
+            EventData::RequestHeader {
+                header: Box::new(EpochHeader {
+                    config: CallConfig {
+                        provider: "p".into(),
+                        model: "m".into(),
+                        temperature: Some(floats[0]),
+                        ..CallConfig::default()
+                    },
+                    ..EpochHeader::default()
+                }),
+                reason: RequestHeaderReason::Initial,
+            },
+            EventData::other("x/metric", json!({"value": floats[1]})),
+        ];
+        for data in events {
+            let event = SessionEvent {
+                seq: 0,
+                time: 1,
+                surface: data.is_surface().then(SurfaceMeta::append),
+                data,
+                ignorable: false,
+            };
+            let line = serde_json::to_string(&event).unwrap();
+            let back: SessionEvent = serde_json::from_str(&line).unwrap();
+            assert_eq!(back, event, "{line}");
+            assert_eq!(serde_json::to_string(&back).unwrap(), line);
+        }
     }
 
     #[test]
