@@ -5,7 +5,8 @@
 //! (the stored sessions as a tree), `log` (one session log, readable) and `check` (invariant
 //! replay over a store). Failures print one line on stderr
 //! (`subagent: <message>`) and exit non-zero: 1 when `check` found violations, 130 when a second
-//! Ctrl-C (or SIGTERM) cut `run`'s shutdown short, 2 otherwise.
+//! Ctrl-C (or SIGTERM) cut the shutdown of `run` or `acp` short, 2 otherwise. `acp` stopped by
+//! one Ctrl-C or SIGTERM exits 0 once its sessions are wound down.
 
 use std::collections::HashSet;
 use std::io::{IsTerminal as _, Write as _};
@@ -22,7 +23,7 @@ use subagent_cli::catalog::{check_store_dir, read_catalog};
 use subagent_cli::demo::{DemoError, DemoOutcome, run_demo};
 use subagent_cli::host::{FORK_TOOL, SPAWN_TOOL, read_acp_config};
 use subagent_cli::interrupt::{Abandoned, TwoStage, stop_signals};
-use subagent_cli::serve::{ServeOptions, serve};
+use subagent_cli::serve::{ServeOptions, serve_until};
 use subagent_cli::terminal_text::{final_answer, single_line, single_line_owned};
 use subagent_cli::tree::{LiveTree, TreeChange, TreeNode, TreeSink, node_line, short_id};
 use subagent_cli::workspace::Workspace;
@@ -40,6 +41,9 @@ const MODEL_ENV_HELP: &str = "Environment variables (used when the flag is absen
 /// `subagent run`'s default step limit per turn of every agent.
 const DEFAULT_MAX_STEPS: u32 = 50;
 
+/// What `subagent acp` says on stderr (the ACP client's log of its agent) on the first Ctrl-C
+/// or SIGTERM.
+const ACP_FIRST_INTERRUPT: &str = "subagent: interrupted; cancelling the running prompts and shutting down (press Ctrl-C again to exit at once)";
 /// What `subagent run` prints on the first Ctrl-C (or SIGTERM).
 const FIRST_INTERRUPT: &str = "subagent: interrupted; cancelling the coordinator and shutting down (press Ctrl-C again to exit at once)";
 
@@ -93,8 +97,10 @@ enum Command {
     /// Serve the coordinator over the Agent Client Protocol on stdin/stdout, so an ACP client
     /// (an editor, another harness's `acp` provider) can delegate to it: each ACP session gets
     /// its own coordinator (with the read-only workspace tools over the session's cwd and the
-    /// delegation tools) on a real OpenAI-compatible model. Runs until stdin closes; stdout
-    /// carries only the protocol, warnings go to stderr.
+    /// delegation tools) on a real OpenAI-compatible model. Runs until stdin closes, or until
+    /// Ctrl-C or SIGTERM: running prompts are then answered `cancelled` and every session is
+    /// shut down (exit 0; a second Ctrl-C or SIGTERM exits 130 at once). Stdout carries only
+    /// the protocol, warnings go to stderr.
     #[command(after_help = MODEL_ENV_HELP)]
     Acp {
         #[command(flatten)]
@@ -210,15 +216,18 @@ fn main() -> ExitCode {
             });
         }
     };
+    // `acp` reads stdin through tokio, in a blocking read that only the client's EOF ends: once
+    // a signal has stopped the server, with the client still connected, that read never
+    // returns. Everything else `acp` started has ended by the time it returns.
+    let reads_stdin = matches!(cli.command, Command::Acp { .. });
     let result = runtime.block_on(dispatch(cli.command));
+    // The abandoned work may be stuck in a blocking task (a file operation that never
+    // returns), which dropping the runtime would wait for.
+    if reads_stdin || matches!(result, Err(CliError::Interrupted)) {
+        runtime.shutdown_background();
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e @ CliError::Interrupted) => {
-            // The abandoned work may be stuck in a blocking task (a file operation that never
-            // returns), which dropping the runtime would wait for.
-            runtime.shutdown_background();
-            fail(&e)
-        }
         Err(e) => fail(&e),
     }
 }
@@ -571,7 +580,8 @@ async fn run(
     Ok(())
 }
 
-/// `subagent acp`: serves ACP on stdin/stdout until stdin closes (see [`subagent_cli::serve`]).
+/// `subagent acp`: serves ACP on stdin/stdout until stdin closes or the first Ctrl-C or SIGTERM
+/// (see [`subagent_cli::serve`]).
 async fn acp(settings: &ModelArgs, store: &Path) -> Result<(), CliError> {
     let (base_url, model) = settings.required()?;
     // Stdout carries the protocol; warnings (an ignored MCP server, a host that failed to shut
@@ -591,7 +601,22 @@ async fn acp(settings: &ModelArgs, store: &Path) -> Result<(), CliError> {
         store_dir,
         session_observers: Vec::new(),
     };
-    serve(options, tokio::io::stdin(), tokio::io::stdout()).await
+    // Ctrl-C (or SIGTERM) in two stages, as in `run`. The first stops serving: the running
+    // prompts are cancelled (answered `cancelled`), every session's host shuts down normally
+    // (its log balanced and durable), and the program exits 0. A second one, until that is
+    // over, abandons it: exit 130 at once.
+    let interrupts = TwoStage::new(stop_signals().map_err(|e| CliError::Io {
+        context: "cannot listen for Ctrl-C and SIGTERM".to_owned(),
+        source: e,
+    })?);
+    let stop = interrupts.first_interrupt();
+    let served = serve_until(options, tokio::io::stdin(), tokio::io::stdout(), async move {
+        stop.arrived().await;
+    });
+    interrupts
+        .run(served, || errln!("{ACP_FIRST_INTERRUPT}"))
+        .await
+        .map_err(|Abandoned| CliError::Interrupted)?
 }
 
 /// Sends warnings and errors to stderr (`run`, `demo`, `acp`), so failures that are only logged —

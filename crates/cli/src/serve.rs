@@ -24,7 +24,11 @@
 //! still being served finish (they do not wait on the model; a creation cut short would leave
 //! its host undisposed), aborts the prompts still running, waits for them, then disposes every
 //! coordinator and shuts every host down, so each session log ends balanced and durable; only
-//! then does it return. A client that hangs up (its end of the output closed: writing fails
+//! then does it return. [`serve_until`] can also be told to stop while the client is still
+//! connected (`subagent acp` does so on its first Ctrl-C or SIGTERM): no request starts anything
+//! new from then on, every running prompt is cancelled as `session/cancel` cancels it and
+//! answered `cancelled`, and once all are answered the connection is closed and the sessions
+//! wound down the same way. A client that hangs up (its end of the output closed: writing fails
 //! with a broken pipe or a reset) is not a connection failure: what would still have been sent
 //! to it is discarded, and its input's end winds the sessions down as usual. Permission
 //! requests are never sent: the served agent has no tool that needs one (its workspace tools
@@ -128,6 +132,15 @@ impl State {
         if !self.closed.load(Ordering::Acquire) {
             tasks.spawn(task);
         }
+    }
+
+    /// Refuses a request that would start something (a session, a prompt) once the server is
+    /// stopping or the input has ended.
+    fn open_for_requests(&self) -> Result<(), AcpError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(internal("the server is shutting down".to_owned()));
+        }
+        Ok(())
     }
 
     /// A fresh host for one session rooted at `cwd` (checked: absolute, an existing directory).
@@ -270,6 +283,7 @@ impl State {
     /// the session exists, the prompt has text, and no other prompt is running. Registers the
     /// prompt's cancellation.
     fn admit(&self, request: &PromptRequest) -> Result<(Arc<Served>, String, CancellationToken), AcpError> {
+        self.open_for_requests()?;
         let session = &request.session_id;
         let served = self
             .sessions
@@ -345,6 +359,25 @@ impl State {
                 token.cancel();
             }
         }
+    }
+
+    /// Stops serving while the client is still connected ([`serve_until`]): no request task is
+    /// spawned from now on, the session setups under way are finished, then every running
+    /// prompt is cancelled (as by `session/cancel`: answered `cancelled`) and waited for.
+    async fn stop(&self) {
+        self.closed.store(true, Ordering::Release);
+        let mut setups = std::mem::take(&mut *self.setups.lock());
+        while setups.join_next().await.is_some() {}
+        // Every prompt admitted so far has its task in `prompts` (admitted and spawned in one
+        // handler run, and nothing is spawned once closed) and its cancellation registered.
+        let sessions: Vec<Arc<Served>> = self.sessions.lock().values().cloned().collect();
+        for served in sessions {
+            if let Some(token) = &*served.prompt.lock() {
+                token.cancel();
+            }
+        }
+        let mut prompts = std::mem::take(&mut *self.prompts.lock());
+        while prompts.join_next().await.is_some() {}
     }
 
     /// Ends every request task — session setups finished, prompts aborted — then every
@@ -633,6 +666,27 @@ where
     R: AsyncRead + Send + Unpin + 'static,
     W: AsyncWrite + Send + Unpin + 'static,
 {
+    serve_until(options, input, output, std::future::pending()).await
+}
+
+/// [`serve`], also stopping when `stop` resolves (the program's first Ctrl-C or SIGTERM) while
+/// the client is still connected: from then on no request starts anything new (a
+/// `session/new`, `session/load` or `session/prompt` that arrives is answered with an error),
+/// the sessions being created are finished, every running prompt is cancelled as a
+/// `session/cancel` would cancel it — its turn aborted, its background jobs killed, and answered
+/// `cancelled` — and once every prompt has been answered the connection is closed (what was
+/// sent is flushed first) and every session wound down as at the end of the input. Returns
+/// `Ok` after such a stop; the input is not read to its end.
+pub async fn serve_until<R, W>(
+    options: ServeOptions,
+    input: R,
+    output: W,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), CliError>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
     // The client's input is bounded per line: an endless line ends the connection (and winds
     // the sessions down) instead of growing the engine's buffer without limit.
     let input = subagent_acp::LineLimit::new(input, subagent_acp::DEFAULT_MAX_LINE);
@@ -645,8 +699,13 @@ where
         prompts: Mutex::new(JoinSet::new()),
         closed: AtomicBool::new(false),
     });
-    let (for_new, for_load, for_prompt, for_cancel) =
-        (state.clone(), state.clone(), state.clone(), state.clone());
+    let (for_new, for_load, for_prompt, for_cancel, for_stop) = (
+        state.clone(),
+        state.clone(),
+        state.clone(),
+        state.clone(),
+        state.clone(),
+    );
     let served = AcpAgent
         .v1()
         .name("subagent")
@@ -661,6 +720,9 @@ where
         )
         .on_receive_request(
             async move |request: NewSessionRequest, responder, cx: ConnectionTo<Client>| {
+                if let Err(refused) = for_new.open_for_requests() {
+                    return responder.respond_with_error(refused);
+                }
                 let state = for_new.clone();
                 for_new.spawn(&for_new.setups, async move {
                     let _ = responder.respond_with_result(state.new_session(request, cx).await);
@@ -671,6 +733,9 @@ where
         )
         .on_receive_request(
             async move |request: LoadSessionRequest, responder, cx: ConnectionTo<Client>| {
+                if let Err(refused) = for_load.open_for_requests() {
+                    return responder.respond_with_error(refused);
+                }
                 let state = for_load.clone();
                 for_load.spawn(&for_load.setups, async move {
                     let _ = responder.respond_with_result(state.load_session(request, cx).await);
@@ -704,7 +769,14 @@ where
             },
             agent_client_protocol::on_receive_notification!(),
         )
-        .connect_to(transport)
+        .connect_with(transport, async move |cx: ConnectionTo<Client>| {
+            tokio::select! {
+                // The input ended (or failed): as `connect_to` serves, until then.
+                () = cx.incoming_closed() => {}
+                () = stop => for_stop.stop().await,
+            }
+            Ok(())
+        })
         .await;
     state.close().await;
     served.map_err(|e| CliError::Run(format!("the ACP connection failed: {e}")))

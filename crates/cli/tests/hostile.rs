@@ -3,8 +3,8 @@
 //! name that is not UTF-8), bad arguments, models that misbehave (HTTP errors, malformed
 //! events, a JSON answer to a streaming request, malformed delegation arguments, endless
 //! delegation, endless tool calls stopped at the step limit, a stalled stream interrupted with
-//! Ctrl-C), and concurrent programs on one
-//! store. Every run is bounded by a hang guard; every failure is one `subagent: …` line with
+//! Ctrl-C), `subagent acp` stopped by a signal or by its client leaving mid-prompt, and
+//! concurrent programs on one store. Every run is bounded by a hang guard; every failure is one `subagent: …` line with
 //! exit code 2; stores that are only read stay byte-for-byte unchanged; stores that were written
 //! pass `subagent check`.
 #![cfg(unix)]
@@ -1413,4 +1413,199 @@ fn sigterm_during_an_acp_delegation_leaves_no_child_process_behind() {
     assert!(terminated.exists(), "the child was sent SIGTERM by the teardown");
     assert_fails(&out, "was aborted");
     assert_checks_clean(&store);
+}
+
+// ---------------------------------------------------------------------------------------------
+// `subagent acp` (the ACP server) stopped by a signal or by its client leaving.
+
+/// A running `subagent acp` on a stalled model, driven as an ACP client over its stdin and
+/// stdout: one session, one prompt whose model call has reached the server (its turn is open).
+struct StalledServer {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    /// Every JSON-RPC message the server writes on stdout, one per line.
+    messages: mpsc::Receiver<Value>,
+    /// Its whole stderr, once it has closed.
+    stderr: mpsc::Receiver<String>,
+    store: PathBuf,
+    workspace: tempfile::TempDir,
+}
+
+impl StalledServer {
+    /// Starts the server, opens a session and sends a prompt (id 3); returns once the prompt's
+    /// model call has reached the server.
+    fn prompted() -> Self {
+        use std::io::{BufRead as _, BufReader, Read as _};
+
+        let (base, requests) = serve(|_| Reply::Stall);
+        let workspace = tempfile::tempdir().expect("workspace");
+        let store = workspace.path().join(".subagent");
+        let mut cmd = subagent();
+        cmd.args(["acp", "--model", "m", "--base-url", &base, "--store"])
+            .arg(&store)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::piped());
+        let mut child = cmd.spawn().expect("the binary starts");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut stderr_pipe = child.stderr.take().expect("stderr");
+        let (tx, messages) = mpsc::channel();
+        thread::spawn(move || {
+            for line in stdout.lines() {
+                let Ok(line) = line else { return };
+                let message = serde_json::from_str(&line).expect("stdout carries JSON-RPC only");
+                if tx.send(message).is_err() {
+                    return;
+                }
+            }
+        });
+        let (tx, stderr) = mpsc::channel();
+        thread::spawn(move || {
+            let mut text = String::new();
+            let _ = stderr_pipe.read_to_string(&mut text);
+            let _ = tx.send(text);
+        });
+        let mut server = Self {
+            child,
+            stdin: Some(stdin),
+            messages,
+            stderr,
+            store,
+            workspace,
+        };
+        server.send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": 1}}));
+        server.response(1);
+        let cwd = server
+            .workspace
+            .path()
+            .canonicalize()
+            .expect("canonical workspace");
+        server.send(json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
+            "params": {"cwd": cwd, "mcpServers": []}}));
+        let created = server.response(2);
+        let session = created["result"]["sessionId"].clone();
+        assert!(session.is_string(), "{created}");
+        server.send(json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
+            "params": {"sessionId": session, "prompt": [{"type": "text", "text": "wait forever"}]}}));
+        requests
+            .recv_timeout(HANG_GUARD)
+            .expect("the prompt's model call reaches the server");
+        server
+    }
+
+    fn send(&mut self, message: Value) {
+        let stdin = self.stdin.as_mut().expect("stdin still open");
+        writeln!(stdin, "{message}").expect("request written");
+    }
+
+    /// The response to request `id` (other messages skipped).
+    fn response(&self, id: u64) -> Value {
+        loop {
+            let message = self
+                .messages
+                .recv_timeout(HANG_GUARD)
+                .unwrap_or_else(|_| panic!("no response to request {id}"));
+            if message["id"] == id {
+                return message;
+            }
+        }
+    }
+
+    /// Sends `signal` (`TERM`, `INT`) to the server.
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// Waits for the server to exit (killing it and failing if it does not, under the hang
+    /// guard); its exit status, its stderr, and its store (in the workspace, which lives on).
+    fn exit(self) -> (std::process::ExitStatus, String, Stored) {
+        let pid = self.child.id();
+        let mut child = self.child;
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            let _ = tx.send(child.wait());
+        });
+        let status = match rx.recv_timeout(HANG_GUARD) {
+            Ok(status) => status.expect("wait for the binary"),
+            Err(_) => {
+                let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+                panic!("`subagent acp` (pid {pid}) hung: killed after {HANG_GUARD:?}");
+            }
+        };
+        drop(self.stdin);
+        let err = self.stderr.recv_timeout(HANG_GUARD).expect("stderr closes");
+        let store = Stored {
+            path: self.store.clone(),
+            _workspace: self.workspace,
+        };
+        (status, err, store)
+    }
+}
+
+/// A stopped server's store, kept on disk as long as this lives.
+struct Stored {
+    path: PathBuf,
+    _workspace: tempfile::TempDir,
+}
+
+/// SIGTERM (what `kill`, service managers and ACP clients tearing their agent down send) to
+/// `subagent acp` while a prompt's turn waits on a stalled model: the server stops taking
+/// requests, cancels the prompt — answered `cancelled`, as ACP requires of a cancelled prompt,
+/// its client being still connected — shuts the session's host down so its log ends balanced
+/// (the turn `aborted`), and exits 0. Before, SIGTERM killed it outright: no answer, and a log
+/// whose turn never ended.
+#[test]
+fn sigterm_during_a_served_prompt_answers_cancelled_and_leaves_balanced_logs() {
+    let server = StalledServer::prompted();
+    server.signal("TERM");
+    let answer = server.response(3);
+    assert_eq!(answer["result"]["stopReason"], "cancelled", "{answer}");
+    let (status, err, store) = server.exit();
+    assert_eq!(status.code(), Some(0), "stderr:\n{err}");
+    assert!(
+        err.contains("subagent: interrupted; cancelling the running prompts"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    let ends = turn_ends(&store.path);
+    assert_eq!(ends.len(), 1, "{ends:?}");
+    let reasons = ends.values().next().expect("the session's log");
+    assert_eq!(reasons.len(), 1, "{reasons:?}");
+    assert_eq!(reasons[0]["kind"], "aborted", "{reasons:?}");
+    assert_checks_clean(&store.path);
+}
+
+/// Ctrl-C (SIGINT) to `subagent acp` is the same graceful stop as SIGTERM.
+#[test]
+fn ctrl_c_during_a_served_prompt_winds_the_server_down() {
+    let server = StalledServer::prompted();
+    server.signal("INT");
+    let answer = server.response(3);
+    assert_eq!(answer["result"]["stopReason"], "cancelled", "{answer}");
+    let (status, err, store) = server.exit();
+    assert_eq!(status.code(), Some(0), "stderr:\n{err}");
+    assert_checks_clean(&store.path);
+    let ends = turn_ends(&store.path);
+    assert_eq!(ends.values().flatten().count(), 1, "{ends:?}");
+}
+
+/// The client going away (stdin closed) while a prompt's turn waits on a stalled model: the
+/// server aborts the prompt, shuts the session's host down (the turn ends `aborted`, the log
+/// balanced) and exits 0.
+#[test]
+fn stdin_closed_during_a_served_prompt_ends_the_server_with_balanced_logs() {
+    let mut server = StalledServer::prompted();
+    drop(server.stdin.take());
+    let (status, err, store) = server.exit();
+    assert_eq!(status.code(), Some(0), "stderr:\n{err}");
+    let ends = turn_ends(&store.path);
+    let reasons: Vec<&Value> = ends.values().flatten().collect();
+    assert_eq!(reasons.len(), 1, "{ends:?}");
+    assert_eq!(reasons[0]["kind"], "aborted", "{reasons:?}");
+    assert_checks_clean(&store.path);
 }

@@ -20,7 +20,7 @@ use agent_loop::model::chunks;
 use futures::StreamExt;
 use invariants::InvariantObserver;
 use parking_lot::Mutex;
-use subagent_cli::serve::{ServeOptions, serve};
+use subagent_cli::serve::{ServeOptions, serve, serve_until};
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 
 /// Answers every prompt at once, except one containing `WAIT`, whose stream never yields;
@@ -602,4 +602,69 @@ async fn a_load_of_an_id_no_session_can_have_is_refused_as_invalid_params() {
     .await;
     let stored: Vec<_> = std::fs::read_dir(store.path()).expect("the store").collect();
     assert!(stored.is_empty(), "nothing stored: {stored:?}");
+}
+
+/// The server stopped while its client is still connected ([`serve_until`]: the program's first
+/// Ctrl-C or SIGTERM) with a prompt waiting for the background job its turn started: the
+/// prompt is answered `cancelled` (ACP: a prompt the agent cancels ends `cancelled`), the job
+/// is stopped, a new request is refused, and the server returns on its own — the client never
+/// closing its end — with every log balanced (the stored logs replay without violations).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_with_the_client_connected_answers_running_prompts_cancelled_and_winds_down() {
+    let (store, _workspace, cwd) = dirs();
+    let observer = InvariantObserver::shared();
+    let (ended, mut turn_ends) = tokio::sync::mpsc::unbounded_channel();
+    let options = ServeOptions {
+        adapter: Arc::new(Answers),
+        model_provider: "mock".to_owned(),
+        model_name: "mock".to_owned(),
+        max_tokens: None,
+        max_steps_per_turn: Some(5),
+        store_dir: store.path().to_owned(),
+        session_observers: vec![observer.clone(), Arc::new(CoordinatorTurnEnds(ended))],
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (client_end, server_end) = tokio::io::duplex(1 << 16);
+    let (server_read, server_write) = tokio::io::split(server_end);
+    let server = tokio::spawn(serve_until(options, server_read, server_write, async move {
+        let _ = stopped.await;
+    }));
+    let (client_read, client_write) = tokio::io::split(client_end);
+    let transport = ByteStreams::new(client_write.compat_write(), client_read.compat());
+    let session_cwd = cwd.clone();
+    let server = Client
+        .v1()
+        .name("test-client")
+        .connect_with(transport, async move |cx: Agent| {
+            initialize(&cx).await?;
+            let session = new_session(&cx, session_cwd.clone()).await?;
+            let waiting = cx.send_request(PromptRequest::new(session, text("START-BACKGROUND")));
+            // The turn that started the job is over; the prompt now waits for the job.
+            assert_eq!(turn_ends.recv().await.as_deref(), Some("completed"));
+            stop.send(()).expect("the server listens for its stop");
+            assert_eq!(waiting.block_task().await?.stop_reason, StopReason::Cancelled);
+            // The server stopped taking requests before it answered the prompt.
+            let refused = cx
+                .send_request(NewSessionRequest::new(session_cwd))
+                .block_task()
+                .await;
+            assert!(
+                refused.is_err(),
+                "a request after the stop is refused: {refused:?}"
+            );
+            // The client stays connected: the server ends by itself.
+            let server = server.await;
+            assert!(turn_ends.try_recv().is_err(), "no turn ran after the stop");
+            Ok(server)
+        })
+        .await
+        .expect("the client's exchange succeeds");
+    server.expect("the server task").expect("the server ends cleanly");
+    assert!(observer.violations().is_empty(), "{:#?}", observer.violations());
+    let report = invariants::check_store(store.path()).expect("the store replays");
+    assert!(report.is_clean(), "{:#?}", report.violations);
+    assert_eq!(
+        report.logs, 2,
+        "the coordinator's and the background child's logs"
+    );
 }
