@@ -25,7 +25,9 @@ const COLD_CONCURRENCY: usize = 4;
 /// (registry, store), a live-only listing (persistence), or one log read per cold child (cache).
 #[derive(Clone, Default)]
 pub struct ListingServices {
-    /// The projection registry (required).
+    /// The projection registry (required), with the seam's units registered
+    /// ([`register_projections`](crate::projection::register_projections)): a registry without
+    /// the `subagent` identity unit is refused like an absent one.
     pub projections: Option<ProjectionRegistry>,
     /// The live session store (required).
     pub store: Option<Arc<dyn SessionStore>>,
@@ -246,6 +248,14 @@ fn check(signal: &Signal) -> Result<(), SubagentError> {
     }
 }
 
+/// Whether `registry` carries the seam's identity unit ([`IDENTITY_PROJECTION`]). Every row is
+/// read from that unit: without it (the units were never registered, or were unregistered with
+/// the service) no child could be identified, and a listing would misreport every settled child
+/// as `corrupt` and hide every live one. Such a registry counts as unavailable.
+fn has_identity_unit(registry: &ProjectionRegistry) -> bool {
+    registry.names().iter().any(|name| name == IDENTITY_PROJECTION)
+}
+
 /// §2.18 preparation: service checks, the persisted listing and the merged corpus.
 async fn prepare(
     services: &ListingServices,
@@ -254,6 +264,7 @@ async fn prepare(
     let registry = services
         .projections
         .clone()
+        .filter(has_identity_unit)
         .ok_or_else(SubagentError::projections_unavailable)?;
     let store = services
         .store

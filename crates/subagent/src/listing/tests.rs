@@ -370,6 +370,35 @@ async fn missing_projection_registry_is_refused_even_without_children() {
     assert_eq!(f.disk.lists.load(Ordering::SeqCst), 0);
 }
 
+/// spec: LIST-2, LIST-42 — a registry lacking the seam's `subagent` unit (never registered, or
+/// unregistered with the service) cannot identify any child. It is refused like a missing
+/// registry, before any read, instead of listing the settled child `corrupt` and hiding the live
+/// one.
+#[tokio::test(start_paused = true)]
+async fn a_registry_without_the_identity_unit_is_refused() {
+    let f = Fixture::new();
+    f.disk.add(header("p", None, 1, false), &[]);
+    f.disk
+        .add(header("c", Some("p"), 2, true), &[continuable("research")]);
+    let services = ListingServices {
+        projections: Some(ProjectionRegistry::new()),
+        ..f.services()
+    };
+    let root = SessionId::from("p");
+    let children = list_children(&services, &root, &Signal::new()).await;
+    let descendants = list_descendants(&services, &root, &Signal::new()).await;
+    for err in [
+        children.map(drop).unwrap_err(),
+        descendants.map(drop).unwrap_err(),
+    ] {
+        assert_eq!(
+            code(err),
+            SubagentErrorCode::SubagentControlProjectionsUnavailable
+        );
+    }
+    assert_eq!(f.disk.lists.load(Ordering::SeqCst), 0);
+}
+
 /// spec: LIST-3, LIST-42
 #[tokio::test(start_paused = true)]
 async fn missing_session_store_is_refused() {
