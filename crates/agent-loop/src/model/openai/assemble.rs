@@ -5,7 +5,7 @@
 //! | first `delta.content` | `block-start {text}` then `text-delta` (later ones: `text-delta`) |
 //! | `delta.content` as an array of parts | each `text` part's `text` (and each `refusal` part's `refusal`), in order, exactly as if sent as a string `content`; any other part, or a part without its string field, is `BAD_RESPONSE` |
 //! | `delta.refusal` (the model declining) | text, exactly as if sent as `content` (after it when both come in one delta) |
-//! | `delta.reasoning_content` / `delta.reasoning` | a `reasoning` block, like a string `delta.content` |
+//! | `delta.reasoning_content` / `delta.reasoning` (the first that is a non-empty string) | a `reasoning` block, like a string `delta.content` |
 //! | `delta.tool_calls[i]` (keyed by `index`) | one `tool-call` block per index: `block-start`, then `tool-call-delta {id, name?, argumentsDelta}` |
 //! | an event of another shape (no `choices`, only other choices, a `delta` field of another type, such as a numeric `content`) | nothing: ignored |
 //! | `usage` | one `usage` (`prompt_tokens`, `completion_tokens`, cached and reasoning details) |
@@ -16,10 +16,11 @@
 //! finish of its own for it: it is kept as the response's text, not dropped (which would leave
 //! an `EMPTY_RESPONSE`) nor turned into a failure a caller might retry.
 //!
-//! Finish reasons: `stop` → `stop` (`tool-calls` when calls were streamed; an `error` with code
-//! `EMPTY_RESPONSE` when nothing was), `tool_calls`/`function_call` → `tool-calls`, `length` →
-//! `max-tokens`, `content_filter` → `error` with code `CONTENT_FILTERED`, anything else is
-//! treated like `stop`. A body that ends before any finish reason or `[DONE]` is an `error`
+//! Finish reasons: `stop` → `stop` (`tool-calls` when calls were streamed),
+//! `tool_calls`/`function_call` → `tool-calls`, `length` → `max-tokens`, `content_filter` →
+//! `error` with code `CONTENT_FILTERED`, anything else is treated like `stop`; but `stop`,
+//! `tool_calls` or any other reason with nothing at all streamed is an `error` with code
+//! `EMPTY_RESPONSE`. A body that ends before any finish reason or `[DONE]` is an `error`
 //! with code `STREAM_INTERRUPTED`.
 //!
 //! A tool call is keyed by its `index` alone: its id and name are the first ones sent (an id
@@ -27,6 +28,11 @@
 //! a call that never sent an id gets `call_<index>`, and its arguments are passed on as sent,
 //! JSON or not (the loop's tool pipeline judges them). `tool_calls` entries that are not
 //! objects, or that open no call and carry nothing, are ignored.
+//!
+//! Entries without an `index` (Gemini's OpenAI-compatible endpoint sends none, each parallel
+//! call in an event of its own, all at array position 0) are told apart by id: an id seen
+//! before continues its call, a new id opens a new call, and an entry without an id continues
+//! the latest such call at its position in the array (or opens one, with id `call_<position>`).
 
 use std::collections::BTreeMap;
 
@@ -35,6 +41,15 @@ use agent::{CallId, ContentBlock, FinishReason, LlmFailure, StreamChunk, TokenUs
 use serde_json::Value;
 
 use super::cap;
+
+/// What a `delta.tool_calls` entry's call is found by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum ToolKey {
+    /// The provider's `index`.
+    Index(u64),
+    /// The n-th call opened by an entry without an `index` ([`Assembler::unindexed`]).
+    Unindexed(usize),
+}
 
 #[derive(Debug)]
 struct ToolSlot {
@@ -50,8 +65,11 @@ pub(crate) struct Assembler {
     next_index: u32,
     text: Option<(u32, String)>,
     reasoning: Option<(u32, String)>,
-    /// Tool calls by the provider's `index`.
-    tools: BTreeMap<u64, ToolSlot>,
+    /// Tool calls by the provider's `index` (or, for entries without one, by id).
+    tools: BTreeMap<ToolKey, ToolSlot>,
+    /// The calls opened by entries without an `index`, in order: the id they were opened with
+    /// (if any) and their position in their `tool_calls` array.
+    unindexed: Vec<(Option<String>, u64)>,
     finish_reason: Option<String>,
     usage: Option<TokenUsage>,
     /// The provider's request id, attached to failures.
@@ -94,11 +112,12 @@ impl Assembler {
         if let Some(delta) = choice.get("delta") {
             // Checked before anything of the event is emitted: a damaged part fails the event.
             let content = self.content_pieces(delta)?;
-            let reasoning = delta
-                .get("reasoning_content")
-                .or_else(|| delta.get("reasoning"))
-                .and_then(Value::as_str);
-            if let Some(text) = reasoning.filter(|t| !t.is_empty()) {
+            // The first of the two that carries text: a `null` (or empty) `reasoning_content`
+            // next to a `reasoning` does not hide it.
+            let reasoning = ["reasoning_content", "reasoning"]
+                .into_iter()
+                .find_map(|field| delta.get(field).and_then(Value::as_str).filter(|t| !t.is_empty()));
+            if let Some(text) = reasoning {
                 let index = self.open(BlockType::Reasoning, &mut out);
                 out.push(StreamChunk::ReasoningDelta {
                     index,
@@ -191,8 +210,11 @@ impl Assembler {
         let Some(call) = call.as_object() else {
             return;
         };
-        let key = call.get("index").and_then(Value::as_u64).unwrap_or(position);
         let id = call.get("id").and_then(Value::as_str).filter(|s| !s.is_empty());
+        let key = match call.get("index").and_then(Value::as_u64) {
+            Some(index) => ToolKey::Index(index),
+            None => self.unindexed_key(id, position),
+        };
         let function = call.get("function");
         let name = function
             .and_then(|f| f.get("name"))
@@ -208,7 +230,14 @@ impl Assembler {
             }
             let index = self.next_index;
             self.next_index += 1;
-            let id = id.map_or_else(|| CallId::new(format!("call_{key}")), CallId::from);
+            let fallback = match key {
+                ToolKey::Index(index) => index,
+                ToolKey::Unindexed(_) => {
+                    self.unindexed.push((id.map(str::to_owned), position));
+                    position
+                }
+            };
+            let id = id.map_or_else(|| CallId::new(format!("call_{fallback}")), CallId::from);
             out.push(StreamChunk::BlockStart {
                 index,
                 block_type: BlockType::ToolCall,
@@ -237,6 +266,20 @@ impl Assembler {
                 arguments_delta: arguments.to_owned(),
             });
         }
+    }
+
+    /// The key of an entry without an `index`, with `id` (if it sent one) at `position` in its
+    /// array: the call opened with that id; for an entry without an id, the latest call opened
+    /// at that position; else a call not opened yet.
+    fn unindexed_key(&self, id: Option<&str>, position: u64) -> ToolKey {
+        let found = match id {
+            Some(id) => self
+                .unindexed
+                .iter()
+                .position(|(first, _)| first.as_deref() == Some(id)),
+            None => self.unindexed.iter().rposition(|(_, at)| *at == position),
+        };
+        ToolKey::Unindexed(found.unwrap_or(self.unindexed.len()))
     }
 
     /// Opens the text or reasoning block on first use; returns its index.
@@ -277,11 +320,12 @@ impl Assembler {
                     "the provider's content filter stopped the response",
                 ),
             },
-            _ if !self.tools.is_empty() => FinishReason::ToolCalls,
-            "tool_calls" | "function_call" => FinishReason::ToolCalls,
+            // Whatever the reason claims (`tool_calls` included), nothing at all is empty.
             _ if !has_blocks => FinishReason::Error {
                 failure: self.failure("EMPTY_RESPONSE", "the model returned an empty response"),
             },
+            _ if !self.tools.is_empty() => FinishReason::ToolCalls,
+            "tool_calls" | "function_call" => FinishReason::ToolCalls,
             _ => FinishReason::Stop,
         };
         let mut ends: Vec<(u32, ContentBlock)> = Vec::new();

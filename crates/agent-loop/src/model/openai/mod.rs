@@ -96,14 +96,15 @@ impl fmt::Debug for OpenAiConfig {
 /// | `delta.content` as an array of parts | the same, from each `text` part's `text` (and each `refusal` part's `refusal`) in order; a part of another type or without its string field is `BAD_RESPONSE` |
 /// | `delta.refusal` | text, like `delta.content` (a refusal is what the model said) |
 /// | `delta.reasoning_content` / `delta.reasoning` | a `reasoning` block, like a string `delta.content` |
-/// | `delta.tool_calls[i]` | one `tool-call` block per `index`: `block-start`, then `tool-call-delta {id, name?, argumentsDelta}` (the call's id and name are the first ones sent) |
+/// | `delta.tool_calls[i]` | one `tool-call` block per `index`: `block-start`, then `tool-call-delta {id, name?, argumentsDelta}` (the call's id and name are the first ones sent); entries without an `index` are told apart by id |
 /// | `usage` | one `usage` |
 /// | `finish_reason` then `[DONE]` | every open block closed in index order with its assembled block, then `usage`, then `finish` |
 ///
 /// Finish reasons: `stop` → `stop` (`tool-calls` when calls were streamed), `tool_calls` →
 /// `tool-calls`, `length` → `max-tokens` (the loop drops the calls), `content_filter` → `error`
 /// with code `CONTENT_FILTERED`, unknown reasons like `stop`. A completion with no content at
-/// all is an `error` with code `EMPTY_RESPONSE` (spec §13.3); a body that ends before any
+/// all (whatever its `stop`, `tool_calls` or unknown reason) is an `error` with code
+/// `EMPTY_RESPONSE` (spec §13.3); a body that ends before any
 /// finish reason or `[DONE]` is an `error` with code `STREAM_INTERRUPTED`; an event that is not
 /// JSON (or not valid UTF-8, or larger than 16 MiB) is `BAD_RESPONSE`.
 ///

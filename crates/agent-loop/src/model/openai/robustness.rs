@@ -1036,3 +1036,116 @@ fn unknown_or_malformed_content_parts_are_bad_responses() {
     };
     assert!(failure.message.len() < 400, "{}", failure.message);
 }
+
+/// One `delta.tool_calls` entry without an `index`, as Gemini's OpenAI-compatible endpoint
+/// sends them.
+fn unindexed_call(id: Option<&str>, name: Option<&str>, arguments: &str) -> Value {
+    let mut call = json!({"type": "function", "function": {"arguments": arguments}});
+    if let Some(id) = id {
+        call["id"] = json!(id);
+    }
+    if let Some(name) = name {
+        call["function"]["name"] = json!(name);
+    }
+    call
+}
+
+/// Parallel calls sent without `index` (each in an event of its own, all at array position 0,
+/// each with its own id, as Gemini's endpoint does) stay separate calls, with their own ids,
+/// names and arguments, instead of being merged into one call whose arguments are the others'
+/// glued together. Arguments continued without an id (or with the same id) still join their
+/// call, and id-less entries at different positions of one array are still different calls.
+#[test]
+fn parallel_tool_calls_without_an_index_stay_separate() {
+    let calls = |entries: Vec<Value>| event(json!({ "tool_calls": entries }), None);
+    let raw = body(
+        &[
+            calls(vec![unindexed_call(Some("fc-1"), Some("weather"), "{\"city\":")]),
+            calls(vec![unindexed_call(None, None, "\"Oslo\"}")]),
+            calls(vec![unindexed_call(Some("fc-2"), Some("time"), "{\"tz\":")]),
+            calls(vec![unindexed_call(Some("fc-2"), None, "\"UTC\"}")]),
+            finish_event("stop"),
+        ],
+        true,
+    );
+    assert_eq!(
+        outcome(&parse(&raw)),
+        (
+            vec![
+                ContentBlock::tool_call("fc-1", "weather", "{\"city\":\"Oslo\"}"),
+                ContentBlock::tool_call("fc-2", "time", "{\"tz\":\"UTC\"}"),
+            ],
+            "tool-calls".to_owned()
+        )
+    );
+    let raw = body(
+        &[
+            calls(vec![
+                unindexed_call(None, Some("a"), "1"),
+                unindexed_call(None, Some("b"), "2"),
+            ]),
+            calls(vec![unindexed_call(None, None, "0")]),
+            finish_event("stop"),
+        ],
+        true,
+    );
+    assert_eq!(
+        outcome(&parse(&raw)),
+        (
+            vec![
+                ContentBlock::tool_call("call_0", "a", "10"),
+                ContentBlock::tool_call("call_1", "b", "2"),
+            ],
+            "tool-calls".to_owned()
+        )
+    );
+}
+
+/// A response that streamed nothing at all is `EMPTY_RESPONSE` (retryable) whatever finish
+/// reason it claims: a `tool_calls` finish with no call (nor any text) is not a completed
+/// turn with an empty answer.
+/// spec: §13.3 (empty completion)
+#[test]
+fn an_empty_response_claiming_tool_calls_is_empty() {
+    for reason in ["tool_calls", "function_call", "stop", "something_new"] {
+        let raw = body(
+            &[
+                event(json!({"role": "assistant", "content": ""}), None),
+                finish_event(reason),
+            ],
+            true,
+        );
+        assert_eq!(
+            outcome(&parse(&raw)),
+            (vec![], "EMPTY_RESPONSE".to_owned()),
+            "{reason}"
+        );
+    }
+    // A `tool_calls` finish after text alone is still a finish, not a failure.
+    let raw = body(&[content("hi"), finish_event("tool_calls")], true);
+    assert_eq!(
+        outcome(&parse(&raw)),
+        (vec![ContentBlock::text("hi")], "tool-calls".to_owned())
+    );
+}
+
+/// A `null` (or empty) `reasoning_content` next to a `reasoning` string does not hide it.
+#[test]
+fn a_null_reasoning_content_does_not_hide_reasoning() {
+    let raw = body(
+        &[
+            event(json!({"reasoning_content": null, "reasoning": "thi"}), None),
+            event(json!({"reasoning_content": "", "reasoning": "nk"}), None),
+            event(json!({"reasoning_content": null, "content": "ok"}), None),
+            finish_event("stop"),
+        ],
+        true,
+    );
+    assert_eq!(
+        outcome(&parse(&raw)),
+        (
+            vec![ContentBlock::reasoning("think"), ContentBlock::text("ok")],
+            "stop".to_owned()
+        )
+    );
+}
