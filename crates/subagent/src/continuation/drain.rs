@@ -138,7 +138,8 @@ impl Inner {
     }
 
     /// The exact live closing root covering `agent`, if any (pruning roots that left the
-    /// registry).
+    /// registry): one whose recorded members or whose root itself `agent`'s live lineage
+    /// (`agent` included) holds.
     pub(super) fn closing_root_over(&self, agent: &AgentRef) -> Option<SessionId> {
         let mut closing = self.closing.lock();
         closing.retain(|c| {
@@ -155,12 +156,14 @@ impl Inner {
         let lineage = self.lineage_of(agent);
         for c in closing.iter() {
             let Some(root) = c.root.upgrade() else { continue };
-            let member = c
-                .members
+            // A member, or below one: the forest of a selected child is inside the root's scope
+            // even where the live lineage no longer reaches the root itself (an intermediate
+            // between them left the registry).
+            let members: Vec<AgentRef> = c.members.iter().filter_map(Weak::upgrade).collect();
+            let covered = lineage
                 .iter()
-                .filter_map(Weak::upgrade)
-                .any(|m| Arc::ptr_eq(&m, agent));
-            if member || lineage.iter().any(|a| Arc::ptr_eq(a, &root)) {
+                .any(|a| Arc::ptr_eq(a, &root) || members.iter().any(|m| Arc::ptr_eq(m, a)));
+            if covered {
                 return Some(c.root_id.clone());
             }
         }
@@ -231,16 +234,13 @@ impl ContinuationManager {
         let activations: Vec<_> = inner.activations.lock().values().cloned().collect();
         let mut disposals = Vec::new();
         for root in &roots {
-            let mut targets: Vec<_> = activations
-                .iter()
-                .filter(|a| a.has_ancestor(root) && !Arc::ptr_eq(&a.agent, root))
-                .cloned()
-                .collect();
+            let mut targets = select_forest(&activations, root);
             // Ancestors first, so cancellation runs top-down (spec §2.14.6): opening a target's
             // transaction opens its owned children's, and a descendant opened later only joins
             // its already-open transaction. (The map's order would sometimes cancel a grandchild
             // while its parent still ran.)
-            targets.sort_by_cached_key(|a| covered_ancestors(a, &activations, root));
+            let selected = targets.clone();
+            targets.sort_by_cached_key(|a| selected_ancestors(a, &selected));
             #[cfg(test)]
             inner.hooks.drain_selected();
             {
@@ -269,11 +269,24 @@ impl ContinuationManager {
                 }
             }
         }
-        let inflight = inner.inflight_materializations(|lineage| {
-            lineage
+        // In scope: below a root, or below one of the roots' members (their selected children,
+        // whose forests the admission check closes too, spec §4 item 40).
+        let members: Vec<AgentRef> = {
+            let closing = inner.closing.lock();
+            closing
                 .iter()
-                .filter_map(Weak::upgrade)
-                .any(|a| roots.iter().any(|r| Arc::ptr_eq(&a, r)))
+                .filter(|c| {
+                    c.root
+                        .upgrade()
+                        .is_some_and(|r| roots.iter().any(|root| Arc::ptr_eq(&r, root)))
+                })
+                .flat_map(|c| c.members.iter().filter_map(Weak::upgrade))
+                .collect()
+        };
+        let inflight = inner.inflight_materializations(|lineage| {
+            lineage.iter().filter_map(Weak::upgrade).any(|a| {
+                roots.iter().any(|r| Arc::ptr_eq(&a, r)) || members.iter().any(|m| Arc::ptr_eq(&a, m))
+            })
         });
         drop(admission);
         let disposals: Vec<_> = disposals.into_iter().map(|(_, d)| d).collect();
@@ -285,21 +298,42 @@ impl ContinuationManager {
     }
 }
 
-/// How many of `root`'s other covered descendants in `activations` are recorded ancestors of
-/// `activation` (its depth below `root` among them).
-fn covered_ancestors(
-    activation: &Arc<Activation>,
-    activations: &[Arc<Activation>],
-    root: &AgentRef,
-) -> usize {
-    activations
+/// The resident continuable descendants of `root` among `activations` (the root excluded: its
+/// host still owns it): each one whose recorded ancestry holds the root, and — transitively —
+/// each one whose recorded ancestry holds one already selected. The second rule reaches a child
+/// materialized below a selected one after an intermediate between the root and that selected
+/// child left the registry: its ancestry (the live lineage at its materialization) stops short
+/// of the root, and its owner is no Activation of the forest (a one-shot run in between), so
+/// neither the first rule nor the selected child's teardown would reach it.
+fn select_forest(activations: &[Arc<Activation>], root: &AgentRef) -> Vec<Arc<Activation>> {
+    let mut selected: Vec<Arc<Activation>> = activations
         .iter()
-        .filter(|other| {
-            !Arc::ptr_eq(other, activation)
-                && !Arc::ptr_eq(&other.agent, root)
-                && other.has_ancestor(root)
-                && activation.has_ancestor(&other.agent)
-        })
+        .filter(|a| a.has_ancestor(root) && !Arc::ptr_eq(&a.agent, root))
+        .cloned()
+        .collect();
+    loop {
+        let below: Vec<Arc<Activation>> = activations
+            .iter()
+            .filter(|a| {
+                !Arc::ptr_eq(&a.agent, root)
+                    && !selected.iter().any(|s| Arc::ptr_eq(s, a))
+                    && selected.iter().any(|s| a.has_ancestor(&s.agent))
+            })
+            .cloned()
+            .collect();
+        if below.is_empty() {
+            return selected;
+        }
+        selected.extend(below);
+    }
+}
+
+/// How many of the other `selected` Activations are recorded ancestors of `activation` (its
+/// depth among them).
+fn selected_ancestors(activation: &Arc<Activation>, selected: &[Arc<Activation>]) -> usize {
+    selected
+        .iter()
+        .filter(|other| !Arc::ptr_eq(other, activation) && activation.has_ancestor(&other.agent))
         .count()
 }
 

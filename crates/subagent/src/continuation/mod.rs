@@ -882,8 +882,9 @@ impl ContinuationManager {
 
 impl Inner {
     /// The admission check (`DRAINING`) for an operation on behalf of `agent`: closed while
-    /// the manager drains, or while a scoped drain covers `agent` (a recorded member of a
-    /// closing root's set, or a live lineage containing a closing root).
+    /// the manager drains, or while a scoped drain covers `agent` (a live lineage containing a
+    /// closing root or a recorded member of a closing root's set — `agent` itself or one of its
+    /// live ancestors).
     pub(super) fn admit(&self, agent: &AgentRef) -> Result<(), SubagentError> {
         if self.draining.load(Ordering::SeqCst) {
             return Err(SubagentError::draining());

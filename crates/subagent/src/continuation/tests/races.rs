@@ -1141,3 +1141,148 @@ async fn a_drain_beginning_mid_report_spends_no_model_request_on_the_closing_par
     drop((mid_hook, leaf_hook));
     host.finish().await;
 }
+
+/// A root's continuable child `t` (hanging) created under a one-shot-like intermediate `mid`
+/// that has already left the registry (the CONT-38 shape), plus a live agent `o2` whose durable
+/// parent is `t` (a one-shot run of `t`'s). Returns `(t's id, o2)`.
+async fn forest_past_a_departed_intermediate(host: &mut Host) -> (SessionId, AgentRef) {
+    let meta = |parent: &SessionId, depth: u64| SessionMeta {
+        parent_session: Some(parent.clone()),
+        origin: Some(agent::Origin::Subagent),
+        delegation_depth: Some(depth),
+        ..SessionMeta::default()
+    };
+    let mid_handle = host
+        .runtime
+        .create(CreateAgentOptions {
+            meta: meta(&SessionId::from("parent"), 1),
+            agent_options: routed(),
+            ..CreateAgentOptions::new(SessionId::from("mid"))
+        })
+        .await
+        .unwrap();
+    let mid = mid_handle.agent().clone();
+    let mut spec = ContinuableStartSpec::new("spawn", "deep", vec![ContentBlock::text("task")], mid);
+    spec.child_id = Some(SessionId::from("t"));
+    let (t_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    mid_handle.dispose().await;
+    assert!(host.get(&SessionId::from("mid")).is_none());
+    let o2_handle = host
+        .runtime
+        .create(CreateAgentOptions {
+            meta: meta(&t_id, 3),
+            agent_options: routed(),
+            ..CreateAgentOptions::new(SessionId::from("o2"))
+        })
+        .await
+        .unwrap();
+    let o2 = o2_handle.agent().clone();
+    host.extra.push(o2_handle);
+    (t_id, o2)
+}
+
+/// spec: CONT-32, CONT-38 (§2.14.11) — a scoped drain tears down every resident continuable
+/// descendant of its root, also one materialized (under a one-shot run `o2` of the drained
+/// child `t`) after an intermediate between the root and `t` had left the registry: its
+/// recorded ancestry stops at `t`, whose own ancestry reaches the root. (Selected only by the
+/// root in its recorded ancestry, and not owned by `t`'s Activation, it stayed resident after
+/// the drain resolved — a continuable grandchild left running below a drained root.)
+#[tokio::test(start_paused = true)]
+async fn a_scoped_drain_tears_down_a_descendant_recorded_below_a_drained_child() {
+    let mut host = Host::new(vec![ScriptEntry::hang(), ScriptEntry::hang()]).await;
+    let (t_id, o2) = forest_past_a_departed_intermediate(&mut host).await;
+    let mut spec = ContinuableStartSpec::new("spawn", "deeper", vec![ContentBlock::text("task")], o2);
+    spec.child_id = Some(SessionId::from("g"));
+    let (g_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    yield_a_while().await;
+    host.manager
+        .drain_continuable_descendants(std::slice::from_ref(&host.parent))
+        .await
+        .unwrap();
+    assert!(!host.manager.is_resident(&t_id));
+    assert!(
+        !host.manager.is_resident(&g_id),
+        "a continuable descendant below the drained child stayed resident"
+    );
+    assert!(host.get(&g_id).is_none());
+    host.finish().await;
+}
+
+/// spec: CONT-32 (§2.14.11) — while a scoped drain tears a child `t` down, admission is closed
+/// for the whole forest below it: a start on behalf of `o2` (a one-shot run of `t`'s, whose
+/// lineage reaches the root only through an intermediate that already left the registry)
+/// rejects `DRAINING`. (Only the selected children themselves were recorded as closed, so
+/// `o2`'s start was admitted and its child became resident below the drained root.)
+#[tokio::test(start_paused = true)]
+async fn a_scoped_drain_closes_admission_below_a_drained_child() {
+    let mut host = Host::new(vec![ScriptEntry::hang(), ScriptEntry::hang()]).await;
+    let (t_id, o2) = forest_past_a_departed_intermediate(&mut host).await;
+    yield_a_while().await;
+    let drain = host
+        .manager
+        .drain_continuable_descendants(std::slice::from_ref(&host.parent));
+    let mut spec = ContinuableStartSpec::new("spawn", "late", vec![ContentBlock::text("task")], o2);
+    spec.child_id = Some(SessionId::from("late"));
+    let started = host.manager.start_continuable(spec);
+    drain.await.unwrap();
+    let err = started
+        .await
+        .expect_err("a start below a drained child is refused");
+    assert_eq!(err.code(), SubagentErrorCode::Draining, "{err}");
+    assert!(!host.manager.is_resident(&t_id));
+    assert!(!host.manager.is_resident(&SessionId::from("late")));
+    assert!(host.get(&SessionId::from("late")).is_none());
+    host.finish().await;
+}
+
+/// spec: CONT-39, §4 item 40 — a scoped drain waits for every in-flight materialization in its
+/// scope, also one delegated by a drained child `t` whose lineage reaches the root only through
+/// an intermediate that already left the registry: the drain resolves only once that refused
+/// child is rolled back. (The in-flight record was matched against the roots alone: the drain
+/// resolved while the refused child was still registered, its rollback under way.)
+#[tokio::test(start_paused = true)]
+async fn a_scoped_drain_waits_for_a_materialization_below_a_drained_child() {
+    let mut host = Host::new(vec![ScriptEntry::hang()]).await;
+    let (t_id, _o2) = forest_past_a_departed_intermediate(&mut host).await;
+    yield_a_while().await;
+    let t = host.get(&t_id).unwrap();
+    let (reached, release) = hold_release_of(&host, "below");
+    let resolved = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = resolved.clone();
+    let manager = host.manager.clone();
+    let root = host.parent.clone();
+    let listener = host.runtime.services().agent_events.on(move |e: &AgentEvent| {
+        if let AgentEvent::Created { agent } = e
+            && agent.as_str() == "below"
+        {
+            let drain = manager.drain_continuable_descendants(std::slice::from_ref(&root));
+            let flag = flag.clone();
+            tokio::spawn(async move {
+                drain.await.unwrap();
+                flag.store(true, AtomicOrdering::SeqCst);
+            });
+        }
+        Ok(())
+    });
+    let mut spec = ContinuableStartSpec::new("spawn", "below", vec![ContentBlock::text("gc")], t);
+    spec.child_id = Some(SessionId::from("below"));
+    let started = tokio::spawn(host.manager.start_continuable(spec));
+    let _held = reached
+        .await
+        .expect("the refused child's rollback reached its release");
+    yield_a_while().await;
+    assert!(!host.manager.is_resident(&t_id), "the drained child is released");
+    assert!(
+        !resolved.load(AtomicOrdering::SeqCst),
+        "the drain resolved while a materialization below its drained child was rolling back"
+    );
+    release.send(()).unwrap();
+    let err = started.await.unwrap().unwrap_err();
+    assert_eq!(err.code(), SubagentErrorCode::Draining, "{err}");
+    yield_a_while().await;
+    assert!(resolved.load(AtomicOrdering::SeqCst));
+    assert!(host.get(&SessionId::from("below")).is_none());
+    *host.manager.inner.hooks.before_release.lock() = None;
+    drop(listener);
+    host.finish().await;
+}
