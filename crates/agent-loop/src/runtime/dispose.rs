@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use agent::bus::panic_message;
 use agent::{
     Agent, AgentError, AgentEvent, AgentRef, CancelCause, CancelOptions, Disposer, Registration, Scope,
-    SessionId, SessionPersistence,
+    Services, SessionId, SessionPersistence,
 };
 
 use super::{RuntimeInner, inactive};
@@ -29,6 +29,11 @@ pub(super) struct AgentEntry {
     pub(super) serial: u64,
     pub(super) agent: Arc<LoopAgent>,
     pub(super) runtime: Weak<RuntimeInner>,
+    /// The services the agent runs on (its jobs, the agent event bus): the teardown reaches
+    /// them through here, not through the runtime, so a handle disposed after every clone of
+    /// the runtime was dropped still disposes the agent's jobs and announces
+    /// [`AgentEvent::Disposed`] to the listeners still on the bus.
+    pub(super) services: Arc<Services>,
     /// The store entry; dropping it removes the session.
     pub(super) session_guard: Mutex<Option<Registration>>,
     pub(super) owner: Option<Weak<AgentEntry>>,
@@ -179,7 +184,7 @@ impl AgentEntry {
         let agent = &self.agent;
         let quiescent = self.children.lock().is_empty()
             && self.creations.lock().is_empty()
-            && self.runtime.upgrade().is_none_or(|rt| rt.services.jobs.is_none())
+            && self.services.jobs.is_none()
             && agent.is_idle()
             && !agent.has_running_driver();
         if quiescent {
@@ -363,7 +368,7 @@ impl PendingCreation {
     }
 
     /// The transaction's own rollback of its setup (unless an abort did it already): the agent
-    /// marked disposed, its scope disposed.
+    /// marked disposed, its scope disposed (a panic there contained and logged).
     pub(super) fn roll_back(&self) {
         let taken = {
             let mut state = self.state.lock();
@@ -376,7 +381,10 @@ impl PendingCreation {
         };
         if let CreationState::Armed { agent, scope } | CreationState::Claimed { agent, scope } = taken {
             agent.begin_disposal();
-            scope.dispose();
+            // Contained like every teardown step: a panicking undo closure the setup handed its
+            // scope must not turn the creation's typed error into a panic (or, when the
+            // creation's future is dropped, panic in its destructor).
+            contained_now(&self.id, "pending creation", || scope.dispose());
         }
     }
 
@@ -509,7 +517,7 @@ impl Latch {
 /// always ends unregistered with its session removed.
 pub(super) async fn teardown(entry: Arc<AgentEntry>) {
     let agent = entry.agent.clone();
-    let jobs = entry.runtime.upgrade().and_then(|rt| rt.services.jobs.clone());
+    let jobs = entry.services.jobs.clone();
     let id = agent.id().clone();
     let jobs_done = async {
         if let Some(jobs) = &jobs {
@@ -547,16 +555,20 @@ fn release(entry: &Arc<AgentEntry>) {
     // delivered before `agent/disposed`.
     agent.status_settled();
     contained_now(id, "scope", || agent.scope().dispose());
-    if let Some(rt) = entry.runtime.upgrade() {
+    let runtime = entry.runtime.upgrade();
+    // (Without the runtime no publication can run: no lifecycle lock is needed then.)
+    let lifecycle = runtime.as_ref().map(|rt| {
         // The registry's reference to `entry` (the teardown holds another).
         rt.registry.lock().remove(entry.serial);
-        let _lifecycle = rt.agent_lifecycle.lock();
-        if entry.announced.swap(false, Ordering::SeqCst) {
-            rt.services
-                .agent_events
-                .emit(&AgentEvent::Disposed { agent: id.clone() });
-        }
+        rt.agent_lifecycle.lock()
+    });
+    if entry.announced.swap(false, Ordering::SeqCst) {
+        entry
+            .services
+            .agent_events
+            .emit(&AgentEvent::Disposed { agent: id.clone() });
     }
+    drop(lifecycle);
     let guard = entry.session_guard.lock().take();
     contained_now(id, "session", || drop(guard));
     if let Some(owner) = entry.owner.as_ref().and_then(Weak::upgrade) {

@@ -797,6 +797,7 @@ impl Runtime {
                         serial,
                         agent: agent.clone(),
                         runtime: Arc::downgrade(&self.inner),
+                        services: self.inner.services.clone(),
                         session_guard,
                         owner: owner.as_ref().map(Arc::downgrade),
                         children: Mutex::new(std::collections::BTreeMap::new()),

@@ -186,3 +186,58 @@ async fn a_child_whose_teardown_panics_does_not_stall_its_owner_or_shutdown() {
     child.dispose().await;
     finish(&rt, [owner]).await;
 }
+
+/// spec: SPN-51 — a setup that fails after handing its scope an undo closure that panics still
+/// fails its creation with the setup's typed error, and (the rollback contained the panic and
+/// logged it) every other registration is undone and nothing stays published. The same for a
+/// creation whose future is dropped in its setup window. (The rollback used to let the panic
+/// escape: `create` panicked instead of returning `AgentError::Setup`, and a dropped creation
+/// panicked in its destructor.)
+#[tokio::test(start_paused = true)]
+async fn a_panicking_undo_in_a_rolled_back_setup_is_contained() {
+    let warnings = WarningCapture::new();
+    let _subscriber = warnings.install();
+    let model = ScriptedModel::default();
+    let rt = runtime(&model);
+
+    let mut o = CreateAgentOptions::new("failing".into());
+    o.agent_options = mock_options();
+    o.setup = Some(Box::new(|ctx: agent::Ctx| {
+        async move {
+            ctx.register_tool(tool("mine", |_a, _c| async { Ok(ToolOutput::text("x")) }))?;
+            ctx.own(Registration::new(|| panic!("undo exploded")))?;
+            Err::<Option<agent::runtime::Commit>, agent::BoxError>("setup failed".into())
+        }
+        .boxed()
+    }));
+    let created = std::panic::AssertUnwindSafe(rt.create(o))
+        .catch_unwind()
+        .await
+        .expect("the rollback contains the undo's panic");
+    assert!(matches!(created, Err(AgentError::Setup { .. })), "{created:?}");
+    assert!(rt.services().tools.get("mine", Some(&"failing".into())).is_none());
+
+    // Dropped in its setup window (after its registrations).
+    let mut o = CreateAgentOptions::new("dropped".into());
+    o.agent_options = mock_options();
+    o.setup = Some(Box::new(|ctx: agent::Ctx| {
+        async move {
+            ctx.own(Registration::new(|| panic!("undo exploded")))?;
+            futures::future::pending::<()>().await;
+            Ok::<Option<agent::runtime::Commit>, agent::BoxError>(None)
+        }
+        .boxed()
+    }));
+    let mut creating = rt.create(o);
+    assert!(futures::poll!(creating.as_mut()).is_pending());
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(creating)))
+        .expect("dropping the creation contains the undo's panic");
+
+    assert_eq!(
+        warnings.mentioning("undo exploded"),
+        2,
+        "{:?}",
+        warnings.warnings()
+    );
+    finish(&rt, []).await;
+}

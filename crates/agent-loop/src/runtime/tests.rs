@@ -739,6 +739,83 @@ async fn a_handle_dropped_outside_a_runtime_is_torn_down() {
     finish(&rt, []).await;
 }
 
+/// A job service recording each owner it disposed the jobs of.
+#[derive(Default)]
+struct RecordingJobs(Mutex<Vec<SessionId>>);
+
+#[async_trait::async_trait]
+impl agent::Jobs for RecordingJobs {
+    fn start(&self, _spec: agent::jobs::JobSpec) -> Result<agent::jobs::JobId, agent::jobs::JobError> {
+        Err(agent::jobs::JobError::NoController)
+    }
+    fn list(&self, _owner: &SessionId) -> Vec<agent::jobs::JobInfo> {
+        Vec::new()
+    }
+    fn kill(
+        &self,
+        _owner: &SessionId,
+        id: &agent::jobs::JobId,
+        _reason: Option<String>,
+    ) -> Result<(), agent::jobs::JobError> {
+        Err(agent::jobs::JobError::NotFound(id.clone()))
+    }
+    async fn read(
+        &self,
+        _owner: &SessionId,
+        id: &agent::jobs::JobId,
+        _wait: bool,
+        _signal: &Signal,
+    ) -> Result<agent::jobs::JobRead, agent::jobs::JobError> {
+        Err(agent::jobs::JobError::NotFound(id.clone()))
+    }
+    async fn dispose_owner(&self, owner: &SessionId) {
+        self.0.lock().push(owner.clone());
+    }
+}
+
+/// spec: SPN-56 — a handle disposed after every clone of the runtime was dropped ("live agents
+/// are left to their handles") still runs the whole quiescence transaction: the turn ends
+/// `aborted {disposed}`, the agent's background jobs are disposed, its session leaves the
+/// store, and `agent/disposed` reaches the listeners that heard `agent/created`. (The teardown
+/// used to reach the jobs service and the event bus through the runtime: with it gone, the
+/// agent's jobs kept running and `agent/disposed` was never announced.)
+#[tokio::test(start_paused = true)]
+async fn a_handle_disposed_after_the_runtime_was_dropped_tears_down_fully() {
+    let model = ScriptedModel::new([ScriptEntry::hang_slow()]);
+    let jobs = Arc::new(RecordingJobs::default());
+    let rt = builder(&model).jobs(jobs.clone()).build();
+    let (events, g) = record_events(&rt);
+    let sessions = rt.sessions().clone();
+    let handle = create(&rt, "a").await;
+    handle.agent().followup(user("work")).unwrap();
+    settle().await;
+    drop(rt);
+    handle.dispose().await;
+    assert!(!handle.agent().is_live());
+    assert_eq!(
+        turn_ends(&**handle.agent()),
+        [TurnEndReason::Aborted {
+            reason: CancelCause::Disposed
+        }]
+    );
+    assert!(sessions.get(handle.id()).is_none(), "the session left the store");
+    assert!(
+        jobs.0.lock().iter().any(|owner| owner == handle.id()),
+        "the agent's jobs were disposed"
+    );
+    let lifecycle: Vec<String> = events
+        .lock()
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::Created { agent } => Some(format!("created {agent}")),
+            AgentEvent::Disposed { agent } => Some(format!("disposed {agent}")),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(lifecycle, ["created a", "disposed a"]);
+    drop(g);
+}
+
 /// A later disposer drives the memoized teardown while the first call's future is held
 /// unpolled; the first future then resolves at once and dropping it starts no task.
 #[tokio::test(start_paused = true)]
