@@ -7,6 +7,8 @@
 //! * `ci` — what `.ci/run` runs.
 //! * `bench [CARGO BENCH ARGS]` — the criterion benchmarks (`--workspace` without arguments),
 //!   then every figure as a ratio to its floor measured in the same run, against its target.
+//!
+//! `--help` (or `-h`), alone or after a command, prints the usage and succeeds.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -15,23 +17,74 @@ use invariants::{DirReport, RuleId, check_store};
 
 mod bench;
 
+/// The usage of `cargo xtask` as a whole.
+const USAGE: &str = "usage: cargo xtask <check-invariants [--logs DIR] | ci | bench [CARGO BENCH ARGS]>";
+/// The usage of `cargo xtask check-invariants`.
+const CHECK_INVARIANTS_USAGE: &str = "usage: cargo xtask check-invariants [--logs DIR]";
+/// The usage of `cargo xtask ci`.
+const CI_USAGE: &str = "usage: cargo xtask ci";
+/// The usage of `cargo xtask bench`.
+const BENCH_USAGE: &str = "usage: cargo xtask bench [CARGO BENCH ARGS] (`cargo bench --help` lists them; \
+                           arguments after `--` go to the benchmarks)";
+
+/// What a command line asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Request<'a> {
+    /// Print this usage and succeed (`--help` or `-h`).
+    Help(&'static str),
+    /// `check-invariants`: run the tests with capture (`None`) or replay a directory.
+    CheckInvariants(Option<PathBuf>),
+    /// `ci`.
+    Ci,
+    /// `bench` with these arguments for `cargo bench`.
+    Bench(&'a [String]),
+}
+
+/// Whether `arg` asks for help.
+fn is_help(arg: &str) -> bool {
+    matches!(arg, "--help" | "-h")
+}
+
+/// Reads the command line (without the program name). `--help` or `-h` anywhere in a command's
+/// own arguments asks for that command's usage (for `bench`: before a `--`, after which the
+/// arguments are the benchmarks'); an unknown command or argument is an error carrying the
+/// usage.
+fn parse(args: &[String]) -> Result<Request<'_>, String> {
+    let Some((command, rest)) = args.split_first() else {
+        return Err(USAGE.to_owned());
+    };
+    match command.as_str() {
+        "help" | "--help" | "-h" => Ok(Request::Help(USAGE)),
+        "check-invariants" => match rest {
+            _ if rest.iter().any(|a| is_help(a)) => Ok(Request::Help(CHECK_INVARIANTS_USAGE)),
+            [] => Ok(Request::CheckInvariants(None)),
+            [flag, dir] if flag == "--logs" => Ok(Request::CheckInvariants(Some(PathBuf::from(dir)))),
+            _ => Err(CHECK_INVARIANTS_USAGE.to_owned()),
+        },
+        "ci" => match rest {
+            [] => Ok(Request::Ci),
+            _ if rest.iter().any(|a| is_help(a)) => Ok(Request::Help(CI_USAGE)),
+            _ => Err(CI_USAGE.to_owned()),
+        },
+        "bench" if rest.iter().take_while(|a| *a != "--").any(|a| is_help(a)) => {
+            Ok(Request::Help(BENCH_USAGE))
+        }
+        "bench" => Ok(Request::Bench(rest)),
+        other => Err(format!("{USAGE} (unknown command {other:?})")),
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        Some("check-invariants") => check_invariants(&args[1..]),
-        Some("ci") => ci(),
-        Some("bench") => bench::bench(&cargo(), &workspace_root(), &args[1..]),
-        Some("help" | "--help" | "-h") => {
-            println!("usage: cargo xtask <check-invariants [--logs DIR] | ci | bench [CARGO BENCH ARGS]>");
+    let result = parse(&args).and_then(|request| match request {
+        Request::Help(usage) => {
+            println!("{usage}");
             Ok(())
         }
-        _ => Err(format!(
-            "usage: cargo xtask <check-invariants [--logs DIR] | ci | bench [CARGO BENCH ARGS]>{}",
-            args.first()
-                .map(|a| format!(" (unknown command {a:?})"))
-                .unwrap_or_default()
-        )),
-    };
+        Request::CheckInvariants(logs) => check_invariants(logs),
+        Request::Ci => ci(),
+        Request::Bench(args) => bench::bench(&cargo(), &workspace_root(), args),
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
@@ -61,9 +114,12 @@ fn run(cmd: &mut Command) -> Result<(), String> {
     }
 }
 
-fn check_invariants(args: &[String]) -> Result<(), String> {
-    let dir = match args {
-        [] => {
+/// Without `logs`: runs the workspace's tests with session-log capture, then replays the
+/// captured logs; with `logs`: replays that directory.
+fn check_invariants(logs: Option<PathBuf>) -> Result<(), String> {
+    let dir = match logs {
+        Some(dir) => dir,
+        None => {
             let dir = workspace_root().join("target").join("invariant-traces");
             if dir.exists() {
                 std::fs::remove_dir_all(&dir).map_err(|e| format!("cannot clear {}: {e}", dir.display()))?;
@@ -75,8 +131,6 @@ fn check_invariants(args: &[String]) -> Result<(), String> {
                 .env("SUBAGENT_TRACE_DIR", &dir))?;
             dir
         }
-        [flag, dir] if flag == "--logs" => PathBuf::from(dir),
-        _ => return Err("usage: cargo xtask check-invariants [--logs DIR]".into()),
     };
     let report = replay_tree(&dir)?;
     println!(
@@ -168,7 +222,7 @@ fn ci() -> Result<(), String> {
         cmd
     };
     // `check-invariants` runs `cargo test --workspace` itself, with capture: the tests run once.
-    check_invariants(&[])?;
+    check_invariants(None)?;
     run(&mut cargo_in_root(&[
         "clippy",
         "--workspace",
@@ -185,6 +239,65 @@ fn ci() -> Result<(), String> {
 mod tests {
     use super::*;
     use invariants::synthetic;
+
+    fn args(line: &str) -> Vec<String> {
+        line.split_whitespace().map(str::to_owned).collect()
+    }
+
+    /// `--help` and `-h` print the usage and succeed, for `cargo xtask` itself and for each
+    /// command — instead of failing as a bad argument (`check-invariants`), being handed to
+    /// `cargo bench` (`bench`), or being ignored so that the whole CI sequence runs (`ci`).
+    #[test]
+    fn help_flags_ask_for_the_usage() {
+        for flag in ["--help", "-h"] {
+            assert_eq!(parse(&args(flag)), Ok(Request::Help(USAGE)));
+            for (command, usage) in [
+                ("check-invariants", CHECK_INVARIANTS_USAGE),
+                ("ci", CI_USAGE),
+                ("bench", BENCH_USAGE),
+            ] {
+                assert_eq!(
+                    parse(&args(&format!("{command} {flag}"))),
+                    Ok(Request::Help(usage)),
+                    "{command} {flag}"
+                );
+            }
+            assert_eq!(
+                parse(&args(&format!("check-invariants --logs dir {flag}"))),
+                Ok(Request::Help(CHECK_INVARIANTS_USAGE))
+            );
+            assert_eq!(
+                parse(&args(&format!("bench -p agent {flag}"))),
+                Ok(Request::Help(BENCH_USAGE))
+            );
+        }
+        assert_eq!(parse(&args("help")), Ok(Request::Help(USAGE)));
+    }
+
+    /// Everything else parses as before: a help flag after `--` is the benchmarks' own, and a
+    /// bad argument is still an error carrying the usage.
+    #[test]
+    fn other_command_lines_are_unchanged() {
+        assert_eq!(
+            parse(&args("check-invariants")),
+            Ok(Request::CheckInvariants(None))
+        );
+        assert_eq!(
+            parse(&args("check-invariants --logs d")),
+            Ok(Request::CheckInvariants(Some(PathBuf::from("d"))))
+        );
+        assert_eq!(parse(&args("ci")), Ok(Request::Ci));
+        let bench = args("bench -p agent -- --help");
+        assert_eq!(parse(&bench), Ok(Request::Bench(&bench[1..])));
+        assert_eq!(parse(&args("bench")), Ok(Request::Bench(&[])));
+        assert_eq!(
+            parse(&args("check-invariants --bogus")),
+            Err(CHECK_INVARIANTS_USAGE.to_owned())
+        );
+        assert_eq!(parse(&args("ci --bogus")), Err(CI_USAGE.to_owned()));
+        assert!(parse(&args("frobnicate")).is_err_and(|e| e.contains("unknown command \"frobnicate\"")));
+        assert_eq!(parse(&[]), Err(USAGE.to_owned()));
+    }
 
     fn put_log(dir: &Path, id: &str) {
         std::fs::create_dir_all(dir).unwrap();

@@ -21,11 +21,14 @@
 //! Nothing depends on timing: every reply is a function of the request's content only.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::pin;
 
 use agent::{ContentBlock, GenerateOptions, MessageList, MessageSource, Role, SessionId, StreamChunk};
 use agent_loop::model::chunks::{self, call};
 use agent_loop::{ScriptEntry, ScriptedModel};
+use futures::FutureExt as _;
 use serde_json::json;
 
 use crate::host::{Host, HostError, HostOptions, build_host};
@@ -291,6 +294,19 @@ pub enum DemoError {
         /// Why the shutdown failed.
         shutdown: HostError,
     },
+    /// The demo was stopped ([`DemoHost::run_until`]'s `stop` resolved) before it finished: the
+    /// coordinator's running turn was cancelled (its children with it), no further turn was
+    /// started, and the host was shut down — every log balanced and, unless `shutdown` says
+    /// otherwise, durable.
+    #[error("the demo was interrupted before it finished{}", shutdown.as_ref().map(|e| format!("; the host did not shut down cleanly either: {e}")).unwrap_or_default())]
+    Interrupted {
+        /// The coordinator's session id.
+        coordinator: SessionId,
+        /// The store directory holding every session log.
+        store_dir: PathBuf,
+        /// Why the shutdown after the stop failed, if it did.
+        shutdown: Option<HostError>,
+    },
 }
 
 impl From<HostError> for DemoError {
@@ -360,6 +376,22 @@ impl DemoHost {
     /// A failed shutdown never hides the run's own failure, nor discards a finished run's
     /// outcome: both are in the [`DemoError`].
     pub async fn run(self, sink: Option<TreeSink>) -> Result<DemoOutcome, DemoError> {
+        self.run_until(sink, std::future::pending()).await
+    }
+
+    /// [`DemoHost::run`], stopped early once `stop` resolves (say, on the first Ctrl-C): the
+    /// coordinator's running turn is cancelled — its foreground children with it; disposing the
+    /// coordinator ends its background job — no further turn starts, and the host shuts down
+    /// normally, so every log ends balanced and durable. The first turn's prompt is delivered
+    /// before `stop` is looked at, so a `stop` that has already resolved leaves the coordinator
+    /// with one aborted turn. A demo stopped before its last turn settled is
+    /// [`DemoError::Interrupted`]; once it has, the stop changes nothing and the outcome is
+    /// the finished run's.
+    pub async fn run_until(
+        self,
+        sink: Option<TreeSink>,
+        stop: impl Future<Output = ()>,
+    ) -> Result<DemoOutcome, DemoError> {
         let DemoHost {
             host,
             coordinator,
@@ -367,7 +399,7 @@ impl DemoHost {
             store_dir,
         } = self;
         let (tree, listening) = LiveTree::attach(host.runtime(), host.subagents(), host.jobs(), sink);
-        let outcome = drive(&host, &tree, &coordinator).await;
+        let outcome = drive(&host, &tree, &coordinator, stop).await;
         // Every run has settled; wait for their `subagent/end` events before reading the tree.
         host.subagents().close().await;
         let rendered_tree = tree.render();
@@ -375,7 +407,14 @@ impl DemoHost {
         drop(listening);
         let shutdown = host.shutdown().await;
         let answer = match outcome {
-            Ok(answer) => answer,
+            Ok(Driven::Answered(answer)) => answer,
+            Ok(Driven::Stopped) => {
+                return Err(DemoError::Interrupted {
+                    coordinator,
+                    store_dir,
+                    shutdown: shutdown.err(),
+                });
+            }
             Err(run) => {
                 return Err(DemoError::Run {
                     run,
@@ -404,21 +443,72 @@ impl DemoHost {
 /// Runs the scripted demo into the store at `store_dir` ([`DemoSetup::new`], then
 /// [`DemoHost::run`]).
 pub async fn run_demo(store_dir: &Path, sink: Option<TreeSink>) -> Result<DemoOutcome, DemoError> {
-    DemoSetup::new(store_dir).build()?.run(sink).await
+    run_demo_until(store_dir, sink, std::future::pending()).await
 }
 
-/// The coordinator's two turns; disposes the coordinator on every path.
-async fn drive(host: &Host, tree: &LiveTree, coordinator: &SessionId) -> Result<String, HostError> {
+/// Runs the scripted demo into the store at `store_dir` until `stop` resolves
+/// ([`DemoSetup::new`], then [`DemoHost::run_until`]): a demo stopped before it finished is
+/// [`DemoError::Interrupted`], its host shut down and its logs balanced and durable.
+pub async fn run_demo_until(
+    store_dir: &Path,
+    sink: Option<TreeSink>,
+    stop: impl Future<Output = ()>,
+) -> Result<DemoOutcome, DemoError> {
+    DemoSetup::new(store_dir).build()?.run_until(sink, stop).await
+}
+
+/// How the coordinator's turns ended.
+enum Driven {
+    /// Both turns ran; the coordinator's final answer.
+    Answered(String),
+    /// The stop came first: the running turn was cancelled, no further turn started.
+    Stopped,
+}
+
+/// The coordinator's two turns, until `stop` resolves; disposes the coordinator on every path.
+async fn drive(
+    host: &Host,
+    tree: &LiveTree,
+    coordinator: &SessionId,
+    stop: impl Future<Output = ()>,
+) -> Result<Driven, HostError> {
     let handle = host.create_agent(coordinator.clone()).await?;
     tree.add_root(coordinator.clone(), "coordinator");
     let agent = handle.agent().clone();
-    let mut result = host.run_turn(&agent, TASK).await;
-    if result.is_ok() {
-        result = host.run_turn(&agent, FOLLOW_UP).await;
+    let mut stop = pin!(stop);
+    let mut stopped = false;
+    let mut result = Ok(());
+    for (n, prompt) in [TASK, FOLLOW_UP].into_iter().enumerate() {
+        // No further turn once the stop has come (say, while the last turn was settling).
+        if n > 0 && stop.as_mut().now_or_never().is_some() {
+            stopped = true;
+            break;
+        }
+        result = tokio::select! {
+            // The prompt is delivered (its turn started) before `stop` is looked at, so a stop
+            // that came first aborts the turn rather than racing it.
+            biased;
+            turn = host.run_turn(&agent, prompt) => turn,
+            () = &mut stop => {
+                agent.cancel(agent::CancelCause::User, agent::CancelOptions::default());
+                agent.when_idle().await;
+                stopped = true;
+                Ok(())
+            }
+        };
+        if stopped || result.is_err() {
+            break;
+        }
     }
     let answer = Host::last_answer(agent.as_ref()).unwrap_or_default();
     handle.dispose().await;
-    result.map(|()| answer)
+    result.map(|()| {
+        if stopped {
+            Driven::Stopped
+        } else {
+            Driven::Answered(answer)
+        }
+    })
 }
 
 #[cfg(test)]

@@ -5,7 +5,8 @@
 //! (the stored sessions as a tree), `log` (one session log, readable) and `check` (invariant
 //! replay over a store). Failures print one line on stderr
 //! (`subagent: <message>`) and exit non-zero: 1 when `check` found violations, 130 when a second
-//! Ctrl-C (or SIGTERM) cut the shutdown of `run` or `acp` short, 2 otherwise. `acp` stopped by
+//! Ctrl-C (or SIGTERM) cut the shutdown of `demo`, `run` or `acp` short, 2 otherwise (a `demo`
+//! or `run` stopped by one Ctrl-C or SIGTERM among them). `acp` stopped by
 //! one Ctrl-C or SIGTERM exits 0 once its sessions are wound down.
 
 use std::collections::HashSet;
@@ -20,7 +21,7 @@ use agent_loop::model::{OpenAiCompatible, OpenAiConfig};
 use clap::{Parser, Subcommand};
 use parking_lot::Mutex;
 use subagent_cli::catalog::{check_store_dir, read_catalog};
-use subagent_cli::demo::{DemoError, DemoOutcome, run_demo};
+use subagent_cli::demo::{DemoError, DemoOutcome, run_demo_until};
 use subagent_cli::host::{FORK_TOOL, SPAWN_TOOL, read_acp_config};
 use subagent_cli::interrupt::{Abandoned, TwoStage, stop_signals};
 use subagent_cli::serve::{ServeOptions, serve_until};
@@ -44,7 +45,7 @@ const DEFAULT_MAX_STEPS: u32 = 50;
 /// What `subagent acp` says on stderr (the ACP client's log of its agent) on the first Ctrl-C
 /// or SIGTERM.
 const ACP_FIRST_INTERRUPT: &str = "subagent: interrupted; cancelling the running prompts and shutting down (press Ctrl-C again to exit at once)";
-/// What `subagent run` prints on the first Ctrl-C (or SIGTERM).
+/// What `subagent run` and `subagent demo` print on the first Ctrl-C (or SIGTERM).
 const FIRST_INTERRUPT: &str = "subagent: interrupted; cancelling the coordinator and shutting down (press Ctrl-C again to exit at once)";
 
 #[derive(Parser, Debug)]
@@ -62,7 +63,9 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a scripted coordinator (no network, no keys) that delegates to two parallel `spawn`
-    /// children, a `fork` child and a background `spawn` job, showing a live tree.
+    /// children, a `fork` child and a background `spawn` job, showing a live tree. Ctrl-C or
+    /// SIGTERM cancels its running turn and shuts it down, its logs balanced and durable (exit
+    /// 2); a second Ctrl-C or SIGTERM exits 130 at once.
     Demo {
         /// Where to store the session logs.
         #[arg(long, value_name = "DIR", default_value = DEFAULT_STORE)]
@@ -387,6 +390,14 @@ fn started_line(node: &TreeNode, nodes: &[TreeNode]) -> String {
 
 async fn demo(store: &Path) -> Result<(), CliError> {
     log_warnings_to_stderr();
+    // Ctrl-C (or SIGTERM) in two stages, as in `run`: the first cancels the coordinator's
+    // running turn (its children with it) and lets the host shut down normally, so every log
+    // ends balanced and durable; the demo then fails as interrupted (exit 2). A second
+    // one, until that is over, abandons it: exit 130 at once.
+    let interrupts = TwoStage::new(stop_signals().map_err(|e| CliError::Io {
+        context: "cannot listen for Ctrl-C and SIGTERM".to_owned(),
+        source: e,
+    })?);
     outln!("subagent demo — a scripted coordinator on the embedded defaults (no network, no keys)")?;
     outln!(
         "providers: spawn (tool `{SPAWN_TOOL}`, fresh child) and fork (tool `{FORK_TOOL}`, inherits the conversation); \
@@ -394,11 +405,33 @@ async fn demo(store: &Path) -> Result<(), CliError> {
         single_line(&store.display().to_string())
     )?;
     outln!()?;
-    let (outcome, shutdown) = match run_demo(store, Some(tree_printer(false))).await {
+    let stop = interrupts.first_interrupt();
+    let demo = run_demo_until(store, Some(tree_printer(false)), async move {
+        stop.arrived().await;
+    });
+    let ran = interrupts
+        .run(demo, || errln!("{FIRST_INTERRUPT}"))
+        .await
+        .map_err(|Abandoned| CliError::Interrupted)?;
+    let (outcome, shutdown) = match ran {
         Ok(outcome) => (outcome, None),
         // The run finished: its answer is printed, then the shutdown's failure reported.
         Err(DemoError::Shutdown { outcome, shutdown }) => (*outcome, Some(shutdown)),
-        Err(e) => return Err(CliError::Run(format!("the demo failed: {e}"))),
+        // Stopped by the first Ctrl-C or SIGTERM: where the (balanced, durable) logs are, then
+        // the interruption as the failure (exit 2, as for `run`).
+        Err(e) => {
+            if let DemoError::Interrupted { coordinator, .. } = &e {
+                errln!(
+                    "{}",
+                    single_line(&format!(
+                        "session logs: {} (coordinator {coordinator})",
+                        store.display()
+                    ))
+                );
+                return Err(CliError::Run(e.to_string()));
+            }
+            return Err(CliError::Run(format!("the demo failed: {e}")));
+        }
     };
     let printed = print_demo_outcome(store, &outcome);
     match shutdown {

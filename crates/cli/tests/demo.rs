@@ -250,3 +250,155 @@ async fn a_failed_shutdown_keeps_the_finished_outcome() {
         other => panic!("expected a finished run with a failed shutdown, got {other:?}"),
     }
 }
+
+/// Checks the store of a demo stopped early: the coordinator's last turn was aborted after
+/// `turns` turns, every log is intact (no torn line to drop: durable) and balanced (every
+/// `turn/start` has its `turn/end`, every child run ended), and the whole store replays clean.
+/// Returns the coordinator's children.
+async fn assert_stopped_cleanly(
+    dir: &std::path::Path,
+    coordinator: &agent::SessionId,
+    turns: u64,
+) -> Vec<subagent_cli::catalog::SessionRow> {
+    let catalog = read_catalog(dir).await.expect("catalog");
+    assert!(catalog.unreadable.is_empty(), "{:?}", catalog.unreadable);
+    let root = catalog.get(coordinator).expect("the coordinator's log");
+    assert_eq!(root.turns, turns, "{}", catalog.render());
+    assert_eq!(root.last_stop.as_deref(), Some("aborted"), "{}", catalog.render());
+    let store = agent_loop::JsonlStore::new(dir);
+    for row in &catalog.sessions {
+        let loaded = store.load(&row.id).await.expect("every log loads");
+        assert!(!loaded.repaired, "{}: a torn last line", row.id);
+        let count = |start: bool| {
+            loaded
+                .events
+                .iter()
+                .filter(|e| match &e.data {
+                    agent::EventData::TurnStart { .. } => start,
+                    agent::EventData::TurnEnd { .. } => !start,
+                    _ => false,
+                })
+                .count()
+        };
+        assert_eq!(count(true), count(false), "{}: a turn left open", row.id);
+    }
+    let report = invariants::check_store(dir).expect("store readable");
+    assert_eq!(report.logs, catalog.sessions.len());
+    assert!(report.is_clean(), "violations: {:#?}", report.violations);
+    catalog.children(coordinator).into_iter().cloned().collect()
+}
+
+/// A stop that has already come when the demo starts (a Ctrl-C or SIGTERM before its first
+/// turn got anywhere) aborts the first turn — delivered, never left out — starts no other,
+/// and shuts the host down normally: the demo ends `Interrupted` with a clean store. Before,
+/// the demo could not be stopped at all: a signal killed `subagent demo` outright, leaving
+/// its turn open.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_demo_stopped_before_it_starts_ends_cleanly() {
+    use subagent_cli::demo::{DemoError, run_demo_until};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let err = run_demo_until(dir.path(), None, async {})
+        .await
+        .expect_err("a stopped demo does not finish");
+    let DemoError::Interrupted {
+        coordinator,
+        store_dir,
+        shutdown: None,
+    } = &err
+    else {
+        panic!("expected a demo interrupted and shut down cleanly, got {err:?}");
+    };
+    assert_eq!(store_dir, dir.path());
+    assert_eq!(err.to_string(), "the demo was interrupted before it finished");
+    assert_stopped_cleanly(dir.path(), coordinator, 1).await;
+}
+
+/// The demo's scripted model, each call held back by `delay` (virtual time), so that a stop
+/// can come while a child's model call is still running.
+struct Slow {
+    inner: Arc<dyn agent::ModelAdapter>,
+    delay: std::time::Duration,
+}
+
+impl agent::ModelAdapter for Slow {
+    fn stream(&self, request: Arc<agent::GenerateOptions>) -> agent::ModelStream {
+        use futures::StreamExt as _;
+        let inner = self.inner.clone();
+        let delay = self.delay;
+        futures::stream::once(async move {
+            tokio::time::sleep(delay).await;
+            inner.stream(request)
+        })
+        .flatten()
+        .boxed()
+    }
+}
+
+/// Runs the demo on a slowed model, stopped by the tree sink as its `nth` child starts;
+/// expects it `Interrupted` after `turns` turns with a clean store and returns the
+/// coordinator's children.
+async fn stop_at_start(nth: usize, turns: u64) -> Vec<subagent_cli::catalog::SessionRow> {
+    use subagent_cli::demo::{DemoError, DemoSetup};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut setup = DemoSetup::new(dir.path());
+    setup.options.adapter = Arc::new(Slow {
+        inner: setup.options.adapter.clone(),
+        delay: std::time::Duration::from_secs(1),
+    });
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let fire = stop.clone();
+    let started = std::sync::atomic::AtomicUsize::new(0);
+    let sink: TreeSink = Arc::new(move |change, _tree| {
+        if matches!(change, TreeChange::Started(_))
+            && started.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == nth
+        {
+            fire.notify_one();
+        }
+    });
+    let demo = setup.build().expect("the host composes");
+    let err = demo
+        .run_until(Some(sink), async move { stop.notified().await })
+        .await
+        .expect_err("a stopped demo does not finish");
+    let DemoError::Interrupted {
+        coordinator,
+        shutdown: None,
+        ..
+    } = &err
+    else {
+        panic!("expected a demo interrupted and shut down cleanly, got {err:?}");
+    };
+    assert_stopped_cleanly(dir.path(), coordinator, turns).await
+}
+
+/// A Ctrl-C while the first turn's two parallel `spawn` children are running cancels them with
+/// the coordinator's turn: each run ends aborted (its log balanced), no second turn starts,
+/// and the demo shuts down cleanly.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_demo_stopped_while_its_children_run_ends_cleanly() {
+    let children = stop_at_start(1, 1).await;
+    assert!(!children.is_empty(), "the stop came once a child had started");
+    for child in &children {
+        assert!(!child.background, "{}", child.id);
+        assert_eq!(child.last_stop.as_deref(), Some("aborted"), "{}", child.id);
+    }
+}
+
+/// A Ctrl-C once the second turn's background job has started: the coordinator's turn is
+/// aborted, disposing the coordinator ends the background child (which a user cancel does not
+/// reach), and the demo shuts down cleanly with no run left open.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_demo_stopped_during_its_background_job_ends_cleanly() {
+    let children = stop_at_start(3, 2).await;
+    let background = children
+        .iter()
+        .find(|c| c.background)
+        .unwrap_or_else(|| panic!("the background child started: {children:?}"));
+    assert_eq!(background.last_stop.as_deref(), Some("aborted"));
+    assert!(
+        children.iter().all(|c| c.provider.as_deref() != Some("fork")),
+        "no delegation went on past the stop: {children:?}"
+    );
+}
