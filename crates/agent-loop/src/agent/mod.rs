@@ -32,7 +32,8 @@
 //!   clears the busy flag behind `when_idle` (under `state`, while the phase is still idle),
 //!   so idle waiters resolve only after the `idle` event was delivered.
 //! * The inbox has its own locks (see the `inbox` module). Its re-entrant operation lock is
-//!   also held by `send` across its phase read and append, and by `cancel` across its clear
+//!   also held by `send` across its liveness check, phase read and append, and by `cancel`
+//!   (so also by disposal's clear, which follows the liveness mark) across its clear
 //!   and abort decision (not across cancelling the token, whose listeners may cancel other
 //!   agents), so the two never interleave. Order: inbox operation lock → `state` → the inbox
 //!   projection; `state` is never held while the operation lock is taken.
@@ -277,6 +278,10 @@ pub struct LoopAgent {
     /// about to converge (after the turn's end, before the idle-or-continue decision).
     #[cfg(test)]
     pub(crate) before_converge: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Test hook: runs once, on the sending thread, as a `send` that found the agent live is
+    /// about to take the inbox's operation lock (where a disposal on another thread can begin).
+    #[cfg(test)]
+    pub(crate) before_send_exclusive: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl std::fmt::Debug for LoopAgent {
@@ -345,6 +350,8 @@ impl LoopAgent {
             disposed: AtomicBool::new(false),
             #[cfg(test)]
             before_converge: Mutex::new(None),
+            #[cfg(test)]
+            before_send_exclusive: Mutex::new(None),
         }))
     }
 
@@ -699,12 +706,25 @@ impl Agent for LoopAgent {
             ));
         }
         let id = message.id.clone();
+        #[cfg(test)]
+        if let Some(hook) = self.before_send_exclusive.lock().take() {
+            hook();
+        }
         let after_abort = {
             // The phase read and the append form one step that a `cancel` on another thread
             // cannot split (spec: SPN-16, SPN-17): otherwise a send that read the running phase
             // before the cancel could append after its clear and find the turn aborted, neither
             // cleared nor latched.
             let _exclusive = self.inbox.exclusive();
+            // Liveness again, in the section of the append (spec: SPN-19, SPN-9): disposal marks
+            // the agent before its `cancel` clears the inbox under this same lock, so a send
+            // either appends before that clear (which cancels its message, counted as dropped
+            // work) or sees the mark here and is refused. (Checked only above, a send that
+            // passed the check just before disposal began appended after the clear: accepted,
+            // `Ok`, then never run nor cancelled.)
+            if !self.is_live() {
+                return Err(AgentError::Disposed(self.id.clone()));
+            }
             // Captured before the insertion, so a re-entrant cancel from a splice observer
             // cannot reclassify it.
             let after_abort = wake && self.state.lock().phase.is_aborting();

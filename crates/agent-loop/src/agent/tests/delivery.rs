@@ -513,6 +513,58 @@ async fn spn_19_send_racing_disposal_starts_no_turn() {
     finish(&rt, []).await;
 }
 
+/// spec: SPN-19, SPN-9 — a send that passed its liveness check just before disposal began
+/// (another thread, in production; here a hook between that check and the inbox's operation
+/// lock starts the disposal) is refused like a send to a disposed agent, for every preset
+/// (`followup`, `steer`, `inject`): nothing is appended after the disposal's clear, and the
+/// inbox of the disposed agent is empty. (Before the fix the send appended after the clear and
+/// returned `Ok`: the message was logged as accepted, then never run nor cancelled, so the
+/// consumed-work fold did not count it as dropped work and the caller believed it delivered.)
+#[tokio::test(start_paused = true)]
+async fn spn_19_send_passing_its_check_as_disposal_begins_is_refused() {
+    type Preset = fn(&dyn agent::Agent, Message) -> Result<MessageId, AgentError>;
+    let presets: [(&str, Preset); 3] = [
+        ("followup", |a, m| a.followup(m)),
+        ("steer", |a, m| a.steer(m)),
+        ("inject", |a, m| a.inject(m)),
+    ];
+    for (name, preset) in presets {
+        let model = ScriptedModel::new([chunks::text("should not run")]);
+        let rt = runtime(&model);
+        let handle = Arc::new(create(&rt, "a").await);
+        let agent = handle.agent().clone();
+        let loop_agent = rt.loop_agent(agent.id()).unwrap();
+        let disposal = Arc::new(Mutex::new(None));
+        let (h, d) = (handle.clone(), disposal.clone());
+        *loop_agent.before_send_exclusive.lock() = Some(Box::new(move || {
+            *d.lock() = Some(h.dispose());
+        }));
+        let late = user("racing the disposal");
+        let sent = preset(&*agent, late.clone());
+        assert!(
+            matches!(&sent, Err(AgentError::Disposed(id)) if id == agent.id()),
+            "{name}: a send after disposal began is refused: {sent:?}"
+        );
+        let fut = disposal.lock().take().expect("the hook started disposal");
+        fut.await;
+        assert!(
+            agent.inbox().is_empty(),
+            "{name}: work stranded on a disposed agent: {:?}",
+            agent.inbox()
+        );
+        assert!(
+            !splices(&*agent)
+                .iter()
+                .any(|s| s.inserted.iter().any(|m| m.id == late.id)),
+            "{name}: the refused message was logged as accepted"
+        );
+        assert_eq!(count(&*agent, "turn/start"), 0, "{name}");
+        assert!(model.requests().is_empty(), "{name}");
+        drop((agent, loop_agent, handle));
+        finish(&rt, []).await;
+    }
+}
+
 /// spec: SPN-20 — cancel right after waking sends closes the synchronously opened turn
 /// without a step.
 #[tokio::test(start_paused = true)]
