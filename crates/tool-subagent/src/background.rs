@@ -8,10 +8,21 @@
 //! also begins the start (see `foreground::begin_start`), so the start's synchronous prefix —
 //! the delegated policy capture among it — happens at the call, not when the registry's task
 //! first polls the job.
+//!
+//! Until the call's result reaches the model, the job's settlement is **not announced**: its
+//! `done` resolves only once the call lets go of its [`AnnouncementHold`] — when the pipeline
+//! commits and delivers the result (the context's discard hooks are dropped unrun), or when it
+//! discards it (after [`kill_on_discard`] has marked the job reported) — or once the job's own
+//! token is cancelled (a kill, owner disposal, registry shutdown). A job that settles at once (a
+//! start rejected synchronously) would otherwise emit its completion notice while the call's
+//! success may still be discarded, naming a job id the model never received.
 
+use std::pin::pin;
 use std::sync::Arc;
 
 use futures::FutureExt;
+use futures::channel::oneshot;
+use futures::future::select;
 use subagent::agent::jobs::{JobHooks, JobId, JobOutcome, JobSpec, Jobs};
 use subagent::agent::tools::{ToolContext, ToolError, codes};
 use subagent::agent::{CancelCause, SessionId, Signal};
@@ -28,8 +39,20 @@ use crate::value::DelegationValue;
 /// The job kind of a one-shot background delegation (ids are `subagent-<n>`).
 pub const JOB_KIND: &str = "subagent";
 
+/// Holds back a background job's settlement — and so its completion notice — while the call
+/// that started it may still have its success discarded (see the [module docs](self)).
+/// Dropping it releases the job; the call hands it to [`kill_on_discard`], whose hook releases
+/// it after the kill when the success is discarded, or drops it unrun with the call's context
+/// once the success is committed and delivered.
+#[must_use = "dropping the hold announces the job at once"]
+pub(crate) struct AnnouncementHold {
+    /// Dropped to release the job (it is never sent on).
+    _release: oneshot::Sender<()>,
+}
+
 /// Starts one background delegation as a job owned by `owner`, labelled `label`, and returns
-/// its id. `request.signal` is replaced by the job's own token.
+/// its id with the hold on its announcement. `request.signal` is replaced by the job's own
+/// token.
 pub(crate) fn start(
     jobs: &Arc<dyn Jobs>,
     subagents: SubagentService,
@@ -37,7 +60,8 @@ pub(crate) fn start(
     label: String,
     owner: SessionId,
     mut request: SubagentStartRequest,
-) -> Result<DelegationValue, ToolError> {
+) -> Result<(DelegationValue, AnnouncementHold), ToolError> {
+    let (hold, held) = oneshot::channel::<()>();
     let spec = JobSpec {
         kind: JOB_KIND.to_owned(),
         label,
@@ -59,7 +83,12 @@ pub(crate) fn start(
                     let starting = begin_start(subagents, provider.clone(), request);
                     async move {
                         let started = starting.await;
-                        JobOutcome::from(settle_start(&provider, started, &own).await)
+                        let outcome = settle_start(&provider, started, &own).await;
+                        // Every resource is released; the settlement waits for the call's
+                        // result to reach the model (or for a kill / teardown).
+                        let cancelled = pin!(own.cancelled());
+                        let _ = select(held, cancelled).await;
+                        JobOutcome::from(outcome)
                     }
                     .boxed()
                 },
@@ -69,7 +98,10 @@ pub(crate) fn start(
     let id = jobs
         .start(spec)
         .map_err(|e| ToolError::new(codes::FAILED, model_text::job_start_refused(&e)))?;
-    Ok(DelegationValue::Background { job_id: id.0 })
+    Ok((
+        DelegationValue::Background { job_id: id.0 },
+        AnnouncementHold { _release: hold },
+    ))
 }
 
 /// Kills job `job_id` of the call's agent if the pipeline discards the call's successful
@@ -80,7 +112,12 @@ pub(crate) fn start(
 /// [`model_text::CALL_DISCARDED_KILL_REASON`]) cancels the run, which the job still disposes
 /// before it settles `killed`, and marks the job reported, so no completion notice names a job
 /// the model never heard of.
-pub(crate) fn kill_on_discard(ctx: &ToolContext, jobs: Arc<dyn Jobs>, job_id: &str) {
+///
+/// The hook owns the job's `hold`: it releases it only after the kill has marked the job
+/// reported, so a job that had already finished its work (a start rejected at once) settles
+/// quietly too. When the success is committed and delivered, the hook is dropped unrun with
+/// the call's context, and dropping the hold lets the job settle and announce itself.
+pub(crate) fn kill_on_discard(ctx: &ToolContext, jobs: Arc<dyn Jobs>, job_id: &str, hold: AnnouncementHold) {
     let owner = ctx.agent().clone();
     let id = JobId(job_id.to_owned());
     ctx.on_discarded(move || {
@@ -88,6 +125,7 @@ pub(crate) fn kill_on_discard(ctx: &ToolContext, jobs: Arc<dyn Jobs>, job_id: &s
         if let Err(error) = jobs.kill(&owner, &id, reason) {
             tracing::warn!(job = %id, %error, "subagent tool: could not kill the job of a discarded call");
         }
+        drop(hold);
     });
 }
 

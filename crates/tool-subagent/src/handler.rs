@@ -185,7 +185,7 @@ impl ToolHandler for DelegationTool {
                 let Some(jobs) = &inv.services.jobs else {
                     return Err(ToolError::failed(model_text::JOBS_UNAVAILABLE));
                 };
-                let value = background::start(
+                let (value, hold) = background::start(
                     jobs,
                     inv.subagents.clone(),
                     provider,
@@ -195,9 +195,11 @@ impl ToolHandler for DelegationTool {
                 )?;
                 // Until the job id reaches the model, the call still owns the job: a success the
                 // pipeline discards (the call's signal fired as the body returned, so the call is
-                // recorded as cancelled) would otherwise leave a job the model never heard of.
+                // recorded as cancelled) would otherwise leave a job the model never heard of —
+                // or, had it already settled, a completion notice naming it. The hold keeps the
+                // job from announcing itself until the pipeline commits or discards the success.
                 if let DelegationValue::Background { job_id } = &value {
-                    background::kill_on_discard(&ctx, jobs.clone(), job_id);
+                    background::kill_on_discard(&ctx, jobs.clone(), job_id, hold);
                 }
                 value
             }

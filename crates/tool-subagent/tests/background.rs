@@ -676,3 +676,161 @@ async fn a_discarded_background_start_kills_its_job() {
     assert_eq!(disposals.load(Ordering::SeqCst), 1);
     host.close().await;
 }
+
+/// Runs the background `subagent` tool's body directly under `ctx` (as the pipeline's dispatch
+/// does), leaving the commit — delivering or discarding the success — to the test.
+async fn dispatch_background(host: &Host, parent: &agent::SessionId) -> agent::tools::ToolContext {
+    use agent::tools::{ExecutionId, ToolContext, ToolExecution};
+    let execution = ToolExecution {
+        id: ExecutionId::next(),
+        agent: parent.clone(),
+        call_id: "call-bg".into(),
+        name: "subagent".to_owned(),
+        arguments: background(),
+    };
+    let ctx = ToolContext::new(Arc::new(execution), Signal::new());
+    let definition = host
+        .services()
+        .tools
+        .get("subagent", None)
+        .expect("the tool is registered");
+    let output = definition
+        .handler
+        .execute(background(), ctx.clone())
+        .await
+        .expect("the background job starts");
+    assert_eq!(
+        agent::content::visible_text(&output.content),
+        "started background subagent job subagent-1"
+    );
+    ctx
+}
+
+/// Lets every spawned task run until it blocks (paused clock: time never advances by itself).
+async fn run_tasks() {
+    for _ in 0..16 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A provider whose start is rejected synchronously (its future is ready on its first poll).
+fn rejecting_start() -> FakeProvider {
+    FakeProvider::new(
+        "rejecting",
+        Arc::new(|_| {
+            async {
+                Err(SubagentError::new(
+                    SubagentErrorCode::ProviderFailed,
+                    "setup failed",
+                ))
+            }
+            .boxed()
+        }),
+    )
+    .capability_less()
+}
+
+/// Records every completion notice of `host`'s registry.
+fn record_notices(host: &Host) -> (Arc<Mutex<Vec<String>>>, agent::Registration) {
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let sink = seen.clone();
+    let guard = host.jobs.as_ref().expect("jobs").notices().on(move |notice| {
+        sink.lock().push(notice.text.clone());
+        Ok(())
+    });
+    (seen, guard)
+}
+
+/// spec: TOOL-44 / §3.8 step 3 — a background job whose start is rejected at once settles
+/// while its call's success is still on its way to the model (on a multi-thread runtime the
+/// job's task runs on another worker as the body returns; on any runtime while the pipeline
+/// awaits an earlier call of its group or the result's log append). When the pipeline then
+/// discards that success (the signal fired as the body returned, the append was refused), the
+/// discard hook's kill must leave no trace the model can see: no completion notice may name the
+/// job id the model never received. Before, the job had settled and emitted its notice before
+/// the kill marked it reported.
+#[tokio::test(start_paused = true)]
+async fn a_discarded_background_start_that_settled_at_once_announces_nothing() {
+    let mut host = Host::new();
+    let _p = host.provider(rejecting_start());
+    let _tool = host.load(tool_subagent::SubagentToolConfig::new("rejecting"));
+    let parent = host.parent("sess-parent").await;
+    let (notices, _notices) = record_notices(&host);
+
+    let ctx = dispatch_background(&host, &parent).await;
+    // The job's task runs before the pipeline decides what to record.
+    run_tasks().await;
+    // The pipeline discards the success; the model never learns `subagent-1`.
+    ctx.discard();
+    drop(ctx);
+    run_tasks().await;
+
+    assert!(
+        notices.lock().is_empty(),
+        "a notice names a job the model never heard of: {:?}",
+        notices.lock()
+    );
+    let jobs = host.jobs.clone().expect("jobs");
+    let job = agent::jobs::JobId("subagent-1".to_owned());
+    let snapshot = jobs.get(&parent, &job).expect("the job is listed");
+    assert!(snapshot.status.is_terminal(), "{snapshot:?}");
+    assert!(snapshot.reported, "{snapshot:?}");
+    host.close().await;
+}
+
+/// spec: TOOL-41 / §3.8 — the same job whose call's success *is* committed and delivered
+/// announces its settlement exactly once, and only once the result carrying its id reached
+/// the model (the context's last clone is released), never before.
+#[tokio::test(start_paused = true)]
+async fn a_background_start_that_settled_at_once_is_announced_after_its_id_is_delivered() {
+    let mut host = Host::new();
+    let _p = host.provider(rejecting_start());
+    let _tool = host.load(tool_subagent::SubagentToolConfig::new("rejecting"));
+    let parent = host.parent("sess-parent").await;
+    let (notices, _notices) = record_notices(&host);
+
+    let ctx = dispatch_background(&host, &parent).await;
+    run_tasks().await;
+    assert!(
+        notices.lock().is_empty(),
+        "announced before the call's result was delivered: {:?}",
+        notices.lock()
+    );
+    // Committed and delivered: the pipeline lets go of the context without discarding.
+    drop(ctx);
+    run_tasks().await;
+    assert_eq!(
+        *notices.lock(),
+        [
+            "background job subagent-1 (subagent: deep research) finished [status: failed, setup failed]. Read its output with job_output."
+        ]
+    );
+    let output = host.job_output(&parent, "subagent-1").await;
+    assert_eq!(text(&output), "(no new output)\n[status: failed, setup failed]");
+    host.close().await;
+}
+
+/// A held announcement never stalls teardown: disposing the owner while the call's result is
+/// still undelivered settles the job (its kill releases the hold) without a notice.
+#[tokio::test(start_paused = true)]
+async fn a_held_announcement_never_stalls_owner_disposal() {
+    let mut host = Host::new();
+    let _p = host.provider(rejecting_start());
+    let _tool = host.load(tool_subagent::SubagentToolConfig::new("rejecting"));
+    let parent = host.parent("sess-parent").await;
+    let (notices, _notices) = record_notices(&host);
+
+    let ctx = dispatch_background(&host, &parent).await;
+    run_tasks().await;
+    let jobs = host.jobs.clone().expect("jobs");
+    tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        jobs.dispose_owner_jobs(&parent),
+    )
+    .await
+    .expect("disposal is not stalled by the undelivered call");
+    drop(ctx);
+    run_tasks().await;
+    assert!(notices.lock().is_empty(), "{:?}", notices.lock());
+    host.close().await;
+}
