@@ -460,8 +460,9 @@ impl ToolRegistry {
 
 /// Runs the execution's [`on_discarded`](ToolContext::on_discarded) hooks (the pipeline
 /// replaced the body's success), containing a panicking hook like every other hook: it is
-/// logged, and the pipeline goes on to record and deliver the replaced outcome. The hooks
-/// registered after a panicking one in the same batch do not run (they are dropped with it).
+/// logged, and the pipeline goes on to record and deliver the replaced outcome. A panicking
+/// hook does not keep the later ones from running ([`ToolContext::discard`] runs them all
+/// first).
 fn run_discard_hooks(ctx: &ToolContext) {
     if let Err(panic) = catch_unwind(AssertUnwindSafe(|| ctx.discard())) {
         tracing::warn!(
