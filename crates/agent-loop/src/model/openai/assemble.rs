@@ -10,7 +10,9 @@
 //! | an event of another shape (no `choices`, only other choices, a `delta` field of another type, such as a numeric `content`) | nothing: ignored |
 //! | `usage` | one `usage` (`prompt_tokens`, `completion_tokens`, cached and reasoning details) |
 //! | `finish_reason` | remembered; at `[DONE]` (or the end of the body) every open block is closed in index order with its assembled block, then `usage`, then `finish` |
-//! | `{"error": …}` event | `finish {error}` (open blocks allowed) |
+//! | `{"error": …}` event, or an event without `choices` that is itself the error (a string `message` next to a `code`, a string `type` or `"object": "error"`) | `finish {error}` (open blocks allowed) with the error's `message` and its string `code` (else string `type`) upper-cased, else `PROVIDER_ERROR` |
+//! | an `event: error` event ([`on_error_event`](Assembler::on_error_event)) | the same, whatever its data: the error it carries, else its JSON as the error, else its text as the message |
+//! | an event that is not JSON | `BAD_RESPONSE` quoting its first 200 bytes, control characters escaped |
 //!
 //! A refusal is what the model said (its finish reason is still `stop`), and the spine has no
 //! finish of its own for it: it is kept as the response's text, not dropped (which would leave
@@ -41,6 +43,7 @@ use agent::{CallId, ContentBlock, FinishReason, LlmFailure, StreamChunk, TokenUs
 use serde_json::Value;
 
 use super::cap;
+use crate::excerpt::EXCERPT_CAP;
 
 /// What a `delta.tool_calls` entry's call is found by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -83,21 +86,14 @@ impl Assembler {
         let event: Value = serde_json::from_str(data).map_err(|e| {
             self.failure(
                 "BAD_RESPONSE",
-                format!("the provider sent an event that is not JSON: {e}"),
+                format!(
+                    "the provider sent an event that is not JSON ({e}): `{}`",
+                    quote(data)
+                ),
             )
         })?;
-        if let Some(error) = event.get("error").filter(|e| !e.is_null()) {
-            let message = error
-                .get("message")
-                .and_then(Value::as_str)
-                .or_else(|| error.as_str())
-                .map_or_else(|| error.to_string(), str::to_owned);
-            let code = error
-                .get("code")
-                .and_then(Value::as_str)
-                .or_else(|| error.get("type").and_then(Value::as_str))
-                .map_or_else(|| "PROVIDER_ERROR".to_owned(), |c| c.to_ascii_uppercase());
-            return Err(self.failure(&code, message));
+        if let Some(failure) = self.provider_error(&event) {
+            return Err(failure);
         }
         if let Some(usage) = event.get("usage").filter(|u| u.is_object()) {
             self.usage = Some(parse_usage(usage));
@@ -147,6 +143,58 @@ impl Assembler {
             self.finish_reason = Some(reason.to_owned());
         }
         Ok(out)
+    }
+
+    /// The failure for an `event: error` event, whatever its data: the error it carries (as
+    /// in any event), else its JSON taken as the error, else its text as the message (code
+    /// `PROVIDER_ERROR`).
+    pub(crate) fn on_error_event(&self, data: &str) -> LlmFailure {
+        match serde_json::from_str::<Value>(data) {
+            Ok(event) => self
+                .provider_error(&event)
+                .unwrap_or_else(|| self.error_failure(&event, true)),
+            Err(_) => self.failure("PROVIDER_ERROR", data.trim()),
+        }
+    }
+
+    /// The provider's error an event reports, if it reports one: its `error` member (unless
+    /// `null`), or, in an event without `choices`, the event itself when it has a string
+    /// `message` next to a `code`, a string `type` or `"object": "error"` (the shape some
+    /// servers send their errors in, vLLM's among them).
+    fn provider_error(&self, event: &Value) -> Option<LlmFailure> {
+        if let Some(error) = event.get("error").filter(|e| !e.is_null()) {
+            return Some(self.error_failure(error, false));
+        }
+        let fields = event.as_object()?;
+        let is_error = !fields.contains_key("choices")
+            && fields.get("message").is_some_and(Value::is_string)
+            && (fields.get("code").is_some_and(|c| !c.is_null())
+                || fields.get("type").is_some_and(Value::is_string)
+                || fields.get("object").and_then(Value::as_str) == Some("error"));
+        is_error.then(|| self.error_failure(event, true))
+    }
+
+    /// The failure for a provider's error (an object or a bare string): its `message` (else its
+    /// JSON text); its string `code`, else its string `type`, upper-cased, else
+    /// `PROVIDER_ERROR`. For an error that is the whole event (`top_level`) a `type` of
+    /// `error` only says it is one, and names no code.
+    fn error_failure(&self, error: &Value, top_level: bool) -> LlmFailure {
+        let message = error
+            .get("message")
+            .and_then(Value::as_str)
+            .or_else(|| error.as_str())
+            .map_or_else(|| error.to_string(), str::to_owned);
+        let code = error
+            .get("code")
+            .and_then(Value::as_str)
+            .or_else(|| {
+                error
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .filter(|t| !(top_level && *t == "error"))
+            })
+            .map_or_else(|| "PROVIDER_ERROR".to_owned(), |c| c.to_ascii_uppercase());
+        self.failure(&code, message)
     }
 
     /// The text pieces a `delta` adds to the text block, in order: `content` as a string, or
@@ -382,6 +430,30 @@ impl Assembler {
 /// char boundary), for messages.
 fn excerpt(value: &Value) -> String {
     crate::excerpt::excerpt(value.to_string())
+}
+
+/// At most [`EXCERPT_CAP`] bytes of `text` for a message, with control characters escaped
+/// (`\n`, `\t`, `\u{1b}`: the quote stays on one line and shows what was sent) and `…` marking
+/// a cut. Only as much of `text` is read as the quote holds.
+fn quote(text: &str) -> String {
+    let mut out = String::new();
+    for c in text.chars() {
+        let len = if c.is_control() {
+            c.escape_default().count()
+        } else {
+            c.len_utf8()
+        };
+        if out.len() + len > EXCERPT_CAP {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn parse_usage(usage: &Value) -> TokenUsage {

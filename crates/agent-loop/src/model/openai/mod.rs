@@ -20,7 +20,7 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use serde_json::Value;
 
 use self::assemble::Assembler;
-use self::sse::{MAX_EVENT_BYTES, SseDecoder};
+use self::sse::{MAX_EVENT_BYTES, SseDecoder, SseEvent};
 use super::aborted_failure;
 
 /// Failure messages are capped at this many UTF-8 bytes (on a char boundary).
@@ -121,9 +121,9 @@ impl fmt::Debug for OpenAiConfig {
 /// | connection failure / timeout | `CONNECTION_FAILED` / `TIMEOUT` | — |
 /// | the server sends nothing for longer than [`OpenAiConfig::idle_timeout`] | `TIMEOUT` | `requestId` (once the head arrived) |
 /// | read error mid-stream | `STREAM_ERROR` | `requestId` |
-/// | an `{"error": …}` event | the provider's code (upper-cased) or `PROVIDER_ERROR` | `requestId` |
+/// | a provider error in the stream: an `{"error": …}` event, an event without `choices` whose top level is the error (a string `message` next to a `code`, a string `type` or `"object": "error"`), or any `event: error` event (JSON or plain text) | the error's string `code`, else its string `type`, upper-cased as sent (a top-level `type` of `error` names no code), else `PROVIDER_ERROR`; `message` is the error's `message`, else its JSON, else (plain text) the data | `requestId` |
 /// | a 2xx answer with a JSON body (`application/json`) or an HTML page instead of an event stream | the provider's code when the body is `{"error": …}`, else `BAD_RESPONSE` | `requestId` |
-/// | an event that is not JSON, not valid UTF-8 or over 16 MiB | `BAD_RESPONSE` | `requestId` |
+/// | an event that is not JSON, not valid UTF-8 or over 16 MiB | `BAD_RESPONSE` (for non-JSON, the message quotes the event's first 200 bytes, control characters escaped) | `requestId` |
 /// | a `delta.content` part of a type other than `text` or `refusal`, or without its string field | `BAD_RESPONSE` | `requestId` |
 /// | the body ends before a finish reason or `[DONE]` | `STREAM_INTERRUPTED` | `requestId` |
 ///
@@ -392,7 +392,7 @@ impl BodyParser {
             .decoder
             .feed(bytes)
             .into_iter()
-            .any(|data| self.on_event(&data, out));
+            .any(|event| self.on_event(&event, out));
         ended || self.check_size(out)
     }
 
@@ -415,17 +415,17 @@ impl BodyParser {
         if self.check_size(out) {
             return;
         }
-        if let Some(data) = self.decoder.finish()
-            && self.on_event(&data, out)
+        if let Some(event) = self.decoder.finish()
+            && self.on_event(&event, out)
         {
             return;
         }
         out.extend(self.asm.finish(false));
     }
 
-    /// Handles one event's data; returns whether the stream ended.
-    fn on_event(&mut self, data: &[u8], out: &mut VecDeque<StreamChunk>) -> bool {
-        let data = match std::str::from_utf8(data) {
+    /// Handles one event; returns whether the stream ended.
+    fn on_event(&mut self, event: &SseEvent, out: &mut VecDeque<StreamChunk>) -> bool {
+        let data = match std::str::from_utf8(&event.data) {
             Ok(data) => data,
             Err(e) => {
                 out.push_back(self.asm.fail_chunk(
@@ -438,6 +438,16 @@ impl BodyParser {
         // An event without data (`data:` alone) carries nothing: a keep-alive, not damage.
         if data.trim().is_empty() {
             return false;
+        }
+        if event.error {
+            // `event: error`: whatever its data says is the provider's error.
+            out.push_back(StreamChunk::Finish {
+                reason: FinishReason::Error {
+                    failure: self.asm.on_error_event(data),
+                },
+                replay_state: None,
+            });
+            return true;
         }
         if data.trim() == "[DONE]" {
             out.extend(self.asm.finish(true));

@@ -1149,3 +1149,137 @@ fn a_null_reasoning_content_does_not_hide_reasoning() {
         )
     );
 }
+
+/// The failure a stream ended with.
+fn failure_of(chunks: &[StreamChunk]) -> &agent::LlmFailure {
+    match chunks.last() {
+        Some(StreamChunk::Finish {
+            reason: FinishReason::Error { failure },
+            ..
+        }) => failure,
+        other => panic!("no error finish: {other:?}"),
+    }
+}
+
+/// Errors sent without an `error` member, as `event: error` events (whatever their data) or
+/// as a top-level `{"message", "code"}` object, end the stream with the provider's message
+/// and code (after what was streamed before), instead of being ignored until the stream ends
+/// `STREAM_INTERRUPTED` with the provider's words lost.
+#[test]
+fn error_events_without_an_error_member_carry_the_providers_message() {
+    let lead = String::from_utf8(body(&[content("a")], false)).unwrap();
+    let after = String::from_utf8(body(&[content("never"), finish_event("stop")], true)).unwrap();
+    for (event, code, message) in [
+        (
+            "event: error\ndata: {\"message\": \"Model is overloaded\", \"code\": \"overloaded\"}\n\n",
+            "OVERLOADED",
+            "Model is overloaded",
+        ),
+        (
+            "event: error\ndata: {\"message\": \"boom\"}\n\n",
+            "PROVIDER_ERROR",
+            "boom",
+        ),
+        (
+            "event: error\ndata: {\"type\": \"error\", \"message\": \"bad\"}\n\n",
+            "PROVIDER_ERROR",
+            "bad",
+        ),
+        (
+            "event: error\ndata: Internal error\n\n",
+            "PROVIDER_ERROR",
+            "Internal error",
+        ),
+        (
+            "event: error\ndata: {\"error\": {\"message\": \"nested\", \"code\": \"x_y\"}}\n\n",
+            "X_Y",
+            "nested",
+        ),
+        (
+            "event: error\ndata: {\"detail\": 1}\n\n",
+            "PROVIDER_ERROR",
+            "{\"detail\":1}",
+        ),
+        (
+            "data: {\"message\": \"slow down\", \"code\": \"rate_limit_exceeded\"}\n\n",
+            "RATE_LIMIT_EXCEEDED",
+            "slow down",
+        ),
+        (
+            "data: {\"object\": \"error\", \"message\": \"too long\", \"type\": \
+             \"invalid_request_error\", \"param\": null, \"code\": 400}\n\n",
+            "INVALID_REQUEST_ERROR",
+            "too long",
+        ),
+        (
+            "data: {\"object\": \"error\", \"message\": \"no type\", \"code\": 500}\n\n",
+            "PROVIDER_ERROR",
+            "no type",
+        ),
+    ] {
+        let raw = format!("{lead}{event}{after}");
+        let chunks = parse(raw.as_bytes());
+        let failure = failure_of(&chunks);
+        assert_eq!(
+            (failure.code.as_str(), failure.message.as_str()),
+            (code, message),
+            "{event:?}"
+        );
+        assert_eq!(streamed_text(&chunks), "a", "{event:?}");
+        // However the body is framed.
+        assert_eq!(parse_parts(raw.as_bytes().chunks(1)), chunks, "{event:?}");
+    }
+    // An `event: error` without data dispatches nothing, and its type does not carry over to
+    // the next event; nor does a top-level `message` alone make an error.
+    let raw = format!(
+        "{lead}event: error\n\ndata: {{\"message\": \"status\"}}\n\n{}",
+        String::from_utf8(body(&[content("b"), finish_event("stop")], true)).unwrap()
+    );
+    assert_eq!(
+        outcome(&parse(raw.as_bytes())),
+        (vec![ContentBlock::text("ab")], "stop".to_owned())
+    );
+}
+
+/// A `BAD_RESPONSE` for an event that is not JSON quotes what the server sent, bounded and
+/// with control characters escaped, so `data: Internal error` is understandable.
+#[test]
+fn a_non_json_event_is_quoted_in_its_bad_response() {
+    let lead = String::from_utf8(body(&[content("a")], false)).unwrap();
+    let chunks = parse(format!("{lead}data: Internal error\n\n").as_bytes());
+    let failure = failure_of(&chunks);
+    assert_eq!(failure.code, "BAD_RESPONSE");
+    assert!(
+        failure
+            .message
+            .starts_with("the provider sent an event that is not JSON (")
+            && failure.message.ends_with("): `Internal error`"),
+        "{}",
+        failure.message
+    );
+    assert_eq!(streamed_text(&chunks), "a");
+
+    // Control characters (a data field over two lines is joined with `\n`) are escaped.
+    let chunks = parse(format!("{lead}data: oops\u{1b}[31m\tred\ndata: more\u{7}\n\n").as_bytes());
+    let message = &failure_of(&chunks).message;
+    assert!(
+        message.ends_with(r"`oops\u{1b}[31m\tred\nmore\u{7}`"),
+        "{message}"
+    );
+    assert!(!message.chars().any(char::is_control), "{message:?}");
+
+    // A huge event is quoted in part only, whatever its characters.
+    for unit in ["x", "é", "\u{1}"] {
+        let huge = unit.repeat(100_000);
+        let chunks = parse(format!("{lead}data: {huge}\n\n").as_bytes());
+        let failure = failure_of(&chunks);
+        assert_eq!(failure.code, "BAD_RESPONSE");
+        let quoted = failure.message.split_once('`').unwrap().1;
+        assert!(quoted.ends_with("…`"), "{quoted}");
+        assert!(
+            quoted.len() <= crate::excerpt::EXCERPT_CAP + "…`".len(),
+            "{}",
+            quoted.len()
+        );
+    }
+}

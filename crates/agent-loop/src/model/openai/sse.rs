@@ -1,9 +1,10 @@
 //! A minimal server-sent-events decoder (the subset chat-completion streams use).
 //!
 //! Bytes are fed in arbitrary pieces; complete events come out, as the raw bytes of their
-//! data (UTF-8 is the caller's to check, so a damaged byte is never silently replaced). Only
-//! `data:` fields matter (multiple `data:` lines of one event are joined with `\n`); `event:`, `id:`, `retry:` and
-//! comments (`:`) are ignored. Lines end in `\n`, `\r\n` or `\r`. A byte-order mark at the
+//! data (UTF-8 is the caller's to check, so a damaged byte is never silently replaced) and
+//! whether their type (`event:`, the last one of the event) is `error`. Only `data:` and
+//! `event:` fields matter (multiple `data:` lines of one event are joined with `\n`); `id:`,
+//! `retry:` and comments (`:`) are ignored. Lines end in `\n`, `\r\n` or `\r`. A byte-order mark at the
 //! very start of the stream is skipped (as the SSE spec says; anywhere else it is part of a
 //! field name). An event (its data and current line) may hold at most [`MAX_EVENT_BYTES`]: a
 //! server that sends more without ending the event stops the decoding (see
@@ -12,6 +13,16 @@
 /// The most bytes one event may buffer (16 MiB).
 pub(crate) const MAX_EVENT_BYTES: usize = 16 << 20;
 
+/// One complete event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SseEvent {
+    /// The raw bytes of its data.
+    pub(crate) data: Vec<u8>,
+    /// Whether its type is `error` (an `event: error` field, as some providers send their
+    /// in-stream errors with).
+    pub(crate) error: bool,
+}
+
 /// Incremental SSE decoder.
 #[derive(Debug)]
 pub(crate) struct SseDecoder {
@@ -19,6 +30,8 @@ pub(crate) struct SseDecoder {
     line: Vec<u8>,
     /// `data` of the event being assembled.
     data: Option<Vec<u8>>,
+    /// Whether the event being assembled is of type `error` (its last `event:` field says so).
+    error: bool,
     /// Whether the previous byte was a `\r` (so a following `\n` is part of the same break).
     after_cr: bool,
     /// Whether the first line has been completed (only it may start with a byte-order mark).
@@ -44,6 +57,7 @@ impl SseDecoder {
         Self {
             line: Vec::new(),
             data: None,
+            error: false,
             after_cr: false,
             past_first_line: false,
             limit,
@@ -56,9 +70,9 @@ impl SseDecoder {
         self.too_large
     }
 
-    /// Feeds bytes; returns the `data` of every event completed by them (before the limit was
-    /// outgrown, if it was).
-    pub(crate) fn feed(&mut self, bytes: &[u8]) -> Vec<Vec<u8>> {
+    /// Feeds bytes; returns every event completed by them (before the limit was outgrown, if
+    /// it was).
+    pub(crate) fn feed(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
         let mut out = Vec::new();
         if self.too_large {
             return out;
@@ -88,9 +102,9 @@ impl SseDecoder {
         out
     }
 
-    /// Ends the input: returns the pending event's data, if any (a stream that ended without
+    /// Ends the input: returns the pending event, if it has data (a stream that ended without
     /// the blank line that terminates its last event).
-    pub(crate) fn finish(&mut self) -> Option<Vec<u8>> {
+    pub(crate) fn finish(&mut self) -> Option<SseEvent> {
         if self.too_large {
             return None;
         }
@@ -98,16 +112,23 @@ impl SseDecoder {
         if !line.is_empty() {
             self.line_done(&line);
         }
-        self.data.take()
+        self.dispatch()
     }
 
-    fn line_done(&mut self, mut line: &[u8]) -> Option<Vec<u8>> {
+    /// Ends the event being assembled: returns it if it has data; the next one starts with
+    /// no data and the default type.
+    fn dispatch(&mut self) -> Option<SseEvent> {
+        let error = std::mem::take(&mut self.error);
+        self.data.take().map(|data| SseEvent { data, error })
+    }
+
+    fn line_done(&mut self, mut line: &[u8]) -> Option<SseEvent> {
         if !self.past_first_line {
             self.past_first_line = true;
             line = line.strip_prefix(BOM).unwrap_or(line);
         }
         if line.is_empty() {
-            return self.data.take();
+            return self.dispatch();
         }
         let (field, value) = match line.iter().position(|&b| b == b':') {
             Some(0) => return None,
@@ -117,7 +138,9 @@ impl SseDecoder {
             }
             None => (line, &[][..]),
         };
-        if field == b"data" {
+        if field == b"event" {
+            self.error = value == b"error";
+        } else if field == b"data" {
             match &mut self.data {
                 Some(d) => {
                     d.push(b'\n');
@@ -134,6 +157,11 @@ impl SseDecoder {
 mod tests {
     use super::*;
 
+    /// The data of each event.
+    fn datas(events: &[SseEvent]) -> Vec<&[u8]> {
+        events.iter().map(|e| e.data.as_slice()).collect()
+    }
+
     #[test]
     fn decodes_events_across_piece_boundaries() {
         let mut d = SseDecoder::default();
@@ -143,7 +171,8 @@ mod tests {
         for piece in raw.chunks(3) {
             out.extend(d.feed(piece));
         }
-        assert_eq!(out, [&b"{\"a\":1}"[..], b"x\ny", b"[DONE]"]);
+        assert_eq!(datas(&out), [&b"{\"a\":1}"[..], b"x\ny", b"[DONE]"]);
+        assert!(out.iter().all(|e| !e.error));
         assert_eq!(d.finish(), None);
     }
 
@@ -156,7 +185,7 @@ mod tests {
         for piece in raw.chunks(1) {
             out.extend(d.feed(piece));
         }
-        assert_eq!(out, [&b"0123456789\n"[..]]);
+        assert_eq!(datas(&out), [&b"0123456789\n"[..]]);
         assert!(!d.too_large());
         // One byte more: in one line, across data lines, or in a comment. Events completed
         // before the overflow still come out; nothing after it does.
@@ -169,7 +198,7 @@ mod tests {
             let mut input = b"data: x\n\n".to_vec();
             input.extend_from_slice(raw);
             input.extend_from_slice(b"\n\ndata: y\n\n");
-            assert_eq!(d.feed(&input), [b"x"], "{raw:?}");
+            assert_eq!(datas(&d.feed(&input)), [b"x"], "{raw:?}");
             assert!(d.too_large(), "{raw:?}");
             assert!(d.feed(b"data: z\n\n").is_empty());
             assert_eq!(d.finish(), None);
@@ -177,9 +206,41 @@ mod tests {
     }
 
     #[test]
+    fn an_event_is_an_error_when_its_last_type_field_says_so() {
+        let mut d = SseDecoder::default();
+        let raw = concat!(
+            "event: error\ndata: x\n\n",
+            // The type is the event's own: it does not carry over to the next event.
+            "data: y\n\n",
+            "event: error\nevent: message\ndata: z\n\n",
+            "event: message\nevent: error\ndata: v\n\n",
+            // An event without data is not dispatched, and neither is its type.
+            "event: error\n\ndata: w\n\n",
+            "event: error\ndata: tail",
+        );
+        let mut out = Vec::new();
+        for piece in raw.as_bytes().chunks(2) {
+            out.extend(d.feed(piece));
+        }
+        out.extend(d.finish());
+        let got: Vec<(&[u8], bool)> = out.iter().map(|e| (e.data.as_slice(), e.error)).collect();
+        assert_eq!(
+            got,
+            [
+                (&b"x"[..], true),
+                (b"y", false),
+                (b"z", false),
+                (b"v", true),
+                (b"w", false),
+                (b"tail", true),
+            ]
+        );
+    }
+
+    #[test]
     fn finish_returns_an_unterminated_event() {
         let mut d = SseDecoder::default();
         assert!(d.feed(b"data: tail").is_empty());
-        assert_eq!(d.finish().as_deref(), Some(&b"tail"[..]));
+        assert_eq!(d.finish().map(|e| e.data).as_deref(), Some(&b"tail"[..]));
     }
 }
