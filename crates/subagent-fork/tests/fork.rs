@@ -548,3 +548,91 @@ async fn fork_of_a_fork_child_seeds_the_childs_whole_log() {
     assert!(host.observer.violations().is_empty());
     host.finish().await;
 }
+
+/// Appends a compaction to `agent`'s log: one `user/message` whose `surfaceOp: replace` rewrites
+/// every current surface node into `summary`.
+fn compact(agent: &AgentRef, summary: &str) {
+    let events = events_of(agent);
+    let surface: Vec<u64> = events
+        .iter()
+        .filter(|e| e.data.is_surface())
+        .map(|e| e.seq)
+        .collect();
+    // The current nodes: a node replaced earlier is gone, its replacement stands for it.
+    let current = agent::history::derive_messages(&events);
+    assert!(!current.is_empty(), "something to compact");
+    let replaced_from = events
+        .iter()
+        .rev()
+        .find_map(|e| match e.surface.as_ref().and_then(|s| s.surface_op.as_ref()) {
+            Some(agent::SurfaceOp::Replace { .. }) => Some(e.seq),
+            _ => None,
+        })
+        .unwrap_or(surface[0]);
+    agent
+        .session()
+        .append(
+            EventData::UserMessage(Message::user_text(summary)),
+            Some(agent::SurfaceMeta {
+                surface_op: Some(agent::SurfaceOp::Replace {
+                    start: replaced_from,
+                    end: *surface.last().unwrap(),
+                }),
+                source_event_seqs: None,
+            }),
+        )
+        .expect("compaction appended");
+}
+
+/// spec: §5.1, §5.2 (spine §4.2 item 3, §4.8) — a parent whose log holds compaction-style
+/// surface replacements: the one inside the balanced prefix (between two completed turns) is
+/// seeded verbatim, so the child's first model request sees the parent's compacted history
+/// (its summary, not the replaced messages); the one after the last `turn/end` is excluded.
+/// The child's log replays clean and its result holds only its own answer.
+#[tokio::test(start_paused = true)]
+async fn a_compacted_parent_history_is_seeded_as_compacted() {
+    let host = Host::new(vec![
+        chunks::text("first answer").into(),
+        chunks::text("second answer").into(),
+        chunks::text("child answer").into(),
+    ])
+    .await;
+    let _p = fork(&host);
+    host.parent_turn("first").await;
+    compact(&host.parent, "summary of the first turn");
+    host.parent_turn("second").await;
+    let prefix_len = events_of(&host.parent).len();
+    compact(&host.parent, "summary of both turns");
+    let parent_log = events_of(&host.parent);
+    let run = start(&host, host.request()).await;
+    let result = run.result().await.unwrap();
+    assert_eq!(result.stop_reason, StopReason::Completed);
+    assert_eq!(text(&result.output), "child answer");
+    let child = run.local_agent().unwrap();
+    let events = events_of(&child);
+    assert_eq!(child.session().header().seed_length, Some(prefix_len as u64));
+    assert_eq!(events[..prefix_len], parent_log[..prefix_len]);
+    // The child's first request continues the compacted history of the seed.
+    let seeded: Vec<String> = agent::history::derive_messages(&parent_log[..prefix_len])
+        .iter()
+        .map(|m| m.text())
+        .collect();
+    assert_eq!(seeded[0], "summary of the first turn");
+    assert!(!seeded.iter().any(|t| t == "first" || t == "first answer"));
+    assert!(!seeded.iter().any(|t| t == "summary of both turns"));
+    let request = host
+        .model
+        .requests()
+        .last()
+        .cloned()
+        .expect("the child's request");
+    let sent: Vec<String> = request.messages.iter().map(|m| m.text()).collect();
+    assert_eq!(sent[..seeded.len()], seeded[..], "{sent:?}");
+    run.dispose().await.unwrap();
+    assert!(
+        host.observer.violations().is_empty(),
+        "{:?}",
+        host.observer.violations()
+    );
+    host.finish().await;
+}

@@ -67,6 +67,14 @@ impl ContinuationManager {
                 return Err(SubagentError::cannot_interrupt_itself(agent.id().as_str()));
             }
         }
+        // The lookup, the authorization, the disposal check and the cancel are one span under
+        // the admission lock, like a submission's (spec §2.14.5) and the opening of a disposal
+        // transaction (its cancel): with respect to a drain or a settling watcher on another
+        // thread, the interrupt either cancels wholly before the transaction opens (whose own
+        // cancel then follows) or finds it open and is a no-op (CONT-103). Checked outside the
+        // span, a teardown opened between the check and the cancel got a second cancel of the
+        // child from the interrupt. Nothing here suspends.
+        let _admission = inner.admission.lock();
         let Some(activation) = inner.activations.lock().get(target).cloned() else {
             return Ok(());
         };
@@ -90,6 +98,8 @@ impl ContinuationManager {
         if activation.disposal().is_some() {
             return Ok(());
         }
+        #[cfg(test)]
+        inner.hooks.interrupt_checked();
         // The child is host code: a panic of its `cancel` is the interrupt's typed failure,
         // never an unwind into the caller (a tool call, a signal handler).
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

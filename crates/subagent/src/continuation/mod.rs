@@ -55,8 +55,10 @@
 //!   waits for. A settlement notice's delivery (its scheduling decision — closing parent or
 //!   not, wake or not — through its send) is one such span as well: a drain on another thread
 //!   never opens the parent's teardown between the decision and the send. So is a report
-//!   (its checks through its send, §2.14.10). Reentrant, because an insertion observer may
-//!   itself drain; never held across an `.await`. Taken before any lock above.
+//!   (its checks through its send, §2.14.10), and an interrupt (its disposal check through its
+//!   cancel, §2.14.9: a teardown opened on another thread is either after its cancel or seen
+//!   by it). Reentrant, because an insertion observer may itself drain; never held across an
+//!   `.await`. Taken before any lock above.
 //! * `Activation` fields (sync) — each protects only its own small set.
 
 mod activation;
@@ -228,6 +230,9 @@ pub(crate) struct TestHooks {
     /// the report (closing parent or not, and so whether to wake it), before its send — inside
     /// the report's admission span.
     pub(crate) report_scheduled: Mutex<Option<PointHook>>,
+    /// Called (synchronously) by an interrupt once it found its target resident, authorized and
+    /// with no disposal open, before its cancel — inside the interrupt's admission span.
+    pub(crate) interrupt_checked: Mutex<Option<PointHook>>,
 }
 
 /// A test hook: the future to await at its point, made from the Activation concerned.
@@ -291,6 +296,13 @@ impl TestHooks {
 
     fn report_scheduled(&self) {
         let hook = self.report_scheduled.lock().clone();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
+
+    fn interrupt_checked(&self) {
+        let hook = self.interrupt_checked.lock().clone();
         if let Some(hook) = hook {
             hook();
         }

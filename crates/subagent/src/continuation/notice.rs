@@ -17,7 +17,14 @@ impl Inner {
         output: Option<&[ContentBlock]>,
     ) {
         let child_id = activation.child_id.as_str();
-        let Some(parent) = self.services.agents.get(&activation.parent_session) else {
+        // A parent whose disposal began counts as gone (its send would be refused): the notice
+        // is dropped silently, as for an absent parent.
+        let Some(parent) = self
+            .services
+            .agents
+            .get(&activation.parent_session)
+            .filter(|parent| parent.is_live())
+        else {
             return;
         };
         let mut source = Map::new();
@@ -69,8 +76,17 @@ impl Inner {
             }
             owner.wake();
         }
-        if let Err(e) = result {
-            tracing::warn!(child = %child_id, error = %e, "settlement notice was not delivered to its parent");
+        match result {
+            // The parent's disposal began after it was resolved above (on another thread, or
+            // from a listener of the send): it is gone, and a notice to a gone parent is dropped
+            // without a warning (spec §2.14.8).
+            Err(e) if !parent.is_live() => {
+                tracing::debug!(child = %child_id, error = %e, "settlement notice dropped: its parent is being disposed");
+            }
+            Err(e) => {
+                tracing::warn!(child = %child_id, error = %e, "settlement notice was not delivered to its parent");
+            }
+            Ok(_) => {}
         }
     }
 }

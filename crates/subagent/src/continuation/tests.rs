@@ -883,6 +883,56 @@ async fn cont_81_90_gone_parent() {
     host.finish().await;
 }
 
+/// spec: §2.14.8 ("Parent absent → the notice is dropped silently … no warning"), §4 item 32,
+/// CONT-81 — a parent whose disposal begins while a child's notice is under way (here: right
+/// after the notice resolved the still-live parent and decided how to schedule itself, before
+/// its send — as when the host disposes the parent on another thread) counts as gone: its
+/// refused send is dropped without a warning, and the child's end edge still fires. (The
+/// refusal was logged as "settlement notice was not delivered to its parent", as for a live
+/// parent whose inbox failed.)
+#[tokio::test(start_paused = true)]
+async fn a_notice_to_a_parent_whose_disposal_began_is_dropped_without_a_warning() {
+    let warnings = WarningCapture::new();
+    let _subscriber = warnings.install();
+    let mut host = Host::new(by_session(4)).await;
+    let (child_gate, hook) = gate(&host, "child");
+    let mut spec = host.spec("task");
+    spec.child_id = Some(SessionId::from("child"));
+    let (child_id, _) = host.manager.start_continuable(spec).await.unwrap();
+    yield_a_while().await;
+    // The synchronous part of the parent's disposal, at the notice's scheduling point; the
+    // teardown itself is awaited below.
+    let parent_handle = Mutex::new(host.parent_handle.take());
+    let parent_disposal = Arc::new(Mutex::new(None));
+    let disposal = parent_disposal.clone();
+    *host.manager.inner.hooks.notice_scheduled.lock() = Some(Arc::new(move || {
+        if let Some(handle) = parent_handle.lock().take() {
+            *disposal.lock() = Some(handle.dispose());
+        }
+    }));
+    child_gate.send(true).unwrap();
+    host.settle().await;
+    *host.manager.inner.hooks.notice_scheduled.lock() = None;
+    assert!(!host.parent.is_live(), "the parent's disposal began");
+    let ends = host.ends();
+    assert_eq!(ends.len(), 1);
+    assert_eq!(ends[0].info.id, child_id);
+    assert_eq!(ends[0].stop_reason, StopReason::Completed);
+    assert!(notices(&host.parent).is_empty());
+    let logged = warnings.messages();
+    assert!(
+        !logged.iter().any(|w| w.contains("settlement notice")),
+        "{logged:?}"
+    );
+    let parent_disposed = parent_disposal
+        .lock()
+        .take()
+        .expect("the notice disposed the parent");
+    parent_disposed.await;
+    drop(hook);
+    host.finish().await;
+}
+
 /// The lifecycle edges of one epoch: one start (child id, provider, local) before any turn, one
 /// end pairing its run id with the epoch's answer.
 #[tokio::test(start_paused = true)]

@@ -1167,10 +1167,16 @@ async fn forest_past_a_departed_intermediate(host: &mut Host) -> (SessionId, Age
     let (t_id, _) = host.manager.start_continuable(spec).await.unwrap();
     mid_handle.dispose().await;
     assert!(host.get(&SessionId::from("mid")).is_none());
+    // A plain agent below `t` (no `origin: subagent`): it runs turns here (the settlement notices
+    // of the children started on its behalf wake it) without the descriptor a provider's child
+    // carries, which the log invariants require of a subagent's log.
     let o2_handle = host
         .runtime
         .create(CreateAgentOptions {
-            meta: meta(&t_id, 3),
+            meta: SessionMeta {
+                origin: None,
+                ..meta(&t_id, 3)
+            },
             agent_options: routed(),
             ..CreateAgentOptions::new(SessionId::from("o2"))
         })
@@ -1284,5 +1290,81 @@ async fn a_scoped_drain_waits_for_a_materialization_below_a_drained_child() {
     assert!(host.get(&SessionId::from("below")).is_none());
     *host.manager.inner.hooks.before_release.lock() = None;
     drop(listener);
+    host.finish().await;
+}
+
+/// spec: CONT-103, §2.14.9 step 4 — an interrupt's disposal check and its cancel are one
+/// admission span, like the opening of a disposal transaction (its cancel). Here a scoped drain
+/// covering the interrupted child begins on another thread right after the interrupt found no
+/// disposal open: the drain's span waits for the interrupt, so the interrupt's `keepInbox`
+/// cancel (cause `user`) is issued before the child's transaction opens, and the drain's cancel
+/// is the transaction's own — the child is never cancelled by an interrupt after its teardown
+/// began. (Checked outside the span, the drain opened the child's teardown — its cancel, cause
+/// `parent` — between the check and the cancel, and the interrupt then cancelled the closing
+/// child a second time.)
+#[tokio::test(start_paused = true)]
+async fn a_drain_beginning_mid_interrupt_is_not_followed_by_the_interrupts_cancel() {
+    let host = Host::new(vec![]).await;
+    let (order, recorders) = record_cancels(&host, &["target"]);
+    let child_id = start_reserved(&host, "target").await;
+    yield_a_while().await;
+    // What lets the interrupt go on, once the drain began on its thread: the drain's span found
+    // the admission lock held by the interrupt's thread (and waits for it), or it is over.
+    let (progress_tx, progress_rx) = std::sync::mpsc::channel::<&'static str>();
+    let drain_span = progress_tx.clone();
+    *host.manager.inner.hooks.drain_span.lock() = Some(Arc::new(move |contended: bool| {
+        if contended {
+            let _ = drain_span.send("the drain's span waits for the interrupt");
+        }
+    }));
+    let (drain_tx, drain_rx) = std::sync::mpsc::channel();
+    let start_drain = Mutex::new(Some((progress_tx, progress_rx, drain_tx)));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let (manager, root, runtime) = (
+        host.manager.clone(),
+        host.parent.clone(),
+        tokio::runtime::Handle::current(),
+    );
+    *host.manager.inner.hooks.interrupt_checked.lock() = Some(Arc::new(move || {
+        let Some((progress_tx, progress_rx, drain_tx)) = start_drain.lock().take() else {
+            return;
+        };
+        let (manager, root, runtime) = (manager.clone(), root.clone(), runtime.clone());
+        let drain = std::thread::spawn(move || {
+            let _runtime = runtime.enter();
+            let drain = manager.drain_continuable_descendants(std::slice::from_ref(&root));
+            let _ = progress_tx.send("the drain's span is over");
+            drain
+        });
+        drain_tx.send(drain).expect("the test holds the drain's receiver");
+        sink.lock().push(progress_rx.recv().expect("the drain goes on"));
+    }));
+    host.manager
+        .interrupt(
+            &child_id,
+            &crate::continuation::InterruptAuthority::User {
+                parent_session_id: SessionId::from("parent"),
+            },
+        )
+        .expect("the interrupt is accepted");
+    let drain = drain_rx
+        .recv()
+        .expect("the interrupt started the drain")
+        .join()
+        .expect("the drain's synchronous span");
+    drain.await.expect("the scoped drain releases the child");
+    host.settle().await;
+    assert_eq!(*seen.lock(), vec!["the drain's span waits for the interrupt"]);
+    assert_eq!(cancelled_ids(&order), vec!["target"]);
+    // The turn ended with the interrupt's cause: its cancel came first, the transaction's after.
+    let log = host.persisted(&child_id).await;
+    assert_eq!(
+        turn_end_reasons(&log.events),
+        vec![json!({"kind": "aborted", "reason": {"kind": "user"}})]
+    );
+    *host.manager.inner.hooks.drain_span.lock() = None;
+    *host.manager.inner.hooks.interrupt_checked.lock() = None;
+    drop(recorders);
     host.finish().await;
 }
