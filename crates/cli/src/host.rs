@@ -221,8 +221,11 @@ impl PreStepInterceptor for StepLimit {
 
 /// Reads an ACP provider configuration ([`HostOptions::acp`]) from a JSON file with the spec's
 /// key names, e.g. `{"command": "my-acp-agent", "args": ["--stdio"], "permission": "reject"}`.
-/// Unknown keys are refused, so a misspelt key is never silently ignored. Only reads and parses:
-/// the configuration is validated when [`build_host`] loads it. Only a regular file of at most
+/// Unknown keys are refused, so a misspelt key is never silently ignored; anything but a JSON
+/// object is refused as such. The parsed configuration is then validated with the provider's own
+/// load-time check ([`subagent_acp::AcpConfig::load`]: graces, `cwd`, a `command`, `args` and
+/// `env` a process can be given), so every error — reading, parsing or validating — names the
+/// file ([`build_host`] loads it again when composing). Only a regular file of at most
 /// [`MAX_ACP_CONFIG_BYTES`] is read: a FIFO would block the program, a device (`/dev/zero`) or
 /// a huge file exhaust its memory, so both are refused with the reason.
 pub fn read_acp_config(path: &Path) -> Result<subagent_acp::AcpConfig, crate::CliError> {
@@ -245,7 +248,19 @@ pub fn read_acp_config(path: &Path) -> Result<subagent_acp::AcpConfig, crate::Cl
             "larger than {MAX_ACP_CONFIG_BYTES} bytes; an ACP configuration is a few lines"
         )));
     }
-    serde_json::from_str(&text).map_err(|e| failed(e.to_string()))
+    // Syntax first (with its line and column), then the shape. serde would take an array of
+    // the eight fields' values, in order, as a configuration, and its complaint about any other
+    // non-object ("invalid length 0, expected struct AcpConfig with 8 elements") does not tell
+    // the user what a configuration looks like.
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| failed(e.to_string()))?;
+    if !value.is_object() {
+        return Err(failed(
+            r#"must be a JSON object, e.g. {"command": "my-acp-agent"}"#.to_owned(),
+        ));
+    }
+    let config: subagent_acp::AcpConfig = serde_json::from_str(&text).map_err(|e| failed(e.to_string()))?;
+    config.load().map_err(|e| failed(e.to_string()))?;
+    Ok(config)
 }
 
 /// The largest ACP configuration file [`read_acp_config`] reads: 1 MiB.

@@ -295,6 +295,87 @@ fn run_with_a_bad_acp_config_is_one_line_error() {
     assert!(!dir.path().join("store").exists(), "nothing was stored");
 }
 
+/// An `--acp-config` file that parses but is not a configuration — a JSON array, string or
+/// number, or an object the provider refuses at load (an empty command, a NUL byte, an
+/// environment name with `=`, a zero grace) — is one user error naming the file and the
+/// reason, before any store, host or model is touched (never "cannot start the host: cannot
+/// register provider acp", which names no file, nor serde's "expected struct AcpConfig with 8
+/// elements").
+#[test]
+fn run_with_an_acp_config_that_does_not_load_names_the_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = dir.path().join("store");
+    let store = store.to_str().expect("utf-8 path");
+    let mut wrong = Vec::new();
+    for (name, text, needle) in [
+        // serde would take these eight values, in field order, as a configuration.
+        (
+            "array.json",
+            r#"["acp", "true", [], null, "reject", {}, 1, 1]"#,
+            "must be a JSON object",
+        ),
+        ("empty-array.json", "[]", "must be a JSON object"),
+        ("string.json", r#""my-acp-agent""#, "must be a JSON object"),
+        ("null.json", "null", "must be a JSON object"),
+        (
+            "empty-command.json",
+            r#"{"command": ""}"#,
+            "config command must not be empty",
+        ),
+        (
+            "nul-arg.json",
+            r#"{"command": "a", "args": ["b\u0000c"]}"#,
+            "config args[0] must not contain a NUL byte",
+        ),
+        (
+            "env-name.json",
+            r#"{"command": "a", "env": {"A=B": "1"}}"#,
+            "must be non-empty and contain neither '=' nor a NUL byte",
+        ),
+        (
+            "grace.json",
+            r#"{"command": "a", "disposeGraceMs": 0}"#,
+            "disposeGraceMs must be a positive finite number",
+        ),
+        (
+            "empty-cwd.json",
+            r#"{"command": "a", "cwd": ""}"#,
+            "config cwd must not be empty",
+        ),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        let out = subagent(&[
+            "run",
+            "--store",
+            store,
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--model",
+            "m",
+            "--acp-config",
+            path.to_str().expect("utf-8 path"),
+            "do it",
+        ]);
+        let err = stderr(&out);
+        let one_user_error = out.status.code() == Some(2)
+            && err.lines().count() == 1
+            && err.starts_with(&format!(
+                "subagent: cannot use ACP configuration {}",
+                path.display()
+            ))
+            && err.contains(needle);
+        if !one_user_error {
+            wrong.push(format!(
+                "{name}: {:?} {err:?} (wanted {needle:?})",
+                out.status.code()
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    assert!(!dir.path().join("store").exists(), "nothing was stored");
+}
+
 /// `subagent acp` needs the same model settings as `run`, and says so before serving anything.
 #[test]
 fn acp_without_model_settings_is_one_line_error() {

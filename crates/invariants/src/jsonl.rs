@@ -40,7 +40,10 @@ impl ReadError {
 /// The outcome of replaying every log under a directory.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DirReport {
-    /// How many `*.jsonl` files were found (readable or not).
+    /// How many logs were found: `*.jsonl` regular files (or links to one), whether or not they
+    /// could then be opened and read. An entry that is named like a log but is no file to read
+    /// — a FIFO, a device, a socket, a dangling link, a link to a directory — is not a log: it
+    /// is not counted here, only reported (an `IO` finding), like an unreadable subdirectory.
     pub logs: usize,
     /// How many events were replayed across all logs.
     pub events: u64,

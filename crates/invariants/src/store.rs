@@ -245,8 +245,12 @@ const SETTLED_SOURCE: &str = "subagent-settled";
 /// `(seq, senderSessionId)` of every settlement notice a log's session received itself:
 /// `user/message` events and messages inserted by `agent/inbox/spliced`, after the first
 /// `seed_length` events (a fork child's inherited prefix holds what its parent received, checked
-/// in the parent's log and compared with it by `FORK-SEED`). Unreadable lines are skipped (they
-/// are already `PARSE` findings).
+/// in the parent's log and compared with it by `FORK-SEED`). Unreadable lines, and lines without
+/// a `seq` (not an event), are skipped (they are already `PARSE` findings).
+///
+/// Whether an event is in the seed is decided by its own `seq`, not by its line: a blank or
+/// unreadable line the log should not hold (or two events run together on one line) moves every
+/// later event to another line, but not out of or into the seed.
 fn settlement_notices(path: &Path, seed_length: u64) -> io::Result<Vec<(u64, SessionId)>> {
     fn sender(message: &Value) -> Option<SessionId> {
         let source = message.get("source")?;
@@ -257,17 +261,19 @@ fn settlement_notices(path: &Path, seed_length: u64) -> io::Result<Vec<(u64, Ses
     let mut out = Vec::new();
     let file = open_log(path)?;
     for_each_line(BufReader::new(file), |line| {
-        // Line 1 is the header; event `i` is on line `i + 2`.
-        if line.number < seed_length.saturating_add(2) {
+        // Line 1 is the header.
+        if line.number == 1 {
             return true;
         }
         let Ok(event) = serde_json::from_slice::<Value>(line.bytes) else {
             return true;
         };
-        let seq = event
-            .get("seq")
-            .and_then(Value::as_u64)
-            .unwrap_or(line.number - 2);
+        let Some(seq) = event.get("seq").and_then(Value::as_u64) else {
+            return true;
+        };
+        if seq < seed_length {
+            return true;
+        }
         let data = event.get("data");
         match event.get("type").and_then(Value::as_str) {
             Some("user/message") => out.extend(data.and_then(sender).map(|s| (seq, s))),

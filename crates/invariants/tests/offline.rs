@@ -329,7 +329,9 @@ fn directories_are_walked_recursively() {
         std::os::unix::fs::symlink(dir.join("nowhere.jsonl"), dir.join("dangling.jsonl")).unwrap();
         std::os::unix::fs::symlink(dir.join("nested"), dir.join("folder.jsonl")).unwrap();
         let report = replay_dir(&dir).unwrap();
+        // They are no logs: not counted (`DirReport::logs`), by the store check either.
         assert_eq!(report.logs, 3);
+        assert_eq!(invariants::check_store(&dir).unwrap().logs, 3);
         let mut io: Vec<&str> = report
             .violations
             .iter()

@@ -265,6 +265,74 @@ fn a_notice_inherited_through_a_fork_seed_is_the_parents_not_the_forks() {
     );
 }
 
+/// `NOTICE-PARENT`: whether a notice is in a fork child's inherited seed is decided by its
+/// event's own `seq`, not by its line. A blank line inside the seed (a `PARSE` finding of its
+/// own) moves the parent's notice, the seed's last event, one line down: it is still the
+/// parent's, no finding in the child's log. Three seed events run together on one line (two
+/// lost newlines) move the fork child's own notice, its first event after the seed's end, two
+/// lines up, onto a seed event's line: it is still the child's, and still a finding.
+#[test]
+fn a_damaged_line_in_a_fork_seed_does_not_move_notices_across_it() {
+    let dir = scratch("store-notice-seed-damage");
+    let (parent, spawned, _, _) = family();
+    // The parent hears from its spawn child after a turn and is forked right then: the notice
+    // is the seed's last event.
+    let mut p = LogBuilder::new(parent.header.clone());
+    p.turn(2, 1, None);
+    p.event(
+        agent::EventData::UserMessage(notice_from("spawned")),
+        Some(agent::SurfaceMeta::append()),
+    );
+    let parent = p.build();
+    let n = parent.events.len() as u64;
+    let header = child_header("forked", &parent.header, n);
+    put(&dir, "parent.jsonl", &parent);
+    put(&dir, "spawned.jsonl", &spawned);
+    let lines = |log: &SyntheticLog| -> Vec<String> { log.to_jsonl().lines().map(str::to_owned).collect() };
+    let notices = |report: &invariants::DirReport| -> Vec<(String, Option<u64>)> {
+        report
+            .of_rule(invariants::RuleId::NOTICE_PARENT)
+            .map(|v| (v.session.as_str().to_owned(), v.seq))
+            .collect()
+    };
+
+    // A blank line after the seed's first event.
+    let mut f = LogBuilder::seeded(header.clone(), &parent.events);
+    f.turn(1, 0, Some("fork"));
+    let mut text = lines(&f.build());
+    text.insert(2, String::new());
+    std::fs::write(dir.join("forked.jsonl"), text.join("\n") + "\n").unwrap();
+    let report = check_store(&dir).unwrap();
+    assert!(notices(&report).is_empty(), "{:#?}", report.violations);
+    assert!(
+        rules(&report.violations).contains(&"PARSE"),
+        "the blank line is a finding: {:#?}",
+        report.violations
+    );
+
+    // The seed's first three events on one line; the fork child's own notice right after the
+    // seed's end.
+    let mut f = LogBuilder::seeded(header, &parent.events);
+    f.event(
+        agent::EventData::UserMessage(notice_from("spawned")),
+        Some(agent::SurfaceMeta::append()),
+    );
+    let forked = f.build();
+    let own = forked.events.len() as u64 - 1;
+    assert_eq!(own, n + 1, "after the seed and its end marker");
+    let mut text = lines(&forked);
+    let run_together: String = text.drain(1..4).collect();
+    text.insert(1, run_together);
+    std::fs::write(dir.join("forked.jsonl"), text.join("\n") + "\n").unwrap();
+    let report = check_store(&dir).unwrap();
+    assert_eq!(
+        notices(&report),
+        [("forked".to_owned(), Some(own))],
+        "{:#?}",
+        report.violations
+    );
+}
+
 /// The findings of one store come in the same order on every run: duplicated session ids are
 /// reported in the path order of their second copies, like every other finding.
 #[test]
