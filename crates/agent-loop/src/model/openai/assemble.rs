@@ -160,8 +160,9 @@ impl Assembler {
     /// The provider's error an event reports, if it reports one: its `error` member (unless
     /// `null`), or, in an event without `choices`, the event itself when it has a string
     /// `message` next to a `code`, a string `type` or `"object": "error"` (the shape some
-    /// servers send their errors in, vLLM's among them).
-    fn provider_error(&self, event: &Value) -> Option<LlmFailure> {
+    /// servers send their errors in, vLLM's among them). Also how a successful response's one
+    /// JSON document is recognised as the provider's error.
+    pub(super) fn provider_error(&self, event: &Value) -> Option<LlmFailure> {
         if let Some(error) = event.get("error").filter(|e| !e.is_null()) {
             return Some(self.error_failure(error, false));
         }

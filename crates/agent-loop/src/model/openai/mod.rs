@@ -122,7 +122,7 @@ impl fmt::Debug for OpenAiConfig {
 /// | the server sends nothing for longer than [`OpenAiConfig::idle_timeout`] | `TIMEOUT` | `requestId` (once the head arrived) |
 /// | read error mid-stream | `STREAM_ERROR` | `requestId` |
 /// | a provider error in the stream: an `{"error": …}` event, an event without `choices` whose top level is the error (a string `message` next to a `code`, a string `type` or `"object": "error"`), or any `event: error` event (JSON or plain text) | the error's string `code`, else its string `type`, upper-cased as sent (a top-level `type` of `error` names no code), else `PROVIDER_ERROR`; `message` is the error's `message`, else its JSON, else (plain text) the data | `requestId` |
-/// | a 2xx answer with a JSON body (`application/json`) or an HTML page instead of an event stream | the provider's code when the body is `{"error": …}`, else `BAD_RESPONSE` | `requestId` |
+/// | a 2xx answer with a JSON body (`application/json`) or an HTML page instead of an event stream | when the body is the provider's error (an `{"error": …}`, or a top-level error as in a stream), its code and message as for an error in the stream; else `BAD_RESPONSE` | `requestId` |
 /// | an event that is not JSON, not valid UTF-8 or over 16 MiB | `BAD_RESPONSE` (for non-JSON, the message quotes the event's first 200 bytes, control characters escaped) | `requestId` |
 /// | a `delta.content` part of a type other than `text` or `refusal`, or without its string field | `BAD_RESPONSE` | `requestId` |
 /// | the body ends before a finish reason or `[DONE]` | `STREAM_INTERRUPTED` | `requestId` |
@@ -595,50 +595,32 @@ fn not_an_event_stream(headers: &HeaderMap) -> Option<Document> {
 }
 
 /// The failure for a successful response whose body is one document instead of an event
-/// stream: the provider's own error when it is a JSON `{"error": …}`, else `BAD_RESPONSE`
-/// saying what came instead.
+/// stream: the provider's own error when the JSON document is one — recognised as an error
+/// event in a stream is ([`Assembler::provider_error`]: an `{"error": …}`, or a document
+/// without `choices` that is itself the error, such as vLLM's `{"object": "error", "message":
+/// …}`), with its message and code — else `BAD_RESPONSE` saying what came instead.
 fn document_instead_of_stream(kind: Document, headers: &HeaderMap, body: &[u8]) -> LlmFailure {
+    let mut asm = Assembler::default();
+    asm.request_id = header_str(headers, "x-request-id");
     let document = match kind {
         Document::Json => serde_json::from_slice::<Value>(body).ok(),
         Document::Html => None,
     };
-    let error = document
-        .as_ref()
-        .and_then(|v| v.get("error"))
-        .filter(|e| !e.is_null());
-    let (code, message) = match (kind, error) {
-        (_, Some(error)) => (
-            error
-                .get("code")
-                .and_then(Value::as_str)
-                .or_else(|| error.get("type").and_then(Value::as_str))
-                .map_or_else(|| "PROVIDER_ERROR".to_owned(), |c| c.to_ascii_uppercase()),
-            error
-                .get("message")
-                .and_then(Value::as_str)
-                .or_else(|| error.as_str())
-                .map_or_else(|| error.to_string(), str::to_owned),
-        ),
-        (Document::Json, None) => (
-            "BAD_RESPONSE".to_owned(),
+    let mut failure = match (kind, document.as_ref().and_then(|d| asm.provider_error(d))) {
+        (_, Some(error)) => error,
+        (Document::Json, None) => asm.failure(
+            "BAD_RESPONSE",
             "the provider answered with one JSON document instead of an event stream (does the \
-             server support `stream: true`?)"
-                .to_owned(),
+             server support `stream: true`?)",
         ),
-        (Document::Html, None) => (
-            "BAD_RESPONSE".to_owned(),
+        (Document::Html, None) => asm.failure(
+            "BAD_RESPONSE",
             "the provider answered with an HTML page instead of an event stream (is the base URL \
-             the API's, up to its version segment?)"
-                .to_owned(),
+             the API's, up to its version segment?)",
         ),
     };
-    LlmFailure {
-        message: cap(message),
-        code,
-        status: None,
-        provider_retry_after_ms: retry_after_ms(headers),
-        request_id: header_str(headers, "x-request-id"),
-    }
+    failure.provider_retry_after_ms = retry_after_ms(headers);
+    failure
 }
 
 /// The `finish {error}` chunk for a failure to send the request.
@@ -699,6 +681,52 @@ mod tests {
         let capped = cap(s);
         assert!(capped.len() <= MESSAGE_CAP);
         assert!(capped.chars().all(|c| c == 'é'));
+    }
+
+    /// A 2xx answer whose JSON document is the provider's error in any shape a stream's error
+    /// event may take — `{"error": …}`, or vLLM's top-level `{"object": "error", "message": …,
+    /// "type": …, "code": 400}` — surfaces the provider's message and code (as the same error
+    /// in a stream would), not a generic `BAD_RESPONSE`. A completion document is still one.
+    #[test]
+    fn a_json_document_that_is_the_providers_error_surfaces_it() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-request-id", HeaderValue::from_static("req_1"));
+        headers.insert("retry-after", HeaderValue::from_static("3"));
+        let cases: [(&str, &str, &str); 5] = [
+            (
+                r#"{"object": "error", "message": "This model's maximum context length is 4096 tokens.", "type": "BadRequestError", "param": null, "code": 400}"#,
+                "BADREQUESTERROR",
+                "This model's maximum context length is 4096 tokens.",
+            ),
+            (
+                r#"{"object": "error", "message": "model not loaded", "type": "error", "code": 503}"#,
+                "PROVIDER_ERROR",
+                "model not loaded",
+            ),
+            (
+                r#"{"message": "upstream overloaded", "code": "overloaded"}"#,
+                "OVERLOADED",
+                "upstream overloaded",
+            ),
+            (
+                r#"{"error": {"message": "quota exceeded", "type": "insufficient_quota"}}"#,
+                "INSUFFICIENT_QUOTA",
+                "quota exceeded",
+            ),
+            (
+                r#"{"object": "chat.completion", "choices": [{"index": 0, "message": {"content": "hi"}}]}"#,
+                "BAD_RESPONSE",
+                "the provider answered with one JSON document instead of an event stream",
+            ),
+        ];
+        for (body, code, message) in cases {
+            let f = document_instead_of_stream(Document::Json, &headers, body.as_bytes());
+            assert_eq!(f.code, code, "{body}: {f:?}");
+            assert!(f.message.starts_with(message), "{body}: {f:?}");
+            assert_eq!(f.request_id.as_deref(), Some("req_1"), "{body}");
+            assert_eq!(f.provider_retry_after_ms, Some(3000), "{body}");
+            assert_eq!(f.status, None, "a 2xx answer: {body}");
+        }
     }
 
     #[test]
