@@ -10,9 +10,9 @@
 //! first polls the job.
 //!
 //! Until the call's result reaches the model, the job's settlement is **not announced**: its
-//! `done` resolves only once the call lets go of its [`AnnouncementHold`] — when the pipeline
+//! `done` resolves only once the call lets go of its `AnnouncementHold` — when the pipeline
 //! commits and delivers the result (the context's discard hooks are dropped unrun), or when it
-//! discards it (after [`kill_on_discard`] has marked the job reported) — or once the job's own
+//! discards it (after `kill_on_discard` has marked the job reported) — or once the job's own
 //! token is cancelled (a kill, owner disposal, registry shutdown). A job that settles at once (a
 //! start rejected synchronously) would otherwise emit its completion notice while the call's
 //! success may still be discarded, naming a job id the model never received.
