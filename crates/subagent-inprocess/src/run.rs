@@ -327,14 +327,10 @@ impl LocalRun {
     pub(crate) fn launch(drive_inputs: Drive, tasks: &TaskTracker) -> Self {
         let state = drive_inputs.state.clone();
         let join = tasks.spawn_on(settle(drive_inputs), &state.runtime);
-        let result = async move {
-            match join.await {
-                Ok(outcome) => outcome,
-                Err(e) => Err(RunFailure::new(e)),
-            }
-        }
-        .boxed()
-        .shared();
+        let result = join
+            .map(|joined| joined.unwrap_or_else(|e| Err(RunFailure::new(e))))
+            .boxed()
+            .shared();
         Self {
             state,
             result,

@@ -53,11 +53,7 @@ pub fn apply_child_composition(child: &Ctx, composition: &ChildComposition) -> R
     }
     // 1. Composition join: no agent presets in this workspace (see the module docs).
     // 2. The delegation-scope statement.
-    adopted(child.runtime_context(RuntimeContext::fixed(
-        DELEGATION_CONTEXT_NAME,
-        DELEGATION_CONTEXT_ORDER,
-        SUBAGENT_DELEGATION_CONTEXT,
-    ))?);
+    adopted(child.runtime_context(delegation_context())?);
     // 3. The persona shadow.
     if let Some(persona) = &composition.persona {
         adopted(child.prompt_section(PromptSection {
@@ -72,6 +68,19 @@ pub fn apply_child_composition(child: &Ctx, composition: &ChildComposition) -> R
         adopted(child.restrict_tools(filter.clone())?);
     }
     Ok(())
+}
+
+/// The delegation-scope statement every child registers: built once per process (its renderer
+/// is shared), so each child clones it rather than allocating the same renderer again.
+fn delegation_context() -> RuntimeContext {
+    static STATEMENT: std::sync::LazyLock<RuntimeContext> = std::sync::LazyLock::new(|| {
+        RuntimeContext::fixed(
+            DELEGATION_CONTEXT_NAME,
+            DELEGATION_CONTEXT_ORDER,
+            SUBAGENT_DELEGATION_CONTEXT,
+        )
+    });
+    STATEMENT.clone()
 }
 
 /// A scoped context adopts its guards into the child's scope and hands back `None`. The scope
