@@ -63,7 +63,8 @@ pub enum CliError {
     EmptyTask,
     /// `subagent run --acp-config` named a file that cannot be read or is not an ACP provider
     /// configuration (a JSON object with the spec's keys: `command` required; `args`, `cwd`,
-    /// `permission`, `env`, `providerName`, `disposeEofGraceMs`, `disposeGraceMs` optional).
+    /// `permission`, `env`, `providerName`, `disposeEofGraceMs`, `disposeGraceMs` and the crate's
+    /// `maxOutputBytes` optional).
     #[error("cannot use ACP configuration {}: {}", path_line(path), single_line(reason))]
     AcpConfig {
         /// The configuration file.

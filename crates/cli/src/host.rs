@@ -249,8 +249,8 @@ pub fn read_acp_config(path: &Path) -> Result<subagent_acp::AcpConfig, crate::Cl
         )));
     }
     // Syntax first (with its line and column), then the shape. serde would take an array of
-    // the eight fields' values, in order, as a configuration, and its complaint about any other
-    // non-object ("invalid length 0, expected struct AcpConfig with 8 elements") does not tell
+    // the fields' values, in order, as a configuration, and its complaint about any other
+    // non-object ("invalid length 0, expected struct AcpConfig with N elements") does not tell
     // the user what a configuration looks like.
     let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| failed(e.to_string()))?;
     if !value.is_object() {

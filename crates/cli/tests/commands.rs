@@ -299,7 +299,7 @@ fn run_with_a_bad_acp_config_is_one_line_error() {
 /// number, or an object the provider refuses at load (an empty command, a NUL byte, an
 /// environment name with `=`, a zero grace) — is one user error naming the file and the
 /// reason, before any store, host or model is touched (never "cannot start the host: cannot
-/// register provider acp", which names no file, nor serde's "expected struct AcpConfig with 8
+/// register provider acp", which names no file, nor serde's "expected struct AcpConfig with N
 /// elements").
 #[test]
 fn run_with_an_acp_config_that_does_not_load_names_the_file() {

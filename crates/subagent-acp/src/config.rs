@@ -2,9 +2,15 @@
 //!
 //! A misconfiguration fails [`AcpConfig::load`] — the Rust form of "plugin load" — never the first
 //! delegation. Validation order: the two graces, then an empty `cwd`, then `cwd` resolution (the
-//! spec's order), then what the spec leaves to the implementation: a `command`, `args` and `env`
-//! the operating system can pass to a process (no empty command, no NUL byte anywhere, no `=` or
-//! empty variable name), then pinning a relative command to the launch directory.
+//! spec's order), then what the spec leaves to the implementation: the output bound
+//! (`maxOutputBytes`), a `command`, `args` and `env` the operating system can pass to a process
+//! (no empty command, no NUL byte anywhere, no `=` or empty variable name), then pinning a
+//! relative command to the launch directory.
+//!
+//! `maxOutputBytes` is this crate's extension of the spec's keys (§1.7 sets no bound on the
+//! collected text): without it a child that streams `agent_message_chunk` text forever would grow
+//! the parent's memory until the run is cancelled. See
+//! [`BoundedOutputFold`](crate::connection::BoundedOutputFold) for what happens at the bound.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -30,6 +36,12 @@ pub const DEFAULT_DISPOSE_EOF_GRACE_MS: f64 = 6000.0;
 /// Default POSIX wait between SIGTERM and SIGKILL, in milliseconds.
 pub const DEFAULT_DISPOSE_GRACE_MS: f64 = 3000.0;
 
+/// Default bound on the child's collected text, in UTF-8 bytes (16 MiB).
+pub const DEFAULT_MAX_OUTPUT_BYTES: f64 = 16_777_216.0;
+
+/// The largest accepted `maxOutputBytes` (the largest integer a JSON number holds exactly).
+pub const MAX_OUTPUT_BYTES: f64 = 9_007_199_254_740_991.0;
+
 /// How the provider answers the child's `session/request_permission` requests (§1.8).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -44,7 +56,8 @@ pub enum PermissionPolicy {
 
 /// The raw, unvalidated configuration of one ACP provider instance, with the spec's key names
 /// (`providerName`, `command`, `args`, `cwd`, `permission`, `env`, `disposeEofGraceMs`,
-/// `disposeGraceMs`) when deserialized. Turn it into an [`AcpSettings`] with [`AcpConfig::load`].
+/// `disposeGraceMs`, and this crate's `maxOutputBytes`) when deserialized; an unknown key is
+/// refused. Turn it into an [`AcpSettings`] with [`AcpConfig::load`].
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AcpConfig {
@@ -71,6 +84,12 @@ pub struct AcpConfig {
     /// POSIX wait between SIGTERM and SIGKILL, in milliseconds.
     #[serde(default = "default_grace")]
     pub dispose_grace_ms: f64,
+    /// The most UTF-8 bytes of the child's `agent_message_chunk` text a run collects (default
+    /// [`DEFAULT_MAX_OUTPUT_BYTES`]); further text is dropped and the output ends with
+    /// [`OUTPUT_TRUNCATED_MARKER`](crate::connection::OUTPUT_TRUNCATED_MARKER). An integer from 1
+    /// to [`MAX_OUTPUT_BYTES`], validated at load.
+    #[serde(default = "default_max_output")]
+    pub max_output_bytes: f64,
 }
 
 fn default_name() -> String {
@@ -83,6 +102,10 @@ fn default_eof_grace() -> f64 {
 
 fn default_grace() -> f64 {
     DEFAULT_DISPOSE_GRACE_MS
+}
+
+fn default_max_output() -> f64 {
+    DEFAULT_MAX_OUTPUT_BYTES
 }
 
 /// The validated settings a provider runs with. Immutable once loaded.
@@ -104,6 +127,8 @@ pub struct AcpSettings {
     pub env: BTreeMap<String, String>,
     /// Teardown graces.
     pub graces: Graces,
+    /// The bound on the child's collected text, in UTF-8 bytes (at least 1).
+    pub max_output_bytes: usize,
 }
 
 /// The two teardown windows of the ladder (§1.11).
@@ -136,11 +161,13 @@ impl AcpConfig {
             env: BTreeMap::new(),
             dispose_eof_grace_ms: DEFAULT_DISPOSE_EOF_GRACE_MS,
             dispose_grace_ms: DEFAULT_DISPOSE_GRACE_MS,
+            max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
         }
     }
 
     /// Validates the configuration (graces, then empty `cwd`, then `cwd` resolution against the
-    /// launch directory, then a `command`, `args` and `env` a process can be given — no empty
+    /// launch directory, then `maxOutputBytes`, then a `command`, `args` and `env` a process can
+    /// be given — no empty
     /// command, no NUL byte, no empty or `=`-containing variable name — then pinning a relative
     /// `command` path to the launch directory) and
     /// resolves it into settings. Touches the filesystem only to check the configured `cwd` and
@@ -149,6 +176,7 @@ impl AcpConfig {
         let eof = grace("disposeEofGraceMs", self.dispose_eof_grace_ms)?;
         let terminate = grace("disposeGraceMs", self.dispose_grace_ms)?;
         let cwd = validate_configured_cwd(PREFIX, self.cwd.as_deref()).map_err(AcpConfigError::from)?;
+        let max_output_bytes = max_output(self.max_output_bytes)?;
         self.check_process_strings()?;
         let command = resolve_command(&self.command, std::env::current_dir())?;
         Ok(AcpSettings {
@@ -159,6 +187,7 @@ impl AcpConfig {
             permission: self.permission,
             env: self.env.clone(),
             graces: Graces { eof, terminate },
+            max_output_bytes,
         })
     }
 }
@@ -206,6 +235,19 @@ fn grace(name: &str, value: f64) -> Result<Duration, AcpConfigError> {
         )));
     }
     Ok(Duration::from_secs_f64(value / 1000.0))
+}
+
+/// Validates `maxOutputBytes`: an integer from 1 to [`MAX_OUTPUT_BYTES`] (a fraction, zero, a
+/// negative, NaN or an infinity fails with one range message). On a target whose `usize` is
+/// narrower, the value saturates at `usize::MAX` (no larger text fits in memory anyway).
+fn max_output(value: f64) -> Result<usize, AcpConfigError> {
+    if !(value.is_finite() && value.fract() == 0.0 && (1.0..=MAX_OUTPUT_BYTES).contains(&value)) {
+        return Err(AcpConfigError::new(format!(
+            "{PREFIX}: maxOutputBytes must be a positive integer no greater than 9007199254740991"
+        )));
+    }
+    // A float-to-integer `as` cast saturates; the value is a positive integer here.
+    Ok(value as usize)
 }
 
 /// A relative command path containing a separator is pinned to `launch` (the launch directory);
@@ -256,6 +298,55 @@ mod tests {
         assert!(config.load().is_ok());
     }
 
+    /// `maxOutputBytes` (this crate's extension) must be an integer from 1 to 2^53 − 1: zero,
+    /// a negative, a fraction, NaN, ±∞ and max+1 fail load with one range message; 1 and the
+    /// maximum load. It is checked after the cwd (the spec's checks come first) and before the
+    /// process strings.
+    #[test]
+    fn max_output_bytes_range() {
+        for bad in [
+            0.0,
+            -1.0,
+            0.5,
+            1.5,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            MAX_OUTPUT_BYTES + 1.0,
+        ] {
+            let mut config = AcpConfig::new("true");
+            config.max_output_bytes = bad;
+            assert_eq!(
+                config.load().unwrap_err().to_string(),
+                "subagent-acp: maxOutputBytes must be a positive integer no greater than 9007199254740991",
+                "{bad}"
+            );
+            config.cwd = Some(String::new());
+            assert!(config.load().unwrap_err().to_string().contains("cwd"));
+            config.cwd = None;
+            config.command = String::new();
+            assert!(config.load().unwrap_err().to_string().contains("maxOutputBytes"));
+        }
+        for good in [1.0, 1000.0, MAX_OUTPUT_BYTES] {
+            let mut config = AcpConfig::new("true");
+            config.max_output_bytes = good;
+            assert_eq!(config.load().unwrap().max_output_bytes, good as usize);
+        }
+    }
+
+    /// `maxOutputBytes` deserializes under its camelCase key; other unknown keys are still
+    /// refused.
+    #[test]
+    fn max_output_bytes_key_deserializes() {
+        let config: AcpConfig =
+            serde_json::from_value(serde_json::json!({"command": "agent", "maxOutputBytes": 4096})).unwrap();
+        assert_eq!(config.load().unwrap().max_output_bytes, 4096);
+        let unknown = serde_json::from_value::<AcpConfig>(
+            serde_json::json!({"command": "agent", "maxOutputByte": 4096}),
+        );
+        assert!(unknown.unwrap_err().to_string().contains("unknown field"));
+    }
+
     /// Graces are validated before the cwd (spec §1.2 validation order).
     #[test]
     fn graces_are_checked_before_cwd() {
@@ -276,8 +367,10 @@ mod tests {
         assert_eq!(config.permission, PermissionPolicy::Allow);
         assert_eq!(config.dispose_eof_grace_ms, 6000.0);
         assert_eq!(config.dispose_grace_ms, 3000.0);
+        assert_eq!(config.max_output_bytes, 16_777_216.0);
         let settings = config.load().unwrap();
         assert_eq!(settings.graces, Graces::default());
+        assert_eq!(settings.max_output_bytes, 16 << 20);
         assert_eq!(settings.cwd, None);
     }
 

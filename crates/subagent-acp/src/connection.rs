@@ -41,7 +41,7 @@ use tokio::task::JoinHandle;
 use tokio_util::compat::{TokioAsyncReadCompatExt, TokioAsyncWriteCompatExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::PermissionPolicy;
+use crate::config::{PREFIX, PermissionPolicy};
 use crate::error::{AcpError, ChildOutputError, Stage};
 use crate::line_limit::LineTooLong;
 use crate::process::ChildPipes;
@@ -49,7 +49,82 @@ use crate::process::ChildPipes;
 /// The streamed assistant text of one run, shared between the protocol callbacks (writers) and
 /// every settlement path (readers). The lock guards only the fold and is never held across an
 /// `.await`.
-pub type SharedFold = Arc<Mutex<AssistantOutputFold>>;
+pub type SharedFold = Arc<Mutex<BoundedOutputFold>>;
+
+/// The line that ends a run's output when the child's text exceeded the bound
+/// ([`BoundedOutputFold`]).
+pub const OUTPUT_TRUNCATED_MARKER: &str = "\n[output truncated]";
+
+/// The output fold of one run (§1.7) with a bound on the text it keeps — this crate's extension
+/// (configured as `maxOutputBytes`): the spec sets no bound, and without one a child that streams
+/// chunks forever grows the parent's memory until the run is cancelled.
+///
+/// Text is folded in arrival order until `max_bytes` UTF-8 bytes are kept. The chunk that
+/// crosses the bound is cut at the last character boundary within it; that piece and every later
+/// chunk are dropped, [`OUTPUT_TRUNCATED_MARKER`] ends the output (so whoever reads the result —
+/// the parent model included — sees that it is incomplete), and one `tracing` warning names the
+/// provider and the bound. The stop reason is not affected: the child's own answer still decides
+/// it, and the result carries no diagnostic for the truncation (§1.13 keeps diagnostics to
+/// failures). A child whose whole text is exactly `max_bytes` bytes long loses nothing and gets
+/// no marker.
+#[derive(Clone, Debug)]
+pub struct BoundedOutputFold {
+    fold: AssistantOutputFold,
+    /// Bytes of child text still accepted.
+    room: usize,
+    /// The configured bound, for the warning.
+    max_bytes: usize,
+    /// Whether text was dropped (the marker was appended and the warning emitted).
+    truncated: bool,
+    /// The provider's registry name, for the warning.
+    provider: String,
+}
+
+impl BoundedOutputFold {
+    /// An empty fold of provider `provider` keeping at most `max_bytes` bytes of text.
+    pub fn new(provider: impl Into<String>, max_bytes: usize) -> Self {
+        Self {
+            fold: AssistantOutputFold::new(),
+            room: max_bytes,
+            max_bytes,
+            truncated: false,
+            provider: provider.into(),
+        }
+    }
+
+    /// Folds one piece of the child's text: kept whole while it fits, otherwise cut at the
+    /// bound (the first time) or dropped (after).
+    pub fn push_text(&mut self, text: &str) {
+        if self.truncated || text.is_empty() {
+            return;
+        }
+        if text.len() <= self.room {
+            self.room -= text.len();
+            self.fold.push_text(text);
+            return;
+        }
+        self.fold.push_text(&text[..text.floor_char_boundary(self.room)]);
+        self.fold.push_text(OUTPUT_TRUNCATED_MARKER);
+        self.room = 0;
+        self.truncated = true;
+        tracing::warn!(
+            "{PREFIX} \"{}\": the child's output exceeded maxOutputBytes ({} bytes); further text is dropped",
+            self.provider,
+            self.max_bytes
+        );
+    }
+
+    /// Whether text was dropped at the bound.
+    pub fn truncated(&self) -> bool {
+        self.truncated
+    }
+
+    /// The output collected so far (see [`AssistantOutputFold::collect`]), ending with
+    /// [`OUTPUT_TRUNCATED_MARKER`] once text was dropped.
+    pub fn collect(&self) -> Option<Vec<ContentBlock>> {
+        self.fold.collect()
+    }
+}
 
 /// The first way the child's output broke the connection, once it did. Shared by the reader
 /// (which records it before failing the read, so it is set before any request fails because of
@@ -114,7 +189,7 @@ pub fn content_text(block: &acp::ContentBlock) -> Option<&str> {
 
 /// Folds one `session/update`: only `agent_message_chunk` text contributes; thoughts, tool
 /// activity, plans and every other update are consumed and dropped.
-pub fn fold_update(fold: &mut AssistantOutputFold, update: &SessionUpdate) {
+pub fn fold_update(fold: &mut BoundedOutputFold, update: &SessionUpdate) {
     if let SessionUpdate::AgentMessageChunk(chunk) = update
         && let Some(text) = content_text(&chunk.content)
     {
@@ -508,7 +583,7 @@ mod tests {
         let baseline = runtime.metrics().num_alive_tasks();
         let (ours_out, mut child_in) = tokio::io::duplex(1024);
         let (_child_out, ours_in) = tokio::io::duplex(1024);
-        let fold: SharedFold = Arc::new(Mutex::new(AssistantOutputFold::new()));
+        let fold: SharedFold = Arc::new(Mutex::new(BoundedOutputFold::new("acp", 1024)));
         {
             let mut open = std::pin::pin!(
                 Connection::spawn_over(
@@ -611,13 +686,60 @@ mod tests {
     /// arrival order with no separator.
     #[test]
     fn acp_35_thoughts_are_excluded_from_the_fold() {
-        let mut fold = AssistantOutputFold::new();
+        let mut fold = BoundedOutputFold::new("acp", 1024);
         let chunk = |t: &str| acp::ContentChunk::new(acp::ContentBlock::Text(acp::TextContent::new(t)));
         fold_update(&mut fold, &SessionUpdate::AgentThoughtChunk(chunk("thinking")));
         fold_update(&mut fold, &SessionUpdate::AgentMessageChunk(chunk("a")));
         fold_update(&mut fold, &SessionUpdate::UserMessageChunk(chunk("user")));
         fold_update(&mut fold, &SessionUpdate::AgentMessageChunk(chunk("b")));
         assert_eq!(fold.collect(), Some(vec![ContentBlock::text("ab")]));
+    }
+
+    /// The output bound (`maxOutputBytes`, this crate's extension of §1.7): text is kept until
+    /// the bound, the crossing chunk is cut at the last character boundary within it (never half
+    /// a character), the marker ends the output, later chunks are dropped, and exactly one
+    /// warning names the provider and the bound.
+    #[test]
+    fn the_fold_stops_at_the_bound_with_a_marker_and_one_warning() {
+        let capture = agent_loop::warnings::WarningCapture::new();
+        let _installed = capture.install();
+        let mut fold = BoundedOutputFold::new("remote", 6);
+        fold.push_text("abc");
+        fold.push_text("");
+        assert!(!fold.truncated());
+        // "é" is two bytes: 3 + 2 = 5 fits, the next "é" would end at byte 7.
+        fold.push_text("ééé");
+        assert!(fold.truncated());
+        fold.push_text("more");
+        fold.push_text("and more");
+        let expected = format!("abcé{OUTPUT_TRUNCATED_MARKER}");
+        assert_eq!(fold.collect(), Some(vec![ContentBlock::text(expected)]));
+        assert_eq!(
+            capture.messages(),
+            [
+                "subagent-acp \"remote\": the child's output exceeded maxOutputBytes (6 bytes); further text is dropped"
+            ]
+        );
+    }
+
+    /// Text of exactly the bound is kept whole, without the marker or a warning; one byte more
+    /// truncates.
+    #[test]
+    fn text_of_exactly_the_bound_is_not_truncated() {
+        let capture = agent_loop::warnings::WarningCapture::new();
+        let _installed = capture.install();
+        let mut fold = BoundedOutputFold::new("acp", 4);
+        fold.push_text("ab");
+        fold.push_text("cd");
+        assert!(!fold.truncated());
+        assert_eq!(fold.collect(), Some(vec![ContentBlock::text("abcd")]));
+        assert!(capture.is_empty());
+        fold.push_text("e");
+        assert_eq!(
+            fold.collect(),
+            Some(vec![ContentBlock::text(format!("abcd{OUTPUT_TRUNCATED_MARKER}"))])
+        );
+        assert_eq!(capture.len(), 1);
     }
 
     fn permission_request(options: Vec<acp::PermissionOption>) -> RequestPermissionRequest {

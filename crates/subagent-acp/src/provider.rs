@@ -16,12 +16,12 @@ use subagent::service::SubagentService;
 use subagent::settle::{
     AbortListener, RunSettlement, SubprocessRunHandle, SubprocessRunParts, settle_run_result,
 };
-use subagent::{AssistantOutputFold, NO_START_CAPABILITIES, StopReason, SubagentError, SubagentResult};
+use subagent::{NO_START_CAPABILITIES, StopReason, SubagentError, SubagentResult};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{AcpConfig, AcpSettings, PREFIX};
-use crate::connection::{Connection, SharedFold, prompt, prompt_blocks};
+use crate::connection::{BoundedOutputFold, Connection, SharedFold, prompt, prompt_blocks};
 use crate::env::child_environment;
 use crate::error::{AcpConfigError, AcpError, AcpRegisterError, ChildOutputError};
 use crate::process::{ChildProcess, SpawnSpec};
@@ -65,6 +65,10 @@ pub fn failure_warning(provider: &str, reason: &StopReason, error: &(dyn StdErro
 ///   process group) on every failure path before rejecting — also when the start future is
 ///   dropped (the teardown then continues on a runtime task). After it fulfils, the caller owns
 ///   the [`AcpRun`] and must dispose it.
+/// * **Output bound.** A run keeps at most `maxOutputBytes` bytes of the child's text
+///   ([`BoundedOutputFold`]); past it the text is dropped, the output ends with
+///   [`OUTPUT_TRUNCATED_MARKER`](crate::connection::OUTPUT_TRUNCATED_MARKER) and one warning is
+///   logged. The stop reason stays the child's.
 /// * **Concurrency.** Starts are independent; the provider is shared immutable configuration.
 /// * **Runtime.** `start` must run inside a tokio runtime; the run's tasks live on it.
 #[derive(Clone)]
@@ -144,7 +148,10 @@ impl AcpProvider {
             startup.rollback().await;
             return Err(AcpError::Pipes);
         };
-        let fold: SharedFold = Arc::new(Mutex::new(AssistantOutputFold::new()));
+        let fold: SharedFold = Arc::new(Mutex::new(BoundedOutputFold::new(
+            self.settings.provider_name.clone(),
+            self.settings.max_output_bytes,
+        )));
         let signal = request.signal.clone();
         // The startup owns the connection task from its spawn (no `.await` in between): however
         // the handshake ends — failure, the signal, or this future being dropped — the rollback

@@ -1296,3 +1296,42 @@ async fn a_line_that_is_not_utf8_is_tolerated_like_one_that_is_not_json() {
         );
     }
 }
+
+/// The text `MOCK_STREAM_CHUNKS=<n>:<size>` streams: chunk `i` is `size` copies of `a + i % 26`.
+fn streamed_text(n: usize, size: usize) -> String {
+    (0..n)
+        .flat_map(|i| std::iter::repeat_n(char::from(b'a' + (i % 26) as u8), size))
+        .collect()
+}
+
+/// The collected output is bounded by `maxOutputBytes` (this crate's extension: §1.7 sets no
+/// bound, so a child streaming chunks forever grew the parent's memory until cancellation). A
+/// child streaming 12 800 bytes under a 1000-byte bound yields exactly the first 1000 bytes of
+/// its text, then the `[output truncated]` marker, in one text block; the run still settles with
+/// the child's own stop reason (`completed`, `max-tokens`) and no diagnostic, and disposal and
+/// the host end normally. Text of exactly the bound is kept whole, without the marker.
+#[tokio::test]
+async fn collected_output_stops_at_max_output_bytes() {
+    const MARKER: &str = "\n[output truncated]";
+    for (stop, expected) in [
+        ("end_turn", StopReason::Completed),
+        ("max_tokens", StopReason::MaxTokens),
+    ] {
+        let dir = scratch();
+        let mut config = mock_config(&[("MOCK_STREAM_CHUNKS", "200:64"), ("MOCK_STOP", stop)]);
+        config.max_output_bytes = 1000.0;
+        let result = run_config(Some(dir.path()), &config).await;
+        assert_eq!(result.stop_reason, expected);
+        assert_eq!(result.diagnostic, None);
+        assert_eq!(result.output.len(), 1, "one text block");
+        let output = text(&result.output);
+        assert_eq!(output.len(), 1000 + MARKER.len(), "the output stops at the bound");
+        assert_eq!(output, format!("{}{MARKER}", &streamed_text(200, 64)[..1000]));
+    }
+    let dir = scratch();
+    let mut config = mock_config(&[("MOCK_STREAM_CHUNKS", "10:100")]);
+    config.max_output_bytes = 1000.0;
+    let result = run_config(Some(dir.path()), &config).await;
+    assert_eq!(result.stop_reason, StopReason::Completed);
+    assert_eq!(text(&result.output), streamed_text(10, 100));
+}

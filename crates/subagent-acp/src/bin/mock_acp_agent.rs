@@ -5,6 +5,7 @@
 //! | variable | behaviour |
 //! |---|---|
 //! | `MOCK_TEXT` | text streamed as one `agent_message_chunk` (default `mock child answer`) |
+//! | `MOCK_STREAM_CHUNKS=<n>:<size>` | stream `n` chunks of `size` bytes instead: chunk `i` repeats the letter `a + i % 26` |
 //! | `MOCK_ECHO_ENV=<NAME>` | stream the value of NAME instead (or `<NAME unset>`) |
 //! | `MOCK_ECHO_CWD=1` | stream the real cwd, a newline, then the `cwd` announced in `session/new` |
 //! | `MOCK_STOP` | the stop reason string returned (default `end_turn`; any string is sent verbatim) |
@@ -154,6 +155,21 @@ fn write_raw(line: &[u8]) {
     }
 }
 
+/// The `MOCK_STREAM_CHUNKS` script, `(n, size)`, if any.
+fn stream_chunks() -> Option<(usize, usize)> {
+    let spec = var("MOCK_STREAM_CHUNKS")?;
+    let parsed = spec
+        .split_once(':')
+        .and_then(|(n, size)| Some((n.parse().ok()?, size.parse().ok()?)));
+    Some(parsed.unwrap_or_else(|| panic!("mock_acp_agent: MOCK_STREAM_CHUNKS {spec:?} is not <n>:<size>")))
+}
+
+/// Chunk `i` of a `MOCK_STREAM_CHUNKS` stream: `size` copies of the letter `a + i % 26`.
+fn stream_chunk(i: usize, size: usize) -> String {
+    let letter = char::from(b'a' + (i % 26) as u8);
+    std::iter::repeat_n(letter, size).collect()
+}
+
 fn answer_text(state: &State) -> String {
     if let Some(name) = var("MOCK_ECHO_ENV") {
         return std::env::var(&name).unwrap_or_else(|_| format!("<{name} unset>"));
@@ -176,7 +192,13 @@ async fn run_prompt(
     if flag("MOCK_THOUGHT") {
         cx.send_notification(chunk(&session, "private thought".to_owned(), true))?;
     }
-    cx.send_notification(chunk(&session, answer_text(&state), false))?;
+    if let Some((n, size)) = stream_chunks() {
+        for i in 0..n {
+            cx.send_notification(chunk(&session, stream_chunk(i, size), false))?;
+        }
+    } else {
+        cx.send_notification(chunk(&session, answer_text(&state), false))?;
+    }
     if let Some(line) = bad_line().filter(|_| !flag("MOCK_BAD_LINE_AT_START")) {
         write_raw(&line);
     }
