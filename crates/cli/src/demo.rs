@@ -129,8 +129,9 @@ pub fn respond(coordinator: &SessionId, request: &GenerateOptions) -> Vec<Stream
     }
 }
 
-/// The index of the last prompt from a direct caller (`source: user`) and its text.
-fn last_prompt(messages: &MessageList) -> Option<(usize, String)> {
+/// The index of the last prompt from a direct caller (`source: user`) in `messages`, and its
+/// text: where a scripted reply finds the task it answers (shared with the crate's tests).
+pub fn last_prompt(messages: &MessageList) -> Option<(usize, String)> {
     messages
         .iter()
         .enumerate()
@@ -139,8 +140,9 @@ fn last_prompt(messages: &MessageList) -> Option<(usize, String)> {
         .map(|(i, m)| (i, m.text()))
 }
 
-/// The tool results after message `from`, by call id.
-fn results_since(messages: &MessageList, from: usize) -> HashMap<String, String> {
+/// The tool results in `messages` from message `from` on, by call id, with their visible text:
+/// what a scripted reply reads of the calls it made (shared with the crate's tests).
+pub fn results_since(messages: &MessageList, from: usize) -> HashMap<String, String> {
     let mut out = HashMap::new();
     for message in messages.iter().skip(from) {
         for block in &message.content {
