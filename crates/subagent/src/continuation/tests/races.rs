@@ -920,38 +920,10 @@ async fn a_drain_beginning_mid_notice_spends_no_model_request_on_the_closing_par
     assert_eq!(mid_requests, 1);
     // What lets the notice go on, once the drain began on its thread: the drain's span found the
     // admission lock held by the notice's thread (and waits for it), or it is over.
-    let (progress_tx, progress_rx) = std::sync::mpsc::channel::<&'static str>();
-    let drain_span = progress_tx.clone();
-    *host.manager.inner.hooks.drain_span.lock() = Some(Arc::new(move |contended: bool| {
-        if contended {
-            let _ = drain_span.send("the drain's span waits for the notice");
-        }
-    }));
     // The drain: started on a thread of its own by the leaf's notice, once it decided how to
     // schedule itself; its synchronous span's end is awaited before the leaf's release.
-    let (drain_tx, drain_rx) = std::sync::mpsc::channel();
-    let start_drain = Mutex::new(Some((progress_tx, progress_rx, drain_tx)));
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let sink = seen.clone();
-    let (manager, root, runtime) = (
-        host.manager.clone(),
-        host.parent.clone(),
-        tokio::runtime::Handle::current(),
-    );
-    *host.manager.inner.hooks.notice_scheduled.lock() = Some(Arc::new(move || {
-        let Some((progress_tx, progress_rx, drain_tx)) = start_drain.lock().take() else {
-            return;
-        };
-        let (manager, root, runtime) = (manager.clone(), root.clone(), runtime.clone());
-        let drain = std::thread::spawn(move || {
-            let _runtime = runtime.enter();
-            let drain = manager.drain_continuable_descendants(std::slice::from_ref(&root));
-            let _ = progress_tx.send("the drain's span is over");
-            drain
-        });
-        drain_tx.send(drain).expect("the test holds the drain's receiver");
-        sink.lock().push(progress_rx.recv().expect("the drain goes on"));
-    }));
+    let (hook, seen, drain_rx) = drain_from_a_point(&host, "the drain's span waits for the notice");
+    *host.manager.inner.hooks.notice_scheduled.lock() = Some(hook);
     let (drain_thread_tx, drain_thread_rx) = std::sync::mpsc::channel();
     let joined = Mutex::new(Some((drain_rx, drain_thread_tx)));
     let watched = leaf_id.clone();
@@ -1062,38 +1034,10 @@ async fn a_drain_beginning_mid_report_spends_no_model_request_on_the_closing_par
     assert_eq!(mid_requests(&host), 1);
     // What lets the report go on, once the drain began on its thread: the drain's span found the
     // admission lock held by the report's thread (and waits for it), or it is over.
-    let (progress_tx, progress_rx) = std::sync::mpsc::channel::<&'static str>();
-    let drain_span = progress_tx.clone();
-    *host.manager.inner.hooks.drain_span.lock() = Some(Arc::new(move |contended: bool| {
-        if contended {
-            let _ = drain_span.send("the drain's span waits for the report");
-        }
-    }));
     // The drain: started on a thread of its own by the report, once it decided how to deliver
     // itself.
-    let (drain_tx, drain_rx) = std::sync::mpsc::channel();
-    let start_drain = Mutex::new(Some((progress_tx, progress_rx, drain_tx)));
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let sink = seen.clone();
-    let (manager, root, runtime) = (
-        host.manager.clone(),
-        host.parent.clone(),
-        tokio::runtime::Handle::current(),
-    );
-    *host.manager.inner.hooks.report_scheduled.lock() = Some(Arc::new(move || {
-        let Some((progress_tx, progress_rx, drain_tx)) = start_drain.lock().take() else {
-            return;
-        };
-        let (manager, root, runtime) = (manager.clone(), root.clone(), runtime.clone());
-        let drain = std::thread::spawn(move || {
-            let _runtime = runtime.enter();
-            let drain = manager.drain_continuable_descendants(std::slice::from_ref(&root));
-            let _ = progress_tx.send("the drain's span is over");
-            drain
-        });
-        drain_tx.send(drain).expect("the test holds the drain's receiver");
-        sink.lock().push(progress_rx.recv().expect("the drain goes on"));
-    }));
+    let (hook, seen, drain_rx) = drain_from_a_point(&host, "the drain's span waits for the report");
+    *host.manager.inner.hooks.report_scheduled.lock() = Some(hook);
     let reported = host.manager.report_from(
         &leaf,
         vec![ContentBlock::text("halfway there")],
@@ -1310,36 +1254,8 @@ async fn a_drain_beginning_mid_interrupt_is_not_followed_by_the_interrupts_cance
     yield_a_while().await;
     // What lets the interrupt go on, once the drain began on its thread: the drain's span found
     // the admission lock held by the interrupt's thread (and waits for it), or it is over.
-    let (progress_tx, progress_rx) = std::sync::mpsc::channel::<&'static str>();
-    let drain_span = progress_tx.clone();
-    *host.manager.inner.hooks.drain_span.lock() = Some(Arc::new(move |contended: bool| {
-        if contended {
-            let _ = drain_span.send("the drain's span waits for the interrupt");
-        }
-    }));
-    let (drain_tx, drain_rx) = std::sync::mpsc::channel();
-    let start_drain = Mutex::new(Some((progress_tx, progress_rx, drain_tx)));
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let sink = seen.clone();
-    let (manager, root, runtime) = (
-        host.manager.clone(),
-        host.parent.clone(),
-        tokio::runtime::Handle::current(),
-    );
-    *host.manager.inner.hooks.interrupt_checked.lock() = Some(Arc::new(move || {
-        let Some((progress_tx, progress_rx, drain_tx)) = start_drain.lock().take() else {
-            return;
-        };
-        let (manager, root, runtime) = (manager.clone(), root.clone(), runtime.clone());
-        let drain = std::thread::spawn(move || {
-            let _runtime = runtime.enter();
-            let drain = manager.drain_continuable_descendants(std::slice::from_ref(&root));
-            let _ = progress_tx.send("the drain's span is over");
-            drain
-        });
-        drain_tx.send(drain).expect("the test holds the drain's receiver");
-        sink.lock().push(progress_rx.recv().expect("the drain goes on"));
-    }));
+    let (hook, seen, drain_rx) = drain_from_a_point(&host, "the drain's span waits for the interrupt");
+    *host.manager.inner.hooks.interrupt_checked.lock() = Some(hook);
     host.manager
         .interrupt(
             &child_id,
@@ -1367,4 +1283,53 @@ async fn a_drain_beginning_mid_interrupt_is_not_followed_by_the_interrupts_cance
     *host.manager.inner.hooks.interrupt_checked.lock() = None;
     drop(recorders);
     host.finish().await;
+}
+
+/// A scoped drain of the host's root begun on a thread of its own from inside a point hook (the
+/// first time it fires), for the races between a drain and an operation holding the admission
+/// lock. Returns the hook to install at the operation's point; what the hook saw before it let
+/// the operation go on — the drain's span found the admission lock held and waits for it
+/// (`waits`), or it was over (`"the drain's span is over"`);
+/// and the receiver of the drain thread's handle (its result: the drain's future).
+fn drain_from_a_point(
+    host: &Host,
+    waits: &'static str,
+) -> (
+    crate::continuation::PointHook,
+    Arc<Mutex<Vec<&'static str>>>,
+    std::sync::mpsc::Receiver<
+        std::thread::JoinHandle<futures::future::BoxFuture<'static, Result<(), SubagentError>>>,
+    >,
+) {
+    let (progress_tx, progress_rx) = std::sync::mpsc::channel::<&'static str>();
+    let drain_span = progress_tx.clone();
+    *host.manager.inner.hooks.drain_span.lock() = Some(Arc::new(move |contended: bool| {
+        if contended {
+            let _ = drain_span.send(waits);
+        }
+    }));
+    let (drain_tx, drain_rx) = std::sync::mpsc::channel();
+    let start_drain = Mutex::new(Some((progress_tx, progress_rx, drain_tx)));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = seen.clone();
+    let (manager, root, runtime) = (
+        host.manager.clone(),
+        host.parent.clone(),
+        tokio::runtime::Handle::current(),
+    );
+    let hook: crate::continuation::PointHook = Arc::new(move || {
+        let Some((progress_tx, progress_rx, drain_tx)) = start_drain.lock().take() else {
+            return;
+        };
+        let (manager, root, runtime) = (manager.clone(), root.clone(), runtime.clone());
+        let drain = std::thread::spawn(move || {
+            let _runtime = runtime.enter();
+            let drain = manager.drain_continuable_descendants(std::slice::from_ref(&root));
+            let _ = progress_tx.send("the drain's span is over");
+            drain
+        });
+        drain_tx.send(drain).expect("the test holds the drain's receiver");
+        sink.lock().push(progress_rx.recv().expect("the drain goes on"));
+    });
+    (hook, seen, drain_rx)
 }
