@@ -1285,6 +1285,9 @@ async fn a_drain_beginning_mid_interrupt_is_not_followed_by_the_interrupts_cance
     host.finish().await;
 }
 
+/// The thread of a drain begun by [`drain_from_a_point`]; it returns the drain's future.
+type DrainThread = std::thread::JoinHandle<futures::future::BoxFuture<'static, Result<(), SubagentError>>>;
+
 /// A scoped drain of the host's root begun on a thread of its own from inside a point hook (the
 /// first time it fires), for the races between a drain and an operation holding the admission
 /// lock. Returns the hook to install at the operation's point; what the hook saw before it let
@@ -1297,9 +1300,7 @@ fn drain_from_a_point(
 ) -> (
     crate::continuation::PointHook,
     Arc<Mutex<Vec<&'static str>>>,
-    std::sync::mpsc::Receiver<
-        std::thread::JoinHandle<futures::future::BoxFuture<'static, Result<(), SubagentError>>>,
-    >,
+    std::sync::mpsc::Receiver<DrainThread>,
 ) {
     let (progress_tx, progress_rx) = std::sync::mpsc::channel::<&'static str>();
     let drain_span = progress_tx.clone();
