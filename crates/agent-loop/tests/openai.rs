@@ -200,7 +200,7 @@ async fn stream_errors_become_failures() {
     let f = failure(&run(&a, Signal::new()).await);
     assert_eq!(
         (f.code.as_str(), f.message.as_str()),
-        ("OVERLOADED_ERROR", "overloaded")
+        ("OVERLOADED", "overloaded (provider code: overloaded_error)")
     );
     assert_eq!(f.request_id.as_deref(), Some("req_ok"));
     assert_eq!(failure(&run(&a, Signal::new()).await).code, "STREAM_INTERRUPTED");

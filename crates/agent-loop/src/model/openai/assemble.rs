@@ -10,7 +10,7 @@
 //! | an event of another shape (no `choices`, only other choices, a `delta` field of another type, such as a numeric `content`) | nothing: ignored |
 //! | `usage` | one `usage` (`prompt_tokens`, `completion_tokens`, cached and reasoning details) |
 //! | `finish_reason` | remembered; at `[DONE]` (or the end of the body) every open block is closed in index order with its assembled block, then `usage`, then `finish` |
-//! | `{"error": …}` event, or an event without `choices` that is itself the error (a string `message` next to a `code`, a string `type` or `"object": "error"`) | `finish {error}` (open blocks allowed) with the error's `message` and its string `code` (else string `type`) upper-cased, else `PROVIDER_ERROR` |
+//! | `{"error": …}` event, or an event without `choices` that is itself the error (a string `message` next to a `code`, a string `type` or `"object": "error"`) | `finish {error}` (open blocks allowed) with the error's `message` and its string `code` (else string `type`) — a well-known one as the adapter's canonical code ([`canonical_code`]: `rate_limit_exceeded` → `RATE_LIMITED`, as for an HTTP 429), with ` (provider code: <original>)` appended to the message; any other upper-cased — else `PROVIDER_ERROR` |
 //! | an `event: error` event ([`on_error_event`](Assembler::on_error_event)) | the same, whatever its data: the error it carries, else its JSON as the error, else its text as the message |
 //! | an event that is not JSON | `BAD_RESPONSE` quoting its first 200 bytes, control characters escaped |
 //!
@@ -42,7 +42,7 @@ use agent::model::BlockType;
 use agent::{CallId, ContentBlock, FinishReason, LlmFailure, StreamChunk, TokenUsage};
 use serde_json::Value;
 
-use super::cap;
+use super::{MESSAGE_CAP, cap};
 use crate::excerpt::EXCERPT_CAP;
 
 /// What a `delta.tool_calls` entry's call is found by.
@@ -176,26 +176,46 @@ impl Assembler {
     }
 
     /// The failure for a provider's error (an object or a bare string): its `message` (else its
-    /// JSON text); its string `code`, else its string `type`, upper-cased, else
+    /// JSON text); its string `code`, else its string `type` — as the adapter's canonical code
+    /// when it is a well-known one ([`canonical_code`]), else upper-cased — else
     /// `PROVIDER_ERROR`. For an error that is the whole event (`top_level`) a `type` of
     /// `error` only says it is one, and names no code.
+    ///
+    /// When the canonical code is not simply the provider's upper-cased, the message ends with
+    /// ` (provider code: <original>)`, kept within the message cap.
     fn error_failure(&self, error: &Value, top_level: bool) -> LlmFailure {
         let message = error
             .get("message")
             .and_then(Value::as_str)
             .or_else(|| error.as_str())
             .map_or_else(|| error.to_string(), str::to_owned);
-        let code = error
-            .get("code")
-            .and_then(Value::as_str)
-            .or_else(|| {
-                error
-                    .get("type")
-                    .and_then(Value::as_str)
-                    .filter(|t| !(top_level && *t == "error"))
-            })
-            .map_or_else(|| "PROVIDER_ERROR".to_owned(), |c| c.to_ascii_uppercase());
-        self.failure(&code, message)
+        let Some(raw) = error.get("code").and_then(Value::as_str).or_else(|| {
+            error
+                .get("type")
+                .and_then(Value::as_str)
+                .filter(|t| !(top_level && *t == "error"))
+        }) else {
+            return self.failure("PROVIDER_ERROR", message);
+        };
+        let upper = raw.to_ascii_uppercase();
+        match canonical_code(raw) {
+            Some(canonical) if canonical != upper => {
+                let suffix = format!(" (provider code: {raw})");
+                let mut message = message;
+                let room = MESSAGE_CAP.saturating_sub(suffix.len());
+                if message.len() > room {
+                    let mut end = room;
+                    while !message.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    message.truncate(end);
+                }
+                message.push_str(&suffix);
+                self.failure(canonical, message)
+            }
+            Some(canonical) => self.failure(canonical, message),
+            None => self.failure(&upper, message),
+        }
     }
 
     /// The text pieces a `delta` adds to the text block, in order: `content` as a string, or
@@ -425,6 +445,38 @@ impl Assembler {
             replay_state: None,
         }
     }
+}
+
+/// The adapter's canonical code for a well-known provider error code or type (matched
+/// case-insensitively) — the code the same condition gets when it arrives as an HTTP status
+/// ([`http_failure`](super::http_failure)), so a retry policy keyed on codes treats both alike —
+/// else `None` (the provider's code is then kept, upper-cased).
+///
+/// | provider `code` / `type` | code | as HTTP |
+/// |---|---|---|
+/// | `rate_limit_exceeded`, `rate_limit_error`, `too_many_requests` | `RATE_LIMITED` | 429 |
+/// | `overloaded`, `overloaded_error` | `OVERLOADED` | 529 |
+/// | `server_error`, `internal_server_error`, `internal_error`, `api_error` | `SERVER_ERROR` | 500 |
+/// | `service_unavailable` | `UNAVAILABLE` | 503 |
+/// | `authentication_error`, `invalid_api_key` | `AUTHENTICATION` | 401 |
+/// | `permission_error`, `permission_denied` | `PERMISSION_DENIED` | 403 |
+/// | `context_length_exceeded`, `string_above_max_length` | `BAD_REQUEST` | 400 |
+///
+/// `insufficient_quota` is deliberately not mapped: the HTTP path gives every 429
+/// `RATE_LIMITED`, which a caller may retry, while an exhausted quota does not clear by
+/// waiting; it stays `INSUFFICIENT_QUOTA`.
+fn canonical_code(provider: &str) -> Option<&'static str> {
+    let code = match provider.to_ascii_lowercase().as_str() {
+        "rate_limit_exceeded" | "rate_limit_error" | "too_many_requests" => "RATE_LIMITED",
+        "overloaded" | "overloaded_error" => "OVERLOADED",
+        "server_error" | "internal_server_error" | "internal_error" | "api_error" => "SERVER_ERROR",
+        "service_unavailable" => "UNAVAILABLE",
+        "authentication_error" | "invalid_api_key" => "AUTHENTICATION",
+        "permission_error" | "permission_denied" => "PERMISSION_DENIED",
+        "context_length_exceeded" | "string_above_max_length" => "BAD_REQUEST",
+        _ => return None,
+    };
+    Some(code)
 }
 
 /// At most [`EXCERPT_CAP`](crate::excerpt::EXCERPT_CAP) bytes of a value's JSON text (on a

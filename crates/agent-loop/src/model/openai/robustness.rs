@@ -231,7 +231,7 @@ fn recorded() -> Vec<Recorded> {
                 true,
             ),
             blocks: vec![],
-            end: "OVERLOADED_ERROR",
+            end: "OVERLOADED",
         },
         Recorded {
             name: "no [DONE] after the finish reason",
@@ -867,8 +867,8 @@ fn provider_error_events_of_any_shape_are_typed_failures() {
     for (error, code, message) in [
         (
             json!({"message": "slow down", "code": "rate_limit_exceeded"}),
-            "RATE_LIMIT_EXCEEDED",
-            "slow down",
+            "RATE_LIMITED",
+            "slow down (provider code: rate_limit_exceeded)",
         ),
         (
             json!({"message": "oops", "type": "server_error", "code": 500}),
@@ -889,6 +889,135 @@ fn provider_error_events_of_any_shape_are_typed_failures() {
             other => panic!("{other:?}"),
         }
     }
+}
+
+/// A well-known provider error code (or type) in the stream gets the code the same condition
+/// gets as an HTTP status (`rate_limit_exceeded` → `RATE_LIMITED`, as a 429), so a retry policy
+/// keyed on codes treats both alike; the provider's own code stays in the message. Unknown
+/// codes are kept upper-cased, and `insufficient_quota` (not cleared by waiting) is not made a
+/// retryable `RATE_LIMITED`.
+#[test]
+fn well_known_provider_error_codes_become_the_http_paths_codes() {
+    let cases: &[(Value, &str, &str)] = &[
+        (
+            json!({"code": "rate_limit_exceeded", "type": "requests"}),
+            "RATE_LIMITED",
+            " (provider code: rate_limit_exceeded)",
+        ),
+        (
+            json!({"type": "rate_limit_error"}),
+            "RATE_LIMITED",
+            " (provider code: rate_limit_error)",
+        ),
+        (
+            json!({"code": "too_many_requests"}),
+            "RATE_LIMITED",
+            " (provider code: too_many_requests)",
+        ),
+        (
+            json!({"type": "overloaded_error"}),
+            "OVERLOADED",
+            " (provider code: overloaded_error)",
+        ),
+        (json!({"code": "overloaded"}), "OVERLOADED", ""),
+        (json!({"type": "server_error", "code": null}), "SERVER_ERROR", ""),
+        (
+            json!({"code": "internal_server_error"}),
+            "SERVER_ERROR",
+            " (provider code: internal_server_error)",
+        ),
+        (
+            json!({"code": "service_unavailable"}),
+            "UNAVAILABLE",
+            " (provider code: service_unavailable)",
+        ),
+        (
+            json!({"type": "authentication_error"}),
+            "AUTHENTICATION",
+            " (provider code: authentication_error)",
+        ),
+        (
+            json!({"code": "invalid_api_key", "type": "invalid_request_error"}),
+            "AUTHENTICATION",
+            " (provider code: invalid_api_key)",
+        ),
+        (
+            json!({"type": "permission_error"}),
+            "PERMISSION_DENIED",
+            " (provider code: permission_error)",
+        ),
+        (
+            json!({"code": "context_length_exceeded", "type": "invalid_request_error"}),
+            "BAD_REQUEST",
+            " (provider code: context_length_exceeded)",
+        ),
+        (
+            json!({"code": "string_above_max_length"}),
+            "BAD_REQUEST",
+            " (provider code: string_above_max_length)",
+        ),
+        (
+            json!({"code": "Rate_Limit_Exceeded"}),
+            "RATE_LIMITED",
+            " (provider code: Rate_Limit_Exceeded)",
+        ),
+        (
+            json!({"code": "insufficient_quota", "type": "insufficient_quota"}),
+            "INSUFFICIENT_QUOTA",
+            "",
+        ),
+        (json!({"code": "model_not_found"}), "MODEL_NOT_FOUND", ""),
+        (
+            json!({"type": "invalid_request_error"}),
+            "INVALID_REQUEST_ERROR",
+            "",
+        ),
+    ];
+    for (error, code, suffix) in cases {
+        let mut error = error.clone();
+        error["message"] = json!("the provider's words");
+        let expected = format!("the provider's words{suffix}");
+        // As an `{"error": …}` member, as a top-level error event, and as an `event: error`.
+        let lead = String::from_utf8(body(&[content("a")], false)).unwrap();
+        for raw in [
+            body(&[content("a"), json!({ "error": error })], true),
+            format!("{lead}data: {error}\n\n").into_bytes(),
+            format!("{lead}event: error\ndata: {error}\n\n").into_bytes(),
+        ] {
+            let chunks = parse(&raw);
+            let failure = failure_of(&chunks);
+            assert_eq!(
+                (failure.code.as_str(), failure.message.as_str()),
+                (*code, expected.as_str()),
+                "{error}"
+            );
+        }
+    }
+    // A message at the cap keeps the provider's code visible and the whole within the cap.
+    let long = "é".repeat(super::MESSAGE_CAP);
+    let raw = body(
+        &[
+            content("a"),
+            json!({"error": {"message": long, "code": "rate_limit_exceeded"}}),
+        ],
+        true,
+    );
+    let chunks = parse(&raw);
+    let failure = failure_of(&chunks);
+    assert_eq!(failure.code, "RATE_LIMITED");
+    assert!(
+        failure.message.len() <= super::MESSAGE_CAP,
+        "{}",
+        failure.message.len()
+    );
+    assert!(failure.message.starts_with("éé"));
+    assert!(
+        failure
+            .message
+            .ends_with("é (provider code: rate_limit_exceeded)"),
+        "{}",
+        failure.message
+    );
 }
 
 /// An event with no data (`data:` alone, or only blanks, as some servers send to keep a
@@ -1202,8 +1331,8 @@ fn error_events_without_an_error_member_carry_the_providers_message() {
         ),
         (
             "data: {\"message\": \"slow down\", \"code\": \"rate_limit_exceeded\"}\n\n",
-            "RATE_LIMIT_EXCEEDED",
-            "slow down",
+            "RATE_LIMITED",
+            "slow down (provider code: rate_limit_exceeded)",
         ),
         (
             "data: {\"object\": \"error\", \"message\": \"too long\", \"type\": \
