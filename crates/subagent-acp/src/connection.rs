@@ -14,8 +14,9 @@
 //! (§1.7).
 //!
 //! # Failure causes
-//! The engine reports a connection that the child's output broke (an over-long line) only as
-//! "connection terminated". The reader under the engine records the typed cause in the
+//! The engine reports a connection that the child's output broke (an over-long line, or a read
+//! of the child's stdout that failed, such as `EIO` from its pipe) only as "connection
+//! terminated". The reader under the engine records the typed cause in the
 //! connection's [`OutputFault`] before it fails the read, so every request failing because of it
 //! — and the run's diagnostic — names the cause ([`AcpError::ChildOutput`]). A line that is not
 //! UTF-8 does not break the connection at all ([`Utf8Guard`](crate::Utf8Guard)).
@@ -153,8 +154,9 @@ impl OutputFault {
     }
 }
 
-/// Records in an [`OutputFault`] why a read of the child's output failed, when the failure has a
-/// typed cause; bytes and errors pass through unchanged.
+/// Records in an [`OutputFault`] why a read of the child's output failed — an over-long line as
+/// [`ChildOutputError::LineTooLong`], any other error as [`ChildOutputError::Read`] with its kind
+/// and message; bytes and errors pass through unchanged.
 #[derive(Debug)]
 struct FaultRecorder<R> {
     inner: R,
@@ -169,12 +171,31 @@ impl<R: AsyncRead + Unpin> AsyncRead for FaultRecorder<R> {
     ) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let Poll::Ready(Err(error)) = &polled
-            && let Some(LineTooLong { max }) = error.get_ref().and_then(|e| e.downcast_ref())
-        {
-            this.fault.record(ChildOutputError::LineTooLong { max: *max });
+        if let Poll::Ready(Err(error)) = &polled {
+            this.fault
+                .record(match error.get_ref().and_then(|e| e.downcast_ref()) {
+                    Some(LineTooLong { max }) => ChildOutputError::LineTooLong { max: *max },
+                    None => ChildOutputError::Read {
+                        kind: error.kind(),
+                        message: error.to_string(),
+                    },
+                });
         }
         polled
+    }
+}
+
+/// The reader the engine reads `stdout` (the child's output) through. The output is bounded per
+/// line: an endless line ends the connection instead of growing the engine's buffer without
+/// limit. A line that is not UTF-8 reaches the engine as a malformed line, which it answers and
+/// reads on. Why a read failed (an over-long line or an I/O error) is recorded in `fault`.
+fn child_output<R: AsyncRead + Unpin>(
+    stdout: R,
+    fault: &OutputFault,
+) -> FaultRecorder<crate::LineLimit<crate::Utf8Guard<R>>> {
+    FaultRecorder {
+        inner: crate::LineLimit::new(crate::Utf8Guard::new(stdout), crate::DEFAULT_MAX_LINE),
+        fault: fault.clone(),
     }
 }
 
@@ -375,14 +396,8 @@ impl Connection {
         policy: PermissionPolicy,
         cancelled: CancellationToken,
     ) -> Self {
-        // The child's output is bounded per line: an endless line ends the connection instead of
-        // growing the engine's buffer without limit (and the recorder keeps that cause). A line
-        // that is not UTF-8 reaches the engine as a malformed line, which it answers and reads on.
         let fault = OutputFault::default();
-        let incoming = FaultRecorder {
-            inner: crate::LineLimit::new(crate::Utf8Guard::new(pipes.stdout), crate::DEFAULT_MAX_LINE),
-            fault: fault.clone(),
-        };
+        let incoming = child_output(pipes.stdout, &fault);
         Self::spawn_over(
             pipes.stdin.compat_write(),
             incoming.compat(),
@@ -620,6 +635,94 @@ mod tests {
         })
         .await;
         assert!(drained.is_ok(), "no connection task outlives the dropped open");
+    }
+
+    /// Reads from `inner` until its end, then fails every read with `EIO` instead of reporting
+    /// end of input: a child's stdout whose pipe broke after valid output.
+    struct FailsAtEnd {
+        inner: tokio::io::DuplexStream,
+    }
+
+    impl AsyncRead for FailsAtEnd {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            let before = buf.filled().len();
+            match Pin::new(&mut self.inner).poll_read(cx, buf) {
+                Poll::Ready(Ok(())) if buf.filled().len() == before => {
+                    Poll::Ready(Err(std::io::Error::from_raw_os_error(5)))
+                }
+                other => other,
+            }
+        }
+    }
+
+    /// A read of the child's stdout that fails with an I/O error (here `EIO`, after a valid
+    /// line) ends the connection, and the pending request's failure names that error — its kind
+    /// and message — instead of the engine's opaque "connection terminated" (spec §1.13: the
+    /// failure says why the child failed).
+    #[tokio::test]
+    async fn a_failed_read_of_the_child_output_names_the_error() {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+        let (ours_out, child_in) = tokio::io::duplex(64 * 1024);
+        let (mut child_out, ours_in) = tokio::io::duplex(64 * 1024);
+        let fold: SharedFold = Arc::new(Mutex::new(BoundedOutputFold::new("acp", 1024)));
+        let fault = OutputFault::default();
+        let mut connection = Connection::spawn_over(
+            ours_out.compat_write(),
+            child_output(FailsAtEnd { inner: ours_in }, &fault).compat(),
+            fault,
+            fold,
+            PermissionPolicy::Reject,
+            CancellationToken::new(),
+        );
+        connection.ready().await.expect("ready");
+        let child = async move {
+            let mut request = String::new();
+            BufReader::new(child_in)
+                .read_line(&mut request)
+                .await
+                .expect("the initialize request");
+            assert!(request.contains("\"initialize\""), "{request}");
+            let update = json!({
+                "jsonrpc": "2.0",
+                "method": "session/update",
+                "params": {
+                    "sessionId": "s",
+                    "update": {
+                        "sessionUpdate": "agent_message_chunk",
+                        "content": {"type": "text", "text": "partial"},
+                    },
+                },
+            });
+            child_out
+                .write_all(format!("{update}\n").as_bytes())
+                .await
+                .expect("write");
+            // Closing the pipe makes the next read fail with EIO.
+            drop(child_out);
+        };
+        let (failed, ()) = tokio::join!(connection.initialize(), child);
+        let err = failed.expect_err("the read error ends the connection");
+        let eio = std::io::Error::from_raw_os_error(5);
+        match &err {
+            AcpError::ChildOutput {
+                stage: Stage::Initialize,
+                cause: ChildOutputError::Read { kind, message },
+            } => {
+                assert_eq!(*kind, eio.kind());
+                assert_eq!(*message, eio.to_string());
+            }
+            other => panic!("expected the read error as the cause, got {other:?}"),
+        }
+        assert_eq!(
+            err.to_string(),
+            format!("ACP initialize failed: reading the agent's output failed: {eio}")
+        );
+        connection.finish().await;
     }
 
     /// spec: ACP-1 — end_turn → completed, max_tokens → max-tokens, refusal → refusal,

@@ -72,8 +72,9 @@ impl std::fmt::Display for Stage {
     }
 }
 
-/// How the child's output broke the connection. The protocol engine reports only that the
-/// connection terminated; the connection's reader records the cause when it fails the read.
+/// How the child's output broke the connection: an over-long line or any other failed read. The
+/// protocol engine reports only that the connection terminated; the connection's reader records
+/// the cause when it fails the read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ChildOutputError {
@@ -82,6 +83,16 @@ pub enum ChildOutputError {
     LineTooLong {
         /// The limit, in bytes (newline excluded).
         max: usize,
+    },
+    /// Reading the child's output failed with an I/O error (for example `EIO` from its pipe).
+    /// The message is the operating system's (or the reader's) description of the error, never
+    /// the child's own output.
+    #[error("reading the agent's output failed: {message}")]
+    Read {
+        /// The error's kind.
+        kind: std::io::ErrorKind,
+        /// The error's message.
+        message: String,
     },
 }
 
@@ -122,8 +133,9 @@ pub enum AcpError {
         #[source]
         source: agent_client_protocol::Error,
     },
-    /// A request failed because the child's output broke the connection (for example a line
-    /// longer than the limit): the cause, not the engine's opaque terminated connection.
+    /// A request failed because the child's output broke the connection (a line longer than the
+    /// limit, or a read of its stdout that failed): the cause, not the engine's opaque
+    /// terminated connection.
     #[error("ACP {stage} failed: {cause}")]
     ChildOutput {
         /// The stage whose request was pending (or [`Stage::Connection`] before any was sent).
