@@ -10,7 +10,7 @@
 //! | an event of another shape (no `choices`, only other choices, a `delta` field of another type, such as a numeric `content`) | nothing: ignored |
 //! | `usage` | one `usage` (`prompt_tokens`, `completion_tokens`, cached and reasoning details) |
 //! | `finish_reason` | remembered; at `[DONE]` (or the end of the body) every open block is closed in index order with its assembled block, then `usage`, then `finish` |
-//! | `{"error": …}` event, or an event without `choices` that is itself the error (a string `message` next to a `code`, a string `type` or `"object": "error"`) | `finish {error}` (open blocks allowed) with the error's `message` and its string `code` (else string `type`) — a well-known one as the adapter's canonical code ([`canonical_code`]: `rate_limit_exceeded` → `RATE_LIMITED`, as for an HTTP 429), with ` (provider code: <original>)` appended to the message; any other upper-cased — else `PROVIDER_ERROR` |
+//! | `{"error": …}` event, or an event without `choices` that is itself the error (a string `message` next to a `code`, a string `type` or `"object": "error"`) | `finish {error}` (open blocks allowed) with the error's `message` and its string `code` (else string `type`) — an HTTP error status as a `code` (a number or a 3-digit string, 400–599: `"429"`, `503`) as that status's code over HTTP ([`status_code`]: `429` → `RATE_LIMITED`), a well-known one as the adapter's canonical code ([`canonical_code`]: `rate_limit_exceeded` → `RATE_LIMITED`, as for an HTTP 429), with ` (provider code: <original>)` appended to the message; any other upper-cased — else `PROVIDER_ERROR` |
 //! | an `event: error` event ([`on_error_event`](Assembler::on_error_event)) | the same, whatever its data: the error it carries, else its JSON as the error, else its text as the message |
 //! | an event that is not JSON | `BAD_RESPONSE` quoting its first 200 bytes, control characters escaped |
 //!
@@ -42,7 +42,7 @@ use agent::model::BlockType;
 use agent::{CallId, ContentBlock, FinishReason, LlmFailure, StreamChunk, TokenUsage};
 use serde_json::Value;
 
-use super::{MESSAGE_CAP, cap};
+use super::{MESSAGE_CAP, cap, status_code};
 use crate::excerpt::EXCERPT_CAP;
 
 /// What a `delta.tool_calls` entry's call is found by.
@@ -176,10 +176,11 @@ impl Assembler {
     }
 
     /// The failure for a provider's error (an object or a bare string): its `message` (else its
-    /// JSON text); its string `code`, else its string `type` — as the adapter's canonical code
-    /// when it is a well-known one ([`canonical_code`]), else upper-cased — else
-    /// `PROVIDER_ERROR`. For an error that is the whole event (`top_level`) a `type` of
-    /// `error` only says it is one, and names no code.
+    /// JSON text); its `code` when that is an HTTP error status ([`http_error_status`]) as the
+    /// code the HTTP path gives that status ([`status_code`]); else its string `code`, else its
+    /// string `type` — as the adapter's canonical code when it is a well-known one
+    /// ([`canonical_code`]), else upper-cased — else `PROVIDER_ERROR`. For an error that is the
+    /// whole event (`top_level`) a `type` of `error` only says it is one, and names no code.
     ///
     /// When the canonical code is not simply the provider's upper-cased, the message ends with
     /// ` (provider code: <original>)`, kept within the message cap.
@@ -189,16 +190,26 @@ impl Assembler {
             .and_then(Value::as_str)
             .or_else(|| error.as_str())
             .map_or_else(|| error.to_string(), str::to_owned);
-        let Some(raw) = error.get("code").and_then(Value::as_str).or_else(|| {
-            error
-                .get("type")
-                .and_then(Value::as_str)
-                .filter(|t| !(top_level && *t == "error"))
-        }) else {
+        let status = error.get("code").and_then(http_error_status);
+        let status_text = status.map(|s| s.to_string());
+        let Some(raw) = status_text
+            .as_deref()
+            .or_else(|| error.get("code").and_then(Value::as_str))
+            .or_else(|| {
+                error
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .filter(|t| !(top_level && *t == "error"))
+            })
+        else {
             return self.failure("PROVIDER_ERROR", message);
         };
         let upper = raw.to_ascii_uppercase();
-        match canonical_code(raw) {
+        let canonical = status.map_or_else(
+            || canonical_code(raw).map(str::to_owned),
+            |s| Some(status_code(s)),
+        );
+        match canonical {
             Some(canonical) if canonical != upper => {
                 let suffix = format!(" (provider code: {raw})");
                 let mut message = message;
@@ -211,9 +222,9 @@ impl Assembler {
                     message.truncate(end);
                 }
                 message.push_str(&suffix);
-                self.failure(canonical, message)
+                self.failure(&canonical, message)
             }
-            Some(canonical) => self.failure(canonical, message),
+            Some(canonical) => self.failure(&canonical, message),
             None => self.failure(&upper, message),
         }
     }
@@ -462,6 +473,9 @@ impl Assembler {
 /// | `permission_error`, `permission_denied` | `PERMISSION_DENIED` | 403 |
 /// | `context_length_exceeded`, `string_above_max_length` | `BAD_REQUEST` | 400 |
 ///
+/// A `code` that is an HTTP error status (`"429"`, `503`) does not come here: it goes through
+/// the HTTP path's own table ([`status_code`]), see [`http_error_status`].
+///
 /// `insufficient_quota` is deliberately not mapped: the HTTP path gives every 429
 /// `RATE_LIMITED`, which a caller may retry, while an exhausted quota does not clear by
 /// waiting; it stays `INSUFFICIENT_QUOTA`.
@@ -477,6 +491,18 @@ fn canonical_code(provider: &str) -> Option<&'static str> {
         _ => return None,
     };
     Some(code)
+}
+
+/// The HTTP error status a provider's error `code` is, if it is one: a JSON number, or a string
+/// of exactly three ASCII digits, from 400 to 599 (Azure OpenAI sends `"code": "429"`, vLLM
+/// `"code": 503`). Any other number (`200`, `42`) is no status, and names no code by itself.
+fn http_error_status(code: &Value) -> Option<u16> {
+    let status = match code {
+        Value::Number(n) => n.as_u64()?,
+        Value::String(s) if s.len() == 3 && s.bytes().all(|b| b.is_ascii_digit()) => s.parse().ok()?,
+        _ => return None,
+    };
+    u16::try_from(status).ok().filter(|s| (400..=599).contains(s))
 }
 
 /// At most [`EXCERPT_CAP`](crate::excerpt::EXCERPT_CAP) bytes of a value's JSON text (on a

@@ -121,7 +121,7 @@ impl fmt::Debug for OpenAiConfig {
 /// | connection failure / timeout | `CONNECTION_FAILED` / `TIMEOUT` | — |
 /// | the server sends nothing for longer than [`OpenAiConfig::idle_timeout`] | `TIMEOUT` | `requestId` (once the head arrived) |
 /// | read error mid-stream | `STREAM_ERROR` | `requestId` |
-/// | a provider error in the stream: an `{"error": …}` event, an event without `choices` whose top level is the error (a string `message` next to a `code`, a string `type` or `"object": "error"`), or any `event: error` event (JSON or plain text) | the error's string `code`, else its string `type` (a top-level `type` of `error` names no code): a well-known one as the code the same condition gets over HTTP — `rate_limit_exceeded`, `rate_limit_error`, `too_many_requests` → `RATE_LIMITED`; `overloaded`, `overloaded_error` → `OVERLOADED`; `server_error`, `internal_server_error`, `internal_error`, `api_error` → `SERVER_ERROR`; `service_unavailable` → `UNAVAILABLE`; `authentication_error`, `invalid_api_key` → `AUTHENTICATION`; `permission_error`, `permission_denied` → `PERMISSION_DENIED`; `context_length_exceeded`, `string_above_max_length` → `BAD_REQUEST` — any other upper-cased as sent (`insufficient_quota` → `INSUFFICIENT_QUOTA`: not `RATE_LIMITED`, as waiting does not clear it); else `PROVIDER_ERROR`. `message` is the error's `message`, else its JSON, else (plain text) the data; when the code was mapped to another name, it ends with ` (provider code: <original>)` | `requestId` |
+/// | a provider error in the stream: an `{"error": …}` event, an event without `choices` whose top level is the error (a string `message` next to a `code`, a string `type` or `"object": "error"`), or any `event: error` event (JSON or plain text) | the error's string `code`, else its string `type` (a top-level `type` of `error` names no code): an HTTP error status as a `code` (a number or a 3-digit string from 400 to 599, as Azure OpenAI and vLLM send: `"429"`, `503`) as the code that status gets over HTTP (`429` → `RATE_LIMITED`, `503` → `UNAVAILABLE`, `418` → `HTTP_418`; any other numeric `code` names none); a well-known one as the code the same condition gets over HTTP — `rate_limit_exceeded`, `rate_limit_error`, `too_many_requests` → `RATE_LIMITED`; `overloaded`, `overloaded_error` → `OVERLOADED`; `server_error`, `internal_server_error`, `internal_error`, `api_error` → `SERVER_ERROR`; `service_unavailable` → `UNAVAILABLE`; `authentication_error`, `invalid_api_key` → `AUTHENTICATION`; `permission_error`, `permission_denied` → `PERMISSION_DENIED`; `context_length_exceeded`, `string_above_max_length` → `BAD_REQUEST` — any other upper-cased as sent (`insufficient_quota` → `INSUFFICIENT_QUOTA`: not `RATE_LIMITED`, as waiting does not clear it); else `PROVIDER_ERROR`. `message` is the error's `message`, else its JSON, else (plain text) the data; when the code was mapped to another name, it ends with ` (provider code: <original>)` | `requestId` |
 /// | a 2xx answer with a JSON body (`application/json`) or an HTML page instead of an event stream | when the body is the provider's error (an `{"error": …}`, or a top-level error as in a stream), its code and message as for an error in the stream; else `BAD_RESPONSE` | `requestId` |
 /// | an event that is not JSON, not valid UTF-8 or over 16 MiB | `BAD_RESPONSE` (for non-JSON, the message quotes the event's first 200 bytes, control characters escaped) | `requestId` |
 /// | a `delta.content` part of a type other than `text` or `refusal`, or without its string field | `BAD_RESPONSE` | `requestId` |
@@ -529,9 +529,11 @@ fn retry_after_ms(headers: &HeaderMap) -> Option<u64> {
     )
 }
 
-/// The failure for a non-2xx response.
-fn http_failure(status: u16, reason: Option<&str>, headers: &HeaderMap, body: &[u8]) -> LlmFailure {
-    let code = match status {
+/// The adapter's code for an HTTP error status: the one table both a non-2xx response and a
+/// status-like `code` in a stream's error ([`assemble`]) go through. A status it does not name
+/// is `HTTP_<status>`.
+pub(super) fn status_code(status: u16) -> String {
+    match status {
         400 => "BAD_REQUEST".to_owned(),
         401 => "AUTHENTICATION".to_owned(),
         403 => "PERMISSION_DENIED".to_owned(),
@@ -544,7 +546,12 @@ fn http_failure(status: u16, reason: Option<&str>, headers: &HeaderMap, body: &[
         503 => "UNAVAILABLE".to_owned(),
         529 => "OVERLOADED".to_owned(),
         other => format!("HTTP_{other}"),
-    };
+    }
+}
+
+/// The failure for a non-2xx response.
+fn http_failure(status: u16, reason: Option<&str>, headers: &HeaderMap, body: &[u8]) -> LlmFailure {
+    let code = status_code(status);
     let provider_message = serde_json::from_slice::<Value>(body).ok().and_then(|v| {
         v.pointer("/error/message")
             .or_else(|| v.get("message"))
@@ -695,13 +702,13 @@ mod tests {
         let cases: [(&str, &str, &str); 5] = [
             (
                 r#"{"object": "error", "message": "This model's maximum context length is 4096 tokens.", "type": "BadRequestError", "param": null, "code": 400}"#,
-                "BADREQUESTERROR",
-                "This model's maximum context length is 4096 tokens.",
+                "BAD_REQUEST",
+                "This model's maximum context length is 4096 tokens. (provider code: 400)",
             ),
             (
                 r#"{"object": "error", "message": "model not loaded", "type": "error", "code": 503}"#,
-                "PROVIDER_ERROR",
-                "model not loaded",
+                "UNAVAILABLE",
+                "model not loaded (provider code: 503)",
             ),
             (
                 r#"{"message": "upstream overloaded", "code": "overloaded"}"#,

@@ -873,7 +873,7 @@ fn provider_error_events_of_any_shape_are_typed_failures() {
         (
             json!({"message": "oops", "type": "server_error", "code": 500}),
             "SERVER_ERROR",
-            "oops",
+            "oops (provider code: 500)",
         ),
         (json!({"message": "no code"}), "PROVIDER_ERROR", "no code"),
         (json!("plain words"), "PROVIDER_ERROR", "plain words"),
@@ -895,7 +895,9 @@ fn provider_error_events_of_any_shape_are_typed_failures() {
 /// gets as an HTTP status (`rate_limit_exceeded` → `RATE_LIMITED`, as a 429), so a retry policy
 /// keyed on codes treats both alike; the provider's own code stays in the message. Unknown
 /// codes are kept upper-cased, and `insufficient_quota` (not cleared by waiting) is not made a
-/// retryable `RATE_LIMITED`.
+/// retryable `RATE_LIMITED`. A `code` that is an HTTP error status — Azure OpenAI's `"429"`,
+/// vLLM's numeric `503` — gets that status's code from the HTTP path's table; a number that is
+/// no error status (`200`, `42`) names no code, as before.
 #[test]
 fn well_known_provider_error_codes_become_the_http_paths_codes() {
     let cases: &[(Value, &str, &str)] = &[
@@ -972,6 +974,32 @@ fn well_known_provider_error_codes_become_the_http_paths_codes() {
             "INVALID_REQUEST_ERROR",
             "",
         ),
+        // Azure OpenAI's status-like string codes: the HTTP path's code for that status.
+        (json!({"code": "429"}), "RATE_LIMITED", " (provider code: 429)"),
+        (json!({"code": "503"}), "UNAVAILABLE", " (provider code: 503)"),
+        (
+            json!({"code": "500", "type": "server_error"}),
+            "SERVER_ERROR",
+            " (provider code: 500)",
+        ),
+        (json!({"code": "418"}), "HTTP_418", " (provider code: 418)"),
+        // vLLM's numeric codes, ahead of its `type`.
+        (
+            json!({"code": 503, "type": "ServiceUnavailableError"}),
+            "UNAVAILABLE",
+            " (provider code: 503)",
+        ),
+        (
+            json!({"code": 400, "type": "BadRequestError"}),
+            "BAD_REQUEST",
+            " (provider code: 400)",
+        ),
+        (json!({"code": 504}), "TIMEOUT", " (provider code: 504)"),
+        // A number that is no HTTP error status stays as before.
+        (json!({"code": 200, "type": "server_error"}), "SERVER_ERROR", ""),
+        (json!({"code": 42}), "PROVIDER_ERROR", ""),
+        (json!({"code": "200"}), "200", ""),
+        (json!({"code": "4290"}), "4290", ""),
     ];
     for (error, code, suffix) in cases {
         let mut error = error.clone();
@@ -1337,13 +1365,13 @@ fn error_events_without_an_error_member_carry_the_providers_message() {
         (
             "data: {\"object\": \"error\", \"message\": \"too long\", \"type\": \
              \"invalid_request_error\", \"param\": null, \"code\": 400}\n\n",
-            "INVALID_REQUEST_ERROR",
-            "too long",
+            "BAD_REQUEST",
+            "too long (provider code: 400)",
         ),
         (
             "data: {\"object\": \"error\", \"message\": \"no type\", \"code\": 500}\n\n",
-            "PROVIDER_ERROR",
-            "no type",
+            "SERVER_ERROR",
+            "no type (provider code: 500)",
         ),
     ] {
         let raw = format!("{lead}{event}{after}");
