@@ -48,6 +48,9 @@ pub(crate) struct LineageTrace {
     first_descriptor: Option<u64>,
     /// Seq of the first `step/start` in the child's own suffix.
     first_step: Option<u64>,
+    /// One past the greatest seq replayed: how many events the log holds by its own count
+    /// (blank or unreadable lines, `PARSE` findings of their own, do not count).
+    held: u64,
 }
 
 /// One event's deferred change to a [`LineageTrace`].
@@ -56,6 +59,7 @@ pub(crate) struct LineageDelta {
     descriptor: Option<u64>,
     step: Option<u64>,
     seed_marked: bool,
+    seq: u64,
 }
 
 impl LineageTrace {
@@ -66,6 +70,7 @@ impl LineageTrace {
             seed_marked: false,
             first_descriptor: None,
             first_step: None,
+            held: 0,
         }
     }
 
@@ -74,9 +79,14 @@ impl LineageTrace {
         self.seed_length.unwrap_or(0)
     }
 
-    /// Validates the event at log position `index` without changing the trace.
-    pub(crate) fn validate(&self, index: u64, ev: &SessionEvent, out: &mut Vec<Finding>) -> LineageDelta {
-        let mut d = LineageDelta::default();
+    /// Validates `ev` without changing the trace. Its place in the seed is its own `seq`, not
+    /// its line: a blank or unreadable line inside a seed moves no event into or out of it.
+    pub(crate) fn validate(&self, ev: &SessionEvent, out: &mut Vec<Finding>) -> LineageDelta {
+        let mut d = LineageDelta {
+            seq: ev.seq,
+            ..LineageDelta::default()
+        };
+        let index = ev.seq;
         if let Some(n) = self.seed_length {
             let end_seed = matches!(ev.data, EventData::EndSeed);
             // Only the fork provider clips its seed to the balanced completed-turn prefix
@@ -146,6 +156,7 @@ impl LineageTrace {
     /// Commits a delta computed by [`LineageTrace::validate`].
     pub(crate) fn apply(&mut self, d: LineageDelta) {
         self.seed_marked |= d.seed_marked;
+        self.held = self.held.max(d.seq.saturating_add(1));
         if self.first_descriptor.is_none() {
             self.first_descriptor = d.descriptor;
         }
@@ -155,8 +166,9 @@ impl LineageTrace {
     }
 
     /// End-of-log findings: a seeded log holds its whole seed and the end-seed marker (the
-    /// seed's own last event when it already is one).
-    pub(crate) fn finish(&self, events: u64, out: &mut Vec<Finding>) {
+    /// seed's own last event when it already is one), counted by seq.
+    pub(crate) fn finish(&self, out: &mut Vec<Finding>) {
+        let events = self.held;
         if let Some(n) = self.seed_length
             && (events < n || (events == n && !self.seed_marked))
         {

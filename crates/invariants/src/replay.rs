@@ -126,7 +126,7 @@ impl SessionReplay {
         let mut out = Vec::new();
         let core = self.core.validate(ev, &mut out);
         let approvals = self.approvals.validate(ev, self.core.open_turn(), &mut out);
-        let lineage = self.lineage.validate(self.index, ev, &mut out);
+        let lineage = self.lineage.validate(ev, &mut out);
         let violations = out.into_iter().map(|f| self.violation(Some(ev.seq), f)).collect();
         (
             violations,
@@ -176,7 +176,7 @@ impl SessionReplay {
     /// Ends the replay: end-of-log violations and the final state.
     pub fn finish(self) -> Finish {
         let mut out = Vec::new();
-        self.lineage.finish(self.index, &mut out);
+        self.lineage.finish(&mut out);
         Finish {
             violations: out.into_iter().map(|f| self.violation(None, f)).collect(),
             events: self.index,

@@ -314,18 +314,47 @@ fn depth_violation(child: &Entry, parent: &Entry) -> Option<Violation> {
     })
 }
 
-/// The first `n` event lines of a log as JSON values (`None` for a line that is not JSON).
-fn event_prefix(path: &Path, n: u64) -> io::Result<Vec<Option<Value>>> {
-    let mut out = Vec::new();
+/// The seeded part of a log: its readable events with `seq < n`, by `seq`, and whether the log
+/// holds the whole seed.
+///
+/// Events are placed by their own `seq`, not by their line, like [`settlement_notices`]: a
+/// blank or unreadable line (a `PARSE` finding of its own) neither shifts the later events onto
+/// other seeded positions nor hides a real difference behind it.
+struct SeedPrefix {
+    events: std::collections::BTreeMap<u64, Value>,
+    /// The log holds at least `n` events: a readable one at `seq ≥ n - 1`, or — its `seq`s
+    /// damaged — at least `n` non-blank lines after the header.
+    complete: bool,
+}
+
+fn seed_prefix(path: &Path, n: u64) -> io::Result<SeedPrefix> {
+    let mut events = std::collections::BTreeMap::new();
+    let mut lines = 0u64;
+    let mut last_seq = None;
     let file = open_log(path)?;
     for_each_line(BufReader::new(file), |line| {
-        if line.number == 1 {
+        if line.number == 1 || line.bytes.iter().all(u8::is_ascii_whitespace) {
             return true;
         }
-        out.push(serde_json::from_slice::<Value>(line.bytes).ok());
-        (out.len() as u64) < n
+        lines += 1;
+        let Ok(event) = serde_json::from_slice::<Value>(line.bytes) else {
+            return true;
+        };
+        let Some(seq) = event.get("seq").and_then(Value::as_u64) else {
+            return true;
+        };
+        last_seq = last_seq.max(Some(seq));
+        if seq >= n {
+            // Past the seed (seqs only grow in a log the `SEQ` rule accepts).
+            return false;
+        }
+        events.entry(seq).or_insert(event);
+        true
     })?;
-    Ok(out)
+    Ok(SeedPrefix {
+        events,
+        complete: last_seq.is_some_and(|s| s.saturating_add(1) >= n) || lines >= n,
+    })
 }
 
 fn fork_seed_violation(
@@ -333,31 +362,32 @@ fn fork_seed_violation(
     parent: &Entry,
     n: u64,
 ) -> Result<Option<Violation>, (PathBuf, io::Error)> {
-    let mine = event_prefix(&child.path, n).map_err(|e| (child.path.clone(), e))?;
-    let theirs = event_prefix(&parent.path, n).map_err(|e| (parent.path.clone(), e))?;
+    let mine = seed_prefix(&child.path, n).map_err(|e| (child.path.clone(), e))?;
+    let theirs = seed_prefix(&parent.path, n).map_err(|e| (parent.path.clone(), e))?;
     let v = |seq: Option<u64>, expected: String| {
         Violation::at(child.header.id.clone(), seq, RuleId::FORK_SEED, expected)
     };
-    for (i, (a, b)) in mine.iter().zip(&theirs).enumerate() {
-        if let (Some(a), Some(b)) = (a, b)
+    // An event missing on either side (damaged there) is that log's own finding.
+    for (seq, a) in &mine.events {
+        if let Some(b) = theirs.events.get(seq)
             && a != b
         {
             return Ok(Some(v(
-                Some(i as u64),
+                Some(*seq),
                 format!(
-                    "seeded event {i} to equal event {i} of parent {}",
+                    "seeded event {seq} to equal event {seq} of parent {}",
                     parent.header.id
                 ),
             )));
         }
     }
-    if (theirs.len() as u64) < n {
+    if !theirs.complete {
         return Ok(Some(v(
             None,
             format!(
                 "parent {} to hold at least the {n} seeded events, but it holds {}",
                 parent.header.id,
-                theirs.len()
+                theirs.events.len()
             ),
         )));
     }

@@ -107,6 +107,49 @@ fn a_fork_seed_must_equal_the_parents_prefix() {
     assert!(check_store(&dir).unwrap().is_clean());
 }
 
+/// `FORK-SEED` compares seeded events by their `seq`, not by their line: a blank line inside a
+/// seed (a `PARSE` finding of its own) neither makes every later seeded event "differ" from
+/// the parent's nor hides a real difference behind it, which is reported at its own seq.
+#[test]
+fn a_fork_seed_is_compared_by_seq_across_a_damaged_line() {
+    let dir = scratch("store-fork-damaged");
+    let (parent, _, forked, _) = family();
+    let with_blank = |log: &SyntheticLog, at: usize| -> String {
+        let mut lines: Vec<String> = log.to_jsonl().lines().map(str::to_owned).collect();
+        lines.insert(at, String::new());
+        lines.join("\n") + "\n"
+    };
+    put(&dir, "parent.jsonl", &parent);
+    // A blank line after the child's first seeded event (line 1 is the header).
+    std::fs::write(dir.join("forked.jsonl"), with_blank(&forked, 2)).unwrap();
+    let report = check_store(&dir).unwrap();
+    assert_eq!(rules(&report.violations), ["PARSE"], "{:#?}", report.violations);
+
+    // The same in the parent's log: still only the parse finding, now the parent's.
+    put(&dir, "forked.jsonl", &forked);
+    std::fs::write(dir.join("parent.jsonl"), with_blank(&parent, 3)).unwrap();
+    let report = check_store(&dir).unwrap();
+    assert_eq!(rules(&report.violations), ["PARSE"], "{:#?}", report.violations);
+    assert_eq!(report.violations[0].session.as_str(), "parent");
+
+    // A real difference behind the blank line is reported at its own seq.
+    let mut altered = parent.clone();
+    altered.events[4].time += 1000;
+    put(&dir, "parent.jsonl", &altered);
+    std::fs::write(dir.join("forked.jsonl"), with_blank(&forked, 2)).unwrap();
+    let report = check_store(&dir).unwrap();
+    let seeds: Vec<_> = report
+        .of_rule(invariants::RuleId::FORK_SEED)
+        .map(|v| (v.session.as_str().to_owned(), v.seq))
+        .collect();
+    assert_eq!(
+        seeds,
+        [("forked".to_owned(), Some(4))],
+        "{:#?}",
+        report.violations
+    );
+}
+
 #[test]
 fn an_absent_parent_is_lenient() {
     let dir = scratch("store-absent");
