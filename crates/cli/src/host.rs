@@ -339,6 +339,11 @@ impl OwnSessions {
     }
 }
 
+/// Signals a change for [`Host::settle`].
+fn bump(changes: &tokio::sync::watch::Sender<u64>) {
+    changes.send_modify(|v| *v = v.wrapping_add(1));
+}
+
 /// A composed host (see the module docs).
 pub struct Host {
     runtime: Runtime,
@@ -352,6 +357,10 @@ pub struct Host {
     cwd: PathBuf,
     /// Job ids whose completion notice was delivered into their owner's conversation.
     delivered: Arc<Mutex<HashSet<String>>>,
+    /// Bumped by the host's listeners on the runtime's agent events (every agent's status,
+    /// inbox, creation and disposal) and after each delivered job notice: with the job
+    /// registry's and the continuation manager's change counters, what [`Host::settle`] waits on.
+    changes: Arc<tokio::sync::watch::Sender<u64>>,
     /// Every session this host's runtime published (created, forked or resumed), in order:
     /// the logs [`Host::shutdown`] makes durable.
     sessions: Arc<Mutex<OwnSessions>>,
@@ -527,11 +536,23 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
         None
     };
 
+    // What `settle` waits on besides the registry's and the manager's own change counters:
+    // every agent's status, inbox, creation and disposal.
+    let changes = Arc::new(tokio::sync::watch::Sender::new(0u64));
+    {
+        let changes = changes.clone();
+        guards.push(services.agent_events.on(move |_| {
+            bump(&changes);
+            Ok(())
+        }));
+    }
+
     // Completion notices into the owner's conversation.
     let delivered: Arc<Mutex<HashSet<String>>> = Arc::default();
     if options.deliver_job_notices {
         let agents = services.agents.clone();
         let seen = delivered.clone();
+        let changes = changes.clone();
         guards.push(jobs.notices().on(move |notice| {
             if let Some(owner) = agents.get(&notice.owner) {
                 let message = notice.to_message();
@@ -544,6 +565,7 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
                 }
             }
             seen.lock().insert(notice.job.id.0.clone());
+            bump(&changes);
             Ok(())
         }));
     }
@@ -558,6 +580,7 @@ pub fn build_host(options: HostOptions) -> Result<Host, HostError> {
         options,
         cwd,
         delivered,
+        changes,
         sessions,
         plugins,
         control,
@@ -664,9 +687,22 @@ impl Host {
     /// interrupt (spec §2.14.9), or waiting only on such children. It announces nothing until a
     /// waking send, which nobody is left to make once `agent` is idle; [`Host::shutdown`]
     /// releases it.
+    ///
+    /// Event-driven: between checks it waits for a change signalled by the job registry
+    /// ([`JobRegistry::changes`]), the continuation manager ([`ContinuationManager::changes`])
+    /// or the host's own listeners (agent events, delivered job notices) — each taken before the
+    /// check it may invalidate, so no change is missed — never for a timer. Cancel-safe: dropping
+    /// the future leaves nothing registered.
     pub async fn settle(&self, agent: &AgentRef) {
+        let mut jobs = self.jobs.changes();
+        let mut tree = self.continuation.changes();
+        let mut host = self.changes.subscribe();
         loop {
             agent.when_idle().await;
+            // Marked seen before the checks: a change after this point wakes the wait below.
+            jobs.borrow_and_update();
+            tree.borrow_and_update();
+            host.borrow_and_update();
             let jobs_quiet = !self.options.deliver_job_notices || self.jobs_quiet(agent.id());
             if jobs_quiet && !self.has_progressing_descendant(agent.id()) {
                 if agent.status() == AgentStatus::Idle {
@@ -674,7 +710,12 @@ impl Host {
                 }
                 continue;
             }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            // The senders live as long as `self`: none of these fails while it is borrowed.
+            tokio::select! {
+                _ = jobs.changed() => {}
+                _ = tree.changed() => {}
+                _ = host.changed() => {}
+            }
         }
     }
 

@@ -232,6 +232,8 @@ struct Inner {
     notices: EventBus<JobNotice>,
     /// Bumped whenever a reservation resolves (committed or abandoned), for drains to wait on.
     reservations: watch::Sender<u64>,
+    /// Bumped after job changes, for [`JobRegistry::changes`].
+    changes: watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -381,6 +383,7 @@ impl JobRegistry {
                 tracker: TaskTracker::new(),
                 notices: config.notices.unwrap_or_default(),
                 reservations,
+                changes: watch::Sender::new(0),
             }),
         }
     }
@@ -393,6 +396,22 @@ impl JobRegistry {
     /// The bus completion notices are emitted on (carrier = the job's owner).
     pub fn notices(&self) -> &EventBus<JobNotice> {
         &self.inner.notices
+    }
+
+    /// A change counter for callers that wait for a condition over the jobs (a host waiting
+    /// until an owner's jobs are settled and reported) without polling: its value is bumped
+    /// after every change that can make a job settled or reported, or drop a record — a
+    /// settlement (forced ones included), a read, wait, kill or [`unclaim`](Self::unclaim), an
+    /// owner's or the registry's teardown — and possibly after other changes. The counter's
+    /// value means nothing; only its changes do.
+    ///
+    /// To wait without a lost wake-up, take (or
+    /// [`borrow_and_update`](watch::Receiver::borrow_and_update)) the receiver first, then check
+    /// the condition, then await [`changed`](watch::Receiver::changed). A receiver registers
+    /// nothing: dropping it is all the cleanup there is. `changed` fails only once the registry
+    /// is dropped.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.inner.changes.subscribe()
     }
 
     /// Declares a job controller serving every owner (`scope = None`) or one owner. Only
@@ -480,7 +499,9 @@ impl JobRegistry {
     /// use [`read_job_unless_cancelled`](Self::read_job_unless_cancelled) or
     /// [`wait_and_read`](Self::wait_and_read) instead.
     pub fn read_job(&self, owner: &SessionId, id: &JobId) -> Result<JobReadout, JobError> {
-        read_locked(&mut self.inner.state.lock(), owner, id, true)
+        let read = read_locked(&mut self.inner.state.lock(), owner, id, true);
+        self.inner.bump_changes();
+        read
     }
 
     /// Reads `owner`'s job `id` without waiting, like [`read_job`](Self::read_job), except that
@@ -496,8 +517,9 @@ impl JobRegistry {
         id: &JobId,
         signal: &Signal,
     ) -> Result<JobReadout, JobError> {
-        let mut state = self.inner.state.lock();
-        read_locked(&mut state, owner, id, !signal.is_cancelled())
+        let read = read_locked(&mut self.inner.state.lock(), owner, id, !signal.is_cancelled());
+        self.inner.bump_changes();
+        read
     }
 
     /// Waits like [`wait_settled`](Self::wait_settled), then reads like
@@ -545,6 +567,7 @@ impl JobRegistry {
                 }
             }
         };
+        self.inner.bump_changes();
         if let Some(notice) = notice {
             self.inner.notices.emit(&notice);
         }
@@ -593,6 +616,7 @@ impl JobRegistry {
             };
             (true, notice)
         };
+        self.inner.bump_changes();
         if let Some(notice) = notice {
             self.inner.notices.emit(&notice);
         }
@@ -630,6 +654,7 @@ impl JobRegistry {
             };
             (result, notice)
         };
+        self.inner.bump_changes();
         if let Some(notice) = notice {
             self.inner.notices.emit(&notice);
         }
@@ -699,7 +724,10 @@ impl JobRegistry {
                 rec.reported = true;
                 // A report no read can take back any more.
                 rec.claims = 0;
-                return Ok(KillOutcome::AlreadyFinished(rec.snapshot()));
+                let snapshot = rec.snapshot();
+                drop(state);
+                self.inner.bump_changes();
+                return Ok(KillOutcome::AlreadyFinished(snapshot));
             }
             // Claimed before `cancel` runs so a settlement it triggers stays quiet.
             rec.reported = true;
@@ -713,12 +741,16 @@ impl JobRegistry {
             let snapshot = self.inner.state.lock().owned_mut(owner, id)?.snapshot();
             return Ok(KillOutcome::CancelPanicked { snapshot, message });
         }
-        let mut state = self.inner.state.lock();
-        let rec = state.owned_mut(owner, id)?;
-        if rec.status == JobStatus::Running {
-            rec.status = JobStatus::Stopping;
-        }
-        Ok(KillOutcome::Requested(rec.snapshot()))
+        let snapshot = {
+            let mut state = self.inner.state.lock();
+            let rec = state.owned_mut(owner, id)?;
+            if rec.status == JobStatus::Running {
+                rec.status = JobStatus::Stopping;
+            }
+            rec.snapshot()
+        };
+        self.inner.bump_changes();
+        Ok(KillOutcome::Requested(snapshot))
     }
 
     /// Cancels and awaits every job of every owner, drops every record, and closes the registry:
@@ -795,6 +827,11 @@ impl Inner {
         self.reservations.send_modify(|v| *v = v.wrapping_add(1));
     }
 
+    /// Signals [`JobRegistry::changes`]. Never called with the state lock held.
+    fn bump_changes(&self) {
+        self.changes.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
     /// Records the first terminal outcome of `id`, releases its waiters, then emits its notice
     /// unless reported. Returns whether this outcome was the one recorded.
     fn settle(&self, id: &JobId, outcome: JobOutcome) -> bool {
@@ -823,6 +860,7 @@ impl Inner {
                 rec.notice(closed)
             }
         };
+        self.bump_changes();
         if let Some(notice) = notice {
             self.notices.emit(&notice);
         }
@@ -847,6 +885,8 @@ impl Inner {
                     .all(|r| r.status.is_terminal() && r.finished.peek().is_some());
                 if pending == 0 && quiet {
                     state.jobs.retain(|_, r| !belongs(r));
+                    drop(state);
+                    self.bump_changes();
                     return;
                 }
                 let mut cancels = Vec::new();

@@ -194,6 +194,8 @@ pub(crate) struct Inner {
     /// their notice's delivery (§2.14.6 steps 8–9), once per such child; see
     /// [`ContinuationManager::notices_under_way`].
     notices: Mutex<Vec<SessionId>>,
+    /// Bumped for [`ContinuationManager::changes`].
+    changes: tokio::sync::watch::Sender<u64>,
     /// Deterministic interleaving points for the tests.
     #[cfg(test)]
     hooks: TestHooks,
@@ -323,14 +325,21 @@ impl TestHooks {
 /// or unwound).
 struct NoticeUnderWay<'a> {
     notices: &'a Mutex<Vec<SessionId>>,
+    /// Signalled once the entry is gone ([`ContinuationManager::changes`]).
+    changes: &'a tokio::sync::watch::Sender<u64>,
     parent: SessionId,
 }
 
 impl<'a> NoticeUnderWay<'a> {
-    fn new(notices: &'a Mutex<Vec<SessionId>>, parent: &SessionId) -> Self {
+    fn new(
+        notices: &'a Mutex<Vec<SessionId>>,
+        changes: &'a tokio::sync::watch::Sender<u64>,
+        parent: &SessionId,
+    ) -> Self {
         notices.lock().push(parent.clone());
         Self {
             notices,
+            changes,
             parent: parent.clone(),
         }
     }
@@ -338,11 +347,19 @@ impl<'a> NoticeUnderWay<'a> {
 
 impl Drop for NoticeUnderWay<'_> {
     fn drop(&mut self) {
-        let mut notices = self.notices.lock();
-        if let Some(i) = notices.iter().position(|p| *p == self.parent) {
-            notices.swap_remove(i);
+        {
+            let mut notices = self.notices.lock();
+            if let Some(i) = notices.iter().position(|p| *p == self.parent) {
+                notices.swap_remove(i);
+            }
         }
+        bump(self.changes);
     }
+}
+
+/// Signals [`ContinuationManager::changes`].
+fn bump(changes: &tokio::sync::watch::Sender<u64>) {
+    changes.send_modify(|v| *v = v.wrapping_add(1));
 }
 
 /// The continuation manager (spec §2.14). Cheap to clone (shared).
@@ -390,6 +407,7 @@ impl ContinuationManager {
                 admission: parking_lot::ReentrantMutex::new(()),
                 setup: Arc::default(),
                 notices: Mutex::new(Vec::new()),
+                changes: tokio::sync::watch::Sender::new(0),
                 #[cfg(test)]
                 hooks: TestHooks::default(),
             }),
@@ -452,6 +470,24 @@ impl ContinuationManager {
     /// waiting just before the notice starts the parent's next turn.
     pub fn notices_under_way(&self) -> Vec<SessionId> {
         self.inner.notices.lock().clone()
+    }
+
+    /// A change counter for a host waiting, without polling, until a tree's continuable
+    /// descendants are quiet (see [`resident`](Self::resident),
+    /// [`notices_under_way`](Self::notices_under_way) and [`awaits_input`](Self::awaits_input)):
+    /// its value is bumped once a settlement notice is no longer under way and after every
+    /// ownership release (which follows every removal from the live map), and possibly after
+    /// other changes; the value itself means nothing. The rest of what those reads depend on —
+    /// the children's agent statuses and inboxes, agents leaving the registry — is signalled on
+    /// the runtime's agent event bus, not here.
+    ///
+    /// To wait without a lost wake-up, take (or
+    /// [`borrow_and_update`](tokio::sync::watch::Receiver::borrow_and_update)) the receiver
+    /// first, then check, then await [`changed`](tokio::sync::watch::Receiver::changed). A
+    /// receiver registers nothing: dropping it is all the cleanup there is. `changed` fails only
+    /// once the manager's shared state is dropped.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.changes.subscribe()
     }
 
     /// Whether `child_id` has a resident Activation.
@@ -1293,7 +1329,7 @@ impl Inner {
         // Marked under way before the removal, so a host never sees the child in neither place.
         let under_way = activation
             .is_announced()
-            .then(|| NoticeUnderWay::new(&self.notices, &activation.parent_session));
+            .then(|| NoticeUnderWay::new(&self.notices, &self.changes, &activation.parent_session));
         {
             let mut map = self.activations.lock();
             if map.get(&child_id).is_some_and(|a| Arc::ptr_eq(a, &activation)) {
@@ -1394,6 +1430,7 @@ impl Inner {
                 owner.wake();
             }
         }
+        bump(&self.changes);
     }
 }
 

@@ -735,6 +735,31 @@ async fn cont_27_64_74_completed_notice_opens_one_parent_turn() {
     host.finish().await;
 }
 
+/// `ContinuationManager::changes` is signalled once a settled child has left the live map and
+/// its notice is no longer under way (what a host waiting for a quiet tree re-checks on): after
+/// the child settles, the counter has moved and neither `resident` nor `notices_under_way`
+/// names it any more.
+#[tokio::test(start_paused = true)]
+async fn changes_are_signalled_when_a_settled_child_is_released() {
+    let host = Host::new(vec![
+        chunks::text("the answer").into(),
+        chunks::text("parent ack").into(),
+    ])
+    .await;
+    let mut changes = host.manager.changes();
+    changes.borrow_and_update();
+    let (child_id, _) = host.manager.start_continuable(host.spec("task")).await.unwrap();
+    host.settle().await;
+    host.parent.when_idle().await;
+    assert!(!host.manager.is_resident(&child_id));
+    assert!(host.manager.notices_under_way().is_empty());
+    assert!(
+        changes.has_changed().expect("the manager is alive"),
+        "the release and the delivered notice signal a change"
+    );
+    host.finish().await;
+}
+
 /// spec: CONT-49 — a child ending at the token ceiling reports `max-tokens` on its end edge.
 /// spec: CONT-66 — token ceiling: the "ran out of room" line plus the partial closing message.
 #[tokio::test(start_paused = true)]
