@@ -221,13 +221,25 @@ impl DerivedHistory {
     /// The projected history, in surface order, sharing the log's events: no message is
     /// copied (what a loop-built request carries).
     pub fn message_list(&self) -> MessageList {
+        // Counted first, so that the shared list is allocated once, at its size: a filtered
+        // iterator collected into an `Arc<[_]>` is collected into a `Vec` and then copied.
+        let held = |node: &&(u64, Arc<SessionEvent>)| event_message(&node.1).is_some();
+        let len = self.nodes.iter().filter(held).count();
+        let mut events = self.nodes.iter().filter(held).map(|(_, event)| event.clone());
+        // A mapped range has a trusted length: collected straight into the shared slice.
         MessageList(Repr::Log(
-            self.nodes
-                .iter()
-                .filter(|(_, event)| event_message(event).is_some())
-                .map(|(_, event)| event.clone())
+            (0..len)
+                .map(|_| events.next().expect("as many held events as counted"))
                 .collect(),
         ))
+    }
+}
+
+impl Drop for DerivedHistory {
+    /// The events it holds go back to the thread's pool of event allocations when it holds the
+    /// last reference (its session dropped first), as the session's own events do.
+    fn drop(&mut self) {
+        crate::session::recycle_events(self.nodes.drain(..).map(|(_, event)| event));
     }
 }
 

@@ -358,8 +358,27 @@ impl Session {
         // argument into the allocation. (Validated first, the payload's address has escaped into
         // the validation, and the compiler then copies it twice more on its way to the heap.)
         // Its seq is assigned below, under the log lock, through the same exclusive borrow.
-        let mut event = new_event(time, surface);
-        let unshared = Arc::get_mut(&mut event).expect("a new event is not shared");
+        let mut event;
+        let unshared;
+        match event_pool::take() {
+            Some(recycled) => {
+                event = recycled;
+                unshared = Arc::get_mut(&mut event).expect("a pooled event is not shared");
+                // Rebuilt whole (a field added later cannot keep a stale value), with the
+                // payload-free placeholder `place_payload` expects.
+                *unshared = SessionEvent {
+                    seq: 0,
+                    time,
+                    data: EventData::EndSeed,
+                    surface,
+                    ignorable: false,
+                };
+            }
+            None => {
+                event = new_event(time, surface);
+                unshared = Arc::get_mut(&mut event).expect("a new event is not shared");
+            }
+        }
         place_payload(unshared, data);
         if let Err(e) = validate_candidate(&unshared.data, unshared.surface.as_ref()) {
             let kind = unshared.type_name().to_owned();
@@ -455,6 +474,83 @@ impl Session {
         *self.publishing.lock() = None;
         self.observing.store(false, Ordering::Release);
     }
+}
+
+impl Drop for Session {
+    /// Hands the log's event allocations that nothing else references to this thread's pool
+    /// of event allocations (their payloads dropped here, as before); events still shared (a
+    /// snapshot of the log, a history or a caller holding one) are left to their last owner.
+    fn drop(&mut self) {
+        if let Some(events) = Arc::get_mut(&mut self.inner.get_mut().events) {
+            event_pool::recycle(events.drain(..));
+        }
+    }
+}
+
+/// A small per-thread pool of event allocations recycled from dropped sessions, so that a
+/// short-lived session (a one-shot delegation logs a dozen events) does not pay an allocation
+/// and a free per event: the allocator's per-thread cache holds only a few blocks of one
+/// size, and the rest of a log's same-sized events take its slow path both ways.
+///
+/// A pooled event is unshared (strong count 1, no weak handle) and holds the payload-free
+/// placeholder `EndSeed` and no surface metadata; its payload was dropped when it was
+/// recycled. At most `CAPACITY` (64) allocations are kept per thread (the rest are freed);
+/// they are freed with the thread. The pool is only a cache: when it is
+/// unavailable (borrowed by a re-entrant call, or the thread is exiting) events are allocated
+/// and freed as usual.
+mod event_pool {
+    use std::cell::RefCell;
+    use std::sync::Arc;
+
+    use crate::event::{EventData, SessionEvent};
+
+    /// Allocations kept per thread at most.
+    pub(super) const CAPACITY: usize = 64;
+
+    thread_local! {
+        static POOL: RefCell<Vec<Arc<SessionEvent>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// A recycled, unshared event with the placeholder payload, if the pool has one.
+    #[inline]
+    pub(super) fn take() -> Option<Arc<SessionEvent>> {
+        POOL.try_with(|pool| pool.try_borrow_mut().ok().and_then(|mut pool| pool.pop()))
+            .ok()
+            .flatten()
+    }
+
+    /// Consumes `events` (the log of a dropped session, or the last holders of its events),
+    /// keeping the allocations of the unshared ones while the pool has room (the rest are
+    /// dropped as usual). Payloads are dropped before the pool is borrowed.
+    pub(super) fn recycle(events: impl Iterator<Item = Arc<SessionEvent>>) {
+        for mut event in events {
+            let Some(unshared) = Arc::get_mut(&mut event) else {
+                continue;
+            };
+            // Dropped in place (moving the payload out would copy it).
+            unshared.data = EventData::EndSeed;
+            unshared.surface = None;
+            let full = POOL
+                .try_with(|pool| match pool.try_borrow_mut() {
+                    Ok(mut pool) if pool.len() < CAPACITY => {
+                        pool.push(event);
+                        false
+                    }
+                    _ => true,
+                })
+                .unwrap_or(true);
+            if full {
+                return;
+            }
+        }
+    }
+}
+
+/// Hands `events` to this thread's pool of event allocations (see `event_pool`): those that
+/// nothing else references are kept for reuse by later appends, the rest dropped as usual. For
+/// the last holders of a dropped session's events.
+pub(crate) fn recycle_events(events: impl Iterator<Item = Arc<SessionEvent>>) {
+    event_pool::recycle(events);
 }
 
 /// Allocates the shared event with a payload-free placeholder (its seq still 0), for
@@ -780,6 +876,95 @@ mod tests {
             surface: None,
             ignorable: false,
         }
+    }
+
+    /// Event allocations recycled from a dropped session (the per-thread `event_pool`) log
+    /// exactly like fresh ones: the payload, time, seq, surface and `ignorable` of the new event,
+    /// nothing of the old one. An event still shared when its session dropped is left intact.
+    #[test]
+    fn recycled_event_allocations_log_like_fresh_ones() {
+        // Earlier tests on this thread (`--test-threads=1`) may have filled the pool.
+        while event_pool::take().is_some() {}
+        let first = Session::new(header("a"), None).unwrap();
+        let kept = first
+            .append(
+                EventData::UserMessage(Message::user_text("kept")),
+                Some(SurfaceMeta::append()),
+            )
+            .unwrap();
+        first
+            .append(
+                EventData::UserMessage(Message::user_text("gone")),
+                Some(SurfaceMeta::append()),
+            )
+            .unwrap();
+        first
+            .record_at(EventData::TurnStart { turn: 1 }, None, 7)
+            .unwrap();
+        let (with_surface, last) = {
+            let events = first.events();
+            (Arc::as_ptr(&events[1]) as usize, Arc::as_ptr(&events[2]) as usize)
+        };
+        drop(first);
+        assert!(matches!(&kept.data, EventData::UserMessage(m) if m.text() == "kept"));
+        assert!(kept.surface.is_some());
+
+        let second = Session::new(header("b"), None).unwrap();
+        second
+            .record_at(EventData::TurnStart { turn: 2 }, None, 9)
+            .unwrap();
+        second
+            .record_at(EventData::StepStart { turn: 2, step: 1 }, None, 10)
+            .unwrap();
+        let events = second.events();
+        // The pool hands back the last recycled allocation first.
+        assert_eq!(Arc::as_ptr(&events[0]) as usize, last);
+        assert_eq!(Arc::as_ptr(&events[1]) as usize, with_surface);
+        assert_eq!(
+            *events[0],
+            SessionEvent {
+                seq: 0,
+                time: 9,
+                data: EventData::TurnStart { turn: 2 },
+                surface: None,
+                ignorable: false,
+            }
+        );
+        assert_eq!(
+            *events[1],
+            SessionEvent {
+                seq: 1,
+                time: 10,
+                data: EventData::StepStart { turn: 2, step: 1 },
+                surface: None,
+                ignorable: false,
+            }
+        );
+    }
+
+    /// The last holder of a dropped session's events (its derived history) hands their
+    /// allocations to the pool too, emptied of their payloads.
+    #[test]
+    fn a_history_outliving_its_session_recycles_its_events() {
+        while event_pool::take().is_some() {}
+        let session = Session::new(header("a"), None).unwrap();
+        session
+            .append(
+                EventData::UserMessage(Message::user_text("hi")),
+                Some(SurfaceMeta::append()),
+            )
+            .unwrap();
+        let mut history = crate::history::DerivedHistory::new();
+        history.update(&session.events());
+        let held = Arc::as_ptr(&session.events()[0]) as usize;
+        drop(session);
+        assert!(event_pool::take().is_none(), "the history still holds the event");
+        assert_eq!(history.messages().len(), 1);
+        drop(history);
+        let recycled = event_pool::take().expect("the history's last reference was recycled");
+        assert_eq!(Arc::as_ptr(&recycled) as usize, held);
+        assert!(matches!(recycled.data, EventData::EndSeed));
+        assert!(recycled.surface.is_none());
     }
 
     /// spec: SPN-59
