@@ -204,23 +204,18 @@ impl InProcessDriver {
         resolved: ResolvedSubagentStartRequest,
         options: InProcessRunOptions,
     ) -> Result<Plan, StartFailure> {
-        let ResolvedSubagentStartRequest {
-            request,
-            max_depth,
-            descriptor: _,
-            descriptor_event,
-        } = resolved;
+        // Fields are read (and moved out) in place: the request is never moved whole.
         // 1. maxDepth (already validated by the service; re-checked for direct callers).
-        let max_depth = match max_depth {
+        let max_depth = match resolved.max_depth {
             Some(d) => assert_subagent_max_depth(Some(d))?,
-            None => assert_subagent_max_depth(request.max_depth.as_ref())?,
+            None => assert_subagent_max_depth(resolved.request.max_depth.as_ref())?,
         };
         // 2. Already cancelled: nothing is created.
-        if request.signal.is_cancelled() {
+        if resolved.request.signal.is_cancelled() {
             return Err(StartFailure::AbortedBeforePublication);
         }
         // 3. Depth: the persisted header is the floor; runtime options may only deepen it.
-        let parent = request.parent.clone();
+        let parent = resolved.request.parent.clone();
         let parent_depth = delegation_depth_of(
             parent.session().header().delegation_depth,
             parent.options().subagent_depth,
@@ -241,34 +236,34 @@ impl InProcessDriver {
         let boundary = seed.as_ref().map_or(0, Vec::len);
         // 5. Delegated policy, captured now.
         let policy = capture_delegated_policy_overrides(parent.session(), self.inner.policy);
-        let structured = request.output_schema.clone().map(StructuredCapture::new);
+        let structured = resolved.request.output_schema.map(StructuredCapture::new);
         let create = CreateAgentOptions {
             session_id: child_id,
             meta: child_session_meta(parent.session().header(), child_depth, boundary as u64),
             seed,
             agent_options: resolve_child_agent_options(
                 parent.options(),
-                request.agent_options.as_ref(),
+                resolved.request.agent_options.as_ref(),
                 child_depth,
             ),
-            signal: Some(request.signal.clone()),
+            signal: Some(resolved.request.signal.clone()),
             setup: Some(setup(
                 policy,
                 ChildComposition {
-                    persona: request.persona.clone(),
-                    tool_filter: request.tool_filter.clone(),
+                    persona: resolved.request.persona,
+                    tool_filter: resolved.request.tool_filter,
                 },
                 structured.clone(),
                 // Into its shared allocation at once: the event is not moved again through the
                 // setup closure, its box and its future.
-                Arc::new(DescriptorAppend::new(descriptor_event)),
+                Arc::new(DescriptorAppend::new(resolved.descriptor_event)),
             )),
             owner: Some(parent),
         };
         Ok(Plan {
             create,
-            signal: request.signal,
-            prompt: request.prompt,
+            signal: resolved.request.signal,
+            prompt: resolved.request.prompt,
             boundary,
             structured,
         })
