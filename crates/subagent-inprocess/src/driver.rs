@@ -187,13 +187,9 @@ impl InProcessDriver {
             return futures::future::ready(Err(e)).boxed();
         }
         match self.prepare(request, options) {
-            // A combinator, not an `async` block awaiting `create`: a block would keep room for
-            // the plan it captured beside the creation future that took it over.
-            Ok(plan) => self
-                .clone()
-                .create(plan)
-                .map(move |created| created.map(wrap).map_err(SubagentError::from))
-                .boxed(),
+            // The creation future itself, boxed: it wraps the run and converts a failure at its
+            // end, so no combinator (and no move into one) sits around it.
+            Ok(plan) => self.clone().create(plan, wrap).boxed(),
             Err(failure) => futures::future::ready(Err(failure.into())).boxed(),
         }
     }
@@ -269,10 +265,15 @@ impl InProcessDriver {
         })
     }
 
-    /// The asynchronous part of a start (spec §3.2 steps 6–9). The plan is taken apart before
-    /// the future is built, so the future holds each part once (an `async fn` would keep the
-    /// whole plan as its argument beside the parts taken out of it).
-    fn create(self, plan: Plan) -> impl Future<Output = Result<LocalRun, StartFailure>> + Send + 'static {
+    /// The asynchronous part of a start (spec §3.2 steps 6–9), fulfilling with the published
+    /// run passed through `wrap`. The plan is taken apart before the future is built, so the
+    /// future holds each part once (an `async fn` would keep the whole plan as its argument
+    /// beside the parts taken out of it).
+    fn create<T: Send + 'static>(
+        self,
+        plan: Plan,
+        wrap: fn(LocalRun) -> T,
+    ) -> impl Future<Output = Result<T, SubagentError>> + Send + 'static {
         let Plan {
             create,
             signal,
@@ -282,7 +283,10 @@ impl InProcessDriver {
         } = plan;
         async move {
             // 6. The creation transaction: fulfilment is publication.
-            let handle: AgentHandle = self.inner.services.agents.create(create).await?;
+            let handle: AgentHandle = match self.inner.services.agents.create(create).await {
+                Ok(handle) => handle,
+                Err(e) => return Err(StartFailure::from(e).into()),
+            };
             // 7. Hand the signal over to the live run: the listener is installed from here on; the
             //    signal is checked once more (an already-cancelled token fires no listener).
             let state = RunState::new(handle);
@@ -313,7 +317,7 @@ impl InProcessDriver {
                 }
             };
             // 8.2–9. The result task, then the run.
-            Ok(LocalRun::launch(
+            Ok(wrap(LocalRun::launch(
                 Drive {
                     state,
                     signal,
@@ -322,7 +326,7 @@ impl InProcessDriver {
                     structured,
                 },
                 &self.inner.tasks,
-            ))
+            )))
         }
     }
 }
