@@ -277,17 +277,19 @@ impl SubagentService {
         // dropped) the start counts as pending, so `close` also waits for a start whose provider
         // is still building the child — not only for runs already returned.
         let pending = self.inner.tasks.token();
-        let resolved = ResolvedSubagentStartRequest {
-            request,
-            max_depth,
-            descriptor,
-            descriptor_event,
-        };
         // A panic in the call (before the provider built its future) is caught as well as one
         // at any poll. The call is made here, not inside an `async` block that would keep its
-        // own copy of the (large) resolved request beside this future's.
-        let starting = catch_unwind(AssertUnwindSafe(|| provider.start(resolved)))
-            .map_err(|payload| panicked(Some(name), "start", &*payload))?;
+        // own copy of the (large) resolved request beside this future's; the resolved request
+        // is built as the call's argument, not moved into it.
+        let starting = catch_unwind(AssertUnwindSafe(|| {
+            provider.start(ResolvedSubagentStartRequest {
+                request,
+                max_depth,
+                descriptor,
+                descriptor_event,
+            })
+        }))
+        .map_err(|payload| panicked(Some(name), "start", &*payload))?;
         let run = AssertUnwindSafe(starting)
             .catch_unwind()
             .await
