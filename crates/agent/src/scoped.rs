@@ -91,18 +91,24 @@ impl<T> ScopedEntries<T> {
             let index = self.global.iter().position(|(i, _)| *i == id)?;
             return Some(self.global.remove(index).1);
         };
-        let own = self.scoped.get_mut(scope)?;
-        match own {
-            OneOrMany::One((i, _)) if *i == id => match self.scoped.remove(scope) {
-                Some(OneOrMany::One((_, item))) => Some(item),
-                _ => unreachable!("matched as this one entry just above"),
+        if self.scoped.is_empty() {
+            return None;
+        }
+        // One hash probe of the agent's id, whether its entries are then kept or forgotten.
+        let std::collections::hash_map::Entry::Occupied(mut own) = self.scoped.entry(scope.clone()) else {
+            return None;
+        };
+        match own.get_mut() {
+            OneOrMany::One((i, _)) if *i == id => match own.remove() {
+                OneOrMany::One((_, item)) => Some(item),
+                OneOrMany::Many(_) => unreachable!("matched as this one entry just above"),
             },
             OneOrMany::One(_) => None,
             OneOrMany::Many(v) => {
                 let index = v.iter().position(|(i, _)| *i == id)?;
                 let (_, item) = v.remove(index);
                 if v.is_empty() {
-                    self.scoped.remove(scope);
+                    own.remove();
                 }
                 Some(item)
             }
@@ -190,6 +196,8 @@ mod tests {
         assert_eq!(e.remove(Some(&a), a2), Some("a2"));
         assert_eq!(e.remove(Some(&a), a2), None, "removed once");
         assert_eq!(e.remove(Some(&b), a1), None, "not in that layer");
+        assert_eq!(e.remove(Some(&SessionId::from("c")), a1), None, "no such agent");
+        assert_eq!(e.scoped_agents(), 2, "a miss registers no agent");
         assert_eq!(names(&e, Some(&a)), ["g1", "a1", "g2", "a3"]);
         assert_eq!(e.remove(None, g1), Some("g1"));
         assert_eq!(e.remove(Some(&b), b1), Some("b1"));

@@ -785,11 +785,6 @@ impl Runtime {
             }
             let entry = {
                 let mut registry = self.inner.registry.lock();
-                if registry.contains(&id) {
-                    drop(registry);
-                    drop(session_guard);
-                    return Err(AgentError::Duplicate(id));
-                }
                 let session_guard = Mutex::new(Some(session_guard));
                 let make = |serial| {
                     Arc::new_cyclic(|me| AgentEntry {
@@ -807,11 +802,15 @@ impl Runtime {
                         teardown: Default::default(),
                     })
                 };
-                registry
-                    .insert_with(id.clone(), make)
-                    .expect("the id was checked free under this lock")
-                    .1
-                    .clone()
+                match registry.insert_with(id.clone(), make) {
+                    Ok((_, entry)) => entry.clone(),
+                    Err(make) => {
+                        // The session's removal (in `make`) runs outside the registry's lock.
+                        drop(registry);
+                        drop(make);
+                        return Err(AgentError::Duplicate(id));
+                    }
+                }
             };
             if let Some(owner) = &owner {
                 owner.children.lock().insert(entry.serial, Arc::downgrade(&entry));
@@ -820,7 +819,7 @@ impl Runtime {
 
             self.inner
                 .sessions
-                .announce(&session)
+                .announce_entered(&durability)
                 .map_err(|e| AgentError::Other(Box::new(e)))?;
             self.recheck(&id, signal.as_ref(), owner.as_ref())?;
             {

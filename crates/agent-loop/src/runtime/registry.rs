@@ -55,17 +55,35 @@ impl<V> Registry<V> {
         self.entries.get_mut(serial).map(|(_, v)| v)
     }
 
+    /// The entry with this serial (no hashing of an id).
+    pub(crate) fn get_serial(&self, serial: u64) -> Option<&V> {
+        self.entries.get(&serial).map(|(_, v)| v)
+    }
+
+    /// The entry with this serial, mutably.
+    pub(crate) fn get_serial_mut(&mut self, serial: u64) -> Option<&mut V> {
+        self.entries.get_mut(&serial).map(|(_, v)| v)
+    }
+
     /// Inserts the entry `make(serial)` builds under `id` and a fresh serial, and returns the
-    /// serial and the entry; `None` (and `make` is not called) when an entry already has `id`.
-    pub(crate) fn insert_with(&mut self, id: SessionId, make: impl FnOnce(u64) -> V) -> Option<(u64, &V)> {
-        if self.by_id.contains_key(&id) {
-            return None;
-        }
+    /// serial and the entry; when an entry already has `id`, `make` is not called but handed
+    /// back (`Err`), so that the caller drops what it captured where it chooses (say, after
+    /// releasing its lock). One hash probe of `id` either way.
+    pub(crate) fn insert_with<F: FnOnce(u64) -> V>(
+        &mut self,
+        id: SessionId,
+        make: F,
+    ) -> Result<(u64, &V), F> {
+        let slot = match self.by_id.entry(id) {
+            std::collections::hash_map::Entry::Occupied(_) => return Err(make),
+            std::collections::hash_map::Entry::Vacant(slot) => slot,
+        };
         let serial = self.next;
         self.next += 1;
-        self.by_id.insert(id.clone(), serial);
+        let id = slot.key().clone();
+        slot.insert(serial);
         let (_, value) = self.entries.entry(serial).or_insert((id, make(serial)));
-        Some((serial, value))
+        Ok((serial, value))
     }
 
     /// Removes and returns the entry with this serial, if it is still here.
@@ -93,13 +111,14 @@ mod tests {
     #[test]
     fn entries_are_found_by_id_and_kept_in_insertion_order() {
         let mut r = Registry::default();
-        let a = *r.insert_with(SessionId::from("a"), |s| s).expect("new").1;
-        let b = *r.insert_with(SessionId::from("b"), |s| s).expect("new").1;
-        let c = *r.insert_with(SessionId::from("c"), |s| s).expect("new").1;
+        let a = *r.insert_with(SessionId::from("a"), |s| s).ok().expect("new").1;
+        let b = *r.insert_with(SessionId::from("b"), |s| s).ok().expect("new").1;
+        let c = *r.insert_with(SessionId::from("c"), |s| s).ok().expect("new").1;
         assert!(
             r.insert_with(SessionId::from("b"), |_| unreachable!("taken"))
-                .is_none()
+                .is_err()
         );
+        assert_eq!(r.get_serial(b), Some(&b));
         assert_eq!(r.get(&SessionId::from("b")), Some(&b));
         assert_eq!(r.values().copied().collect::<Vec<_>>(), [a, b, c]);
         assert_eq!(r.values().rev().copied().collect::<Vec<_>>(), [c, b, a]);
@@ -107,8 +126,12 @@ mod tests {
         assert_eq!(r.remove(b), Some(b));
         assert_eq!(r.remove(b), None, "removed once");
         assert!(!r.contains(&SessionId::from("b")));
+        assert_eq!(r.get_serial(b), None, "the serial is not reused");
         // The id is free again, under a new serial that sorts last.
-        let (b2, &value) = r.insert_with(SessionId::from("b"), |s| s).expect("free again");
+        let (b2, &value) = r
+            .insert_with(SessionId::from("b"), |s| s)
+            .ok()
+            .expect("free again");
         assert_eq!(value, b2, "the serial passed to `make` is the one returned");
         assert!(b2 > c);
         assert_eq!(
@@ -117,6 +140,8 @@ mod tests {
         );
         *r.get_mut(&SessionId::from("a")).expect("live") += 100;
         assert_eq!(r.get(&SessionId::from("a")), Some(&(a + 100)));
+        *r.get_serial_mut(a).expect("live, by serial") -= 100;
+        assert_eq!(r.get(&SessionId::from("a")), Some(&a));
         for serial in [a, c, b2] {
             r.remove(serial);
         }

@@ -124,6 +124,8 @@ impl SessionObserver for PersistObserver {
 /// The durable side of a session entered by [`MemorySessionStore::enter_deferred`]: nothing is
 /// written until [`commit`](Self::commit).
 pub(crate) struct Durability {
+    /// The entry's key in the store (for [`MemorySessionStore::announce_entered`]).
+    key: u64,
     session: Arc<Session>,
     persisted: Option<usize>,
     observer: Option<Arc<PersistObserver>>,
@@ -289,8 +291,8 @@ impl MemorySessionStore {
                 persist: persist.clone(),
             });
             match entered {
-                Some((key, _)) => key,
-                None => return Err(AgentError::Duplicate(session.id().clone())),
+                Ok((key, _)) => key,
+                Err(_) => return Err(AgentError::Duplicate(session.id().clone())),
             }
         };
         let guard = self.removal_guard(key, &session);
@@ -303,6 +305,7 @@ impl MemorySessionStore {
         Ok((
             guard,
             Durability {
+                key,
                 session,
                 persisted,
                 observer: persist,
@@ -360,6 +363,27 @@ impl MemorySessionStore {
             .try_emit(&SessionStoreEvent::Created(session.clone()))
     }
 
+    /// [`announce`](Self::announce) for the session [`enter_deferred`](Self::enter_deferred)
+    /// entered, found by its entry's key instead of by hashing its id.
+    pub(crate) fn announce_entered(&self, entered: &Durability) -> Result<(), ListenerFailed> {
+        let session = &entered.session;
+        let _lifecycle = self.inner.lifecycle.lock();
+        {
+            let mut state = self.inner.state.lock();
+            match state
+                .entries
+                .get_serial_mut(entered.key)
+                .filter(|e| Arc::ptr_eq(&e.session, session))
+            {
+                Some(e) if !e.announced => e.announced = true,
+                _ => return Ok(()),
+            }
+        }
+        self.inner
+            .events
+            .try_emit(&SessionStoreEvent::Created(session.clone()))
+    }
+
     /// Removes entry `key` (of `session`) when dropped.
     fn removal_guard(&self, key: u64, session: &Arc<Session>) -> Registration {
         let weak = Arc::downgrade(&self.inner);
@@ -372,7 +396,8 @@ impl MemorySessionStore {
             // entry leaves the store: while it is here the id is live, so no resumption of it
             // can claim the log before this release — which would then let go of the successor's
             // writer, not this session's (spec: SPN-56, ids reopen only after quiescence).
-            let persisted = inner.state.lock().entries.get(&id).is_some_and(|e| {
+            // Found by its key (serials are never reused), not by hashing the id.
+            let persisted = inner.state.lock().entries.get_serial(key).is_some_and(|e| {
                 std::ptr::eq(Arc::as_ptr(&e.session), session.as_ptr()) && e.persist.is_some()
             });
             if persisted
