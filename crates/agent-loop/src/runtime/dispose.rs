@@ -91,7 +91,7 @@ impl AgentEntry {
     ///
     /// A panic while polling it (the teardown contains host code step by step, so only a fault
     /// of its own) is contained here: it is logged, the rest of the transaction is skipped but
-    /// its synchronous [release](release) runs, and the teardown counts as finished for every
+    /// its synchronous [release] runs, and the teardown counts as finished for every
     /// current and later `dispose` future.
     fn poll_teardown(self: &Arc<Self>, cx: &mut Context<'_>) -> Poll<()> {
         let mut transaction = {
@@ -178,7 +178,7 @@ impl AgentEntry {
 
     /// The whole teardown of an agent with nothing to wait for — no owned agent, no jobs
     /// service, idle, no driver task of its own running — where every asynchronous step of
-    /// [`teardown`] would be ready at once: only the synchronous [release](release), without
+    /// [`teardown`] would be ready at once: only the synchronous [release], without
     /// building (and boxing) the transaction. Returns whether it ran.
     fn release_if_quiescent(self: &Arc<Self>) -> bool {
         let agent = &self.agent;

@@ -505,7 +505,7 @@ fn http_error_status(code: &Value) -> Option<u16> {
     u16::try_from(status).ok().filter(|s| (400..=599).contains(s))
 }
 
-/// At most [`EXCERPT_CAP`](crate::excerpt::EXCERPT_CAP) bytes of a value's JSON text (on a
+/// At most [`EXCERPT_CAP`] bytes of a value's JSON text (on a
 /// char boundary), for messages.
 fn excerpt(value: &Value) -> String {
     crate::excerpt::excerpt(value.to_string())
