@@ -1,5 +1,5 @@
 //! `send_message` (`acp-and-tools.md` §4.2): one follow-up turn for a continuable child,
-//! delivered through the seam's [`ContinuationManager::followup_with`].
+//! delivered through the seam's [`ContinuationManager::followup_with`](subagent::continuation::ContinuationManager::followup_with).
 //!
 //! The tool adds no routing and no authority of its own. The manager authorizes the exact live
 //! durable direct parent (before a cold resume and again at inbox admission), enqueues on a

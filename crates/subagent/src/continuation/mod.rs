@@ -1539,7 +1539,7 @@ where
 }
 
 /// A delivery into a host agent's inbox (`send` and its presets), with a panic contained as a
-/// failed send (`AgentError::Other`, "<who> panicked: …"), so that the caller's accounting for
+/// failed send (`AgentError::Other`, "`<who>` panicked: …"), so that the caller's accounting for
 /// the delivery (an id accepted before the send) is undone as for a send that threw.
 fn send_contained(
     who: &str,
