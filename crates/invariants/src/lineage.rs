@@ -87,12 +87,14 @@ impl LineageTrace {
             ..LineageDelta::default()
         };
         let index = ev.seq;
+        // `seq` is read from the log: the greatest one has no successor (no overflow).
+        let last_of_seed = |n: u64| index.checked_add(1) == Some(n);
         if let Some(n) = self.seed_length {
             let end_seed = matches!(ev.data, EventData::EndSeed);
             // Only the fork provider clips its seed to the balanced completed-turn prefix
             // (providers §5.3); the store's general fork keeps trailing log-only events (spine
             // §4.8), so a seed that is not a subagent child's may end with any of them.
-            if index + 1 == n && self.subagent && !matches!(ev.data, EventData::TurnEnd { .. }) {
+            if last_of_seed(n) && self.subagent && !matches!(ev.data, EventData::TurnEnd { .. }) {
                 out.push((
                     RuleId::SEED,
                     format!(
@@ -102,7 +104,7 @@ impl LineageTrace {
                     ),
                 ));
             }
-            if index + 1 == n {
+            if last_of_seed(n) {
                 d.seed_marked = end_seed;
             }
             // Spine §4.7 (4): the constructor appends the marker unless the seed already ends

@@ -450,3 +450,37 @@ fn a_surface_replacement_must_name_current_surface_nodes() {
     assert!(agent::session::validate_log(&events).is_err());
     assert_eq!(rules(&replay_log(None, &events).violations), ["SURFACE"]);
 }
+
+/// spec: providers §6.4 S1 — a seeded child's log whose event claims the greatest `seq`
+/// (`u64::MAX`, which has no successor) is an ordinary finding, not an arithmetic overflow in
+/// the seed-layout check (it panicked in debug builds).
+#[test]
+fn the_greatest_seq_in_a_seeded_child_is_a_finding_not_an_overflow() {
+    let parent = synthetic::valid_log("p", 1, 1, 0);
+    let header = synthetic::child_header("c", &parent.header, 2);
+    let mut events = parent.events[..2].to_vec();
+    events.push(SessionEvent {
+        seq: u64::MAX,
+        ..events[1].clone()
+    });
+    let report = replay_log(Some(&header), &events);
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.seq == Some(u64::MAX) && v.rule == RuleId::SEQ),
+        "{:#?}",
+        report.violations
+    );
+    let text = format!(
+        "{}\n{}\n",
+        serde_json::to_string(&header).expect("header"),
+        events
+            .iter()
+            .map(|e| serde_json::to_string(e).expect("event"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let read = invariants::replay_jsonl_reader(&SessionId::new("c"), text.as_bytes()).expect("read");
+    assert_eq!(rules(&read.violations), rules(&report.violations));
+}

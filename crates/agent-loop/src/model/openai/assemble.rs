@@ -36,7 +36,7 @@
 //! before continues its call, a new id opens a new call, and an entry without an id continues
 //! the latest such call at its position in the array (or opens one, with id `call_<position>`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use agent::model::BlockType;
 use agent::{CallId, ContentBlock, FinishReason, LlmFailure, StreamChunk, TokenUsage};
@@ -62,6 +62,17 @@ struct ToolSlot {
     arguments: String,
 }
 
+/// The calls opened by `tool_calls` entries without an `index`, numbered in opening order.
+#[derive(Debug, Default)]
+struct Unindexed {
+    /// How many were opened.
+    opened: usize,
+    /// The first call opened with each id.
+    by_id: HashMap<String, usize>,
+    /// The latest call opened at each position of a `tool_calls` array.
+    by_position: HashMap<u64, usize>,
+}
+
 /// Assembles one streamed response.
 #[derive(Debug, Default)]
 pub(crate) struct Assembler {
@@ -70,9 +81,9 @@ pub(crate) struct Assembler {
     reasoning: Option<(u32, String)>,
     /// Tool calls by the provider's `index` (or, for entries without one, by id).
     tools: BTreeMap<ToolKey, ToolSlot>,
-    /// The calls opened by entries without an `index`, in order: the id they were opened with
-    /// (if any) and their position in their `tool_calls` array.
-    unindexed: Vec<(Option<String>, u64)>,
+    /// The calls opened by entries without an `index`, looked up in constant time (a linear
+    /// search made a stream of many such calls quadratic to assemble).
+    unindexed: Unindexed,
     finish_reason: Option<String>,
     usage: Option<TokenUsage>,
     /// The provider's request id, attached to failures.
@@ -313,7 +324,12 @@ impl Assembler {
             let fallback = match key {
                 ToolKey::Index(index) => index,
                 ToolKey::Unindexed(_) => {
-                    self.unindexed.push((id.map(str::to_owned), position));
+                    let opened = self.unindexed.opened;
+                    self.unindexed.opened += 1;
+                    if let Some(id) = id {
+                        self.unindexed.by_id.entry(id.to_owned()).or_insert(opened);
+                    }
+                    self.unindexed.by_position.insert(position, opened);
                     position
                 }
             };
@@ -353,13 +369,10 @@ impl Assembler {
     /// at that position; else a call not opened yet.
     fn unindexed_key(&self, id: Option<&str>, position: u64) -> ToolKey {
         let found = match id {
-            Some(id) => self
-                .unindexed
-                .iter()
-                .position(|(first, _)| first.as_deref() == Some(id)),
-            None => self.unindexed.iter().rposition(|(_, at)| *at == position),
+            Some(id) => self.unindexed.by_id.get(id),
+            None => self.unindexed.by_position.get(&position),
         };
-        ToolKey::Unindexed(found.unwrap_or(self.unindexed.len()))
+        ToolKey::Unindexed(found.copied().unwrap_or(self.unindexed.opened))
     }
 
     /// Opens the text or reasoning block on first use; returns its index.

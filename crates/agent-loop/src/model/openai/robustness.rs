@@ -1258,6 +1258,41 @@ fn parallel_tool_calls_without_an_index_stay_separate() {
     );
 }
 
+/// A stream of many calls without an `index` — each opened by its own id in an event of its
+/// own, or by id-less entries at distinct positions of one array — assembles each one as its
+/// own call, and in one pass: finding an entry's call used to search every call opened before
+/// it, so a hostile provider's single 16 MiB event of such entries kept the parser busy for
+/// minutes.
+#[test]
+fn many_calls_without_an_index_assemble_separately_in_one_pass() {
+    const CALLS: usize = 20_000;
+    let calls = |entries: Vec<Value>| event(json!({ "tool_calls": entries }), None);
+    let mut events: Vec<Value> = (0..CALLS)
+        .map(|i| calls(vec![unindexed_call(Some(&format!("fc-{i}")), Some("f"), "{}")]))
+        .collect();
+    events.push(calls(
+        (0..CALLS)
+            .map(|_| unindexed_call(None, Some("g"), "[]"))
+            .collect(),
+    ));
+    events.push(finish_event("stop"));
+    let (blocks, finish) = outcome(&parse(&body(&events, true)));
+    assert_eq!(finish, "tool-calls");
+    // The id-less entry at position 0 continues the latest call opened there (the last one
+    // with an id); every other position opens a call of its own.
+    assert_eq!(blocks.len(), 2 * CALLS - 1);
+    let last = CALLS - 1;
+    let expected = (0..last)
+        .map(|i| ContentBlock::tool_call(format!("fc-{i}").as_str(), "f", "{}"))
+        .chain([ContentBlock::tool_call(
+            format!("fc-{last}").as_str(),
+            "f",
+            "{}[]",
+        )])
+        .chain((1..CALLS).map(|i| ContentBlock::tool_call(format!("call_{i}").as_str(), "g", "[]")));
+    assert!(blocks.into_iter().eq(expected));
+}
+
 /// A response that streamed nothing at all is `EMPTY_RESPONSE` (retryable) whatever finish
 /// reason it claims: a `tool_calls` finish with no call (nor any text) is not a completed
 /// turn with an empty answer.
