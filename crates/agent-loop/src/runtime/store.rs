@@ -346,35 +346,25 @@ impl MemorySessionStore {
     /// Emits `session/created` for an entered session, once. A failing listener is returned
     /// (the caller rolls back; removal then pairs it with `session/disposed`).
     pub fn announce(&self, session: &Arc<Session>) -> Result<(), ListenerFailed> {
-        let _lifecycle = self.inner.lifecycle.lock();
-        {
-            let mut state = self.inner.state.lock();
-            match state
-                .entries
-                .get_mut(session.id())
-                .filter(|e| Arc::ptr_eq(&e.session, session))
-            {
-                Some(e) if !e.announced => e.announced = true,
-                _ => return Ok(()),
-            }
-        }
-        self.inner
-            .events
-            .try_emit(&SessionStoreEvent::Created(session.clone()))
+        self.announce_found(session, |entries| entries.get_mut(session.id()))
     }
 
     /// [`announce`](Self::announce) for the session [`enter_deferred`](Self::enter_deferred)
     /// entered, found by its entry's key instead of by hashing its id.
     pub(crate) fn announce_entered(&self, entered: &Durability) -> Result<(), ListenerFailed> {
-        let session = &entered.session;
+        self.announce_found(&entered.session, |entries| entries.get_serial_mut(entered.key))
+    }
+
+    /// [`announce`](Self::announce) with the entry found by `find` (and still `session`'s).
+    fn announce_found(
+        &self,
+        session: &Arc<Session>,
+        find: impl FnOnce(&mut Registry<Entry>) -> Option<&mut Entry>,
+    ) -> Result<(), ListenerFailed> {
         let _lifecycle = self.inner.lifecycle.lock();
         {
             let mut state = self.inner.state.lock();
-            match state
-                .entries
-                .get_serial_mut(entered.key)
-                .filter(|e| Arc::ptr_eq(&e.session, session))
-            {
+            match find(&mut state.entries).filter(|e| Arc::ptr_eq(&e.session, session)) {
                 Some(e) if !e.announced => e.announced = true,
                 _ => return Ok(()),
             }
