@@ -660,7 +660,9 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for HangUp<W> {
 
 /// Serves ACP v1 on `input`/`output` until `input` ends, then winds every session down (see the
 /// module docs). Fails only when the connection itself failed; the sessions are wound down
-/// either way.
+/// either way. A malformed input line — not JSON, or not even UTF-8 — is answered with a JSON-RPC
+/// parse error and serving goes on; a line longer than
+/// [`DEFAULT_MAX_LINE`](subagent_acp::DEFAULT_MAX_LINE) bytes ends the connection.
 pub async fn serve<R, W>(options: ServeOptions, input: R, output: W) -> Result<(), CliError>
 where
     R: AsyncRead + Send + Unpin + 'static,
@@ -688,8 +690,15 @@ where
     W: AsyncWrite + Send + Unpin + 'static,
 {
     // The client's input is bounded per line: an endless line ends the connection (and winds
-    // the sessions down) instead of growing the engine's buffer without limit.
-    let input = subagent_acp::LineLimit::new(input, subagent_acp::DEFAULT_MAX_LINE);
+    // the sessions down) instead of growing the engine's buffer without limit. And it is made
+    // UTF-8 first: the engine ends the whole connection on a line that does not decode (losing
+    // the answers to requests read with it), while a line that is not JSON is answered with a
+    // parse error and the connection goes on — so a line with a stray non-UTF-8 byte must reach
+    // it as the malformed line it is (each invalid byte as NUL, which no JSON text may hold).
+    let input = subagent_acp::LineLimit::new(
+        subagent_acp::Utf8Guard::new(input),
+        subagent_acp::DEFAULT_MAX_LINE,
+    );
     let transport = ByteStreams::new(HangUp::new(output).compat_write(), input.compat());
     let state = Arc::new(State {
         options,
@@ -787,6 +796,7 @@ mod tests {
     use agent::{GenerateOptions, ModelStream};
     use agent_client_protocol::v1::schema::TextContent;
     use futures::StreamExt;
+    use serde_json::Value;
     use tokio::io::AsyncWriteExt;
     use tokio::sync::oneshot;
 
@@ -906,6 +916,65 @@ mod tests {
         let err = refused.write_all(b"x").await.expect_err("passed on");
         assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied);
         assert!(!refused.gone);
+    }
+
+    /// Serves raw `input` lines to completion and returns every line the server wrote.
+    async fn served_lines(input: &[u8]) -> Vec<String> {
+        let store = tempfile::tempdir().expect("store dir");
+        let options = ServeOptions {
+            adapter: Arc::new(Hello),
+            model_provider: "mock".to_owned(),
+            model_name: "mock".to_owned(),
+            max_tokens: None,
+            max_steps_per_turn: Some(5),
+            store_dir: store.path().to_owned(),
+            session_observers: Vec::new(),
+        };
+        let (client_end, server_end) = tokio::io::duplex(1 << 16);
+        let (server_read, server_write) = tokio::io::split(server_end);
+        let server = tokio::spawn(serve(options, server_read, server_write));
+        let (mut client_read, mut client_write) = tokio::io::split(client_end);
+        client_write.write_all(input).await.expect("written");
+        client_write.shutdown().await.expect("closed");
+        let mut out = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut client_read, &mut out)
+            .await
+            .expect("read");
+        server
+            .await
+            .expect("the server task")
+            .expect("the server ends cleanly");
+        String::from_utf8_lossy(&out).lines().map(str::to_owned).collect()
+    }
+
+    /// A client line that is not UTF-8 is a malformed line like any other that is not JSON: it
+    /// is answered with a parse error, and the requests before and after it are answered too.
+    /// (Unguarded, the protocol engine ended the whole connection on it, without answering
+    /// even the request read just before it.)
+    #[tokio::test]
+    async fn a_line_that_is_not_utf8_is_answered_as_malformed_and_serving_goes_on() {
+        const INITIALIZE_1: &[u8] =
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1}}\n";
+        const INITIALIZE_2: &[u8] =
+            b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1}}\n";
+        for bad in [
+            &b"not json\n"[..],
+            b"\xff\xfe\n",
+            // A request whose only fault is a truncated character inside a string.
+            b"{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"initialize\",\"params\":{\"protocolVersion\":\"\xc3\"}}\n",
+        ] {
+            let lines = served_lines(&[INITIALIZE_1, bad, INITIALIZE_2].concat()).await;
+            let answers: Vec<Value> = lines
+                .iter()
+                .map(|line| serde_json::from_str(line).expect("the server writes JSON lines"))
+                .collect();
+            assert_eq!(answers.len(), 3, "{bad:?}: {lines:#?}");
+            assert_eq!(answers[0]["id"], 1, "{lines:#?}");
+            assert!(answers[0].get("result").is_some(), "{lines:#?}");
+            assert_eq!(answers[1]["error"]["code"], -32700, "{bad:?}: {lines:#?}");
+            assert_eq!(answers[2]["id"], 2, "{lines:#?}");
+            assert!(answers[2].get("result").is_some(), "{lines:#?}");
+        }
     }
 
     /// A writer whose every write fails with an error that is not a hang-up.
