@@ -374,7 +374,11 @@ pub async fn read_catalog(dir: &Path) -> Result<Catalog, CliError> {
     // first such call in the parent's log). Each parent's log is scanned once, into a table by
     // description, however many children it has — scanned per child, a parent with n delegations
     // made the catalog quadratic in n (every call's arguments parsed again for every child).
-    let rows: HashMap<&SessionId, &SessionRow> = catalog.sessions.iter().map(|row| (&row.id, row)).collect();
+    // The first row of each id, as `Catalog::get` finds it.
+    let mut rows: HashMap<&SessionId, &SessionRow> = HashMap::new();
+    for row in &catalog.sessions {
+        rows.entry(&row.id).or_insert(row);
+    }
     let mut calls_by_parent: HashMap<&SessionId, HashMap<String, Option<String>>> = HashMap::new();
     let mut marks: Vec<(usize, Option<String>)> = Vec::new();
     for (i, row) in catalog.sessions.iter().enumerate() {
