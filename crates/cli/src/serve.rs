@@ -828,6 +828,22 @@ mod tests {
         }
     }
 
+    /// Serving options on the `Hello` model with a store in `store_dir`.
+    fn hello_options(
+        store_dir: &std::path::Path,
+        session_observers: Vec<Arc<dyn SessionObserver>>,
+    ) -> ServeOptions {
+        ServeOptions {
+            adapter: Arc::new(Hello),
+            model_provider: "mock".to_owned(),
+            model_name: "mock".to_owned(),
+            max_tokens: None,
+            max_steps_per_turn: Some(5),
+            store_dir: store_dir.to_owned(),
+            session_observers,
+        }
+    }
+
     /// spec: acp-and-tools.md §2.5, §2.6 — the protocol requires `cancelled` once the agent has
     /// received `session/cancel`. A cancel the server handles after the prompt's turn has
     /// settled but before its answer is decided (on another thread, as the answer is being
@@ -838,15 +854,7 @@ mod tests {
         let workspace = tempfile::tempdir().expect("workspace dir");
         let cwd = workspace.path().canonicalize().expect("canonical workspace");
         let observer = invariants::InvariantObserver::shared();
-        let options = ServeOptions {
-            adapter: Arc::new(Hello),
-            model_provider: "mock".to_owned(),
-            model_name: "mock".to_owned(),
-            max_tokens: None,
-            max_steps_per_turn: Some(5),
-            store_dir: store.path().to_owned(),
-            session_observers: vec![observer.clone() as Arc<dyn SessionObserver>],
-        };
+        let options = hello_options(store.path(), vec![observer.clone() as Arc<dyn SessionObserver>]);
         let (reached, at_pause) = oneshot::channel();
         let (resume, paused) = oneshot::channel();
         *AFTER_TURN.lock() = Some((reached, paused));
@@ -921,15 +929,7 @@ mod tests {
     /// Serves raw `input` lines to completion and returns every line the server wrote.
     async fn served_lines(input: &[u8]) -> Vec<String> {
         let store = tempfile::tempdir().expect("store dir");
-        let options = ServeOptions {
-            adapter: Arc::new(Hello),
-            model_provider: "mock".to_owned(),
-            model_name: "mock".to_owned(),
-            max_tokens: None,
-            max_steps_per_turn: Some(5),
-            store_dir: store.path().to_owned(),
-            session_observers: Vec::new(),
-        };
+        let options = hello_options(store.path(), Vec::new());
         let (client_end, server_end) = tokio::io::duplex(1 << 16);
         let (server_read, server_write) = tokio::io::split(server_end);
         let server = tokio::spawn(serve(options, server_read, server_write));
