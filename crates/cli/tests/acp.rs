@@ -12,7 +12,6 @@ use agent::{
 };
 use agent_loop::model::chunks;
 use futures::StreamExt;
-use invariants::InvariantObserver;
 use subagent::StopReason;
 use subagent::provider::SubagentStartRequest;
 use subagent_acp::AcpConfig;
@@ -59,9 +58,7 @@ async fn acp_48_composition_without_cwd_runs_the_child_in_the_parent_workspace()
     let mut options = HostOptions::new(store.path(), Arc::new(DelegatesOnce), "mock", "mock");
     options.cwd = Some(workspace_path.clone());
     options.acp = Some(acp);
-    let observer = InvariantObserver::shared();
-    options.session_observers.push(observer.clone());
-    let host: Host = build_host(options).expect("the host composes");
+    let (host, observer) = support::observed_host(options);
     let coordinator = host
         .create_agent(SessionId::from("coordinator"))
         .await

@@ -6,12 +6,13 @@
 //! returns only once the coordinator has answered the second notice. Every session append
 //! passes the online invariant checker, and the host shuts down with nothing resident.
 
+mod support;
+
 use std::sync::Arc;
 
 use agent::{AgentRuntime, GenerateOptions, ModelAdapter, ModelStream, SessionId, StreamChunk};
 use agent_loop::model::chunks;
 use futures::StreamExt;
-use invariants::InvariantObserver;
 use subagent::descriptor::{SubagentDescriptor, fold_subagent_descriptor};
 use subagent_cli::host::{Host, HostOptions, build_host};
 
@@ -92,9 +93,7 @@ async fn a_continuable_child_settles_takes_a_follow_up_and_is_answered() {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut options = HostOptions::new(dir.path(), Arc::new(Coordinated), "mock", "mock");
     options.continuable = true;
-    let observer = InvariantObserver::shared();
-    options.session_observers.push(observer.clone());
-    let host: Host = build_host(options).expect("the host composes");
+    let (host, observer) = support::observed_host(options);
     let coordinator = host
         .create_agent(SessionId::from("coordinator"))
         .await
@@ -251,9 +250,7 @@ async fn run_turn_returns_when_the_only_child_is_parked_by_an_interrupt() {
         "mock",
     );
     options.continuable = true;
-    let observer = InvariantObserver::shared();
-    options.session_observers.push(observer.clone());
-    let host: Host = build_host(options).expect("the host composes");
+    let (host, observer) = support::observed_host(options);
     let coordinator = host
         .create_agent(SessionId::from("coordinator"))
         .await

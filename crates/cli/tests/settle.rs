@@ -3,6 +3,8 @@
 //! returns without the clock moving at all (the old poll slept 25 ms per round, so the paused
 //! clock advanced in 25 ms steps while it waited).
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -11,7 +13,6 @@ use agent::jobs::{JobHooks, JobOutcome, JobSpec, JobStatus};
 use agent::{GenerateOptions, ModelAdapter, ModelStream, SessionId};
 use agent_loop::model::chunks;
 use futures::StreamExt;
-use invariants::InvariantObserver;
 use subagent_cli::host::{Host, HostOptions, build_host};
 
 /// One poll period of the old `settle`: a settle that waited must not have moved the paused
@@ -38,9 +39,7 @@ async fn settle_waits_for_a_background_job_without_the_clock_advancing() {
     let calls = Arc::new(AtomicUsize::new(0));
     let mut options = HostOptions::new(dir.path(), Arc::new(Counting(calls.clone())), "mock", "mock");
     options.deliver_job_notices = true;
-    let observer = InvariantObserver::shared();
-    options.session_observers.push(observer.clone());
-    let host: Host = build_host(options).expect("the host composes");
+    let (host, observer) = support::observed_host(options);
     let agent = host.create_agent(SessionId::from("owner")).await.expect("agent");
     host.run_turn(agent.agent(), "hello")
         .await
@@ -162,9 +161,7 @@ async fn settle_waits_for_a_continuable_child_without_the_clock_advancing() {
     let model = Arc::new(Gated { child_running, gate });
     let mut options = HostOptions::new(dir.path(), model.clone(), "mock", "mock");
     options.continuable = true;
-    let observer = InvariantObserver::shared();
-    options.session_observers.push(observer.clone());
-    let host: Host = build_host(options).expect("the host composes");
+    let (host, observer) = support::observed_host(options);
     let coordinator = host
         .create_agent(SessionId::from("coordinator"))
         .await

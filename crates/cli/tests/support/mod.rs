@@ -49,3 +49,17 @@ pub async fn only_session_turn_ends(store: &Path, cwd: &Path) -> Vec<String> {
         })
         .collect()
 }
+
+/// Builds the host `options` describe with a fresh invariant observer on every session it
+/// publishes, and returns both (the observer for the test's end-of-run checks).
+pub fn observed_host(
+    mut options: subagent_cli::host::HostOptions,
+) -> (
+    subagent_cli::host::Host,
+    std::sync::Arc<invariants::InvariantObserver>,
+) {
+    let observer = invariants::InvariantObserver::shared();
+    options.session_observers.push(observer.clone());
+    let host = subagent_cli::host::build_host(options).expect("the host composes");
+    (host, observer)
+}
