@@ -40,7 +40,7 @@ impl Registration {
     }
 
     /// A guard with nothing to undo.
-    pub fn noop() -> Self {
+    pub const fn noop() -> Self {
         Self { undo: None }
     }
 
@@ -98,7 +98,63 @@ pub struct ScopeInactive(pub SessionId);
 pub struct Scope {
     key: SessionId,
     parent: Option<SessionId>,
-    guards: Mutex<Option<Vec<Registration>>>,
+    /// `None` once disposed.
+    guards: Mutex<Option<Guards>>,
+}
+
+/// How many guards a scope keeps in place before it allocates (an agent's scope typically
+/// holds a few).
+const INLINE_GUARDS: usize = 4;
+
+/// A scope's guards in adoption order: the first [`INLINE_GUARDS`] in place, the rest in
+/// `spilled`.
+struct Guards {
+    inline: [Registration; INLINE_GUARDS],
+    /// How many of `inline` are adopted guards (the rest are no-ops).
+    len: usize,
+    spilled: Vec<Registration>,
+}
+
+impl Guards {
+    fn new() -> Self {
+        Self {
+            inline: [const { Registration::noop() }; INLINE_GUARDS],
+            len: 0,
+            spilled: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, guard: Registration) {
+        match self.inline.get_mut(self.len) {
+            Some(slot) => {
+                *slot = guard;
+                self.len += 1;
+            }
+            None => self.spilled.push(guard),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Undoes every guard, the last adopted first (see [`drop_in_reverse`]).
+    fn undo(mut self) {
+        let mut first_panic = None;
+        let spilled = std::mem::take(&mut self.spilled);
+        let inline = self.inline[..self.len]
+            .iter_mut()
+            .rev()
+            .map(|slot| std::mem::replace(slot, Registration::noop()));
+        for g in spilled.into_iter().rev().chain(inline) {
+            if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(g))) {
+                first_panic.get_or_insert(payload);
+            }
+        }
+        if let Some(payload) = first_panic {
+            std::panic::resume_unwind(payload);
+        }
+    }
 }
 
 impl fmt::Debug for Scope {
@@ -117,7 +173,7 @@ impl Scope {
         Self {
             key,
             parent,
-            guards: Mutex::new(Some(Vec::new())),
+            guards: Mutex::new(Some(Guards::new())),
         }
     }
 
@@ -150,8 +206,8 @@ impl Scope {
     pub fn adopt(&self, guard: Registration) -> Result<(), ScopeInactive> {
         let mut slot = self.guards.lock();
         match slot.as_mut() {
-            Some(list) => {
-                list.push(guard);
+            Some(guards) => {
+                guards.push(guard);
                 Ok(())
             }
             None => {
@@ -168,9 +224,20 @@ impl Scope {
     /// A panicking undo does not stop the others: every guard is undone, in order, and then the
     /// first panic propagates (the scope is disposed by then).
     pub fn dispose(&self) {
-        let guards = self.guards.lock().take();
+        let guards = {
+            let mut slot = self.guards.lock();
+            match &*slot {
+                None => return,
+                // Nothing to undo: disposed in place.
+                Some(guards) if guards.is_empty() => {
+                    *slot = None;
+                    return;
+                }
+                Some(_) => slot.take(),
+            }
+        };
         if let Some(guards) = guards {
-            drop_in_reverse(guards);
+            guards.undo();
         }
     }
 }

@@ -137,12 +137,52 @@ struct Shared {
     cancelled: AtomicBool,
     /// The synchronous listeners registered by [`Signal::on_cancel`] on this signal or on a
     /// descendant; drained by the [`Signal::cancel`] that cancels this signal.
-    listeners: Mutex<Vec<Arc<dyn ListenerSlot>>>,
+    listeners: Mutex<Listeners>,
     /// Raised once [`Signal::token`] has handed the token out. Until then (here and in every
     /// ancestor) the token can only be cancelled through [`Signal::cancel`] of this signal or an
     /// ancestor, which raise `cancelled`, so [`Signal::is_cancelled`] reads flags instead of
     /// locking the token's tree node.
     exposed: AtomicBool,
+}
+
+/// The [`Signal::on_cancel`] slots registered on one signal, in registration order: the first
+/// in place, so that a signal with a single listener (the common case) allocates no list.
+#[derive(Default)]
+struct Listeners {
+    /// The first slot, unless it was removed (then later slots stay in `rest`).
+    first: Option<Arc<dyn ListenerSlot>>,
+    /// The later slots.
+    rest: Vec<Arc<dyn ListenerSlot>>,
+}
+
+impl Listeners {
+    fn push(&mut self, slot: Arc<dyn ListenerSlot>) {
+        if self.first.is_none() && self.rest.is_empty() {
+            self.first = Some(slot);
+        } else {
+            self.rest.push(slot);
+        }
+    }
+
+    /// Removes `slot` (every occurrence).
+    fn remove(&mut self, slot: &Arc<dyn ListenerSlot>) {
+        if self.first.as_ref().is_some_and(|first| same_slot(first, slot)) {
+            self.first = None;
+        }
+        if !self.rest.is_empty() {
+            self.rest.retain(|s| !same_slot(s, slot));
+        }
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.first.is_none() && self.rest.is_empty()
+    }
+
+    /// Every slot, in registration order.
+    fn into_ordered(self) -> impl Iterator<Item = Arc<dyn ListenerSlot>> {
+        self.first.into_iter().chain(self.rest)
+    }
 }
 
 /// One registered [`Signal::on_cancel`] action, shared by every signal of the chain it was
@@ -200,11 +240,7 @@ impl CancelListener {
         self.slot.discard();
         let mut chain = Some(&self.signal);
         while let Some(signal) = chain {
-            signal
-                .shared
-                .listeners
-                .lock()
-                .retain(|slot| !same_slot(slot, &self.slot));
+            signal.shared.listeners.lock().remove(&self.slot);
             chain = signal.shared.parent.as_ref();
         }
     }
@@ -288,7 +324,7 @@ impl Signal {
         }
         // The flag is up, so `on_cancel` (which checks it under this lock) adds no more.
         let listeners = std::mem::take(&mut *self.shared.listeners.lock());
-        for slot in listeners {
+        for slot in listeners.into_ordered() {
             slot.run();
         }
         true
@@ -619,6 +655,38 @@ mod tests {
             }
         };
         (count, bump)
+    }
+
+    /// The first listener is kept in place and the later ones in a list: whichever are
+    /// removed, the remaining ones run in registration order.
+    #[test]
+    fn listeners_run_in_registration_order_after_removals() {
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let push = |n: u32| {
+            let order = order.clone();
+            move || order.lock().push(n)
+        };
+        let s = Signal::new();
+        let first = s.on_cancel(push(1));
+        let _second = s.on_cancel(push(2));
+        let third = s.on_cancel(push(3));
+        drop(first);
+        let _fourth = s.on_cancel(push(4));
+        drop(third);
+        let _fifth = s.on_cancel(push(5));
+        s.cancel(CancelCause::User);
+        assert_eq!(*order.lock(), vec![2, 4, 5]);
+
+        // Emptied, the list takes a new first listener in place again.
+        order.lock().clear();
+        let s = Signal::new();
+        drop(s.on_cancel(push(1)));
+        drop(s.on_cancel(push(2)));
+        assert!(s.shared.listeners.lock().is_empty());
+        let _a = s.on_cancel(push(3));
+        let _b = s.on_cancel(push(4));
+        s.cancel(CancelCause::User);
+        assert_eq!(*order.lock(), vec![3, 4]);
     }
 
     #[test]

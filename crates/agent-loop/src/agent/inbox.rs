@@ -154,12 +154,17 @@ pub(crate) struct Inbox {
 }
 
 impl Inbox {
-    /// Builds the projection by replaying the session's splices from `header.seedLength`
-    /// onward (a fork child never inherits its parent's pending work).
-    pub(crate) fn new(session: Arc<Session>, events: EventBus<AgentEvent>) -> Result<Self, AgentError> {
+    /// Builds the projection by replaying the splices of `log` (a snapshot of the session's
+    /// log) from `header.seedLength` onward (a fork child never inherits its parent's pending
+    /// work).
+    pub(crate) fn new(
+        session: Arc<Session>,
+        log: &[Arc<agent::SessionEvent>],
+        events: EventBus<AgentEvent>,
+    ) -> Result<Self, AgentError> {
         let mut lists = Lists::default();
         let from = session.header().seed_length.unwrap_or(0) as usize;
-        for event in session.events().iter().skip(from) {
+        for event in log.iter().skip(from) {
             if let EventData::InboxSpliced(splice) = &event.data {
                 lists.validate(splice).map_err(|e| {
                     AgentError::Other(
@@ -213,8 +218,8 @@ impl Inbox {
     /// Appends `message` to `target` (durable insert).
     pub(crate) fn append(&self, target: InboxTarget, message: Message) -> Result<(), AgentError> {
         let _op = self.op.lock();
-        let len = self.lists.lock().list(target).len();
-        self.mutate(target, len, 0, vec![message], false).map(drop)
+        // At the end of the list (`mutate` clamps the start to the list's length).
+        self.mutate(target, usize::MAX, 0, vec![message], false).map(drop)
     }
 
     /// Durably cancels all pending work: `next-step` first, then `next-turn`. An empty clear logs
@@ -231,6 +236,10 @@ impl Inbox {
         let _op = self.op.lock();
         let (steps, mut turns) = {
             let lists = self.lists.lock();
+            if lists.next_step.is_empty() && lists.next_turn.is_empty() {
+                // Nothing pending: nothing to log or cancel.
+                return Ok(Vec::new());
+            }
             let turns: Vec<MessageId> = lists.next_turn.iter().map(|m| m.id.clone()).collect();
             (lists.next_step.len(), turns)
         };
@@ -299,7 +308,12 @@ impl Inbox {
         let (claimed, failed) = {
             let _op = self.op.lock();
             let steps = self.lists.lock().next_step.len();
-            let mut claimed = self.mutate(InboxTarget::NextStep, 0, steps, Vec::new(), false)?;
+            // (An empty `next-step` list has nothing to claim: no splice.)
+            let mut claimed = if steps == 0 {
+                Vec::new()
+            } else {
+                self.mutate(InboxTarget::NextStep, 0, steps, Vec::new(), false)?
+            };
             let mut failed = None;
             if target == InboxTarget::NextTurn {
                 match self.mutate(InboxTarget::NextTurn, 0, 1, Vec::new(), false) {
@@ -311,7 +325,7 @@ impl Inbox {
             (claimed, failed)
         };
         for message in &claimed {
-            self.notify(AgentEvent::InboxClaimed {
+            self.notify(|| AgentEvent::InboxClaimed {
                 agent: self.agent.clone(),
                 message: message.id.clone(),
                 turn,
@@ -325,18 +339,24 @@ impl Inbox {
 
     /// Emits `event`, or, from inside a delivery of this inbox's notifications on this thread,
     /// queues it for that delivery to emit once its event reached every listener.
-    fn notify(&self, event: AgentEvent) {
+    ///
+    /// The event is built (`event()`) only when it is emitted or queued: with no listener on the
+    /// bus and no delivery of this inbox running on this thread (which would emit it later, to
+    /// the listeners registered by then), nobody hears it and nothing is built.
+    fn notify(&self, event: impl FnOnce() -> AgentEvent) {
         let key = std::ptr::from_ref(self) as usize;
+        let silent = !self.events.has_listeners();
         let Some(event) = DELIVERING.with(|d| {
             let mut d = d.borrow_mut();
             match d.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, queued)) => {
-                    queued.push_back(event);
+                    queued.push_back(event());
                     None
                 }
+                None if silent => None,
                 None => {
                     d.push((key, VecDeque::new()));
-                    Some(event)
+                    Some(event())
                 }
             }
         }) else {
@@ -396,13 +416,13 @@ impl Inbox {
         };
         let removed = self.lists.lock().apply(splice);
         if cancel && !removed.is_empty() {
-            self.notify(AgentEvent::InboxDiscarded {
+            self.notify(|| AgentEvent::InboxDiscarded {
                 agent: self.agent.clone(),
                 messages: removed.iter().map(|m| m.id.clone()).collect(),
             });
         }
         for message in &splice.inserted {
-            self.notify(AgentEvent::InboxInserted {
+            self.notify(|| AgentEvent::InboxInserted {
                 agent: self.agent.clone(),
                 message: message.id.clone(),
             });

@@ -91,20 +91,69 @@ impl Default for LoopConfig {
     }
 }
 
+/// A [`Notify`] that counts its waiters, so that waking them costs one atomic load when there
+/// are none. For a condition a waker makes true (with a `SeqCst` write) before it calls
+/// [`wake_all`](Self::wake_all), and that a waiter reads (`SeqCst`) after it registered: either
+/// the waker sees the waiter counted, or the waiter sees the condition.
+#[derive(Default)]
+pub(crate) struct Waiters {
+    count: AtomicUsize,
+    notify: Notify,
+}
+
+impl Waiters {
+    /// Wakes every waiter (none to wake: one load).
+    pub(crate) fn wake_all(&self) {
+        if self.count.load(Ordering::SeqCst) != 0 {
+            self.notify.notify_waiters();
+        }
+    }
+
+    /// Resolves once `ready()` holds (at once when it does).
+    pub(crate) async fn wait_until(&self, ready: impl Fn() -> bool) {
+        if ready() {
+            return;
+        }
+        /// Uncounts the waiter when its wait ends (also when it is dropped).
+        struct Counted<'a>(&'a AtomicUsize);
+        impl Drop for Counted<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.count.fetch_add(1, Ordering::SeqCst);
+        let _counted = Counted(&self.count);
+        loop {
+            let notified = self.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the check, so a wake between the check and the wait wakes it.
+            notified.as_mut().enable();
+            if ready() {
+                return;
+            }
+            notified.await;
+            // Woken: usually by the change awaited (no need to register again to see it).
+            if ready() {
+                return;
+            }
+        }
+    }
+}
+
 /// The busy flag behind [`Agent::when_idle`], shared with the idle waiters so that a waiter never
 /// keeps the agent alive. (A flag and one [`Notify`] rather than a `watch` channel: setting it
 /// is an atomic store, and only becoming idle wakes anyone.)
 #[derive(Default)]
 struct IdleFlag {
     busy: AtomicBool,
-    idle: Notify,
+    idle: Waiters,
 }
 
 impl IdleFlag {
     fn set(&self, busy: bool) {
         self.busy.store(busy, Ordering::SeqCst);
         if !busy {
-            self.idle.notify_waiters();
+            self.idle.wake_all();
         }
     }
 
@@ -114,16 +163,7 @@ impl IdleFlag {
 
     /// Resolves once the flag is clear (at once when it is).
     async fn wait(&self) {
-        loop {
-            let notified = self.idle.notified();
-            let mut notified = std::pin::pin!(notified);
-            // Registered before the check, so a clear between the check and the wait wakes it.
-            notified.as_mut().enable();
-            if !self.is_busy() {
-                return;
-            }
-            notified.await;
-        }
+        self.idle.wait_until(|| !self.is_busy()).await;
     }
 }
 
@@ -132,7 +172,7 @@ impl IdleFlag {
 #[derive(Default)]
 struct Drivers {
     running: AtomicUsize,
-    exited: Notify,
+    exited: Waiters,
 }
 
 impl Drivers {
@@ -142,16 +182,7 @@ impl Drivers {
 
     /// Resolves once no driver runs (at once when none does).
     async fn wait(&self) {
-        loop {
-            let exited = self.exited.notified();
-            let mut exited = std::pin::pin!(exited);
-            // Registered before the check, so an exit between the check and the wait wakes it.
-            exited.as_mut().enable();
-            if self.is_empty() {
-                return;
-            }
-            exited.await;
-        }
+        self.exited.wait_until(|| self.is_empty()).await;
     }
 }
 
@@ -195,7 +226,7 @@ impl Drop for Driver {
     fn drop(&mut self) {
         let drivers = &self.0.drivers;
         if drivers.running.fetch_sub(1, Ordering::SeqCst) == 1 {
-            drivers.exited.notify_waiters();
+            drivers.exited.wake_all();
         }
     }
 }
@@ -307,11 +338,12 @@ impl LoopAgent {
     ) -> Result<Arc<Self>, AgentError> {
         options.validate()?;
         let services = services.into();
-        let inbox = Inbox::new(session.clone(), services.agent_events.clone())?;
+        // One snapshot of the log for the inbox's replay and the turn numbering.
+        let events = session.events();
+        let inbox = Inbox::new(session.clone(), &events, services.agent_events.clone())?;
         // The number of the last `turn/start` exactly (not `next_turn_number - 1`, which
         // saturates at the end of the range and would reuse the last number).
-        let last_turn = session
-            .events()
+        let last_turn = events
             .iter()
             .rev()
             .find_map(|e| match e.data {
@@ -460,10 +492,14 @@ impl LoopAgent {
                 return;
             }
             emission.last.set(current);
-            self.services.agent_events.emit(&AgentEvent::Status {
-                agent: self.id.clone(),
-                status: current,
-            });
+            let events = &self.services.agent_events;
+            // (No event is built for a bus nobody listens to.)
+            if events.has_listeners() {
+                events.emit(&AgentEvent::Status {
+                    agent: self.id.clone(),
+                    status: current,
+                });
+            }
         }
     }
 
@@ -765,13 +801,14 @@ impl Agent for LoopAgent {
                     tracing::warn!(agent = %self.id, %err, "cancel could not durably clear the inbox");
                 }
             }
-            let mut st = self.state.lock();
+        }
+        let mut st = self.state.lock();
+        if !options.keep_inbox {
             st.deferred_wake = false;
             if let Phase::Running { wake_requested, .. } = &mut st.phase {
                 *wake_requested = false;
             }
         }
-        let mut st = self.state.lock();
         let st_wakes = st.wakes;
         let signal = match &mut st.phase {
             Phase::Running {

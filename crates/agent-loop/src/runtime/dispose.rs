@@ -1,6 +1,5 @@
 //! The memoized quiescence transaction of one registered agent (spec §9.4).
 
-use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -9,16 +8,27 @@ use std::task::{Context, Poll, Wake, Waker};
 use futures::FutureExt;
 use futures::future::{self, BoxFuture};
 use parking_lot::Mutex;
-use tokio::sync::Notify;
 
 use agent::bus::panic_message;
 use agent::{
-    Agent, AgentError, AgentEvent, AgentRef, CancelCause, CancelOptions, Disposer, Registration, Scope,
-    Services, SessionId, SessionPersistence,
+    Agent, AgentError, AgentEvent, AgentRef, CancelCause, CancelOptions, Disposer, Scope, Services,
+    SessionId, SessionPersistence,
 };
 
 use super::{RuntimeInner, inactive};
-use crate::agent::LoopAgent;
+use crate::agent::{LoopAgent, Waiters};
+
+/// What an entry owns, by a key (serial or address) no caller chooses: a hash map (cheaper to
+/// insert into and remove from than an ordered map, and it keeps its table when emptied), with
+/// a fixed hasher. Iterated only by the teardown, in key order ([`sorted`]).
+pub(super) type OwnedMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::FixedState>;
+
+/// The values of `map` (taken), in key order.
+fn sorted<K: Ord, V>(map: OwnedMap<K, V>) -> impl Iterator<Item = V> {
+    let mut entries: Vec<(K, V)> = map.into_iter().collect();
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    entries.into_iter().map(|(_, v)| v)
+}
 
 /// One registered agent.
 pub(super) struct AgentEntry {
@@ -35,15 +45,16 @@ pub(super) struct AgentEntry {
     /// [`AgentEvent::Disposed`] to the listeners still on the bus.
     pub(super) services: Arc<Services>,
     /// The store entry; dropping it removes the session.
-    pub(super) session_guard: Mutex<Option<Registration>>,
+    pub(super) session_guard: Mutex<Option<super::store::SessionRemoval>>,
     pub(super) owner: Option<Weak<AgentEntry>>,
-    /// Published agents this one created, by serial (creation order). A map, so that each
-    /// child's release unlinks itself without a scan of its siblings.
-    pub(super) children: Mutex<BTreeMap<u64, Weak<AgentEntry>>>,
+    /// Published agents this one created, by serial (the teardown disposes them in creation
+    /// order). A map, so that each child's release unlinks itself without a scan of its
+    /// siblings.
+    pub(super) children: Mutex<OwnedMap<u64, Weak<AgentEntry>>>,
     /// Creations and resumptions of agents this one owns that are still under way (not yet
     /// published), by the address of their record: the teardown rolls back those that hold
     /// their id or are in their setup window and waits for those being published.
-    pub(super) creations: Mutex<BTreeMap<usize, Arc<PendingCreation>>>,
+    pub(super) creations: Mutex<OwnedMap<usize, Arc<PendingCreation>>>,
     /// Set when the teardown begins (aborts pending creations it owns).
     pub(super) disposing: Latch,
     /// Whether `AgentEvent::Created` was emitted (so `Disposed` pairs with it).
@@ -116,17 +127,18 @@ impl AgentEntry {
                 },
             }
         };
-        let waker = Waker::from(self.clone());
-        let mut inner = Context::from_waker(&waker);
+        // The transaction's own waker, built only for a transaction that is polled (a quiescent
+        // agent's release needs none).
+        let waker = || Waker::from(self.clone());
         let poll = || match &mut transaction {
             Transaction::Unpolled if self.release_if_quiescent() => Poll::Ready(()),
             Transaction::Unpolled => {
                 let mut future = Box::pin(teardown(self.clone()));
-                let poll = future.as_mut().poll(&mut inner);
+                let poll = future.as_mut().poll(&mut Context::from_waker(&waker()));
                 transaction = Transaction::Boxed(future);
                 poll
             }
-            Transaction::Boxed(future) => future.as_mut().poll(&mut inner),
+            Transaction::Boxed(future) => future.as_mut().poll(&mut Context::from_waker(&waker())),
         };
         let finished = match catch_unwind(AssertUnwindSafe(poll)) {
             Ok(poll) => poll.is_ready(),
@@ -254,6 +266,10 @@ pub(super) struct PendingCreation {
     /// on: let go of when the id is freed before that (a rollback; spec:
     /// `SessionPersistence::release`, "its creation or resumption rolled back").
     log: Mutex<Option<Arc<dyn SessionPersistence>>>,
+    /// Raised (before `log` is written) once a log is held: letting go of a log is one load for
+    /// the creations that never held one. (`SeqCst` with `released`: a release that reads it
+    /// down is seen by `hold_log`'s check of `released`, which then lets go itself.)
+    held_log: AtomicBool,
 }
 
 enum CreationState {
@@ -304,6 +320,7 @@ impl PendingCreation {
             settled: Latch::default(),
             released: AtomicBool::new(false),
             log: Mutex::new(None),
+            held_log: AtomicBool::new(false),
         }
     }
 
@@ -311,6 +328,7 @@ impl PendingCreation {
     /// on lets go of it, until [`hand_over_log`](Self::hand_over_log). Let go of at once when
     /// the id was freed already (an abort, on another thread).
     pub(super) fn hold_log(&self, persistence: Arc<dyn SessionPersistence>) {
+        self.held_log.store(true, Ordering::SeqCst);
         *self.log.lock() = Some(persistence);
         if self.released.load(Ordering::SeqCst) {
             self.let_go_of_log();
@@ -324,6 +342,9 @@ impl PendingCreation {
 
     /// Lets go of the claimed log, if still held.
     fn let_go_of_log(&self) {
+        if !self.held_log.load(Ordering::SeqCst) {
+            return;
+        }
         let log = self.log.lock().take();
         if let Some(persistence) = log {
             contained_now(&self.id, "log release", || persistence.release(&self.id));
@@ -452,15 +473,13 @@ impl PendingCreation {
 /// a child after the children were taken).
 async fn dispose_owned(entry: &Arc<AgentEntry>) {
     loop {
-        let creations: Vec<Arc<PendingCreation>> = std::mem::take(&mut *entry.creations.lock())
-            .into_values()
-            .collect();
+        let creations: Vec<Arc<PendingCreation>> =
+            sorted(std::mem::take(&mut *entry.creations.lock())).collect();
         let publishing: Vec<Arc<PendingCreation>> = creations
             .into_iter()
             .filter(|c| !c.abort(AbortedBy::Owner))
             .collect();
-        let children: Vec<Arc<AgentEntry>> = std::mem::take(&mut *entry.children.lock())
-            .into_values()
+        let children: Vec<Arc<AgentEntry>> = sorted(std::mem::take(&mut *entry.children.lock()))
             .filter_map(|w| w.upgrade())
             .collect();
         if children.is_empty() && publishing.is_empty() {
@@ -476,17 +495,19 @@ async fn dispose_owned(entry: &Arc<AgentEntry>) {
 
 /// A one-way flag with waiters: set once, never cleared. (An atomic and a [`Notify`] inside the
 /// entry, where a [`Signal`](agent::Signal) would be two more allocations per agent.)
+///
+/// [`Notify`]: tokio::sync::Notify
 #[derive(Default)]
 pub(super) struct Latch {
     set: AtomicBool,
-    notify: Notify,
+    waiters: Waiters,
 }
 
 impl Latch {
     /// Sets the flag and wakes every waiter.
     pub(super) fn set(&self) {
         self.set.store(true, Ordering::SeqCst);
-        self.notify.notify_waiters();
+        self.waiters.wake_all();
     }
 
     /// Whether the flag is set.
@@ -496,16 +517,7 @@ impl Latch {
 
     /// Resolves once the flag is set (at once when it is).
     pub(super) async fn wait(&self) {
-        loop {
-            let notified = self.notify.notified();
-            let mut notified = std::pin::pin!(notified);
-            // Registered before the check, so a `set` between the check and the wait wakes it.
-            notified.as_mut().enable();
-            if self.is_set() {
-                return;
-            }
-            notified.await;
-        }
+        self.waiters.wait_until(|| self.is_set()).await;
     }
 }
 
@@ -562,7 +574,8 @@ fn release(entry: &Arc<AgentEntry>) {
         rt.registry.lock().remove(entry.serial);
         rt.agent_lifecycle.lock()
     });
-    if entry.announced.swap(false, Ordering::SeqCst) {
+    // (No event is built for a bus nobody listens to.)
+    if entry.announced.swap(false, Ordering::SeqCst) && entry.services.agent_events.has_listeners() {
         entry
             .services
             .agent_events

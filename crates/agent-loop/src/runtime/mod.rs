@@ -524,7 +524,15 @@ impl Runtime {
     /// claim the live session's log and, rolling back, let go of its writer.
     fn reserve_free(&self, id: &SessionId) -> Result<Reservation, AgentError> {
         let reservation = self.reserve(id)?;
-        if self.inner.sessions.get(id).is_some() || self.inner.registry.lock().contains(id) {
+        // An agent's session is live from before its registration to after its removal from the
+        // registry (publication enters the session first; release unregisters it first), so a
+        // registered id always has a live session: the store's check covers the registry's.
+        let live = self.inner.sessions.contains(id);
+        debug_assert!(
+            live || !self.inner.registry.lock().contains(id),
+            "a registered agent's session is live"
+        );
+        if live {
             // Dropped: the id freed; nothing held yet, nothing let go of.
             return Err(AgentError::Duplicate(id.clone()));
         }
@@ -686,8 +694,21 @@ impl Runtime {
         if self.inner.shutdown.is_cancelled() {
             return Err(inactive(&session_id));
         }
-        let session = self.inner.sessions.prepare(session_id, seed, meta)?;
-        let reservation = self.reserve_free(session.id())?;
+        // The id is reserved first, so that its liveness is checked once (under the
+        // reservation) rather than also by the store's `prepare` before it. The errors keep
+        // their order: a refused reservation reports what `prepare` would have refused first.
+        let reservation = match self.reserve_free(&session_id) {
+            Ok(reservation) => reservation,
+            Err(refused) => {
+                return Err(self
+                    .inner
+                    .sessions
+                    .prepare(session_id, seed, meta)
+                    .err()
+                    .unwrap_or(refused));
+            }
+        };
+        let session = self.inner.sessions.prepare_unchecked(session_id, seed, meta)?;
         Ok(Plan {
             reservation,
             session,
@@ -795,8 +816,8 @@ impl Runtime {
                         services: self.inner.services.clone(),
                         session_guard,
                         owner: owner.as_ref().map(Arc::downgrade),
-                        children: Mutex::new(std::collections::BTreeMap::new()),
-                        creations: Mutex::new(std::collections::BTreeMap::new()),
+                        children: Mutex::default(),
+                        creations: Mutex::default(),
                         disposing: dispose::Latch::default(),
                         announced: std::sync::atomic::AtomicBool::new(false),
                         teardown: Default::default(),
@@ -835,16 +856,20 @@ impl Runtime {
                     return Err(AgentError::Disposed(id));
                 }
                 entry.announced.store(true, std::sync::atomic::Ordering::SeqCst);
-                self.inner
-                    .services
-                    .agent_events
-                    .emit(&AgentEvent::Created { agent: id.clone() });
+                // (No event is built for a bus nobody listens to.)
+                let events = &self.inner.services.agent_events;
+                if events.has_listeners() {
+                    events.emit(&AgentEvent::Created { agent: id.clone() });
+                }
             }
             self.recheck(&id, signal.as_ref(), owner.as_ref())?;
-            self.inner.services.agent_events.emit(&AgentEvent::SessionStart {
-                agent: id.clone(),
-                source,
-            });
+            let events = &self.inner.services.agent_events;
+            if events.has_listeners() {
+                events.emit(&AgentEvent::SessionStart {
+                    agent: id.clone(),
+                    source,
+                });
+            }
             self.recheck(&id, signal.as_ref(), owner.as_ref())?;
             if entry.disposing.is_set() {
                 return Err(AgentError::Disposed(id));

@@ -236,6 +236,11 @@ impl MemorySessionStore {
         self.len() == 0
     }
 
+    /// Whether a session of this id is live (without taking a reference to it).
+    pub(crate) fn contains(&self, id: &SessionId) -> bool {
+        self.inner.state.lock().entries.contains(id)
+    }
+
     /// Like [`SessionStore::enter`], for a session whose first `persisted` events are already
     /// durable (a resumed session): only the header of a new session is created and only the
     /// later events are written.
@@ -246,7 +251,7 @@ impl MemorySessionStore {
     ) -> Result<Registration, AgentError> {
         let (guard, durability) = self.enter_deferred(session, persisted)?;
         durability.commit()?;
-        Ok(guard)
+        Ok(guard.into_registration())
     }
 
     /// [`enter_persisted`](Self::enter_persisted) with the durable writes deferred until
@@ -256,7 +261,7 @@ impl MemorySessionStore {
         &self,
         session: Arc<Session>,
         persisted: Option<usize>,
-    ) -> Result<(Registration, Durability), AgentError> {
+    ) -> Result<(SessionRemoval, Durability), AgentError> {
         // Every observer sees the log as it stands before anything is entered: one that cannot
         // accept it (a seed an invariant checker rejects) fails the entry, which rolls back.
         let observers_seen = self.inner.observers.read().clone();
@@ -295,7 +300,12 @@ impl MemorySessionStore {
                 Err(_) => return Err(AgentError::Duplicate(session.id().clone())),
             }
         };
-        let guard = self.removal_guard(key, &session);
+        let guard = SessionRemoval {
+            inner: Arc::downgrade(&self.inner),
+            key,
+            id: session.id().clone(),
+            session: Arc::downgrade(&session),
+        };
         let mut observers: Vec<Arc<dyn SessionObserver>> = Vec::new();
         if let Some(p) = &persist {
             observers.push(p.clone());
@@ -374,47 +384,82 @@ impl MemorySessionStore {
             .try_emit(&SessionStoreEvent::Created(session.clone()))
     }
 
-    /// Removes entry `key` (of `session`) when dropped.
-    fn removal_guard(&self, key: u64, session: &Arc<Session>) -> Registration {
-        let weak = Arc::downgrade(&self.inner);
-        let id = session.id().clone();
-        let session = Arc::downgrade(session);
-        Registration::new(move || {
-            let Some(inner) = weak.upgrade() else { return };
-            // Nothing writes the session any more: the persistence lets go of what it holds
-            // for it (an open log and its lock), once what it accepted is written. Before the
-            // entry leaves the store: while it is here the id is live, so no resumption of it
-            // can claim the log before this release — which would then let go of the successor's
-            // writer, not this session's (spec: SPN-56, ids reopen only after quiescence).
-            // Found by its key (serials are never reused), not by hashing the id.
-            let persisted = inner.state.lock().entries.get_serial(key).is_some_and(|e| {
-                std::ptr::eq(Arc::as_ptr(&e.session), session.as_ptr()) && e.persist.is_some()
-            });
-            if persisted
-                && let Some(persistence) = &inner.persistence
-                && let Err(payload) =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| persistence.release(&id)))
-            {
-                // Contained: the entry leaves the store all the same.
-                tracing::warn!(
-                    session = %id,
-                    message = %agent::bus::panic_message(&*payload),
-                    "session persistence panicked releasing the log"
-                );
-            }
-            let lifecycle = inner.lifecycle.lock();
-            let removed = inner.state.lock().entries.remove(key);
-            if let Some(entry) = &removed
-                && entry.announced
-            {
-                inner
-                    .events
-                    .emit(&SessionStoreEvent::Disposed(entry.session.id().clone()));
-            }
-            drop(lifecycle);
-            // The entry (its session's last reference, say) is dropped outside the locks.
-            drop(removed);
-        })
+    /// [`prepare`](SessionStore::prepare) without its check that `id` is not live, for a caller
+    /// that checks it itself (the runtime, once it holds the id).
+    pub(crate) fn prepare_unchecked(
+        &self,
+        id: SessionId,
+        seed: Option<Vec<SessionEvent>>,
+        meta: SessionMeta,
+    ) -> Result<Arc<Session>, AgentError> {
+        let header = meta.into_header(id, now_ms())?;
+        Ok(Arc::new(Session::new(header, seed)?))
+    }
+}
+
+/// Removes the entry a session was entered under ([`MemorySessionStore::enter_deferred`]) when
+/// dropped: the store's removal guard, without the allocation of a [`Registration`]'s closure
+/// (the public entry points wrap it in one, [`into_registration`](Self::into_registration)).
+pub(crate) struct SessionRemoval {
+    inner: std::sync::Weak<Inner>,
+    /// The entry's key (serials are never reused).
+    key: u64,
+    id: SessionId,
+    session: std::sync::Weak<Session>,
+}
+
+impl SessionRemoval {
+    /// The removal as a [`Registration`].
+    fn into_registration(self) -> Registration {
+        Registration::new(move || drop(self))
+    }
+}
+
+impl Drop for SessionRemoval {
+    fn drop(&mut self) {
+        let Some(inner) = self.inner.upgrade() else { return };
+        let (key, id) = (self.key, &self.id);
+        // Nothing writes the session any more: the persistence lets go of what it holds
+        // for it (an open log and its lock), once what it accepted is written. Before the
+        // entry leaves the store: while it is here the id is live, so no resumption of it
+        // can claim the log before this release — which would then let go of the successor's
+        // writer, not this session's (spec: SPN-56, ids reopen only after quiescence).
+        // Found by its key (serials are never reused), not by hashing the id; only looked up
+        // when the store persists at all.
+        let persisted = |persistence| {
+            inner
+                .state
+                .lock()
+                .entries
+                .get_serial(key)
+                .is_some_and(|e| {
+                    std::ptr::eq(Arc::as_ptr(&e.session), self.session.as_ptr()) && e.persist.is_some()
+                })
+                .then_some(persistence)
+        };
+        if let Some(persistence) = inner.persistence.as_ref().and_then(persisted)
+            && let Err(payload) =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| persistence.release(id)))
+        {
+            // Contained: the entry leaves the store all the same.
+            tracing::warn!(
+                session = %id,
+                message = %agent::bus::panic_message(&*payload),
+                "session persistence panicked releasing the log"
+            );
+        }
+        let lifecycle = inner.lifecycle.lock();
+        let removed = inner.state.lock().entries.remove(key);
+        if let Some(entry) = &removed
+            && entry.announced
+        {
+            inner
+                .events
+                .emit(&SessionStoreEvent::Disposed(entry.session.id().clone()));
+        }
+        drop(lifecycle);
+        // The entry (its session's last reference, say) is dropped outside the locks.
+        drop(removed);
     }
 }
 
@@ -429,8 +474,7 @@ impl SessionStore for MemorySessionStore {
         if self.get(&id).is_some() {
             return Err(AgentError::Duplicate(id));
         }
-        let header = meta.into_header(id, now_ms())?;
-        Ok(Arc::new(Session::new(header, seed)?))
+        self.prepare_unchecked(id, seed, meta)
     }
 
     fn enter(&self, session: Arc<Session>) -> Result<Registration, AgentError> {
