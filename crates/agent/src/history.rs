@@ -207,6 +207,11 @@ impl DerivedHistory {
         }
         for event in &log[self.seen..] {
             if event.data.is_surface() {
+                if self.nodes.capacity() == 0 {
+                    // The first node: allocated at the size growth would start with, directly
+                    // (growing a list without a buffer takes the slower reserving path).
+                    self.nodes = Vec::with_capacity(4);
+                }
                 place(&mut self.nodes, event, event.clone());
             }
         }

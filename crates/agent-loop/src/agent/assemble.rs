@@ -5,6 +5,16 @@ use serde_json::Value;
 use agent::model::BlockType;
 use agent::{CallId, ContentBlock, FinishReason, StreamChunk, TokenUsage};
 
+/// Appends a delta to a block's text. The first delta (often the only one) is copied into a
+/// string of its size: growing a string without a buffer takes the slower reserving path.
+fn append(text: &mut String, delta: &str) {
+    if text.capacity() == 0 {
+        *text = delta.to_owned();
+    } else {
+        text.push_str(delta);
+    }
+}
+
 /// One block as seen so far.
 struct Partial {
     index: u32,
@@ -123,6 +133,15 @@ impl BlockAssembler {
         self.partials.iter_mut().rev().find(|p| p.index == index)
     }
 
+    /// Opens a partial. The list is sized for one block at first (most streams carry one), not
+    /// for the four a growing list starts with.
+    fn open(&mut self, partial: Partial) {
+        if self.partials.capacity() == 0 {
+            self.partials.reserve_exact(1);
+        }
+        self.partials.push(partial);
+    }
+
     /// The open partial a delta for `index` adds to: the open one, or one opened with `kind`
     /// for an index never seen. `None` for a straggler (the index's block is closed).
     fn for_delta(&mut self, index: u32, kind: BlockType) -> Option<&mut Partial> {
@@ -130,7 +149,7 @@ impl BlockAssembler {
             Some(at) if self.partials[at].closed => return None,
             Some(at) => at,
             None => {
-                self.partials.push(Partial::new(index, Some(kind)));
+                self.open(Partial::new(index, Some(kind)));
                 self.partials.len() - 1
             }
         };
@@ -142,17 +161,17 @@ impl BlockAssembler {
         match chunk {
             StreamChunk::BlockStart { index, block_type } => {
                 if self.latest(*index).is_none_or(|p| p.closed) {
-                    self.partials.push(Partial::new(*index, Some(*block_type)));
+                    self.open(Partial::new(*index, Some(*block_type)));
                 }
             }
             StreamChunk::TextDelta { index, text } => {
                 if let Some(partial) = self.for_delta(*index, BlockType::Text) {
-                    partial.text.push_str(text);
+                    append(&mut partial.text, text);
                 }
             }
             StreamChunk::ReasoningDelta { index, text } => {
                 if let Some(partial) = self.for_delta(*index, BlockType::Reasoning) {
-                    partial.text.push_str(text);
+                    append(&mut partial.text, text);
                 }
             }
             StreamChunk::ToolCallDelta {
@@ -166,7 +185,7 @@ impl BlockAssembler {
                     if let Some(name) = name {
                         partial.name = Some(name.clone());
                     }
-                    partial.arguments.push_str(arguments_delta);
+                    append(&mut partial.arguments, arguments_delta);
                 }
             }
             StreamChunk::BlockEnd { index, block } => match self.latest(*index) {
@@ -177,7 +196,7 @@ impl BlockAssembler {
                     let mut partial = Partial::new(*index, BlockType::of(block));
                     partial.block = Some(block.clone());
                     partial.closed = true;
-                    self.partials.push(partial);
+                    self.open(partial);
                 }
             },
             StreamChunk::Usage { usage } => self.usage = Some(Box::new(usage.clone())),
@@ -189,8 +208,9 @@ impl BlockAssembler {
     }
 
     /// The finish reason; `stop` when the stream ended without one.
-    pub(crate) fn finish(&self) -> FinishReason {
-        self.finish.clone().unwrap_or(FinishReason::Stop)
+    pub(crate) fn finish(&self) -> &FinishReason {
+        static STOP: FinishReason = FinishReason::Stop;
+        self.finish.as_ref().unwrap_or(&STOP)
     }
 
     /// Usage, when a `usage` chunk arrived (taken: the assembler keeps none).
@@ -362,7 +382,7 @@ mod tests {
         for c in chunks::max_tokens_tool_call("c1", "read", "{\"pa") {
             a.push(&c);
         }
-        assert_eq!(a.finish(), FinishReason::MaxTokens);
+        assert_eq!(*a.finish(), FinishReason::MaxTokens);
         assert!(a.take_usage().is_some());
         assert!(a.into_blocks().is_empty());
     }

@@ -151,6 +151,39 @@ enum PreStepped<'a> {
     Chain(futures::future::BoxFuture<'a, Result<PreStepOutcome, TurnFailure>>),
 }
 
+/// What a pre-step's interceptor chain borrows: the interceptors and the agent handle they see.
+///
+/// Kept by the turn rather than by the chain, so that a chain whose interceptors all complete
+/// on their first poll (the common case) runs in the synchronous part of the pre-step, with no
+/// boxed future; only an interceptor that is pending moves the rest of the chain into one,
+/// which borrows from here. Emptied once the pre-step is decided.
+#[derive(Default)]
+struct PreStepHooks {
+    hooks: Vec<Arc<dyn agent::PreStepInterceptor>>,
+    me: Option<agent::AgentRef>,
+}
+
+/// What one interceptor's call came to (its future wrapped in `catch_unwind`).
+type PreStepCall = Result<Result<PreStepDecision, agent::bus::BoxError>, Box<dyn std::any::Any + Send>>;
+
+/// The decision of one interceptor's call, or the turn's failure (a panic or an error).
+#[inline(always)]
+fn pre_step_decision(call: PreStepCall) -> Result<PreStepDecision, TurnFailure> {
+    match call {
+        Err(p) => Err(panicked("an agent/pre-step interceptor", &*p)),
+        Ok(Err(e)) => Err(TurnFailure::from_error(&*e)),
+        Ok(Ok(decision)) => Ok(decision),
+    }
+}
+
+/// The pre-step outcome of the chain's final `decision`, with the step's assembled `prompt`.
+fn entered(decision: PreStepDecision, prompt: AssembledPrompt) -> PreStepOutcome {
+    match decision {
+        PreStepDecision::Reject => PreStepOutcome::Rejected,
+        PreStepDecision::Enter(messages) => PreStepOutcome::Enter(messages, prompt),
+    }
+}
+
 /// The endings a turn body can record before its `turn/end` (the failure endings travel as
 /// [`TurnFailure`]); one byte, where a [`TurnEndReason`] would enlarge the driver task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -428,6 +461,7 @@ impl LoopAgent {
         let mut first = Some(first);
         async move {
             let mut target = InboxTarget::NextTurn;
+            let mut chain = PreStepHooks::default();
             loop {
                 check(signal)?;
                 let step = ts.step + 1;
@@ -441,13 +475,17 @@ impl LoopAgent {
                 // A block, so that the step's messages and prompt (consumed by its opening) are
                 // not kept in the driver task while the step runs.
                 let opened = {
-                    // Bound first: the `?` of the call, as the scrutinee, would be kept across
-                    // the await.
-                    let pre = self.pre_step(turn, step, claimed, signal)?;
-                    let outcome = match pre {
-                        PreStepped::Ready(outcome) => outcome,
-                        PreStepped::Chain(chain) => chain.await?,
+                    let outcome = {
+                        // Bound first: the `?` of the call, as the scrutinee, would be kept
+                        // across the await.
+                        let pre = self.pre_step(turn, step, claimed, signal, &mut chain)?;
+                        match pre {
+                            PreStepped::Ready(outcome) => outcome,
+                            PreStepped::Chain(rest) => rest.await?,
+                        }
                     };
+                    // The interceptors (and the handle they saw) are released once decided.
+                    chain = PreStepHooks::default();
                     let (messages, prompt) = match outcome {
                         PreStepOutcome::Rejected => {
                             ts.end = Some(TurnEnd::Blocked);
@@ -566,50 +604,80 @@ impl LoopAgent {
 
     /// Pre-step: prompt assembly, the runtime-context snapshot, the interceptor chain.
     ///
-    /// Only the interceptor chain is asynchronous: it is boxed with what it needs (it is off the
-    /// common path and would otherwise enlarge every driver task), and the rest runs here.
+    /// Runs synchronously as far as it can: each interceptor is called and polled once here (a
+    /// cancelled signal wins before each call, as with [`run_signalled`]). Only when one is
+    /// pending does the rest of the chain become a boxed future (it is off the common path and
+    /// would otherwise enlarge every driver task), borrowing the interceptors and the agent
+    /// handle from `chain`, which the turn keeps.
     fn pre_step<'a>(
         &'a self,
         turn: u64,
         step: u64,
         claimed: Vec<Message>,
         signal: &'a Signal,
+        chain: &'a mut PreStepHooks,
     ) -> Result<PreStepped<'a>, TurnFailure> {
         let (prompt, contexts) = self.assemble_prompt()?;
         check(signal)?;
         let mut messages = claimed;
         messages.extend(self.snapshot_message(contexts));
-        let hooks = self.services.pre_step.for_agent(&self.id);
+        let PreStepHooks { hooks, me } = chain;
+        *hooks = self.services.pre_step.for_agent(&self.id);
         if hooks.is_empty() {
             check(signal)?;
             return Ok(PreStepped::Ready(PreStepOutcome::Enter(messages, prompt)));
         }
-        Ok(PreStepped::Chain(Box::pin(async move {
-            let decision = self
-                .run_pre_step_hooks(hooks, turn, step, messages, signal)
-                .await?;
-            check(signal)?;
-            Ok(match decision {
-                PreStepDecision::Reject => PreStepOutcome::Rejected,
-                PreStepDecision::Enter(messages) => PreStepOutcome::Enter(messages, prompt),
-            })
-        })))
+        let me: &'a agent::AgentRef = me.insert(self.agent_ref());
+        let hooks: &'a [Arc<dyn agent::PreStepInterceptor>] = hooks;
+        let mut decision = PreStepDecision::Enter(messages);
+        for (at, hook) in hooks.iter().enumerate() {
+            if signal.is_cancelled() {
+                return Err(TurnFailure::Cancelled);
+            }
+            let view = PreStep {
+                agent: me,
+                turn,
+                step,
+                signal,
+            };
+            let mut call = AssertUnwindSafe(hook.pre_step(view, decision)).catch_unwind();
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            decision = match call.poll_unpin(&mut cx) {
+                std::task::Poll::Ready(result) => pre_step_decision(result)?,
+                std::task::Poll::Pending => {
+                    let rest = &hooks[at + 1..];
+                    return Ok(PreStepped::Chain(Box::pin(async move {
+                        // Polled again here, with the driver task's waker.
+                        let decision = match signal.run(call).await {
+                            Err(_) => return Err(TurnFailure::Cancelled),
+                            Ok(result) => pre_step_decision(result)?,
+                        };
+                        let decision = self
+                            .run_pre_step_hooks(rest, me, turn, step, decision, signal)
+                            .await?;
+                        check(signal)?;
+                        Ok(entered(decision, prompt))
+                    })));
+                }
+            };
+        }
+        check(signal)?;
+        Ok(PreStepped::Ready(entered(decision, prompt)))
     }
 
-    /// The `agent/pre-step` interceptor chain, in order.
+    /// The rest of an `agent/pre-step` interceptor chain, in order, from `decision`.
     async fn run_pre_step_hooks(
         &self,
-        hooks: Vec<Arc<dyn agent::PreStepInterceptor>>,
+        hooks: &[Arc<dyn agent::PreStepInterceptor>],
+        me: &agent::AgentRef,
         turn: u64,
         step: u64,
-        messages: Vec<Message>,
+        mut decision: PreStepDecision,
         signal: &Signal,
     ) -> Result<PreStepDecision, TurnFailure> {
-        let mut decision = PreStepDecision::Enter(messages);
-        let me = self.agent_ref();
         for hook in hooks {
             let view = PreStep {
-                agent: &me,
+                agent: me,
                 turn,
                 step,
                 signal,
@@ -617,9 +685,7 @@ impl LoopAgent {
             let call = AssertUnwindSafe(hook.pre_step(view, decision)).catch_unwind();
             decision = match run_signalled(signal, call).await {
                 Err(_) => return Err(TurnFailure::Cancelled),
-                Ok(Err(p)) => return Err(panicked("an agent/pre-step interceptor", &*p)),
-                Ok(Ok(Err(e))) => return Err(TurnFailure::from_error(&*e)),
-                Ok(Ok(Ok(d))) => d,
+                Ok(result) => pre_step_decision(result)?,
             };
         }
         Ok(decision)
@@ -924,11 +990,14 @@ impl LoopAgent {
         draining: &mut Draining,
         signal: &Signal,
     ) -> Result<bool, TurnFailure> {
+        // Polled directly (no `next()` future around the stream), with a waker that does
+        // nothing: a pending stream is awaited again by `stream_rest`.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         loop {
             if signal.is_cancelled() {
                 return Ok(true);
             }
-            let Some(next) = draining.stream.next().now_or_never() else {
+            let std::task::Poll::Ready(next) = draining.stream.as_mut().poll_next(&mut cx) else {
                 return Ok(false);
             };
             if self.take_chunk(turn, step, draining, next, signal)? {
@@ -939,6 +1008,7 @@ impl LoopAgent {
 
     /// Logs one item of the stream. Returns whether the stream is over: its end, a finish
     /// chunk, or an adapter throw (logged as a terminal finish).
+    #[inline(always)]
     fn take_chunk(
         &self,
         turn: u64,
@@ -976,6 +1046,7 @@ impl LoopAgent {
     }
 
     /// Assembles and logs one chunk, keeping its seq.
+    #[inline(always)]
     fn log_chunk(
         &self,
         turn: u64,
@@ -1045,11 +1116,13 @@ impl LoopAgent {
             }
             return Err(TurnFailure::Cancelled);
         }
+        // Borrowed, not copied: the step goes on only for a finish that carries nothing.
         let finish = asm.finish();
         match finish {
-            FinishReason::Error { failure } => return Err(TurnFailure::failed(failure)),
+            FinishReason::Error { failure } => return Err(TurnFailure::failed(failure.clone())),
             // An abort the turn's signal did not cause is a failure coded `ABORTED`.
-            FinishReason::Aborted { mut failure } => {
+            FinishReason::Aborted { failure } => {
+                let mut failure = failure.clone();
                 failure.code = "ABORTED".to_owned();
                 return Err(TurnFailure::failed(failure));
             }
@@ -1062,6 +1135,7 @@ impl LoopAgent {
             }
             _ => {}
         }
+        let max_tokens = *finish == FinishReason::MaxTokens;
         let usage = asm.take_usage();
         let state = asm.take_replay_state();
         // The assembler's blocks are moved into the message, not copied.
@@ -1097,7 +1171,7 @@ impl LoopAgent {
             }),
             now.unwrap_or_else(now_ms),
         )?;
-        if finish == FinishReason::MaxTokens {
+        if max_tokens {
             return Ok(StepClose::Ended(Some(TurnEnd::MaxTokens)));
         }
         if calls.is_empty() {
@@ -1266,5 +1340,89 @@ mod run_signalled_tests {
             3
         });
         assert_eq!(later.await, Ok(3));
+    }
+}
+
+#[cfg(test)]
+mod pre_step_chain_tests {
+    use super::*;
+    use crate::model::{ScriptedModel, chunks};
+    use crate::runtime::testkit::*;
+
+    /// An interceptor that appends `text` to the entered messages, after a wait (on the paused
+    /// clock) when `slow`, and panics after its wait when `text` is `"panic"`.
+    struct Append {
+        text: &'static str,
+        slow: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl agent::PreStepInterceptor for Append {
+        async fn pre_step(
+            &self,
+            _step: PreStep<'_>,
+            proposed: PreStepDecision,
+        ) -> Result<PreStepDecision, agent::BoxError> {
+            if self.slow {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            assert_ne!(self.text, "panic", "the interceptor panicked");
+            Ok(match proposed {
+                PreStepDecision::Enter(mut messages) => {
+                    messages.push(user(self.text));
+                    PreStepDecision::Enter(messages)
+                }
+                PreStepDecision::Reject => PreStepDecision::Reject,
+            })
+        }
+    }
+
+    fn add(rt: &crate::runtime::Runtime, text: &'static str, slow: bool) -> agent::Registration {
+        rt.services().pre_step.add(None, Arc::new(Append { text, slow }))
+    }
+
+    /// spec: §8.7 — the `agent/pre-step` waterfall runs in order whether an interceptor
+    /// completes at once or has to wait: the interceptors after a waiting one see its decision,
+    /// and the step enters what the last one decided.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_interceptor_hands_its_decision_on_down_the_chain() {
+        let model = ScriptedModel::new([chunks::text("reply")]);
+        let rt = runtime(&model);
+        let hooks = [add(&rt, "a", false), add(&rt, "b", true), add(&rt, "c", false)];
+        let handle = create(&rt, "x").await;
+        let agent = handle.agent().clone();
+        agent.followup(user("go")).unwrap();
+        agent.when_idle().await;
+        assert_eq!(user_texts(&*agent), ["go", "a", "b", "c"]);
+        assert_eq!(turn_ends(&*agent), [TurnEndReason::Completed]);
+        assert_eq!(model.requests().len(), 1);
+        drop(hooks);
+        finish(&rt, [handle]).await;
+    }
+
+    /// spec: SPN-31 — an interceptor that panics after waiting ends the turn with an error and
+    /// no model call, as one that panics at once does.
+    #[tokio::test(start_paused = true)]
+    async fn an_interceptor_panicking_after_a_wait_ends_the_turn() {
+        let model = ScriptedModel::new([chunks::text("reply")]);
+        let rt = runtime(&model);
+        let hooks = [
+            add(&rt, "a", false),
+            add(&rt, "panic", true),
+            add(&rt, "c", false),
+        ];
+        let handle = create(&rt, "x").await;
+        let agent = handle.agent().clone();
+        agent.followup(user("go")).unwrap();
+        agent.when_idle().await;
+        assert!(model.requests().is_empty());
+        assert_eq!(count(&*agent, "step/start"), 0);
+        let ends = turn_ends(&*agent);
+        assert!(
+            matches!(&ends[..], [TurnEndReason::Error { error }] if error.message.starts_with("an agent/pre-step interceptor panicked")),
+            "{ends:?}"
+        );
+        drop(hooks);
+        finish(&rt, [handle]).await;
     }
 }
