@@ -7,12 +7,45 @@
 //! [`ScopeInactive`].
 
 use std::fmt;
+use std::sync::Weak;
 
 use parking_lot::Mutex;
 
 use crate::ids::SessionId;
 
-type Undo = Box<dyn FnOnce() + Send + Sync>;
+/// A registry whose entries are removed by key: the undo of a [`Registration::keyed`] guard.
+///
+/// The same rules as for any undo apply: [`unregister`](Unregister::unregister) must be cheap,
+/// must not block, and runs on the dropping thread.
+pub trait Unregister: Send + Sync {
+    /// Removes the entry `key` of `scope`'s layer (the layer it was registered in). Called at
+    /// most once per guard; an entry that is gone already is a no-op.
+    fn unregister(&self, scope: Option<SessionId>, key: u64);
+}
+
+/// What a guard undoes: a boxed closure, or a keyed removal from a registry held weakly (which
+/// needs no allocation of its own).
+enum Undo {
+    Closure(Box<dyn FnOnce() + Send + Sync>),
+    Keyed {
+        from: Weak<dyn Unregister>,
+        scope: Option<SessionId>,
+        key: u64,
+    },
+}
+
+impl Undo {
+    fn run(self) {
+        match self {
+            Self::Closure(undo) => undo(),
+            Self::Keyed { from, scope, key } => {
+                if let Some(from) = from.upgrade() {
+                    from.unregister(scope, key);
+                }
+            }
+        }
+    }
+}
 
 /// A guard that undoes one registration when dropped or disposed.
 ///
@@ -35,7 +68,16 @@ impl Registration {
     /// A guard that runs `undo` when dropped.
     pub fn new(undo: impl FnOnce() + Send + Sync + 'static) -> Self {
         Self {
-            undo: Some(Box::new(undo)),
+            undo: Some(Undo::Closure(Box::new(undo))),
+        }
+    }
+
+    /// A guard that removes entry `key` of `scope`'s layer from `from` when dropped (unless
+    /// `from` is gone by then): the same as a guard whose closure upgrades `from` and calls
+    /// [`Unregister::unregister`], without allocating the closure.
+    pub fn keyed(from: Weak<dyn Unregister>, scope: Option<SessionId>, key: u64) -> Self {
+        Self {
+            undo: Some(Undo::Keyed { from, scope, key }),
         }
     }
 
@@ -55,9 +97,10 @@ impl Registration {
         Self::new(move || drop_in_reverse(guards))
     }
 
+    #[inline]
     fn run(&mut self) {
         if let Some(undo) = self.undo.take() {
-            undo();
+            undo.run();
         }
     }
 }
@@ -141,16 +184,20 @@ impl Guards {
     /// Undoes every guard, the last adopted first (see [`drop_in_reverse`]).
     fn undo(mut self) {
         let mut first_panic = None;
-        let spilled = std::mem::take(&mut self.spilled);
-        let inline = self.inline[..self.len]
-            .iter_mut()
-            .rev()
-            .map(|slot| std::mem::replace(slot, Registration::noop()));
-        for g in spilled.into_iter().rev().chain(inline) {
-            if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(g))) {
+        // Each undo runs in place (no guard is moved out and dropped), contained.
+        let mut undo = |guard: &mut Registration| {
+            if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| guard.run())) {
                 first_panic.get_or_insert(payload);
             }
+        };
+        for guard in self.spilled.iter_mut().rev() {
+            undo(guard);
         }
+        for guard in self.inline[..self.len].iter_mut().rev() {
+            undo(guard);
+        }
+        // Every guard is a no-op now: dropping them undoes nothing more.
+        drop(self);
         if let Some(payload) = first_panic {
             std::panic::resume_unwind(payload);
         }
@@ -252,6 +299,35 @@ impl Drop for Scope {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    /// A keyed guard removes its entry once, from the layer it names, and does nothing once
+    /// the registry is gone.
+    #[test]
+    fn keyed_guards_unregister_once() {
+        type Log = Mutex<Vec<(Option<SessionId>, u64)>>;
+        struct Registry(Log);
+        impl Unregister for Registry {
+            fn unregister(&self, scope: Option<SessionId>, key: u64) {
+                self.0.lock().push((scope, key));
+            }
+        }
+        let registry = Arc::new(Registry(Mutex::new(Vec::new())));
+        let weak = || Arc::downgrade(&registry) as std::sync::Weak<dyn Unregister>;
+        let scope = Scope::new("a".into(), None);
+        scope
+            .adopt(Registration::keyed(weak(), Some("a".into()), 1))
+            .unwrap();
+        Registration::keyed(weak(), None, 2).dispose();
+        scope.dispose();
+        scope.dispose();
+        assert_eq!(
+            *registry.0.lock(),
+            vec![(None, 2), (Some(SessionId::from("a")), 1)]
+        );
+        let orphan = Registration::keyed(weak(), None, 3);
+        drop(registry);
+        drop(orphan);
+    }
 
     #[test]
     fn guards_undo_once_and_scopes_unwind_in_reverse() {

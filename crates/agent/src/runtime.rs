@@ -17,7 +17,7 @@ use crate::ids::SessionId;
 use crate::jobs::Jobs;
 use crate::model::ModelAdapter;
 use crate::prompt::Prompt;
-use crate::registration::{Registration, Scope};
+use crate::registration::{Registration, Scope, Unregister};
 use crate::scoped::ScopedEntries;
 use crate::signal::Signal;
 use crate::store::{SessionPersistence, SessionStore};
@@ -186,7 +186,33 @@ pub trait ModelRegistry: Send + Sync + 'static {
 /// Scoped hooks are kept per agent ([`ScopedEntries`]), so looking up one agent's hooks, and
 /// adding or removing one, costs the same however many other agents have hooks of their own.
 pub struct HookList<T: ?Sized> {
-    inner: Arc<parking_lot::RwLock<ScopedEntries<Arc<T>>>>,
+    inner: Arc<HookEntries<T>>,
+}
+
+/// A hook list's entries behind their lock; registration guards remove their hook from it by
+/// key ([`Registration::keyed`]: no closure to allocate per hook).
+struct HookEntries<T: ?Sized>(parking_lot::RwLock<ScopedEntries<Arc<T>>>);
+
+impl<T: ?Sized> Default for HookEntries<T> {
+    fn default() -> Self {
+        Self(parking_lot::RwLock::default())
+    }
+}
+
+impl<T: ?Sized> std::ops::Deref for HookEntries<T> {
+    type Target = parking_lot::RwLock<ScopedEntries<Arc<T>>>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl<T: ?Sized + Send + Sync> Unregister for HookEntries<T> {
+    fn unregister(&self, scope: Option<SessionId>, key: u64) {
+        // The hook is dropped after the lock is released.
+        let removed = self.write().remove(scope.as_ref(), key);
+        drop(removed);
+    }
 }
 
 impl<T: ?Sized> Clone for HookList<T> {
@@ -209,24 +235,33 @@ impl<T: ?Sized + Send + Sync + 'static> HookList<T> {
     /// Adds a hook (global when `scope` is `None`). Dropping the guard removes it.
     pub fn add(&self, scope: Option<SessionId>, hook: Arc<T>) -> Registration {
         let id = self.inner.write().push(scope.as_ref(), hook);
-        let weak = Arc::downgrade(&self.inner);
-        Registration::new(move || {
-            if let Some(list) = weak.upgrade() {
-                // The hook is dropped after the lock is released.
-                let removed = list.write().remove(scope.as_ref(), id);
-                drop(removed);
-            }
-        })
+        let weak: std::sync::Weak<dyn Unregister> = Arc::downgrade(&self.inner) as _;
+        Registration::keyed(weak, scope, id)
     }
 
     /// The hooks that apply to `agent`: global ones and those scoped to it, in registration
     /// order.
     pub fn for_agent(&self, agent: &SessionId) -> Vec<Arc<T>> {
+        self.hooks_for(agent).into_vec()
+    }
+
+    /// [`for_agent`](Self::for_agent) without allocating for none or one hook (the common
+    /// cases); an empty list is answered without looking up `agent`.
+    pub fn hooks_for(&self, agent: &SessionId) -> Hooks<T> {
         let entries = self.inner.read();
-        entries
-            .visible(Some(agent))
-            .map(|(_, hook, _)| hook.clone())
-            .collect()
+        let global = entries.global();
+        let own = if entries.scoped_agents() == 0 {
+            &[]
+        } else {
+            entries.own(Some(agent))
+        };
+        match (global, own) {
+            (only, []) | ([], only) => Hooks::of(only.len(), only.iter().map(|(_, hook)| hook)),
+            _ => Hooks::of(
+                global.len() + own.len(),
+                entries.visible(Some(agent)).map(|(_, hook, _)| hook),
+            ),
+        }
     }
 
     /// The number of hooks (for tests asserting registries end empty).
@@ -237,6 +272,60 @@ impl<T: ?Sized + Send + Sync + 'static> HookList<T> {
     /// Whether there are no hooks.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// The hooks that apply to one agent ([`HookList::hooks_for`]), in registration order. Holds
+/// none or one without allocating.
+#[derive(Default)]
+pub enum Hooks<T: ?Sized> {
+    /// No hook.
+    #[default]
+    None,
+    /// One hook.
+    One(Arc<T>),
+    /// Several hooks.
+    Many(Vec<Arc<T>>),
+}
+
+impl<T: ?Sized> Hooks<T> {
+    /// The `len` hooks of `hooks`.
+    fn of<'a>(len: usize, mut hooks: impl Iterator<Item = &'a Arc<T>>) -> Self
+    where
+        T: 'a,
+    {
+        match len {
+            0 => Self::None,
+            1 => hooks.next().map_or(Self::None, |hook| Self::One(hook.clone())),
+            _ => {
+                let mut many = Vec::with_capacity(len);
+                many.extend(hooks.cloned());
+                Self::Many(many)
+            }
+        }
+    }
+
+    /// The hooks, in registration order.
+    pub fn as_slice(&self) -> &[Arc<T>] {
+        match self {
+            Self::None => &[],
+            Self::One(hook) => std::slice::from_ref(hook),
+            Self::Many(hooks) => hooks,
+        }
+    }
+
+    /// Whether there is no hook.
+    pub fn is_empty(&self) -> bool {
+        self.as_slice().is_empty()
+    }
+
+    /// The hooks as a vector.
+    pub fn into_vec(self) -> Vec<Arc<T>> {
+        match self {
+            Self::None => Vec::new(),
+            Self::One(hook) => vec![hook],
+            Self::Many(hooks) => hooks,
+        }
     }
 }
 

@@ -153,13 +153,13 @@ enum PreStepped<'a> {
 
 /// What a pre-step's interceptor chain borrows: the interceptors and the agent handle they see.
 ///
-/// Kept by the turn rather than by the chain, so that a chain whose interceptors all complete
+/// Kept by the pre-step rather than by the chain, so that a chain whose interceptors all complete
 /// on their first poll (the common case) runs in the synchronous part of the pre-step, with no
 /// boxed future; only an interceptor that is pending moves the rest of the chain into one,
-/// which borrows from here. Emptied once the pre-step is decided.
+/// which borrows from here. Dropped once the pre-step is decided.
 #[derive(Default)]
 struct PreStepHooks {
-    hooks: Vec<Arc<dyn agent::PreStepInterceptor>>,
+    hooks: agent::runtime::Hooks<dyn agent::PreStepInterceptor>,
     me: Option<agent::AgentRef>,
 }
 
@@ -326,10 +326,15 @@ impl LoopAgent {
                 claim_failed: false,
                 step_open: false,
             };
-            let first = match std::mem::replace(&mut open.claimed, Ok(Vec::new())) {
+            // The first batch stays in `open` until the body takes it (borrowed: the driver
+            // task keeps one copy).
+            let first = match &mut open.claimed {
                 Ok(batch) => batch,
-                Err(failure) => {
+                Err(_) => {
                     ts.claim_failed = true;
+                    let Err(failure) = std::mem::replace(&mut open.claimed, Ok(Vec::new())) else {
+                        unreachable!("matched as a failure just above")
+                    };
                     return self.close_turn(open.turn, &open.signal, Err(failure), ts);
                 }
             };
@@ -455,18 +460,17 @@ impl LoopAgent {
         &'a self,
         turn: u64,
         signal: &'a Signal,
-        first: Vec<Message>,
+        first: &'a mut Vec<Message>,
         ts: &'a mut TurnState,
     ) -> impl Future<Output = Result<bool, TurnFailure>> + Send + 'a {
         let mut first = Some(first);
         async move {
             let mut target = InboxTarget::NextTurn;
-            let mut chain = PreStepHooks::default();
             loop {
                 check(signal)?;
                 let step = ts.step + 1;
                 let claimed = match first.take() {
-                    Some(batch) => batch,
+                    Some(batch) => std::mem::take(batch),
                     None => self
                         .inbox
                         .claim(target, turn)
@@ -475,17 +479,20 @@ impl LoopAgent {
                 // A block, so that the step's messages and prompt (consumed by its opening) are
                 // not kept in the driver task while the step runs.
                 let opened = {
-                    let outcome = {
-                        // Bound first: the `?` of the call, as the scrutinee, would be kept
-                        // across the await.
-                        let pre = self.pre_step(turn, step, claimed, signal, &mut chain)?;
-                        match pre {
-                            PreStepped::Ready(outcome) => outcome,
-                            PreStepped::Chain(rest) => rest.await?,
-                        }
+                    // The interceptors and the handle they see, for this pre-step only (not
+                    // kept in the driver task while the step runs).
+                    let mut chain = PreStepHooks::default();
+                    let outcome = 'pre: {
+                        // Only the chain's future is kept across the await: the pre-step's
+                        // result (and the `?` on it) ends with the `let` statement.
+                        let rest = match self.pre_step(turn, step, claimed, signal, &mut chain)? {
+                            PreStepped::Ready(outcome) => break 'pre outcome,
+                            PreStepped::Chain(rest) => rest,
+                        };
+                        rest.await?
                     };
                     // The interceptors (and the handle they saw) are released once decided.
-                    chain = PreStepHooks::default();
+                    drop(chain);
                     let (messages, prompt) = match outcome {
                         PreStepOutcome::Rejected => {
                             ts.end = Some(TurnEnd::Blocked);
@@ -574,7 +581,7 @@ impl LoopAgent {
 
     /// Serial `agent/turn-stopping` hooks (they may steer).
     async fn turn_stopping(&self, turn: u64, signal: &Signal) -> Result<(), TurnFailure> {
-        let hooks = self.services.turn_stopping.for_agent(&self.id);
+        let hooks = self.services.turn_stopping.hooks_for(&self.id);
         if hooks.is_empty() {
             return Ok(());
         }
@@ -585,12 +592,12 @@ impl LoopAgent {
 
     async fn run_turn_stopping(
         &self,
-        hooks: Vec<Arc<dyn agent::TurnStoppingHook>>,
+        hooks: agent::runtime::Hooks<dyn agent::TurnStoppingHook>,
         turn: u64,
         signal: &Signal,
     ) -> Result<(), TurnFailure> {
         let me = self.agent_ref();
-        for hook in hooks {
+        for hook in hooks.as_slice() {
             let call = AssertUnwindSafe(hook.turn_stopping(&me, turn, signal)).catch_unwind();
             match run_signalled(signal, call).await {
                 Err(_) => return Err(TurnFailure::Cancelled),
@@ -622,13 +629,13 @@ impl LoopAgent {
         let mut messages = claimed;
         messages.extend(self.snapshot_message(contexts));
         let PreStepHooks { hooks, me } = chain;
-        *hooks = self.services.pre_step.for_agent(&self.id);
+        *hooks = self.services.pre_step.hooks_for(&self.id);
         if hooks.is_empty() {
             check(signal)?;
             return Ok(PreStepped::Ready(PreStepOutcome::Enter(messages, prompt)));
         }
         let me: &'a agent::AgentRef = me.insert(self.agent_ref());
-        let hooks: &'a [Arc<dyn agent::PreStepInterceptor>] = hooks;
+        let hooks: &'a [Arc<dyn agent::PreStepInterceptor>] = hooks.as_slice();
         let mut decision = PreStepDecision::Enter(messages);
         for (at, hook) in hooks.iter().enumerate() {
             if signal.is_cancelled() {

@@ -30,6 +30,7 @@ use parking_lot::Mutex;
 
 use agent::message::SnapshotSection;
 use agent::prompt::{PERSONA_SECTION, PROMPT_PLUGIN, Prompt, PromptSection, RuntimeContext};
+use agent::registration::Unregister;
 use agent::scoped::ScopedEntries;
 use agent::tools::Tools;
 use agent::{ContentBlock, Message, MessageSource, PluginForm, Registration, SessionId};
@@ -45,11 +46,40 @@ struct State {
     tools: Option<Weak<dyn Tools>>,
 }
 
-/// Which entries a registration guard removes from.
+/// Which entries a registration guard removes from (the low bit of the guard's key).
 #[derive(Clone, Copy)]
 enum Kind {
-    Section,
-    Context,
+    Section = 0,
+    Context = 1,
+}
+
+/// The registry's state behind its lock; registration guards remove their entry from it by key
+/// ([`Registration::keyed`]: no closure to allocate per registration).
+#[derive(Default)]
+struct Shared(Mutex<State>);
+
+impl std::ops::Deref for Shared {
+    type Target = Mutex<State>;
+
+    fn deref(&self) -> &Mutex<State> {
+        &self.0
+    }
+}
+
+impl Unregister for Shared {
+    fn unregister(&self, scope: Option<SessionId>, key: u64) {
+        let id = key >> 1;
+        // Dropped after the lock is released.
+        let removed = {
+            let mut state = self.lock();
+            if key & 1 == Kind::Section as u64 {
+                (state.sections.remove(scope.as_ref(), id), None)
+            } else {
+                (None, state.contexts.remove(scope.as_ref(), id))
+            }
+        };
+        drop(removed);
+    }
 }
 
 /// The layered prompt registry: global and per-agent sections and runtime contexts.
@@ -60,7 +90,7 @@ enum Kind {
 /// global one.
 #[derive(Clone, Default)]
 pub struct PromptRegistry {
-    state: Arc<Mutex<State>>,
+    state: Arc<Shared>,
 }
 
 impl std::fmt::Debug for PromptRegistry {
@@ -135,21 +165,8 @@ impl PromptRegistry {
 
     /// The guard removing registration `id` from `scope`'s layer of the `kind` entries.
     fn guard(&self, kind: Kind, scope: Option<&SessionId>, id: u64) -> Registration {
-        let weak: Weak<Mutex<State>> = Arc::downgrade(&self.state);
-        let scope = scope.cloned();
-        Registration::new(move || {
-            if let Some(state) = weak.upgrade() {
-                // Dropped after the lock is released.
-                let removed = {
-                    let mut state = state.lock();
-                    match kind {
-                        Kind::Section => (state.sections.remove(scope.as_ref(), id), None),
-                        Kind::Context => (None, state.contexts.remove(scope.as_ref(), id)),
-                    }
-                };
-                drop(removed);
-            }
-        })
+        let weak: Weak<dyn Unregister> = Arc::downgrade(&self.state) as _;
+        Registration::keyed(weak, scope.cloned(), (id << 1) | kind as u64)
     }
 }
 
