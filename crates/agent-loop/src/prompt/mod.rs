@@ -384,22 +384,53 @@ pub fn render_contexts(contexts: Vec<RuntimeContext>, agent: &SessionId) -> Vec<
         .collect()
 }
 
+/// The blank line between the snapshot header and each rendered section.
+const SNAPSHOT_SEP: &str = "\n\n";
+
 /// The snapshot text for rendered sections: the header plus the texts joined by blank lines, or
 /// the empty string when there is none.
 pub fn snapshot_body(sections: &[SnapshotSection]) -> String {
     if sections.is_empty() {
         return String::new();
     }
-    const SEP: &str = "\n\n";
-    let len =
-        model_text::SNAPSHOT_HEADER.len() + sections.iter().map(|s| SEP.len() + s.text.len()).sum::<usize>();
-    let mut text = String::with_capacity(len);
+    let mut text = String::with_capacity(snapshot_body_len(sections));
     text.push_str(model_text::SNAPSHOT_HEADER);
     for section in sections {
-        text.push_str(SEP);
+        text.push_str(SNAPSHOT_SEP);
         text.push_str(&section.text);
     }
     text
+}
+
+/// The length of [`snapshot_body`] for non-empty `sections`.
+fn snapshot_body_len(sections: &[SnapshotSection]) -> usize {
+    model_text::SNAPSHOT_HEADER.len()
+        + sections
+            .iter()
+            .map(|s| SNAPSHOT_SEP.len() + s.text.len())
+            .sum::<usize>()
+}
+
+/// Whether `text` equals [`snapshot_body`] of the non-empty `sections`, compared piece by piece
+/// so that an unchanged snapshot (every later step of a turn) builds no text.
+fn is_snapshot_body(text: &str, sections: &[SnapshotSection]) -> bool {
+    if text.len() != snapshot_body_len(sections) {
+        return false;
+    }
+    let Some(mut rest) = text.strip_prefix(model_text::SNAPSHOT_HEADER) else {
+        return false;
+    };
+    for section in sections {
+        match rest
+            .strip_prefix(SNAPSHOT_SEP)
+            .and_then(|r| r.strip_prefix(section.text.as_str()))
+        {
+            Some(r) => rest = r,
+            None => return false,
+        }
+    }
+    // The lengths matched, so every byte was compared.
+    rest.is_empty()
 }
 
 /// What the log says about the last snapshot the model saw.
@@ -434,24 +465,32 @@ pub fn snapshot_message(current: &[SnapshotSection], retained: &RetainedSnapshot
 }
 
 /// The text of the snapshot message [`snapshot_message`] would enter, if any.
+///
+/// The retained text is compared with the current contexts before any text is built: only a
+/// changed snapshot allocates its text.
 pub(crate) fn changed_snapshot_text(
     current: &[SnapshotSection],
     retained: &RetainedSnapshot,
 ) -> Option<String> {
-    if current.is_empty() && *retained == RetainedSnapshot::Never {
-        return None;
+    match retained {
+        RetainedSnapshot::Never if current.is_empty() => return None,
+        RetainedSnapshot::Last(Some(last)) => {
+            let unchanged = if current.is_empty() {
+                last == model_text::SNAPSHOT_CLEARED
+            } else {
+                is_snapshot_body(last, current)
+            };
+            if unchanged {
+                return None;
+            }
+        }
+        _ => {}
     }
-    let text = if current.is_empty() {
+    Some(if current.is_empty() {
         model_text::SNAPSHOT_CLEARED.to_owned()
     } else {
         snapshot_body(current)
-    };
-    if let RetainedSnapshot::Last(Some(last)) = retained
-        && *last == text
-    {
-        return None;
-    }
-    Some(text)
+    })
 }
 
 /// The snapshot message with `text` (from [`changed_snapshot_text`]) for `current`.
@@ -605,6 +644,75 @@ mod tests {
         // gone: the prompt registry cannot tell, so the section is left out.
         drop(tools);
         assert_eq!(names(Some(&open)), ["plain"], "the linked registry is gone");
+    }
+
+    /// The piecewise comparison of an unchanged snapshot answers exactly as comparing the built
+    /// text would, including texts that straddle section boundaries or differ in length.
+    #[test]
+    fn unchanged_snapshots_are_detected_without_building_the_text() {
+        let sections = |texts: &[&str]| -> Vec<SnapshotSection> {
+            texts
+                .iter()
+                .enumerate()
+                .map(|(i, text)| SnapshotSection {
+                    name: format!("c{i}"),
+                    text: (*text).to_owned(),
+                })
+                .collect()
+        };
+        // What `changed_snapshot_text` answered when it built the text before comparing.
+        let reference = |current: &[SnapshotSection], retained: &RetainedSnapshot| {
+            if current.is_empty() && *retained == RetainedSnapshot::Never {
+                return None;
+            }
+            let text = if current.is_empty() {
+                model_text::SNAPSHOT_CLEARED.to_owned()
+            } else {
+                snapshot_body(current)
+            };
+            match retained {
+                RetainedSnapshot::Last(Some(last)) if *last == text => None,
+                _ => Some(text),
+            }
+        };
+        let currents = [
+            sections(&[]),
+            sections(&["a"]),
+            sections(&["a", "b"]),
+            sections(&["a\n\nb"]),
+            sections(&["a", "b", ""]),
+            sections(&["ab"]),
+            sections(&["a", "bc"]),
+        ];
+        let mut retained = vec![
+            RetainedSnapshot::Never,
+            RetainedSnapshot::Last(None),
+            RetainedSnapshot::Last(Some(String::new())),
+            RetainedSnapshot::Last(Some(model_text::SNAPSHOT_CLEARED.into())),
+            RetainedSnapshot::Last(Some(model_text::SNAPSHOT_HEADER.into())),
+            RetainedSnapshot::Last(Some(format!("{}\n\n", model_text::SNAPSHOT_HEADER))),
+            RetainedSnapshot::Last(Some(format!("{}\n\nb\n\na", model_text::SNAPSHOT_HEADER))),
+            RetainedSnapshot::Last(Some(format!("x{}", &model_text::snapshot_text("a")[1..]))),
+        ];
+        retained.extend(
+            currents
+                .iter()
+                .map(|c| RetainedSnapshot::Last(Some(snapshot_body(c)))),
+        );
+        for current in &currents {
+            for last in &retained {
+                assert_eq!(
+                    changed_snapshot_text(current, last),
+                    reference(current, last),
+                    "{current:?} after {last:?}"
+                );
+            }
+        }
+        // The same contexts again write nothing; `["a", "b"]` and `["a\n\nb"]` render alike.
+        let shown = RetainedSnapshot::Last(Some(snapshot_body(&currents[2])));
+        assert_eq!(changed_snapshot_text(&currents[2], &shown), None);
+        assert_eq!(changed_snapshot_text(&currents[3], &shown), None);
+        assert!(changed_snapshot_text(&currents[4], &shown).is_some());
     }
 
     #[test]
