@@ -364,15 +364,7 @@ impl Session {
             Some(recycled) => {
                 event = recycled;
                 unshared = Arc::get_mut(&mut event).expect("a pooled event is not shared");
-                // Rebuilt whole (a field added later cannot keep a stale value), with the
-                // payload-free placeholder `place_payload` expects.
-                *unshared = SessionEvent {
-                    seq: 0,
-                    time,
-                    data: EventData::EndSeed,
-                    surface,
-                    ignorable: false,
-                };
+                reset_pooled(unshared, time, surface);
             }
             None => {
                 event = new_event(time, surface);
@@ -571,6 +563,29 @@ fn new_event(time: u64, surface: Option<SurfaceMeta>) -> Arc<SessionEvent> {
     })
 }
 
+/// Readies a pooled event for an append at `at` with `meta`, keeping the payload-free
+/// placeholder `place_payload` expects.
+///
+/// Every field is named (a field added later cannot keep a stale value: it must be reset here
+/// to compile). A pooled event holds the `EndSeed` placeholder and no surface metadata (see
+/// `event_pool`): the payload is left in place (a whole assignment would run the payload's drop
+/// glue, a call per append) for `place_payload` to overwrite.
+#[inline(always)]
+fn reset_pooled(event: &mut SessionEvent, at: u64, meta: Option<SurfaceMeta>) {
+    let SessionEvent {
+        seq,
+        time,
+        data,
+        surface,
+        ignorable,
+    } = event;
+    debug_assert!(matches!(data, EventData::EndSeed) && surface.is_none());
+    *seq = 0;
+    *time = at;
+    *ignorable = false;
+    *surface = meta;
+}
+
 /// Moves `data` into a new event's placeholder.
 #[inline(always)]
 fn place_payload(event: &mut SessionEvent, data: EventData) {
@@ -711,9 +726,14 @@ fn check_lossless_payload(data: &EventData) -> Result<(), String> {
     lossless::check(&data.payload(), lossless::MAX_READABLE_DEPTH - 1).map_err(|fault| fault.reason())
 }
 
+/// Checks a candidate event against the append contract (spine §4.2). Inlined into the
+/// appends: the common case below is decided without a call, the rest by
+/// [`validate_candidate_in_full`].
+#[inline(always)]
 fn validate_candidate(data: &EventData, surface: Option<&SurfaceMeta>) -> Result<(), CandidateError> {
     // Shortcut for the float-free, non-surface boundary and status events (most appends): of
-    // the rules below only the surface-marker one can apply, with the same verdict and text.
+    // the rules in `validate_candidate_in_full` only the surface-marker one can apply, with the
+    // same verdict and text.
     if lossless::plain_non_surface(data) {
         return match surface {
             None => Ok(()),
@@ -722,6 +742,12 @@ fn validate_candidate(data: &EventData, surface: Option<&SurfaceMeta>) -> Result
             )),
         };
     }
+    validate_candidate_in_full(data, surface)
+}
+
+/// [`validate_candidate`] without its shortcut: every rule.
+#[inline(never)]
+fn validate_candidate_in_full(data: &EventData, surface: Option<&SurfaceMeta>) -> Result<(), CandidateError> {
     // Typed floats that serde_json would silently turn into `null`.
     if let EventData::RequestHeader { header, .. } = data
         && let Some(t) = header.config.temperature

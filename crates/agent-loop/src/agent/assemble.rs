@@ -81,20 +81,22 @@ impl Partial {
         }
     }
 
-    /// [`assemble`](Self::assemble), consuming the partial (no copy of its block or text).
-    fn into_block(self) -> Option<ContentBlock> {
-        if let Some(block) = self.block {
+    /// [`assemble`](Self::assemble), taking the block or text out of the partial (no copy),
+    /// which is spent afterwards.
+    fn take_block(&mut self) -> Option<ContentBlock> {
+        if let Some(block) = self.block.take() {
             return Some(block);
         }
         match self.kind? {
-            BlockType::Text => Some(ContentBlock::text(self.text)),
-            BlockType::Reasoning => Some(ContentBlock::reasoning(self.text)),
+            BlockType::Text => Some(ContentBlock::text(std::mem::take(&mut self.text))),
+            BlockType::Reasoning => Some(ContentBlock::reasoning(std::mem::take(&mut self.text))),
             BlockType::ToolCall => Some(ContentBlock::ToolCall {
                 id: self
                     .call_id
+                    .take()
                     .unwrap_or_else(|| CallId::new(format!("call-{}", self.index))),
-                name: self.name.unwrap_or_default(),
-                arguments: self.arguments,
+                name: self.name.take().unwrap_or_default(),
+                arguments: std::mem::take(&mut self.arguments),
             }),
             BlockType::Image | BlockType::ToolResult => None,
         }
@@ -109,6 +111,42 @@ impl Partial {
     }
 }
 
+/// The partials of one stream, in stream order. The first is kept inline: most streams carry
+/// one block, which then needs no list of its own. Partials are never removed, so `rest` holds
+/// partials only after `first` does.
+#[derive(Default)]
+struct Partials {
+    first: Option<Partial>,
+    rest: Vec<Partial>,
+}
+
+impl Partials {
+    fn iter(&self) -> impl DoubleEndedIterator<Item = &Partial> {
+        self.first.iter().chain(&self.rest)
+    }
+
+    fn iter_mut(&mut self) -> impl DoubleEndedIterator<Item = &mut Partial> {
+        self.first.iter_mut().chain(&mut self.rest)
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
+    }
+
+    /// Adds a partial at the end, returning it. The list behind the first is sized for one
+    /// more block at first, not for the four a growing list starts with.
+    fn push(&mut self, partial: Partial) -> &mut Partial {
+        if self.first.is_none() {
+            return self.first.insert(partial);
+        }
+        if self.rest.capacity() == 0 {
+            self.rest.reserve_exact(1);
+        }
+        self.rest.push(partial);
+        self.rest.last_mut().expect("just pushed")
+    }
+}
+
 /// Incrementally assembles one model stream.
 ///
 /// Tolerant of adapters that skip `block-start`/`block-end`: a delta (or a `block-end`) for an
@@ -119,7 +157,7 @@ impl Partial {
 /// §13.2: indexes are unique while open).
 #[derive(Default)]
 pub(crate) struct BlockAssembler {
-    partials: Vec<Partial>,
+    partials: Partials,
     usage: Option<Box<TokenUsage>>,
     finish: Option<FinishReason>,
     replay_state: Option<Box<Value>>,
@@ -133,27 +171,13 @@ impl BlockAssembler {
         self.partials.iter_mut().rev().find(|p| p.index == index)
     }
 
-    /// Opens a partial. The list is sized for one block at first (most streams carry one), not
-    /// for the four a growing list starts with.
-    fn open(&mut self, partial: Partial) {
-        if self.partials.capacity() == 0 {
-            self.partials.reserve_exact(1);
-        }
-        self.partials.push(partial);
-    }
-
     /// The open partial a delta for `index` adds to: the open one, or one opened with `kind`
     /// for an index never seen. `None` for a straggler (the index's block is closed).
     fn for_delta(&mut self, index: u32, kind: BlockType) -> Option<&mut Partial> {
-        let at = match self.partials.iter().rposition(|p| p.index == index) {
-            Some(at) if self.partials[at].closed => return None,
-            Some(at) => at,
-            None => {
-                self.open(Partial::new(index, Some(kind)));
-                self.partials.len() - 1
-            }
-        };
-        Some(&mut self.partials[at])
+        if !self.partials.iter().any(|p| p.index == index) {
+            return Some(self.partials.push(Partial::new(index, Some(kind))));
+        }
+        self.latest(index).filter(|p| !p.closed)
     }
 
     /// Feeds one chunk, in stream order.
@@ -161,7 +185,7 @@ impl BlockAssembler {
         match chunk {
             StreamChunk::BlockStart { index, block_type } => {
                 if self.latest(*index).is_none_or(|p| p.closed) {
-                    self.open(Partial::new(*index, Some(*block_type)));
+                    self.partials.push(Partial::new(*index, Some(*block_type)));
                 }
             }
             StreamChunk::TextDelta { index, text } => {
@@ -196,7 +220,7 @@ impl BlockAssembler {
                     let mut partial = Partial::new(*index, BlockType::of(block));
                     partial.block = Some(block.clone());
                     partial.closed = true;
-                    self.open(partial);
+                    self.partials.push(partial);
                 }
             },
             StreamChunk::Usage { usage } => self.usage = Some(Box::new(usage.clone())),
@@ -228,20 +252,26 @@ impl BlockAssembler {
     /// every tool call it left open (no `block-end`): its arguments may be cut anywhere, so
     /// dispatching it could run a different call than the model meant. Tool calls the stream
     /// closed are kept (adapters may omit `finish`).
-    pub(crate) fn into_blocks(self) -> Vec<ContentBlock> {
+    ///
+    /// The blocks are taken out of the assembler (not copied), which is spent afterwards: it
+    /// is called once, when the stream is over. (Taken through a borrow, so that the
+    /// assembler is not moved to be consumed.)
+    pub(crate) fn take_blocks(&mut self) -> Vec<ContentBlock> {
         let truncated = matches!(self.finish, Some(FinishReason::MaxTokens));
         let unfinished = self.finish.is_none();
-        // Into a list of its own, not collected in place: an in-place collect would keep the
-        // partials' (larger) allocation as the message's content for as long as the log holds
-        // the message.
+        // A list of its own, sized for every partial up front (usually none is dropped), filled
+        // by a plain loop: an iterator chain here was not fused into one pass.
         let mut blocks = Vec::with_capacity(self.partials.len());
-        blocks.extend(
-            self.partials
-                .into_iter()
-                .filter(|p| !(unfinished && !p.closed && p.kind == Some(BlockType::ToolCall)))
-                .filter_map(Partial::into_block)
-                .filter(|b| !(truncated && matches!(b, ContentBlock::ToolCall { .. }))),
-        );
+        for partial in self.partials.iter_mut() {
+            if unfinished && !partial.closed && partial.kind == Some(BlockType::ToolCall) {
+                continue;
+            }
+            match partial.take_block() {
+                Some(ContentBlock::ToolCall { .. }) if truncated => {}
+                Some(block) => blocks.push(block),
+                None => {}
+            }
+        }
         blocks
     }
 
@@ -274,7 +304,7 @@ mod tests {
         for c in chunks::text("hi") {
             a.push(&c);
         }
-        let blocks = a.into_blocks();
+        let blocks = a.take_blocks();
         assert_eq!(blocks, vec![ContentBlock::text("hi")]);
         assert_eq!(blocks.capacity(), 1);
     }
@@ -303,14 +333,14 @@ mod tests {
             });
             a
         };
-        let blocks = unfinished().into_blocks();
+        let blocks = unfinished().take_blocks();
         assert_eq!(blocks.len(), 2, "{blocks:?}");
         assert_eq!(blocks[0], ContentBlock::text("hi"));
         assert!(matches!(&blocks[1], ContentBlock::ToolCall { id, .. } if id.as_str() == "c1"));
         // With a finish, an unclosed call is the adapter's (tolerated) shorthand and is kept.
         let mut a = unfinished();
         a.push(&chunks::finish_chunk(FinishReason::ToolCalls));
-        let blocks = a.into_blocks();
+        let blocks = a.take_blocks();
         assert_eq!(blocks.len(), 3);
         assert!(
             matches!(&blocks[2], ContentBlock::ToolCall { id, name, arguments } if id.as_str() == "c2" && name == "rm" && arguments == "{\"path\": \"/\"}"),
@@ -362,7 +392,7 @@ mod tests {
         });
         a.push(&chunks::finish_chunk(FinishReason::ToolCalls));
         assert_eq!(
-            a.into_blocks(),
+            a.take_blocks(),
             vec![
                 call("{}"),
                 ContentBlock::text("once"),
@@ -377,14 +407,14 @@ mod tests {
         for c in chunks::text_and_tool_call("hi", "c1", "read", serde_json::json!({})) {
             a.push(&c);
         }
-        assert_eq!(a.into_blocks().len(), 2);
+        assert_eq!(a.take_blocks().len(), 2);
         let mut a = BlockAssembler::default();
         for c in chunks::max_tokens_tool_call("c1", "read", "{\"pa") {
             a.push(&c);
         }
         assert_eq!(*a.finish(), FinishReason::MaxTokens);
         assert!(a.take_usage().is_some());
-        assert!(a.into_blocks().is_empty());
+        assert!(a.take_blocks().is_empty());
     }
 
     #[test]

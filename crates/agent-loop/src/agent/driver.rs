@@ -211,10 +211,18 @@ enum StepClose {
     Tools(Vec<ToolCallRequest>),
 }
 
-/// A step's stream being drained: the stream, the blocks assembled so far and the seqs of the
-/// logged chunks.
+/// A step's stream being drained, once its next chunk was not ready: the stream and what its
+/// chunks came to so far.
 struct Draining {
     stream: agent::ModelStream,
+    assembly: Assembly,
+}
+
+/// What a step's logged chunks came to so far: the blocks assembled and the chunks' seqs.
+///
+/// Kept apart from the stream and handed on by reference, so that the synchronous path
+/// (every chunk ready at once) closes the step without moving it.
+struct Assembly {
     asm: BlockAssembler,
     seqs: Vec<u64>,
     /// The clock reading shared by the appends of the current synchronous batch: the step's
@@ -223,7 +231,7 @@ struct Draining {
     now: Option<u64>,
 }
 
-impl Draining {
+impl Assembly {
     /// The batch's timestamp: the clock is read by the batch's first append.
     fn now(&mut self) -> u64 {
         *self.now.get_or_insert_with(now_ms)
@@ -940,23 +948,24 @@ impl LoopAgent {
         &self,
         turn: u64,
         step: u64,
-        stream: agent::ModelStream,
+        mut stream: agent::ModelStream,
         now: u64,
         signal: &Signal,
     ) -> Result<Streamed, TurnFailure> {
-        let mut draining = Draining {
-            stream,
+        let mut assembly = Assembly {
             asm: BlockAssembler::default(),
             // Presized for a typical short stream, so it does not regrow chunk by chunk.
             seqs: Vec::with_capacity(8),
             now: Some(now),
         };
-        if self.drain_ready(turn, step, &mut draining, signal)? {
+        if self.drain_ready(turn, step, &mut stream, &mut assembly, signal)? {
+            // The stream is dropped before the step closes.
+            drop(stream);
             return self
-                .close_drained(turn, step, draining, signal)
+                .close_step(turn, step, &mut assembly, signal)
                 .map(Streamed::Closed);
         }
-        Ok(Streamed::Pending(Box::new(draining)))
+        Ok(Streamed::Pending(Box::new(Draining { stream, assembly })))
     }
 
     /// The rest of a stream whose next chunk was not ready: waits for chunks (cancellation
@@ -968,23 +977,27 @@ impl LoopAgent {
         mut draining: Box<Draining>,
         signal: &Signal,
     ) -> Result<StepClose, TurnFailure> {
+        let Draining { stream, assembly } = &mut *draining;
         loop {
-            let next = next_or_cancelled(&mut draining.stream, signal).await;
+            let next = next_or_cancelled(stream, signal).await;
             // The stream was awaited: a new batch, with its own clock reading.
-            draining.now = None;
+            assembly.now = None;
             match next {
                 None => break,
                 Some(next) => {
-                    if self.take_chunk(turn, step, &mut draining, next, signal)? {
+                    if self.take_chunk(turn, step, assembly, next, signal)? {
                         break;
                     }
                 }
             }
-            if self.drain_ready(turn, step, &mut draining, signal)? {
+            if self.drain_ready(turn, step, stream, assembly, signal)? {
                 break;
             }
         }
-        self.close_drained(turn, step, *draining, signal)
+        let Draining { stream, mut assembly } = *draining;
+        // The stream is dropped before the step closes.
+        drop(stream);
+        self.close_step(turn, step, &mut assembly, signal)
     }
 
     /// Takes the chunks that are ready now. Returns whether the stream is over (ended, finished,
@@ -994,7 +1007,8 @@ impl LoopAgent {
         &self,
         turn: u64,
         step: u64,
-        draining: &mut Draining,
+        stream: &mut agent::ModelStream,
+        assembly: &mut Assembly,
         signal: &Signal,
     ) -> Result<bool, TurnFailure> {
         // Polled directly (no `next()` future around the stream), with a waker that does
@@ -1004,10 +1018,10 @@ impl LoopAgent {
             if signal.is_cancelled() {
                 return Ok(true);
             }
-            let std::task::Poll::Ready(next) = draining.stream.as_mut().poll_next(&mut cx) else {
+            let std::task::Poll::Ready(next) = stream.as_mut().poll_next(&mut cx) else {
                 return Ok(false);
             };
-            if self.take_chunk(turn, step, draining, next, signal)? {
+            if self.take_chunk(turn, step, assembly, next, signal)? {
                 return Ok(true);
             }
         }
@@ -1020,7 +1034,7 @@ impl LoopAgent {
         &self,
         turn: u64,
         step: u64,
-        draining: &mut Draining,
+        assembly: &mut Assembly,
         next: Option<Result<StreamChunk, LlmFailure>>,
         signal: &Signal,
     ) -> Result<bool, TurnFailure> {
@@ -1028,7 +1042,7 @@ impl LoopAgent {
             None => Ok(true),
             Some(Ok(chunk)) => {
                 let finish = matches!(chunk, StreamChunk::Finish { .. });
-                self.log_chunk(turn, step, draining, chunk)?;
+                self.log_chunk(turn, step, assembly, chunk)?;
                 Ok(finish)
             }
             Some(Err(failure)) => {
@@ -1041,7 +1055,7 @@ impl LoopAgent {
                 self.log_chunk(
                     turn,
                     step,
-                    draining,
+                    assembly,
                     StreamChunk::Finish {
                         reason,
                         replay_state: None,
@@ -1058,47 +1072,31 @@ impl LoopAgent {
         &self,
         turn: u64,
         step: u64,
-        draining: &mut Draining,
+        assembly: &mut Assembly,
         chunk: StreamChunk,
     ) -> Result<(), TurnFailure> {
-        draining.asm.push(&chunk);
-        let now = draining.now();
+        assembly.asm.push(&chunk);
+        let now = assembly.now();
         let seq = self
             .session
             .record_at(EventData::AssistantChunk { turn, step, chunk }, None, now)?;
-        draining.seqs.push(seq);
+        assembly.seqs.push(seq);
         Ok(())
     }
 
-    /// Closes a drained stream: the stream dropped, then [`close_step`](Self::close_step).
-    fn close_drained(
-        &self,
-        turn: u64,
-        step: u64,
-        draining: Draining,
-        signal: &Signal,
-    ) -> Result<StepClose, TurnFailure> {
-        let Draining {
-            stream,
-            asm,
-            seqs,
-            now,
-        } = draining;
-        drop(stream);
-        self.close_step(turn, step, asm, seqs, signal, now)
-    }
-
-    /// The synchronous close of a step's stream: the assistant message logged (or the
-    /// interrupted prefix on cancellation) and the tool calls to run.
+    /// The synchronous close of a step's drained stream (already dropped): the assistant
+    /// message logged (or the interrupted prefix on cancellation) and the tool calls to run.
+    /// Takes what it logs out of `assembly`, which is spent afterwards.
     fn close_step(
         &self,
         turn: u64,
         step: u64,
-        mut asm: BlockAssembler,
-        seqs: Vec<u64>,
+        assembly: &mut Assembly,
         signal: &Signal,
-        now: Option<u64>,
     ) -> Result<StepClose, TurnFailure> {
+        let Assembly { asm, seqs, now } = assembly;
+        let seqs = std::mem::take(seqs);
+        let now = *now;
         let (provider, model) = match (&self.options.provider, &self.options.model) {
             (Some(p), Some(m)) => (p, m),
             _ => unreachable!("open_stream checked the routes"),
@@ -1146,7 +1144,7 @@ impl LoopAgent {
         let usage = asm.take_usage();
         let state = asm.take_replay_state();
         // The assembler's blocks are moved into the message, not copied.
-        let mut blocks = asm.into_blocks();
+        let mut blocks = asm.take_blocks();
         make_call_ids_unique(&mut blocks);
         let mut message = Message::assistant(blocks, provider.clone(), model.clone());
         if let (Some(state), MessageSource::Model { replay_state, .. }) = (state, &mut message.source) {
