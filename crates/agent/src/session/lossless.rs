@@ -746,57 +746,44 @@ impl ser::Serializer for Walker {
     }
 }
 
-impl ser::SerializeSeq for Seq {
-    type Ok = ();
-    type Error = Fault;
+/// The compound serializers whose entries all go one way: a sequence's elements (of a seq,
+/// tuple, tuple struct or tuple variant) to [`Seq::element`], a struct's fields (of a struct or
+/// struct variant) to [`Struct::field`]. Ending one checks nothing more.
+macro_rules! forward_compound {
+    ($ty:ident: $trait:ident::$method:ident => $target:ident) => {
+        impl ser::$trait for $ty {
+            type Ok = ();
+            type Error = Fault;
 
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Fault> {
-        self.element(value)
-    }
+            fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Fault> {
+                self.$target(value)
+            }
 
-    fn end(self) -> Result<(), Fault> {
-        Ok(())
-    }
+            fn end(self) -> Result<(), Fault> {
+                Ok(())
+            }
+        }
+    };
+    ($ty:ident: $trait:ident::$method:ident(key) => $target:ident) => {
+        impl ser::$trait for $ty {
+            type Ok = ();
+            type Error = Fault;
+
+            fn $method<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), Fault> {
+                self.$target(key, value)
+            }
+
+            fn end(self) -> Result<(), Fault> {
+                Ok(())
+            }
+        }
+    };
 }
 
-impl ser::SerializeTuple for Seq {
-    type Ok = ();
-    type Error = Fault;
-
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Fault> {
-        self.element(value)
-    }
-
-    fn end(self) -> Result<(), Fault> {
-        Ok(())
-    }
-}
-
-impl ser::SerializeTupleStruct for Seq {
-    type Ok = ();
-    type Error = Fault;
-
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Fault> {
-        self.element(value)
-    }
-
-    fn end(self) -> Result<(), Fault> {
-        Ok(())
-    }
-}
-
-impl ser::SerializeTupleVariant for Seq {
-    type Ok = ();
-    type Error = Fault;
-
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Fault> {
-        self.element(value)
-    }
-
-    fn end(self) -> Result<(), Fault> {
-        Ok(())
-    }
-}
+forward_compound!(Seq: SerializeSeq::serialize_element => element);
+forward_compound!(Seq: SerializeTuple::serialize_element => element);
+forward_compound!(Seq: SerializeTupleStruct::serialize_field => element);
+forward_compound!(Seq: SerializeTupleVariant::serialize_field => element);
 
 impl ser::SerializeMap for Map {
     type Ok = ();
@@ -832,31 +819,8 @@ impl ser::SerializeMap for Map {
     }
 }
 
-impl ser::SerializeStruct for Struct {
-    type Ok = ();
-    type Error = Fault;
-
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), Fault> {
-        self.field(key, value)
-    }
-
-    fn end(self) -> Result<(), Fault> {
-        Ok(())
-    }
-}
-
-impl ser::SerializeStructVariant for Struct {
-    type Ok = ();
-    type Error = Fault;
-
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), Fault> {
-        self.field(key, value)
-    }
-
-    fn end(self) -> Result<(), Fault> {
-        Ok(())
-    }
-}
+forward_compound!(Struct: SerializeStruct::serialize_field(key) => field);
+forward_compound!(Struct: SerializeStructVariant::serialize_field(key) => field);
 
 fn key_must_be_a_string() -> Fault {
     ser::Error::custom("key must be a string")
